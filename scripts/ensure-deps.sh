@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs what `make test` and `make demo` need on a fresh Debian machine, or says exactly
+# what is missing. Idempotent: a machine that has everything is left alone.
+set -euo pipefail
+
+missing=()
+command -v go >/dev/null || missing+=("go (Go toolchain >= 1.26: https://go.dev/doc/install)")
+command -v cargo >/dev/null || missing+=("cargo (Rust >= 1.89: https://rustup.rs)")
+if [ ${#missing[@]} -gt 0 ]; then
+  printf 'missing: %s\n' "${missing[@]}" >&2
+  exit 1
+fi
+if command -v rustup >/dev/null; then
+  for c in rustfmt clippy; do
+    rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c"
+  done
+fi
+
+# Debian packages for the real brokers the tests start (never a running system service).
+pkgs=()
+command -v redis-server >/dev/null || pkgs+=(redis-server)
+if [ ${#pkgs[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo ">> apt-get install ${pkgs[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+  else
+    echo "missing Debian packages: ${pkgs[*]} (run: sudo apt-get install ${pkgs[*]})" >&2
+    exit 1
+  fi
+fi

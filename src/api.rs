@@ -1,0 +1,348 @@
+//! The `dlq.dev/v1alpha1` API: `DeadLetter` (one parked job) and `DeadLetterQueue` (where it
+//! came from and goes back to).
+//!
+//! The rules that protect a record (immutable facts, signed decisions, one resolution) are CEL
+//! rules in the CRD, so the apiserver refuses a bad `kubectl edit` before the operator sees it.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// Largest UTF-8 payload a record holds, in bytes (the CRD bounds characters to the same number).
+pub const MAX_PAYLOAD_BYTES: usize = 256 * 1024;
+/// `payloadBase64` length for [`MAX_PAYLOAD_BYTES`] of raw bytes.
+pub const MAX_PAYLOAD_BASE64_LEN: usize = MAX_PAYLOAD_BYTES.div_ceil(3) * 4;
+pub const MAX_HEADERS: usize = 64;
+pub const MAX_HEADER_VALUE_LEN: usize = 8192;
+pub const MAX_JOB_ID_LEN: usize = 253;
+
+/// Label with the DeadLetterQueue name.
+pub const LABEL_QUEUE: &str = "dlq.dev/queue";
+/// Label `transient` or `invalid`.
+pub const LABEL_FAILURE_KIND: &str = "dlq.dev/failure-kind";
+/// Label with the hash of `queue/jobId`: selects every cycle of one job.
+pub const LABEL_JOB_KEY: &str = "dlq.dev/job-key";
+
+/// One parking of a job that a consumer gave up on. Only `action`/`by`/`note` are meant to change.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "dlq.dev",
+    version = "v1alpha1",
+    kind = "DeadLetter",
+    namespaced,
+    shortname = "dl",
+    category = "dlq",
+    status = "DeadLetterStatus",
+    printcolumn = r#"{"name":"Job","type":"string","jsonPath":".spec.job.id"}"#,
+    printcolumn = r##"{"name":"#","type":"integer","jsonPath":".spec.deliveries","description":"deliveries in this cycle"}"##,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Intent","type":"string","jsonPath":".spec.intent.state","description":"business state when parked"}"#,
+    printcolumn = r#"{"name":"By","type":"string","jsonPath":".spec.by"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".spec.reason"}"#,
+    printcolumn = r#"{"name":"Cycle","type":"integer","jsonPath":".spec.cycle","priority":1}"#,
+    printcolumn = r#"{"name":"Kind","type":"string","jsonPath":".spec.failureKind","priority":1}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    validation = kube::core::Rule::new(
+        "!has(oldSelf.status) || !has(oldSelf.status.phase) || oldSelf.status.phase == 'Parked' || ((has(self.spec.action) ? self.spec.action : '') == (has(oldSelf.spec.action) ? oldSelf.spec.action : '') && (has(self.spec.by) ? self.spec.by : '') == (has(oldSelf.spec.by) ? oldSelf.spec.by : '') && (has(self.spec.note) ? self.spec.note : '') == (has(oldSelf.spec.note) ? oldSelf.spec.note : ''))"
+    ).message(kube::core::Message::Expression(
+        "'record is not parked: ' + self.spec.job.id + ' is ' + oldSelf.status.phase.lowerAscii()".into()
+    )).reason(kube::core::Reason::FieldValueForbidden).field_path(".spec")
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = kube::core::Rule::new("self.queue == oldSelf.queue").message("spec.queue is immutable"),
+    validation = kube::core::Rule::new("self.cycle == oldSelf.cycle").message("spec.cycle is immutable"),
+    validation = kube::core::Rule::new("self.job == oldSelf.job").message("spec.job is immutable: redrive sends the job untouched"),
+    validation = kube::core::Rule::new("has(self.intent) == has(oldSelf.intent) && (!has(self.intent) || self.intent == oldSelf.intent)").message("spec.intent is immutable: it is the business state when the job was parked"),
+    validation = kube::core::Rule::new("self.deliveries == oldSelf.deliveries").message("spec.deliveries is immutable"),
+    validation = kube::core::Rule::new("self.reason == oldSelf.reason").message("spec.reason is immutable"),
+    validation = kube::core::Rule::new("self.failureKind == oldSelf.failureKind").message("spec.failureKind is immutable"),
+    validation = kube::core::Rule::new("has(self.serviceVersion) == has(oldSelf.serviceVersion) && (!has(self.serviceVersion) || self.serviceVersion == oldSelf.serviceVersion)").message("spec.serviceVersion is immutable"),
+    validation = kube::core::Rule::new("self.failedAt == oldSelf.failedAt").message("spec.failedAt is immutable"),
+    validation = kube::core::Rule::new("!has(self.action) || (has(self.by) && self.by.trim() != '')").message("every decision must be signed: set spec.by when spec.action is set"),
+)]
+pub struct DeadLetterSpec {
+    /// The DeadLetterQueue (same namespace) the job came from and returns to.
+    #[schemars(length(min = 1, max = 63))]
+    pub queue: String,
+    /// 1 + the highest cycle of earlier records of this job.
+    #[schemars(range(min = 1))]
+    pub cycle: i32,
+    /// The job exactly as the consumer received it.
+    pub job: Job,
+    /// The business object's state when the job was parked. Opaque to the operator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intent: Option<IntentSnapshot>,
+    /// Deliveries in this cycle.
+    #[schemars(range(min = 0))]
+    pub deliveries: i32,
+    /// Why the consumer gave up, in words.
+    #[schemars(length(max = 1024))]
+    pub reason: String,
+    pub failure_kind: FailureKind,
+    /// Which consumer version gave up (e.g. `relayer@1.4.2`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
+    pub service_version: Option<String>,
+    pub failed_at: Time,
+    /// The human decision. Set together with `by`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<Action>,
+    /// Who decided. Required whenever `action` is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub by: Option<String>,
+    /// Why, for the record (ticket, incident).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub note: Option<String>,
+}
+
+/// The untouched job. Exactly one of `payload` (UTF-8) or `payloadBase64` (any bytes).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = kube::core::Rule::new("has(self.payload) != has(self.payloadBase64)").message("exactly one of spec.job.payload and spec.job.payloadBase64 must be set"),
+)]
+pub struct Job {
+    #[schemars(length(min = 1, max = 253))]
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 262144))]
+    pub payload: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 349528), extend("format" = "byte"))]
+    pub payload_base64: Option<String>,
+    /// Original message headers, carried back on redrive.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 64))]
+    #[x_kube(validation = kube::core::Rule::new("self.all(k, size(k) <= 256 && size(self[k]) <= 8192)").message("header names are at most 256 characters and values at most 8192"))]
+    pub headers: BTreeMap<String, String>,
+}
+
+impl Job {
+    /// The payload bytes exactly as parked.
+    pub fn payload_bytes(&self) -> Result<Vec<u8>, base64::DecodeError> {
+        use base64::Engine;
+        match (&self.payload, &self.payload_base64) {
+            (Some(text), _) => Ok(text.as_bytes().to_vec()),
+            (None, Some(b64)) => base64::engine::general_purpose::STANDARD.decode(b64),
+            (None, None) => Ok(Vec::new()),
+        }
+    }
+
+    /// Whether the (possibly stripped) job still carries its payload.
+    pub fn has_payload(&self) -> bool {
+        self.payload.is_some() || self.payload_base64.is_some()
+    }
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct IntentSnapshot {
+    #[schemars(length(max = 253))]
+    pub id: String,
+    #[schemars(length(max = 253))]
+    pub state: String,
+}
+
+/// Invalid: the message itself is unusable (fix the producer). Transient: retries ran out.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FailureKind {
+    Transient,
+    Invalid,
+}
+
+impl FailureKind {
+    /// Lower-case form used in labels and metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            FailureKind::Transient => "transient",
+            FailureKind::Invalid => "invalid",
+        }
+    }
+}
+
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    Redrive,
+    Drop,
+}
+
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default,
+)]
+pub enum Phase {
+    #[default]
+    Parked,
+    Redriven,
+    Dropped,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Parked => "Parked",
+            Phase::Redriven => "Redriven",
+            Phase::Dropped => "Dropped",
+        }
+    }
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct DeadLetterStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+impl DeadLetter {
+    /// The phase, treating a record the operator has not yet seen as Parked.
+    pub fn phase(&self) -> Phase {
+        self.status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .unwrap_or(Phase::Parked)
+    }
+}
+
+/// A logical queue: where redriven jobs go, where dead messages come from, and policies.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "dlq.dev",
+    version = "v1alpha1",
+    kind = "DeadLetterQueue",
+    namespaced,
+    shortname = "dlq",
+    category = "dlq",
+    status = "DeadLetterQueueStatus",
+    printcolumn = r#"{"name":"Target","type":"string","jsonPath":".status.target"}"#,
+    printcolumn = r#"{"name":"Parked","type":"integer","jsonPath":".status.parked"}"#,
+    printcolumn = r#"{"name":"Redriven","type":"integer","jsonPath":".status.redriven"}"#,
+    printcolumn = r#"{"name":"Dropped","type":"integer","jsonPath":".status.dropped"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct DeadLetterQueueSpec {
+    /// Where redrive puts jobs back.
+    pub target: TargetSpec,
+    /// Optional: collect a broker's dead messages and park them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<SourceSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<Retention>,
+    /// Beyond this many Parked records, new parkings are refused (and alerted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_parked: Option<i64>,
+}
+
+/// Default for `maxParked`.
+pub const DEFAULT_MAX_PARKED: i64 = 10_000;
+
+impl DeadLetterQueueSpec {
+    pub fn max_parked(&self) -> i64 {
+        self.max_parked.unwrap_or(DEFAULT_MAX_PARKED)
+    }
+}
+
+/// Exactly one backend.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("[has(self.redis)].filter(x, x).size() == 1").message("spec.target needs exactly one backend (redis)"))]
+pub struct TargetSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis: Option<RedisTarget>,
+}
+
+/// LPUSH onto `list` (a BRPOP/BLMOVE consumer sees FIFO order) or XADD onto `stream`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("has(self.list) != has(self.stream)").message("redis target needs exactly one of list or stream"))]
+pub struct RedisTarget {
+    pub url_secret_ref: SecretKeyRef,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub list: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub stream: Option<String>,
+}
+
+/// A key of a Secret in the DeadLetterQueue's namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct SecretKeyRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis: Option<RedisSource>,
+}
+
+/// Drain a Redis list that consumers push dead jobs onto (see README "Dead-list envelope").
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RedisSource {
+    /// Defaults to the target's URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url_secret_ref: Option<SecretKeyRef>,
+    #[schemars(length(min = 1, max = 512))]
+    pub list: String,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Retention {
+    /// Resolved records are deleted this long after resolution (Go duration, e.g. `720h`).
+    /// Parked records are never deleted.
+    #[x_kube(validation = kube::core::Rule::new("duration(self) >= duration('0s')").message("retention.resolvedFor must be a duration such as 720h"))]
+    #[schemars(length(max = 32))]
+    pub resolved_for: String,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct DeadLetterQueueStatus {
+    #[serde(default)]
+    pub parked: i64,
+    #[serde(default)]
+    pub redriven: i64,
+    #[serde(default)]
+    pub dropped: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_parked_at: Option<Time>,
+    /// The target in words, for `kubectl get dlq`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// The CRDs as YAML documents, as `deadletter-operator crds` prints them and `crds/` holds them.
+pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
+    use kube::CustomResourceExt;
+    Ok(format!(
+        "---\n{}---\n{}",
+        serde_yaml::to_string(&DeadLetter::crd())?,
+        serde_yaml::to_string(&DeadLetterQueue::crd())?
+    ))
+}
