@@ -113,7 +113,7 @@ pub struct Job {
     #[schemars(length(max = 262144))]
     pub payload: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 349528), extend("format" = "byte"))]
+    #[schemars(length(max = 349528), regex(pattern = r"^[A-Za-z0-9+/]*={0,2}$"))]
     pub payload_base64: Option<String>,
     /// Original message headers, carried back on redrive.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

@@ -1,6 +1,18 @@
 //! `deadletter-operator`: `run` the controller, or print the `crds`.
 
-use clap::{Parser, Subcommand};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand, ValueEnum};
+use deadletter::controller::{self, Settings};
+use deadletter::metrics::Metrics;
+use deadletter::server::{self, Probes};
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
+use kube::runtime::events::Reporter;
 
 #[derive(Parser)]
 #[command(
@@ -14,13 +26,197 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the controllers, /metrics, /healthz and /readyz.
+    Run(RunArgs),
     /// Print the CustomResourceDefinitions (YAML).
     Crds,
 }
 
-fn main() -> anyhow::Result<()> {
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Address for /metrics, /healthz and /readyz.
+    #[arg(long, env = "DLQ_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: SocketAddr,
+    /// Only one replica acts at a time (a Lease). Correctness never depends on it: every
+    /// resolution is a compare-and-swap.
+    #[arg(long, env = "DLQ_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_election: bool,
+    /// Namespace of the Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    lease_namespace: String,
+    #[arg(long, default_value = "deadletter-operator")]
+    lease_name: String,
+    /// Namespaces to watch, comma-separated; empty means all.
+    #[arg(
+        long,
+        env = "WATCH_NAMESPACES",
+        value_delimiter = ',',
+        default_value = ""
+    )]
+    watch_namespaces: Vec<String>,
+    /// Identity in Events and the Lease.
+    #[arg(long, env = "POD_NAME")]
+    pod_name: Option<String>,
+    #[arg(long, env = "DLQ_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: LogFormat,
+    /// Concurrent reconciles per controller.
+    #[arg(long, default_value_t = 32)]
+    concurrency: u16,
+    /// Longest wait between requeue attempts while a broker is down, in seconds.
+    #[arg(long, default_value_t = 60)]
+    backoff_cap_seconds: u64,
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+type Shutdown = Shared<BoxFuture<'static, ()>>;
+
+/// Resolves on SIGTERM or Ctrl-C.
+fn termination() -> Shutdown {
+    async {
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term => {}
+        }
+        tracing::info!("shutting down");
+    }
+    .boxed()
+    .shared()
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    init_tracing(args.log_format);
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to Kubernetes (KUBECONFIG or in-cluster config)")?;
+    let identity = args
+        .pod_name
+        .clone()
+        .unwrap_or_else(|| format!("deadletter-operator-{}", std::process::id()));
+    let metrics = Metrics::default();
+    let ready = Arc::new(AtomicBool::new(false));
+    let shutdown = termination();
+    let server = tokio::spawn(server::serve(
+        args.metrics_addr,
+        Probes {
+            metrics: metrics.clone(),
+            ready: ready.clone(),
+        },
+        shutdown.clone(),
+    ));
+
+    // Leadership: controllers run only while this replica holds the Lease. Losing it ends the
+    // process (the Deployment restarts it as a standby), which is simpler than tearing down.
+    let lost: Shutdown = if args.leader_election {
+        let manager =
+            kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &args.lease_name)
+                .with_namespace(&args.lease_namespace)
+                .with_identity(&identity)
+                .with_duration(15)
+                .with_grace(5)
+                .build()
+                .await
+                .context("setting up leader election")?;
+        let (mut leader, _task) = manager.watch().await;
+        ready.store(true, Ordering::Relaxed);
+        tracing::info!(lease = %args.lease_name, identity = %identity, "waiting for leadership");
+        tokio::select! {
+            r = leader.wait_for(|held| *held) => { r.context("leader election stopped")?; }
+            _ = shutdown.clone() => return Ok(()),
+        }
+        tracing::info!(identity = %identity, "became leader");
+        async move {
+            let _ = leader.wait_for(|held| !*held).await;
+            tracing::error!("lost leadership; exiting so a standby takes over");
+        }
+        .boxed()
+        .shared()
+    } else {
+        std::future::pending::<()>().boxed().shared()
+    };
+    let stop: Shutdown = {
+        let (shutdown, lost) = (shutdown.clone(), lost.clone());
+        async move {
+            tokio::select! {
+                _ = shutdown => {}
+                _ = lost => {}
+            }
+        }
+        .boxed()
+        .shared()
+    };
+
+    let settings = Settings {
+        backoff_cap: Duration::from_secs(args.backoff_cap_seconds.max(1)),
+        concurrency: args.concurrency.max(1),
+        ..Settings::default()
+    };
+    let reporter = Reporter {
+        controller: "deadletter-operator".into(),
+        instance: Some(identity),
+    };
+    let scopes: Vec<Option<String>> = {
+        let named: Vec<String> = args
+            .watch_namespaces
+            .iter()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect();
+        if named.is_empty() {
+            vec![None]
+        } else {
+            named.into_iter().map(Some).collect()
+        }
+    };
+    ready.store(true, Ordering::Relaxed);
+    tracing::info!(namespaces = ?scopes, "controllers starting");
+    futures::future::join_all(scopes.into_iter().map(|ns| {
+        controller::run_scope(
+            client.clone(),
+            ns,
+            metrics.clone(),
+            reporter.clone(),
+            settings.clone(),
+            stop.clone(),
+        )
+    }))
+    .await;
+    if lost.clone().now_or_never().is_some() {
+        anyhow::bail!("lost leadership");
+    }
+    let _ = server.await;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Crds => print!("{}", deadletter::api::crds_yaml()?),
+        Command::Run(args) => run(args).await?,
     }
     Ok(())
 }

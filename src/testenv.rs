@@ -232,7 +232,10 @@ impl ControlPlane {
         let dir = std::env::temp_dir().join(format!(
             "dlq-testenv-{}-{}",
             std::process::id(),
-            chrono::Utc::now().timestamp_nanos_opt().unwrap_or_default()
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or_default()
         ));
         io("creating temp dir", fs::create_dir_all(dir.join("pki")))?;
         let pki = pki()?;

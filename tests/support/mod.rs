@@ -28,6 +28,10 @@ pub struct Plane {
 
 static PLANE: OnceLock<Plane> = OnceLock::new();
 
+pub fn report(line: &str) {
+    say(line)
+}
+
 fn say(line: &str) {
     // Straight to the process's stderr, past the test harness's capture, so CI logs show it.
     let _ = writeln!(std::io::stderr(), "{line}");
@@ -167,3 +171,229 @@ pub async fn apply_crds(client: &Client, yaml: &str) {
 }
 
 use serde::Deserialize;
+
+/// The CRDs as checked in.
+pub const CRDS: &str = include_str!("../../crds/dlq.dev.yaml");
+
+/// Installs the dlq.dev CRDs once per test binary.
+pub async fn install_crds(client: &Client) {
+    static DONE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    DONE.get_or_init(|| apply_crds(client, CRDS)).await;
+}
+
+/// A real redis-server on a free loopback port; stopped on drop (and by the kernel if the test
+/// process dies).
+pub struct Redis {
+    pub port: u16,
+    child: Option<Child>,
+    dir: PathBuf,
+}
+
+impl Redis {
+    pub fn start() -> Redis {
+        let port = deadletter::testenv::free_port().expect("port");
+        let dir = std::env::temp_dir().join(format!("dlq-redis-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("redis dir");
+        let mut r = Redis {
+            port,
+            child: None,
+            dir,
+        };
+        r.restart();
+        r
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Starts (again) on the same port.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "redis already running");
+        let bin = which("redis-server").unwrap_or_else(|| {
+            panic!(
+                "redis-server not found: run scripts/ensure-deps.sh (apt-get install redis-server)"
+            )
+        });
+        let child = deadletter::testenv::spawn_guarded(
+            Command::new(bin)
+                .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no", "--dir"])
+                .arg(&self.dir),
+            &self.dir.join("redis.log"),
+        )
+        .expect("starting redis-server");
+        self.child = Some(child);
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("redis-server did not listen on {}", self.port);
+    }
+
+    /// Stops it hard, like a crashed broker.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url())
+            .expect("redis url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("redis connection")
+    }
+
+    pub async fn list(&self, key: &str) -> Vec<Vec<u8>> {
+        let mut c = self.conn().await;
+        redis::cmd("LRANGE")
+            .arg(key)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut c)
+            .await
+            .expect("LRANGE")
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+/// A `deadletter-operator run` process watching one namespace, without leader election.
+pub struct Operator {
+    child: Option<Child>,
+    pub metrics_port: u16,
+    pub log: PathBuf,
+}
+
+impl Operator {
+    pub fn start(ns: &str) -> Operator {
+        Self::start_with(ns, &[], &[])
+    }
+
+    pub fn start_with(ns: &str, args: &[&str], env: &[(&str, &str)]) -> Operator {
+        static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let metrics_port = deadletter::testenv::free_port().expect("port");
+        let log =
+            std::env::temp_dir().join(format!("dlq-operator-{}-{ns}-{n}.log", std::process::id()));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_deadletter-operator"));
+        cmd.arg("run")
+            .arg("--leader-election=false")
+            .arg(format!("--metrics-addr=127.0.0.1:{metrics_port}"))
+            .arg(format!("--watch-namespaces={ns}"))
+            .arg("--backoff-cap-seconds=2")
+            .args(args)
+            .env("KUBECONFIG", &plane().kubeconfig)
+            .env("POD_NAME", format!("op-{n}"))
+            .env("RUST_LOG", "info,kube=warn");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = deadletter::testenv::spawn_guarded(&mut cmd, &log).expect("starting operator");
+        let op = Operator {
+            child: Some(child),
+            metrics_port,
+            log,
+        };
+        for _ in 0..200 {
+            if op.http_get("/readyz").is_some_and(|b| b.starts_with("ok")) {
+                return op;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("operator not ready; log:\n{}", op.logs());
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// GET a path on the metrics port; None when not answering.
+    pub fn http_get(&self, path: &str) -> Option<String> {
+        use std::io::Read;
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        out.split_once("\r\n\r\n").map(|(_, body)| body.to_string())
+    }
+
+    /// The value of one metric sample line, e.g. `dlq_redrives_total{...,result="success"}`;
+    /// sums every series whose labels contain all of `labels`.
+    pub fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let body = self.http_get("/metrics").unwrap_or_default();
+        body.lines()
+            .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+            .filter(|l| {
+                let (series, _) = l.rsplit_once(' ').unwrap_or((l, ""));
+                series.split(['{', '}']).next() == Some(name)
+                    && labels
+                        .iter()
+                        .all(|(k, v)| series.contains(&format!("{k}=\"{v}\"")))
+            })
+            .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+            .sum()
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Graceful stop (SIGTERM), as Kubernetes does.
+    pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        let mut c = self.child.take()?;
+        deadletter::testenv::terminate(&mut c, Duration::from_secs(10));
+        c.wait().ok()
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        self.kill();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_file(&self.log);
+        } else {
+            say(&format!("operator log kept at {}", self.log.display()));
+        }
+    }
+}
+
+/// Polls `check` every 100 ms until it returns Some, or panics after `secs` with `what`.
+pub async fn eventually<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out after {secs}s waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -1,0 +1,128 @@
+//! Prometheus metrics (names are part of the product contract: alerts are written on them).
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueLabels {
+    pub namespace: String,
+    pub queue: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ParkedLabels {
+    pub namespace: String,
+    pub queue: String,
+    pub failure_kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabels {
+    pub namespace: String,
+    pub queue: String,
+    pub phase: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub namespace: String,
+    pub queue: String,
+    /// success | failure | conflict
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub kind: String,
+}
+
+#[derive(Clone)]
+pub struct Metrics {
+    pub parked: Family<ParkedLabels, Counter>,
+    pub records: Family<PhaseLabels, Gauge>,
+    pub redrives: Family<ResultLabels, Counter>,
+    pub drops: Family<QueueLabels, Counter>,
+    pub oldest_parked_age: Family<QueueLabels, Gauge>,
+    pub requeue_duration: Histogram,
+    pub reconcile_errors: Family<ErrorLabels, Counter>,
+    pub registry: Arc<Registry>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let parked = Family::<ParkedLabels, Counter>::default();
+        registry.register(
+            "dlq_parked",
+            "Jobs parked as DeadLetter records, by failure kind",
+            parked.clone(),
+        );
+        let records = Family::<PhaseLabels, Gauge>::default();
+        registry.register(
+            "dlq_records",
+            "DeadLetter records by phase",
+            records.clone(),
+        );
+        let redrives = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "dlq_redrives",
+            "Redrive attempts by result (success, failure, conflict)",
+            redrives.clone(),
+        );
+        let drops = Family::<QueueLabels, Counter>::default();
+        registry.register("dlq_drops", "Records dropped", drops.clone());
+        let oldest_parked_age = Family::<QueueLabels, Gauge>::default();
+        registry.register(
+            "dlq_oldest_parked_age_seconds",
+            "Age of the oldest Parked record",
+            oldest_parked_age.clone(),
+        );
+        let requeue_duration = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        registry.register(
+            "dlq_requeue_duration_seconds",
+            "Time from the start of a requeue until the broker confirmed it",
+            requeue_duration.clone(),
+        );
+        let reconcile_errors = Family::<ErrorLabels, Counter>::default();
+        registry.register(
+            "dlq_reconcile_errors",
+            "Reconcile errors by kind",
+            reconcile_errors.clone(),
+        );
+        Metrics {
+            parked,
+            records,
+            redrives,
+            drops,
+            oldest_parked_age,
+            requeue_duration,
+            reconcile_errors,
+            registry: Arc::new(registry),
+        }
+    }
+}
+
+impl Metrics {
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    pub fn redrive(&self, namespace: &str, queue: &str, result: &str) {
+        self.redrives
+            .get_or_create(&ResultLabels {
+                namespace: namespace.into(),
+                queue: queue.into(),
+                result: result.into(),
+            })
+            .inc();
+    }
+}

@@ -1,0 +1,220 @@
+//! The apiserver itself enforces the record's rules (CEL in the CRD): each refusal is checked
+//! with its message, on a real kube-apiserver.
+
+mod support;
+
+use kube::Client;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::{Value, json};
+
+fn records(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("dlq.dev", "v1alpha1", "DeadLetter"),
+        "deadletters",
+    );
+    Api::namespaced_with(client.clone(), ns, &ar)
+}
+
+fn record(name: &str, job: Value) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "dlq.dev/v1alpha1", "kind": "DeadLetter",
+        "metadata": {"name": name},
+        "spec": {
+            "queue": "relayer", "cycle": 1, "job": job,
+            "intent": {"id": "pi_0003", "state": "created"},
+            "deliveries": 3, "reason": "no luck after 3 deliveries",
+            "failureKind": "Transient", "failedAt": "2026-11-29T10:00:00Z"
+        }
+    }))
+    .unwrap()
+}
+
+fn job() -> Value {
+    json!({"id": "pi_0003/settle", "payload": "{\"intent\":\"pi_0003\"}"})
+}
+
+async fn setup() -> (Client, Api<DynamicObject>) {
+    let client = support::plane().client().await;
+    support::install_crds(&client).await;
+    let ns = support::namespace(&client, "rules").await;
+    let api = records(&client, &ns);
+    (client, api)
+}
+
+fn refusal(r: Result<DynamicObject, kube::Error>) -> (u16, String) {
+    match r {
+        Err(kube::Error::Api(s)) => (s.code, s.message),
+        Err(e) => panic!("expected an API refusal, got {e}"),
+        Ok(_) => panic!("expected a refusal, the apiserver accepted it"),
+    }
+}
+
+async fn merge(
+    api: &Api<DynamicObject>,
+    name: &str,
+    patch: Value,
+) -> Result<DynamicObject, kube::Error> {
+    api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+}
+
+#[tokio::test]
+async fn unsigned_decision_is_refused() {
+    let (_c, api) = setup().await;
+    api.create(&PostParams::default(), &record("r1", job()))
+        .await
+        .unwrap();
+    let (code, msg) = refusal(merge(&api, "r1", json!({"spec": {"action": "redrive"}})).await);
+    assert_eq!(code, 422);
+    assert!(msg.contains("every decision must be signed"), "{msg}");
+    let (_, msg) =
+        refusal(merge(&api, "r1", json!({"spec": {"action": "drop", "by": "  "}})).await);
+    assert!(msg.contains("every decision must be signed"), "{msg}");
+    merge(
+        &api,
+        "r1",
+        json!({"spec": {"action": "redrive", "by": "ops", "note": "INC-1"}}),
+    )
+    .await
+    .expect("a signed decision is accepted");
+}
+
+#[tokio::test]
+async fn parked_facts_are_immutable() {
+    let (_c, api) = setup().await;
+    api.create(&PostParams::default(), &record("r2", job()))
+        .await
+        .unwrap();
+    for (patch, expected) in [
+        (
+            json!({"spec": {"job": {"payload": "edited"}}}),
+            "spec.job is immutable",
+        ),
+        (
+            json!({"spec": {"job": {"headers": {"x": "y"}}}}),
+            "spec.job is immutable",
+        ),
+        (
+            json!({"spec": {"intent": {"state": "authorized"}}}),
+            "spec.intent is immutable",
+        ),
+        (
+            json!({"spec": {"queue": "other"}}),
+            "spec.queue is immutable",
+        ),
+        (json!({"spec": {"cycle": 2}}), "spec.cycle is immutable"),
+        (
+            json!({"spec": {"deliveries": 1}}),
+            "spec.deliveries is immutable",
+        ),
+        (json!({"spec": {"reason": "x"}}), "spec.reason is immutable"),
+        (
+            json!({"spec": {"failureKind": "Invalid"}}),
+            "spec.failureKind is immutable",
+        ),
+        (
+            json!({"spec": {"serviceVersion": "v2"}}),
+            "spec.serviceVersion is immutable",
+        ),
+        (
+            json!({"spec": {"failedAt": "2026-01-01T00:00:00Z"}}),
+            "spec.failedAt is immutable",
+        ),
+    ] {
+        let (code, msg) = refusal(merge(&api, "r2", patch.clone()).await);
+        assert_eq!(code, 422, "{patch}");
+        assert!(msg.contains(expected), "{patch}: {msg}");
+    }
+}
+
+#[tokio::test]
+async fn payload_forms_and_sizes_are_bounded() {
+    let (_c, api) = setup().await;
+    let both = json!({"id": "j", "payload": "a", "payloadBase64": "YQ=="});
+    let (code, msg) = refusal(
+        api.create(&PostParams::default(), &record("both", both))
+            .await,
+    );
+    assert_eq!(code, 422);
+    assert!(
+        msg.contains("exactly one of spec.job.payload and spec.job.payloadBase64"),
+        "{msg}"
+    );
+
+    let neither = json!({"id": "j"});
+    let (_, msg) = refusal(
+        api.create(&PostParams::default(), &record("neither", neither))
+            .await,
+    );
+    assert!(
+        msg.contains("exactly one of spec.job.payload and spec.job.payloadBase64"),
+        "{msg}"
+    );
+
+    let big = json!({"id": "j", "payload": "x".repeat(256 * 1024 + 1)});
+    let (code, msg) = refusal(
+        api.create(&PostParams::default(), &record("big", big))
+            .await,
+    );
+    assert_eq!(code, 422);
+    assert!(
+        msg.contains("spec.job.payload") && msg.contains("262144"),
+        "{msg}"
+    );
+
+    let at_limit = json!({"id": "j", "payload": "x".repeat(256 * 1024)});
+    api.create(&PostParams::default(), &record("at-limit", at_limit))
+        .await
+        .expect("256 KiB is allowed");
+
+    let not_b64 = json!({"id": "j", "payloadBase64": "not base64!"});
+    let (code, _) = refusal(
+        api.create(&PostParams::default(), &record("badb64", not_b64))
+            .await,
+    );
+    assert_eq!(code, 422);
+}
+
+#[tokio::test]
+async fn decision_is_frozen_once_resolved() {
+    let (_c, api) = setup().await;
+    api.create(&PostParams::default(), &record("r3", job()))
+        .await
+        .unwrap();
+    merge(
+        &api,
+        "r3",
+        json!({"spec": {"action": "redrive", "by": "ops"}}),
+    )
+    .await
+    .unwrap();
+    api.patch_status(
+        "r3",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Redriven", "resolvedBy": "ops"}})),
+    )
+    .await
+    .unwrap();
+    for patch in [
+        json!({"spec": {"action": "drop"}}),
+        json!({"spec": {"by": "mallory"}}),
+        json!({"spec": {"note": "rewriting history"}}),
+        json!({"spec": {"action": null, "by": null}}),
+    ] {
+        let (code, msg) = refusal(merge(&api, "r3", patch.clone()).await);
+        assert_eq!(code, 422, "{patch}");
+        assert!(
+            msg.contains("record is not parked: pi_0003/settle is redriven"),
+            "{patch}: {msg}"
+        );
+    }
+    // Labels and annotations stay editable: only the decision is frozen.
+    merge(
+        &api,
+        "r3",
+        json!({"metadata": {"labels": {"team": "payments"}}}),
+    )
+    .await
+    .expect("metadata edits are fine");
+}

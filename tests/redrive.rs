@@ -1,0 +1,533 @@
+//! Redrive and drop against a real apiserver and a real redis-server.
+
+mod support;
+
+use std::collections::BTreeMap;
+
+use base64::Engine;
+use deadletter::api::{
+    Action, DeadLetter, DeadLetterQueue, DeadLetterSpec, FailureKind, IntentSnapshot, Job, Phase,
+};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use support::{Operator, Redis, eventually};
+
+const LIST: &str = "relayer:jobs";
+
+async fn setup(prefix: &str) -> (Client, String) {
+    let client = support::plane().client().await;
+    support::install_crds(&client).await;
+    let ns = support::namespace(&client, prefix).await;
+    (client, ns)
+}
+
+/// A Secret with the Redis URL and a DeadLetterQueue `relayer` targeting `target`.
+async fn create_queue(
+    client: &Client,
+    ns: &str,
+    url: &str,
+    target: serde_json::Value,
+    extra: serde_json::Value,
+) {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "redis"}, "stringData": {"url": url}
+    }))
+    .unwrap();
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let mut spec = json!({"target": {"redis": target}});
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+        spec.extend(extra.clone());
+    }
+    let q: DeadLetterQueue = serde_json::from_value(json!({
+        "apiVersion": "dlq.dev/v1alpha1", "kind": "DeadLetterQueue",
+        "metadata": {"name": "relayer"}, "spec": spec
+    }))
+    .unwrap();
+    Api::<DeadLetterQueue>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &q)
+        .await
+        .unwrap();
+}
+
+fn list_target() -> serde_json::Value {
+    json!({"urlSecretRef": {"name": "redis", "key": "url"}, "list": LIST})
+}
+
+fn record(name: &str, job_id: &str, payload: &[u8]) -> DeadLetter {
+    let (text, b64) = match std::str::from_utf8(payload) {
+        Ok(t) => (Some(t.to_string()), None),
+        Err(_) => (
+            None,
+            Some(base64::engine::general_purpose::STANDARD.encode(payload)),
+        ),
+    };
+    DeadLetter::new(
+        name,
+        DeadLetterSpec {
+            queue: "relayer".into(),
+            cycle: 1,
+            job: Job {
+                id: job_id.into(),
+                payload: text,
+                payload_base64: b64,
+                headers: BTreeMap::new(),
+            },
+            intent: Some(IntentSnapshot {
+                id: "pi_0003".into(),
+                state: "created".into(),
+            }),
+            deliveries: 3,
+            reason: "no luck after 3 deliveries".into(),
+            failure_kind: FailureKind::Transient,
+            service_version: Some("relayer@1.4.2".into()),
+            failed_at: Time(jiff::Timestamp::now()),
+            action: None,
+            by: None,
+            note: None,
+        },
+    )
+}
+
+async fn park(api: &Api<DeadLetter>, r: DeadLetter) -> DeadLetter {
+    api.create(&PostParams::default(), &r)
+        .await
+        .expect("creating record")
+}
+
+async fn decide(api: &Api<DeadLetter>, name: &str, action: Action, by: &str) {
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"action": action, "by": by}})),
+    )
+    .await
+    .expect("setting the decision");
+}
+
+async fn wait_phase(api: &Api<DeadLetter>, name: &str, phase: Phase, secs: u64) -> DeadLetter {
+    eventually(secs, &format!("{name} to be {phase:?}"), || async {
+        api.get(name)
+            .await
+            .ok()
+            .filter(|r| r.status.as_ref().and_then(|s| s.phase) == Some(phase))
+    })
+    .await
+}
+
+async fn events_for(client: &Client, ns: &str, name: &str, reason: &str) -> Vec<Event> {
+    Api::<Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .collect()
+}
+
+fn condition(r: &DeadLetter, type_: &str) -> Option<(String, String, String)> {
+    r.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+#[tokio::test]
+async fn redrive_puts_the_identical_bytes_on_the_list() {
+    let (client, ns) = setup("redrive").await;
+    let redis = Redis::start();
+    create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
+    let op = Operator::start(&ns);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+
+    let payload: Vec<u8> = (0u8..=255)
+        .chain(b"{\"intent\":\"pi_0003\"}".iter().copied())
+        .collect();
+    park(&api, record("bytes-1", "pi_0003/settle", &payload)).await;
+    wait_phase(&api, "bytes-1", Phase::Parked, 20).await;
+    assert!(
+        redis.list(LIST).await.is_empty(),
+        "nothing is redriven without a decision"
+    );
+
+    decide(&api, "bytes-1", Action::Redrive, "ops").await;
+    let done = wait_phase(&api, "bytes-1", Phase::Redriven, 20).await;
+    let status = done.status.clone().unwrap();
+    assert_eq!(status.resolved_by.as_deref(), Some("ops"));
+    assert!(status.resolved_at.is_some());
+    assert_eq!(status.observed_generation, done.metadata.generation);
+    assert_eq!(
+        redis.list(LIST).await,
+        vec![payload],
+        "byte-identical payload on the list"
+    );
+
+    let ev = eventually(10, "Redriven event", || async {
+        let e = events_for(&client, &ns, "bytes-1", "Redriven").await;
+        (!e.is_empty()).then_some(e)
+    })
+    .await;
+    assert!(
+        ev[0]
+            .note
+            .as_deref()
+            .unwrap_or_default()
+            .contains("redriven by ops"),
+        "{ev:?}"
+    );
+    let success = op.metric(
+        "dlq_redrives_total",
+        &[
+            ("namespace", &ns),
+            ("queue", "relayer"),
+            ("result", "success"),
+        ],
+    );
+    assert_eq!(success, 1.0, "dlq_redrives_total success moved");
+
+    // The queue's counters follow.
+    let queues: Api<DeadLetterQueue> = Api::namespaced(client.clone(), &ns);
+    eventually(20, "queue counters", || async {
+        let q = queues.get("relayer").await.ok()?;
+        let s = q.status?;
+        let ready = s
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        (s.redriven == 1
+            && s.parked == 0
+            && ready
+            && s.target.as_deref() == Some("redis list relayer:jobs"))
+        .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn drop_resolves_without_enqueueing_and_retention_spares_parked() {
+    let (client, ns) = setup("drop").await;
+    let redis = Redis::start();
+    create_queue(
+        &client,
+        &ns,
+        &redis.url(),
+        list_target(),
+        json!({"retention": {"resolvedFor": "2s"}}),
+    )
+    .await;
+    let op = Operator::start(&ns);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+
+    park(&api, record("keep-1", "keep/1", b"k")).await;
+    park(&api, record("drop-1", "drop/1", b"d")).await;
+    park(&api, record("redrive-1", "redrive/1", b"r")).await;
+    wait_phase(&api, "keep-1", Phase::Parked, 20).await;
+    decide(&api, "drop-1", Action::Drop, "ops").await;
+    decide(&api, "redrive-1", Action::Redrive, "ops").await;
+    let dropped = wait_phase(&api, "drop-1", Phase::Dropped, 20).await;
+    assert_eq!(dropped.status.unwrap().resolved_by.as_deref(), Some("ops"));
+    assert_eq!(op.metric("dlq_drops_total", &[("namespace", &ns)]), 1.0);
+
+    // Retention deletes both resolved records, never the parked one.
+    eventually(60, "retention to delete resolved records", || async {
+        let names: Vec<String> = api
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .iter()
+            .map(|r| r.name_any())
+            .collect();
+        (names == ["keep-1"]).then_some(())
+    })
+    .await;
+    assert_eq!(
+        redis.list(LIST).await,
+        vec![b"r".to_vec()],
+        "the dropped job was never enqueued"
+    );
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert!(
+        api.get_opt("keep-1").await.unwrap().is_some(),
+        "parked records are never deleted"
+    );
+}
+
+#[tokio::test]
+async fn missing_queue_is_a_condition_not_a_crash() {
+    let (client, ns) = setup("noqueue").await;
+    let mut op = Operator::start(&ns);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    park(&api, record("orphan-1", "orphan/1", b"x")).await;
+    decide(&api, "orphan-1", Action::Redrive, "ops").await;
+    let r = eventually(20, "Requeued=False QueueNotFound", || async {
+        let r = api.get("orphan-1").await.ok()?;
+        matches!(condition(&r, "Requeued"), Some((s, reason, _)) if s == "False" && reason == "QueueNotFound").then_some(r)
+    })
+    .await;
+    assert_eq!(r.phase(), Phase::Parked);
+    let (_, _, message) = condition(&r, "Requeued").unwrap();
+    assert!(
+        message.contains("DeadLetterQueue relayer does not exist"),
+        "{message}"
+    );
+    eventually(10, "RequeueFailed warning", || async {
+        let e = events_for(&client, &ns, "orphan-1", "RequeueFailed").await;
+        e.iter()
+            .any(|e| e.type_.as_deref() == Some("Warning"))
+            .then_some(())
+    })
+    .await;
+    // Once the queue exists, the waiting redrive completes.
+    let redis = Redis::start();
+    create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
+    wait_phase(&api, "orphan-1", Phase::Redriven, 30).await;
+    assert_eq!(redis.list(LIST).await, vec![b"x".to_vec()]);
+    assert!(
+        op.terminate().is_some_and(|s| s.success()),
+        "operator exits cleanly on SIGTERM"
+    );
+}
+
+#[tokio::test]
+async fn broker_down_keeps_records_parked_until_it_returns() {
+    let (client, ns) = setup("down").await;
+    let mut redis = Redis::start();
+    create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
+    let _op = Operator::start(&ns);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    for i in 0..5 {
+        park(
+            &api,
+            record(
+                &format!("down-{i}"),
+                &format!("down/{i}"),
+                format!("job {i}").as_bytes(),
+            ),
+        )
+        .await;
+    }
+    wait_phase(&api, "down-4", Phase::Parked, 20).await;
+    redis.stop();
+    for i in 0..5 {
+        decide(&api, &format!("down-{i}"), Action::Redrive, "ops").await;
+    }
+    for i in 0..5 {
+        let name = format!("down-{i}");
+        let r = eventually(30, "Requeued=False while redis is down", || async {
+            let r = api.get(&name).await.ok()?;
+            matches!(condition(&r, "Requeued"), Some((s, _, _)) if s == "False").then_some(r)
+        })
+        .await;
+        assert_eq!(
+            r.phase(),
+            Phase::Parked,
+            "a failed requeue leaves the record Parked"
+        );
+        let (_, reason, _) = condition(&r, "Requeued").unwrap();
+        assert_eq!(reason, "BrokerUnreachable");
+    }
+    assert!(
+        !events_for(&client, &ns, "down-0", "RequeueFailed")
+            .await
+            .is_empty()
+    );
+    redis.restart();
+    for i in 0..5 {
+        let r = wait_phase(&api, &format!("down-{i}"), Phase::Redriven, 60).await;
+        assert_eq!(condition(&r, "Requeued").unwrap().0, "True");
+    }
+    let mut got = redis.list(LIST).await;
+    got.sort();
+    let want: Vec<Vec<u8>> = (0..5).map(|i| format!("job {i}").into_bytes()).collect();
+    assert_eq!(got, want, "nothing lost, nothing doubled");
+}
+
+#[tokio::test]
+async fn list_target_refuses_headers_instead_of_dropping_them() {
+    let (client, ns) = setup("headers").await;
+    let redis = Redis::start();
+    create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
+    let _op = Operator::start(&ns);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let mut r = record("hdr-1", "hdr/1", b"p");
+    r.spec.job.headers.insert("x-trace".into(), "abc".into());
+    park(&api, r).await;
+    decide(&api, "hdr-1", Action::Redrive, "ops").await;
+    let r = eventually(20, "Requeued=False HeadersNotCarried", || async {
+        let r = api.get("hdr-1").await.ok()?;
+        matches!(condition(&r, "Requeued"), Some((s, reason, _)) if s == "False" && reason == "HeadersNotCarried").then_some(r)
+    })
+    .await;
+    assert_eq!(r.phase(), Phase::Parked);
+    assert!(redis.list(LIST).await.is_empty());
+}
+
+#[tokio::test]
+async fn stream_target_carries_payload_and_headers() {
+    let (client, ns) = setup("stream").await;
+    let redis = Redis::start();
+    create_queue(
+        &client,
+        &ns,
+        &redis.url(),
+        json!({"urlSecretRef": {"name": "redis", "key": "url"}, "stream": "relayer:stream"}),
+        json!({}),
+    )
+    .await;
+    let _op = Operator::start(&ns);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let mut r = record("st-1", "st/1", b"\xffraw");
+    r.spec.job.headers.insert("x-trace".into(), "abc".into());
+    park(&api, r).await;
+    decide(&api, "st-1", Action::Redrive, "ops").await;
+    wait_phase(&api, "st-1", Phase::Redriven, 20).await;
+    let mut c = redis.conn().await;
+    let entries: Vec<(String, Vec<(Vec<u8>, Vec<u8>)>)> = redis::cmd("XRANGE")
+        .arg("relayer:stream")
+        .arg("-")
+        .arg("+")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(entries.len(), 1);
+    let fields = &entries[0].1;
+    assert!(
+        fields.contains(&(b"payload".to_vec(), b"\xffraw".to_vec())),
+        "{fields:?}"
+    );
+    assert!(
+        fields.contains(&(b"header:x-trace".to_vec(), b"abc".to_vec())),
+        "{fields:?}"
+    );
+}
+
+#[cfg(feature = "failpoints")]
+#[tokio::test]
+async fn crash_between_requeue_and_status_write_redrives_after_restart() {
+    let (client, ns) = setup("crash").await;
+    let redis = Redis::start();
+    create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let mut op = Operator::start_with(&ns, &[], &[("DLQ_FAILPOINT", "after-requeue")]);
+    park(&api, record("crash-1", "crash/1", b"once")).await;
+    wait_phase(&api, "crash-1", Phase::Parked, 20).await;
+    decide(&api, "crash-1", Action::Redrive, "ops").await;
+    eventually(20, "the operator to reach the failpoint", || async {
+        op.logs()
+            .contains("failpoint after-requeue reached")
+            .then_some(())
+    })
+    .await;
+    op.kill(); // SIGKILL: no chance to write status
+    assert_eq!(
+        redis.list(LIST).await,
+        vec![b"once".to_vec()],
+        "the job was enqueued before the crash"
+    );
+    assert_eq!(
+        api.get("crash-1").await.unwrap().phase(),
+        Phase::Parked,
+        "status was not written"
+    );
+
+    let _op = Operator::start(&ns);
+    wait_phase(&api, "crash-1", Phase::Redriven, 30).await;
+    let list = redis.list(LIST).await;
+    assert!(
+        !list.is_empty() && list.iter().all(|j| j == b"once"),
+        "{list:?}"
+    );
+    assert_eq!(list.len(), 2, "at worst one more delivery of the same job");
+}
+
+#[tokio::test]
+async fn two_operators_racing_resolve_each_record_exactly_once() {
+    let (client, ns) = setup("race").await;
+    let redis = Redis::start();
+    create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    const N: usize = 200;
+    let creates = (0..N).map(|i| {
+        let api = api.clone();
+        async move {
+            park(
+                &api,
+                record(
+                    &format!("race-{i}"),
+                    &format!("race/{i}"),
+                    format!("job-{i}").as_bytes(),
+                ),
+            )
+            .await
+        }
+    });
+    futures::future::join_all(creates).await;
+    let a = Operator::start(&ns);
+    let b = Operator::start(&ns);
+    eventually(60, "all records Parked", || async {
+        let items = api.list(&ListParams::default()).await.ok()?.items;
+        items
+            .iter()
+            .all(|r| r.status.as_ref().and_then(|s| s.phase) == Some(Phase::Parked))
+            .then_some(())
+    })
+    .await;
+    let decisions = (0..N).map(|i| {
+        let api = api.clone();
+        async move { decide(&api, &format!("race-{i}"), Action::Redrive, "ops").await }
+    });
+    futures::future::join_all(decisions).await;
+    eventually(120, "all records Redriven", || async {
+        let items = api.list(&ListParams::default()).await.ok()?.items;
+        items
+            .iter()
+            .all(|r| r.phase() == Phase::Redriven)
+            .then_some(())
+    })
+    .await;
+    let success = |op: &Operator| {
+        op.metric(
+            "dlq_redrives_total",
+            &[("namespace", &ns), ("result", "success")],
+        )
+    };
+    let conflict = |op: &Operator| {
+        op.metric(
+            "dlq_redrives_total",
+            &[("namespace", &ns), ("result", "conflict")],
+        )
+    };
+    assert_eq!(
+        success(&a) + success(&b),
+        N as f64,
+        "each record resolved exactly once across both operators"
+    );
+
+    let list = redis.list(LIST).await;
+    let distinct: std::collections::BTreeSet<&Vec<u8>> = list.iter().collect();
+    assert_eq!(distinct.len(), N, "every job reached Redis at least once");
+    let duplicates = list.len() - N;
+    let conflicts = conflict(&a) + conflict(&b);
+    support::report(&format!(
+        "race: {N} records, two operators: {} enqueues, {duplicates} duplicate enqueues, {conflicts} resolve conflicts counted (a: {} ok, b: {} ok)",
+        list.len(),
+        success(&a),
+        success(&b)
+    ));
+    assert!(
+        conflicts >= duplicates as f64,
+        "every duplicate enqueue lost a counted CAS"
+    );
+}
