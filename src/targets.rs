@@ -45,10 +45,11 @@ impl TargetCache {
         let spec_hash = hash(&serde_json::to_string(&queue.spec.target).unwrap_or_default());
         {
             let entries = self.entries.lock().await;
-            if let Some(e) = entries.get(&key) {
-                if e.spec_hash == spec_hash && e.checked.elapsed() < SECRET_TTL {
-                    return Ok(e.target.clone());
-                }
+            if let Some(e) = entries.get(&key)
+                && e.spec_hash == spec_hash
+                && e.checked.elapsed() < SECRET_TTL
+            {
+                return Ok(e.target.clone());
             }
         }
         let (url, secret_version) = match &queue.spec.target.redis {
@@ -57,11 +58,12 @@ impl TargetCache {
         };
         let secret_hash = hash(&(secret_version, &url));
         let mut entries = self.entries.lock().await;
-        if let Some(e) = entries.get_mut(&key) {
-            if e.spec_hash == spec_hash && e.secret_hash == secret_hash {
-                e.checked = Instant::now();
-                return Ok(e.target.clone());
-            }
+        if let Some(e) = entries.get_mut(&key)
+            && e.spec_hash == spec_hash
+            && e.secret_hash == secret_hash
+        {
+            e.checked = Instant::now();
+            return Ok(e.target.clone());
         }
         let target = build(queue, &url)?;
         entries.insert(

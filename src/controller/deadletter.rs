@@ -218,10 +218,10 @@ async fn requeue_failed(
     if record.status.as_ref().and_then(|s| s.phase).is_none() {
         patch["status"]["phase"] = json!(Phase::Parked);
     }
-    if let Err(e) = write_status(api, record, patch).await {
-        if !e.is_conflict() {
-            tracing::warn!(error = %e, "writing Requeued=False failed");
-        }
+    if let Err(e) = write_status(api, record, patch).await
+        && !e.is_conflict()
+    {
+        tracing::warn!(error = %e, "writing Requeued=False failed");
     }
     Ok(Action::requeue(wait))
 }

@@ -33,10 +33,10 @@ pub fn count<'a>(records: impl IntoIterator<Item = &'a DeadLetter>) -> Counts {
             Phase::Parked => {
                 c.parked += 1;
                 let parked_at = r.metadata.creation_timestamp.as_ref().map(|t| t.0);
-                if let Some(at) = parked_at {
-                    if c.oldest_parked_at.is_none_or(|o| at < o) {
-                        c.oldest_parked_at = Some(at);
-                    }
+                if let Some(at) = parked_at
+                    && c.oldest_parked_at.is_none_or(|o| at < o)
+                {
+                    c.oldest_parked_at = Some(at);
                 }
             }
             Phase::Redriven => c.redriven += 1,
