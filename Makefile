@@ -3,7 +3,6 @@ SHELL := /bin/bash
 CARGO ?= cargo
 # Features the test suite needs: failpoints lets tests crash the operator at chosen points.
 TEST_FEATURES := failpoints
-CLUSTER_DIR := $(CURDIR)/target/cluster
 
 .PHONY: all test fmt-check clippy crds crds-check tools cluster cluster-down demo bench
 
@@ -33,25 +32,12 @@ tools:
 	@bash tools/build.sh kube etcd helm promtool >/dev/null
 
 ## start a local control plane for a human; prints the KUBECONFIG to export
-cluster: tools
-	@mkdir -p $(CLUSTER_DIR)
-	@if [ -f $(CLUSTER_DIR)/pid ] && kill -0 $$(cat $(CLUSTER_DIR)/pid) 2>/dev/null; then \
-	  echo "a cluster is already running"; echo "export KUBECONFIG=$(CLUSTER_DIR)/kubeconfig"; exit 0; fi
-	@$(CARGO) build -q --bin dlq-testenv
-	@DLQ_TOOLS_BIN=$$(bash tools/build.sh kube etcd | paste -sd:) nohup target/debug/dlq-testenv \
-	  --kubeconfig-out $(CLUSTER_DIR)/kubeconfig --pid-file $(CLUSTER_DIR)/pid \
-	  > $(CLUSTER_DIR)/log 2>&1 < /dev/null &
-	@for i in $$(seq 1 600); do grep -q '^ready' $(CLUSTER_DIR)/log 2>/dev/null && break; \
-	  if grep -q '^Error' $(CLUSTER_DIR)/log 2>/dev/null; then cat $(CLUSTER_DIR)/log; exit 1; fi; sleep 0.2; done
-	@grep -q '^ready' $(CLUSTER_DIR)/log || { cat $(CLUSTER_DIR)/log; exit 1; }
-	@echo "kubectl: $$(bash tools/build.sh kube)/kubectl"
-	@echo "export KUBECONFIG=$(CLUSTER_DIR)/kubeconfig"
+cluster:
+	@bash scripts/cluster.sh up
 
 ## stop the cluster started by `make cluster`
 cluster-down:
-	@if [ -f $(CLUSTER_DIR)/pid ]; then kill $$(cat $(CLUSTER_DIR)/pid) 2>/dev/null || true; \
-	  for i in $$(seq 1 50); do [ -f $(CLUSTER_DIR)/pid ] || break; sleep 0.2; done; \
-	  rm -f $(CLUSTER_DIR)/pid; echo "cluster stopped"; else echo "no cluster running"; fi
+	@bash scripts/cluster.sh down
 
 .PHONY: chart-crds chart-test image
 IMAGE ?= ghcr.io/deadletter-operator/deadletter-operator:dev

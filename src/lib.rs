@@ -5,12 +5,15 @@
 //! backends live behind [`queue::Target`].
 
 pub mod api;
+pub mod bridge;
+pub mod cli;
 pub mod conditions;
 pub mod controller;
 pub mod decide;
 pub mod error;
 pub mod failpoint;
 pub mod metrics;
+pub mod park;
 pub mod queue;
 pub mod server;
 pub mod targets;

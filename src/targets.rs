@@ -53,7 +53,7 @@ impl TargetCache {
             }
         }
         let (url, secret_version) = match &queue.spec.target.redis {
-            Some(redis) => self.secret_value(&ns, &redis.url_secret_ref).await?,
+            Some(redis) => read_secret(&self.client, &ns, &redis.url_secret_ref).await?,
             None => return Err(QueueError::Config("spec.target names no backend".into())),
         };
         let secret_hash = hash(&(secret_version, &url));
@@ -77,40 +77,40 @@ impl TargetCache {
         );
         Ok(target)
     }
+}
 
-    /// Reads one key of a Secret. Errors name the Secret and key, never the value.
-    pub async fn secret_value(
-        &self,
-        namespace: &str,
-        r: &SecretKeyRef,
-    ) -> Result<(String, String), QueueError> {
-        let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
-        let secret = api.get_opt(&r.name).await.map_err(|e| {
-            QueueError::Config(format!("reading secret {}: {}", r.name, kube_reason(&e)))
-        })?;
-        let secret =
-            secret.ok_or_else(|| QueueError::Config(format!("secret {} not found", r.name)))?;
-        let bytes = secret
-            .data
-            .as_ref()
-            .and_then(|d| d.get(&r.key))
-            .map(|b| b.0.clone())
-            .or_else(|| {
-                secret
-                    .string_data
-                    .as_ref()
-                    .and_then(|d| d.get(&r.key))
-                    .map(|s| s.clone().into_bytes())
-            })
-            .ok_or_else(|| QueueError::Config(format!("secret {} has no key {}", r.name, r.key)))?;
-        let value = String::from_utf8(bytes).map_err(|_| {
-            QueueError::Config(format!("secret {} key {} is not UTF-8", r.name, r.key))
-        })?;
-        Ok((
-            value.trim().to_string(),
-            secret.resource_version().unwrap_or_default(),
-        ))
-    }
+/// Reads one key of a Secret as trimmed UTF-8, with its resourceVersion. Errors name the Secret
+/// and key, never the value.
+pub async fn read_secret(
+    client: &Client,
+    namespace: &str,
+    r: &SecretKeyRef,
+) -> Result<(String, String), QueueError> {
+    let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let secret = api.get_opt(&r.name).await.map_err(|e| {
+        QueueError::Config(format!("reading secret {}: {}", r.name, kube_reason(&e)))
+    })?;
+    let secret =
+        secret.ok_or_else(|| QueueError::Config(format!("secret {} not found", r.name)))?;
+    let bytes = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(&r.key))
+        .map(|b| b.0.clone())
+        .or_else(|| {
+            secret
+                .string_data
+                .as_ref()
+                .and_then(|d| d.get(&r.key))
+                .map(|s| s.clone().into_bytes())
+        })
+        .ok_or_else(|| QueueError::Config(format!("secret {} has no key {}", r.name, r.key)))?;
+    let value = String::from_utf8(bytes)
+        .map_err(|_| QueueError::Config(format!("secret {} key {} is not UTF-8", r.name, r.key)))?;
+    Ok((
+        value.trim().to_string(),
+        secret.resource_version().unwrap_or_default(),
+    ))
 }
 
 fn kube_reason(e: &kube::Error) -> String {

@@ -8,57 +8,20 @@ use base64::Engine;
 use deadletter::api::{
     Action, DeadLetter, DeadLetterQueue, DeadLetterSpec, FailureKind, IntentSnapshot, Job, Phase,
 };
-use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use support::{Operator, Redis, eventually};
-
-const LIST: &str = "relayer:jobs";
+use support::{
+    LIST, Operator, Redis, condition, create_queue, decide, events_for, eventually, list_target,
+    wait_phase,
+};
 
 async fn setup(prefix: &str) -> (Client, String) {
     let client = support::plane().client().await;
     support::install_crds(&client).await;
     let ns = support::namespace(&client, prefix).await;
     (client, ns)
-}
-
-/// A Secret with the Redis URL and a DeadLetterQueue `relayer` targeting `target`.
-async fn create_queue(
-    client: &Client,
-    ns: &str,
-    url: &str,
-    target: serde_json::Value,
-    extra: serde_json::Value,
-) {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
-    let secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "redis"}, "stringData": {"url": url}
-    }))
-    .unwrap();
-    secrets
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
-    let mut spec = json!({"target": {"redis": target}});
-    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
-        spec.extend(extra.clone());
-    }
-    let q: DeadLetterQueue = serde_json::from_value(json!({
-        "apiVersion": "dlq.dev/v1alpha1", "kind": "DeadLetterQueue",
-        "metadata": {"name": "relayer"}, "spec": spec
-    }))
-    .unwrap();
-    Api::<DeadLetterQueue>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &q)
-        .await
-        .unwrap();
-}
-
-fn list_target() -> serde_json::Value {
-    json!({"urlSecretRef": {"name": "redis", "key": "url"}, "list": LIST})
 }
 
 fn record(name: &str, job_id: &str, payload: &[u8]) -> DeadLetter {
@@ -100,47 +63,6 @@ async fn park(api: &Api<DeadLetter>, r: DeadLetter) -> DeadLetter {
     api.create(&PostParams::default(), &r)
         .await
         .expect("creating record")
-}
-
-async fn decide(api: &Api<DeadLetter>, name: &str, action: Action, by: &str) {
-    api.patch(
-        name,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"action": action, "by": by}})),
-    )
-    .await
-    .expect("setting the decision");
-}
-
-async fn wait_phase(api: &Api<DeadLetter>, name: &str, phase: Phase, secs: u64) -> DeadLetter {
-    eventually(secs, &format!("{name} to be {phase:?}"), || async {
-        api.get(name)
-            .await
-            .ok()
-            .filter(|r| r.status.as_ref().and_then(|s| s.phase) == Some(phase))
-    })
-    .await
-}
-
-async fn events_for(client: &Client, ns: &str, name: &str, reason: &str) -> Vec<Event> {
-    Api::<Event>::namespaced(client.clone(), ns)
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-        .filter(|e| e.reason.as_deref() == Some(reason))
-        .collect()
-}
-
-fn condition(r: &DeadLetter, type_: &str) -> Option<(String, String, String)> {
-    r.status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
 #[tokio::test]
@@ -394,7 +316,8 @@ async fn stream_target_carries_payload_and_headers() {
     decide(&api, "st-1", Action::Redrive, "ops").await;
     wait_phase(&api, "st-1", Phase::Redriven, 20).await;
     let mut c = redis.conn().await;
-    let entries: Vec<(String, Vec<(Vec<u8>, Vec<u8>)>)> = redis::cmd("XRANGE")
+    type Fields = Vec<(Vec<u8>, Vec<u8>)>;
+    let entries: Vec<(String, Fields)> = redis::cmd("XRANGE")
         .arg("relayer:stream")
         .arg("-")
         .arg("+")

@@ -157,6 +157,13 @@ pub async fn run_scope(
         .run(deadletter::reconcile, error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
 
+    let bridges = crate::bridge::supervise(
+        client.clone(),
+        namespace.clone(),
+        crate::park::Parker::new(client.clone()).with_metrics(ctx.metrics.clone()),
+        shutdown.clone(),
+    );
+
     let queues_ctl = Controller::new(dlq_api, watcher::Config::default())
         .with_config(cfg.debounce(Duration::from_millis(500)))
         .watches_shared_stream(subscriber, |dl: Arc<DeadLetter>| {
@@ -170,6 +177,6 @@ pub async fn run_scope(
     tokio::select! {
         _ = root => {}
         // Both controllers end after `shutdown`, once in-flight reconciles finished.
-        _ = async { tokio::join!(records_ctl, queues_ctl) } => {}
+        _ = async { tokio::join!(records_ctl, queues_ctl, bridges) } => {}
     }
 }

@@ -397,3 +397,91 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+// ---- DeadLetter fixtures shared by the test binaries ----
+
+use deadletter::api::{Action, DeadLetter, DeadLetterQueue, Phase};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::ListParams;
+use serde_json::json;
+
+/// The list the `relayer` queue redrives onto.
+pub const LIST: &str = "relayer:jobs";
+
+/// A Secret with the Redis URL and a DeadLetterQueue `relayer` targeting `target`.
+pub async fn create_queue(
+    client: &Client,
+    ns: &str,
+    url: &str,
+    target: serde_json::Value,
+    extra: serde_json::Value,
+) {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "redis"}, "stringData": {"url": url}
+    }))
+    .unwrap();
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let mut spec = json!({"target": {"redis": target}});
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+        spec.extend(extra.clone());
+    }
+    let q: DeadLetterQueue = serde_json::from_value(json!({
+        "apiVersion": "dlq.dev/v1alpha1", "kind": "DeadLetterQueue",
+        "metadata": {"name": "relayer"}, "spec": spec
+    }))
+    .unwrap();
+    Api::<DeadLetterQueue>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &q)
+        .await
+        .unwrap();
+}
+
+pub fn list_target() -> serde_json::Value {
+    json!({"urlSecretRef": {"name": "redis", "key": "url"}, "list": LIST})
+}
+
+pub async fn decide(api: &Api<DeadLetter>, name: &str, action: Action, by: &str) {
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"action": action, "by": by}})),
+    )
+    .await
+    .expect("setting the decision");
+}
+
+pub async fn wait_phase(api: &Api<DeadLetter>, name: &str, phase: Phase, secs: u64) -> DeadLetter {
+    eventually(secs, &format!("{name} to be {phase:?}"), || async {
+        api.get(name)
+            .await
+            .ok()
+            .filter(|r| r.status.as_ref().and_then(|s| s.phase) == Some(phase))
+    })
+    .await
+}
+
+pub async fn events_for(client: &Client, ns: &str, name: &str, reason: &str) -> Vec<Event> {
+    Api::<Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .collect()
+}
+
+pub fn condition(r: &DeadLetter, type_: &str) -> Option<(String, String, String)> {
+    r.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}

@@ -1,0 +1,109 @@
+//! `kubectl dlq`: inspect parked jobs, decide with your own identity, park from scripts.
+
+pub mod park;
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+/// Errors shown to the person at the terminal, worded for them.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
+    Refused(String),
+    #[error("kubeconfig: {0}")]
+    Config(String),
+    #[error("{0}")]
+    Api(String),
+    #[error(transparent)]
+    Park(#[from] crate::park::ParkError),
+    #[error("{0}: {1}")]
+    Io(String, std::io::Error),
+}
+
+impl From<kube::Error> for CliError {
+    fn from(e: kube::Error) -> Self {
+        match e {
+            // The apiserver's own words (CEL messages, RBAC refusals) are the most useful.
+            kube::Error::Api(s) => CliError::Api(s.message),
+            other => CliError::Api(other.to_string()),
+        }
+    }
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "kubectl dlq",
+    bin_name = "kubectl dlq",
+    version,
+    about = "Inspect, redrive and drop parked jobs (DeadLetter records)",
+    long_about = "Inspect, redrive and drop parked jobs (DeadLetter records).\n\nJOB is a job id (pi_0003/settle) or a record name (pi-0003-settle-5d41402a-1)."
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// kubectl's usual connection flags.
+#[derive(Args, Debug, Clone)]
+pub struct Global {
+    /// Namespace (default: the kubeconfig context's, else "default").
+    #[arg(short = 'n', long, global = true)]
+    pub namespace: Option<String>,
+    /// Every namespace (ls, stats).
+    #[arg(short = 'A', long, global = true)]
+    pub all_namespaces: bool,
+    /// Kubeconfig context to use.
+    #[arg(long, global = true)]
+    pub context: Option<String>,
+    /// Path to the kubeconfig (default: $KUBECONFIG, else ~/.kube/config).
+    #[arg(long, global = true)]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Park a job (for scripts and producers).
+    Park(park::ParkArgs),
+}
+
+/// A client and namespace from kubectl-style flags.
+pub async fn connect(g: &Global) -> Result<(Client, String), CliError> {
+    let options = KubeConfigOptions {
+        context: g.context.clone(),
+        ..KubeConfigOptions::default()
+    };
+    let config = match &g.kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path).map_err(|e| CliError::Config(e.to_string()))?;
+            Config::from_custom_kubeconfig(kc, &options).await
+        }
+        None => Config::from_kubeconfig(&options).await,
+    };
+    let config = match config {
+        Ok(c) => c,
+        Err(e) if g.kubeconfig.is_none() && g.context.is_none() => {
+            Config::incluster().map_err(|_| CliError::Config(e.to_string()))?
+        }
+        Err(e) => return Err(CliError::Config(e.to_string())),
+    };
+    let namespace = g
+        .namespace
+        .clone()
+        .unwrap_or_else(|| config.default_namespace.clone());
+    let client = Client::try_from(config).map_err(|e| CliError::Config(e.to_string()))?;
+    Ok((client, namespace))
+}
+
+/// Runs one command; the binary prints the error and picks the exit code.
+pub async fn run(cli: Cli) -> Result<(), CliError> {
+    match cli.command {
+        Command::Park(args) => park::run(&cli.global, args).await,
+    }
+}

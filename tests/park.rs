@@ -1,0 +1,485 @@
+//! Parking against a real apiserver and redis-server: the park API, `kubectl dlq park`, the
+//! Redis source bridge, and a GitOps decision next to the parker's fields.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::process::Stdio;
+use std::time::Instant;
+
+use deadletter::api::{
+    Action, DeadLetter, DeadLetterQueue, FailureKind, IntentSnapshot, Job, Phase,
+};
+use deadletter::park::{ParkError, ParkOutcome, ParkRequest, Parker, park};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use support::{
+    LIST, Operator, Redis, create_queue, decide, events_for, eventually, list_target, wait_phase,
+};
+
+async fn setup(prefix: &str) -> (Client, String) {
+    let client = support::plane().client().await;
+    support::install_crds(&client).await;
+    let ns = support::namespace(&client, prefix).await;
+    (client, ns)
+}
+
+fn request(id: &str, payload: &str) -> ParkRequest {
+    let mut r = ParkRequest::new(
+        "relayer",
+        Job {
+            id: id.into(),
+            payload: Some(payload.into()),
+            ..Job::default()
+        },
+    );
+    r.deliveries = 3;
+    r.reason = "no luck after 3 deliveries".into();
+    r.intent = Some(IntentSnapshot {
+        id: "pi_0003".into(),
+        state: "created".into(),
+    });
+    r.service_version = Some("relayer@1.4.2".into());
+    r
+}
+
+#[tokio::test]
+async fn park_dedupes_while_parked_and_starts_a_new_cycle_after_resolution() {
+    let (client, ns) = setup("park").await;
+    let redis = Redis::start();
+    create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+
+    let first = park(
+        client.clone(),
+        &ns,
+        request("pi_0003/settle", "{\"intent\":\"pi_0003\"}"),
+    )
+    .await
+    .unwrap();
+    assert!(first.is_new());
+    let r = first.record();
+    let key = deadletter::park::job_key("relayer", "pi_0003/settle");
+    assert_eq!(r.name_any(), format!("pi-0003-settle-{}-1", &key[..8]));
+    let labels = r.labels();
+    assert_eq!(labels["dlq.dev/queue"], "relayer");
+    assert_eq!(labels["dlq.dev/failure-kind"], "transient");
+    assert_eq!(labels["dlq.dev/job-key"], key);
+    let managers: Vec<String> = r
+        .managed_fields()
+        .iter()
+        .filter_map(|m| m.manager.clone())
+        .collect();
+    assert_eq!(
+        managers,
+        ["dlq-parker"],
+        "the parker owns the record's facts"
+    );
+
+    let again = park(
+        client.clone(),
+        &ns,
+        request("pi_0003/settle", "a different body"),
+    )
+    .await
+    .unwrap();
+    let ParkOutcome::AlreadyParked(same) = again else {
+        panic!("expected AlreadyParked")
+    };
+    assert_eq!(same.name_any(), r.name_any());
+    assert_eq!(
+        same.resource_version(),
+        api.get(&r.name_any()).await.unwrap().resource_version(),
+        "nothing changed"
+    );
+    assert_eq!(
+        same.spec.job.payload.as_deref(),
+        Some("{\"intent\":\"pi_0003\"}")
+    );
+
+    let ev = eventually(10, "Parked warning", || async {
+        let e = events_for(&client, &ns, &r.name_any(), "Parked").await;
+        (!e.is_empty()).then_some(e)
+    })
+    .await;
+    assert_eq!(ev[0].type_.as_deref(), Some("Warning"));
+
+    let _op = Operator::start(&ns);
+    decide(&api, &r.name_any(), Action::Redrive, "ops").await;
+    wait_phase(&api, &r.name_any(), Phase::Redriven, 20).await;
+
+    let second = park(
+        client.clone(),
+        &ns,
+        request("pi_0003/settle", "{\"intent\":\"pi_0003\"}"),
+    )
+    .await
+    .unwrap();
+    assert!(
+        second.is_new(),
+        "a job that dies again after a redrive is a new cycle"
+    );
+    assert_eq!(second.record().spec.cycle, 2);
+    assert_eq!(
+        second.record().name_any(),
+        format!("pi-0003-settle-{}-2", &key[..8])
+    );
+    let cycles = api
+        .list(&ListParams::default().labels(&format!("dlq.dev/job-key={key}")))
+        .await
+        .unwrap();
+    assert_eq!(cycles.items.len(), 2, "earlier cycles stay as history");
+}
+
+#[tokio::test]
+async fn fifty_concurrent_parkers_make_one_record() {
+    let (client, ns) = setup("race-park").await;
+    create_queue(
+        &client,
+        &ns,
+        "redis://127.0.0.1:1/",
+        list_target(),
+        json!({}),
+    )
+    .await;
+    let parker = Parker::new(client.clone());
+    let outcomes = futures::future::join_all((0..50).map(|_| {
+        let parker = parker.clone();
+        let ns = ns.clone();
+        async move { parker.park(&ns, request("same/job", "p")).await }
+    }))
+    .await;
+    let outcomes: Vec<ParkOutcome> = outcomes
+        .into_iter()
+        .map(|o| o.expect("every parker gets an answer"))
+        .collect();
+    let names: BTreeSet<String> = outcomes.iter().map(|o| o.record().name_any()).collect();
+    assert_eq!(names.len(), 1, "{names:?}");
+    assert_eq!(
+        outcomes.iter().filter(|o| o.is_new()).count(),
+        1,
+        "exactly one parker created it"
+    );
+    let api: Api<DeadLetter> = Api::namespaced(client, &ns);
+    assert_eq!(
+        api.list(&ListParams::default()).await.unwrap().items.len(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_with_a_clear_message() {
+    let (client, ns) = setup("bad-park").await;
+    create_queue(
+        &client,
+        &ns,
+        "redis://127.0.0.1:1/",
+        list_target(),
+        json!({"maxParked": 1}),
+    )
+    .await;
+    let parker = Parker::new(client.clone());
+    let refuse = |mut f: Box<dyn FnMut(&mut ParkRequest)>, want: &'static str| {
+        let parker = parker.clone();
+        let ns = ns.clone();
+        async move {
+            let mut r = request("bad/1", "p");
+            f(&mut r);
+            let err = parker.park(&ns, r).await.expect_err(want).to_string();
+            assert!(err.contains(want), "{err:?} should say {want:?}");
+        }
+    };
+    refuse(Box::new(|r| r.job.id.clear()), "missing job id").await;
+    refuse(Box::new(|r| r.queue.clear()), "missing queue").await;
+    refuse(
+        Box::new(|r| r.queue = "nope".into()),
+        "unknown queue: no DeadLetterQueue nope in namespace",
+    )
+    .await;
+    refuse(
+        Box::new(|r| r.job.payload = Some("x".repeat(256 * 1024 + 1))),
+        "payload is 262145 bytes; the limit is 262144 bytes",
+    )
+    .await;
+    refuse(
+        Box::new(|r| {
+            r.job.headers.insert("bad header".into(), "v".into());
+        }),
+        "invalid header name \"bad header\"",
+    )
+    .await;
+    refuse(
+        Box::new(|r| r.job.payload_base64 = Some("cA==".into())),
+        "both payload and payloadBase64",
+    )
+    .await;
+
+    // maxParked: the queue's status says it is full.
+    let queues: Api<DeadLetterQueue> = Api::namespaced(client.clone(), &ns);
+    queues
+        .patch_status(
+            "relayer",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"parked": 1}})),
+        )
+        .await
+        .unwrap();
+    let err = parker
+        .park(&ns, request("full/1", "p"))
+        .await
+        .expect_err("queue is full");
+    assert!(
+        matches!(
+            err,
+            ParkError::MaxParked {
+                parked: 1,
+                limit: 1,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("at its maxParked of 1"), "{err}");
+}
+
+#[tokio::test]
+async fn kubectl_dlq_park_prints_the_record_and_fails_on_bad_input() {
+    let (client, ns) = setup("cli-park").await;
+    create_queue(
+        &client,
+        &ns,
+        "redis://127.0.0.1:1/",
+        list_target(),
+        json!({}),
+    )
+    .await;
+    let plane = support::plane();
+    let dir = std::env::temp_dir().join(format!("dlq-cli-{ns}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let body = dir.join("job.bin");
+    std::fs::write(&body, b"\x00\x01binary").unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kubectl-dlq"))
+            .args([
+                "--kubeconfig",
+                plane.kubeconfig.to_str().unwrap(),
+                "-n",
+                &ns,
+            ])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let payload = format!("@{}", body.display());
+    let args = [
+        "park",
+        "--queue",
+        "relayer",
+        "--id",
+        "cli/1",
+        "--payload",
+        &payload,
+        "--header",
+        "x-trace=abc",
+        "--reason",
+        "gave up",
+        "--deliveries",
+        "2",
+        "--failure-kind",
+        "Invalid",
+        "--intent-id",
+        "pi_1",
+        "--intent-state",
+        "created",
+        "--service-version",
+        "relayer@1.4.2",
+    ];
+    let (ok, out, err) = run(&args);
+    assert!(ok, "{err}");
+    assert!(
+        out.starts_with("parked cli-1-") && out.contains("(new, cycle 1)"),
+        "{out}"
+    );
+    let (ok, out, _) = run(&args);
+    assert!(ok);
+    assert!(out.starts_with("already parked cli-1-"), "{out}");
+
+    let api: Api<DeadLetter> = Api::namespaced(client, &ns);
+    let r = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .remove(0);
+    assert_eq!(
+        r.spec.job.payload_bytes().unwrap(),
+        b"\x00\x01binary",
+        "binary file kept exactly"
+    );
+    assert_eq!(r.spec.job.headers["x-trace"], "abc");
+    assert_eq!(r.spec.failure_kind, FailureKind::Invalid);
+    assert_eq!(r.spec.deliveries, 2);
+
+    let (ok, _, err) = run(&["park", "--queue", "relayer", "--id", "", "--payload", "x"]);
+    assert!(!ok);
+    assert!(err.contains("error: missing job id"), "{err}");
+    let (ok, _, err) = run(&["park", "--queue", "ghost", "--id", "a", "--payload", "x"]);
+    assert!(!ok);
+    assert!(err.contains("unknown queue"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn gitops_server_side_apply_of_a_decision_does_not_conflict_with_the_parker() {
+    let (client, ns) = setup("gitops").await;
+    let redis = Redis::start();
+    create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
+    let _op = Operator::start(&ns);
+    let parked = park(client.clone(), &ns, request("gitops/1", "g"))
+        .await
+        .unwrap();
+    let name = parked.record().name_any();
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    wait_phase(&api, &name, Phase::Parked, 20).await;
+
+    let manifest = format!(
+        "apiVersion: dlq.dev/v1alpha1\nkind: DeadLetter\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  action: redrive\n  by: carol\n"
+    );
+    let mut cmd = support::plane().kubectl();
+    cmd.args([
+        "apply",
+        "--server-side",
+        "--field-manager=gitops",
+        "-f",
+        "-",
+    ])
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), manifest.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "server-side apply failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let done = wait_phase(&api, &name, Phase::Redriven, 20).await;
+    assert_eq!(
+        done.status.as_ref().unwrap().resolved_by.as_deref(),
+        Some("carol")
+    );
+    let gitops = done
+        .managed_fields()
+        .iter()
+        .find(|m| m.manager.as_deref() == Some("gitops"))
+        .expect("gitops manages its fields");
+    let owned = serde_json::to_string(&gitops.fields_v1).unwrap();
+    assert!(
+        owned.contains("f:action") && owned.contains("f:by") && !owned.contains("f:job"),
+        "{owned}"
+    );
+    assert_eq!(redis.list(LIST).await, vec![b"g".to_vec()]);
+}
+
+/// Pushes `n` envelopes (plus one garbage element) onto the dead list.
+async fn push_dead(redis: &Redis, list: &str, n: usize) -> Vec<u8> {
+    let mut c = redis.conn().await;
+    let mut pipe = redis::pipe();
+    for i in 0..n {
+        let env = json!({"id": format!("dead/{i}"), "payload": format!("{{\"n\":{i}}}"), "reason": "retries exhausted",
+            "deliveries": 5, "failureKind": "Transient", "intent": {"id": format!("pi_{i}"), "state": "created"}});
+        pipe.cmd("LPUSH").arg(list).arg(env.to_string());
+    }
+    let garbage = b"\xff\xfe not an envelope {".to_vec();
+    pipe.cmd("LPUSH").arg(list).arg(&garbage[..]);
+    let _: () = pipe.query_async(&mut c).await.unwrap();
+    garbage
+}
+
+#[tokio::test]
+async fn redis_bridge_parks_every_dead_element_once_even_across_a_crash() {
+    let (client, ns) = setup("bridge").await;
+    let redis = Redis::start();
+    create_queue(
+        &client,
+        &ns,
+        &redis.url(),
+        list_target(),
+        json!({"source": {"redis": {"list": "relayer:dead"}}}),
+    )
+    .await;
+    const N: usize = 500;
+    let garbage = push_dead(&redis, "relayer:dead", N).await;
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let count = || async {
+        api.list(&ListParams::default())
+            .await
+            .map(|l| l.items.len())
+            .unwrap_or(0)
+    };
+
+    let started = Instant::now();
+    let mut op = Operator::start(&ns);
+    eventually(60, "the bridge to park some elements", || async {
+        (count().await >= 100).then_some(())
+    })
+    .await;
+    op.kill(); // SIGKILL mid-drain
+    let at_kill = count().await;
+    let _op = Operator::start(&ns);
+    eventually(120, "every dead element parked", || async {
+        (count().await == N + 1).then_some(())
+    })
+    .await;
+    let elapsed = started.elapsed();
+
+    let mut c = redis.conn().await;
+    let (dead, processing): (usize, usize) = redis::pipe()
+        .cmd("LLEN")
+        .arg("relayer:dead")
+        .cmd("LLEN")
+        .arg("relayer:dead:processing")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(
+        (dead, processing),
+        (0, 0),
+        "dead and processing lists drained"
+    );
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let items = api.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(items.len(), N + 1, "none lost, none doubled");
+    let ids: BTreeSet<&str> = items.iter().map(|r| r.spec.job.id.as_str()).collect();
+    assert_eq!(ids.len(), N + 1);
+    let invalid: Vec<&DeadLetter> = items
+        .iter()
+        .filter(|r| r.spec.failure_kind == FailureKind::Invalid)
+        .collect();
+    assert_eq!(invalid.len(), 1);
+    assert_eq!(
+        invalid[0].spec.job.payload_bytes().unwrap(),
+        garbage,
+        "garbage kept byte for byte"
+    );
+    assert_eq!(invalid[0].labels()["dlq.dev/failure-kind"], "invalid");
+    let sample = items.iter().find(|r| r.spec.job.id == "dead/7").unwrap();
+    assert_eq!(sample.spec.job.payload.as_deref(), Some("{\"n\":7}"));
+    assert_eq!(sample.spec.deliveries, 5);
+    assert_eq!(sample.spec.intent.as_ref().unwrap().id, "pi_7");
+    support::report(&format!(
+        "bridge: {} elements parked in {:.1}s ({:.0} records/s, including one SIGKILL at {at_kill} and a restart)",
+        N + 1,
+        elapsed.as_secs_f64(),
+        (N + 1) as f64 / elapsed.as_secs_f64()
+    ));
+}
