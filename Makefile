@@ -8,6 +8,13 @@ TEST_FEATURES := failpoints
 
 all: test
 
+## the reference scenario end to end: control plane, redis, operator, sample worker
+demo:
+	@bash scripts/ensure-deps.sh
+	@bash tools/build.sh kube etcd >/dev/null
+	@$(CARGO) build -q --bins --examples
+	@RUST_BACKTRACE=0 target/debug/examples/demo
+
 ## every check CI runs: rustfmt, clippy -D warnings, CRDs up to date, all tests (real apiserver + brokers)
 test: tools fmt-check clippy crds-check
 	$(CARGO) test --features $(TEST_FEATURES) --all-targets

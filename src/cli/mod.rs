@@ -1,6 +1,9 @@
 //! `kubectl dlq`: inspect parked jobs, decide with your own identity, park from scripts.
 
+pub mod decide;
+pub mod inspect;
 pub mod park;
+pub mod runbook;
 
 use std::path::PathBuf;
 
@@ -69,6 +72,17 @@ pub struct Global {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// List records: job, deliveries, phase, intent snapshot, who decided, reason.
+    Ls(inspect::LsArgs),
+    /// One record in full: facts, payload, decision, conditions, recent Events.
+    Show(inspect::ShowArgs),
+    /// Per queue and failure kind: parked, redriven, dropped, oldest parked.
+    Stats(inspect::StatsArgs),
+    /// Redrive jobs (put the untouched job back on its queue), or replay a selection with
+    /// --queue (the runbook: dry run, rate limit, stop conditions).
+    Redrive(runbook::RedriveArgs),
+    /// Drop jobs (resolve without enqueueing).
+    Drop(decide::DropArgs),
     /// Park a job (for scripts and producers).
     Park(park::ParkArgs),
 }
@@ -104,6 +118,55 @@ pub async fn connect(g: &Global) -> Result<(Client, String), CliError> {
 /// Runs one command; the binary prints the error and picks the exit code.
 pub async fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
+        Command::Ls(args) => inspect::ls(&cli.global, args).await,
+        Command::Show(args) => inspect::show(&cli.global, args).await,
+        Command::Stats(args) => inspect::stats(&cli.global, args).await,
+        Command::Redrive(args) => runbook::redrive(&cli.global, args).await,
+        Command::Drop(args) => decide::drop(&cli.global, args).await,
         Command::Park(args) => park::run(&cli.global, args).await,
+    }
+}
+
+/// Looks up records by job id or record name.
+pub mod lookup {
+    use kube::api::ListParams;
+    use kube::{Api, Client};
+
+    use super::CliError;
+    use crate::api::{DeadLetter, DeadLetterQueue, LABEL_JOB_KEY, Phase};
+    use crate::park::job_key;
+
+    /// Every cycle of JOB (a record name or a job id) in `ns`, oldest cycle first.
+    pub async fn cycles(client: &Client, ns: &str, job: &str) -> Result<Vec<DeadLetter>, CliError> {
+        let records: Api<DeadLetter> = Api::namespaced(client.clone(), ns);
+        if let Some(r) = records.get_opt(job).await? {
+            return Ok(vec![r]);
+        }
+        // A job id: its records carry job-key = hash(queue/jobId), so ask once per queue.
+        let queues: Api<DeadLetterQueue> = Api::namespaced(client.clone(), ns);
+        let mut found = Vec::new();
+        for q in queues.list(&ListParams::default()).await?.items {
+            let queue = q.metadata.name.unwrap_or_default();
+            let lp =
+                ListParams::default().labels(&format!("{LABEL_JOB_KEY}={}", job_key(&queue, job)));
+            found.extend(
+                records
+                    .list(&lp)
+                    .await?
+                    .items
+                    .into_iter()
+                    .filter(|r| r.spec.job.id == job),
+            );
+        }
+        found.sort_by_key(|r| r.spec.cycle);
+        Ok(found)
+    }
+
+    /// The record to act on: the Parked cycle, else the latest one (to explain the refusal).
+    pub fn actionable(cycles: &[DeadLetter]) -> Option<&DeadLetter> {
+        cycles
+            .iter()
+            .find(|r| r.phase() == Phase::Parked)
+            .or_else(|| cycles.last())
     }
 }
