@@ -15,6 +15,13 @@ demo:
 	@$(CARGO) build -q --bins --examples
 	@RUST_BACKTRACE=0 target/debug/examples/demo
 
+## benchmarks against the apiserver's own ceiling (release build; BENCH_N / BENCH_C override)
+bench:
+	@bash scripts/ensure-deps.sh
+	@bash tools/build.sh kube etcd >/dev/null
+	$(CARGO) build --release --bins
+	RUST_BACKTRACE=0 $(CARGO) bench --bench operator
+
 ## every check CI runs: rustfmt, clippy -D warnings, CRDs up to date, all tests (real apiserver + brokers)
 test: tools fmt-check clippy crds-check
 	$(CARGO) test --features $(TEST_FEATURES) --all-targets
@@ -28,6 +35,7 @@ clippy:
 ## regenerate crds/ from the Rust types
 crds:
 	$(CARGO) run -q --bin deadletter-operator -- crds > crds/dlq.dev.yaml
+	cp crds/dlq.dev.yaml charts/deadletter-operator/crds/dlq.dev.yaml
 
 ## fail when crds/ is stale
 crds-check:

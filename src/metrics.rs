@@ -116,6 +116,29 @@ impl Metrics {
         out
     }
 
+    /// Creates every counter series of a queue at 0, so the first parking or failure is an
+    /// increase that `rate()`/`increase()` can see.
+    pub fn touch_queue(&self, namespace: &str, queue: &str) {
+        for kind in ["transient", "invalid"] {
+            let _ = self.parked.get_or_create(&ParkedLabels {
+                namespace: namespace.into(),
+                queue: queue.into(),
+                failure_kind: kind.into(),
+            });
+        }
+        for result in ["success", "failure", "conflict"] {
+            let _ = self.redrives.get_or_create(&ResultLabels {
+                namespace: namespace.into(),
+                queue: queue.into(),
+                result: result.into(),
+            });
+        }
+        let _ = self.drops.get_or_create(&QueueLabels {
+            namespace: namespace.into(),
+            queue: queue.into(),
+        });
+    }
+
     pub fn redrive(&self, namespace: &str, queue: &str, result: &str) {
         self.redrives
             .get_or_create(&ResultLabels {

@@ -16,7 +16,6 @@ use sha2::{Digest, Sha256};
 use crate::api::{
     self, DeadLetter, DeadLetterQueue, DeadLetterSpec, FailureKind, IntentSnapshot, Job, Phase,
 };
-use crate::metrics::{Metrics, ParkedLabels};
 
 /// Field manager of every record the parker creates.
 pub const PARKER: &str = "dlq-parker";
@@ -265,11 +264,11 @@ fn bounded_reason(reason: &str) -> String {
     s
 }
 
-/// Parks jobs; optionally counts them and publishes the `Parked` Warning Event.
+/// Parks jobs and publishes the `Parked` Warning Event. (`dlq_parked_total` is counted by the
+/// operator when it first marks a record Parked, so parkings from any process are counted.)
 #[derive(Clone)]
 pub struct Parker {
     client: Client,
-    metrics: Option<Metrics>,
     recorder: Recorder,
 }
 
@@ -285,13 +284,7 @@ impl Parker {
         Parker {
             recorder: Recorder::new(client.clone(), reporter),
             client,
-            metrics: None,
         }
-    }
-
-    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
-        self.metrics = Some(metrics);
-        self
     }
 
     /// Validates, looks up the DeadLetterQueue, and parks.
@@ -397,15 +390,6 @@ impl Parker {
 
     async fn announce(&self, namespace: &str, record: &DeadLetter) {
         let kind = record.spec.failure_kind;
-        if let Some(m) = &self.metrics {
-            m.parked
-                .get_or_create(&ParkedLabels {
-                    namespace: namespace.into(),
-                    queue: record.spec.queue.clone(),
-                    failure_kind: kind.label().into(),
-                })
-                .inc();
-        }
         let note = format!(
             "{} parked ({}, cycle {}, {} deliveries): {}",
             record.spec.job.id,

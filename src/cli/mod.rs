@@ -68,6 +68,12 @@ pub struct Global {
     /// Path to the kubeconfig (default: $KUBECONFIG, else ~/.kube/config).
     #[arg(long, global = true)]
     pub kubeconfig: Option<PathBuf>,
+    /// Impersonate this user (as kubectl --as).
+    #[arg(long = "as", global = true, value_name = "USER")]
+    pub as_user: Option<String>,
+    /// Impersonate this group (repeatable; as kubectl --as-group).
+    #[arg(long = "as-group", global = true, value_name = "GROUP")]
+    pub as_groups: Vec<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -107,6 +113,13 @@ pub async fn connect(g: &Global) -> Result<(Client, String), CliError> {
         }
         Err(e) => return Err(CliError::Config(e.to_string())),
     };
+    let mut config = config;
+    if let Some(user) = &g.as_user {
+        config.auth_info.impersonate = Some(user.clone());
+        if !g.as_groups.is_empty() {
+            config.auth_info.impersonate_groups = Some(g.as_groups.clone());
+        }
+    }
     let namespace = g
         .namespace
         .clone()
@@ -139,7 +152,13 @@ pub mod lookup {
     /// Every cycle of JOB (a record name or a job id) in `ns`, oldest cycle first.
     pub async fn cycles(client: &Client, ns: &str, job: &str) -> Result<Vec<DeadLetter>, CliError> {
         let records: Api<DeadLetter> = Api::namespaced(client.clone(), ns);
-        if let Some(r) = records.get_opt(job).await? {
+        // Only a valid object name can be a record name (a job id may hold '/').
+        let is_name = !job.is_empty()
+            && job.len() <= 253
+            && job
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+        if is_name && let Some(r) = records.get_opt(job).await? {
             return Ok(vec![r]);
         }
         // A job id: its records carry job-key = hash(queue/jobId), so ask once per queue.

@@ -49,7 +49,19 @@ pub async fn reconcile(dl: Arc<DeadLetter>, ctx: Arc<Context>) -> Result<Action>
             );
             let patch = json!({"status": {"phase": Phase::Parked, "conditions": conds}});
             match write_status(&api, &dl, patch).await {
-                Ok(()) => Ok(Action::await_change()),
+                Ok(()) => {
+                    // Counted here, once per record (the CAS has one winner), whoever parked it:
+                    // the CLI, a producer's park() call, or a bridge.
+                    ctx.metrics
+                        .parked
+                        .get_or_create(&crate::metrics::ParkedLabels {
+                            namespace: ns.clone(),
+                            queue: dl.spec.queue.clone(),
+                            failure_kind: dl.spec.failure_kind.label().into(),
+                        })
+                        .inc();
+                    Ok(Action::await_change())
+                }
                 // Someone else wrote first; the watch brings their version.
                 Err(e) if e.is_conflict() => Ok(Action::await_change()),
                 Err(e) => Err(e),

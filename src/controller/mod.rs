@@ -160,7 +160,7 @@ pub async fn run_scope(
     let bridges = crate::bridge::supervise(
         client.clone(),
         namespace.clone(),
-        crate::park::Parker::new(client.clone()).with_metrics(ctx.metrics.clone()),
+        crate::park::Parker::new(client.clone()),
         shutdown.clone(),
     );
 

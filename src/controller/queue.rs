@@ -66,6 +66,7 @@ pub async fn reconcile(queue: Arc<DeadLetterQueue>, ctx: Arc<Context>) -> Result
         .map(|r| r.as_ref());
     let counts = count(live);
 
+    ctx.metrics.touch_queue(&ns, &name);
     let labels = |phase: Phase| PhaseLabels {
         namespace: ns.clone(),
         queue: name.clone(),

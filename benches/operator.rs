@@ -1,0 +1,600 @@
+//! `make bench`: the operator measured side by side with the apiserver's own ceiling, in one run
+//! on one machine (these machines are noisy, so only ratios from the same run are quoted).
+//!
+//! Prints one table and writes the same figures to `target/bench/results.json`.
+//! `BENCH_N` (records per throughput run, default 2000) and `BENCH_C` (concurrency, default 16)
+//! override the sizes; `BENCH_SCALE` (default "500,2000,8000") and `BENCH_MEMORY` (default
+//! "0,1000,10000") the scaling and memory points.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use deadletter::api::{DeadLetter, Job, Phase};
+use deadletter::park::{ParkRequest, Parker, job_key, record_name};
+use deadletter::testenv::{self, ControlPlane};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+use serde_json::json;
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn env_list(name: &str, default: &str) -> Vec<usize> {
+    std::env::var(name)
+        .unwrap_or_else(|_| default.into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect()
+}
+
+struct Guard(Child);
+impl Drop for Guard {
+    fn drop(&mut self) {
+        testenv::terminate(&mut self.0, Duration::from_secs(5));
+    }
+}
+
+fn release_bin(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().and_then(Path::parent).context("target dir")?;
+    let p = dir.join(name);
+    if !p.is_file() {
+        bail!(
+            "{} missing: run `cargo build --release --bins` (make bench does)",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+/// Peak and current RSS of a process, in MiB.
+fn rss_mib(pid: u32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |k: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(k))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+            / 1024.0
+    };
+    (field("VmHWM:"), field("VmRSS:"))
+}
+
+fn pid_of(cmdline_part: &str) -> Option<u32> {
+    let out = Command::new("pgrep")
+        .args(["-f", cmdline_part])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+struct Bench {
+    client: Client,
+    plane: ControlPlane,
+    redis_url: String,
+    operator_bin: PathBuf,
+    c: usize,
+    seq: u32,
+}
+
+impl Bench {
+    async fn namespace(&mut self, prefix: &str) -> anyhow::Result<String> {
+        self.seq += 1;
+        let name = format!("{prefix}-{}", self.seq);
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+        Api::<Namespace>::all(self.client.clone())
+            .create(&PostParams::default(), &ns)
+            .await?;
+        let list = format!("bench:{name}");
+        let apply = format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: redis, namespace: {name}}}\nstringData: {{url: \"{}\"}}\n---\napiVersion: dlq.dev/v1alpha1\nkind: DeadLetterQueue\nmetadata: {{name: relayer, namespace: {name}}}\nspec:\n  maxParked: 1000000\n  target:\n    redis: {{urlSecretRef: {{name: redis, key: url}}, list: \"{list}\"}}\n",
+            self.redis_url
+        );
+        kubectl_apply(&self.plane, &apply)?;
+        Ok(name)
+    }
+
+    fn operator(&self, ns: &str) -> anyhow::Result<(Guard, u32)> {
+        let port = testenv::free_port()?;
+        let child = testenv::spawn_guarded(
+            Command::new(&self.operator_bin)
+                .args([
+                    "run",
+                    "--leader-election=false",
+                    &format!("--metrics-addr=127.0.0.1:{port}"),
+                    &format!("--watch-namespaces={ns}"),
+                ])
+                .env("KUBECONFIG", &self.plane.kubeconfig)
+                .env("RUST_LOG", "warn"),
+            &self.plane.dir().join(format!("operator-{ns}.log")),
+        )?;
+        let pid = child.id();
+        // Ready once /readyz answers.
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok((Guard(child), pid))
+    }
+}
+
+fn kubectl_apply(plane: &ControlPlane, yaml: &str) -> anyhow::Result<()> {
+    let mut child = plane
+        .kubectl()?
+        .args(["apply", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()?;
+    std::io::Write::write_all(child.stdin.as_mut().context("stdin")?, yaml.as_bytes())?;
+    drop(child.stdin.take());
+    if !child.wait()?.success() {
+        bail!("kubectl apply failed");
+    }
+    Ok(())
+}
+
+fn request(i: usize, payload_bytes: usize) -> ParkRequest {
+    let mut r = ParkRequest::new(
+        "relayer",
+        Job {
+            id: format!("bench/{i:06}"),
+            payload: Some("x".repeat(payload_bytes)),
+            ..Job::default()
+        },
+    );
+    r.deliveries = 3;
+    r.reason = "bench".into();
+    r
+}
+
+/// The object a plain client creates for the ceiling: the same record park() would write.
+fn plain_record(i: usize, payload_bytes: usize) -> DeadLetter {
+    let req = request(i, payload_bytes);
+    let mut r = DeadLetter::new(
+        &record_name("relayer", &req.job.id, 1),
+        deadletter::api::DeadLetterSpec {
+            queue: "relayer".into(),
+            cycle: 1,
+            job: req.job.clone(),
+            intent: None,
+            deliveries: 3,
+            reason: "bench".into(),
+            failure_kind: deadletter::api::FailureKind::Transient,
+            service_version: None,
+            failed_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
+            action: None,
+            by: None,
+            note: None,
+        },
+    );
+    r.metadata.labels = Some(
+        [
+            ("dlq.dev/queue".to_string(), "relayer".to_string()),
+            (
+                "dlq.dev/job-key".to_string(),
+                job_key("relayer", &req.job.id),
+            ),
+        ]
+        .into(),
+    );
+    r
+}
+
+async fn park_all(
+    client: &Client,
+    ns: &str,
+    n: usize,
+    c: usize,
+    payload: usize,
+) -> anyhow::Result<f64> {
+    let parker = Parker::new(client.clone());
+    let start = Instant::now();
+    let results: Vec<anyhow::Result<()>> = futures::stream::iter(0..n)
+        .map(|i| {
+            let parker = parker.clone();
+            async move {
+                parker.park(ns, request(i, payload)).await?;
+                Ok(())
+            }
+        })
+        .buffer_unordered(c)
+        .collect()
+        .await;
+    for r in results {
+        r?;
+    }
+    Ok(n as f64 / start.elapsed().as_secs_f64())
+}
+
+async fn create_plain(
+    client: &Client,
+    ns: &str,
+    n: usize,
+    c: usize,
+    payload: usize,
+) -> anyhow::Result<f64> {
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), ns);
+    let start = Instant::now();
+    let results: Vec<Result<DeadLetter, kube::Error>> = futures::stream::iter(0..n)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                api.create(&PostParams::default(), &plain_record(i, payload))
+                    .await
+            }
+        })
+        .buffer_unordered(c)
+        .collect()
+        .await;
+    for r in results {
+        r?;
+    }
+    Ok(n as f64 / start.elapsed().as_secs_f64())
+}
+
+async fn decide_all(api: &Api<DeadLetter>, names: &[String], c: usize) -> anyhow::Result<()> {
+    let results: Vec<Result<DeadLetter, kube::Error>> =
+        futures::stream::iter(names.iter().cloned())
+            .map(|name| {
+                let api = api.clone();
+                async move {
+                    api.patch(
+                        &name,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"spec": {"action": "redrive", "by": "bench"}})),
+                    )
+                    .await
+                }
+            })
+            .buffer_unordered(c)
+            .collect()
+            .await;
+    for r in results {
+        r?;
+    }
+    Ok(())
+}
+
+async fn list_len(redis: &mut redis::aio::MultiplexedConnection, key: &str) -> usize {
+    redis::cmd("LLEN")
+        .arg(key)
+        .query_async(redis)
+        .await
+        .unwrap_or(0)
+}
+
+/// Operator redrive throughput: all records decided at once; records/s until all are Redriven
+/// and on the list.
+async fn redrive_run(b: &mut Bench, n: usize) -> anyhow::Result<f64> {
+    let ns = b.namespace("redrive").await?;
+    create_plain(&b.client, &ns, n, b.c, 64).await?;
+    let (_op, _) = b.operator(&ns)?;
+    let api: Api<DeadLetter> = Api::namespaced(b.client.clone(), &ns);
+    // Wait for the operator to have marked them Parked: the run measures redrive only.
+    loop {
+        let items = api.list(&ListParams::default()).await?.items;
+        if items
+            .iter()
+            .all(|r| r.status.as_ref().and_then(|s| s.phase) == Some(Phase::Parked))
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let names: Vec<String> = (0..n)
+        .map(|i| record_name("relayer", &format!("bench/{i:06}"), 1))
+        .collect();
+    let mut redis = redis::Client::open(b.redis_url.as_str())?
+        .get_multiplexed_async_connection()
+        .await?;
+    let key = format!("bench:{ns}");
+    let start = Instant::now();
+    decide_all(&api, &names, b.c).await?;
+    loop {
+        if list_len(&mut redis, &key).await >= n {
+            let items = api.list(&ListParams::default()).await?.items;
+            if items.iter().all(|r| r.phase() == Phase::Redriven) {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if start.elapsed() > Duration::from_secs(600) {
+            bail!("redrive of {n} did not finish in 10 minutes");
+        }
+    }
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    Api::<Namespace>::all(b.client.clone())
+        .delete(&ns, &DeleteParams::default())
+        .await
+        .ok();
+    api.delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .ok();
+    Ok(rate)
+}
+
+/// The ceiling for a redrive: the same apiserver writes (decision patch + status patch per
+/// record) from a plain client with the same concurrency.
+async fn redrive_ceiling(b: &mut Bench, n: usize) -> anyhow::Result<f64> {
+    let ns = b.namespace("ceiling").await?;
+    create_plain(&b.client, &ns, n, b.c, 64).await?;
+    let api: Api<DeadLetter> = Api::namespaced(b.client.clone(), &ns);
+    let start = Instant::now();
+    let results: Vec<Result<DeadLetter, kube::Error>> = futures::stream::iter(0..n)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                let name = record_name("relayer", &format!("bench/{i:06}"), 1);
+                api.patch(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"action": "redrive", "by": "bench"}})),
+                )
+                .await?;
+                api.patch_status(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": {"phase": "Redriven", "resolvedBy": "bench"}})),
+                )
+                .await
+            }
+        })
+        .buffer_unordered(b.c)
+        .collect()
+        .await;
+    for r in results {
+        r?;
+    }
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    api.delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .ok();
+    Ok(rate)
+}
+
+async fn latency(b: &mut Bench, samples: usize) -> anyhow::Result<(f64, f64, f64)> {
+    let ns = b.namespace("latency").await?;
+    create_plain(&b.client, &ns, samples, b.c, 64).await?;
+    let (_op, _) = b.operator(&ns)?;
+    let api: Api<DeadLetter> = Api::namespaced(b.client.clone(), &ns);
+    let config =
+        redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(30)));
+    let mut redis = redis::Client::open(b.redis_url.as_str())?
+        .get_multiplexed_async_connection_with_config(&config)
+        .await?;
+    let key = format!("bench:{ns}");
+    loop {
+        let items = api.list(&ListParams::default()).await?.items;
+        if items
+            .iter()
+            .all(|r| r.status.as_ref().and_then(|s| s.phase) == Some(Phase::Parked))
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut ms = Vec::with_capacity(samples);
+    for i in 0..samples {
+        let name = record_name("relayer", &format!("bench/{i:06}"), 1);
+        let start = Instant::now();
+        api.patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"action": "redrive", "by": "bench"}})),
+        )
+        .await?;
+        let _: Option<(String, Vec<u8>)> = redis::cmd("BRPOP")
+            .arg(&key)
+            .arg(20)
+            .query_async(&mut redis)
+            .await?;
+        ms.push(start.elapsed().as_secs_f64() * 1000.0);
+    }
+    ms.sort_by(|a, b| a.total_cmp(b));
+    let pct = |p: f64| {
+        ms[((ms.len() as f64 * p).ceil() as usize)
+            .saturating_sub(1)
+            .min(ms.len() - 1)]
+    };
+    Ok((pct(0.50), pct(0.99), *ms.last().unwrap_or(&0.0)))
+}
+
+async fn memory(b: &mut Bench, n: usize) -> anyhow::Result<(f64, f64, f64)> {
+    let ns = b.namespace("memory").await?;
+    create_plain(&b.client, &ns, n, b.c.min(8), 64 * 1024).await?;
+    let (_op, pid) = b.operator(&ns)?;
+    let api: Api<DeadLetter> = Api::namespaced(b.client.clone(), &ns);
+    // Until the operator has seen (and marked) every record.
+    loop {
+        let marked = api
+            .list(&ListParams::default().limit(500))
+            .await?
+            .items
+            .iter()
+            .all(|r| r.status.as_ref().and_then(|s| s.phase) == Some(Phase::Parked));
+        let all = api.list_metadata(&ListParams::default()).await?.items.len() == n;
+        if marked && all {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (peak, now) = rss_mib(pid);
+    let apiserver = pid_of(&format!("kube-apiserver --etcd-servers"))
+        .map(|p| rss_mib(p).1)
+        .unwrap_or(0.0);
+    api.delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .ok();
+    let _ = now;
+    Ok((peak, now, apiserver))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let n = env_usize("BENCH_N", 2000);
+    let c = env_usize("BENCH_C", 16);
+    let operator_bin = release_bin("deadletter-operator")?;
+    eprintln!("bench: N={n} C={c}; starting a control plane and redis-server");
+    let plane = ControlPlane::start()?;
+    kubectl_apply(&plane, include_str!("../crds/dlq.dev.yaml"))?;
+    let st = plane
+        .kubectl()?
+        .args([
+            "wait",
+            "--for=condition=established",
+            "crd/deadletters.dlq.dev",
+            "crd/deadletterqueues.dlq.dev",
+        ])
+        .status()?;
+    if !st.success() {
+        bail!("CRDs not established");
+    }
+    let redis_port = testenv::free_port()?;
+    let redis_bin = std::env::var_os("PATH")
+        .and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join("redis-server"))
+                .find(|p| p.is_file())
+        })
+        .context("redis-server not found: run scripts/ensure-deps.sh")?;
+    let _redis = Guard(testenv::spawn_guarded(
+        Command::new(redis_bin).args([
+            "--port",
+            &redis_port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ]),
+        &plane.dir().join("redis.log"),
+    )?);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut config = Config::from_custom_kubeconfig(
+        Kubeconfig::read_from(&plane.kubeconfig)?,
+        &KubeConfigOptions::default(),
+    )
+    .await?;
+    config.read_timeout = Some(Duration::from_secs(120));
+    let client = Client::try_from(config)?;
+    let mut b = Bench {
+        client: client.clone(),
+        plane,
+        redis_url: format!("redis://127.0.0.1:{redis_port}/"),
+        operator_bin,
+        c,
+        seq: 0,
+    };
+
+    let mut rows: Vec<(String, String, String, String)> = Vec::new();
+    let mut json = serde_json::Map::new();
+
+    // 1. Park vs plain create.
+    let ns = b.namespace("ceiling-create").await?;
+    let ceiling = create_plain(&client, &ns, n, c, 64).await?;
+    let ns = b.namespace("park").await?;
+    let parked = park_all(&client, &ns, n, c, 64).await?;
+    eprintln!("park: {parked:.0}/s vs create {ceiling:.0}/s");
+    rows.push((
+        "park (records/s)".into(),
+        format!("{parked:.0}"),
+        format!("{ceiling:.0}"),
+        format!("{:.0}%", 100.0 * parked / ceiling),
+    ));
+    json.insert("park".into(), json!({"n": n, "c": c, "records_per_s": parked, "ceiling_per_s": ceiling, "ratio": parked / ceiling}));
+
+    // 2. Redrive vs the same writes from a plain client.
+    let ceiling = redrive_ceiling(&mut b, n).await?;
+    let redriven = redrive_run(&mut b, n).await?;
+    eprintln!("redrive: {redriven:.0}/s vs writes {ceiling:.0}/s");
+    rows.push((
+        "redrive (records/s)".into(),
+        format!("{redriven:.0}"),
+        format!("{ceiling:.0}"),
+        format!("{:.0}%", 100.0 * redriven / ceiling),
+    ));
+    json.insert("redrive".into(), json!({"n": n, "c": c, "records_per_s": redriven, "ceiling_per_s": ceiling, "ratio": redriven / ceiling}));
+
+    // 3. Latency: decision -> job on the list, idle system.
+    let (p50, p99, max) = latency(&mut b, 200).await?;
+    eprintln!("latency: p50 {p50:.1} ms p99 {p99:.1} ms max {max:.1} ms");
+    rows.push((
+        "latency decision->list p50/p99/max (ms)".into(),
+        format!("{p50:.1}/{p99:.1}/{max:.1}"),
+        "-".into(),
+        "-".into(),
+    ));
+    json.insert(
+        "latency_ms".into(),
+        json!({"samples": 200, "p50": p50, "p99": p99, "max": max}),
+    );
+
+    // 4. Memory with 64 KiB payloads.
+    let mut mem = Vec::new();
+    for m in env_list("BENCH_MEMORY", "0,1000,10000") {
+        let (peak, now, apiserver) = memory(&mut b, m).await?;
+        eprintln!(
+            "memory: {m} x 64 KiB parked: operator peak {peak:.1} MiB (now {now:.1}), apiserver {apiserver:.0} MiB"
+        );
+        rows.push((
+            format!("operator RSS, {m} x 64 KiB parked (MiB)"),
+            format!("{peak:.1} peak"),
+            format!("apiserver {apiserver:.0}"),
+            "-".into(),
+        ));
+        mem.push(json!({"records": m, "operator_peak_mib": peak, "operator_rss_mib": now, "apiserver_rss_mib": apiserver}));
+    }
+    json.insert("memory".into(), json!(mem));
+
+    // 5. Scaling of redrive throughput.
+    let mut scale = Vec::new();
+    for s in env_list("BENCH_SCALE", "500,2000,8000") {
+        let rate = redrive_run(&mut b, s).await?;
+        eprintln!("scaling: redrive N={s}: {rate:.0}/s");
+        rows.push((
+            format!("redrive N={s} (records/s)"),
+            format!("{rate:.0}"),
+            "-".into(),
+            "-".into(),
+        ));
+        scale.push(json!({"n": s, "records_per_s": rate, "seconds": s as f64 / rate}));
+    }
+    json.insert("scaling".into(), json!(scale));
+
+    println!();
+    println!(
+        "{:<44}{:>16}{:>16}{:>8}",
+        "measure", "operator", "ceiling", "ratio"
+    );
+    for (a, b, c, d) in &rows {
+        println!("{a:<44}{b:>16}{c:>16}{d:>8}");
+    }
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(
+        dir.join("results.json"),
+        serde_json::to_string_pretty(&json)?,
+    )?;
+    println!("\nwritten to {}", dir.join("results.json").display());
+    Ok(())
+}

@@ -1,0 +1,610 @@
+//! `kubectl dlq` against a real apiserver, operator and redis-server.
+
+mod support;
+
+use std::process::{Command, Stdio};
+
+use deadletter::api::{DeadLetter, DeadLetterQueue, FailureKind, IntentSnapshot, Job, Phase};
+use deadletter::park::{ParkRequest, park};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use support::{LIST, Operator, Redis, create_queue, eventually, list_target};
+
+async fn setup(prefix: &str) -> (Client, String) {
+    let client = support::plane().client().await;
+    support::install_crds(&client).await;
+    let ns = support::namespace(&client, prefix).await;
+    (client, ns)
+}
+
+struct Out {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+fn dlq(ns: &str, args: &[&str]) -> Out {
+    let plane = support::plane();
+    let out = Command::new(env!("CARGO_BIN_EXE_kubectl-dlq"))
+        .args(["--kubeconfig", plane.kubeconfig.to_str().unwrap(), "-n", ns])
+        .args(args)
+        .stdin(Stdio::null())
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    Out {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into(),
+        stderr: String::from_utf8_lossy(&out.stderr).into(),
+    }
+}
+
+struct Spec<'a> {
+    id: &'a str,
+    kind: FailureKind,
+    reason: &'a str,
+    version: &'a str,
+    failed_at: &'a str,
+    state: &'a str,
+}
+
+async fn park_spec(client: &Client, ns: &str, s: &Spec<'_>) {
+    let mut r = ParkRequest::new(
+        "relayer",
+        Job {
+            id: s.id.into(),
+            payload: Some(format!("{{\"job\":\"{}\"}}", s.id)),
+            ..Job::default()
+        },
+    );
+    r.failure_kind = s.kind;
+    r.reason = s.reason.into();
+    r.deliveries = 3;
+    r.service_version = Some(s.version.into());
+    r.failed_at = Some(s.failed_at.parse().unwrap());
+    r.intent = Some(IntentSnapshot {
+        id: s.id.split('/').next().unwrap().into(),
+        state: s.state.into(),
+    });
+    park(client.clone(), ns, r).await.unwrap();
+}
+
+#[tokio::test]
+async fn ls_show_stats_and_json_round_trip() {
+    let (client, ns) = setup("cli-ls").await;
+    create_queue(
+        &client,
+        &ns,
+        "redis://127.0.0.1:1/",
+        list_target(),
+        json!({}),
+    )
+    .await;
+    for s in [
+        Spec {
+            id: "pi_0001/settle",
+            kind: FailureKind::Invalid,
+            reason: "retrying will not help",
+            version: "relayer@1.4.2",
+            failed_at: "2026-11-29T10:00:00Z",
+            state: "failed",
+        },
+        Spec {
+            id: "pi_0002/settle",
+            kind: FailureKind::Transient,
+            reason: "no luck after 3 deliveries",
+            version: "relayer@1.4.2",
+            failed_at: "2026-11-29T10:01:00Z",
+            state: "needs_review",
+        },
+    ] {
+        park_spec(&client, &ns, &s).await;
+    }
+    let ls = dlq(&ns, &["ls"]);
+    assert!(ls.ok, "{}", ls.stderr);
+    let expected = "\
+JOB             #   PHASE   INTENT        BY  REASON
+pi_0001/settle  #3  parked  failed        -   retrying will not help
+pi_0002/settle  #3  parked  needs_review  -   no luck after 3 deliveries
+";
+    assert_eq!(ls.stdout, expected);
+    assert_eq!(dlq(&ns, &["ls", "--phase", "redriven"]).stdout, "");
+
+    let json = dlq(&ns, &["ls", "-o", "json"]);
+    let list: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    let items: Vec<DeadLetter> = serde_json::from_value(list["items"].clone()).unwrap();
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let mut live = api.list(&ListParams::default()).await.unwrap().items;
+    live.sort_by(|a, b| a.spec.job.id.cmp(&b.spec.job.id));
+    assert_eq!(items.len(), 2);
+    for (a, b) in items.iter().zip(&live) {
+        assert_eq!(a.spec, b.spec, "-o json carries the records unchanged");
+        assert_eq!(a.name_any(), b.name_any());
+    }
+    let yaml = dlq(&ns, &["ls", "-o", "yaml"]);
+    let back: serde_json::Value = serde_yaml::from_str(&yaml.stdout).unwrap();
+    assert_eq!(back["items"].as_array().unwrap().len(), 2);
+
+    let show = dlq(&ns, &["show", "pi_0001/settle"]);
+    assert!(show.ok, "{}", show.stderr);
+    for want in [
+        "Job:            pi_0001/settle",
+        "Phase:          Parked",
+        "Failure kind:   Invalid",
+        "Intent:         pi_0001 was failed when parked",
+        "{\"job\":\"pi_0001/settle\"}",
+        "Decision:       none yet",
+        "Parked",
+    ] {
+        assert!(
+            show.stdout.contains(want),
+            "show lacks {want:?}:\n{}",
+            show.stdout
+        );
+    }
+    let by_name = dlq(&ns, &["show", &live[1].name_any()]);
+    assert!(
+        by_name.stdout.contains("pi_0002/settle"),
+        "{}",
+        by_name.stdout
+    );
+
+    let stats = dlq(&ns, &["stats"]);
+    let lines: Vec<&str> = stats.stdout.lines().collect();
+    assert_eq!(
+        lines[0].split_whitespace().collect::<Vec<_>>(),
+        [
+            "QUEUE", "KIND", "PARKED", "REDRIVEN", "DROPPED", "OLDEST", "PARKED"
+        ]
+    );
+    let rows: Vec<Vec<&str>> = lines[1..]
+        .iter()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(&rows[0][..5], ["relayer", "invalid", "1", "0", "0"]);
+    assert_eq!(&rows[1][..5], ["relayer", "transient", "1", "0", "0"]);
+}
+
+#[tokio::test]
+async fn redrive_signs_with_the_authenticated_user_and_refuses_a_second_press() {
+    let (client, ns) = setup("cli-redrive").await;
+    let redis = Redis::start();
+    create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
+    let _op = Operator::start(&ns);
+    park_spec(
+        &client,
+        &ns,
+        &Spec {
+            id: "pi_0003/settle",
+            kind: FailureKind::Transient,
+            reason: "r",
+            version: "v",
+            failed_at: "2026-11-29T10:00:00Z",
+            state: "created",
+        },
+    )
+    .await;
+    // alice may read and decide in this namespace, nothing more.
+    let rbac = format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: decider, namespace: {ns}}}\nrules:\n- apiGroups: [dlq.dev]\n  resources: [deadletters, deadletterqueues]\n  verbs: [get, list, watch, patch]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: alice, namespace: {ns}}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: decider}}\nsubjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: alice}}]\n"
+    );
+    let mut apply = support::plane().kubectl();
+    apply
+        .args(["apply", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null());
+    let mut child = apply.spawn().unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), rbac.as_bytes()).unwrap();
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+
+    let first = eventually(10, "alice's role to take effect", || async {
+        let out = dlq(
+            &ns,
+            &[
+                "--as",
+                "alice",
+                "redrive",
+                "pi_0003/settle",
+                "--note",
+                "payer re-signed",
+                "--wait",
+            ],
+        );
+        (!out.stdout.contains("forbidden") && !out.stderr.contains("forbidden")).then_some(out)
+    })
+    .await;
+    assert!(first.ok, "{} {}", first.stdout, first.stderr);
+    assert_eq!(
+        first.stdout,
+        "redrive pi_0003/settle   by alice\nredrive pi_0003/settle   redriven\n"
+    );
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let r = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .remove(0);
+    assert_eq!(
+        r.spec.by.as_deref(),
+        Some("alice"),
+        "--by defaults to the authenticated user"
+    );
+    assert_eq!(r.spec.note.as_deref(), Some("payer re-signed"));
+    assert_eq!(r.status.unwrap().resolved_by.as_deref(), Some("alice"));
+    assert_eq!(redis.list(LIST).await.len(), 1);
+
+    let second = dlq(&ns, &["--as", "alice", "redrive", "pi_0003/settle"]);
+    assert!(!second.ok, "a second press must exit non-zero");
+    assert_eq!(
+        second.stdout,
+        "redrive pi_0003/settle   refused (record is not parked: pi_0003/settle is redriven)\n"
+    );
+    let drop = dlq(&ns, &["drop", "pi_0003/settle", "--by", "ops"]);
+    assert!(!drop.ok);
+    assert!(
+        drop.stdout
+            .contains("refused (record is not parked: pi_0003/settle is redriven)"),
+        "{}",
+        drop.stdout
+    );
+    let ghost = dlq(&ns, &["redrive", "nope/1", "--by", "ops"]);
+    assert!(!ghost.ok);
+    assert!(
+        ghost.stdout.contains("refused (no record of nope/1"),
+        "{}",
+        ghost.stdout
+    );
+}
+
+#[tokio::test]
+async fn dry_run_selects_exactly_the_matching_records() {
+    let (client, ns) = setup("cli-dry").await;
+    create_queue(
+        &client,
+        &ns,
+        "redis://127.0.0.1:1/",
+        list_target(),
+        json!({}),
+    )
+    .await;
+    let specs = [
+        Spec {
+            id: "a/1",
+            kind: FailureKind::Transient,
+            reason: "timeout talking to node",
+            version: "relayer@1.4.2",
+            failed_at: "2026-11-29T10:00:00Z",
+            state: "created",
+        },
+        Spec {
+            id: "b/1",
+            kind: FailureKind::Transient,
+            reason: "timeout talking to node",
+            version: "relayer@1.4.2",
+            failed_at: "2026-11-29T12:00:00Z",
+            state: "created",
+        },
+        Spec {
+            id: "c/1",
+            kind: FailureKind::Invalid,
+            reason: "timeout talking to node",
+            version: "relayer@1.4.2",
+            failed_at: "2026-11-29T10:30:00Z",
+            state: "created",
+        },
+        Spec {
+            id: "d/1",
+            kind: FailureKind::Transient,
+            reason: "bad json",
+            version: "relayer@1.4.2",
+            failed_at: "2026-11-29T10:30:00Z",
+            state: "created",
+        },
+        Spec {
+            id: "e/1",
+            kind: FailureKind::Transient,
+            reason: "timeout talking to node",
+            version: "relayer@1.5.0",
+            failed_at: "2026-11-29T10:30:00Z",
+            state: "created",
+        },
+        Spec {
+            id: "f/1",
+            kind: FailureKind::Transient,
+            reason: "timeout talking to node",
+            version: "relayer@1.4.2",
+            failed_at: "2026-11-29T10:45:00Z",
+            state: "created",
+        },
+    ];
+    for s in &specs {
+        park_spec(&client, &ns, s).await;
+    }
+    let ids = |out: &Out| -> Vec<String> {
+        out.stdout
+            .lines()
+            .filter(|l| !l.starts_with("dry run"))
+            .map(|l| l.split_whitespace().next().unwrap().to_string())
+            .collect()
+    };
+    let all = dlq(&ns, &["redrive", "--queue", "relayer", "--dry-run"]);
+    assert!(all.ok, "{}", all.stderr);
+    assert_eq!(
+        ids(&all),
+        ["a/1", "c/1", "d/1", "e/1", "f/1", "b/1"],
+        "ordered by failedAt"
+    );
+    let narrow = dlq(
+        &ns,
+        &[
+            "redrive",
+            "--queue",
+            "relayer",
+            "--failure-kind",
+            "Transient",
+            "--reason-contains",
+            "timeout",
+            "--since",
+            "2026-11-29T10:00:00Z",
+            "--until",
+            "2026-11-29T11:00:00Z",
+            "--service-version",
+            "relayer@1.4.2",
+            "--dry-run",
+        ],
+    );
+    assert_eq!(ids(&narrow), ["a/1", "f/1"]);
+    assert!(
+        narrow
+            .stdout
+            .contains("dry run: 2 records would be redriven"),
+        "{}",
+        narrow.stdout
+    );
+    assert_eq!(
+        ids(&dlq(
+            &ns,
+            &["redrive", "--queue", "relayer", "--max", "2", "--dry-run"]
+        )),
+        ["a/1", "c/1"]
+    );
+    let api: Api<DeadLetter> = Api::namespaced(client, &ns);
+    assert!(
+        api.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .all(|r| r.spec.action.is_none()),
+        "a dry run changes nothing"
+    );
+}
+
+async fn park_many(client: &Client, ns: &str, n: usize) {
+    let jobs = (0..n).map(|i| {
+        let client = client.clone();
+        let ns = ns.to_string();
+        async move {
+            let mut r = ParkRequest::new(
+                "relayer",
+                Job {
+                    id: format!("bulk/{i:03}"),
+                    payload: Some(format!("job {i}")),
+                    ..Job::default()
+                },
+            );
+            r.reason = "retries exhausted".into();
+            r.failed_at = Some(jiff::Timestamp::from_second(1_700_000_000 + i as i64).unwrap());
+            park(client, &ns, r).await.unwrap();
+        }
+    });
+    futures::stream::iter(jobs)
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+}
+
+use futures::StreamExt;
+
+fn summary_rate(stdout: &str) -> f64 {
+    let s = stdout
+        .lines()
+        .find(|l| l.starts_with("replay "))
+        .unwrap_or_else(|| panic!("no summary in {stdout}"));
+    let rate = s
+        .split(" decisions in ")
+        .nth(1)
+        .and_then(|r| r.split('(').nth(1))
+        .and_then(|r| r.split("/s)").next())
+        .unwrap();
+    rate.parse().unwrap()
+}
+
+#[tokio::test]
+async fn replay_honours_the_rate() {
+    let (client, ns) = setup("cli-rate").await;
+    let redis = Redis::start();
+    create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
+    park_many(&client, &ns, 300).await;
+    let _op = Operator::start(&ns);
+    let started = std::time::Instant::now();
+    let out = dlq(
+        &ns,
+        &[
+            "redrive",
+            "--queue",
+            "relayer",
+            "--rate",
+            "50/s",
+            "--by",
+            "ops",
+            "--note",
+            "INC-9 replay",
+        ],
+    );
+    assert!(out.ok, "{}\n{}", out.stdout, out.stderr);
+    let rate = summary_rate(&out.stdout);
+    support::report(&format!(
+        "replay: 300 records at --rate 50/s went at {rate:.1}/s; run took {:.1}s",
+        started.elapsed().as_secs_f64()
+    ));
+    assert!(
+        (40.0..=60.0).contains(&rate),
+        "rate {rate} not within 20% of 50/s"
+    );
+    assert!(
+        out.stdout
+            .contains("selected 300, decided 300, redriven 300, failing 0"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.trim_end().ends_with("completed"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(redis.list(LIST).await.len(), 300);
+    let events: Api<Event> = Api::namespaced(client, &ns);
+    let record = eventually(10, "the Replay decision record", || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("Replay"))
+    })
+    .await;
+    let note = record.note.unwrap();
+    assert!(
+        note.contains("by ops") && note.contains("queue=relayer") && note.contains("decided 300"),
+        "{note}"
+    );
+    assert_eq!(
+        record.regarding.unwrap().kind.as_deref(),
+        Some("DeadLetterQueue")
+    );
+}
+
+#[tokio::test]
+async fn replay_stops_on_requeue_failures_and_leaves_the_rest_parked() {
+    let (client, ns) = setup("cli-stop").await;
+    let mut redis = Redis::start();
+    create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
+    park_many(&client, &ns, 300).await;
+    let _op = Operator::start(&ns);
+    let bin = env!("CARGO_BIN_EXE_kubectl-dlq");
+    let plane = support::plane();
+    let child = Command::new(bin)
+        .args([
+            "--kubeconfig",
+            plane.kubeconfig.to_str().unwrap(),
+            "-n",
+            &ns,
+            "redrive",
+            "--queue",
+            "relayer",
+            "--rate",
+            "40/s",
+            "--by",
+            "ops",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually(60, "some redrives to land", || async {
+        (redis.list(LIST).await.len() >= 40).then_some(())
+    })
+    .await;
+    redis.stop();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "a stopped replay exits non-zero");
+    assert!(
+        stdout.contains("stopped: requeue failure ratio"),
+        "{stdout}"
+    );
+
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let items = api.list(&ListParams::default()).await.unwrap().items;
+    let parked: Vec<&DeadLetter> = items
+        .iter()
+        .filter(|r| r.phase() == Phase::Parked)
+        .collect();
+    let redriven = items
+        .iter()
+        .filter(|r| r.phase() == Phase::Redriven)
+        .count();
+    assert_eq!(parked.len() + redriven, 300);
+    assert!(
+        parked.len() >= 150,
+        "most records were never decided: {} parked",
+        parked.len()
+    );
+    assert!(
+        parked.iter().all(|r| r.spec.action.is_none()),
+        "decisions not carried out were withdrawn"
+    );
+    support::report(&format!(
+        "replay stop: {redriven} redriven before the broker died, {} left parked; {}",
+        parked.len(),
+        stdout.lines().last().unwrap_or("")
+    ));
+    let queues: Api<DeadLetterQueue> = Api::namespaced(client.clone(), &ns);
+    assert!(queues.get("relayer").await.is_ok());
+    let events: Api<Event> = Api::namespaced(client, &ns);
+    let stopped = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|e| e.reason.as_deref() == Some("ReplayStopped"));
+    assert!(stopped.is_some_and(|e| e.type_.as_deref() == Some("Warning")));
+}
+
+#[test]
+fn help_documents_every_verb() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kubectl-dlq"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for verb in ["ls", "show", "stats", "redrive", "drop", "park"] {
+        assert!(
+            text.lines().any(|l| l.trim_start().starts_with(verb)),
+            "--help lacks {verb}:\n{text}"
+        );
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_kubectl-dlq"))
+        .args(["redrive", "--help"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--queue",
+        "--failure-kind",
+        "--reason-contains",
+        "--since",
+        "--until",
+        "--service-version",
+        "--rate",
+        "--max",
+        "--dry-run",
+        "--max-failure-ratio",
+        "--max-new-parked",
+        "--by",
+        "--note",
+        "--wait",
+    ] {
+        assert!(text.contains(flag), "redrive --help lacks {flag}");
+    }
+}

@@ -1,0 +1,72 @@
+//! Leader election on a Lease: one of two replicas acts; when it dies, the other takes over.
+
+mod support;
+
+use deadletter::api::{Action, DeadLetter, Job, Phase};
+use deadletter::park::{ParkRequest, park};
+use kube::ResourceExt;
+use kube::api::Api;
+use serde_json::json;
+use support::{LIST, Operator, Redis, create_queue, decide, eventually, list_target, wait_phase};
+
+#[tokio::test]
+async fn a_standby_takes_over_when_the_leader_dies() {
+    let client = support::plane().client().await;
+    support::install_crds(&client).await;
+    let ns = support::namespace(&client, "leader").await;
+    let redis = Redis::start();
+    create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
+    let lease = |op: &Operator| op.logs().contains("became leader");
+    let args = ["--leader-election=true", "--lease-namespace", &ns];
+    let mut a = Operator::start_with(&ns, &args, &[]);
+    eventually(30, "the first replica to lead", || async {
+        lease(&a).then_some(())
+    })
+    .await;
+    let b = Operator::start_with(&ns, &args, &[]);
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert!(!lease(&b), "only one replica leads");
+
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let first = park(
+        client.clone(),
+        &ns,
+        ParkRequest::new(
+            "relayer",
+            Job {
+                id: "l/1".into(),
+                payload: Some("one".into()),
+                ..Job::default()
+            },
+        ),
+    )
+    .await
+    .unwrap();
+    decide(&api, &first.record().name_any(), Action::Redrive, "ops").await;
+    wait_phase(&api, &first.record().name_any(), Phase::Redriven, 20).await;
+
+    a.kill(); // the leader dies without releasing the Lease
+    eventually(60, "the standby to take over", || async {
+        lease(&b).then_some(())
+    })
+    .await;
+    let second = park(
+        client.clone(),
+        &ns,
+        ParkRequest::new(
+            "relayer",
+            Job {
+                id: "l/2".into(),
+                payload: Some("two".into()),
+                ..Job::default()
+            },
+        ),
+    )
+    .await
+    .unwrap();
+    decide(&api, &second.record().name_any(), Action::Redrive, "ops").await;
+    wait_phase(&api, &second.record().name_any(), Phase::Redriven, 30).await;
+    let mut jobs = redis.list(LIST).await;
+    jobs.sort();
+    assert_eq!(jobs, vec![b"one".to_vec(), b"two".to_vec()]);
+}
