@@ -71,19 +71,6 @@ fn rss_mib(pid: u32) -> (f64, f64) {
     (field("VmHWM:"), field("VmRSS:"))
 }
 
-fn pid_of(cmdline_part: &str) -> Option<u32> {
-    let out = Command::new("pgrep")
-        .args(["-f", cmdline_part])
-        .output()
-        .ok()?;
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .next()?
-        .trim()
-        .parse()
-        .ok()
-}
-
 struct Bench {
     client: Client,
     plane: ControlPlane,
@@ -438,13 +425,10 @@ async fn memory(b: &mut Bench, n: usize) -> anyhow::Result<(f64, f64, f64)> {
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (peak, now) = rss_mib(pid);
-    let apiserver = pid_of(&format!("kube-apiserver --etcd-servers"))
-        .map(|p| rss_mib(p).1)
-        .unwrap_or(0.0);
+    let apiserver = rss_mib(b.plane.apiserver_pid()).1;
     api.delete_collection(&DeleteParams::default(), &ListParams::default())
         .await
         .ok();
-    let _ = now;
     Ok((peak, now, apiserver))
 }
 

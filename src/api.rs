@@ -120,6 +120,42 @@ pub struct Job {
     #[schemars(extend("maxProperties" = 64))]
     #[x_kube(validation = kube::core::Rule::new("self.all(k, size(k) <= 256 && size(self[k]) <= 8192)").message("header names are at most 256 characters and values at most 8192"))]
     pub headers: BTreeMap<String, String>,
+    /// Where the broker says the job was published before it died (RabbitMQ `x-death`, the
+    /// JetStream message's subject). Part of the immutable job, so it cannot be edited to send a
+    /// job elsewhere; redrive goes back there unless the target's `route` is `target`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<Origin>,
+}
+
+/// The address a broker-collected job had before it died. Each backend reads only its fields.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Origin {
+    /// AMQP: the exchange the job was published to (`""` is the default exchange).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 255))]
+    pub exchange: Option<String>,
+    /// AMQP: the routing key it was published with (the first of `x-death`'s routing-keys).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 255))]
+    pub routing_key: Option<String>,
+    /// AMQP: the queue whose consumer gave up on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 255))]
+    pub queue: Option<String>,
+    /// NATS: the JetStream stream that held it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 255))]
+    pub stream: Option<String>,
+    /// NATS: the subject it was published on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub subject: Option<String>,
+    /// NATS: its stream sequence; tells a JetStream duplicate of the dead message itself from a
+    /// newer copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub sequence: Option<i64>,
 }
 
 impl Job {
@@ -260,10 +296,16 @@ impl DeadLetterQueueSpec {
 /// Exactly one backend.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = kube::core::Rule::new("[has(self.redis)].filter(x, x).size() == 1").message("spec.target needs exactly one backend (redis)"))]
+#[x_kube(validation = kube::core::Rule::new("[has(self.redis), has(self.amqp), has(self.nats), has(self.http)].filter(x, x).size() == 1").message("spec.target needs exactly one backend (redis, amqp, nats or http)"))]
 pub struct TargetSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redis: Option<RedisTarget>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amqp: Option<AmqpTarget>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nats: Option<NatsTarget>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpTarget>,
 }
 
 /// LPUSH onto `list` (a BRPOP/BLMOVE consumer sees FIFO order) or XADD onto `stream`.
@@ -280,6 +322,90 @@ pub struct RedisTarget {
     pub stream: Option<String>,
 }
 
+/// Where a redriven job that carries an `origin` goes.
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
+#[serde(rename_all = "camelCase")]
+pub enum Route {
+    /// Back to the job's origin (x-death exchange + routing key, or the JetStream subject) when
+    /// the record has one; to the target's own address otherwise.
+    #[default]
+    Origin,
+    /// Always to the target's own address.
+    Target,
+}
+
+/// Publish to `exchange` with `routingKey`: persistent, mandatory (an unroutable job is a
+/// failure, not a silent drop), and confirmed by the broker.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AmqpTarget {
+    /// Secret key holding the `amqp://` or `amqps://` URL (with credentials and vhost).
+    pub url_secret_ref: SecretKeyRef,
+    /// `""` is the default exchange, which routes by queue name.
+    #[serde(default)]
+    #[schemars(length(max = 255))]
+    pub exchange: String,
+    #[schemars(length(max = 255))]
+    pub routing_key: String,
+    /// `origin` (default): records collected from RabbitMQ go back to their x-death exchange and
+    /// routing key; `target`: always `exchange` + `routingKey`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<Route>,
+}
+
+/// Publish to `subject`; with `jetStream` (the default) wait for the stream's PubAck.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = kube::core::Rule::new("has(self.url) != has(self.urlSecretRef)").message("nats target needs exactly one of url or urlSecretRef"),
+    validation = kube::core::Rule::new("!has(self.url) || !self.url.contains('@')").message("credentials belong in a Secret: use urlSecretRef for a URL with a user, password or token"),
+)]
+pub struct NatsTarget {
+    /// `nats://host:4222` (comma-separate several servers); no credentials here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub url: Option<String>,
+    /// Secret key holding the URL, e.g. `nats://user:password@host:4222`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url_secret_ref: Option<SecretKeyRef>,
+    #[schemars(length(min = 1, max = 1024))]
+    pub subject: String,
+    /// Publish through JetStream and wait for the PubAck (default true). `false` is a core NATS
+    /// publish, confirmed only by the server's flush: nothing stores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jet_stream: Option<bool>,
+    /// `origin` (default): records collected from JetStream go back to their original subject;
+    /// `target`: always `subject`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<Route>,
+}
+
+impl NatsTarget {
+    pub fn jet_stream(&self) -> bool {
+        self.jet_stream.unwrap_or(true)
+    }
+}
+
+/// POST the payload with its headers to the consumer's own endpoint; 2xx is success.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = kube::core::Rule::new("self.url.matches('^https?://[^/@?#]+([/?#].*)?$')").message("http target url must be http(s)://host[:port]/path without credentials (use bearerTokenSecretRef)"),
+    validation = kube::core::Rule::new("!has(self.caSecretRef) || self.url.startsWith('https://')").message("caSecretRef needs an https:// url"),
+)]
+pub struct HttpTarget {
+    #[schemars(length(min = 1, max = 2048))]
+    pub url: String,
+    /// Secret key holding a token sent as `Authorization: Bearer <token>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bearer_token_secret_ref: Option<SecretKeyRef>,
+    /// Secret key holding PEM CA certificates to trust instead of the public roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_secret_ref: Option<SecretKeyRef>,
+}
+
 /// A key of a Secret in the DeadLetterQueue's namespace.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 pub struct SecretKeyRef {
@@ -289,11 +415,17 @@ pub struct SecretKeyRef {
     pub key: String,
 }
 
+/// Exactly one broker to collect dead messages from.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("[has(self.redis), has(self.amqp), has(self.nats)].filter(x, x).size() == 1").message("spec.source needs exactly one broker (redis, amqp or nats)"))]
 pub struct SourceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redis: Option<RedisSource>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amqp: Option<AmqpSource>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nats: Option<NatsSource>,
 }
 
 /// Drain a Redis list that consumers push dead jobs onto (see README "Dead-list envelope").
@@ -305,6 +437,55 @@ pub struct RedisSource {
     pub url_secret_ref: Option<SecretKeyRef>,
     #[schemars(length(min = 1, max = 512))]
     pub list: String,
+}
+
+/// Consume a RabbitMQ queue fed by a dead-letter exchange; `x-death` gives deliveries, reason
+/// and origin. Messages are acknowledged only once their record exists.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AmqpSource {
+    /// Defaults to the amqp target's URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url_secret_ref: Option<SecretKeyRef>,
+    #[schemars(length(min = 1, max = 255))]
+    pub queue: String,
+}
+
+/// What the NATS bridge does with a stream message once its record exists.
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
+#[serde(rename_all = "camelCase")]
+pub enum OnParked {
+    /// Delete it from the stream (the record holds it now).
+    #[default]
+    Delete,
+    /// Leave it in the stream, e.g. a limits-based stream other consumers still read.
+    Keep,
+}
+
+/// Collect messages a JetStream consumer gave up on (MAX_DELIVERIES advisories).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = kube::core::Rule::new("!(has(self.url) && has(self.urlSecretRef))").message("nats source takes at most one of url and urlSecretRef"),
+    validation = kube::core::Rule::new("!has(self.url) || !self.url.contains('@')").message("credentials belong in a Secret: use urlSecretRef for a URL with a user, password or token"),
+)]
+pub struct NatsSource {
+    /// Defaults to the nats target's server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url_secret_ref: Option<SecretKeyRef>,
+    #[schemars(length(min = 1, max = 255))]
+    pub stream: String,
+    /// The durable consumer whose MaxDeliver the jobs exceeded.
+    #[schemars(length(min = 1, max = 255))]
+    pub consumer: String,
+    /// `delete` (default) removes the message from the stream after parking; `keep` leaves it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_parked: Option<OnParked>,
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]

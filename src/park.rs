@@ -5,13 +5,14 @@
 //! re-reads, and answers AlreadyParked). The parker only ever owns the parked facts, never
 //! `action`/`by`/`note`, so a GitOps server-side apply of a decision does not conflict with it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{ListParams, PostParams};
-use kube::runtime::events::{EventType, Recorder, Reporter};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Client, ResourceExt};
 use sha2::{Digest, Sha256};
+use tokio::sync::Mutex;
 
 use crate::api::{
     self, DeadLetter, DeadLetterQueue, DeadLetterSpec, FailureKind, IntentSnapshot, Job, Phase,
@@ -117,8 +118,24 @@ pub enum ParkError {
         parked: i64,
         limit: i64,
     },
+    #[error("job {0} kept changing while parking (parked and resolved concurrently); try again")]
+    Busy(String),
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+}
+
+impl ParkError {
+    /// Whether trying again later can succeed (the apiserver, the queue's capacity or its
+    /// existence may change); the rest are properties of the message itself.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            ParkError::Kube(_)
+                | ParkError::MaxParked { .. }
+                | ParkError::UnknownQueue { .. }
+                | ParkError::Busy(_)
+        )
+    }
 }
 
 const MAX_REASON: usize = 1024;
@@ -269,36 +286,52 @@ fn bounded_reason(reason: &str) -> String {
 #[derive(Clone)]
 pub struct Parker {
     client: Client,
-    recorder: Recorder,
+    queues: Arc<Mutex<QueueCache>>,
 }
+
+/// (namespace, name) → when read, and what.
+type QueueCache = HashMap<(String, String), (std::time::Instant, DeadLetterQueue)>;
+
+/// How long a parker trusts a DeadLetterQueue it read (its existence and `status.parked`).
+const QUEUE_TTL: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Parker {
     pub fn new(client: Client) -> Self {
-        let instance = std::env::var("POD_NAME")
-            .ok()
-            .or_else(|| std::env::var("HOSTNAME").ok());
-        let reporter = Reporter {
-            controller: PARKER.into(),
-            instance,
-        };
         Parker {
-            recorder: Recorder::new(client.clone(), reporter),
             client,
+            queues: Arc::default(),
         }
     }
 
     /// Validates, looks up the DeadLetterQueue, and parks.
     pub async fn park(&self, namespace: &str, req: ParkRequest) -> Result<ParkOutcome, ParkError> {
         validate(&req)?;
-        let queues: Api<DeadLetterQueue> = Api::namespaced(self.client.clone(), namespace);
-        let queue = queues
-            .get_opt(&req.queue)
+        let queue = self.queue(namespace, &req.queue).await?;
+        self.park_into(&queue, req).await
+    }
+
+    /// The DeadLetterQueue, read at most once per [`QUEUE_TTL`]: in a parking storm every
+    /// record would otherwise cost one more apiserver read.
+    async fn queue(&self, namespace: &str, name: &str) -> Result<DeadLetterQueue, ParkError> {
+        let key = (namespace.to_string(), name.to_string());
+        if let Some((at, q)) = self.queues.lock().await.get(&key)
+            && at.elapsed() < QUEUE_TTL
+        {
+            return Ok(q.clone());
+        }
+        let api: Api<DeadLetterQueue> = Api::namespaced(self.client.clone(), namespace);
+        let queue = api
+            .get_opt(name)
             .await?
             .ok_or_else(|| ParkError::UnknownQueue {
                 namespace: namespace.into(),
-                queue: req.queue.clone(),
+                queue: name.into(),
             })?;
-        self.park_into(&queue, req).await
+        self.queues
+            .lock()
+            .await
+            .insert(key, (std::time::Instant::now(), queue.clone()));
+        Ok(queue)
     }
 
     /// Parks into a queue the caller already read (the bridges do, once per batch).
@@ -312,51 +345,69 @@ impl Parker {
         let records: Api<DeadLetter> = Api::namespaced(self.client.clone(), &namespace);
         let key = job_key(&req.queue, &req.job.id);
         let selector = format!("{}={key}", api::LABEL_JOB_KEY);
-
-        // A job collides on key only with itself in practice (64 bits of sha256); the job id
-        // is compared too so a collision can never merge two jobs.
-        let earlier = |all: Vec<DeadLetter>| -> Vec<DeadLetter> {
-            all.into_iter()
-                .filter(|r| r.spec.job.id == req.job.id && r.spec.queue == req.queue)
-                .collect()
-        };
-        let existing = earlier(
-            records
-                .list(&ListParams::default().labels(&selector))
-                .await?
-                .items,
-        );
-        if let Some(parked) = existing.iter().find(|r| r.phase() == Phase::Parked) {
-            return Ok(ParkOutcome::AlreadyParked(Box::new(parked.clone())));
-        }
-        let parked_now = queue.status.as_ref().map_or(0, |s| s.parked);
-        let limit = queue.spec.max_parked();
-        if parked_now >= limit {
-            return Err(ParkError::MaxParked {
-                queue: req.queue.clone(),
-                parked: parked_now,
-                limit,
-            });
-        }
-        let cycle = existing.iter().map(|r| r.spec.cycle).max().unwrap_or(0) + 1;
-        let record = self.new_record(&req, &key, cycle);
-        let name = record.name_any();
         let pp = PostParams {
             field_manager: Some(PARKER.into()),
             ..PostParams::default()
         };
-        match records.create(&pp, &record).await {
-            Ok(created) => {
-                self.announce(&namespace, &created).await;
-                Ok(ParkOutcome::Parked(Box::new(created)))
+
+        // First from the apiserver's watch cache (resourceVersion 0: cheap, possibly a moment
+        // stale), then, whenever that view proves stale, from etcd. The deterministic name
+        // makes the create the guard: two parkers of one job cannot both create a cycle.
+        for consistent in [false, true, true] {
+            let mut lp = ListParams::default().labels(&selector);
+            if !consistent {
+                lp = lp.match_any();
             }
-            // A racing parker created this cycle first: that record is ours too.
-            Err(kube::Error::Api(s)) if s.code == 409 => {
-                let current = records.get(&name).await?;
-                Ok(ParkOutcome::AlreadyParked(Box::new(current)))
+            // A job collides on key only with itself in practice (64 bits of sha256); the job
+            // id is compared too so a collision can never merge two jobs.
+            let existing: Vec<DeadLetter> = records
+                .list(&lp)
+                .await?
+                .items
+                .into_iter()
+                .filter(|r| r.spec.job.id == req.job.id && r.spec.queue == req.queue)
+                .collect();
+            if let Some(parked) = existing.iter().find(|r| r.phase() == Phase::Parked) {
+                // Confirm a cached Parked: answering AlreadyParked for a record that was just
+                // resolved would lose this new death of the job.
+                let current = records.get_opt(&parked.name_any()).await?;
+                match current {
+                    Some(r) if r.phase() == Phase::Parked => {
+                        return Ok(ParkOutcome::AlreadyParked(Box::new(r)));
+                    }
+                    _ => continue,
+                }
             }
-            Err(e) => Err(e.into()),
+            let parked_now = queue.status.as_ref().map_or(0, |s| s.parked);
+            let limit = queue.spec.max_parked();
+            if parked_now >= limit {
+                return Err(ParkError::MaxParked {
+                    queue: req.queue.clone(),
+                    parked: parked_now,
+                    limit,
+                });
+            }
+            let cycle = existing.iter().map(|r| r.spec.cycle).max().unwrap_or(0) + 1;
+            let record = self.new_record(&req, &key, cycle);
+            let name = record.name_any();
+            match records.create(&pp, &record).await {
+                Ok(created) => {
+                    tracing::info!(namespace = %namespace, name = %created.name_any(), job = %created.spec.job.id, cycle, "parked");
+                    return Ok(ParkOutcome::Parked(Box::new(created)));
+                }
+                // This cycle exists: a racing parker created it (then it is ours too), or the
+                // list was stale (then look again, consistently).
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    if let Some(r) = records.get_opt(&name).await?
+                        && r.phase() == Phase::Parked
+                    {
+                        return Ok(ParkOutcome::AlreadyParked(Box::new(r)));
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
+        Err(ParkError::Busy(req.job.id.clone()))
     }
 
     fn new_record(&self, req: &ParkRequest, key: &str, cycle: i32) -> DeadLetter {
@@ -386,23 +437,6 @@ impl Parker {
             (api::LABEL_JOB_KEY.to_string(), key.to_string()),
         ]));
         record
-    }
-
-    async fn announce(&self, namespace: &str, record: &DeadLetter) {
-        let kind = record.spec.failure_kind;
-        let note = format!(
-            "{} parked ({}, cycle {}, {} deliveries): {}",
-            record.spec.job.id,
-            kind.label(),
-            record.spec.cycle,
-            record.spec.deliveries,
-            record.spec.reason
-        );
-        let ev = crate::controller::event(EventType::Warning, "Parked", "Park", note);
-        if let Err(e) = self.recorder.publish(&ev, &record.object_ref(&())).await {
-            tracing::warn!(error = %e, "publishing the Parked event failed");
-        }
-        tracing::info!(namespace, name = %record.name_any(), job = %record.spec.job.id, cycle = record.spec.cycle, "parked");
     }
 }
 

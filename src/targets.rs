@@ -11,7 +11,10 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::Mutex;
 
-use crate::api::{DeadLetterQueue, SecretKeyRef};
+use crate::api::{DeadLetterQueue, SecretKeyRef, TargetSpec};
+use crate::queue::amqp::AmqpTarget;
+use crate::queue::http::HttpTarget;
+use crate::queue::nats::NatsTarget;
 use crate::queue::redis::{RedisKey, RedisTarget};
 use crate::queue::{QueueError, Target};
 
@@ -52,11 +55,8 @@ impl TargetCache {
                 return Ok(e.target.clone());
             }
         }
-        let (url, secret_version) = match &queue.spec.target.redis {
-            Some(redis) => read_secret(&self.client, &ns, &redis.url_secret_ref).await?,
-            None => return Err(QueueError::Config("spec.target names no backend".into())),
-        };
-        let secret_hash = hash(&(secret_version, &url));
+        let secrets = read_target_secrets(&self.client, &ns, &queue.spec.target).await?;
+        let secret_hash = hash(&secrets);
         let mut entries = self.entries.lock().await;
         if let Some(e) = entries.get_mut(&key)
             && e.spec_hash == spec_hash
@@ -65,7 +65,7 @@ impl TargetCache {
             e.checked = Instant::now();
             return Ok(e.target.clone());
         }
-        let target = build(queue, &url)?;
+        let target = build(&queue.spec.target, &secrets)?;
         entries.insert(
             key,
             Entry {
@@ -126,8 +126,70 @@ fn hash<T: Hash>(v: &T) -> u64 {
     h.finish()
 }
 
-fn build(queue: &DeadLetterQueue, url: &str) -> Result<Arc<dyn Target>, QueueError> {
-    if let Some(redis) = &queue.spec.target.redis {
+/// What a target reads from Secrets; hashed (never shown) to notice a rotated Secret. No
+/// `Debug`, so it cannot end up in a log line.
+#[derive(Default, Hash)]
+pub struct TargetSecrets {
+    /// The broker URL (from a Secret, or the spec's plain `url` for NATS).
+    pub url: Option<String>,
+    /// HTTP bearer token.
+    pub token: Option<String>,
+    /// HTTP CA bundle (PEM).
+    pub ca: Option<String>,
+    versions: Vec<String>,
+}
+
+/// Reads every Secret `target` names.
+pub async fn read_target_secrets(
+    client: &Client,
+    namespace: &str,
+    target: &TargetSpec,
+) -> Result<TargetSecrets, QueueError> {
+    let mut s = TargetSecrets::default();
+    let mut read = async |r: &SecretKeyRef| -> Result<String, QueueError> {
+        let (value, version) = read_secret(client, namespace, r).await?;
+        s.versions.push(version);
+        Ok(value)
+    };
+    let (mut url, mut token, mut ca) = (None, None, None);
+    if let Some(redis) = &target.redis {
+        url = Some(read(&redis.url_secret_ref).await?);
+    } else if let Some(amqp) = &target.amqp {
+        url = Some(read(&amqp.url_secret_ref).await?);
+    } else if let Some(nats) = &target.nats {
+        url = match (&nats.url, &nats.url_secret_ref) {
+            (_, Some(r)) => Some(read(r).await?),
+            (Some(plain), None) => Some(plain.clone()),
+            (None, None) => {
+                return Err(QueueError::Config(
+                    "nats target needs url or urlSecretRef".into(),
+                ));
+            }
+        };
+    } else if let Some(http) = &target.http {
+        if let Some(r) = &http.bearer_token_secret_ref {
+            token = Some(read(r).await?);
+        }
+        if let Some(r) = &http.ca_secret_ref {
+            ca = Some(read(r).await?);
+        }
+    } else {
+        return Err(QueueError::Config("spec.target names no backend".into()));
+    }
+    s.url = url;
+    s.token = token;
+    s.ca = ca;
+    Ok(s)
+}
+
+fn build(target: &TargetSpec, secrets: &TargetSecrets) -> Result<Arc<dyn Target>, QueueError> {
+    let url = || {
+        secrets
+            .url
+            .as_deref()
+            .ok_or_else(|| QueueError::Config("the target's URL is missing".into()))
+    };
+    if let Some(redis) = &target.redis {
         let key = match (&redis.list, &redis.stream) {
             (Some(list), None) => RedisKey::List(list.clone()),
             (None, Some(stream)) => RedisKey::Stream(stream.clone()),
@@ -137,7 +199,20 @@ fn build(queue: &DeadLetterQueue, url: &str) -> Result<Arc<dyn Target>, QueueErr
                 ));
             }
         };
-        return Ok(Arc::new(RedisTarget::new(url, key)?));
+        return Ok(Arc::new(RedisTarget::new(url()?, key)?));
+    }
+    if let Some(amqp) = &target.amqp {
+        return Ok(Arc::new(AmqpTarget::new(amqp, url()?)?));
+    }
+    if let Some(nats) = &target.nats {
+        return Ok(Arc::new(NatsTarget::new(nats, url()?)?));
+    }
+    if let Some(http) = &target.http {
+        return Ok(Arc::new(HttpTarget::new(
+            &http.url,
+            secrets.token.as_deref(),
+            secrets.ca.as_deref(),
+        )?));
     }
     Err(QueueError::Config("spec.target names no backend".into()))
 }

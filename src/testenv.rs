@@ -357,6 +357,11 @@ impl ControlPlane {
         })
     }
 
+    /// The kube-apiserver's process id (to measure its memory).
+    pub fn apiserver_pid(&self) -> u32 {
+        self.apiserver.id()
+    }
+
     /// The temp dir holding the data, certs and logs.
     pub fn dir(&self) -> &Path {
         &self.dir

@@ -98,6 +98,8 @@ async fn park_dedupes_while_parked_and_starts_a_new_cycle_after_resolution() {
         Some("{\"intent\":\"pi_0003\"}")
     );
 
+    // The operator announces a new record (once, whoever parked it).
+    let _op = Operator::start(&ns);
     let ev = eventually(10, "Parked warning", || async {
         let e = events_for(&client, &ns, &r.name_any(), "Parked").await;
         (!e.is_empty()).then_some(e)
@@ -105,7 +107,6 @@ async fn park_dedupes_while_parked_and_starts_a_new_cycle_after_resolution() {
     .await;
     assert_eq!(ev[0].type_.as_deref(), Some("Warning"));
 
-    let _op = Operator::start(&ns);
     decide(&api, &r.name_any(), Action::Redrive, "ops").await;
     wait_phase(&api, &r.name_any(), Phase::Redriven, 20).await;
 

@@ -42,6 +42,7 @@ fn record(name: &str, job_id: &str, payload: &[u8]) -> DeadLetter {
                 payload: text,
                 payload_base64: b64,
                 headers: BTreeMap::new(),
+                origin: None,
             },
             intent: Some(IntentSnapshot {
                 id: "pi_0003".into(),
@@ -159,7 +160,10 @@ async fn drop_resolves_without_enqueueing_and_retention_spares_parked() {
     decide(&api, "redrive-1", Action::Redrive, "ops").await;
     let dropped = wait_phase(&api, "drop-1", Phase::Dropped, 20).await;
     assert_eq!(dropped.status.unwrap().resolved_by.as_deref(), Some("ops"));
-    assert_eq!(op.metric("dlq_drops_total", &[("namespace", &ns)]), 1.0);
+    eventually(10, "dlq_drops_total to count the drop", || async {
+        (op.metric("dlq_drops_total", &[("namespace", &ns)]) == 1.0).then_some(())
+    })
+    .await;
 
     // Retention deletes both resolved records, never the parked one.
     eventually(60, "retention to delete resolved records", || async {
@@ -432,6 +436,11 @@ async fn two_operators_racing_resolve_each_record_exactly_once() {
             &[("namespace", &ns), ("result", "conflict")],
         )
     };
+    // The counters move just after the status writes land.
+    eventually(10, "both operators' success counters", || async {
+        (success(&a) + success(&b) >= N as f64).then_some(())
+    })
+    .await;
     assert_eq!(
         success(&a) + success(&b),
         N as f64,

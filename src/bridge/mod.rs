@@ -5,6 +5,8 @@
 //! the source changes. Aborting a bridge mid-message is safe by construction: the message is still
 //! in the broker's in-flight area and is re-parked (deduplicated) on the next start.
 
+pub mod amqp;
+pub mod nats;
 pub mod redis;
 
 use std::collections::HashMap;
@@ -93,11 +95,21 @@ fn reconcile(
         if running.contains_key(&key) {
             continue;
         }
-        let Some(source) = queue.spec.source.as_ref().and_then(|s| s.redis.clone()) else {
+        let Some(source) = queue.spec.source.clone() else {
             continue;
         };
-        tracing::info!(namespace = %key.0, queue = %key.1, list = %source.list, "starting redis source bridge");
-        let task = tokio::spawn(redis::run(client.clone(), parker.clone(), queue, source));
+        let task = if let Some(src) = source.redis {
+            tracing::info!(namespace = %key.0, queue = %key.1, list = %src.list, "starting redis source bridge");
+            tokio::spawn(redis::run(client.clone(), parker.clone(), queue, src))
+        } else if let Some(src) = source.amqp {
+            tracing::info!(namespace = %key.0, queue = %key.1, amqp_queue = %src.queue, "starting amqp source bridge");
+            tokio::spawn(amqp::run(client.clone(), parker.clone(), queue, src))
+        } else if let Some(src) = source.nats {
+            tracing::info!(namespace = %key.0, queue = %key.1, stream = %src.stream, consumer = %src.consumer, "starting nats source bridge");
+            tokio::spawn(nats::run(client.clone(), parker.clone(), queue, src))
+        } else {
+            continue;
+        };
         running.insert(key, Running { fingerprint, task });
     }
 }

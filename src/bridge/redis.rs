@@ -11,13 +11,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine;
-use kube::{Api, Client, ResourceExt};
+use kube::{Client, ResourceExt};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
 
 use crate::api::{DeadLetterQueue, FailureKind, IntentSnapshot, Job, RedisSource};
-use crate::park::{ParkError, ParkRequest, Parker};
+use crate::park::{ParkRequest, Parker};
 use crate::queue::redis::RedisConn;
 use crate::targets::read_secret;
 
@@ -64,6 +64,7 @@ pub fn request_for(queue: &str, raw: &[u8]) -> ParkRequest {
                     payload: env.payload,
                     payload_base64: env.payload_base64,
                     headers: env.headers,
+                    origin: None,
                 },
                 intent: env.intent,
                 deliveries: env.deliveries,
@@ -99,6 +100,7 @@ fn invalid(queue: &str, raw: &[u8], why: String) -> ParkRequest {
             payload,
             payload_base64,
             headers: BTreeMap::new(),
+            origin: None,
         },
     );
     req.failure_kind = FailureKind::Invalid;
@@ -153,7 +155,6 @@ async fn run_once(
     let dead = source.list.clone();
     let processing = format!("{dead}:processing");
     let ctx = Arc::new(Bridge {
-        client: client.clone(),
         parker: parker.clone(),
         ns: ns.to_string(),
         queue: name.to_string(),
@@ -203,7 +204,6 @@ async fn run_once(
 }
 
 struct Bridge {
-    client: Client,
     parker: Parker,
     ns: String,
     queue: String,
@@ -219,17 +219,10 @@ impl Bridge {
         let req = request_for(&self.queue, &raw);
         let mut attempt = 0u32;
         loop {
-            let outcome = match self.current_queue().await {
-                Ok(q) => self.parker.park_into(&q, req.clone()).await,
-                Err(e) => Err(e),
-            };
+            let outcome = self.parker.park(&self.ns, req.clone()).await;
             match outcome {
                 Ok(_) => break,
-                Err(
-                    e @ (ParkError::Kube(_)
-                    | ParkError::MaxParked { .. }
-                    | ParkError::UnknownQueue { .. }),
-                ) => {
+                Err(e) if e.is_transient() => {
                     // Transient: the element stays in the processing list while we wait.
                     attempt = attempt.saturating_add(1);
                     let wait = crate::decide::backoff(attempt, Duration::from_secs(30));
@@ -258,16 +251,6 @@ impl Bridge {
                     .arg(&raw[..]),
             )
             .await;
-    }
-
-    async fn current_queue(&self) -> Result<DeadLetterQueue, ParkError> {
-        let api: Api<DeadLetterQueue> = Api::namespaced(self.client.clone(), &self.ns);
-        api.get_opt(&self.queue)
-            .await?
-            .ok_or_else(|| ParkError::UnknownQueue {
-                namespace: self.ns.clone(),
-                queue: self.queue.clone(),
-            })
     }
 
     /// Retries an acknowledgement until Redis takes it: the record exists, so giving up here

@@ -226,10 +226,10 @@ pub async fn show(g: &Global, args: ShowArgs) -> Result<(), CliError> {
     if let Some(n) = &s.note {
         kv("Note:", n.clone());
     }
-    if let Some(st) = &r.status {
-        if let (Some(by), Some(at)) = (&st.resolved_by, &st.resolved_at) {
-            kv("Resolved:", format!("by {by} at {}", at.0));
-        }
+    if let Some(st) = &r.status
+        && let (Some(by), Some(at)) = (&st.resolved_by, &st.resolved_at)
+    {
+        kv("Resolved:", format!("by {by} at {}", at.0));
     }
     let headers = if s.job.headers.is_empty() {
         "-".to_string()

@@ -50,8 +50,9 @@ pub async fn reconcile(dl: Arc<DeadLetter>, ctx: Arc<Context>) -> Result<Action>
             let patch = json!({"status": {"phase": Phase::Parked, "conditions": conds}});
             match write_status(&api, &dl, patch).await {
                 Ok(()) => {
-                    // Counted here, once per record (the CAS has one winner), whoever parked it:
-                    // the CLI, a producer's park() call, or a bridge.
+                    // Counted and announced here, once per record (the CAS has one winner),
+                    // whoever parked it: the CLI, a producer's park() call, or a bridge. Alerts
+                    // see every parking, and producers need no Events permission.
                     ctx.metrics
                         .parked
                         .get_or_create(&crate::metrics::ParkedLabels {
@@ -60,10 +61,22 @@ pub async fn reconcile(dl: Arc<DeadLetter>, ctx: Arc<Context>) -> Result<Action>
                             failure_kind: dl.spec.failure_kind.label().into(),
                         })
                         .inc();
+                    let note = format!(
+                        "{} parked ({}, cycle {}, {} deliveries): {}",
+                        dl.spec.job.id,
+                        dl.spec.failure_kind.label(),
+                        dl.spec.cycle,
+                        dl.spec.deliveries,
+                        dl.spec.reason
+                    );
+                    ctx.publish(&*dl, event(EventType::Warning, "Parked", "Park", note))
+                        .await;
                     Ok(Action::await_change())
                 }
                 // Someone else wrote first; the watch brings their version.
-                Err(e) if e.is_conflict() => Ok(Action::await_change()),
+                // Someone else wrote first: look again shortly (status-only changes do not
+                // wake this controller).
+                Err(e) if e.is_conflict() => Ok(Action::requeue(std::time::Duration::from_secs(1))),
                 Err(e) => Err(e),
             }
         }
@@ -185,17 +198,17 @@ async fn requeue_failed(
     let uid = record.uid().unwrap_or_default();
     let attempt = ctx.note_failure(&uid).await;
     let wait = decide::backoff(attempt.saturating_sub(1), ctx.settings.backoff_cap);
-    let message = format!(
-        "{} (attempt {attempt}; next try in {}s)",
-        err.message(),
-        wait.as_secs()
-    );
+    // The message stays the same from one attempt to the next: an unchanged condition is not
+    // rewritten (a write would wake the watch and defeat the backoff), and identical Events
+    // are aggregated by the recorder into one series with a count.
+    let message = err.message();
     tracing::warn!(
         namespace = %record.namespace().unwrap_or_default(),
         name = %record.name_any(),
         job = %record.spec.job.id,
         reason = err.reason(),
         attempt,
+        retry_in = ?wait,
         "requeue failed; record stays Parked"
     );
     ctx.metrics.redrive(
@@ -213,6 +226,19 @@ async fn requeue_failed(
         ),
     )
     .await;
+    let unchanged = record
+        .status
+        .as_ref()
+        .and_then(|s| conditions::find(&s.conditions, "Requeued"))
+        .is_some_and(|c| {
+            c.status == "False"
+                && c.reason == err.reason()
+                && c.message == conditions::truncate(&message, conditions::MAX_MESSAGE)
+                && c.observed_generation == record.metadata.generation
+        });
+    if unchanged {
+        return Ok(Action::requeue(wait));
+    }
     let mut conds = current_conditions(record);
     conditions::set(
         &mut conds,

@@ -133,11 +133,16 @@ pub async fn run_scope(
         tracing::error!("cannot subscribe to the record store");
         return;
     };
-    let root = watcher(dl_api.clone(), watcher::Config::default().any_semantic())
-        .default_backoff()
-        .modify(strip)
-        .reflect_shared(writer)
-        .for_each(|_| futures::future::ready(()));
+    // Small pages: the initial list carries payloads (stripped right after), so the page size
+    // bounds the operator's peak memory at start-up.
+    let root = watcher(
+        dl_api.clone(),
+        watcher::Config::default().any_semantic().page_size(50),
+    )
+    .default_backoff()
+    .modify(strip)
+    .reflect_shared(writer)
+    .for_each(|_| futures::future::ready(()));
 
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
@@ -151,7 +156,17 @@ pub async fn run_scope(
     });
     let cfg = kube::runtime::controller::Config::default().concurrency(settings.concurrency);
 
-    let records_ctl = Controller::for_shared_stream(subscriber.clone(), records.clone())
+    // Records wake their reconciler when first seen and when a human changes the spec (the
+    // generation), not on status writes: our own condition writes would otherwise defeat the
+    // requeue backoff, and another replica's resolution leaves nothing to do.
+    let mut generations: HashMap<String, Option<i64>> = HashMap::new();
+    let spec_changes = subscriber.clone().filter(move |dl| {
+        let uid = dl.uid().unwrap_or_default();
+        let changed =
+            generations.insert(uid, dl.metadata.generation) != Some(dl.metadata.generation);
+        futures::future::ready(changed)
+    });
+    let records_ctl = Controller::for_shared_stream(spec_changes, records.clone())
         .with_config(cfg.clone())
         .graceful_shutdown_on(shutdown.clone())
         .run(deadletter::reconcile, error_policy, ctx.clone())

@@ -1,13 +1,19 @@
 //! Queue backends behind one small trait. A [`Target`] puts a parked job back on its queue
 //! and answers only once the broker has confirmed it.
+//!
+//! One file per backend: [`redis`], [`amqp`] (RabbitMQ), [`nats`] (JetStream or core NATS) and
+//! [`http`] (the consumer's own endpoint). docs/backends.md describes what each one carries.
 
+pub mod amqp;
+pub mod http;
+pub mod nats;
 pub mod redis;
 
 use std::collections::BTreeMap;
 
 use futures::future::BoxFuture;
 
-use crate::api::Job;
+use crate::api::{Job, Origin};
 
 /// The untouched job as it goes back to the broker.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,6 +21,8 @@ pub struct JobMessage {
     pub id: String,
     pub payload: Vec<u8>,
     pub headers: BTreeMap<String, String>,
+    /// Where the broker says it was published before it died, when it was collected from one.
+    pub origin: Option<Origin>,
 }
 
 impl JobMessage {
@@ -31,6 +39,7 @@ impl JobMessage {
             id: job.id.clone(),
             payload,
             headers: job.headers.clone(),
+            origin: job.origin.clone(),
         })
     }
 }
@@ -53,6 +62,14 @@ pub enum QueueError {
     /// The DeadLetterQueue's target is misconfigured (bad URL, missing secret).
     #[error("target misconfigured: {0}")]
     Config(String),
+    /// JetStream discarded the job as a duplicate of the dead message itself: its
+    /// `Nats-Msg-Id` is still inside the stream's duplicate window. Retried with backoff, it
+    /// goes through once the window has passed.
+    #[error("{0}")]
+    Duplicate(String),
+    /// The HTTP endpoint answered, but not with 2xx.
+    #[error("endpoint answered HTTP {status}: {body}")]
+    HttpStatus { status: u16, body: String },
 }
 
 impl QueueError {
@@ -64,6 +81,8 @@ impl QueueError {
             QueueError::Unsupported(_) => "HeadersNotCarried",
             QueueError::Invalid(_) => "InvalidJob",
             QueueError::Config(_) => "TargetMisconfigured",
+            QueueError::Duplicate(_) => "DuplicateWindow",
+            QueueError::HttpStatus { .. } => "EndpointRefused",
         }
     }
 }
@@ -76,4 +95,44 @@ pub trait Target: Send + Sync {
     fn requeue<'a>(&'a self, job: &'a JobMessage) -> BoxFuture<'a, Result<(), QueueError>>;
     /// Cheap reachability check for the queue's Ready condition.
     fn probe(&self) -> BoxFuture<'_, Result<(), QueueError>>;
+}
+
+/// `scheme://host[:port]/path` of a URL: no user, password, query or fragment, so it can go
+/// into status, Events and logs.
+pub fn redact_url(url: &str) -> String {
+    let (scheme, rest) = match url.split_once("://") {
+        Some((s, r)) => (s, r),
+        None => ("", url),
+    };
+    let end = rest.find(['?', '#']).unwrap_or(rest.len());
+    let rest = &rest[..end];
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    if scheme.is_empty() {
+        format!("{host}{path}")
+    } else {
+        format!("{scheme}://{host}{path}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacted_urls_keep_no_secrets() {
+        assert_eq!(
+            redact_url("amqps://user:pa%40ss@rabbit:5671/vhost?heartbeat=5"),
+            "amqps://rabbit:5671/vhost"
+        );
+        assert_eq!(
+            redact_url("https://h.example/hook?token=abc#x"),
+            "https://h.example/hook"
+        );
+        assert_eq!(redact_url("nats://tok@n1:4222"), "nats://n1:4222");
+        assert_eq!(redact_url("host:1"), "host:1");
+    }
 }

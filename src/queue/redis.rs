@@ -174,6 +174,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            origin: None,
         }
     }
 

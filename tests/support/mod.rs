@@ -3,6 +3,7 @@
 //! The plane is a `dlq-testenv` child whose stdin we hold open; when this test process exits
 //! in any way (pass, panic, Ctrl-C, SIGKILL) the pipe closes and the plane stops itself.
 #![allow(dead_code)]
+pub mod brokers;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -295,9 +296,11 @@ impl Operator {
         let log =
             std::env::temp_dir().join(format!("dlq-operator-{}-{ns}-{n}.log", std::process::id()));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_deadletter-operator"));
-        cmd.arg("run")
-            .arg("--leader-election=false")
-            .arg(format!("--metrics-addr=127.0.0.1:{metrics_port}"))
+        cmd.arg("run");
+        if !args.iter().any(|a| a.starts_with("--leader-election")) {
+            cmd.arg("--leader-election=false");
+        }
+        cmd.arg(format!("--metrics-addr=127.0.0.1:{metrics_port}"))
             .arg(format!("--watch-namespaces={ns}"))
             .arg("--backoff-cap-seconds=2")
             .args(args)

@@ -1,0 +1,728 @@
+//! RabbitMQ against a real rabbitmq-server: the AMQP redrive target (confirms, untouched
+//! payload and properties, broker down and back, unroutable jobs) and the dead-letter queue
+//! source (x-death → deliveries/reason/origin, quorum delivery limits, crash safety).
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use deadletter::api::{Action, DeadLetter, DeadLetterSpec, FailureKind, Job, Origin, Phase};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use lapin::options::{BasicGetOptions, BasicNackOptions, BasicPublishOptions, BasicRejectOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, ExchangeKind};
+use serde_json::json;
+use support::brokers::{
+    Rabbit, create_dlq, create_secret, declare_exchange, declare_queue, drain, queue_depth,
+    shared_rabbit,
+};
+use support::{Operator, condition, decide, events_for, eventually, wait_phase};
+
+async fn setup(prefix: &str) -> (Client, String) {
+    let client = support::plane().client().await;
+    support::install_crds(&client).await;
+    let ns = support::namespace(&client, prefix).await;
+    (client, ns)
+}
+
+fn s(v: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(v.as_bytes()))
+}
+
+fn table(entries: Vec<(&str, AMQPValue)>) -> FieldTable {
+    let mut t = FieldTable::default();
+    for (k, v) in entries {
+        t.insert(ShortString::from(k), v);
+    }
+    t
+}
+
+/// A Secret `amqp` with the URL and a DeadLetterQueue `relayer`.
+async fn amqp_queue(
+    client: &Client,
+    ns: &str,
+    url: &str,
+    target: serde_json::Value,
+    source: Option<serde_json::Value>,
+) {
+    create_secret(client, ns, "amqp", "url", url).await;
+    let mut target = target;
+    target["urlSecretRef"] = json!({"name": "amqp", "key": "url"});
+    let mut spec = json!({"target": {"amqp": target}});
+    if let Some(src) = source {
+        spec["source"] = json!({"amqp": src});
+    }
+    create_dlq(client, ns, "relayer", spec).await;
+}
+
+fn record(name: &str, id: &str, payload: &[u8], headers: &[(&str, &str)]) -> DeadLetter {
+    use base64::Engine;
+    let (text, b64) = match std::str::from_utf8(payload) {
+        Ok(t) => (Some(t.to_string()), None),
+        Err(_) => (
+            None,
+            Some(base64::engine::general_purpose::STANDARD.encode(payload)),
+        ),
+    };
+    DeadLetter::new(
+        name,
+        DeadLetterSpec {
+            queue: "relayer".into(),
+            cycle: 1,
+            job: Job {
+                id: id.into(),
+                payload: text,
+                payload_base64: b64,
+                headers: headers
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                origin: None,
+            },
+            intent: None,
+            deliveries: 3,
+            reason: "no luck".into(),
+            failure_kind: FailureKind::Transient,
+            service_version: None,
+            failed_at: Time(jiff::Timestamp::now()),
+            action: None,
+            by: None,
+            note: None,
+        },
+    )
+}
+
+async fn records(api: &Api<DeadLetter>) -> Vec<DeadLetter> {
+    api.list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn redrive_publishes_identical_payload_and_properties_with_confirms() {
+    let (client, ns) = setup("amqp-target").await;
+    let rabbit = shared_rabbit();
+    let (_conn, ch) = rabbit.channel().await;
+    let jobs = format!("{ns}.jobs");
+    declare_queue(&ch, &jobs, FieldTable::default()).await;
+    amqp_queue(
+        &client,
+        &ns,
+        &rabbit.url(),
+        json!({"exchange": "", "routingKey": jobs}),
+        None,
+    )
+    .await;
+    let _op = Operator::start(&ns);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+
+    let payload: Vec<u8> = (0u8..=255).collect();
+    let typed = r#"{"x-retries":{"LongInt":3},"x-flag":{"Boolean":true}}"#;
+    let headers = [
+        ("content-type", "application/octet-stream"),
+        ("message-id", "pi_0003/settle"),
+        ("correlation-id", "corr-1"),
+        ("priority", "5"),
+        ("timestamp", "1700000000"),
+        ("x-trace", "abc"),
+        ("amqp-table", typed),
+    ];
+    api.create(
+        &PostParams::default(),
+        &record("bytes-1", "pi_0003/settle", &payload, &headers),
+    )
+    .await
+    .unwrap();
+    wait_phase(&api, "bytes-1", Phase::Parked, 20).await;
+    assert_eq!(
+        queue_depth(&ch, &jobs).await,
+        0,
+        "nothing without a decision"
+    );
+    decide(&api, "bytes-1", Action::Redrive, "ops").await;
+    let done = wait_phase(&api, "bytes-1", Phase::Redriven, 30).await;
+    assert_eq!(condition(&done, "Requeued").unwrap().0, "True");
+
+    let got = drain(&ch, &jobs).await;
+    assert_eq!(got.len(), 1, "exactly one message");
+    let m = &got[0].delivery;
+    assert_eq!(m.data, payload, "byte-identical payload");
+    let p = &m.properties;
+    assert_eq!(p.delivery_mode(), &Some(2), "persistent");
+    assert_eq!(
+        p.content_type().as_ref().unwrap().as_str(),
+        "application/octet-stream"
+    );
+    assert_eq!(p.message_id().as_ref().unwrap().as_str(), "pi_0003/settle");
+    assert_eq!(p.correlation_id().as_ref().unwrap().as_str(), "corr-1");
+    assert_eq!(p.priority(), &Some(5));
+    assert_eq!(p.timestamp(), &Some(1_700_000_000));
+    let t = p.headers().as_ref().unwrap().inner();
+    assert_eq!(t["x-trace"], s("abc"));
+    assert_eq!(
+        t["x-retries"],
+        AMQPValue::LongInt(3),
+        "typed headers keep their type"
+    );
+    assert_eq!(t["x-flag"], AMQPValue::Boolean(true));
+    assert_eq!(t.len(), 3, "no extra headers: {t:?}");
+
+    // The queue's Ready condition is the broker's reachability.
+    let queues: Api<deadletter::api::DeadLetterQueue> = Api::namespaced(client.clone(), &ns);
+    eventually(30, "queue Ready=True", || async {
+        let q = queues.get("relayer").await.ok()?;
+        let s = q.status?;
+        let ready = s
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        (ready
+            && s.target
+                .as_deref()
+                .is_some_and(|t| t.starts_with("amqp exchange (default) key")))
+        .then_some(())
+    })
+    .await;
+    let status = serde_json::to_string(&queues.get("relayer").await.unwrap().status).unwrap();
+    assert!(
+        !status.contains("guest:guest"),
+        "no credentials in status: {status}"
+    );
+}
+
+#[tokio::test]
+async fn unroutable_and_missing_exchange_are_failures_not_successes() {
+    let (client, ns) = setup("amqp-unroutable").await;
+    let rabbit = shared_rabbit();
+    amqp_queue(
+        &client,
+        &ns,
+        &rabbit.url(),
+        json!({"exchange": "", "routingKey": format!("{ns}.nobody-listens")}),
+        None,
+    )
+    .await;
+    let _op = Operator::start(&ns);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &record("lost-1", "lost/1", b"x", &[]),
+    )
+    .await
+    .unwrap();
+    decide(&api, "lost-1", Action::Redrive, "ops").await;
+    let r = eventually(30, "Requeued=False for an unroutable job", || async {
+        let r = api.get("lost-1").await.ok()?;
+        matches!(condition(&r, "Requeued"), Some((s, _, _)) if s == "False").then_some(r)
+    })
+    .await;
+    assert_eq!(r.phase(), Phase::Parked);
+    let (_, reason, message) = condition(&r, "Requeued").unwrap();
+    assert_eq!(reason, "BrokerRefused");
+    assert!(message.contains("unroutable"), "{message}");
+    eventually(10, "RequeueFailed warning", || async {
+        let e = events_for(&client, &ns, "lost-1", "RequeueFailed").await;
+        e.iter()
+            .any(|e| e.type_.as_deref() == Some("Warning"))
+            .then_some(())
+    })
+    .await;
+
+    // A record whose origin names an exchange that does not exist: the channel error is a
+    // failure too, and the target keeps working for the next record.
+    let mut r = record("gone-1", "gone/1", b"y", &[]);
+    r.spec.job.origin = Some(Origin {
+        exchange: Some(format!("{ns}.no-such-exchange")),
+        routing_key: Some("k".into()),
+        ..Origin::default()
+    });
+    api.create(&PostParams::default(), &r).await.unwrap();
+    decide(&api, "gone-1", Action::Redrive, "ops").await;
+    let r = eventually(30, "Requeued=False for a missing exchange", || async {
+        let r = api.get("gone-1").await.ok()?;
+        matches!(condition(&r, "Requeued"), Some((s, _, _)) if s == "False").then_some(r)
+    })
+    .await;
+    let (_, reason, message) = condition(&r, "Requeued").unwrap();
+    assert_eq!(reason, "BrokerRefused");
+    assert!(message.contains("NOT_FOUND"), "{message}");
+}
+
+#[tokio::test]
+async fn broker_down_keeps_records_parked_until_it_returns() {
+    let (client, ns) = setup("amqp-down").await;
+    let rabbit = Rabbit::start();
+    let jobs = "relayer.jobs";
+    {
+        let (_c, ch) = rabbit.channel().await;
+        declare_queue(&ch, jobs, FieldTable::default()).await;
+    }
+    amqp_queue(
+        &client,
+        &ns,
+        &rabbit.url(),
+        json!({"exchange": "", "routingKey": jobs}),
+        None,
+    )
+    .await;
+    let _op = Operator::start(&ns);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    for i in 0..3 {
+        let body = format!("job {i}");
+        api.create(
+            &PostParams::default(),
+            &record(
+                &format!("down-{i}"),
+                &format!("down/{i}"),
+                body.as_bytes(),
+                &[("x-n", "1")],
+            ),
+        )
+        .await
+        .unwrap();
+    }
+    wait_phase(&api, "down-2", Phase::Parked, 20).await;
+    support::brokers::wait_ready(&client, &ns, "relayer", true, 30).await;
+    rabbit.stop();
+    // Ready follows the broker (the queue resyncs every 30s); checked before any decision,
+    // since failing redrives rewrite their records' status continuously.
+    let why = support::brokers::wait_ready(&client, &ns, "relayer", false, 90).await;
+    assert!(why.starts_with("BrokerUnreachable"), "{why}");
+    for i in 0..3 {
+        decide(&api, &format!("down-{i}"), Action::Redrive, "ops").await;
+    }
+    for i in 0..3 {
+        let name = format!("down-{i}");
+        let r = eventually(40, "Requeued=False while RabbitMQ is down", || async {
+            let r = api.get(&name).await.ok()?;
+            matches!(condition(&r, "Requeued"), Some((s, _, _)) if s == "False").then_some(r)
+        })
+        .await;
+        assert_eq!(r.phase(), Phase::Parked);
+        assert_eq!(condition(&r, "Requeued").unwrap().1, "BrokerUnreachable");
+    }
+    assert!(
+        !events_for(&client, &ns, "down-0", "RequeueFailed")
+            .await
+            .is_empty()
+    );
+
+    rabbit.restart();
+    for i in 0..3 {
+        let r = wait_phase(&api, &format!("down-{i}"), Phase::Redriven, 90).await;
+        assert_eq!(condition(&r, "Requeued").unwrap().0, "True");
+    }
+    support::brokers::wait_ready(&client, &ns, "relayer", true, 60).await;
+    let (_c, ch) = rabbit.channel().await;
+    let mut got: Vec<Vec<u8>> = drain(&ch, jobs)
+        .await
+        .into_iter()
+        .map(|m| m.delivery.data.clone())
+        .collect();
+    got.sort();
+    let want: Vec<Vec<u8>> = (0..3).map(|i| format!("job {i}").into_bytes()).collect();
+    assert_eq!(got, want, "nothing lost, nothing doubled");
+}
+
+/// Topology of a worker queue `<ns>.orders` (bound to `<ns>.shop` with `orders.created`) whose
+/// dead letters go through `<ns>.dlx` into `<ns>.orders.dlq`.
+async fn dlx_topology(
+    ch: &lapin::Channel,
+    ns: &str,
+    queue_args: Vec<(&str, AMQPValue)>,
+) -> (String, String, String) {
+    let (shop, dlx) = (format!("{ns}.shop"), format!("{ns}.dlx"));
+    let (orders, dlq) = (format!("{ns}.orders"), format!("{ns}.orders.dlq"));
+    declare_exchange(ch, &shop, ExchangeKind::Direct).await;
+    declare_exchange(ch, &dlx, ExchangeKind::Fanout).await;
+    let mut args = vec![("x-dead-letter-exchange", s(&dlx))];
+    args.extend(queue_args);
+    declare_queue(ch, &orders, table(args)).await;
+    declare_queue(ch, &dlq, FieldTable::default()).await;
+    ch.queue_bind(
+        orders.as_str().into(),
+        shop.as_str().into(),
+        "orders.created".into(),
+        Default::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    ch.queue_bind(
+        dlq.as_str().into(),
+        dlx.as_str().into(),
+        "".into(),
+        Default::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    (shop, orders, dlq)
+}
+
+async fn publish(
+    ch: &lapin::Channel,
+    exchange: &str,
+    key: &str,
+    body: &[u8],
+    props: BasicProperties,
+) {
+    ch.basic_publish(
+        exchange.into(),
+        key.into(),
+        BasicPublishOptions::default(),
+        body,
+        props,
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_rejected_message_becomes_a_record_from_x_death_and_redrives_to_its_origin() {
+    let (client, ns) = setup("amqp-dlx").await;
+    let rabbit = shared_rabbit();
+    let (_conn, ch) = rabbit.channel().await;
+    ch.confirm_select(Default::default()).await.unwrap();
+    let (shop, orders, dlq) = dlx_topology(&ch, &ns, vec![]).await;
+    // The target's own address is a decoy: the record's origin must win.
+    let decoy = format!("{ns}.decoy");
+    declare_queue(&ch, &decoy, FieldTable::default()).await;
+    amqp_queue(
+        &client,
+        &ns,
+        &rabbit.url(),
+        json!({"exchange": "", "routingKey": decoy}),
+        Some(json!({"queue": dlq})),
+    )
+    .await;
+
+    let body = br#"{"intent":"pi_0042","ref":"settle"}"#;
+    let props = BasicProperties::default()
+        .with_message_id("pi_0042/settle".into())
+        .with_content_type("application/json".into())
+        .with_headers(table(vec![
+            ("x-trace", s("t-42")),
+            ("x-attempt", AMQPValue::LongInt(7)),
+        ]));
+    publish(&ch, &shop, "orders.created", body, props).await;
+    let m = eventually(10, "the worker to get the message", || async {
+        ch.basic_get(orders.as_str().into(), BasicGetOptions { no_ack: false })
+            .await
+            .ok()
+            .flatten()
+    })
+    .await;
+    m.delivery
+        .acker
+        .reject(BasicRejectOptions { requeue: false })
+        .await
+        .unwrap();
+    // And a message that RabbitMQ never dead-lettered, pushed straight into the DLQ.
+    let stray = b"\xff\xfenot a dead letter";
+    publish(&ch, "", &dlq, stray, BasicProperties::default()).await;
+
+    let _op = Operator::start(&ns);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let items = eventually(60, "two records", || async {
+        let items = records(&api).await;
+        (items.len() == 2).then_some(items)
+    })
+    .await;
+    let r = items
+        .iter()
+        .find(|r| r.spec.job.id == "pi_0042/settle")
+        .expect("record by message-id");
+    assert_eq!(r.spec.failure_kind, FailureKind::Transient);
+    assert_eq!(r.spec.deliveries, 1, "x-death count");
+    assert!(
+        r.spec
+            .reason
+            .contains(&format!("rejected by a consumer of queue {orders}")),
+        "{}",
+        r.spec.reason
+    );
+    assert!(
+        r.spec.reason.contains(&format!(
+            "published to exchange {shop} with routing key orders.created"
+        )),
+        "{}",
+        r.spec.reason
+    );
+    let origin = r.spec.job.origin.clone().expect("origin from x-death");
+    assert_eq!(origin.exchange.as_deref(), Some(shop.as_str()));
+    assert_eq!(origin.routing_key.as_deref(), Some("orders.created"));
+    assert_eq!(origin.queue.as_deref(), Some(orders.as_str()));
+    assert_eq!(
+        r.spec.job.payload.as_deref().map(str::as_bytes),
+        Some(&body[..])
+    );
+    assert_eq!(r.spec.job.headers["x-trace"], "t-42");
+    assert!(!r.spec.job.headers.contains_key("x-death"));
+    let invalid = items
+        .iter()
+        .find(|r| r.spec.failure_kind == FailureKind::Invalid)
+        .expect("invalid record");
+    assert_eq!(
+        invalid.spec.job.payload_bytes().unwrap(),
+        stray,
+        "exact bytes"
+    );
+    assert!(
+        invalid.spec.reason.contains("not a RabbitMQ dead letter"),
+        "{}",
+        invalid.spec.reason
+    );
+    assert_eq!(invalid.labels()["dlq.dev/failure-kind"], "invalid");
+    eventually(20, "the DLQ to be acked empty", || async {
+        (queue_depth(&ch, &dlq).await == 0).then_some(())
+    })
+    .await;
+
+    decide(&api, &r.name_any(), Action::Redrive, "ops").await;
+    wait_phase(&api, &r.name_any(), Phase::Redriven, 30).await;
+    let back = drain(&ch, &orders).await;
+    assert_eq!(back.len(), 1, "landed on the original queue");
+    assert!(
+        drain(&ch, &decoy).await.is_empty(),
+        "origin wins over the target's address"
+    );
+    let d = &back[0].delivery;
+    assert_eq!(d.data, body);
+    assert_eq!(d.exchange.as_str(), shop, "through the original exchange");
+    assert_eq!(d.routing_key.as_str(), "orders.created");
+    assert_eq!(
+        d.properties.message_id().as_ref().unwrap().as_str(),
+        "pi_0042/settle"
+    );
+    assert_eq!(
+        d.properties.content_type().as_ref().unwrap().as_str(),
+        "application/json"
+    );
+    let t = d.properties.headers().as_ref().unwrap().inner();
+    assert_eq!(t["x-trace"], s("t-42"));
+    assert_eq!(t["x-attempt"], AMQPValue::LongInt(7));
+    assert!(
+        !t.contains_key("x-death"),
+        "the old death is not carried back: {t:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_quorum_queue_delivery_limit_dead_letter_becomes_a_record_and_redrives_back() {
+    let (client, ns) = setup("amqp-quorum").await;
+    let rabbit = shared_rabbit();
+    let (_conn, ch) = rabbit.channel().await;
+    ch.confirm_select(Default::default()).await.unwrap();
+    let (shop, orders, dlq) = dlx_topology(
+        &ch,
+        &ns,
+        vec![
+            ("x-queue-type", s("quorum")),
+            ("x-delivery-limit", AMQPValue::LongInt(2)),
+        ],
+    )
+    .await;
+    amqp_queue(
+        &client,
+        &ns,
+        &rabbit.url(),
+        json!({"exchange": shop, "routingKey": "orders.created"}),
+        Some(json!({"queue": dlq})),
+    )
+    .await;
+    let props = BasicProperties::default()
+        .with_message_id("q-1".into())
+        .with_headers(table(vec![("x-trace", s("q"))]));
+    publish(&ch, &shop, "orders.created", b"quorum job", props).await;
+    // A worker that keeps failing: nack with requeue until the delivery limit dead-letters it.
+    let mut deliveries = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while queue_depth(&ch, &dlq).await == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the delivery limit never dead-lettered the job"
+        );
+        if let Ok(Some(m)) = ch
+            .basic_get(orders.as_str().into(), BasicGetOptions { no_ack: false })
+            .await
+        {
+            deliveries += 1;
+            m.delivery
+                .acker
+                .nack(BasicNackOptions {
+                    requeue: true,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        } else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    let _op = Operator::start(&ns);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let r = eventually(60, "the record", || async {
+        records(&api).await.into_iter().next()
+    })
+    .await;
+    support::report(&format!(
+        "amqp quorum: worker saw {deliveries} deliveries; record says deliveries={} reason={:?}",
+        r.spec.deliveries, r.spec.reason
+    ));
+    assert_eq!(r.spec.job.id, "q-1");
+    assert_eq!(r.spec.failure_kind, FailureKind::Transient);
+    assert!(
+        r.spec.reason.contains("delivery limit") || r.spec.reason.contains("delivered"),
+        "{}",
+        r.spec.reason
+    );
+    // RabbitMQ 3.10 strips x-delivery-count when it dead-letters, so the count the record can
+    // know is x-death's (newer brokers that keep the header give the real number).
+    assert!(
+        r.spec.deliveries == 1 || r.spec.deliveries == deliveries,
+        "deliveries {} from x-death (worker saw {deliveries})",
+        r.spec.deliveries
+    );
+    assert_eq!(
+        r.spec.job.origin.as_ref().unwrap().queue.as_deref(),
+        Some(orders.as_str())
+    );
+    assert!(!r.spec.job.headers.contains_key("x-delivery-count"));
+
+    decide(&api, &r.name_any(), Action::Redrive, "ops").await;
+    wait_phase(&api, &r.name_any(), Phase::Redriven, 30).await;
+    let back = eventually(10, "the job back on the quorum queue", || async {
+        ch.basic_get(orders.as_str().into(), BasicGetOptions { no_ack: true })
+            .await
+            .ok()
+            .flatten()
+    })
+    .await;
+    assert_eq!(back.delivery.data, b"quorum job");
+    assert_eq!(
+        back.delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .unwrap()
+            .as_str(),
+        "q-1"
+    );
+    assert!(
+        !back.delivery.redelivered,
+        "a fresh delivery, not one counted against the old limit"
+    );
+}
+
+#[tokio::test]
+async fn source_survives_sigkill_mid_drain_and_parks_every_message_exactly_once() {
+    let (client, ns) = setup("amqp-crash").await;
+    let rabbit = shared_rabbit();
+    let (_conn, ch) = rabbit.channel().await;
+    ch.confirm_select(Default::default()).await.unwrap();
+    // Messages expire at once in the work queue, so RabbitMQ dead-letters all of them.
+    let (shop, _orders, dlq) =
+        dlx_topology(&ch, &ns, vec![("x-message-ttl", AMQPValue::LongInt(0))]).await;
+    amqp_queue(
+        &client,
+        &ns,
+        &rabbit.url(),
+        json!({"exchange": shop, "routingKey": "orders.created"}),
+        Some(json!({"queue": dlq})),
+    )
+    .await;
+    const N: usize = 300;
+    for i in 0..N {
+        let props = BasicProperties::default().with_message_id(format!("m-{i}").into());
+        ch.basic_publish(
+            shop.as_str().into(),
+            "orders.created".into(),
+            BasicPublishOptions::default(),
+            format!("job {i}").as_bytes(),
+            props,
+        )
+        .await
+        .unwrap();
+    }
+    ch.wait_for_confirms().await.unwrap();
+    eventually(30, "all messages dead-lettered", || async {
+        (queue_depth(&ch, &dlq).await as usize == N).then_some(())
+    })
+    .await;
+
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let started = Instant::now();
+    let mut op = Operator::start(&ns);
+    eventually(120, "some records", || async {
+        (records(&api).await.len() >= 60).then_some(())
+    })
+    .await;
+    op.kill();
+    let at_kill = records(&api).await.len();
+    let left = queue_depth(&ch, &dlq).await;
+    assert!(at_kill < N, "the kill came mid-drain");
+    let _op = Operator::start(&ns);
+    eventually(180, "every message parked", || async {
+        (records(&api).await.len() >= N && queue_depth(&ch, &dlq).await == 0).then_some(())
+    })
+    .await;
+    let elapsed = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let items = records(&api).await;
+    assert_eq!(items.len(), N, "none lost, none doubled");
+    let ids: BTreeSet<String> = items.iter().map(|r| r.spec.job.id.clone()).collect();
+    let want: BTreeSet<String> = (0..N).map(|i| format!("m-{i}")).collect();
+    assert_eq!(ids, want);
+    assert!(
+        items
+            .iter()
+            .all(|r| r.spec.reason.starts_with("expired in queue"))
+    );
+    assert_eq!(queue_depth(&ch, &dlq).await, 0);
+    support::report(&format!(
+        "amqp source: {N} dead letters parked in {:.1}s incl. SIGKILL at {at_kill} records ({left} still in the DLQ then) and a restart",
+        elapsed.as_secs_f64()
+    ));
+}
+
+#[tokio::test]
+async fn redrive_rate() {
+    let (client, ns) = setup("amqp-rate").await;
+    let rabbit = shared_rabbit();
+    let (_conn, ch) = rabbit.channel().await;
+    let jobs = format!("{ns}.jobs");
+    declare_queue(&ch, &jobs, FieldTable::default()).await;
+    amqp_queue(
+        &client,
+        &ns,
+        &rabbit.url(),
+        json!({"exchange": "", "routingKey": jobs}),
+        None,
+    )
+    .await;
+    let _op = Operator::start(&ns);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let n = 200;
+    let secs = support::brokers::redrive_many(&api, n, |i| {
+        record(
+            &format!("rate-{i}"),
+            &format!("rate/{i}"),
+            format!("job {i}").as_bytes(),
+            &[("x-n", "1")],
+        )
+    })
+    .await;
+    assert_eq!(queue_depth(&ch, &jobs).await as usize, n);
+    support::report(&format!(
+        "redrive rate amqp: {n} records in {secs:.2}s = {:.0} records/s",
+        n as f64 / secs
+    ));
+}

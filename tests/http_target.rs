@@ -1,0 +1,363 @@
+//! The HTTP redrive target against a small HTTP(S) server started by the test: untouched
+//! payload and headers over TLS with a CA and a bearer token from Secrets, endpoint down and
+//! back, non-2xx answers as failures with the status and a cut body.
+
+mod support;
+
+use std::sync::atomic::Ordering;
+
+use deadletter::api::{Action, DeadLetter, DeadLetterSpec, FailureKind, Job, Phase};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::Client;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+use support::brokers::{HttpSink, TestCa, create_dlq, create_secret, redrive_many, wait_ready};
+use support::{Operator, condition, decide, events_for, eventually, wait_phase};
+
+async fn setup(prefix: &str) -> (Client, String) {
+    let client = support::plane().client().await;
+    support::install_crds(&client).await;
+    let ns = support::namespace(&client, prefix).await;
+    (client, ns)
+}
+
+fn record(name: &str, id: &str, payload: &[u8], headers: &[(&str, &str)]) -> DeadLetter {
+    use base64::Engine;
+    let (text, b64) = match std::str::from_utf8(payload) {
+        Ok(t) => (Some(t.to_string()), None),
+        Err(_) => (
+            None,
+            Some(base64::engine::general_purpose::STANDARD.encode(payload)),
+        ),
+    };
+    DeadLetter::new(
+        name,
+        DeadLetterSpec {
+            queue: "relayer".into(),
+            cycle: 1,
+            job: Job {
+                id: id.into(),
+                payload: text,
+                payload_base64: b64,
+                headers: headers
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                origin: None,
+            },
+            intent: None,
+            deliveries: 3,
+            reason: "no luck".into(),
+            failure_kind: FailureKind::Transient,
+            service_version: None,
+            failed_at: Time(jiff::Timestamp::now()),
+            action: None,
+            by: None,
+            note: None,
+        },
+    )
+}
+
+/// A DeadLetterQueue `relayer` posting to `url`, with the token and CA Secrets when given.
+async fn http_queue(client: &Client, ns: &str, url: &str, token: Option<&str>, ca: Option<&str>) {
+    let mut target = json!({"url": url});
+    if let Some(t) = token {
+        create_secret(client, ns, "hook-token", "token", t).await;
+        target["bearerTokenSecretRef"] = json!({"name": "hook-token", "key": "token"});
+    }
+    if let Some(pem) = ca {
+        create_secret(client, ns, "hook-ca", "ca.crt", pem).await;
+        target["caSecretRef"] = json!({"name": "hook-ca", "key": "ca.crt"});
+    }
+    create_dlq(client, ns, "relayer", json!({"target": {"http": target}})).await;
+}
+
+#[tokio::test]
+async fn redrive_posts_identical_payload_and_headers_over_tls_with_a_bearer_token() {
+    let (client, ns) = setup("http-target").await;
+    let ca = TestCa::new();
+    let sink = HttpSink::start(Some(&ca));
+    http_queue(
+        &client,
+        &ns,
+        &sink.url("/jobs?via=dlq"),
+        Some("s3cr3t-token"),
+        Some(&ca.ca_pem),
+    )
+    .await;
+    let _op = Operator::start(&ns);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let payload: Vec<u8> = (0u8..=255).collect();
+    api.create(
+        &PostParams::default(),
+        &record(
+            "bytes-1",
+            "pi_0003/settle",
+            &payload,
+            &[
+                ("content-type", "application/octet-stream"),
+                ("x-trace", "abc"),
+                ("message-id", "pi_0003/settle"),
+            ],
+        ),
+    )
+    .await
+    .unwrap();
+    wait_phase(&api, "bytes-1", Phase::Parked, 20).await;
+    assert!(sink.posts().is_empty(), "nothing without a decision");
+    decide(&api, "bytes-1", Action::Redrive, "ops").await;
+    let done = wait_phase(&api, "bytes-1", Phase::Redriven, 30).await;
+    assert_eq!(condition(&done, "Requeued").unwrap().0, "True");
+
+    let posts = sink.posts();
+    assert_eq!(posts.len(), 1, "exactly one POST");
+    let p = &posts[0];
+    assert_eq!(p.path, "/jobs?via=dlq");
+    assert_eq!(p.body, payload, "byte-identical body");
+    assert_eq!(p.header("content-type"), Some("application/octet-stream"));
+    assert_eq!(p.header("x-trace"), Some("abc"));
+    assert_eq!(p.header("message-id"), Some("pi_0003/settle"));
+    assert_eq!(p.header("authorization"), Some("Bearer s3cr3t-token"));
+
+    let why = wait_ready(&client, &ns, "relayer", true, 30).await;
+    assert!(why.starts_with("TargetReachable"), "{why}");
+    let q = Api::<deadletter::api::DeadLetterQueue>::namespaced(client.clone(), &ns)
+        .get("relayer")
+        .await
+        .unwrap();
+    let status = serde_json::to_string(&q.status).unwrap();
+    assert!(
+        status.contains(&format!("http POST https://127.0.0.1:{}/jobs", sink.port)),
+        "{status}"
+    );
+    assert!(
+        !status.contains("s3cr3t") && !status.contains("via=dlq"),
+        "no secrets or query strings in status: {status}"
+    );
+}
+
+#[tokio::test]
+async fn endpoint_down_keeps_records_parked_until_it_returns() {
+    let (client, ns) = setup("http-down").await;
+    let sink = HttpSink::start(None);
+    http_queue(&client, &ns, &sink.url("/jobs"), None, None).await;
+    let _op = Operator::start(&ns);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    for i in 0..3 {
+        let body = format!("job {i}");
+        api.create(
+            &PostParams::default(),
+            &record(
+                &format!("down-{i}"),
+                &format!("down/{i}"),
+                body.as_bytes(),
+                &[("x-n", "1")],
+            ),
+        )
+        .await
+        .unwrap();
+    }
+    wait_phase(&api, "down-2", Phase::Parked, 20).await;
+    wait_ready(&client, &ns, "relayer", true, 30).await;
+    sink.stop();
+    // Checked before any decision: failing redrives rewrite their records' status continuously.
+    let why = wait_ready(&client, &ns, "relayer", false, 90).await;
+    assert!(why.starts_with("BrokerUnreachable"), "{why}");
+    for i in 0..3 {
+        decide(&api, &format!("down-{i}"), Action::Redrive, "ops").await;
+    }
+    for i in 0..3 {
+        let name = format!("down-{i}");
+        let r = eventually(40, "Requeued=False while the endpoint is down", || async {
+            let r = api.get(&name).await.ok()?;
+            matches!(condition(&r, "Requeued"), Some((s, _, _)) if s == "False").then_some(r)
+        })
+        .await;
+        assert_eq!(r.phase(), Phase::Parked);
+        assert_eq!(condition(&r, "Requeued").unwrap().1, "BrokerUnreachable");
+    }
+    assert!(
+        !events_for(&client, &ns, "down-0", "RequeueFailed")
+            .await
+            .is_empty()
+    );
+    sink.restart();
+    for i in 0..3 {
+        wait_phase(&api, &format!("down-{i}"), Phase::Redriven, 60).await;
+    }
+    let mut got: Vec<Vec<u8>> = sink.posts().into_iter().map(|p| p.body).collect();
+    got.sort();
+    let want: Vec<Vec<u8>> = (0..3).map(|i| format!("job {i}").into_bytes()).collect();
+    assert_eq!(got, want, "nothing lost, nothing doubled");
+}
+
+#[tokio::test]
+async fn a_non_2xx_answer_is_a_failure_with_the_status_and_a_cut_body() {
+    let (client, ns) = setup("http-503").await;
+    let sink = HttpSink::start(None);
+    sink.status.store(503, Ordering::SeqCst);
+    *sink.body.lock().unwrap() = format!("overloaded: {}", "x".repeat(1000));
+    http_queue(&client, &ns, &sink.url("/jobs"), None, None).await;
+    let _op = Operator::start(&ns);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &record("busy-1", "busy/1", b"{}", &[]),
+    )
+    .await
+    .unwrap();
+    decide(&api, "busy-1", Action::Redrive, "ops").await;
+    let r = eventually(30, "Requeued=False EndpointRefused", || async {
+        let r = api.get("busy-1").await.ok()?;
+        matches!(condition(&r, "Requeued"), Some((s, reason, _)) if s == "False" && reason == "EndpointRefused").then_some(r)
+    })
+    .await;
+    assert_eq!(r.phase(), Phase::Parked);
+    let (_, _, message) = condition(&r, "Requeued").unwrap();
+    assert!(
+        message.starts_with("endpoint answered HTTP 503: overloaded: xxx"),
+        "{message}"
+    );
+    assert!(message.contains("xxx..."), "body cut: {message}");
+    assert!(
+        message.len() < 400,
+        "cut to a few hundred bytes: {}",
+        message.len()
+    );
+    eventually(10, "RequeueFailed warning", || async {
+        let e = events_for(&client, &ns, "busy-1", "RequeueFailed").await;
+        e.iter()
+            .any(|e| e.type_.as_deref() == Some("Warning"))
+            .then_some(())
+    })
+    .await;
+    sink.status.store(204, Ordering::SeqCst);
+    wait_phase(&api, "busy-1", Phase::Redriven, 30).await;
+}
+
+#[tokio::test]
+async fn redrive_rate() {
+    let (client, ns) = setup("http-rate").await;
+    let sink = HttpSink::start(None);
+    http_queue(&client, &ns, &sink.url("/jobs"), None, None).await;
+    let _op = Operator::start(&ns);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let n = 200;
+    let secs = redrive_many(&api, n, |i| {
+        record(
+            &format!("rate-{i}"),
+            &format!("rate/{i}"),
+            format!("job {i}").as_bytes(),
+            &[("x-n", "1")],
+        )
+    })
+    .await;
+    assert_eq!(sink.posts().len(), n);
+    support::report(&format!(
+        "redrive rate http: {n} records in {secs:.2}s = {:.0} records/s",
+        n as f64 / secs
+    ));
+}
+
+#[tokio::test]
+async fn the_apiserver_refuses_ambiguous_targets_and_credentials_in_urls() {
+    let (client, ns) = setup("backend-rules").await;
+    let api: Api<deadletter::api::DeadLetterQueue> = Api::namespaced(client.clone(), &ns);
+    let refused = |spec: serde_json::Value, want: &'static str| {
+        let api = api.clone();
+        async move {
+            let q: deadletter::api::DeadLetterQueue = serde_json::from_value(json!({
+                "apiVersion": "dlq.dev/v1alpha1", "kind": "DeadLetterQueue",
+                "metadata": {"name": "q"}, "spec": spec
+            }))
+            .unwrap();
+            match api.create(&PostParams::default(), &q).await {
+                Err(kube::Error::Api(s)) => {
+                    assert_eq!(s.code, 422, "{s:?}");
+                    assert!(s.message.contains(want), "{} should say {want}", s.message);
+                }
+                other => panic!("expected a refusal saying {want}, got {other:?}"),
+            }
+        }
+    };
+    let secret = json!({"name": "s", "key": "url"});
+    refused(
+        json!({"target": {"http": {"url": "https://h/x"}, "nats": {"url": "nats://n:4222", "subject": "a"}}}),
+        "exactly one backend (redis, amqp, nats or http)",
+    )
+    .await;
+    refused(json!({"target": {}}), "exactly one backend").await;
+    refused(
+        json!({"target": {"nats": {"url": "nats://user:pw@n:4222", "subject": "a"}}}),
+        "credentials belong in a Secret",
+    )
+    .await;
+    refused(
+        json!({"target": {"nats": {"url": "nats://n:4222", "urlSecretRef": secret, "subject": "a"}}}),
+        "exactly one of url or urlSecretRef",
+    )
+    .await;
+    refused(
+        json!({"target": {"http": {"url": "https://user:pw@h/x"}}}),
+        "without credentials",
+    )
+    .await;
+    refused(
+        json!({"target": {"http": {"url": "http://h/x", "caSecretRef": secret}}}),
+        "caSecretRef needs an https:// url",
+    )
+    .await;
+    refused(
+        json!({"target": {"amqp": {"urlSecretRef": secret, "routingKey": "k"}},
+               "source": {"amqp": {"queue": "q.dlq"}, "nats": {"stream": "S", "consumer": "c"}}}),
+        "exactly one broker (redis, amqp or nats)",
+    )
+    .await;
+    // The shapes from the spec are accepted.
+    for (i, spec) in [
+        json!({"target": {"amqp": {"urlSecretRef": secret, "exchange": "", "routingKey": "relayer"}},
+               "source": {"amqp": {"queue": "relayer.dlq"}}}),
+        json!({"target": {"nats": {"url": "nats://nats:4222", "subject": "relayer.jobs", "jetStream": true}},
+               "source": {"nats": {"stream": "RELAYER", "consumer": "worker", "onParked": "keep"}}}),
+        json!({"target": {"http": {"url": "https://relayer.payments.svc:8443/jobs",
+               "bearerTokenSecretRef": secret, "caSecretRef": secret}}}),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let q: deadletter::api::DeadLetterQueue = serde_json::from_value(json!({
+            "apiVersion": "dlq.dev/v1alpha1", "kind": "DeadLetterQueue",
+            "metadata": {"name": format!("ok-{i}")}, "spec": spec
+        }))
+        .unwrap();
+        api.create(&PostParams::default(), &q)
+            .await
+            .unwrap_or_else(|e| panic!("spec {i} refused: {e}"));
+    }
+}
+
+#[tokio::test]
+async fn origin_is_part_of_the_immutable_job() {
+    let (client, ns) = setup("origin-rules").await;
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let mut r = record("o-1", "o/1", b"x", &[]);
+    r.spec.job.origin = Some(deadletter::api::Origin {
+        exchange: Some("shop".into()),
+        routing_key: Some("orders.created".into()),
+        queue: Some("orders".into()),
+        ..Default::default()
+    });
+    api.create(&PostParams::default(), &r).await.unwrap();
+    let patch = json!({"spec": {"job": {"origin": {"exchange": "elsewhere"}}}});
+    match api
+        .patch(
+            "o-1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(patch),
+        )
+        .await
+    {
+        Err(kube::Error::Api(s)) => assert!(s.message.contains("spec.job is immutable"), "{s:?}"),
+        other => panic!("origin must not be editable: {other:?}"),
+    }
+}
