@@ -113,3 +113,32 @@ fn reconcile(
         running.insert(key, Running { fingerprint, task });
     }
 }
+
+/// Runs one bridge's `once` again and again: after it ends or fails, waits with capped
+/// exponential backoff (reset once a run lasted a minute), so a broker outage is retried
+/// without hammering it.
+pub(crate) async fn keep_running<F, Fut>(kind: &str, ns: &str, queue: &str, mut once: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let mut attempt = 0u32;
+    loop {
+        let started = std::time::Instant::now();
+        let result = once().await;
+        if started.elapsed() > Duration::from_secs(60) {
+            attempt = 0;
+        }
+        attempt = attempt.saturating_add(1);
+        let wait = crate::decide::backoff(attempt, Duration::from_secs(30));
+        match result {
+            Ok(()) => {
+                tracing::info!(namespace = ns, queue, source = kind, retry_in = ?wait, "source bridge ended; restarting")
+            }
+            Err(e) => {
+                tracing::warn!(namespace = ns, queue, source = kind, error = %e, retry_in = ?wait, "source bridge failed")
+            }
+        }
+        tokio::time::sleep(wait).await;
+    }
+}

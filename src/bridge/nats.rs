@@ -184,25 +184,10 @@ pub fn request_for(queue: &str, adv: &Advisory, msg: &Stored) -> ParkRequest {
 pub async fn run(client: Client, parker: Parker, queue: DeadLetterQueue, source: NatsSource) {
     let ns = queue.namespace().unwrap_or_default();
     let name = queue.name_any();
-    let mut attempt = 0u32;
-    loop {
-        let started = std::time::Instant::now();
-        let result = run_once(&client, &parker, &ns, &name, &queue, &source).await;
-        if started.elapsed() > Duration::from_secs(60) {
-            attempt = 0;
-        }
-        attempt = attempt.saturating_add(1);
-        let wait = crate::decide::backoff(attempt, Duration::from_secs(30));
-        match result {
-            Ok(()) => {
-                tracing::info!(namespace = %ns, queue = %name, retry_in = ?wait, "nats source advisory stream ended; restarting")
-            }
-            Err(e) => {
-                tracing::warn!(namespace = %ns, queue = %name, error = %e, retry_in = ?wait, "nats source bridge failed")
-            }
-        }
-        tokio::time::sleep(wait).await;
-    }
+    super::keep_running("nats", &ns, &name, || {
+        run_once(&client, &parker, &ns, &name, &queue, &source)
+    })
+    .await
 }
 
 /// The source's server URL: its own, else the nats target's.

@@ -112,18 +112,10 @@ fn invalid(queue: &str, raw: &[u8], why: String) -> ParkRequest {
 pub async fn run(client: Client, parker: Parker, queue: DeadLetterQueue, source: RedisSource) {
     let ns = queue.namespace().unwrap_or_default();
     let name = queue.name_any();
-    let mut attempt = 0u32;
-    loop {
-        match run_once(&client, &parker, &ns, &name, &queue, &source).await {
-            Ok(()) => attempt = 0,
-            Err(e) => {
-                attempt = attempt.saturating_add(1);
-                let wait = crate::decide::backoff(attempt, Duration::from_secs(30));
-                tracing::warn!(namespace = %ns, queue = %name, error = %e, retry_in = ?wait, "redis source bridge failed");
-                tokio::time::sleep(wait).await;
-            }
-        }
-    }
+    super::keep_running("redis", &ns, &name, || {
+        run_once(&client, &parker, &ns, &name, &queue, &source)
+    })
+    .await
 }
 
 async fn run_once(
