@@ -24,6 +24,8 @@ bench:
 
 ## every check CI runs: rustfmt, clippy -D warnings, CRDs up to date, all tests (real apiserver + brokers)
 test: tools fmt-check clippy crds-check
+	@# The demo test runs target/debug/examples/demo, which `cargo test` alone does not build.
+	$(CARGO) build --features $(TEST_FEATURES) --bins --examples
 	$(CARGO) test --features $(TEST_FEATURES) --all-targets
 
 fmt-check:
