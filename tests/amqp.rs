@@ -312,6 +312,12 @@ async fn broker_down_keeps_records_parked_until_it_returns() {
     );
 
     rabbit.restart();
+    // A hard-killed node may come back without a queue declared moments before the kill;
+    // consumers declare their queues when they reconnect, and so does this one.
+    {
+        let (_c, ch) = rabbit.channel().await;
+        declare_queue(&ch, jobs, FieldTable::default()).await;
+    }
     for i in 0..3 {
         let r = wait_phase(&api, &format!("down-{i}"), Phase::Redriven, 90).await;
         assert_eq!(condition(&r, "Requeued").unwrap().0, "True");

@@ -306,7 +306,7 @@ impl Operator {
             .args(args)
             .env("KUBECONFIG", &plane().kubeconfig)
             .env("POD_NAME", format!("op-{n}"))
-            .env("RUST_LOG", "info,kube=warn");
+            .env("RUST_LOG", "info,kube=warn,lapin=error");
         for (k, v) in env {
             cmd.env(k, v);
         }
