@@ -15,7 +15,7 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 
 use super::{Context, MANAGER, event};
-use crate::api::{DeadLetter, DeadLetterQueue, Phase};
+use crate::api::{DeadLetter, Phase};
 use crate::conditions::{self, Cond};
 use crate::decide::{self, AfterConflict, Plan};
 use crate::error::{Error, Result};
@@ -107,15 +107,26 @@ pub async fn reconcile(dl: Arc<DeadLetter>, ctx: Arc<Context>) -> Result<Action>
             Ok(Action::await_change())
         }
         Plan::Drop { by } => resolve(&ctx, &api, (*dl).clone(), Phase::Dropped, &by).await,
-        Plan::Redrive { .. } => redrive(&ctx, &api, &ns, &name).await,
+        Plan::Redrive { .. } => redrive(&ctx, &api, &ns, &name, &dl).await,
     }
 }
 
-async fn redrive(ctx: &Context, api: &Api<DeadLetter>, ns: &str, name: &str) -> Result<Action> {
-    // The cache holds no payloads: read the full record, which also gives the freshest
-    // resourceVersion to guard the resolution with.
-    let Some(record) = api.get_opt(name).await? else {
-        return Ok(Action::await_change());
+async fn redrive(
+    ctx: &Context,
+    api: &Api<DeadLetter>,
+    ns: &str,
+    name: &str,
+    cached: &DeadLetter,
+) -> Result<Action> {
+    // Small jobs are cached whole (see `strip`); a large payload is read from the apiserver.
+    // A stale cached copy is safe: the status write is a compare-and-swap.
+    let record = if cached.spec.job.has_payload() {
+        cached.clone()
+    } else {
+        match api.get_opt(name).await? {
+            Some(r) => r,
+            None => return Ok(Action::await_change()),
+        }
     };
     let uid = record.uid().unwrap_or_default();
     let by = match decide::decide(
@@ -144,9 +155,8 @@ async fn redrive(ctx: &Context, api: &Api<DeadLetter>, ns: &str, name: &str) -> 
 
 /// Enqueues the untouched job on the record's DeadLetterQueue target and waits for the broker.
 async fn requeue(ctx: &Context, ns: &str, record: &DeadLetter) -> Result<(), RequeueError> {
-    let queues: Api<DeadLetterQueue> = Api::namespaced(ctx.client.clone(), ns);
-    let queue = queues
-        .get_opt(&record.spec.queue)
+    let queue = ctx
+        .queue(ns, &record.spec.queue)
         .await
         .map_err(|e| RequeueError::Kube(Error::Kube(e)))?
         .ok_or_else(|| RequeueError::QueueMissing(record.spec.queue.clone()))?;

@@ -60,13 +60,43 @@ pub struct Context {
     /// Record uids this process already enqueued whose resolution is not yet written: a retry
     /// after a failed status write must not enqueue a second time.
     enqueued: Mutex<HashSet<String>>,
+    /// DeadLetterQueues read in the last [`QUEUE_TTL`]: a bulk replay would otherwise read the
+    /// same queue once per record.
+    queues: Mutex<HashMap<(String, String), (std::time::Instant, DeadLetterQueue)>>,
 }
+
+/// How long a DeadLetterQueue read for a redrive is reused.
+const QUEUE_TTL: Duration = Duration::from_secs(2);
 
 impl Context {
     pub async fn publish(&self, obj: &impl Resource<DynamicType = ()>, ev: Event) {
         if let Err(e) = self.recorder.publish(&ev, &obj.object_ref(&())).await {
             tracing::warn!(error = %e, reason = %ev.reason, "publishing event failed");
         }
+    }
+
+    /// The DeadLetterQueue `name` in `ns` (None when it does not exist), read at most once per
+    /// [`QUEUE_TTL`]. A missing queue is not remembered, so creating it takes effect at once.
+    pub async fn queue(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> Result<Option<DeadLetterQueue>, kube::Error> {
+        let key = (ns.to_string(), name.to_string());
+        if let Some((at, q)) = self.queues.lock().await.get(&key)
+            && at.elapsed() < QUEUE_TTL
+        {
+            return Ok(Some(q.clone()));
+        }
+        let api: Api<DeadLetterQueue> = Api::namespaced(self.client.clone(), ns);
+        let found = api.get_opt(name).await?;
+        if let Some(q) = &found {
+            self.queues
+                .lock()
+                .await
+                .insert(key, (std::time::Instant::now(), q.clone()));
+        }
+        Ok(found)
     }
 
     async fn note_failure(&self, uid: &str) -> u32 {
@@ -91,11 +121,24 @@ pub(crate) fn event(type_: EventType, reason: &str, action: &str, note: String) 
     }
 }
 
-/// Drops what the reconcilers never read from a cached record: the payload (up to 256 KiB per
-/// record), managed fields, and kubectl's last-applied copy (which would hold the payload too).
+/// Payloads up to this size stay in the cache, so redriving a small job needs no extra read;
+/// memory stays bounded at about this much per record.
+pub const CACHED_PAYLOAD_MAX: usize = 1024;
+
+/// Drops what the reconcilers never read from a cached record: a payload over
+/// [`CACHED_PAYLOAD_MAX`] (up to 256 KiB per record; read when acting), managed fields, and
+/// kubectl's last-applied copy (which would hold the payload again).
 pub fn strip(dl: &mut DeadLetter) {
-    dl.spec.job.payload = None;
-    dl.spec.job.payload_base64 = None;
+    let size = dl.spec.job.payload.as_ref().map_or(0, String::len)
+        + dl.spec
+            .job
+            .payload_base64
+            .as_ref()
+            .map_or(0, |b| b.len() / 4 * 3);
+    if size > CACHED_PAYLOAD_MAX {
+        dl.spec.job.payload = None;
+        dl.spec.job.payload_base64 = None;
+    }
     dl.managed_fields_mut().clear();
     dl.annotations_mut()
         .remove("kubectl.kubernetes.io/last-applied-configuration");
@@ -153,6 +196,7 @@ pub async fn run_scope(
         records: records.clone(),
         attempts: Mutex::default(),
         enqueued: Mutex::default(),
+        queues: Mutex::default(),
     });
     let cfg = kube::runtime::controller::Config::default().concurrency(settings.concurrency);
 
