@@ -86,6 +86,10 @@ fn init_tracing(format: LogFormat) {
     }
 }
 
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 type Shutdown = Shared<BoxFuture<'static, ()>>;
 
 /// Resolves on SIGTERM or Ctrl-C.

@@ -69,7 +69,7 @@ pub async fn reconcile(dl: Arc<DeadLetter>, ctx: Arc<Context>) -> Result<Action>
                         dl.spec.deliveries,
                         dl.spec.reason
                     );
-                    ctx.publish(&*dl, event(EventType::Warning, "Parked", "Park", note))
+                    ctx.publish_once(&*dl, event(EventType::Warning, "Parked", "Park", note))
                         .await;
                     Ok(Action::await_change())
                 }

@@ -51,6 +51,7 @@ pub struct Context {
     pub client: Client,
     pub metrics: Metrics,
     pub recorder: Recorder,
+    reporter: Reporter,
     pub targets: TargetCache,
     pub settings: Settings,
     /// Records (payload-free) as the shared watch sees them.
@@ -71,6 +72,51 @@ const QUEUE_TTL: Duration = Duration::from_secs(2);
 impl Context {
     pub async fn publish(&self, obj: &impl Resource<DynamicType = ()>, ev: Event) {
         if let Err(e) = self.recorder.publish(&ev, &obj.object_ref(&())).await {
+            tracing::warn!(error = %e, reason = %ev.reason, "publishing event failed");
+        }
+    }
+
+    /// Publishes an Event that never repeats for its object (one `Parked` per record) straight
+    /// to the API: the recorder keeps every event it sent for minutes to aggregate repeats,
+    /// which for a parking storm of 10,000 records is most of the operator's memory.
+    pub async fn publish_once(&self, obj: &impl Resource<DynamicType = ()>, ev: Event) {
+        let reference = obj.object_ref(&());
+        let ns = reference.namespace.clone().unwrap_or_default();
+        let now = jiff::Timestamp::now();
+        let event = k8s_openapi::api::events::v1::Event {
+            metadata: kube::api::ObjectMeta {
+                // As the recorder names them: the object's name and the time, unique enough.
+                name: Some(format!(
+                    "{}.{:x}",
+                    reference.name.clone().unwrap_or_default(),
+                    now.as_nanosecond()
+                )),
+                namespace: Some(ns.clone()),
+                ..Default::default()
+            },
+            event_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                now,
+            )),
+            type_: Some(match ev.type_ {
+                EventType::Normal => "Normal".into(),
+                EventType::Warning => "Warning".into(),
+            }),
+            reason: Some(ev.reason.clone()),
+            action: Some(ev.action.clone()),
+            note: ev.note.clone(),
+            regarding: Some(reference),
+            reporting_controller: Some(self.reporter.controller.clone()),
+            reporting_instance: Some(
+                self.reporter
+                    .instance
+                    .clone()
+                    .unwrap_or_else(|| self.reporter.controller.clone()),
+            ),
+            ..Default::default()
+        };
+        let api: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(self.client.clone(), &ns);
+        if let Err(e) = api.create(&kube::api::PostParams::default(), &event).await {
             tracing::warn!(error = %e, reason = %ev.reason, "publishing event failed");
         }
     }
@@ -188,7 +234,8 @@ pub async fn run_scope(
     .for_each(|_| futures::future::ready(()));
 
     let ctx = Arc::new(Context {
-        recorder: Recorder::new(client.clone(), reporter),
+        recorder: Recorder::new(client.clone(), reporter.clone()),
+        reporter,
         targets: TargetCache::new(client.clone()),
         client: client.clone(),
         metrics,
