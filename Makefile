@@ -26,7 +26,7 @@ bench:
 test: tools fmt-check clippy crds-check
 	@# The demo test runs target/debug/examples/demo, which `cargo test` alone does not build.
 	$(CARGO) build --features $(TEST_FEATURES) --bins --examples
-	$(CARGO) test --features $(TEST_FEATURES) --all-targets
+	$(CARGO) test --features $(TEST_FEATURES) --lib --bins --tests --examples
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
