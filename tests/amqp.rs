@@ -4,11 +4,12 @@
 
 mod support;
 
+use support::record;
+
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use deadletter::api::{Action, DeadLetter, DeadLetterSpec, FailureKind, Job, Origin, Phase};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use deadletter::api::{Action, DeadLetter, FailureKind, Origin, Phase};
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use lapin::options::{BasicGetOptions, BasicNackOptions, BasicPublishOptions, BasicRejectOptions};
@@ -56,43 +57,6 @@ async fn amqp_queue(
         spec["source"] = json!({"amqp": src});
     }
     create_dlq(client, ns, "relayer", spec).await;
-}
-
-fn record(name: &str, id: &str, payload: &[u8], headers: &[(&str, &str)]) -> DeadLetter {
-    use base64::Engine;
-    let (text, b64) = match std::str::from_utf8(payload) {
-        Ok(t) => (Some(t.to_string()), None),
-        Err(_) => (
-            None,
-            Some(base64::engine::general_purpose::STANDARD.encode(payload)),
-        ),
-    };
-    DeadLetter::new(
-        name,
-        DeadLetterSpec {
-            queue: "relayer".into(),
-            cycle: 1,
-            job: Job {
-                id: id.into(),
-                payload: text,
-                payload_base64: b64,
-                headers: headers
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-                origin: None,
-            },
-            intent: None,
-            deliveries: 3,
-            reason: "no luck".into(),
-            failure_kind: FailureKind::Transient,
-            service_version: None,
-            failed_at: Time(jiff::Timestamp::now()),
-            action: None,
-            by: None,
-            note: None,
-        },
-    )
 }
 
 async fn records(api: &Api<DeadLetter>) -> Vec<DeadLetter> {

@@ -4,10 +4,11 @@
 
 mod support;
 
+use support::record;
+
 use std::sync::atomic::Ordering;
 
-use deadletter::api::{Action, DeadLetter, DeadLetterSpec, FailureKind, Job, Phase};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use deadletter::api::{Action, DeadLetter, Phase};
 use kube::Client;
 use kube::api::{Api, PostParams};
 use serde_json::json;
@@ -19,43 +20,6 @@ async fn setup(prefix: &str) -> (Client, String) {
     support::install_crds(&client).await;
     let ns = support::namespace(&client, prefix).await;
     (client, ns)
-}
-
-fn record(name: &str, id: &str, payload: &[u8], headers: &[(&str, &str)]) -> DeadLetter {
-    use base64::Engine;
-    let (text, b64) = match std::str::from_utf8(payload) {
-        Ok(t) => (Some(t.to_string()), None),
-        Err(_) => (
-            None,
-            Some(base64::engine::general_purpose::STANDARD.encode(payload)),
-        ),
-    };
-    DeadLetter::new(
-        name,
-        DeadLetterSpec {
-            queue: "relayer".into(),
-            cycle: 1,
-            job: Job {
-                id: id.into(),
-                payload: text,
-                payload_base64: b64,
-                headers: headers
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-                origin: None,
-            },
-            intent: None,
-            deliveries: 3,
-            reason: "no luck".into(),
-            failure_kind: FailureKind::Transient,
-            service_version: None,
-            failed_at: Time(jiff::Timestamp::now()),
-            action: None,
-            by: None,
-            note: None,
-        },
-    )
 }
 
 /// A DeadLetterQueue `relayer` posting to `url`, with the token and CA Secrets when given.

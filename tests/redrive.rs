@@ -2,13 +2,7 @@
 
 mod support;
 
-use std::collections::BTreeMap;
-
-use base64::Engine;
-use deadletter::api::{
-    Action, DeadLetter, DeadLetterQueue, DeadLetterSpec, FailureKind, IntentSnapshot, Job, Phase,
-};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use deadletter::api::{Action, DeadLetter, DeadLetterQueue, IntentSnapshot, Phase};
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -25,39 +19,14 @@ async fn setup(prefix: &str) -> (Client, String) {
 }
 
 fn record(name: &str, job_id: &str, payload: &[u8]) -> DeadLetter {
-    let (text, b64) = match std::str::from_utf8(payload) {
-        Ok(t) => (Some(t.to_string()), None),
-        Err(_) => (
-            None,
-            Some(base64::engine::general_purpose::STANDARD.encode(payload)),
-        ),
-    };
-    DeadLetter::new(
-        name,
-        DeadLetterSpec {
-            queue: "relayer".into(),
-            cycle: 1,
-            job: Job {
-                id: job_id.into(),
-                payload: text,
-                payload_base64: b64,
-                headers: BTreeMap::new(),
-                origin: None,
-            },
-            intent: Some(IntentSnapshot {
-                id: "pi_0003".into(),
-                state: "created".into(),
-            }),
-            deliveries: 3,
-            reason: "no luck after 3 deliveries".into(),
-            failure_kind: FailureKind::Transient,
-            service_version: Some("relayer@1.4.2".into()),
-            failed_at: Time(jiff::Timestamp::now()),
-            action: None,
-            by: None,
-            note: None,
-        },
-    )
+    let mut r = support::record(name, job_id, payload, &[]);
+    r.spec.intent = Some(IntentSnapshot {
+        id: "pi_0003".into(),
+        state: "created".into(),
+    });
+    r.spec.reason = "no luck after 3 deliveries".into();
+    r.spec.service_version = Some("relayer@1.4.2".into());
+    r
 }
 
 async fn park(api: &Api<DeadLetter>, r: DeadLetter) -> DeadLetter {

@@ -488,3 +488,43 @@ pub fn condition(r: &DeadLetter, type_: &str) -> Option<(String, String, String)
         .find(|c| c.type_ == type_)
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
+
+/// A record as a parker would create it: `payload` as UTF-8 text when it is, else base64.
+pub fn record(name: &str, id: &str, payload: &[u8], headers: &[(&str, &str)]) -> DeadLetter {
+    use base64::Engine;
+    use deadletter::api::{DeadLetterSpec, FailureKind, Job};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    let (text, b64) = match std::str::from_utf8(payload) {
+        Ok(t) => (Some(t.to_string()), None),
+        Err(_) => (
+            None,
+            Some(base64::engine::general_purpose::STANDARD.encode(payload)),
+        ),
+    };
+    DeadLetter::new(
+        name,
+        DeadLetterSpec {
+            queue: "relayer".into(),
+            cycle: 1,
+            job: Job {
+                id: id.into(),
+                payload: text,
+                payload_base64: b64,
+                headers: headers
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                origin: None,
+            },
+            intent: None,
+            deliveries: 3,
+            reason: "no luck".into(),
+            failure_kind: FailureKind::Transient,
+            service_version: None,
+            failed_at: Time(jiff::Timestamp::now()),
+            action: None,
+            by: None,
+            note: None,
+        },
+    )
+}
