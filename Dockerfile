@@ -14,7 +14,7 @@ COPY . .
 # No test-only features (failpoints) in a release image.
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/src/target,sharing=locked \
-    cargo build --release --locked --bin deadletter-operator --bin kubectl-dlq \
+    cargo build --release --locked -p deadletter-operator -p kubectl-dlq \
  && install -D -m 0755 target/release/deadletter-operator /out/deadletter-operator \
  && install -D -m 0755 target/release/kubectl-dlq /out/kubectl-dlq
 

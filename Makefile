@@ -2,9 +2,9 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 # Features the test suite needs: failpoints lets tests crash the operator at chosen points.
-TEST_FEATURES := failpoints
+TEST_FEATURES := deadletter-operator/failpoints
 
-.PHONY: all test fmt-check clippy crds crds-check tools cluster cluster-down demo bench
+.PHONY: all test fmt-check clippy crds crds-check deps-check tools cluster cluster-down demo bench
 
 all: test
 
@@ -12,36 +12,43 @@ all: test
 demo:
 	@bash scripts/ensure-deps.sh
 	@bash tools/build.sh kube etcd >/dev/null
-	@$(CARGO) build -q --bins --examples
+	@$(CARGO) build -q --workspace --bins --examples
 	@RUST_BACKTRACE=0 target/debug/examples/demo
 
 ## benchmarks against the apiserver's own ceiling (release build; BENCH_N / BENCH_C override)
 bench:
 	@bash scripts/ensure-deps.sh
 	@bash tools/build.sh kube etcd >/dev/null
-	$(CARGO) build --release --bins
-	RUST_BACKTRACE=0 $(CARGO) bench --bench operator
+	$(CARGO) build --release --workspace --bins
+	RUST_BACKTRACE=0 $(CARGO) bench -p deadletter-operator --bench operator
 
-## every check CI runs: rustfmt, clippy -D warnings, CRDs up to date, all tests (real apiserver + brokers)
-test: tools fmt-check clippy crds-check
-	@# The demo test runs target/debug/examples/demo, which `cargo test` alone does not build.
-	$(CARGO) build --features $(TEST_FEATURES) --bins --examples
-	$(CARGO) test --features $(TEST_FEATURES) --lib --bins --tests --examples
+## every check CI runs: rustfmt, clippy -D warnings, CRDs up to date, dependency rules, all tests
+## (in-process reconciler tests, then real apiserver + brokers)
+test: tools fmt-check clippy crds-check deps-check
+	@# The tests run the workspace's binaries (operator, kubectl-dlq, dlq-testenv) and the demo
+	@# example, which `cargo test` alone does not build.
+	$(CARGO) build --workspace --features $(TEST_FEATURES) --bins --examples
+	$(CARGO) test --workspace --features $(TEST_FEATURES) --lib --bins --tests --examples
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
 
 clippy:
-	$(CARGO) clippy --features $(TEST_FEATURES) --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --features $(TEST_FEATURES) --all-targets -- -D warnings
+
+## the architecture's dependency rules: the core has no kube client, runtime or broker crate;
+## test infrastructure (rcgen) stays out of the operator and the plugin
+deps-check:
+	@bash scripts/deps-check.sh
 
 ## regenerate crds/ from the Rust types
 crds:
-	$(CARGO) run -q --bin deadletter-operator -- crds > crds/dlq.dev.yaml
+	$(CARGO) run -q -p deadletter-operator --bin deadletter-operator -- crds > crds/dlq.dev.yaml
 	cp crds/dlq.dev.yaml charts/deadletter-operator/crds/dlq.dev.yaml
 
 ## fail when crds/ is stale
 crds-check:
-	@$(CARGO) run -q --bin deadletter-operator -- crds | diff -u crds/dlq.dev.yaml - \
+	@$(CARGO) run -q -p deadletter-operator --bin deadletter-operator -- crds | diff -u crds/dlq.dev.yaml - \
 	  || { echo "crds/dlq.dev.yaml is stale: run 'make crds' and commit it"; exit 1; }
 
 ## build the Go test tooling (kube-apiserver, kubectl, etcd, helm, promtool) into the cache
@@ -59,13 +66,14 @@ cluster-down:
 .PHONY: chart-crds chart-test image
 IMAGE ?= ghcr.io/deadletter-operator/deadletter-operator:dev
 
-## copy crds/ into the Helm chart (tests/chart.rs fails while the two differ)
+## copy crds/ into the Helm chart (tests/chart_render.rs fails while the two differ)
 chart-crds:
 	cp crds/dlq.dev.yaml charts/deadletter-operator/crds/dlq.dev.yaml
 
 ## only the packaging tests: helm lint/template + dry-run, RBAC, admission policy, promtool, hadolint
 chart-test: tools
-	$(CARGO) test --features $(TEST_FEATURES) --test chart
+	$(CARGO) build --workspace --features $(TEST_FEATURES) --bins
+	$(CARGO) test --features $(TEST_FEATURES) --test chart_render --test chart_rbac --test chart_admission --test chart_alerts --test dockerfile
 
 ## build the container image (needs a Docker/BuildKit engine; `make test` only lints the Dockerfile)
 image:

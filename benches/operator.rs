@@ -11,9 +11,10 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use deadletter::api::{DeadLetter, Job, Phase};
-use deadletter::park::{ParkRequest, Parker, job_key, record_name};
-use deadletter::testenv::{self, ControlPlane};
+use dlq_client::park::{ParkRequest, Parker};
+use dlq_core::api::{DeadLetter, Job, Phase};
+use dlq_core::park::{job_key, record_name};
+use dlq_testenv::plane::{self as testenv, ControlPlane};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -44,16 +45,9 @@ impl Drop for Guard {
 }
 
 fn release_bin(name: &str) -> anyhow::Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let dir = exe.parent().and_then(Path::parent).context("target dir")?;
-    let p = dir.join(name);
-    if !p.is_file() {
-        bail!(
-            "{} missing: run `cargo build --release --bins` (make bench does)",
-            p.display()
-        );
-    }
-    Ok(p)
+    dlq_testenv::paths::try_bin(name)
+        .map_err(anyhow::Error::msg)
+        .context("the bench runs the release build: `cargo build --release --workspace --bins` (make bench does)")
 }
 
 /// Peak and current RSS of a process, in MiB.
@@ -157,14 +151,14 @@ fn plain_record(i: usize, payload_bytes: usize) -> DeadLetter {
     let req = request(i, payload_bytes);
     let mut r = DeadLetter::new(
         &record_name("relayer", &req.job.id, 1),
-        deadletter::api::DeadLetterSpec {
+        dlq_core::api::DeadLetterSpec {
             queue: "relayer".into(),
             cycle: 1,
             job: req.job.clone(),
             intent: None,
             deliveries: 3,
             reason: "bench".into(),
-            failure_kind: deadletter::api::FailureKind::Transient,
+            failure_kind: dlq_core::api::FailureKind::Transient,
             service_version: None,
             failed_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
             action: None,

@@ -11,12 +11,14 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use deadletter::api::{DeadLetter, Phase};
-use deadletter::testenv::{self, ControlPlane};
+use dlq_core::api::{DeadLetter, Phase};
+use dlq_testenv::paths::{try_bin, try_example};
+use dlq_testenv::plane::{self as testenv, ControlPlane};
 use kube::api::ListParams;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::await_condition;
 use kube::{Api, Client, Config};
+use redis::aio::MultiplexedConnection;
 
 const NS: &str = "payments";
 
@@ -65,26 +67,6 @@ impl Drop for Guard {
     }
 }
 
-fn sibling(name: &str) -> anyhow::Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let debug = exe
-        .parent()
-        .and_then(Path::parent)
-        .context("cannot locate target dir")?;
-    let path = if name == "worker" {
-        debug.join("examples").join(name)
-    } else {
-        debug.join(name)
-    };
-    if !path.is_file() {
-        bail!(
-            "{} is not built: run `cargo build --bins --examples`",
-            path.display()
-        );
-    }
-    Ok(path)
-}
-
 fn run(cmd: &mut Command) -> anyhow::Result<(bool, String)> {
     let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
     let mut text = String::from_utf8_lossy(&out.stdout).to_string();
@@ -120,26 +102,48 @@ async fn wait_phase(api: &Api<DeadLetter>, name: &str, phase: Phase) -> anyhow::
     Ok(())
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let operator_bin = sibling("deadletter-operator")?;
-    let dlq_bin = sibling("kubectl-dlq")?;
-    let worker_bin = sibling("worker")?;
-    let redis_bin = std::env::var_os("PATH")
-        .and_then(|p| {
-            std::env::split_paths(&p)
-                .map(|d| d.join("redis-server"))
-                .find(|p| p.is_file())
-        })
-        .context(
-            "redis-server not found: run scripts/ensure-deps.sh (apt-get install redis-server)",
-        )?;
+/// Waits until every record is in `phase`.
+async fn wait_all(records: &Api<DeadLetter>, phase: Phase) -> anyhow::Result<()> {
+    for r in records.list(&ListParams::default()).await?.items {
+        wait_phase(records, &r.metadata.name.clone().unwrap_or_default(), phase).await?;
+    }
+    Ok(())
+}
 
-    eprintln!(
-        "starting a local control plane, redis-server, the operator and the sample worker..."
-    );
+/// Everything the demo runs, found before anything starts.
+struct Binaries {
+    operator: PathBuf,
+    dlq: PathBuf,
+    worker: PathBuf,
+    redis: PathBuf,
+}
+
+impl Binaries {
+    fn locate() -> anyhow::Result<Binaries> {
+        let operator = try_bin("deadletter-operator").map_err(anyhow::Error::msg)?;
+        let dlq = try_bin("kubectl-dlq").map_err(anyhow::Error::msg)?;
+        let worker = try_example("worker").map_err(anyhow::Error::msg)?;
+        let redis = std::env::var_os("PATH")
+            .and_then(|p| {
+                std::env::split_paths(&p)
+                    .map(|d| d.join("redis-server"))
+                    .find(|p| p.is_file())
+            })
+            .context(
+                "redis-server not found: run scripts/ensure-deps.sh (apt-get install redis-server)",
+            )?;
+        Ok(Binaries {
+            operator,
+            dlq,
+            worker,
+            redis,
+        })
+    }
+}
+
+/// A control plane with the dlq.dev CRDs established.
+fn start_plane() -> anyhow::Result<ControlPlane> {
     let plane = ControlPlane::start().context("starting the control plane")?;
-    let dir = plane.dir().to_path_buf();
     apply(&plane, include_str!("../crds/dlq.dev.yaml"))?;
     let (ok, text) = run(plane.kubectl()?.args([
         "wait",
@@ -151,12 +155,19 @@ async fn main() -> anyhow::Result<()> {
     if !ok {
         bail!("CRDs not established: {text}");
     }
+    Ok(plane)
+}
 
-    let redis_port = testenv::free_port()?;
-    let _redis = Guard(testenv::spawn_guarded(
-        Command::new(redis_bin).args([
+/// redis-server on a free port, once it answers: the guard, its URL and a connection.
+async fn start_redis(
+    bin: &Path,
+    dir: &Path,
+) -> anyhow::Result<(Guard, String, MultiplexedConnection)> {
+    let port = testenv::free_port()?;
+    let guard = Guard(testenv::spawn_guarded(
+        Command::new(bin).args([
             "--port",
-            &redis_port.to_string(),
+            &port.to_string(),
             "--bind",
             "127.0.0.1",
             "--save",
@@ -166,47 +177,51 @@ async fn main() -> anyhow::Result<()> {
         ]),
         &dir.join("redis.log"),
     )?);
-    let redis_url = format!("redis://127.0.0.1:{redis_port}/");
-    let rclient = redis::Client::open(redis_url.as_str())?;
-    let mut rconn = None;
+    let url = format!("redis://127.0.0.1:{port}/");
+    let client = redis::Client::open(url.as_str())?;
     for _ in 0..100 {
-        if let Ok(c) = rclient.get_multiplexed_async_connection().await {
-            rconn = Some(c);
-            break;
+        if let Ok(c) = client.get_multiplexed_async_connection().await {
+            return Ok((guard, url, c));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let mut rconn = rconn.context("redis-server did not start")?;
+    bail!("redis-server did not start")
+}
 
+/// Namespace `payments` with the queue `relayer` redriving onto the list `relayer:jobs`.
+fn create_queue(plane: &ControlPlane, redis_url: &str) -> anyhow::Result<()> {
     apply(
-        &plane,
+        plane,
         &format!(
             "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {NS}}}\n---\napiVersion: v1\nkind: Secret\nmetadata: {{name: redis, namespace: {NS}}}\nstringData: {{url: \"{redis_url}\"}}\n---\napiVersion: dlq.dev/v1alpha1\nkind: DeadLetterQueue\nmetadata: {{name: relayer, namespace: {NS}}}\nspec:\n  target:\n    redis: {{urlSecretRef: {{name: redis, key: url}}, list: \"relayer:jobs\"}}\n"
         ),
-    )?;
+    )
+}
 
-    let kubeconfig = plane.kubeconfig.clone();
+fn start_operator(bin: &Path, kubeconfig: &Path, dir: &Path) -> anyhow::Result<Guard> {
     let metrics_port = testenv::free_port()?;
-    let _operator = Guard(testenv::spawn_guarded(
-        Command::new(operator_bin)
+    Ok(Guard(testenv::spawn_guarded(
+        Command::new(bin)
             .args([
                 "run",
                 "--leader-election=false",
                 &format!("--metrics-addr=127.0.0.1:{metrics_port}"),
                 &format!("--watch-namespaces={NS}"),
             ])
-            .env("KUBECONFIG", &kubeconfig),
+            .env("KUBECONFIG", kubeconfig),
         &dir.join("operator.log"),
-    )?);
+    )?))
+}
 
-    // The worker's stdout is the demo's event stream: one line per processed job.
-    let mut worker = Command::new(worker_bin)
-        .args(["--redis", &redis_url, "--list", "relayer:jobs"])
+/// The worker; its stdout is the demo's event stream: one line per processed job.
+fn start_worker(bin: &Path, redis_url: &str) -> anyhow::Result<(Guard, mpsc::Receiver<String>)> {
+    let mut worker = Command::new(bin)
+        .args(["--redis", redis_url, "--list", "relayer:jobs"])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()?;
     let worker_out = worker.stdout.take().context("worker stdout")?;
-    let _worker = Guard(worker);
+    let guard = Guard(worker);
     let (tx, worker_lines) = mpsc::channel::<String>();
     std::thread::spawn(move || {
         for line in BufReader::new(worker_out).lines().map_while(Result::ok) {
@@ -215,121 +230,176 @@ async fn main() -> anyhow::Result<()> {
             }
         }
     });
+    Ok((guard, worker_lines))
+}
 
-    for j in &JOBS {
-        let _: () = redis::cmd("HSET")
-            .arg(format!("intent:{}", j.intent))
-            .arg("state")
-            .arg(j.state)
-            .query_async(&mut rconn)
-            .await?;
-    }
+/// Sets the state of an intent in the worker's store.
+async fn set_intent(
+    redis: &mut MultiplexedConnection,
+    intent: &str,
+    state: &str,
+) -> anyhow::Result<()> {
+    let _: () = redis::cmd("HSET")
+        .arg(format!("intent:{intent}"))
+        .arg("state")
+        .arg(state)
+        .query_async(redis)
+        .await?;
+    Ok(())
+}
 
-    let client = Client::try_from(
+async fn client(kubeconfig: &Path) -> anyhow::Result<Client> {
+    Ok(Client::try_from(
         Config::from_custom_kubeconfig(
-            Kubeconfig::read_from(&kubeconfig)?,
+            Kubeconfig::read_from(kubeconfig)?,
             &KubeConfigOptions::default(),
         )
         .await?,
-    )?;
-    let records: Api<DeadLetter> = Api::namespaced(client.clone(), NS);
-    let dlq = |args: &[&str]| {
-        let mut c = Command::new(&dlq_bin);
-        c.args(["--kubeconfig", &kubeconfig.to_string_lossy(), "-n", NS])
+    )?)
+}
+
+/// The running scenario: `kubectl dlq` as a human would type it, the records, the worker's
+/// store and its output.
+struct Scenario {
+    dlq_bin: PathBuf,
+    kubeconfig: PathBuf,
+    records: Api<DeadLetter>,
+    redis: MultiplexedConnection,
+    worker_lines: mpsc::Receiver<String>,
+}
+
+impl Scenario {
+    fn dlq(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(&self.dlq_bin);
+        c.args(["--kubeconfig", &self.kubeconfig.to_string_lossy(), "-n", NS])
             .args(args);
         c
+    }
+
+    /// The worker gives up on the three jobs: each is parked with `kubectl dlq park`.
+    async fn park_jobs(&self) -> anyhow::Result<()> {
+        for j in &JOBS {
+            let payload = format!("{{\"intent\":\"{}\",\"ref\":\"settle\"}}", j.intent);
+            let (ok, text) = run(self
+                .dlq(&[
+                    "park",
+                    "--queue",
+                    "relayer",
+                    "--id",
+                    j.id,
+                    "--payload",
+                    &payload,
+                    "--deliveries",
+                    j.deliveries,
+                    "--failure-kind",
+                    j.kind,
+                    "--reason",
+                    j.reason,
+                    "--intent-id",
+                    j.intent,
+                    "--intent-state",
+                    j.state,
+                    "--service-version",
+                    "relayer@1.4.2",
+                ])
+                .stdin(Stdio::null()))?;
+            if !ok {
+                bail!("parking {} failed: {text}", j.id);
+            }
+        }
+        wait_all(&self.records, Phase::Parked).await?;
+        let (_, table) = run(&mut self.dlq(&["ls", "--no-headers"]))?;
+        println!("dlq     {} parked", table.lines().count());
+        for line in table.lines() {
+            println!("        {line}");
+        }
+        println!();
+        Ok(())
+    }
+
+    /// The payer of pi_0003 signs at last.
+    async fn sign_pi_0003(&mut self) -> anyhow::Result<()> {
+        set_intent(&mut self.redis, "pi_0003", "authorized").await?;
+        println!("sign    pi_0003 signed at last, back to authorized");
+        println!();
+        Ok(())
+    }
+
+    /// `ops` redrives each job; the worker says what it did with it.
+    fn redrive_each(&self) -> anyhow::Result<()> {
+        for j in &JOBS {
+            let (ok, text) = run(&mut self.dlq(&["redrive", j.id, "--by", "ops"]))?;
+            print!("{text}");
+            if !ok {
+                bail!("redrive of {} was refused", j.id);
+            }
+            let line = self
+                .worker_lines
+                .recv_timeout(Duration::from_secs(60))
+                .with_context(|| format!("the worker never saw {}", j.id))?;
+            println!("{line}");
+        }
+        Ok(())
+    }
+
+    /// The second press on pi_0003: refused, exit code non-zero.
+    fn press_again(&self) -> anyhow::Result<()> {
+        let (ok, text) = run(&mut self.dlq(&["redrive", "pi_0003/settle", "--by", "ops"]))?;
+        print!("{text}");
+        if ok {
+            bail!("the second redrive of pi_0003/settle was not refused");
+        }
+        println!();
+        Ok(())
+    }
+
+    /// Every record redriven, and the worker saw nothing more.
+    async fn summary(&self) -> anyhow::Result<()> {
+        wait_all(&self.records, Phase::Redriven).await?;
+        let items = self.records.list(&ListParams::default()).await?.items;
+        let parked = items.iter().filter(|r| r.phase() == Phase::Parked).count();
+        let redriven = items
+            .iter()
+            .filter(|r| r.phase() == Phase::Redriven)
+            .count();
+        println!("dlq     {parked} parked, {redriven} redriven");
+        if let Ok(extra) = self.worker_lines.recv_timeout(Duration::from_millis(500)) {
+            bail!("the worker processed more than expected: {extra}");
+        }
+        Ok(())
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let bins = Binaries::locate()?;
+    eprintln!(
+        "starting a local control plane, redis-server, the operator and the sample worker..."
+    );
+    let plane = start_plane()?;
+    let dir = plane.dir().to_path_buf();
+    let (_redis, redis_url, mut redis) = start_redis(&bins.redis, &dir).await?;
+    create_queue(&plane, &redis_url)?;
+    let kubeconfig = plane.kubeconfig.clone();
+    let _operator = start_operator(&bins.operator, &kubeconfig, &dir)?;
+    let (_worker, worker_lines) = start_worker(&bins.worker, &redis_url)?;
+    for j in &JOBS {
+        set_intent(&mut redis, j.intent, j.state).await?;
+    }
+    let records = Api::namespaced(client(&kubeconfig).await?, NS);
+    let mut demo = Scenario {
+        dlq_bin: bins.dlq,
+        kubeconfig,
+        records,
+        redis,
+        worker_lines,
     };
 
-    for j in &JOBS {
-        let payload = format!("{{\"intent\":\"{}\",\"ref\":\"settle\"}}", j.intent);
-        let (ok, text) = run(dlq(&[
-            "park",
-            "--queue",
-            "relayer",
-            "--id",
-            j.id,
-            "--payload",
-            &payload,
-            "--deliveries",
-            j.deliveries,
-            "--failure-kind",
-            j.kind,
-            "--reason",
-            j.reason,
-            "--intent-id",
-            j.intent,
-            "--intent-state",
-            j.state,
-            "--service-version",
-            "relayer@1.4.2",
-        ])
-        .stdin(Stdio::null()))?;
-        if !ok {
-            bail!("parking {} failed: {text}", j.id);
-        }
-    }
-    for r in records.list(&ListParams::default()).await?.items {
-        wait_phase(
-            &records,
-            &r.metadata.name.clone().unwrap_or_default(),
-            Phase::Parked,
-        )
-        .await?;
-    }
-    let (_, table) = run(&mut dlq(&["ls", "--no-headers"]))?;
-    println!("dlq     {} parked", table.lines().count());
-    for line in table.lines() {
-        println!("        {line}");
-    }
-    println!();
-
-    let _: () = redis::cmd("HSET")
-        .arg("intent:pi_0003")
-        .arg("state")
-        .arg("authorized")
-        .query_async(&mut rconn)
-        .await?;
-    println!("sign    pi_0003 signed at last, back to authorized");
-    println!();
-
-    for j in &JOBS {
-        let (ok, text) = run(&mut dlq(&["redrive", j.id, "--by", "ops"]))?;
-        print!("{text}");
-        if !ok {
-            bail!("redrive of {} was refused", j.id);
-        }
-        let line = worker_lines
-            .recv_timeout(Duration::from_secs(60))
-            .with_context(|| format!("the worker never saw {}", j.id))?;
-        println!("{line}");
-    }
-    // The second press on pi_0003: refused, exit code non-zero.
-    let (ok, text) = run(&mut dlq(&["redrive", "pi_0003/settle", "--by", "ops"]))?;
-    print!("{text}");
-    if ok {
-        bail!("the second redrive of pi_0003/settle was not refused");
-    }
-    println!();
-
-    let items = records.list(&ListParams::default()).await?.items;
-    for r in &items {
-        wait_phase(
-            &records,
-            &r.metadata.name.clone().unwrap_or_default(),
-            Phase::Redriven,
-        )
-        .await?;
-    }
-    let items = records.list(&ListParams::default()).await?.items;
-    let parked = items.iter().filter(|r| r.phase() == Phase::Parked).count();
-    let redriven = items
-        .iter()
-        .filter(|r| r.phase() == Phase::Redriven)
-        .count();
-    println!("dlq     {parked} parked, {redriven} redriven");
-    if let Ok(extra) = worker_lines.recv_timeout(Duration::from_millis(500)) {
-        bail!("the worker processed more than expected: {extra}");
-    }
+    demo.park_jobs().await?;
+    demo.sign_pi_0003().await?;
+    demo.redrive_each()?;
+    demo.press_again()?;
+    demo.summary().await?;
     eprintln!("shutting everything down");
     Ok(())
 }

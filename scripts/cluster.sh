@@ -13,7 +13,7 @@ case ${1:-up} in
     mkdir -p "$dir"
     if ! running; then
       bins=$(bash tools/build.sh kube etcd | paste -sd:)
-      cargo build -q --bin dlq-testenv
+      cargo build -q -p dlq-testenv --bin dlq-testenv
       rm -f "$dir/log"
       DLQ_TOOLS_BIN=$bins nohup target/debug/dlq-testenv \
         --kubeconfig-out "$dir/kubeconfig" --pid-file "$pidfile" >"$dir/log" 2>&1 </dev/null &

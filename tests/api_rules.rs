@@ -1,8 +1,6 @@
 //! The apiserver itself enforces the record's rules (CEL in the CRD): each refusal is checked
 //! with its message, on a real kube-apiserver.
 
-mod support;
-
 use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
@@ -35,9 +33,7 @@ fn job() -> Value {
 }
 
 async fn setup() -> (Client, Api<DynamicObject>) {
-    let client = support::plane().client().await;
-    support::install_crds(&client).await;
-    let ns = support::namespace(&client, "rules").await;
+    let (client, ns) = dlq_testenv::setup("rules").await;
     let api = records(&client, &ns);
     (client, api)
 }

@@ -1,23 +1,16 @@
 //! `kubectl dlq` against a real apiserver, operator and redis-server.
 
-mod support;
-
 use std::process::{Command, Stdio};
 
-use deadletter::api::{DeadLetter, DeadLetterQueue, FailureKind, IntentSnapshot, Job, Phase};
-use deadletter::park::{ParkRequest, park};
+use dlq_client::park::{ParkRequest, park};
+use dlq_core::api::{DeadLetter, DeadLetterQueue, FailureKind, IntentSnapshot, Job, Phase};
+use dlq_testenv::brokers::Redis;
+use dlq_testenv::{LIST, Operator, create_queue, eventually, list_target, setup};
+use futures::StreamExt;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use support::{LIST, Operator, Redis, create_queue, eventually, list_target};
-
-async fn setup(prefix: &str) -> (Client, String) {
-    let client = support::plane().client().await;
-    support::install_crds(&client).await;
-    let ns = support::namespace(&client, prefix).await;
-    (client, ns)
-}
 
 struct Out {
     ok: bool,
@@ -26,8 +19,8 @@ struct Out {
 }
 
 fn dlq(ns: &str, args: &[&str]) -> Out {
-    let plane = support::plane();
-    let out = Command::new(env!("CARGO_BIN_EXE_kubectl-dlq"))
+    let plane = dlq_testenv::plane();
+    let out = Command::new(dlq_testenv::bin("kubectl-dlq"))
         .args(["--kubeconfig", plane.kubeconfig.to_str().unwrap(), "-n", ns])
         .args(args)
         .stdin(Stdio::null())
@@ -191,7 +184,7 @@ async fn redrive_signs_with_the_authenticated_user_and_refuses_a_second_press() 
     let rbac = format!(
         "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: decider, namespace: {ns}}}\nrules:\n- apiGroups: [dlq.dev]\n  resources: [deadletters, deadletterqueues]\n  verbs: [get, list, watch, patch]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: alice, namespace: {ns}}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: decider}}\nsubjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: alice}}]\n"
     );
-    let mut apply = support::plane().kubectl();
+    let mut apply = dlq_testenv::plane().kubectl();
     apply
         .args(["apply", "-f", "-"])
         .stdin(Stdio::piped())
@@ -409,8 +402,6 @@ async fn park_many(client: &Client, ns: &str, n: usize) {
         .await;
 }
 
-use futures::StreamExt;
-
 fn summary_rate(stdout: &str) -> f64 {
     let s = stdout
         .lines()
@@ -449,7 +440,7 @@ async fn replay_honours_the_rate() {
     );
     assert!(out.ok, "{}\n{}", out.stdout, out.stderr);
     let rate = summary_rate(&out.stdout);
-    support::report(&format!(
+    dlq_testenv::report(&format!(
         "replay: 300 records at --rate 50/s went at {rate:.1}/s; run took {:.1}s",
         started.elapsed().as_secs_f64()
     ));
@@ -498,8 +489,8 @@ async fn replay_stops_on_requeue_failures_and_leaves_the_rest_parked() {
     create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
     park_many(&client, &ns, 300).await;
     let _op = Operator::start(&ns);
-    let bin = env!("CARGO_BIN_EXE_kubectl-dlq");
-    let plane = support::plane();
+    let bin = dlq_testenv::bin("kubectl-dlq");
+    let plane = dlq_testenv::plane();
     let child = Command::new(bin)
         .args([
             "--kubeconfig",
@@ -553,7 +544,7 @@ async fn replay_stops_on_requeue_failures_and_leaves_the_rest_parked() {
         parked.iter().all(|r| r.spec.action.is_none()),
         "decisions not carried out were withdrawn"
     );
-    support::report(&format!(
+    dlq_testenv::report(&format!(
         "replay stop: {redriven} redriven before the broker died, {} left parked; {}",
         parked.len(),
         stdout.lines().last().unwrap_or("")
@@ -573,7 +564,7 @@ async fn replay_stops_on_requeue_failures_and_leaves_the_rest_parked() {
 
 #[test]
 fn help_documents_every_verb() {
-    let out = Command::new(env!("CARGO_BIN_EXE_kubectl-dlq"))
+    let out = Command::new(dlq_testenv::bin("kubectl-dlq"))
         .arg("--help")
         .output()
         .unwrap();
@@ -584,7 +575,7 @@ fn help_documents_every_verb() {
             "--help lacks {verb}:\n{text}"
         );
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_kubectl-dlq"))
+    let out = Command::new(dlq_testenv::bin("kubectl-dlq"))
         .args(["redrive", "--help"])
         .output()
         .unwrap();

@@ -1,8 +1,6 @@
 //! Proves the test control plane is a real kube-apiserver: CEL validation, optimistic
 //! concurrency and RBAC behave as in a cluster.
 
-mod support;
-
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
@@ -50,10 +48,10 @@ fn widget(name: &str, size: i64) -> DynamicObject {
 
 #[tokio::test]
 async fn cel_rule_rejects_a_violating_object() {
-    let plane = support::plane();
+    let plane = dlq_testenv::plane();
     let client = plane.client().await;
-    support::apply_crds(&client, WIDGET_CRD).await;
-    let ns = support::namespace(&client, "cel").await;
+    dlq_testenv::apply_crds(&client, WIDGET_CRD).await;
+    let ns = dlq_testenv::namespace(&client, "cel").await;
     let api = widgets(&client, &ns);
     api.create(&PostParams::default(), &widget("small", 3))
         .await
@@ -75,8 +73,8 @@ async fn cel_rule_rejects_a_violating_object() {
 
 #[tokio::test]
 async fn stale_resource_version_gets_409() {
-    let client = support::plane().client().await;
-    let ns = support::namespace(&client, "cas").await;
+    let client = dlq_testenv::plane().client().await;
+    let ns = dlq_testenv::namespace(&client, "cas").await;
     let api: Api<ConfigMap> = Api::namespaced(client, &ns);
     let cm: ConfigMap = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "c"}, "data": {"v": "1"}
@@ -110,10 +108,10 @@ async fn stale_resource_version_gets_409() {
 
 #[tokio::test]
 async fn rbac_forbids_alice_until_a_role_allows_her() {
-    let plane = support::plane();
+    let plane = dlq_testenv::plane();
     let admin = plane.client().await;
-    support::apply_crds(&admin, WIDGET_CRD).await;
-    let ns = support::namespace(&admin, "rbac").await;
+    dlq_testenv::apply_crds(&admin, WIDGET_CRD).await;
+    let ns = dlq_testenv::namespace(&admin, "rbac").await;
     let alice = plane.client_as("alice", &[]).await;
 
     let err = widgets(&alice, &ns)

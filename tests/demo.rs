@@ -4,14 +4,8 @@ use std::process::Command;
 
 #[test]
 fn demo_prints_the_reference_scenario() {
-    let exe = std::env::current_exe().unwrap();
-    let debug = exe.parent().and_then(|p| p.parent()).unwrap();
-    let demo = debug.join("examples").join("demo");
-    assert!(
-        demo.is_file(),
-        "{} is not built: run `cargo build --examples` (make test builds all targets)",
-        demo.display()
-    );
+    // Built by `make test` (`cargo build --workspace --bins --examples`), like the binaries it runs.
+    let demo = dlq_testenv::paths::try_example("demo").unwrap_or_else(|why| panic!("{why}"));
     let out = Command::new(&demo)
         .env("RUST_BACKTRACE", "0")
         .output()

@@ -2,25 +2,17 @@
 //! payload and headers over TLS with a CA and a bearer token from Secrets, endpoint down and
 //! back, non-2xx answers as failures with the status and a cut body.
 
-mod support;
-
-use support::record;
-
 use std::sync::atomic::Ordering;
 
-use deadletter::api::{Action, DeadLetter, Phase};
+use dlq_core::api::{Action, DeadLetter, Phase};
+use dlq_testenv::brokers::{HttpSink, TestCa};
+use dlq_testenv::{
+    Operator, assert_requeue_failing_then_recovers, condition, create_dlq, create_secret, decide,
+    events_for, eventually, record, redrive_many, setup, wait_phase, wait_ready,
+};
 use kube::Client;
 use kube::api::{Api, PostParams};
 use serde_json::json;
-use support::brokers::{HttpSink, TestCa, create_dlq, create_secret, redrive_many, wait_ready};
-use support::{Operator, condition, decide, events_for, eventually, wait_phase};
-
-async fn setup(prefix: &str) -> (Client, String) {
-    let client = support::plane().client().await;
-    support::install_crds(&client).await;
-    let ns = support::namespace(&client, prefix).await;
-    (client, ns)
-}
 
 /// A DeadLetterQueue `relayer` posting to `url`, with the token and CA Secrets when given.
 async fn http_queue(client: &Client, ns: &str, url: &str, token: Option<&str>, ca: Option<&str>) {
@@ -85,7 +77,7 @@ async fn redrive_posts_identical_payload_and_headers_over_tls_with_a_bearer_toke
 
     let why = wait_ready(&client, &ns, "relayer", true, 30).await;
     assert!(why.starts_with("TargetReachable"), "{why}");
-    let q = Api::<deadletter::api::DeadLetterQueue>::namespaced(client.clone(), &ns)
+    let q = Api::<dlq_core::api::DeadLetterQueue>::namespaced(client.clone(), &ns)
         .get("relayer")
         .await
         .unwrap();
@@ -103,56 +95,10 @@ async fn redrive_posts_identical_payload_and_headers_over_tls_with_a_bearer_toke
 #[tokio::test]
 async fn endpoint_down_keeps_records_parked_until_it_returns() {
     let (client, ns) = setup("http-down").await;
-    let sink = HttpSink::start(None);
+    let mut sink = HttpSink::start(None);
     http_queue(&client, &ns, &sink.url("/jobs"), None, None).await;
     let _op = Operator::start(&ns);
-    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
-    for i in 0..3 {
-        let body = format!("job {i}");
-        api.create(
-            &PostParams::default(),
-            &record(
-                &format!("down-{i}"),
-                &format!("down/{i}"),
-                body.as_bytes(),
-                &[("x-n", "1")],
-            ),
-        )
-        .await
-        .unwrap();
-    }
-    wait_phase(&api, "down-2", Phase::Parked, 20).await;
-    wait_ready(&client, &ns, "relayer", true, 30).await;
-    sink.stop();
-    // Checked before any decision: failing redrives rewrite their records' status continuously.
-    let why = wait_ready(&client, &ns, "relayer", false, 90).await;
-    assert!(why.starts_with("BrokerUnreachable"), "{why}");
-    for i in 0..3 {
-        decide(&api, &format!("down-{i}"), Action::Redrive, "ops").await;
-    }
-    for i in 0..3 {
-        let name = format!("down-{i}");
-        let r = eventually(40, "Requeued=False while the endpoint is down", || async {
-            let r = api.get(&name).await.ok()?;
-            matches!(condition(&r, "Requeued"), Some((s, _, _)) if s == "False").then_some(r)
-        })
-        .await;
-        assert_eq!(r.phase(), Phase::Parked);
-        assert_eq!(condition(&r, "Requeued").unwrap().1, "BrokerUnreachable");
-    }
-    assert!(
-        !events_for(&client, &ns, "down-0", "RequeueFailed")
-            .await
-            .is_empty()
-    );
-    sink.restart();
-    for i in 0..3 {
-        wait_phase(&api, &format!("down-{i}"), Phase::Redriven, 60).await;
-    }
-    let mut got: Vec<Vec<u8>> = sink.posts().into_iter().map(|p| p.body).collect();
-    got.sort();
-    let want: Vec<Vec<u8>> = (0..3).map(|i| format!("job {i}").into_bytes()).collect();
-    assert_eq!(got, want, "nothing lost, nothing doubled");
+    assert_requeue_failing_then_recovers(&client, &ns, &mut sink, &[("x-n", "1")], 3).await;
 }
 
 #[tokio::test]
@@ -217,7 +163,7 @@ async fn redrive_rate() {
     })
     .await;
     assert_eq!(sink.posts().len(), n);
-    support::report(&format!(
+    dlq_testenv::report(&format!(
         "redrive rate http: {n} records in {secs:.2}s = {:.0} records/s",
         n as f64 / secs
     ));
@@ -226,11 +172,11 @@ async fn redrive_rate() {
 #[tokio::test]
 async fn the_apiserver_refuses_ambiguous_targets_and_credentials_in_urls() {
     let (client, ns) = setup("backend-rules").await;
-    let api: Api<deadletter::api::DeadLetterQueue> = Api::namespaced(client.clone(), &ns);
+    let api: Api<dlq_core::api::DeadLetterQueue> = Api::namespaced(client.clone(), &ns);
     let refused = |spec: serde_json::Value, want: &'static str| {
         let api = api.clone();
         async move {
-            let q: deadletter::api::DeadLetterQueue = serde_json::from_value(json!({
+            let q: dlq_core::api::DeadLetterQueue = serde_json::from_value(json!({
                 "apiVersion": "dlq.dev/v1alpha1", "kind": "DeadLetterQueue",
                 "metadata": {"name": "q"}, "spec": spec
             }))
@@ -289,7 +235,7 @@ async fn the_apiserver_refuses_ambiguous_targets_and_credentials_in_urls() {
     .into_iter()
     .enumerate()
     {
-        let q: deadletter::api::DeadLetterQueue = serde_json::from_value(json!({
+        let q: dlq_core::api::DeadLetterQueue = serde_json::from_value(json!({
             "apiVersion": "dlq.dev/v1alpha1", "kind": "DeadLetterQueue",
             "metadata": {"name": format!("ok-{i}")}, "spec": spec
         }))
@@ -305,7 +251,7 @@ async fn origin_is_part_of_the_immutable_job() {
     let (client, ns) = setup("origin-rules").await;
     let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
     let mut r = record("o-1", "o/1", b"x", &[]);
-    r.spec.job.origin = Some(deadletter::api::Origin {
+    r.spec.job.origin = Some(dlq_core::api::Origin {
         exchange: Some("shop".into()),
         routing_key: Some("orders.created".into()),
         queue: Some("orders".into()),

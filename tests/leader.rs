@@ -1,19 +1,18 @@
 //! Leader election on a Lease: one of two replicas acts; when it dies, the other takes over.
 
-mod support;
-
-use deadletter::api::{Action, DeadLetter, Job, Phase};
-use deadletter::park::{ParkRequest, park};
+use dlq_client::park::{ParkRequest, park};
+use dlq_core::api::{Action, DeadLetter, Job, Phase};
+use dlq_testenv::brokers::Redis;
+use dlq_testenv::{
+    LIST, Operator, create_queue, decide, eventually, list_target, setup, wait_phase,
+};
 use kube::ResourceExt;
 use kube::api::Api;
 use serde_json::json;
-use support::{LIST, Operator, Redis, create_queue, decide, eventually, list_target, wait_phase};
 
 #[tokio::test]
 async fn a_standby_takes_over_when_the_leader_dies() {
-    let client = support::plane().client().await;
-    support::install_crds(&client).await;
-    let ns = support::namespace(&client, "leader").await;
+    let (client, ns) = setup("leader").await;
     let redis = Redis::start();
     create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
     let lease = |op: &Operator| op.logs().contains("became leader");

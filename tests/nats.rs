@@ -2,29 +2,21 @@
 //! headers, server down and back, the duplicate window) and the MAX_DELIVERIES source (records
 //! from advisories, crash safety).
 
-mod support;
-
-use support::record;
-
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, AckKind};
-use deadletter::api::{Action, DeadLetter, FailureKind, Phase};
+use dlq_core::api::{Action, DeadLetter, FailureKind, Phase};
+use dlq_testenv::brokers::Nats;
+use dlq_testenv::{
+    Operator, Outage, assert_requeue_failing_then_recovers, condition, create_dlq, create_secret,
+    decide, events_for, eventually, record, redrive_many, setup, wait_phase,
+};
 use futures::StreamExt;
+use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
-use kube::{Client, ResourceExt};
 use serde_json::json;
-use support::brokers::{Nats, create_dlq, create_secret, redrive_many};
-use support::{Operator, condition, decide, events_for, eventually, wait_phase};
-
-async fn setup(prefix: &str) -> (Client, String) {
-    let client = support::plane().client().await;
-    support::install_crds(&client).await;
-    let ns = support::namespace(&client, prefix).await;
-    (client, ns)
-}
 
 async fn create_stream(nats: &Nats, dup_window: Duration) -> jetstream::stream::Stream {
     nats.js()
@@ -138,7 +130,7 @@ async fn redrive_publishes_identical_payload_and_headers_and_waits_for_the_pubac
     assert!(headers.get("nats-multi").is_none());
     assert_eq!(headers.iter().count(), 3, "no extra headers");
 
-    let queues: Api<deadletter::api::DeadLetterQueue> = Api::namespaced(client.clone(), &ns);
+    let queues: Api<dlq_core::api::DeadLetterQueue> = Api::namespaced(client.clone(), &ns);
     eventually(30, "queue Ready=True", || async {
         let s = queues.get("relayer").await.ok()?.status?;
         (s.conditions
@@ -149,6 +141,35 @@ async fn redrive_publishes_identical_payload_and_headers_and_waits_for_the_pubac
         .then_some(())
     })
     .await;
+}
+
+/// The server behind a JetStream target whose jobs land in `stream`.
+struct NatsJobs<'a> {
+    nats: &'a Nats,
+    stream: &'a jetstream::stream::Stream,
+}
+
+impl Outage for NatsJobs<'_> {
+    fn name(&self) -> &str {
+        "NATS"
+    }
+
+    fn stop(&mut self) {
+        self.nats.stop();
+    }
+
+    async fn restart(&mut self) {
+        self.nats.restart();
+    }
+
+    async fn delivered(&mut self) -> Vec<Vec<u8>> {
+        let mut got = Vec::new();
+        for seq in 1..=stream_messages(self.stream).await {
+            let m = self.stream.get_raw_message(seq).await;
+            got.push(m.expect("a stored message").payload.to_vec());
+        }
+        got
+    }
 }
 
 #[tokio::test]
@@ -165,61 +186,11 @@ async fn server_down_keeps_records_parked_until_it_returns() {
     )
     .await;
     let _op = Operator::start(&ns);
-    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
-    for i in 0..3 {
-        let body = format!("job {i}");
-        api.create(
-            &PostParams::default(),
-            &record(
-                &format!("down-{i}"),
-                &format!("down/{i}"),
-                body.as_bytes(),
-                &[("x-n", "1")],
-            ),
-        )
-        .await
-        .unwrap();
-    }
-    wait_phase(&api, "down-2", Phase::Parked, 20).await;
-    support::brokers::wait_ready(&client, &ns, "relayer", true, 30).await;
-    nats.stop();
-    // Ready follows the broker (the queue resyncs every 30s); checked before any decision,
-    // since failing redrives rewrite their records' status continuously.
-    let why = support::brokers::wait_ready(&client, &ns, "relayer", false, 90).await;
-    assert!(why.starts_with("BrokerUnreachable"), "{why}");
-    for i in 0..3 {
-        decide(&api, &format!("down-{i}"), Action::Redrive, "ops").await;
-    }
-    for i in 0..3 {
-        let name = format!("down-{i}");
-        let r = eventually(40, "Requeued=False while NATS is down", || async {
-            let r = api.get(&name).await.ok()?;
-            matches!(condition(&r, "Requeued"), Some((s, _, _)) if s == "False").then_some(r)
-        })
-        .await;
-        assert_eq!(r.phase(), Phase::Parked);
-        assert_eq!(condition(&r, "Requeued").unwrap().1, "BrokerUnreachable");
-    }
-    assert!(
-        !events_for(&client, &ns, "down-0", "RequeueFailed")
-            .await
-            .is_empty()
-    );
-
-    nats.restart();
-    for i in 0..3 {
-        let r = wait_phase(&api, &format!("down-{i}"), Phase::Redriven, 90).await;
-        assert_eq!(condition(&r, "Requeued").unwrap().0, "True");
-    }
-    support::brokers::wait_ready(&client, &ns, "relayer", true, 60).await;
-    let mut got = Vec::new();
-    let n = stream_messages(&stream).await;
-    for seq in 1..=n {
-        got.push(stream.get_raw_message(seq).await.unwrap().payload.to_vec());
-    }
-    got.sort();
-    let want: Vec<Vec<u8>> = (0..3).map(|i| format!("job {i}").into_bytes()).collect();
-    assert_eq!(got, want, "nothing lost, nothing doubled");
+    let mut broker = NatsJobs {
+        nats: &nats,
+        stream: &stream,
+    };
+    assert_requeue_failing_then_recovers(&client, &ns, &mut broker, &[("x-n", "1")], 3).await;
 }
 
 /// A worker that fails every message it gets: naks until JetStream gives up (MaxDeliver).
@@ -263,7 +234,7 @@ async fn worker_consumer(
 /// Waits until the bridge has its advisory capture stream (advisories before it are lost).
 async fn wait_for_bridge(nats: &Nats) {
     let js = nats.js().await;
-    let name = deadletter::bridge::nats::advisory_stream("JOBS", "worker");
+    let name = deadletter::source::nats::advisory_stream("JOBS", "worker");
     eventually(30, "the bridge's advisory stream", || async {
         js.get_stream(&name).await.ok().map(|_| ())
     })
@@ -389,7 +360,7 @@ async fn a_message_over_max_deliver_becomes_a_record_and_redrive_respects_the_du
     assert_eq!(header(&headers, "x-trace"), Some("t7"));
     let tags: Vec<&str> = headers.get_all("x-tag").map(|v| v.as_str()).collect();
     assert_eq!(tags, ["a", "b"], "the original headers, untouched");
-    support::report(&format!(
+    dlq_testenv::report(&format!(
         "nats duplicate window {}s: redrive refused as DuplicateWindow at {:.1}s, redriven at {:.1}s after the original publish",
         WINDOW.as_secs(),
         refused_after.as_secs_f64(),
@@ -462,14 +433,14 @@ async fn source_survives_sigkill_mid_drain_and_parks_every_message_exactly_once(
     let capture = nats
         .js()
         .await
-        .get_stream(deadletter::bridge::nats::advisory_stream("JOBS", "worker"))
+        .get_stream(deadletter::source::nats::advisory_stream("JOBS", "worker"))
         .await
         .unwrap();
     eventually(30, "every advisory acked", || async {
         (stream_messages(&capture).await == 0).then_some(())
     })
     .await;
-    support::report(&format!(
+    dlq_testenv::report(&format!(
         "nats source: {N} dead messages parked in {:.1}s incl. SIGKILL at {at_kill} records ({in_stream} still in the stream then) and a restart",
         elapsed.as_secs_f64()
     ));
@@ -500,7 +471,7 @@ async fn redrive_rate() {
     })
     .await;
     assert_eq!(stream_messages(&stream).await as usize, n);
-    support::report(&format!(
+    dlq_testenv::report(&format!(
         "redrive rate nats jetstream: {n} records in {secs:.2}s = {:.0} records/s",
         n as f64 / secs
     ));

@@ -1,29 +1,19 @@
 //! Parking against a real apiserver and redis-server: the park API, `kubectl dlq park`, the
 //! Redis source bridge, and a GitOps decision next to the parker's fields.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::process::Stdio;
 use std::time::Instant;
 
-use deadletter::api::{
-    Action, DeadLetter, DeadLetterQueue, FailureKind, IntentSnapshot, Job, Phase,
+use dlq_client::park::{ParkError, ParkOutcome, ParkRequest, Parker, park};
+use dlq_core::api::{Action, DeadLetter, DeadLetterQueue, FailureKind, IntentSnapshot, Job, Phase};
+use dlq_testenv::brokers::Redis;
+use dlq_testenv::{
+    LIST, Operator, create_queue, decide, events_for, eventually, list_target, setup, wait_phase,
 };
-use deadletter::park::{ParkError, ParkOutcome, ParkRequest, Parker, park};
+use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::{Client, ResourceExt};
 use serde_json::json;
-use support::{
-    LIST, Operator, Redis, create_queue, decide, events_for, eventually, list_target, wait_phase,
-};
-
-async fn setup(prefix: &str) -> (Client, String) {
-    let client = support::plane().client().await;
-    support::install_crds(&client).await;
-    let ns = support::namespace(&client, prefix).await;
-    (client, ns)
-}
 
 fn request(id: &str, payload: &str) -> ParkRequest {
     let mut r = ParkRequest::new(
@@ -60,7 +50,7 @@ async fn park_dedupes_while_parked_and_starts_a_new_cycle_after_resolution() {
     .unwrap();
     assert!(first.is_new());
     let r = first.record();
-    let key = deadletter::park::job_key("relayer", "pi_0003/settle");
+    let key = dlq_core::park::job_key("relayer", "pi_0003/settle");
     assert_eq!(r.name_any(), format!("pi-0003-settle-{}-1", &key[..8]));
     let labels = r.labels();
     assert_eq!(labels["dlq.dev/queue"], "relayer");
@@ -255,13 +245,13 @@ async fn kubectl_dlq_park_prints_the_record_and_fails_on_bad_input() {
         json!({}),
     )
     .await;
-    let plane = support::plane();
+    let plane = dlq_testenv::plane();
     let dir = std::env::temp_dir().join(format!("dlq-cli-{ns}"));
     std::fs::create_dir_all(&dir).unwrap();
     let body = dir.join("job.bin");
     std::fs::write(&body, b"\x00\x01binary").unwrap();
     let run = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kubectl-dlq"))
+        let out = std::process::Command::new(dlq_testenv::bin("kubectl-dlq"))
             .args([
                 "--kubeconfig",
                 plane.kubeconfig.to_str().unwrap(),
@@ -353,7 +343,7 @@ async fn gitops_server_side_apply_of_a_decision_does_not_conflict_with_the_parke
     let manifest = format!(
         "apiVersion: dlq.dev/v1alpha1\nkind: DeadLetter\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  action: redrive\n  by: carol\n"
     );
-    let mut cmd = support::plane().kubectl();
+    let mut cmd = dlq_testenv::plane().kubectl();
     cmd.args([
         "apply",
         "--server-side",
@@ -477,7 +467,7 @@ async fn redis_bridge_parks_every_dead_element_once_even_across_a_crash() {
     assert_eq!(sample.spec.job.payload.as_deref(), Some("{\"n\":7}"));
     assert_eq!(sample.spec.deliveries, 5);
     assert_eq!(sample.spec.intent.as_ref().unwrap().id, "pi_7");
-    support::report(&format!(
+    dlq_testenv::report(&format!(
         "bridge: {} elements parked in {:.1}s ({:.0} records/s, including one SIGKILL at {at_kill} and a restart)",
         N + 1,
         elapsed.as_secs_f64(),

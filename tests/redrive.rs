@@ -1,25 +1,17 @@
 //! Redrive and drop against a real apiserver and a real redis-server.
 
-mod support;
-
-use deadletter::api::{Action, DeadLetter, DeadLetterQueue, IntentSnapshot, Phase};
-use kube::api::{Api, ListParams, PostParams};
-use kube::{Client, ResourceExt};
-use serde_json::json;
-use support::{
-    LIST, Operator, Redis, condition, create_queue, decide, events_for, eventually, list_target,
-    wait_phase,
+use dlq_core::api::{Action, DeadLetter, DeadLetterQueue, IntentSnapshot, Phase};
+use dlq_testenv::brokers::Redis;
+use dlq_testenv::{
+    LIST, Operator, assert_requeue_failing_then_recovers, condition, create_queue, decide,
+    events_for, eventually, list_target, setup, wait_phase,
 };
-
-async fn setup(prefix: &str) -> (Client, String) {
-    let client = support::plane().client().await;
-    support::install_crds(&client).await;
-    let ns = support::namespace(&client, prefix).await;
-    (client, ns)
-}
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, PostParams};
+use serde_json::json;
 
 fn record(name: &str, job_id: &str, payload: &[u8]) -> DeadLetter {
-    let mut r = support::record(name, job_id, payload, &[]);
+    let mut r = dlq_testenv::record(name, job_id, payload, &[]);
     r.spec.intent = Some(IntentSnapshot {
         id: "pi_0003".into(),
         state: "created".into(),
@@ -201,52 +193,8 @@ async fn broker_down_keeps_records_parked_until_it_returns() {
     let mut redis = Redis::start();
     create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
     let _op = Operator::start(&ns);
-    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
-    for i in 0..5 {
-        park(
-            &api,
-            record(
-                &format!("down-{i}"),
-                &format!("down/{i}"),
-                format!("job {i}").as_bytes(),
-            ),
-        )
-        .await;
-    }
-    wait_phase(&api, "down-4", Phase::Parked, 20).await;
-    redis.stop();
-    for i in 0..5 {
-        decide(&api, &format!("down-{i}"), Action::Redrive, "ops").await;
-    }
-    for i in 0..5 {
-        let name = format!("down-{i}");
-        let r = eventually(30, "Requeued=False while redis is down", || async {
-            let r = api.get(&name).await.ok()?;
-            matches!(condition(&r, "Requeued"), Some((s, _, _)) if s == "False").then_some(r)
-        })
-        .await;
-        assert_eq!(
-            r.phase(),
-            Phase::Parked,
-            "a failed requeue leaves the record Parked"
-        );
-        let (_, reason, _) = condition(&r, "Requeued").unwrap();
-        assert_eq!(reason, "BrokerUnreachable");
-    }
-    assert!(
-        !events_for(&client, &ns, "down-0", "RequeueFailed")
-            .await
-            .is_empty()
-    );
-    redis.restart();
-    for i in 0..5 {
-        let r = wait_phase(&api, &format!("down-{i}"), Phase::Redriven, 60).await;
-        assert_eq!(condition(&r, "Requeued").unwrap().0, "True");
-    }
-    let mut got = redis.list(LIST).await;
-    got.sort();
-    let want: Vec<Vec<u8>> = (0..5).map(|i| format!("job {i}").into_bytes()).collect();
-    assert_eq!(got, want, "nothing lost, nothing doubled");
+    // A list target carries no headers: the records have none.
+    assert_requeue_failing_then_recovers(&client, &ns, &mut redis, &[], 5).await;
 }
 
 #[tokio::test]
@@ -421,7 +369,7 @@ async fn two_operators_racing_resolve_each_record_exactly_once() {
     assert_eq!(distinct.len(), N, "every job reached Redis at least once");
     let duplicates = list.len() - N;
     let conflicts = conflict(&a) + conflict(&b);
-    support::report(&format!(
+    dlq_testenv::report(&format!(
         "race: {N} records, two operators: {} enqueues, {duplicates} duplicate enqueues, {conflicts} resolve conflicts counted (a: {} ok, b: {} ok)",
         list.len(),
         success(&a),

@@ -1,9 +1,10 @@
-//! The I/O shells around [`crate::decide`]: a DeadLetter reconciler (redrive/drop) and a
-//! DeadLetterQueue reconciler (counters, readiness, retention), sharing one watch of records
-//! whose payloads are stripped before they are cached.
+//! Carries out the core's plans: one reflector per kind (DeadLetters with payloads stripped,
+//! DeadLetterQueues), a DeadLetter reconciler (redrive/drop) and a DeadLetterQueue reconciler
+//! (counters, readiness, retention), the sources, and the one writer ([`apiserver`]).
 
+pub mod apiserver;
 pub mod deadletter;
-pub mod queue;
+pub mod deadletterqueue;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -11,19 +12,21 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::Reporter;
+use kube::runtime::predicates;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::Mutex;
 
-use crate::api::{DeadLetter, DeadLetterQueue};
+use dlq_core::api::{DeadLetter, DeadLetterQueue};
+use dlq_core::plan::{Effects, Then};
+
 use crate::error::Error;
 use crate::metrics::Metrics;
-use crate::targets::TargetCache;
-
-/// Field manager of every status write the operator makes.
-pub const MANAGER: &str = "deadletter-operator";
+use crate::target::Targets;
+use crate::target::cache::TargetCache;
+use apiserver::{Apiserver, KubeApiserver};
 
 /// Tunables of the reconcilers.
 #[derive(Clone, Debug)]
@@ -46,124 +49,87 @@ impl Default for Settings {
     }
 }
 
-/// Shared by both reconcilers.
+/// Everything a reconcile needs; built from parts so tests construct it with a fake
+/// [`Apiserver`] and fake [`Targets`] and call the reconcilers in-process.
 pub struct Context {
-    pub client: Client,
+    pub apiserver: Arc<dyn Apiserver>,
+    pub targets: Arc<dyn Targets>,
     pub metrics: Metrics,
-    pub recorder: Recorder,
-    reporter: Reporter,
-    pub targets: TargetCache,
     pub settings: Settings,
-    /// Records (payload-free) as the shared watch sees them.
+    /// Records (payloads over 1 KiB stripped) as the watch sees them.
     pub records: Store<DeadLetter>,
-    /// Consecutive requeue failures per record uid, for backoff.
-    attempts: Mutex<HashMap<String, u32>>,
+    /// DeadLetterQueues as the watch sees them: the only way the operator reads them.
+    pub queues: Store<DeadLetterQueue>,
+    /// Consecutive requeue failures per record (by uid), for backoff. Entries of records that
+    /// are gone are pruned on the next failure.
+    failures: Mutex<HashMap<String, (ObjectRef<DeadLetter>, u32)>>,
     /// Record uids this process already enqueued whose resolution is not yet written: a retry
     /// after a failed status write must not enqueue a second time.
     enqueued: Mutex<HashSet<String>>,
-    /// DeadLetterQueues read in the last [`QUEUE_TTL`]: a bulk replay would otherwise read the
-    /// same queue once per record.
-    queues: Mutex<HashMap<(String, String), (std::time::Instant, DeadLetterQueue)>>,
 }
-
-/// How long a DeadLetterQueue read for a redrive is reused.
-const QUEUE_TTL: Duration = Duration::from_secs(2);
 
 impl Context {
-    pub async fn publish(&self, obj: &impl Resource<DynamicType = ()>, ev: Event) {
-        if let Err(e) = self.recorder.publish(&ev, &obj.object_ref(&())).await {
-            tracing::warn!(error = %e, reason = %ev.reason, "publishing event failed");
+    pub fn new(
+        apiserver: Arc<dyn Apiserver>,
+        targets: Arc<dyn Targets>,
+        records: Store<DeadLetter>,
+        queues: Store<DeadLetterQueue>,
+        metrics: Metrics,
+        settings: Settings,
+    ) -> Self {
+        Context {
+            apiserver,
+            targets,
+            metrics,
+            settings,
+            records,
+            queues,
+            failures: Mutex::default(),
+            enqueued: Mutex::default(),
         }
     }
 
-    /// Publishes an Event that never repeats for its object (one `Parked` per record) straight
-    /// to the API: the recorder keeps every event it sent for minutes to aggregate repeats,
-    /// which for a parking storm of 10,000 records is most of the operator's memory.
-    pub async fn publish_once(&self, obj: &impl Resource<DynamicType = ()>, ev: Event) {
-        let reference = obj.object_ref(&());
-        let ns = reference.namespace.clone().unwrap_or_default();
-        let now = jiff::Timestamp::now();
-        let event = k8s_openapi::api::events::v1::Event {
-            metadata: kube::api::ObjectMeta {
-                // As the recorder names them: the object's name and the time, unique enough.
-                name: Some(format!(
-                    "{}.{:x}",
-                    reference.name.clone().unwrap_or_default(),
-                    now.as_nanosecond()
-                )),
-                namespace: Some(ns.clone()),
-                ..Default::default()
-            },
-            event_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
-                now,
-            )),
-            type_: Some(match ev.type_ {
-                EventType::Normal => "Normal".into(),
-                EventType::Warning => "Warning".into(),
-            }),
-            reason: Some(ev.reason.clone()),
-            action: Some(ev.action.clone()),
-            note: ev.note.clone(),
-            regarding: Some(reference),
-            reporting_controller: Some(self.reporter.controller.clone()),
-            reporting_instance: Some(
-                self.reporter
-                    .instance
-                    .clone()
-                    .unwrap_or_else(|| self.reporter.controller.clone()),
-            ),
-            ..Default::default()
-        };
-        let api: Api<k8s_openapi::api::events::v1::Event> =
-            Api::namespaced(self.client.clone(), &ns);
-        if let Err(e) = api.create(&kube::api::PostParams::default(), &event).await {
-            tracing::warn!(error = %e, reason = %ev.reason, "publishing event failed");
+    /// Publishes the Events and applies the metric changes of a plan about `obj`.
+    pub async fn carry_out(&self, obj: &impl Resource<DynamicType = ()>, effects: &Effects) {
+        for change in &effects.metrics {
+            self.metrics.apply(change);
+        }
+        for event in &effects.events {
+            self.apiserver
+                .publish(apiserver::reference(obj), event)
+                .await;
         }
     }
 
-    /// The DeadLetterQueue `name` in `ns` (None when it does not exist), read at most once per
-    /// [`QUEUE_TTL`]. A missing queue is not remembered, so creating it takes effect at once.
-    pub async fn queue(
-        &self,
-        ns: &str,
-        name: &str,
-    ) -> Result<Option<DeadLetterQueue>, kube::Error> {
-        let key = (ns.to_string(), name.to_string());
-        if let Some((at, q)) = self.queues.lock().await.get(&key)
-            && at.elapsed() < QUEUE_TTL
-        {
-            return Ok(Some(q.clone()));
-        }
-        let api: Api<DeadLetterQueue> = Api::namespaced(self.client.clone(), ns);
-        let found = api.get_opt(name).await?;
-        if let Some(q) = &found {
-            self.queues
-                .lock()
-                .await
-                .insert(key, (std::time::Instant::now(), q.clone()));
-        }
-        Ok(found)
+    /// The queue `name` in `namespace`, from the store.
+    pub fn queue(&self, namespace: &str, name: &str) -> Option<Arc<DeadLetterQueue>> {
+        self.queues.get(&ObjectRef::new(name).within(namespace))
     }
 
-    async fn note_failure(&self, uid: &str) -> u32 {
-        let mut map = self.attempts.lock().await;
-        let n = map.entry(uid.to_string()).or_default();
-        *n = n.saturating_add(1);
-        *n
+    /// Counts one more consecutive requeue failure of `record`.
+    async fn note_failure(&self, record: &DeadLetter) -> u32 {
+        let mut map = self.failures.lock().await;
+        map.retain(|_, (r, _)| self.records.get(r).is_some());
+        let entry = map
+            .entry(record.uid().unwrap_or_default())
+            .or_insert_with(|| (ObjectRef::from_obj(record), 0));
+        entry.1 = entry.1.saturating_add(1);
+        entry.1
     }
 
-    async fn clear_failures(&self, uid: &str) {
-        self.attempts.lock().await.remove(uid);
+    async fn clear_failures(&self, record: &DeadLetter) {
+        self.failures
+            .lock()
+            .await
+            .remove(&record.uid().unwrap_or_default());
     }
 }
 
-pub(crate) fn event(type_: EventType, reason: &str, action: &str, note: String) -> Event {
-    Event {
-        type_,
-        reason: reason.into(),
-        note: Some(crate::conditions::truncate(&note, 1024)),
-        action: action.into(),
-        secondary: None,
+/// The controller's form of a plan's follow-up.
+pub fn action(then: Then) -> Action {
+    match then {
+        Then::AwaitChange => Action::await_change(),
+        Then::RequeueAfter(d) => Action::requeue(d),
     }
 }
 
@@ -201,7 +167,11 @@ fn error_policy<K>(_obj: Arc<K>, err: &Error, ctx: Arc<Context>) -> Action {
     Action::requeue(Duration::from_secs(5))
 }
 
-/// Runs both controllers over `namespace` (all namespaces when None) until `shutdown` resolves.
+/// How long the generation filter remembers a record it has not seen change.
+const GENERATION_MEMORY: Duration = Duration::from_secs(15 * 60);
+
+/// Runs both controllers and the sources over `namespace` (all namespaces when None) until
+/// `shutdown` resolves.
 pub async fn run_scope(
     client: Client,
     namespace: Option<String>,
@@ -210,79 +180,104 @@ pub async fn run_scope(
     settings: Settings,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
 ) {
-    let (dl_api, dlq_api): (Api<DeadLetter>, Api<DeadLetterQueue>) = match &namespace {
-        Some(ns) => (
-            Api::namespaced(client.clone(), ns),
-            Api::namespaced(client.clone(), ns),
-        ),
-        None => (Api::all(client.clone()), Api::all(client.clone())),
-    };
-    let (records, writer) = reflector::store_shared(1024);
-    let Some(subscriber) = writer.subscribe() else {
-        tracing::error!("cannot subscribe to the record store");
+    let (records, record_writer) = reflector::store_shared(1024);
+    let (queues, queue_writer) = reflector::store_shared(256);
+    let (Some(record_events), Some(queue_events), Some(queue_changes)) = (
+        record_writer.subscribe(),
+        queue_writer.subscribe(),
+        queue_writer.subscribe(),
+    ) else {
+        tracing::error!("cannot subscribe to the stores");
         return;
     };
-    // Small pages: the initial list carries payloads (stripped right after), so the page size
-    // bounds the operator's peak memory at start-up.
-    let root = watcher(
-        dl_api.clone(),
-        watcher::Config::default().any_semantic().page_size(50),
+    let record_watch = watch_records(api_for(&client, &namespace), record_writer);
+    let queue_watch = watcher(
+        api_for(&client, &namespace),
+        watcher::Config::default().any_semantic(),
     )
     .default_backoff()
-    .modify(strip)
-    .reflect_shared(writer)
+    .reflect_shared(queue_writer)
     .for_each(|_| futures::future::ready(()));
 
-    let ctx = Arc::new(Context {
-        recorder: Recorder::new(client.clone(), reporter.clone()),
-        reporter,
-        targets: TargetCache::new(client.clone()),
-        client: client.clone(),
+    let targets = Arc::new(TargetCache::new(client.clone()));
+    let ctx = Arc::new(Context::new(
+        Arc::new(KubeApiserver::new(client.clone(), reporter)),
+        targets.clone(),
+        records.clone(),
+        queues.clone(),
         metrics,
-        settings: settings.clone(),
-        records: records.clone(),
-        attempts: Mutex::default(),
-        enqueued: Mutex::default(),
-        queues: Mutex::default(),
-    });
+        settings.clone(),
+    ));
     let cfg = kube::runtime::controller::Config::default().concurrency(settings.concurrency);
-
-    // Records wake their reconciler when first seen and when a human changes the spec (the
-    // generation), not on status writes: our own condition writes would otherwise defeat the
-    // requeue backoff, and another replica's resolution leaves nothing to do.
-    let mut generations: HashMap<String, Option<i64>> = HashMap::new();
-    let spec_changes = subscriber.clone().filter(move |dl| {
-        let uid = dl.uid().unwrap_or_default();
-        let changed =
-            generations.insert(uid, dl.metadata.generation) != Some(dl.metadata.generation);
-        futures::future::ready(changed)
-    });
-    let records_ctl = Controller::for_shared_stream(spec_changes, records.clone())
+    let records_ctl = Controller::for_shared_stream(spec_changes(record_events.clone()), records)
         .with_config(cfg.clone())
         .graceful_shutdown_on(shutdown.clone())
         .run(deadletter::reconcile, error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
-
-    let bridges = crate::bridge::supervise(
+    let sources = crate::source::supervise(
         client.clone(),
-        namespace.clone(),
-        crate::park::Parker::new(client.clone()),
+        queues.clone(),
+        queue_changes,
+        targets,
+        dlq_client::park::Parker::new(client),
         shutdown.clone(),
     );
-
-    let queues_ctl = Controller::new(dlq_api, watcher::Config::default())
+    let queues_ctl = Controller::for_shared_stream(queue_events, queues)
         .with_config(cfg.debounce(Duration::from_millis(500)))
-        .watches_shared_stream(subscriber, |dl: Arc<DeadLetter>| {
+        .watches_shared_stream(record_events, |dl: Arc<DeadLetter>| {
             let ns = dl.namespace()?;
             Some(ObjectRef::<DeadLetterQueue>::new(&dl.spec.queue).within(&ns))
         })
         .graceful_shutdown_on(shutdown)
-        .run(queue::reconcile, error_policy, ctx)
+        .run(deadletterqueue::reconcile, error_policy, ctx)
         .for_each(|_| futures::future::ready(()));
 
     tokio::select! {
-        _ = root => {}
+        _ = record_watch => {}
+        _ = queue_watch => {}
         // Both controllers end after `shutdown`, once in-flight reconciles finished.
-        _ = async { tokio::join!(records_ctl, queues_ctl, bridges) } => {}
+        _ = async { tokio::join!(records_ctl, queues_ctl, sources) } => {}
     }
 }
+
+fn api_for<K>(client: &Client, namespace: &Option<String>) -> Api<K>
+where
+    K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// The record watch, payloads stripped before they are cached. Small pages: the initial list
+/// carries payloads, so the page size bounds the operator's peak memory at start-up.
+fn watch_records(
+    api: Api<DeadLetter>,
+    writer: reflector::store::Writer<DeadLetter>,
+) -> impl std::future::Future<Output = ()> {
+    watcher(api, watcher::Config::default().any_semantic().page_size(50))
+        .default_backoff()
+        .modify(strip)
+        .reflect_shared(writer)
+        .for_each(|_| futures::future::ready(()))
+}
+
+/// Records wake their reconciler when first seen and when a human changes the spec (the
+/// generation), not on status writes: our own condition writes would otherwise defeat the
+/// requeue backoff, and another replica's resolution leaves nothing to do. kube's predicate
+/// filter forgets records it has not seen for [`GENERATION_MEMORY`].
+fn spec_changes(
+    records: impl futures::Stream<Item = Arc<DeadLetter>>,
+) -> impl futures::Stream<Item = Arc<DeadLetter>> {
+    records
+        .map(|dl| Ok::<_, watcher::Error>((*dl).clone()))
+        .predicate_filter(
+            predicates::generation,
+            kube::runtime::PredicateConfig::default().ttl(GENERATION_MEMORY),
+        )
+        .filter_map(|dl| futures::future::ready(dl.ok().map(Arc::new)))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,202 @@
+//! `park()`: turning a job a consumer gave up on into a `DeadLetter` record, once.
+//!
+//! A record is created with a plain create (POST) under the field manager `dlq-parker`: the
+//! create is the atomic step that makes racing parkers safe (the loser gets AlreadyExists,
+//! re-reads, and answers AlreadyParked). The parker only ever owns the parked facts, never
+//! `action`/`by`/`note`, so a GitOps server-side apply of a decision does not conflict with it.
+//! The rules themselves (validation, naming, cycles) are `dlq_core::park`.
+
+use kube::api::{ListParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+
+use dlq_core::api::{self, DeadLetter, DeadLetterQueue, Phase};
+use dlq_core::park::{Cycle, job_key, new_record, next_cycle, validate};
+pub use dlq_core::park::{ParkInvalid, ParkRequest};
+
+/// Field manager of every record the parker creates.
+pub const PARKER: &str = "dlq-parker";
+
+/// What parking did.
+#[derive(Debug, Clone)]
+pub enum ParkOutcome {
+    /// A new record (a new cycle when earlier ones were resolved).
+    Parked(Box<DeadLetter>),
+    /// The job already has a Parked record; nothing changed.
+    AlreadyParked(Box<DeadLetter>),
+}
+
+impl ParkOutcome {
+    pub fn record(&self) -> &DeadLetter {
+        match self {
+            ParkOutcome::Parked(r) | ParkOutcome::AlreadyParked(r) => r,
+        }
+    }
+
+    pub fn is_new(&self) -> bool {
+        matches!(self, ParkOutcome::Parked(_))
+    }
+}
+
+/// Why a park was refused. Each message says what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ParkError {
+    #[error(transparent)]
+    Invalid(#[from] ParkInvalid),
+    #[error("unknown queue: no DeadLetterQueue {queue} in namespace {namespace}")]
+    UnknownQueue { namespace: String, queue: String },
+    #[error(
+        "queue {queue} has {parked} parked records, at its maxParked of {limit}: resolve some, or raise spec.maxParked"
+    )]
+    MaxParked {
+        queue: String,
+        parked: i64,
+        limit: i64,
+    },
+    #[error("job {0} kept changing while parking (parked and resolved concurrently); try again")]
+    Busy(String),
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+impl ParkError {
+    /// Whether trying again later can succeed (the apiserver, the queue's capacity or its
+    /// existence may change); the rest are properties of the message itself.
+    pub fn is_transient(&self) -> bool {
+        !matches!(self, ParkError::Invalid(_))
+    }
+}
+
+/// Parks jobs. (`dlq_parked_total` and the `Parked` Event come from the operator when it first
+/// marks a record Parked, so parkings from any process are counted once.)
+#[derive(Clone)]
+pub struct Parker {
+    client: Client,
+}
+
+impl Parker {
+    pub fn new(client: Client) -> Self {
+        Parker { client }
+    }
+
+    /// Validates, reads the DeadLetterQueue, and parks.
+    pub async fn park(&self, namespace: &str, req: ParkRequest) -> Result<ParkOutcome, ParkError> {
+        validate(&req)?;
+        let api: Api<DeadLetterQueue> = Api::namespaced(self.client.clone(), namespace);
+        let queue = api
+            .get_opt(&req.queue)
+            .await?
+            .ok_or_else(|| ParkError::UnknownQueue {
+                namespace: namespace.into(),
+                queue: req.queue.clone(),
+            })?;
+        self.park_into(&queue, req).await
+    }
+
+    /// Parks into a queue the caller already holds (the operator's sources take it from the
+    /// operator's own store).
+    pub async fn park_into(
+        &self,
+        queue: &DeadLetterQueue,
+        req: ParkRequest,
+    ) -> Result<ParkOutcome, ParkError> {
+        validate(&req)?;
+        let namespace = queue.namespace().unwrap_or_default();
+        let records: Api<DeadLetter> = Api::namespaced(self.client.clone(), &namespace);
+        // First from the apiserver's watch cache (resourceVersion 0: cheap, possibly a moment
+        // stale), then, whenever that view proves stale, from etcd. The deterministic name
+        // makes the create the guard: two parkers of one job cannot both create a cycle.
+        for consistent in [false, true, true] {
+            let existing = self.earlier_records(&records, &req, consistent).await?;
+            let cycle = match next_cycle(&req, &existing) {
+                Cycle::AlreadyParked(parked) => {
+                    // Confirm a cached Parked: answering AlreadyParked for a record that was
+                    // just resolved would lose this new death of the job.
+                    match records.get_opt(&parked.name_any()).await? {
+                        Some(r) if r.phase() == Phase::Parked => {
+                            return Ok(ParkOutcome::AlreadyParked(Box::new(r)));
+                        }
+                        _ => continue,
+                    }
+                }
+                Cycle::Next(cycle) => cycle,
+            };
+            check_capacity(queue, &req)?;
+            if let Some(outcome) = self.create(&records, &req, cycle).await? {
+                return Ok(outcome);
+            }
+        }
+        Err(ParkError::Busy(req.job.id.clone()))
+    }
+
+    /// Every record carrying the job's key, from the watch cache or (`consistent`) from etcd.
+    async fn earlier_records(
+        &self,
+        records: &Api<DeadLetter>,
+        req: &ParkRequest,
+        consistent: bool,
+    ) -> Result<Vec<DeadLetter>, ParkError> {
+        let selector = format!(
+            "{}={}",
+            api::LABEL_JOB_KEY,
+            job_key(&req.queue, &req.job.id)
+        );
+        let mut lp = ListParams::default().labels(&selector);
+        if !consistent {
+            lp = lp.match_any();
+        }
+        Ok(records.list(&lp).await?.items)
+    }
+
+    /// Creates `cycle`. None when that cycle already exists but is no longer Parked (the list
+    /// was stale: look again, consistently).
+    async fn create(
+        &self,
+        records: &Api<DeadLetter>,
+        req: &ParkRequest,
+        cycle: i32,
+    ) -> Result<Option<ParkOutcome>, ParkError> {
+        let record = new_record(req, cycle);
+        let name = record.name_any();
+        let pp = PostParams {
+            field_manager: Some(PARKER.into()),
+            ..PostParams::default()
+        };
+        match records.create(&pp, &record).await {
+            Ok(created) => {
+                tracing::info!(namespace = ?created.namespace(), name = %name, job = %created.spec.job.id, cycle, "parked");
+                Ok(Some(ParkOutcome::Parked(Box::new(created))))
+            }
+            // A racing parker created this cycle (then it is ours too), or the list was stale.
+            Err(kube::Error::Api(s)) if s.code == 409 => match records.get_opt(&name).await? {
+                Some(r) if r.phase() == Phase::Parked => {
+                    Ok(Some(ParkOutcome::AlreadyParked(Box::new(r))))
+                }
+                _ => Ok(None),
+            },
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// `maxParked` as the queue's last counted status says.
+fn check_capacity(queue: &DeadLetterQueue, req: &ParkRequest) -> Result<(), ParkError> {
+    let parked = queue.status.as_ref().map_or(0, |s| s.parked);
+    let limit = queue.spec.max_parked();
+    if parked >= limit {
+        return Err(ParkError::MaxParked {
+            queue: req.queue.clone(),
+            parked,
+            limit,
+        });
+    }
+    Ok(())
+}
+
+/// Parks one job: see [`Parker::park`].
+pub async fn park(
+    client: Client,
+    namespace: &str,
+    req: ParkRequest,
+) -> Result<ParkOutcome, ParkError> {
+    Parker::new(client).park(namespace, req).await
+}

@@ -1,0 +1,565 @@
+//! The `dlq.dev/v1alpha1` API: `DeadLetter` (one parked job) and `DeadLetterQueue` (where it
+//! came from and goes back to).
+//!
+//! The rules that protect a record (immutable facts, signed decisions, one resolution) are CEL
+//! rules in the CRD, so the apiserver refuses a bad `kubectl edit` before the operator sees it.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube_derive::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// Largest UTF-8 payload a record holds, in bytes (the CRD bounds characters to the same number).
+pub const MAX_PAYLOAD_BYTES: usize = 256 * 1024;
+/// `payloadBase64` length for [`MAX_PAYLOAD_BYTES`] of raw bytes.
+pub const MAX_PAYLOAD_BASE64_LEN: usize = MAX_PAYLOAD_BYTES.div_ceil(3) * 4;
+pub const MAX_HEADERS: usize = 64;
+pub const MAX_HEADER_VALUE_LEN: usize = 8192;
+pub const MAX_JOB_ID_LEN: usize = 253;
+
+/// Label with the DeadLetterQueue name.
+pub const LABEL_QUEUE: &str = "dlq.dev/queue";
+/// Label `transient` or `invalid`.
+pub const LABEL_FAILURE_KIND: &str = "dlq.dev/failure-kind";
+/// Label with the hash of `queue/jobId`: selects every cycle of one job.
+pub const LABEL_JOB_KEY: &str = "dlq.dev/job-key";
+
+/// One parking of a job that a consumer gave up on. Only `action`/`by`/`note` are meant to change.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "dlq.dev",
+    version = "v1alpha1",
+    kind = "DeadLetter",
+    namespaced,
+    shortname = "dl",
+    category = "dlq-all",
+    status = "DeadLetterStatus",
+    printcolumn = r#"{"name":"Job","type":"string","jsonPath":".spec.job.id"}"#,
+    printcolumn = r##"{"name":"#","type":"integer","jsonPath":".spec.deliveries","description":"deliveries in this cycle"}"##,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Intent","type":"string","jsonPath":".spec.intent.state","description":"business state when parked"}"#,
+    printcolumn = r#"{"name":"By","type":"string","jsonPath":".spec.by"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".spec.reason"}"#,
+    printcolumn = r#"{"name":"Cycle","type":"integer","jsonPath":".spec.cycle","priority":1}"#,
+    printcolumn = r#"{"name":"Kind","type":"string","jsonPath":".spec.failureKind","priority":1}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    validation = kube::core::Rule::new(
+        "!has(oldSelf.status) || !has(oldSelf.status.phase) || oldSelf.status.phase == 'Parked' || ((has(self.spec.action) ? self.spec.action : '') == (has(oldSelf.spec.action) ? oldSelf.spec.action : '') && (has(self.spec.by) ? self.spec.by : '') == (has(oldSelf.spec.by) ? oldSelf.spec.by : '') && (has(self.spec.note) ? self.spec.note : '') == (has(oldSelf.spec.note) ? oldSelf.spec.note : ''))"
+    ).message(kube::core::Message::Expression(
+        "'record is not parked: ' + self.spec.job.id + ' is ' + oldSelf.status.phase.lowerAscii()".into()
+    )).reason(kube::core::Reason::FieldValueForbidden).field_path(".spec")
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = kube::core::Rule::new("self.queue == oldSelf.queue").message("spec.queue is immutable"),
+    validation = kube::core::Rule::new("self.cycle == oldSelf.cycle").message("spec.cycle is immutable"),
+    validation = kube::core::Rule::new("self.job == oldSelf.job").message("spec.job is immutable: redrive sends the job untouched"),
+    validation = kube::core::Rule::new("has(self.intent) == has(oldSelf.intent) && (!has(self.intent) || self.intent == oldSelf.intent)").message("spec.intent is immutable: it is the business state when the job was parked"),
+    validation = kube::core::Rule::new("self.deliveries == oldSelf.deliveries").message("spec.deliveries is immutable"),
+    validation = kube::core::Rule::new("self.reason == oldSelf.reason").message("spec.reason is immutable"),
+    validation = kube::core::Rule::new("self.failureKind == oldSelf.failureKind").message("spec.failureKind is immutable"),
+    validation = kube::core::Rule::new("has(self.serviceVersion) == has(oldSelf.serviceVersion) && (!has(self.serviceVersion) || self.serviceVersion == oldSelf.serviceVersion)").message("spec.serviceVersion is immutable"),
+    validation = kube::core::Rule::new("self.failedAt == oldSelf.failedAt").message("spec.failedAt is immutable"),
+    validation = kube::core::Rule::new("!has(self.action) || (has(self.by) && self.by.trim() != '')").message("every decision must be signed: set spec.by when spec.action is set"),
+)]
+pub struct DeadLetterSpec {
+    /// The DeadLetterQueue (same namespace) the job came from and returns to.
+    #[schemars(length(min = 1, max = 63))]
+    pub queue: String,
+    /// 1 + the highest cycle of earlier records of this job.
+    #[schemars(range(min = 1))]
+    pub cycle: i32,
+    /// The job exactly as the consumer received it.
+    pub job: Job,
+    /// The business object's state when the job was parked. Opaque to the operator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intent: Option<IntentSnapshot>,
+    /// Deliveries in this cycle.
+    #[schemars(range(min = 0))]
+    pub deliveries: i32,
+    /// Why the consumer gave up, in words.
+    #[schemars(length(max = 1024))]
+    pub reason: String,
+    pub failure_kind: FailureKind,
+    /// Which consumer version gave up (e.g. `relayer@1.4.2`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
+    pub service_version: Option<String>,
+    pub failed_at: Time,
+    /// The human decision. Set together with `by`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<Action>,
+    /// Who decided. Required whenever `action` is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub by: Option<String>,
+    /// Why, for the record (ticket, incident).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub note: Option<String>,
+}
+
+/// The untouched job. Exactly one of `payload` (UTF-8) or `payloadBase64` (any bytes).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = kube::core::Rule::new("has(self.payload) != has(self.payloadBase64)").message("exactly one of spec.job.payload and spec.job.payloadBase64 must be set"),
+)]
+pub struct Job {
+    #[schemars(length(min = 1, max = 253))]
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 262144))]
+    pub payload: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 349528), regex(pattern = r"^[A-Za-z0-9+/]*={0,2}$"))]
+    pub payload_base64: Option<String>,
+    /// Original message headers, carried back on redrive.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 64))]
+    #[x_kube(validation = kube::core::Rule::new("self.all(k, size(k) <= 256 && size(self[k]) <= 8192)").message("header names are at most 256 characters and values at most 8192"))]
+    pub headers: BTreeMap<String, String>,
+    /// Where the broker says the job was published before it died (RabbitMQ `x-death`, the
+    /// JetStream message's subject). Part of the immutable job, so it cannot be edited to send a
+    /// job elsewhere; redrive goes back there unless the target's `route` is `target`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<Origin>,
+}
+
+/// The address a broker-collected job had before it died. Each backend reads only its fields.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Origin {
+    /// AMQP: the exchange the job was published to (`""` is the default exchange).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 255))]
+    pub exchange: Option<String>,
+    /// AMQP: the routing key it was published with (the first of `x-death`'s routing-keys).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 255))]
+    pub routing_key: Option<String>,
+    /// AMQP: the queue whose consumer gave up on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 255))]
+    pub queue: Option<String>,
+    /// NATS: the JetStream stream that held it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 255))]
+    pub stream: Option<String>,
+    /// NATS: the subject it was published on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub subject: Option<String>,
+    /// NATS: its stream sequence; tells a JetStream duplicate of the dead message itself from a
+    /// newer copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub sequence: Option<i64>,
+}
+
+impl Job {
+    /// A job of `id` carrying `bytes` untouched: as `payload` when they are UTF-8 text, else as
+    /// `payloadBase64`. Every source builds its jobs this way.
+    pub fn from_bytes(id: impl Into<String>, bytes: &[u8]) -> Job {
+        use base64::Engine;
+        let (payload, payload_base64) = match std::str::from_utf8(bytes) {
+            Ok(text) => (Some(text.to_string()), None),
+            Err(_) => (
+                None,
+                Some(base64::engine::general_purpose::STANDARD.encode(bytes)),
+            ),
+        };
+        Job {
+            id: id.into(),
+            payload,
+            payload_base64,
+            ..Job::default()
+        }
+    }
+
+    /// The payload bytes exactly as parked.
+    pub fn payload_bytes(&self) -> Result<Vec<u8>, base64::DecodeError> {
+        use base64::Engine;
+        match (&self.payload, &self.payload_base64) {
+            (Some(text), _) => Ok(text.as_bytes().to_vec()),
+            (None, Some(b64)) => base64::engine::general_purpose::STANDARD.decode(b64),
+            (None, None) => Ok(Vec::new()),
+        }
+    }
+
+    /// Whether the (possibly stripped) job still carries its payload.
+    pub fn has_payload(&self) -> bool {
+        self.payload.is_some() || self.payload_base64.is_some()
+    }
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct IntentSnapshot {
+    #[schemars(length(max = 253))]
+    pub id: String,
+    #[schemars(length(max = 253))]
+    pub state: String,
+}
+
+/// Invalid: the message itself is unusable (fix the producer). Transient: retries ran out.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FailureKind {
+    Transient,
+    Invalid,
+}
+
+impl FailureKind {
+    /// Lower-case form used in labels and metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            FailureKind::Transient => "transient",
+            FailureKind::Invalid => "invalid",
+        }
+    }
+}
+
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    Redrive,
+    Drop,
+}
+
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default,
+)]
+pub enum Phase {
+    #[default]
+    Parked,
+    Redriven,
+    Dropped,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Parked => "Parked",
+            Phase::Redriven => "Redriven",
+            Phase::Dropped => "Dropped",
+        }
+    }
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct DeadLetterStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+impl DeadLetter {
+    /// The phase, treating a record the operator has not yet seen as Parked.
+    pub fn phase(&self) -> Phase {
+        self.status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .unwrap_or(Phase::Parked)
+    }
+}
+
+/// A logical queue: where redriven jobs go, where dead messages come from, and policies.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[kube(
+    group = "dlq.dev",
+    version = "v1alpha1",
+    kind = "DeadLetterQueue",
+    namespaced,
+    shortname = "dlq",
+    category = "dlq-all",
+    status = "DeadLetterQueueStatus",
+    printcolumn = r#"{"name":"Target","type":"string","jsonPath":".status.target"}"#,
+    printcolumn = r#"{"name":"Parked","type":"integer","jsonPath":".status.parked"}"#,
+    printcolumn = r#"{"name":"Redriven","type":"integer","jsonPath":".status.redriven"}"#,
+    printcolumn = r#"{"name":"Dropped","type":"integer","jsonPath":".status.dropped"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct DeadLetterQueueSpec {
+    /// Where redrive puts jobs back.
+    pub target: TargetSpec,
+    /// Optional: collect a broker's dead messages and park them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<SourceSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<Retention>,
+    /// Beyond this many Parked records, new parkings are refused (and alerted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_parked: Option<i64>,
+}
+
+/// Default for `maxParked`.
+pub const DEFAULT_MAX_PARKED: i64 = 10_000;
+
+impl DeadLetterQueueSpec {
+    pub fn max_parked(&self) -> i64 {
+        self.max_parked.unwrap_or(DEFAULT_MAX_PARKED)
+    }
+}
+
+/// Exactly one backend.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("[has(self.redis), has(self.amqp), has(self.nats), has(self.http)].filter(x, x).size() == 1").message("spec.target needs exactly one backend (redis, amqp, nats or http)"))]
+pub struct TargetSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis: Option<RedisTargetSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amqp: Option<AmqpTargetSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nats: Option<NatsTargetSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpTargetSpec>,
+}
+
+/// LPUSH onto `list` (a BRPOP/BLMOVE consumer sees FIFO order) or XADD onto `stream`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("has(self.list) != has(self.stream)").message("redis target needs exactly one of list or stream"))]
+pub struct RedisTargetSpec {
+    pub url_secret_ref: SecretKeyRef,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub list: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub stream: Option<String>,
+}
+
+/// Where a redriven job that carries an `origin` goes.
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
+#[serde(rename_all = "camelCase")]
+pub enum Route {
+    /// Back to the job's origin (x-death exchange + routing key, or the JetStream subject) when
+    /// the record has one; to the target's own address otherwise.
+    #[default]
+    Origin,
+    /// Always to the target's own address.
+    Target,
+}
+
+/// Publish to `exchange` with `routingKey`: persistent, mandatory (an unroutable job is a
+/// failure, not a silent drop), and confirmed by the broker.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AmqpTargetSpec {
+    /// Secret key holding the `amqp://` or `amqps://` URL (with credentials and vhost).
+    pub url_secret_ref: SecretKeyRef,
+    /// `""` is the default exchange, which routes by queue name.
+    #[serde(default)]
+    #[schemars(length(max = 255))]
+    pub exchange: String,
+    #[schemars(length(max = 255))]
+    pub routing_key: String,
+    /// `origin` (default): records collected from RabbitMQ go back to their x-death exchange and
+    /// routing key; `target`: always `exchange` + `routingKey`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<Route>,
+}
+
+/// Publish to `subject`; with `jetStream` (the default) wait for the stream's PubAck.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = kube::core::Rule::new("has(self.url) != has(self.urlSecretRef)").message("nats target needs exactly one of url or urlSecretRef"),
+    validation = kube::core::Rule::new("!has(self.url) || !self.url.contains('@')").message("credentials belong in a Secret: use urlSecretRef for a URL with a user, password or token"),
+)]
+pub struct NatsTargetSpec {
+    /// `nats://host:4222` (comma-separate several servers); no credentials here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub url: Option<String>,
+    /// Secret key holding the URL, e.g. `nats://user:password@host:4222`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url_secret_ref: Option<SecretKeyRef>,
+    #[schemars(length(min = 1, max = 1024))]
+    pub subject: String,
+    /// Publish through JetStream and wait for the PubAck (default true). `false` is a core NATS
+    /// publish, confirmed only by the server's flush: nothing stores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jet_stream: Option<bool>,
+    /// `origin` (default): records collected from JetStream go back to their original subject;
+    /// `target`: always `subject`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<Route>,
+}
+
+impl NatsTargetSpec {
+    pub fn jet_stream(&self) -> bool {
+        self.jet_stream.unwrap_or(true)
+    }
+}
+
+/// POST the payload with its headers to the consumer's own endpoint; 2xx is success.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = kube::core::Rule::new("self.url.matches('^https?://[^/@?#]+([/?#].*)?$')").message("http target url must be http(s)://host[:port]/path without credentials (use bearerTokenSecretRef)"),
+    validation = kube::core::Rule::new("!has(self.caSecretRef) || self.url.startsWith('https://')").message("caSecretRef needs an https:// url"),
+)]
+pub struct HttpTargetSpec {
+    #[schemars(length(min = 1, max = 2048))]
+    pub url: String,
+    /// Secret key holding a token sent as `Authorization: Bearer <token>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bearer_token_secret_ref: Option<SecretKeyRef>,
+    /// Secret key holding PEM CA certificates to trust instead of the public roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_secret_ref: Option<SecretKeyRef>,
+}
+
+/// A key of a Secret in the DeadLetterQueue's namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct SecretKeyRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+/// Exactly one broker to collect dead messages from.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("[has(self.redis), has(self.amqp), has(self.nats)].filter(x, x).size() == 1").message("spec.source needs exactly one broker (redis, amqp or nats)"))]
+pub struct SourceSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis: Option<RedisSourceSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amqp: Option<AmqpSourceSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nats: Option<NatsSourceSpec>,
+}
+
+/// Drain a Redis list that consumers push dead jobs onto (see README "Dead-list envelope").
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RedisSourceSpec {
+    /// Defaults to the target's URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url_secret_ref: Option<SecretKeyRef>,
+    #[schemars(length(min = 1, max = 512))]
+    pub list: String,
+}
+
+/// Consume a RabbitMQ queue fed by a dead-letter exchange; `x-death` gives deliveries, reason
+/// and origin. Messages are acknowledged only once their record exists.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AmqpSourceSpec {
+    /// Defaults to the amqp target's URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url_secret_ref: Option<SecretKeyRef>,
+    #[schemars(length(min = 1, max = 255))]
+    pub queue: String,
+}
+
+/// What the NATS bridge does with a stream message once its record exists.
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
+#[serde(rename_all = "camelCase")]
+pub enum OnParked {
+    /// Delete it from the stream (the record holds it now).
+    #[default]
+    Delete,
+    /// Leave it in the stream, e.g. a limits-based stream other consumers still read.
+    Keep,
+}
+
+/// Collect messages a JetStream consumer gave up on (MAX_DELIVERIES advisories).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = kube::core::Rule::new("!(has(self.url) && has(self.urlSecretRef))").message("nats source takes at most one of url and urlSecretRef"),
+    validation = kube::core::Rule::new("!has(self.url) || !self.url.contains('@')").message("credentials belong in a Secret: use urlSecretRef for a URL with a user, password or token"),
+)]
+pub struct NatsSourceSpec {
+    /// Defaults to the nats target's server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url_secret_ref: Option<SecretKeyRef>,
+    #[schemars(length(min = 1, max = 255))]
+    pub stream: String,
+    /// The durable consumer whose MaxDeliver the jobs exceeded.
+    #[schemars(length(min = 1, max = 255))]
+    pub consumer: String,
+    /// `delete` (default) removes the message from the stream after parking; `keep` leaves it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_parked: Option<OnParked>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Retention {
+    /// Resolved records are deleted this long after resolution (Go duration, e.g. `720h`).
+    /// Parked records are never deleted.
+    #[x_kube(validation = kube::core::Rule::new("duration(self) >= duration('0s')").message("retention.resolvedFor must be a duration such as 720h"))]
+    #[schemars(length(max = 32))]
+    pub resolved_for: String,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct DeadLetterQueueStatus {
+    #[serde(default)]
+    pub parked: i64,
+    #[serde(default)]
+    pub redriven: i64,
+    #[serde(default)]
+    pub dropped: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_parked_at: Option<Time>,
+    /// The target in words, for `kubectl get dlq`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// The CRDs as YAML documents, as `deadletter-operator crds` prints them and `crds/` holds them.
+pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
+    use kube_core::CustomResourceExt;
+    Ok(format!(
+        "---\n{}---\n{}",
+        serde_yaml::to_string(&DeadLetter::crd())?,
+        serde_yaml::to_string(&DeadLetterQueue::crd())?
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jobs_from_bytes_keep_text_as_text_and_bytes_as_base64() {
+        let text = Job::from_bytes("a", "héllo".as_bytes());
+        assert_eq!(text.payload.as_deref(), Some("héllo"));
+        assert_eq!(text.payload_base64, None);
+        let raw = [0xff, 0x00, 0x80];
+        let bin = Job::from_bytes("b", &raw);
+        assert_eq!(bin.payload, None);
+        assert_eq!(bin.payload_bytes().expect("base64"), raw);
+        assert_eq!(Job::from_bytes("c", b"").payload.as_deref(), Some(""));
+    }
+}

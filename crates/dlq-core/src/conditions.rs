@@ -1,0 +1,110 @@
+//! `metav1.Condition` bookkeeping, and every condition type and fixed reason the operator
+//! writes, named once.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+/// `Ready`: on a record, whether it is settled (Parked and waiting, or resolved); on a queue,
+/// whether its target answers.
+pub const READY: &str = "Ready";
+/// `Requeued`: whether the broker confirmed the redriven job (False while requeue fails).
+pub const REQUEUED: &str = "Requeued";
+
+/// Fixed condition reasons. Failure reasons come from the target's error category.
+pub mod reason {
+    pub const PARKED: &str = "Parked";
+    pub const UNSIGNED: &str = "Unsigned";
+    pub const REQUEUED: &str = "Requeued";
+    pub const TARGET_REACHABLE: &str = "TargetReachable";
+    pub const QUEUE_NOT_FOUND: &str = "QueueNotFound";
+    pub const KUBE_API: &str = "KubeApi";
+}
+
+/// Longest condition message we write (the API limit is 32 KiB; we keep status small).
+pub const MAX_MESSAGE: usize = 1024;
+
+/// One condition to set, before its bookkeeping (transition time, generation).
+pub struct Cond<'a> {
+    pub type_: &'a str,
+    pub status: bool,
+    pub reason: &'a str,
+    pub message: &'a str,
+}
+
+/// Sets `cond` in `list`, keeping `lastTransitionTime` when the status did not change.
+pub fn set(list: &mut Vec<Condition>, cond: Cond<'_>, generation: Option<i64>, now: &Time) {
+    let status = if cond.status { "True" } else { "False" }.to_string();
+    let message = truncate(cond.message, MAX_MESSAGE);
+    let existing = list.iter_mut().find(|c| c.type_ == cond.type_);
+    match existing {
+        Some(c) => {
+            if c.status != status {
+                c.last_transition_time = now.clone();
+            }
+            c.status = status;
+            c.reason = cond.reason.to_string();
+            c.message = message;
+            c.observed_generation = generation;
+        }
+        None => list.push(Condition {
+            type_: cond.type_.to_string(),
+            status,
+            reason: cond.reason.to_string(),
+            message,
+            observed_generation: generation,
+            last_transition_time: now.clone(),
+        }),
+    }
+}
+
+/// The condition of `type_`, if present.
+pub fn find<'a>(list: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    list.iter().find(|c| c.type_ == type_)
+}
+
+/// Cuts `s` to at most `max` bytes on a char boundary, marking the cut.
+pub fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max.saturating_sub(3);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    fn at(secs: i64) -> Time {
+        Time(jiff::Timestamp::from_second(secs).unwrap())
+    }
+
+    #[test]
+    fn transition_time_moves_only_on_status_change() {
+        let mut list = Vec::new();
+        let c = |status, reason| Cond {
+            type_: "Requeued",
+            status,
+            reason,
+            message: "m",
+        };
+        set(&mut list, c(false, "BrokerUnreachable"), Some(1), &at(10));
+        set(&mut list, c(false, "BrokerUnreachable"), Some(1), &at(20));
+        assert_eq!(list.len(), 1);
+        assert_eq!(list[0].last_transition_time, at(10));
+        set(&mut list, c(true, "Requeued"), Some(2), &at(30));
+        assert_eq!(list[0].last_transition_time, at(30));
+        assert_eq!(list[0].status, "True");
+        assert_eq!(list[0].observed_generation, Some(2));
+    }
+
+    #[test]
+    fn long_messages_are_cut_on_char_boundaries() {
+        let s = "é".repeat(2000);
+        let t = truncate(&s, 1024);
+        assert!(t.len() <= 1024);
+        assert!(t.ends_with("..."));
+        assert_eq!(truncate("short", 10), "short");
+    }
+}

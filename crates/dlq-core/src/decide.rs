@@ -1,0 +1,170 @@
+//! The state machine of a record: what to do, given what was observed. Every phase × action
+//! combination is unit-tested here.
+
+use std::time::Duration;
+
+use jiff::{SignedDuration, Timestamp};
+
+use crate::api::{Action, Phase};
+
+/// What the reconciler should do next with one record (its effects are built by [`crate::plan`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// The operator has not written a phase yet: record it as Parked.
+    MarkParked,
+    /// Parked, no decision: wait for a human, however long it takes.
+    Wait,
+    /// Enqueue the untouched job on the target, then resolve as Redriven (signed by `by`).
+    Redrive { by: String },
+    /// Resolve as Dropped (signed by `by`); nothing is enqueued.
+    Drop { by: String },
+    /// Already resolved: nothing to do, ever.
+    Done,
+    /// A decision that cannot be honoured (unsigned). The apiserver's CEL rule refuses these,
+    /// so reaching this means the CRD is older than the operator.
+    Refuse { reason: String },
+}
+
+/// The decision for a record in `phase` (None: never written) carrying `action` signed by `by`.
+pub fn decide(phase: Option<Phase>, action: Option<Action>, by: Option<&str>) -> Decision {
+    match (phase, action) {
+        (Some(Phase::Redriven | Phase::Dropped), _) => Decision::Done,
+        (_, Some(action)) => match by.map(str::trim).filter(|b| !b.is_empty()) {
+            None => Decision::Refuse {
+                reason: "every decision must be signed: spec.by is empty".into(),
+            },
+            Some(by) => match action {
+                Action::Redrive => Decision::Redrive { by: by.into() },
+                Action::Drop => Decision::Drop { by: by.into() },
+            },
+        },
+        (None, None) => Decision::MarkParked,
+        (Some(Phase::Parked), None) => Decision::Wait,
+    }
+}
+
+/// After a status write lost its compare-and-swap, what the fresh record tells us to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterConflict {
+    /// Someone else resolved it first: stop, count the conflict. Our enqueue (if any) was a
+    /// duplicate delivery, which consumers tolerate by re-reading the business state.
+    Lost,
+    /// Still Parked (something else bumped resourceVersion): write the status again, without
+    /// enqueueing again.
+    RetryWrite,
+}
+
+pub fn after_conflict(fresh_phase: Phase) -> AfterConflict {
+    match fresh_phase {
+        Phase::Parked => AfterConflict::RetryWrite,
+        Phase::Redriven | Phase::Dropped => AfterConflict::Lost,
+    }
+}
+
+/// Capped exponential backoff for requeue failures: 1s, 2s, 4s, ... up to `cap`.
+pub fn backoff(attempt: u32, cap: Duration) -> Duration {
+    let secs = 1u64.checked_shl(attempt.min(32)).unwrap_or(u64::MAX);
+    Duration::from_secs(secs).min(cap)
+}
+
+/// Whether a record resolved at `resolved_at` is past `keep` at `now`. Parked records never are.
+pub fn retention_expired(
+    phase: Phase,
+    resolved_at: Option<Timestamp>,
+    keep: Duration,
+    now: Timestamp,
+) -> bool {
+    match (phase, resolved_at) {
+        (Phase::Parked, _) | (_, None) => false,
+        (_, Some(at)) => SignedDuration::try_from(keep)
+            .ok()
+            .and_then(|keep| at.checked_add(keep).ok())
+            .is_some_and(|expiry| expiry <= now),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PHASES: [Option<Phase>; 4] = [
+        None,
+        Some(Phase::Parked),
+        Some(Phase::Redriven),
+        Some(Phase::Dropped),
+    ];
+    const ACTIONS: [Option<Action>; 3] = [None, Some(Action::Redrive), Some(Action::Drop)];
+
+    #[test]
+    fn every_phase_and_action() {
+        for phase in PHASES {
+            for action in ACTIONS {
+                for by in [None, Some(""), Some("  "), Some("ops")] {
+                    let plan = decide(phase, action, by);
+                    let signed = by.is_some_and(|b| !b.trim().is_empty());
+                    let expected = match (phase, action) {
+                        (Some(Phase::Redriven | Phase::Dropped), _) => Decision::Done,
+                        (_, Some(_)) if !signed => Decision::Refuse {
+                            reason: "every decision must be signed: spec.by is empty".into(),
+                        },
+                        (_, Some(Action::Redrive)) => Decision::Redrive { by: "ops".into() },
+                        (_, Some(Action::Drop)) => Decision::Drop { by: "ops".into() },
+                        (None, None) => Decision::MarkParked,
+                        (Some(Phase::Parked), None) => Decision::Wait,
+                    };
+                    assert_eq!(
+                        plan, expected,
+                        "phase {phase:?} action {action:?} by {by:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn resolved_records_are_never_acted_on_again() {
+        for action in ACTIONS {
+            assert_eq!(
+                decide(Some(Phase::Redriven), action, Some("ops")),
+                Decision::Done
+            );
+            assert_eq!(
+                decide(Some(Phase::Dropped), action, Some("ops")),
+                Decision::Done
+            );
+        }
+    }
+
+    #[test]
+    fn conflicts() {
+        assert_eq!(after_conflict(Phase::Parked), AfterConflict::RetryWrite);
+        assert_eq!(after_conflict(Phase::Redriven), AfterConflict::Lost);
+        assert_eq!(after_conflict(Phase::Dropped), AfterConflict::Lost);
+    }
+
+    #[test]
+    fn backoff_is_capped_exponential() {
+        let cap = Duration::from_secs(60);
+        let got: Vec<u64> = (0..9).map(|a| backoff(a, cap).as_secs()).collect();
+        assert_eq!(got, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+        assert_eq!(backoff(u32::MAX, cap), cap);
+    }
+
+    #[test]
+    fn retention_never_touches_parked() {
+        let now = Timestamp::now();
+        let old = now - SignedDuration::from_hours(400 * 24);
+        let keep = Duration::from_secs(3600);
+        assert!(!retention_expired(Phase::Parked, Some(old), keep, now));
+        assert!(!retention_expired(Phase::Parked, None, keep, now));
+        assert!(retention_expired(Phase::Redriven, Some(old), keep, now));
+        assert!(retention_expired(Phase::Dropped, Some(old), keep, now));
+        assert!(!retention_expired(
+            Phase::Dropped,
+            Some(now),
+            keep,
+            now + SignedDuration::from_secs(10)
+        ));
+        assert!(!retention_expired(Phase::Dropped, None, keep, now));
+    }
+}

@@ -1,0 +1,28 @@
+//! The pure core of deadletter-operator.
+//!
+//! Everything here is a function of its inputs: the `dlq.dev` API types, what to do with a
+//! record ([`decide`]), the whole outcome of a reconcile as data ([`plan`]: the status to write,
+//! the Events to publish, the metric changes), the park rules ([`park`]: validation, naming,
+//! cycles), and the codecs shared by sources and targets ([`headers`], [`envelope`]). No kube
+//! client, no async runtime, no broker crate: the operator carries plans out.
+
+// kube-derive's generated code names `::kube::core` and `::kube::KubeSchema` (the facade
+// crate), even for rules on the generated root type. The core has no kube client, so inside it
+// `::kube` is this crate, re-exporting kube-core and the derive.
+extern crate self as kube;
+#[doc(hidden)]
+pub mod core {
+    pub use kube_core::*;
+}
+#[doc(hidden)]
+pub use kube_derive::KubeSchema;
+
+pub mod api;
+pub mod conditions;
+pub mod decide;
+pub mod duration;
+pub mod envelope;
+pub mod events;
+pub mod headers;
+pub mod park;
+pub mod plan;

@@ -1,0 +1,423 @@
+//! The park rules: what a valid request is, what a record is named, which cycle it gets.
+//! `dlq-client` carries them out against the apiserver.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use sha2::{Digest, Sha256};
+
+use crate::api::{self, DeadLetter, DeadLetterSpec, FailureKind, IntentSnapshot, Job, Phase};
+
+/// Everything known about a given-up job.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParkRequest {
+    /// The DeadLetterQueue (same namespace) the job came from.
+    pub queue: String,
+    /// The untouched job.
+    pub job: Job,
+    pub intent: Option<IntentSnapshot>,
+    /// Deliveries in this cycle.
+    pub deliveries: i32,
+    pub reason: String,
+    pub failure_kind: FailureKind,
+    pub service_version: Option<String>,
+    /// When the consumer gave up; now when None.
+    pub failed_at: Option<jiff::Timestamp>,
+}
+
+impl ParkRequest {
+    /// A request with only the required parts; set the rest as fields.
+    pub fn new(queue: impl Into<String>, job: Job) -> Self {
+        ParkRequest {
+            queue: queue.into(),
+            job,
+            intent: None,
+            deliveries: 0,
+            reason: String::new(),
+            failure_kind: FailureKind::Transient,
+            service_version: None,
+            failed_at: None,
+        }
+    }
+}
+
+/// Why a park request is refused before any I/O. Each message says what to fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParkInvalid {
+    #[error("missing job id")]
+    MissingJobId,
+    #[error("job id is {len} bytes; at most {max}")]
+    JobIdTooLong { len: usize, max: usize },
+    #[error("missing queue")]
+    MissingQueue,
+    #[error("queue name {0:?} is not a valid Kubernetes name (lower-case letters, digits, '-')")]
+    BadQueueName(String),
+    #[error("job has both payload and payloadBase64; give exactly one")]
+    BothPayloadForms,
+    #[error("job has no payload; give payload (UTF-8) or payloadBase64 (bytes)")]
+    NoPayload,
+    #[error("payloadBase64 is not valid base64: {0}")]
+    BadBase64(String),
+    #[error("payload is {size} bytes; the limit is {limit} bytes")]
+    PayloadTooLarge { size: usize, limit: usize },
+    #[error("invalid header name {0:?}: use RFC 7230 token characters, at most 256")]
+    InvalidHeaderName(String),
+    #[error("header {name:?} value is invalid: {why}")]
+    InvalidHeaderValue { name: String, why: String },
+    #[error("{count} headers; at most {max}")]
+    TooManyHeaders { count: usize, max: usize },
+    #[error("deliveries must be >= 0, got {0}")]
+    NegativeDeliveries(i32),
+    #[error("{field} is {len} characters; at most {max}")]
+    TooLong {
+        field: &'static str,
+        len: usize,
+        max: usize,
+    },
+}
+
+const MAX_REASON: usize = 1024;
+
+/// Checks a request without any I/O.
+pub fn validate(req: &ParkRequest) -> Result<(), ParkInvalid> {
+    validate_queue(&req.queue)?;
+    validate_id(&req.job.id)?;
+    validate_payload(&req.job)?;
+    validate_headers(&req.job.headers)?;
+    if req.deliveries < 0 {
+        return Err(ParkInvalid::NegativeDeliveries(req.deliveries));
+    }
+    validate_bounded_text(req)
+}
+
+fn validate_queue(queue: &str) -> Result<(), ParkInvalid> {
+    if queue.trim().is_empty() {
+        return Err(ParkInvalid::MissingQueue);
+    }
+    if !is_dns_label(queue) {
+        return Err(ParkInvalid::BadQueueName(queue.to_string()));
+    }
+    Ok(())
+}
+
+fn validate_id(id: &str) -> Result<(), ParkInvalid> {
+    if id.trim().is_empty() {
+        return Err(ParkInvalid::MissingJobId);
+    }
+    if id.len() > api::MAX_JOB_ID_LEN {
+        return Err(ParkInvalid::JobIdTooLong {
+            len: id.len(),
+            max: api::MAX_JOB_ID_LEN,
+        });
+    }
+    Ok(())
+}
+
+/// Exactly one payload form, decodable, within the size limit.
+fn validate_payload(job: &Job) -> Result<(), ParkInvalid> {
+    let size = match (&job.payload, &job.payload_base64) {
+        (Some(_), Some(_)) => return Err(ParkInvalid::BothPayloadForms),
+        (None, None) => return Err(ParkInvalid::NoPayload),
+        (Some(text), None) => text.len(),
+        (None, Some(_)) => job
+            .payload_bytes()
+            .map_err(|e| ParkInvalid::BadBase64(e.to_string()))?
+            .len(),
+    };
+    if size > api::MAX_PAYLOAD_BYTES {
+        return Err(ParkInvalid::PayloadTooLarge {
+            size,
+            limit: api::MAX_PAYLOAD_BYTES,
+        });
+    }
+    Ok(())
+}
+
+/// Headers that can travel back to any broker: token names, bounded values without CR/LF/NUL.
+fn validate_headers(headers: &BTreeMap<String, String>) -> Result<(), ParkInvalid> {
+    if headers.len() > api::MAX_HEADERS {
+        return Err(ParkInvalid::TooManyHeaders {
+            count: headers.len(),
+            max: api::MAX_HEADERS,
+        });
+    }
+    for (name, value) in headers {
+        if name.is_empty() || name.len() > 256 || !name.bytes().all(is_tchar) {
+            return Err(ParkInvalid::InvalidHeaderName(name.clone()));
+        }
+        if value.len() > api::MAX_HEADER_VALUE_LEN {
+            return Err(ParkInvalid::InvalidHeaderValue {
+                name: name.clone(),
+                why: format!(
+                    "{} bytes, at most {}",
+                    value.len(),
+                    api::MAX_HEADER_VALUE_LEN
+                ),
+            });
+        }
+        if value.contains(['\r', '\n', '\0']) {
+            return Err(ParkInvalid::InvalidHeaderValue {
+                name: name.clone(),
+                why: "contains CR, LF or NUL".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The short free-text facts, bounded as the CRD bounds them.
+fn validate_bounded_text(req: &ParkRequest) -> Result<(), ParkInvalid> {
+    let bounded = [
+        (
+            "serviceVersion",
+            req.service_version.as_deref().unwrap_or(""),
+            128,
+        ),
+        (
+            "intent.id",
+            req.intent.as_ref().map_or("", |i| i.id.as_str()),
+            253,
+        ),
+        (
+            "intent.state",
+            req.intent.as_ref().map_or("", |i| i.state.as_str()),
+            253,
+        ),
+    ];
+    for (field, value, max) in bounded {
+        if value.chars().count() > max {
+            return Err(ParkInvalid::TooLong {
+                field,
+                len: value.chars().count(),
+                max,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// RFC 7230 `tchar`.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// 16 hex of sha256(`queue/jobId`): the `dlq.dev/job-key` label shared by every cycle of a job.
+pub fn job_key(queue: &str, job_id: &str) -> String {
+    let digest = Sha256::digest(format!("{queue}/{job_id}").as_bytes());
+    hex::encode(&digest[..8])
+}
+
+/// `<slug of job id>-<8 hex of sha256(queue/jobId)>-<cycle>`, a valid DNS subdomain.
+pub fn record_name(queue: &str, job_id: &str, cycle: i32) -> String {
+    let mut slug = String::new();
+    for c in job_id.chars() {
+        let c = c.to_ascii_lowercase();
+        if c.is_ascii_lowercase() || c.is_ascii_digit() {
+            slug.push(c);
+        } else if !slug.ends_with('-') {
+            slug.push('-');
+        }
+        if slug.len() >= 40 {
+            break;
+        }
+    }
+    let slug = slug.trim_matches('-');
+    let slug = if slug.is_empty() { "job" } else { slug };
+    format!("{slug}-{}-{cycle}", &job_key(queue, job_id)[..8])
+}
+
+/// Cuts free text to `max` characters with a marker; the job itself is never cut.
+fn bounded_reason(reason: &str) -> String {
+    if reason.chars().count() <= MAX_REASON {
+        return reason.to_string();
+    }
+    let mut s: String = reason.chars().take(MAX_REASON - 3).collect();
+    s.push_str("...");
+    s
+}
+
+/// The record of `req`'s `cycle`, labelled for lookups (queue, failure kind, job key).
+pub fn new_record(req: &ParkRequest, cycle: i32) -> DeadLetter {
+    let key = job_key(&req.queue, &req.job.id);
+    let mut record = DeadLetter::new(
+        &record_name(&req.queue, &req.job.id, cycle),
+        DeadLetterSpec {
+            queue: req.queue.clone(),
+            cycle,
+            job: req.job.clone(),
+            intent: req.intent.clone(),
+            deliveries: req.deliveries,
+            reason: bounded_reason(&req.reason),
+            failure_kind: req.failure_kind,
+            service_version: req.service_version.clone(),
+            failed_at: Time(req.failed_at.unwrap_or_else(jiff::Timestamp::now)),
+            action: None,
+            by: None,
+            note: None,
+        },
+    );
+    record.metadata.labels = Some(BTreeMap::from([
+        (api::LABEL_QUEUE.to_string(), req.queue.clone()),
+        (
+            api::LABEL_FAILURE_KIND.to_string(),
+            req.failure_kind.label().to_string(),
+        ),
+        (api::LABEL_JOB_KEY.to_string(), key),
+    ]));
+    record
+}
+
+/// What earlier records of a job mean for parking it now.
+#[derive(Debug, Clone)]
+pub enum Cycle<'a> {
+    /// A record of the job is Parked: parking again is a no-op that returns it.
+    AlreadyParked(&'a DeadLetter),
+    /// Park as this cycle: 1 + the highest earlier cycle.
+    Next(i32),
+}
+
+/// Dedupe and cycle rule over the records carrying the job's key. Only records of exactly this
+/// queue and job id count: a 64-bit key collision can never merge two jobs.
+pub fn next_cycle<'a>(req: &ParkRequest, existing: &'a [DeadLetter]) -> Cycle<'a> {
+    let same = || {
+        existing
+            .iter()
+            .filter(|r| r.spec.job.id == req.job.id && r.spec.queue == req.queue)
+    };
+    if let Some(parked) = same().find(|r| r.phase() == Phase::Parked) {
+        return Cycle::AlreadyParked(parked);
+    }
+    Cycle::Next(same().map(|r| r.spec.cycle).max().unwrap_or(0) + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req() -> ParkRequest {
+        ParkRequest::new(
+            "relayer",
+            Job {
+                id: "pi_0003/settle".into(),
+                payload: Some("{}".into()),
+                ..Job::default()
+            },
+        )
+    }
+
+    #[test]
+    fn names_follow_the_spec() {
+        let name = record_name("relayer", "pi_0003/settle", 1);
+        assert!(name.starts_with("pi-0003-settle-"), "{name}");
+        assert!(name.ends_with("-1"));
+        assert_eq!(name.len(), "pi-0003-settle-".len() + 8 + 2);
+        assert_eq!(&job_key("relayer", "pi_0003/settle")[..8], &name[15..23]);
+        assert_eq!(job_key("relayer", "pi_0003/settle").len(), 16);
+        assert_ne!(job_key("relayer", "a"), job_key("other", "a"));
+        assert!(record_name("q", "///", 2).starts_with("job-"));
+        let long = record_name("q", &"Ab".repeat(200), 12);
+        assert!(long.len() <= 63, "{long}");
+    }
+
+    #[test]
+    fn bad_input_is_refused_with_a_reason() {
+        let check = |f: &dyn Fn(&mut ParkRequest), want: &str| {
+            let mut r = req();
+            f(&mut r);
+            let err = validate(&r).expect_err(want).to_string();
+            assert!(err.contains(want), "{err} should mention {want}");
+        };
+        check(&|r| r.job.id.clear(), "missing job id");
+        check(&|r| r.queue.clear(), "missing queue");
+        check(
+            &|r| r.queue = "Bad_Queue".into(),
+            "not a valid Kubernetes name",
+        );
+        check(
+            &|r| r.job.payload_base64 = Some("YQ==".into()),
+            "both payload and payloadBase64",
+        );
+        check(&|r| r.job.payload = None, "no payload");
+        check(
+            &|r| r.job.payload = Some("x".repeat(api::MAX_PAYLOAD_BYTES + 1)),
+            "the limit is 262144 bytes",
+        );
+        check(
+            &|r| {
+                r.job.payload = None;
+                r.job.payload_base64 = Some("!!".into());
+            },
+            "not valid base64",
+        );
+        check(
+            &|r| {
+                r.job.headers.insert("bad header".into(), "v".into());
+            },
+            "invalid header name",
+        );
+        check(
+            &|r| {
+                r.job.headers.insert("x".into(), "a\nb".into());
+            },
+            "CR, LF or NUL",
+        );
+        check(&|r| r.deliveries = -1, "deliveries must be >= 0");
+        assert!(validate(&req()).is_ok());
+    }
+
+    #[test]
+    fn cycles_follow_earlier_records_of_the_same_job_only() {
+        let request = req();
+        assert!(matches!(next_cycle(&request, &[]), Cycle::Next(1)));
+        let mut first = new_record(&request, 1);
+        first.status = Some(crate::api::DeadLetterStatus {
+            phase: Some(Phase::Redriven),
+            ..Default::default()
+        });
+        let mut other = new_record(
+            &ParkRequest::new(
+                "relayer",
+                Job {
+                    id: "x".into(),
+                    payload: Some("{}".into()),
+                    ..Job::default()
+                },
+            ),
+            7,
+        );
+        other.status = first.status.clone();
+        assert!(matches!(
+            next_cycle(&request, &[first.clone(), other]),
+            Cycle::Next(2)
+        ));
+        let parked = new_record(&request, 2);
+        let existing = [first, parked.clone()];
+        assert!(
+            matches!(next_cycle(&request, &existing), Cycle::AlreadyParked(r) if r.metadata.name == parked.metadata.name)
+        );
+        assert_eq!(
+            parked
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(api::LABEL_JOB_KEY)),
+            Some(&job_key("relayer", "pi_0003/settle"))
+        );
+    }
+
+    #[test]
+    fn long_reasons_are_cut_not_refused() {
+        let r = bounded_reason(&"é".repeat(5000));
+        assert_eq!(r.chars().count(), MAX_REASON);
+        assert!(r.ends_with("..."));
+    }
+}

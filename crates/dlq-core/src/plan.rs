@@ -1,0 +1,754 @@
+//! The whole outcome of a reconcile, as data: the status to write (typed, no hand-typed JSON),
+//! the Events to publish and the metric changes. The operator carries a plan out; tests feed a
+//! record in and assert the plan that comes out.
+//!
+//! Every status write is a compare-and-swap on the record's resourceVersion. Effects that must
+//! happen once per transition (the `Parked` Event, the resolution counters) are in
+//! [`Write::then`]: carried out only when the write won.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use crate::api::{
+    DeadLetter, DeadLetterQueue, DeadLetterQueueStatus, DeadLetterStatus, FailureKind, Phase,
+};
+use crate::conditions::{self, Cond, reason};
+use crate::events::{self, EventPlan};
+
+/// Outcome of a redrive as `dlq_redrives_total{result}` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RedriveResult {
+    Success,
+    Failure,
+    Conflict,
+}
+
+impl RedriveResult {
+    pub const ALL: [RedriveResult; 3] = [Self::Success, Self::Failure, Self::Conflict];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Success => "success",
+            Self::Failure => "failure",
+            Self::Conflict => "conflict",
+        }
+    }
+}
+
+/// Counts of one queue's records.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Counts {
+    pub parked: i64,
+    pub redriven: i64,
+    pub dropped: i64,
+    pub oldest_parked_at: Option<Timestamp>,
+}
+
+/// A change to the operator's metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetricChange {
+    /// `dlq_parked_total` + 1.
+    Parked {
+        namespace: String,
+        queue: String,
+        failure_kind: FailureKind,
+    },
+    /// `dlq_redrives_total{result}` + 1.
+    Redrive {
+        namespace: String,
+        queue: String,
+        result: RedriveResult,
+    },
+    /// `dlq_drops_total` + 1.
+    Dropped { namespace: String, queue: String },
+    /// `dlq_records{phase}` and `dlq_oldest_parked_age_seconds` set from a fresh tally (and every
+    /// counter series of the queue created at 0, so a first increase is visible to `rate()`).
+    QueueGauges {
+        namespace: String,
+        queue: String,
+        counts: Counts,
+        oldest_parked_age_secs: i64,
+    },
+}
+
+/// What to do after a reconcile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Then {
+    /// Nothing until the object changes.
+    AwaitChange,
+    /// Look again after this long.
+    RequeueAfter(Duration),
+}
+
+/// Events and metric changes to carry out.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Effects {
+    pub events: Vec<EventPlan>,
+    pub metrics: Vec<MetricChange>,
+}
+
+/// A status compare-and-swap, and what follows once it won.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Write {
+    /// Sent as a merge patch: fields left `None` are not touched.
+    pub status: DeadLetterStatus,
+    /// Carried out only when the write succeeded.
+    pub then: Effects,
+}
+
+/// Where a record stands, for the plans that need its identity.
+struct Subject<'a> {
+    namespace: String,
+    queue: &'a str,
+    job: &'a str,
+}
+
+fn subject(record: &DeadLetter) -> Subject<'_> {
+    Subject {
+        namespace: record.metadata.namespace.clone().unwrap_or_default(),
+        queue: &record.spec.queue,
+        job: &record.spec.job.id,
+    }
+}
+
+fn conditions_of(record: &DeadLetter) -> Vec<Condition> {
+    record
+        .status
+        .as_ref()
+        .map(|s| s.conditions.clone())
+        .unwrap_or_default()
+}
+
+fn with_condition(record: &DeadLetter, cond: Cond<'_>, now: Timestamp) -> Vec<Condition> {
+    let mut list = conditions_of(record);
+    conditions::set(&mut list, cond, record.metadata.generation, &Time(now));
+    list
+}
+
+/// First sight of a new record: mark it Parked; once that write wins, count it and announce it
+/// (whoever parked it: the CLI, a producer's `park()`, or a source).
+pub fn mark_parked(record: &DeadLetter, now: Timestamp) -> Write {
+    let s = subject(record);
+    let spec = &record.spec;
+    let note = format!(
+        "{} parked ({}, cycle {}, {} deliveries): {}",
+        spec.job.id,
+        spec.failure_kind.label(),
+        spec.cycle,
+        spec.deliveries,
+        spec.reason
+    );
+    Write {
+        status: DeadLetterStatus {
+            phase: Some(Phase::Parked),
+            conditions: with_condition(
+                record,
+                Cond {
+                    type_: conditions::READY,
+                    status: true,
+                    reason: reason::PARKED,
+                    message: "waiting for a signed decision (spec.action + spec.by)",
+                },
+                now,
+            ),
+            ..DeadLetterStatus::default()
+        },
+        then: Effects {
+            events: vec![
+                EventPlan::warning(events::reason::PARKED, events::action::PARK, note).once(),
+            ],
+            metrics: vec![MetricChange::Parked {
+                namespace: s.namespace,
+                queue: s.queue.to_string(),
+                failure_kind: spec.failure_kind,
+            }],
+        },
+    }
+}
+
+/// An unsigned decision (only reachable with a CRD older than the operator): say so on the
+/// record and in a Warning Event.
+pub fn refuse(record: &DeadLetter, why: &str, now: Timestamp) -> (Effects, DeadLetterStatus) {
+    let effects = Effects {
+        events: vec![EventPlan::warning(
+            events::reason::DECISION_REFUSED,
+            events::action::RESOLVE,
+            why,
+        )],
+        metrics: Vec::new(),
+    };
+    let status = DeadLetterStatus {
+        conditions: with_condition(
+            record,
+            Cond {
+                type_: conditions::READY,
+                status: false,
+                reason: reason::UNSIGNED,
+                message: why,
+            },
+            now,
+        ),
+        ..DeadLetterStatus::default()
+    };
+    (effects, status)
+}
+
+/// Why a requeue failed, as a condition reason and a message for the person reading it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequeueFailure {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// A failed requeue: the record stays Parked, `Requeued=False` says why, a Warning Event and
+/// the failure counter record it, and the record is retried after `retry_in`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FailurePlan {
+    pub effects: Effects,
+    /// None when the record already says exactly this: rewriting an unchanged condition would
+    /// wake the watch and defeat the backoff.
+    pub status: Option<DeadLetterStatus>,
+    pub retry_in: Duration,
+}
+
+/// The plan after the `attempt`-th consecutive requeue failure of `record`.
+pub fn requeue_failed(
+    record: &DeadLetter,
+    failure: &RequeueFailure,
+    attempt: u32,
+    backoff_cap: Duration,
+    now: Timestamp,
+) -> FailurePlan {
+    let s = subject(record);
+    // The message stays the same from one attempt to the next, so identical Events aggregate
+    // into one series with a count and the condition is not rewritten.
+    let effects = Effects {
+        events: vec![EventPlan::warning(
+            events::reason::REQUEUE_FAILED,
+            events::action::REDRIVE,
+            &failure.message,
+        )],
+        metrics: vec![MetricChange::Redrive {
+            namespace: s.namespace,
+            queue: s.queue.to_string(),
+            result: RedriveResult::Failure,
+        }],
+    };
+    let unchanged = record
+        .status
+        .as_ref()
+        .and_then(|st| conditions::find(&st.conditions, conditions::REQUEUED))
+        .is_some_and(|c| {
+            c.status == "False"
+                && c.reason == failure.reason
+                && c.message == conditions::truncate(&failure.message, conditions::MAX_MESSAGE)
+                && c.observed_generation == record.metadata.generation
+        });
+    let status = (!unchanged).then(|| DeadLetterStatus {
+        phase: record
+            .status
+            .as_ref()
+            .and_then(|st| st.phase)
+            .or(Some(Phase::Parked)),
+        conditions: with_condition(
+            record,
+            Cond {
+                type_: conditions::REQUEUED,
+                status: false,
+                reason: failure.reason,
+                message: &failure.message,
+            },
+            now,
+        ),
+        ..DeadLetterStatus::default()
+    });
+    FailurePlan {
+        effects,
+        status,
+        retry_in: crate::decide::backoff(attempt.saturating_sub(1), backoff_cap),
+    }
+}
+
+/// The resolution of `record` as `phase` (Redriven or Dropped), signed by `by`.
+pub fn resolve(record: &DeadLetter, phase: Phase, by: &str, now: Timestamp) -> Write {
+    let s = subject(record);
+    let verb = phase.as_str().to_lowercase();
+    let message = format!("{verb} by {by}");
+    let mut conds = with_condition(
+        record,
+        Cond {
+            type_: conditions::READY,
+            status: true,
+            reason: phase.as_str(),
+            message: &message,
+        },
+        now,
+    );
+    if phase == Phase::Redriven {
+        conditions::set(
+            &mut conds,
+            Cond {
+                type_: conditions::REQUEUED,
+                status: true,
+                reason: reason::REQUEUED,
+                message: "the broker confirmed the job",
+            },
+            record.metadata.generation,
+            &Time(now),
+        );
+    }
+    let mut note = format!("{} {verb} by {by}", s.job);
+    if let Some(n) = record.spec.note.as_deref().filter(|n| !n.is_empty()) {
+        note.push_str(": ");
+        note.push_str(n);
+    }
+    let (event_reason, metric) = match phase {
+        Phase::Redriven => (
+            events::reason::REDRIVEN,
+            MetricChange::Redrive {
+                namespace: s.namespace,
+                queue: s.queue.to_string(),
+                result: RedriveResult::Success,
+            },
+        ),
+        _ => (
+            events::reason::DROPPED,
+            MetricChange::Dropped {
+                namespace: s.namespace,
+                queue: s.queue.to_string(),
+            },
+        ),
+    };
+    Write {
+        status: DeadLetterStatus {
+            phase: Some(phase),
+            resolved_by: Some(by.to_string()),
+            resolved_at: Some(Time(now)),
+            observed_generation: record.metadata.generation,
+            conditions: conds,
+        },
+        then: Effects {
+            events: vec![EventPlan::normal(
+                event_reason,
+                events::action::RESOLVE,
+                note,
+            )],
+            metrics: vec![metric],
+        },
+    }
+}
+
+/// Our resolution as `phase` lost the compare-and-swap to another resolver, who left `fresh`.
+pub fn lost_race(fresh: &DeadLetter, phase: Phase) -> Effects {
+    let s = subject(fresh);
+    let winner = fresh
+        .status
+        .as_ref()
+        .and_then(|st| st.resolved_by.clone())
+        .unwrap_or_default();
+    let note = format!(
+        "already {} by {winner}; this resolver ({}) lost the race",
+        fresh.phase().as_str().to_lowercase(),
+        phase.as_str().to_lowercase()
+    );
+    let metrics = match phase {
+        Phase::Redriven => vec![MetricChange::Redrive {
+            namespace: s.namespace,
+            queue: s.queue.to_string(),
+            result: RedriveResult::Conflict,
+        }],
+        _ => Vec::new(),
+    };
+    Effects {
+        events: vec![EventPlan::normal(
+            events::reason::RESOLVE_CONFLICT,
+            events::action::RESOLVE,
+            note,
+        )],
+        metrics,
+    }
+}
+
+/// Tallies records of one queue.
+pub fn count<'a>(records: impl IntoIterator<Item = &'a DeadLetter>) -> Counts {
+    let mut c = Counts::default();
+    for r in records {
+        match r.phase() {
+            Phase::Parked => {
+                c.parked += 1;
+                let parked_at = r.metadata.creation_timestamp.as_ref().map(|t| t.0);
+                if let Some(at) = parked_at
+                    && c.oldest_parked_at.is_none_or(|o| at < o)
+                {
+                    c.oldest_parked_at = Some(at);
+                }
+            }
+            Phase::Redriven => c.redriven += 1,
+            Phase::Dropped => c.dropped += 1,
+        }
+    }
+    c
+}
+
+/// Resolved records of a queue past its `retention.resolvedFor` at `now`; never a Parked one.
+pub fn expired<'a>(
+    queue: &DeadLetterQueue,
+    records: impl IntoIterator<Item = &'a DeadLetter>,
+    now: Timestamp,
+) -> Vec<&'a DeadLetter> {
+    let Some(keep) = queue
+        .spec
+        .retention
+        .as_ref()
+        .and_then(|r| crate::duration::parse_duration(&r.resolved_for))
+    else {
+        return Vec::new();
+    };
+    records
+        .into_iter()
+        .filter(|r| {
+            let resolved_at = r
+                .status
+                .as_ref()
+                .and_then(|s| s.resolved_at.as_ref())
+                .map(|t| t.0);
+            crate::decide::retention_expired(r.phase(), resolved_at, keep, now)
+        })
+        .collect()
+}
+
+/// Whether a queue's target answered, for its `Ready` condition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Readiness {
+    pub ready: bool,
+    pub reason: &'static str,
+    pub message: String,
+    /// The target in words (no credentials), for `kubectl get dlq`.
+    pub target: String,
+}
+
+/// A queue's status write. Unlike a record's, every field is sent: `oldestParkedAt: null`
+/// clears it once nothing is parked.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueStatusWrite {
+    pub parked: i64,
+    pub redriven: i64,
+    pub dropped: i64,
+    pub oldest_parked_at: Option<Time>,
+    pub target: String,
+    pub observed_generation: Option<i64>,
+    pub conditions: Vec<Condition>,
+}
+
+/// The plan of one DeadLetterQueue reconcile: its status and its gauges.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueuePlan {
+    pub status: QueueStatusWrite,
+    pub metrics: Vec<MetricChange>,
+}
+
+/// The status and gauges of `queue`, given its live records' `counts` and its target's
+/// `readiness`.
+pub fn queue_status(
+    queue: &DeadLetterQueue,
+    counts: Counts,
+    readiness: Readiness,
+    now: Timestamp,
+) -> QueuePlan {
+    let mut conds = queue
+        .status
+        .as_ref()
+        .map(|s: &DeadLetterQueueStatus| s.conditions.clone())
+        .unwrap_or_default();
+    conditions::set(
+        &mut conds,
+        Cond {
+            type_: conditions::READY,
+            status: readiness.ready,
+            reason: readiness.reason,
+            message: &readiness.message,
+        },
+        queue.metadata.generation,
+        &Time(now),
+    );
+    let oldest_parked_age_secs = counts
+        .oldest_parked_at
+        .map(|at| now.duration_since(at).as_secs().max(0))
+        .unwrap_or(0);
+    let metrics = vec![MetricChange::QueueGauges {
+        namespace: queue.metadata.namespace.clone().unwrap_or_default(),
+        queue: queue.metadata.name.clone().unwrap_or_default(),
+        counts: counts.clone(),
+        oldest_parked_age_secs,
+    }];
+    QueuePlan {
+        status: QueueStatusWrite {
+            parked: counts.parked,
+            redriven: counts.redriven,
+            dropped: counts.dropped,
+            oldest_parked_at: counts.oldest_parked_at.map(Time),
+            target: readiness.target,
+            observed_generation: queue.metadata.generation,
+            conditions: conds,
+        },
+        metrics,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{Action, DeadLetterSpec, Job, Retention};
+    use crate::events::EventType;
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(secs).expect("timestamp")
+    }
+
+    fn record(phase: Option<Phase>, created: i64) -> DeadLetter {
+        let mut r = DeadLetter::new(
+            "pi-0003-settle-5d41402a-1",
+            DeadLetterSpec {
+                queue: "relayer".into(),
+                cycle: 1,
+                job: Job {
+                    id: "pi_0003/settle".into(),
+                    payload: Some("{}".into()),
+                    ..Job::default()
+                },
+                intent: None,
+                deliveries: 3,
+                reason: "no luck".into(),
+                failure_kind: FailureKind::Transient,
+                service_version: None,
+                failed_at: Time(at(created)),
+                action: None,
+                by: None,
+                note: None,
+            },
+        );
+        r.metadata.namespace = Some("payments".into());
+        r.metadata.generation = Some(1);
+        r.metadata.creation_timestamp = Some(Time(at(created)));
+        r.status = phase.map(|p| DeadLetterStatus {
+            phase: Some(p),
+            ..Default::default()
+        });
+        r
+    }
+
+    #[test]
+    fn parking_is_announced_and_counted_only_after_the_write() {
+        let w = mark_parked(&record(None, 10), at(20));
+        assert_eq!(w.status.phase, Some(Phase::Parked));
+        assert_eq!(w.status.resolved_by, None);
+        let ready = conditions::find(&w.status.conditions, conditions::READY).expect("Ready");
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("True", "Parked")
+        );
+        assert_eq!(w.then.events.len(), 1);
+        let ev = &w.then.events[0];
+        assert_eq!(
+            (ev.type_, ev.reason, ev.once),
+            (EventType::Warning, "Parked", true)
+        );
+        assert!(
+            ev.note
+                .starts_with("pi_0003/settle parked (transient, cycle 1, 3 deliveries)")
+        );
+        assert_eq!(
+            w.then.metrics,
+            vec![MetricChange::Parked {
+                namespace: "payments".into(),
+                queue: "relayer".into(),
+                failure_kind: FailureKind::Transient
+            }]
+        );
+    }
+
+    #[test]
+    fn a_resolution_is_signed_and_counted_once() {
+        let mut r = record(Some(Phase::Parked), 10);
+        r.spec.action = Some(Action::Redrive);
+        r.spec.by = Some("ops".into());
+        r.spec.note = Some("INC-1".into());
+        let w = resolve(&r, Phase::Redriven, "ops", at(30));
+        assert_eq!(w.status.phase, Some(Phase::Redriven));
+        assert_eq!(w.status.resolved_by.as_deref(), Some("ops"));
+        assert_eq!(w.status.resolved_at, Some(Time(at(30))));
+        assert_eq!(w.status.observed_generation, Some(1));
+        let requeued =
+            conditions::find(&w.status.conditions, conditions::REQUEUED).expect("Requeued");
+        assert_eq!(requeued.status, "True");
+        assert_eq!(w.then.events[0].reason, "Redriven");
+        assert_eq!(
+            w.then.events[0].note,
+            "pi_0003/settle redriven by ops: INC-1"
+        );
+        assert!(matches!(
+            w.then.metrics[..],
+            [MetricChange::Redrive {
+                result: RedriveResult::Success,
+                ..
+            }]
+        ));
+
+        let d = resolve(&r, Phase::Dropped, "ops", at(30));
+        assert!(conditions::find(&d.status.conditions, conditions::REQUEUED).is_none());
+        assert_eq!(d.then.events[0].reason, "Dropped");
+        assert!(matches!(d.then.metrics[..], [MetricChange::Dropped { .. }]));
+    }
+
+    #[test]
+    fn a_lost_race_names_the_winner_and_counts_a_conflict_for_redrives_only() {
+        let mut fresh = record(Some(Phase::Dropped), 10);
+        if let Some(s) = fresh.status.as_mut() {
+            s.resolved_by = Some("alice".into());
+        }
+        let e = lost_race(&fresh, Phase::Redriven);
+        assert_eq!(e.events[0].reason, "ResolveConflict");
+        assert_eq!(
+            e.events[0].note,
+            "already dropped by alice; this resolver (redriven) lost the race"
+        );
+        assert!(matches!(
+            e.metrics[..],
+            [MetricChange::Redrive {
+                result: RedriveResult::Conflict,
+                ..
+            }]
+        ));
+        assert!(lost_race(&fresh, Phase::Dropped).metrics.is_empty());
+    }
+
+    #[test]
+    fn repeated_requeue_failures_back_off_without_rewriting_the_condition() {
+        let failure = RequeueFailure {
+            reason: "BrokerUnreachable",
+            message: "broker unreachable: connection refused".into(),
+        };
+        let cap = Duration::from_secs(60);
+        let mut r = record(Some(Phase::Parked), 10);
+        let first = requeue_failed(&r, &failure, 1, cap, at(20));
+        assert_eq!(first.retry_in, Duration::from_secs(1));
+        let status = first.status.expect("first failure writes the condition");
+        assert_eq!(status.phase, Some(Phase::Parked));
+        assert_eq!(first.effects.events[0].reason, "RequeueFailed");
+        assert!(matches!(
+            first.effects.metrics[..],
+            [MetricChange::Redrive {
+                result: RedriveResult::Failure,
+                ..
+            }]
+        ));
+
+        r.status = Some(status);
+        let again = requeue_failed(&r, &failure, 4, cap, at(40));
+        assert_eq!(
+            again.status, None,
+            "an unchanged condition is not rewritten"
+        );
+        assert_eq!(again.retry_in, Duration::from_secs(8));
+        assert_eq!(
+            again.effects.events.len(),
+            1,
+            "every failure is still an Event"
+        );
+
+        let other = RequeueFailure {
+            reason: "BrokerRefused",
+            ..failure
+        };
+        assert!(requeue_failed(&r, &other, 5, cap, at(50)).status.is_some());
+    }
+
+    #[test]
+    fn refusing_an_unsigned_decision_says_why() {
+        let (effects, status) = refuse(&record(None, 10), "unsigned", at(20));
+        assert_eq!(effects.events[0].reason, "DecisionRefused");
+        let ready = conditions::find(&status.conditions, conditions::READY).expect("Ready");
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "Unsigned")
+        );
+        assert_eq!(status.phase, None);
+    }
+
+    #[test]
+    fn counts_treat_unwritten_phase_as_parked() {
+        let rs = [
+            record(None, 300),
+            record(Some(Phase::Parked), 100),
+            record(Some(Phase::Redriven), 50),
+            record(Some(Phase::Dropped), 10),
+        ];
+        let c = count(rs.iter());
+        assert_eq!((c.parked, c.redriven, c.dropped), (2, 1, 1));
+        assert_eq!(c.oldest_parked_at, Some(at(100)));
+        assert_eq!(count([].iter()), Counts::default());
+    }
+
+    #[test]
+    fn retention_selects_old_resolved_records_only() {
+        let mut queue = DeadLetterQueue::new("relayer", Default::default());
+        let resolved = |phase, when| {
+            let mut r = record(Some(phase), 0);
+            if let Some(s) = r.status.as_mut() {
+                s.resolved_at = Some(Time(at(when)));
+            }
+            r
+        };
+        let rs = [
+            resolved(Phase::Redriven, 100),
+            resolved(Phase::Dropped, 5000),
+            record(Some(Phase::Parked), 0),
+        ];
+        assert!(
+            expired(&queue, rs.iter(), at(10_000)).is_empty(),
+            "no retention set"
+        );
+        queue.spec.retention = Some(Retention {
+            resolved_for: "1h".into(),
+        });
+        let gone: Vec<_> = expired(&queue, rs.iter(), at(4000))
+            .into_iter()
+            .map(|r| r.phase())
+            .collect();
+        assert_eq!(gone, vec![Phase::Redriven]);
+    }
+
+    #[test]
+    fn queue_status_clears_oldest_parked_and_reports_readiness() {
+        let mut queue = DeadLetterQueue::new("relayer", Default::default());
+        queue.metadata.namespace = Some("payments".into());
+        let plan = queue_status(
+            &queue,
+            Counts {
+                redriven: 3,
+                ..Counts::default()
+            },
+            Readiness {
+                ready: false,
+                reason: "BrokerUnreachable",
+                message: "down".into(),
+                target: "redis list relayer:jobs".into(),
+            },
+            at(100),
+        );
+        let json = serde_json::to_value(&plan.status).expect("json");
+        assert_eq!(json["oldestParkedAt"], serde_json::Value::Null);
+        assert_eq!(json["redriven"], 3);
+        assert_eq!(json["conditions"][0]["reason"], "BrokerUnreachable");
+        assert!(matches!(
+            &plan.metrics[..],
+            [MetricChange::QueueGauges {
+                oldest_parked_age_secs: 0,
+                ..
+            }]
+        ));
+    }
+}

@@ -1,0 +1,61 @@
+//! The test environment of deadletter-operator (dev-only): everything the integration tests,
+//! `make demo`, `make cluster` and `make bench` run against, all real.
+//!
+//! - [`plane`]: a throwaway etcd + kube-apiserver ([`plane::ControlPlane`]), and the process
+//!   helpers it is built from (free ports, children that die with the test).
+//! - [`cluster`]: the control plane shared by one test binary ([`plane()`]), a fresh namespace
+//!   per test, the CRDs; [`setup`] is what most tests start with.
+//! - [`operator`]: the operator under test as a process ([`Operator`]).
+//! - [`fixtures`]: dlq.dev objects as tests create, decide and wait on them.
+//! - [`brokers`]: redis-server, RabbitMQ, nats-server and an HTTP(S) sink.
+//! - [`outage`]: the broker-down scenario every redrive backend must pass.
+//! - [`chart`]: helm, promtool and rendered-manifest helpers for the packaging tests.
+//! - [`paths`]: the checkout and the workspace's built binaries ([`bin`]).
+//!
+//! Binaries of other packages are not visible through `env!("CARGO_BIN_EXE_…")`: build them
+//! first with `cargo build --workspace --bins` (`make test` does).
+
+pub mod brokers;
+pub mod chart;
+pub mod cluster;
+pub mod fixtures;
+pub mod operator;
+pub mod outage;
+pub mod paths;
+pub mod plane;
+
+use std::io::Write;
+use std::time::Duration;
+
+pub use cluster::{CRDS, Plane, apply_crds, install_crds, namespace, plane, setup};
+pub use fixtures::{
+    LIST, condition, create_dlq, create_queue, create_secret, decide, events_for, list_target,
+    record, redrive_many, wait_phase, wait_ready,
+};
+pub use operator::Operator;
+pub use outage::{Outage, assert_requeue_failing_then_recovers};
+pub use paths::{bin, workspace_root};
+
+/// A line straight to the process's stderr, past the test harness's capture, so CI logs show
+/// it (measurements, skipped checks, kept logs).
+pub fn report(line: &str) {
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// Polls `check` every 100 ms until it returns Some, or panics after `secs` with `what`.
+pub async fn eventually<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out after {secs}s waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -1,0 +1,130 @@
+//! The operator under test: a `deadletter-operator run` process against the shared plane.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use crate::{plane, report};
+
+/// A `deadletter-operator run` process watching one namespace (without leader election unless
+/// the arguments ask for it). Killed on drop; its log is kept when the test fails.
+pub struct Operator {
+    child: Option<Child>,
+    /// Where /metrics, /healthz and /readyz answer.
+    pub metrics_port: u16,
+    /// Its stdout and stderr.
+    pub log: PathBuf,
+}
+
+impl Operator {
+    /// Starts one watching `ns` and waits until it is ready.
+    pub fn start(ns: &str) -> Operator {
+        Self::start_with(ns, &[], &[])
+    }
+
+    /// Starts one with extra arguments and environment (which win over the defaults).
+    pub fn start_with(ns: &str, args: &[&str], env: &[(&str, &str)]) -> Operator {
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let n = SEQ.fetch_add(1, Ordering::SeqCst);
+        let metrics_port = crate::plane::free_port().expect("a free port for the metrics server");
+        let log =
+            std::env::temp_dir().join(format!("dlq-operator-{}-{ns}-{n}.log", std::process::id()));
+        let mut cmd = Command::new(crate::bin("deadletter-operator"));
+        cmd.arg("run");
+        if !args.iter().any(|a| a.starts_with("--leader-election")) {
+            cmd.arg("--leader-election=false");
+        }
+        cmd.arg(format!("--metrics-addr=127.0.0.1:{metrics_port}"))
+            .arg(format!("--watch-namespaces={ns}"))
+            .arg("--backoff-cap-seconds=2")
+            .args(args)
+            .env("KUBECONFIG", &plane().kubeconfig)
+            .env("POD_NAME", format!("op-{n}"))
+            .env("RUST_LOG", "info,kube=warn,lapin=error");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = crate::plane::spawn_guarded(&mut cmd, &log).expect("starting the operator");
+        let op = Operator {
+            child: Some(child),
+            metrics_port,
+            log,
+        };
+        op.wait_ready();
+        op
+    }
+
+    fn wait_ready(&self) {
+        for _ in 0..200 {
+            if self
+                .http_get("/readyz")
+                .is_some_and(|b| b.starts_with("ok"))
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("operator not ready; log:\n{}", self.logs());
+    }
+
+    /// Everything it logged so far.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// GET a path on the metrics port; None when not answering.
+    pub fn http_get(&self, path: &str) -> Option<String> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.metrics_port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        out.split_once("\r\n\r\n").map(|(_, body)| body.to_string())
+    }
+
+    /// The value of one metric, e.g. `dlq_redrives_total`: the sum of every series whose
+    /// labels contain all of `labels`.
+    pub fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let body = self.http_get("/metrics").unwrap_or_default();
+        body.lines()
+            .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+            .filter(|l| {
+                let (series, _) = l.rsplit_once(' ').unwrap_or((l, ""));
+                series.split(['{', '}']).next() == Some(name)
+                    && labels
+                        .iter()
+                        .all(|(k, v)| series.contains(&format!("{k}=\"{v}\"")))
+            })
+            .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+            .sum()
+    }
+
+    /// SIGKILL: no chance to finish anything.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Graceful stop (SIGTERM), as Kubernetes does.
+    pub fn terminate(&mut self) -> Option<ExitStatus> {
+        let mut c = self.child.take()?;
+        crate::plane::terminate(&mut c, Duration::from_secs(10));
+        c.wait().ok()
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        self.kill();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_file(&self.log);
+        } else {
+            report(&format!("operator log kept at {}", self.log.display()));
+        }
+    }
+}

@@ -1,0 +1,427 @@
+//! A throwaway local control plane: etcd + kube-apiserver on free loopback ports.
+//!
+//! Used by the integration tests, `make cluster` and `make demo`. It is a real apiserver (built
+//! from the Kubernetes Go modules by `tools/build.sh`), so CEL validation, resourceVersion
+//! conflicts, RBAC and admission policies behave as in a cluster. Everything lives in one temp
+//! dir that is removed on [`ControlPlane::stop`]; the children are killed by the kernel if this
+//! process dies (`PR_SET_PDEATHSIG`), so an interrupted run leaves no servers behind.
+
+use std::fs;
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType, IsCa, KeyPair,
+    KeyUsagePurpose,
+};
+
+/// Errors starting or stopping the local control plane.
+#[derive(Debug, thiserror::Error)]
+pub enum TestenvError {
+    #[error("{0}")]
+    Setup(String),
+    #[error("io: {context}: {source}")]
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
+    #[error("certificate generation: {0}")]
+    Cert(#[from] rcgen::Error),
+    #[error("{what} did not become ready within {secs}s; last lines of {log}:\n{tail}")]
+    NotReady {
+        what: &'static str,
+        secs: u64,
+        log: String,
+        tail: String,
+    },
+}
+
+type Result<T, E = TestenvError> = std::result::Result<T, E>;
+
+fn io<T>(context: impl Into<String>, r: std::io::Result<T>) -> Result<T> {
+    r.map_err(|source| TestenvError::Io {
+        context: context.into(),
+        source,
+    })
+}
+
+/// Where the Go-built binaries are. `DLQ_TOOLS_BIN` (colon-separated dirs) wins; otherwise
+/// `tools/build.sh` of this checkout (at the workspace root, see
+/// [`find_workspace_root`](crate::paths::find_workspace_root)) builds them into its cache (once)
+/// and names the dirs.
+pub fn tool_dirs(tools: &[&str]) -> Result<Vec<PathBuf>> {
+    if let Ok(dirs) = std::env::var("DLQ_TOOLS_BIN") {
+        return Ok(std::env::split_paths(&dirs).collect());
+    }
+    let root = crate::paths::find_workspace_root().ok_or_else(|| {
+        TestenvError::Setup(
+            "cannot find the checkout's tools/build.sh to build kube-apiserver and etcd; \
+             set DLQ_TOOLS_BIN to the dirs holding them"
+                .into(),
+        )
+    })?;
+    let script = root.join("tools/build.sh");
+    let out = io(
+        format!("running {}", script.display()),
+        Command::new("bash")
+            .arg(&script)
+            .args(tools)
+            .stderr(Stdio::inherit())
+            .output(),
+    )?;
+    if !out.status.success() {
+        return Err(TestenvError::Setup(format!(
+            "{} {} failed ({}); see its message above",
+            script.display(),
+            tools.join(" "),
+            out.status
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(PathBuf::from)
+        .collect())
+}
+
+fn find_binary(dirs: &[PathBuf], name: &str) -> Result<PathBuf> {
+    dirs.iter()
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            TestenvError::Setup(format!(
+                "{name} not found in {dirs:?}; run `tools/build.sh kube etcd` or set DLQ_TOOLS_BIN"
+            ))
+        })
+}
+
+/// A free loopback port. There is a window between closing the probe socket and the server
+/// binding it; tests tolerate it because the next start picks another port.
+pub fn free_port() -> Result<u16> {
+    let l = io("binding a probe port", TcpListener::bind("127.0.0.1:0"))?;
+    Ok(io("reading the probe port", l.local_addr())?.port())
+}
+
+/// Spawns a child that the kernel kills when the spawning thread's process dies.
+pub fn spawn_guarded(cmd: &mut Command, log: &Path) -> Result<Child> {
+    let out = io(format!("creating {}", log.display()), fs::File::create(log))?;
+    let err = io("cloning log handle", out.try_clone())?;
+    cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    io(format!("starting {:?}", cmd.get_program()), cmd.spawn())
+}
+
+/// Stops a child politely (SIGTERM), then firmly after `grace`.
+pub fn terminate(child: &mut Child, grace: Duration) {
+    if let Ok(Some(_)) = child.try_wait() {
+        return;
+    }
+    if let Ok(pid) = i32::try_from(child.id()) {
+        // SAFETY: sending a signal to our own child.
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+    }
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// A running etcd + kube-apiserver.
+pub struct ControlPlane {
+    dir: PathBuf,
+    etcd: Child,
+    apiserver: Child,
+    /// Admin kubeconfig (client cert in group system:masters).
+    pub kubeconfig: PathBuf,
+    /// `https://127.0.0.1:<port>`
+    pub server: String,
+    /// Dirs holding kube-apiserver, kubectl and etcd.
+    pub bin_dirs: Vec<PathBuf>,
+}
+
+struct Pki {
+    ca_pem: String,
+    serving: (String, String),
+    admin: (String, String),
+    sa_key_pem: String,
+    sa_pub_pem: String,
+}
+
+fn pki() -> Result<Pki> {
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name = DistinguishedName::new();
+    ca.distinguished_name
+        .push(DnType::CommonName, "dlq-testenv-ca");
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate()?)?;
+
+    let leaf = |sans: Vec<String>, cn: &str, org: Option<&str>| -> Result<(String, String)> {
+        let mut p = CertificateParams::new(sans)?;
+        p.distinguished_name = DistinguishedName::new();
+        p.distinguished_name.push(DnType::CommonName, cn);
+        if let Some(o) = org {
+            p.distinguished_name.push(DnType::OrganizationName, o);
+        }
+        let key = KeyPair::generate()?;
+        let cert = p.signed_by(&key, &ca)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    };
+    let sa = KeyPair::generate()?;
+    Ok(Pki {
+        ca_pem: ca.pem(),
+        serving: leaf(
+            vec!["localhost".into(), "127.0.0.1".into()],
+            "kube-apiserver",
+            None,
+        )?,
+        admin: leaf(vec![], "admin", Some("system:masters"))?,
+        sa_key_pem: sa.serialize_pem(),
+        sa_pub_pem: sa.public_key_pem(),
+    })
+}
+
+fn write(path: &Path, contents: &str) -> Result<()> {
+    io(
+        format!("writing {}", path.display()),
+        fs::write(path, contents),
+    )
+}
+
+fn kubeconfig_yaml(server: &str, pki: &Pki) -> String {
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: dlq-testenv\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: admin\n  user:\n    client-certificate-data: {cert}\n    client-key-data: {key}\ncontexts:\n- name: dlq-testenv\n  context:\n    cluster: dlq-testenv\n    user: admin\n    namespace: default\ncurrent-context: dlq-testenv\n",
+        ca = b64(&pki.ca_pem),
+        cert = b64(&pki.admin.0),
+        key = b64(&pki.admin.1),
+    )
+}
+
+/// A fresh state dir for one plane: `<tmp>/dlq-testenv-<pid>-<nanos>`.
+fn state_dir() -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "dlq-testenv-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default()
+    ))
+}
+
+/// Writes the CA, the serving pair and the ServiceAccount signing pair into `dir`.
+fn write_pki(dir: &Path, pki: &Pki) -> Result<()> {
+    io("creating the pki dir", fs::create_dir_all(dir))?;
+    write(&dir.join("ca.crt"), &pki.ca_pem)?;
+    write(&dir.join("serving.crt"), &pki.serving.0)?;
+    write(&dir.join("serving.key"), &pki.serving.1)?;
+    write(&dir.join("sa.key"), &pki.sa_key_pem)?;
+    write(&dir.join("sa.pub"), &pki.sa_pub_pem)
+}
+
+/// A single-member etcd with its data in `data_dir`, serving clients on `client_url`.
+fn etcd_command(bin: &Path, data_dir: &Path, client_url: &str, peer_port: u16) -> Command {
+    let peer_url = format!("http://127.0.0.1:{peer_port}");
+    let mut cmd = Command::new(bin);
+    cmd.arg(format!("--data-dir={}", data_dir.display()))
+        .arg(format!("--listen-client-urls={client_url}"))
+        .arg(format!("--advertise-client-urls={client_url}"))
+        .arg(format!("--listen-peer-urls={peer_url}"))
+        .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+        .arg(format!("--initial-cluster=default={peer_url}"))
+        // A test store: durability across power loss is not a goal, speed is.
+        .arg("--unsafe-no-fsync")
+        .arg("--quota-backend-bytes=8589934592")
+        .arg("--log-level=warn");
+    cmd
+}
+
+/// kube-apiserver on `port` over etcd at `etcd_url`, with the certs of [`write_pki`] in
+/// `pki_dir`: RBAC and ValidatingAdmissionPolicy on, as in a cluster.
+fn apiserver_command(bin: &Path, pki_dir: &Path, etcd_url: &str, port: u16) -> Command {
+    let p = |n: &str| pki_dir.join(n).display().to_string();
+    let mut cmd = Command::new(bin);
+    cmd.arg(format!("--etcd-servers={etcd_url}"))
+        .arg(format!("--cert-dir={}", pki_dir.display()))
+        .arg(format!("--tls-cert-file={}", p("serving.crt")))
+        .arg(format!("--tls-private-key-file={}", p("serving.key")))
+        .arg(format!("--client-ca-file={}", p("ca.crt")))
+        .arg(format!("--secure-port={port}"))
+        .arg("--bind-address=127.0.0.1")
+        .arg("--advertise-address=127.0.0.1")
+        .arg("--service-cluster-ip-range=10.0.0.0/24")
+        .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
+        .arg(format!("--service-account-key-file={}", p("sa.pub")))
+        .arg(format!(
+            "--service-account-signing-key-file={}",
+            p("sa.key")
+        ))
+        .arg("--authorization-mode=RBAC")
+        .arg("--enable-admission-plugins=ValidatingAdmissionPolicy")
+        .arg("--allow-privileged=true")
+        .arg("--max-requests-inflight=1000")
+        .arg("--max-mutating-requests-inflight=500")
+        .arg("--v=0");
+    cmd
+}
+
+impl ControlPlane {
+    /// Builds (if needed) and starts etcd and kube-apiserver, and waits until `/readyz` is ok.
+    pub fn start() -> Result<Self> {
+        let bin_dirs = tool_dirs(&["kube", "etcd"])?;
+        let etcd_bin = find_binary(&bin_dirs, "etcd")?;
+        let apiserver_bin = find_binary(&bin_dirs, "kube-apiserver")?;
+        let kubectl = find_binary(&bin_dirs, "kubectl")?;
+
+        let dir = state_dir();
+        let pki = pki()?;
+        write_pki(&dir.join("pki"), &pki)?;
+
+        let (client_port, peer_port, api_port) = (free_port()?, free_port()?, free_port()?);
+        let etcd_url = format!("http://127.0.0.1:{client_port}");
+        let etcd_log = dir.join("etcd.log");
+        let etcd = spawn_guarded(
+            &mut etcd_command(&etcd_bin, &dir.join("etcd"), &etcd_url, peer_port),
+            &etcd_log,
+        )?;
+        let api_log = dir.join("kube-apiserver.log");
+        let apiserver = spawn_guarded(
+            &mut apiserver_command(&apiserver_bin, &dir.join("pki"), &etcd_url, api_port),
+            &api_log,
+        )?;
+        let server = format!("https://127.0.0.1:{api_port}");
+        let kubeconfig = dir.join("kubeconfig");
+        write(&kubeconfig, &kubeconfig_yaml(&server, &pki))?;
+
+        let mut plane = ControlPlane {
+            dir,
+            etcd,
+            apiserver,
+            kubeconfig,
+            server,
+            bin_dirs,
+        };
+        // etcd exiting early (port race, bad flag) shows up here rather than as an apiserver hang.
+        std::thread::sleep(Duration::from_millis(200));
+        if let Ok(Some(status)) = plane.etcd.try_wait() {
+            let err = TestenvError::Setup(format!(
+                "etcd exited at start ({status}):\n{}",
+                tail(&etcd_log, 20)
+            ));
+            plane.stop();
+            return Err(err);
+        }
+        if let Err(e) = plane.wait_ready(&kubectl, &api_log) {
+            plane.stop();
+            return Err(e);
+        }
+        Ok(plane)
+    }
+
+    fn wait_ready(&mut self, kubectl: &Path, api_log: &Path) -> Result<()> {
+        let secs = 120;
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.apiserver.try_wait() {
+                return Err(TestenvError::Setup(format!(
+                    "kube-apiserver exited at start ({status}):\n{}",
+                    tail(api_log, 30)
+                )));
+            }
+            let ok = Command::new(kubectl)
+                .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+                .args(["get", "--raw", "/readyz"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            if ok {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        Err(TestenvError::NotReady {
+            what: "kube-apiserver",
+            secs,
+            log: api_log.display().to_string(),
+            tail: tail(api_log, 30),
+        })
+    }
+
+    /// The kube-apiserver's process id (to measure its memory).
+    pub fn apiserver_pid(&self) -> u32 {
+        self.apiserver.id()
+    }
+
+    /// The temp dir holding the data, certs and logs.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// A kubectl command bound to this plane's admin kubeconfig.
+    pub fn kubectl(&self) -> Result<Command> {
+        let mut cmd = Command::new(find_binary(&self.bin_dirs, "kubectl")?);
+        cmd.arg(format!("--kubeconfig={}", self.kubeconfig.display()));
+        Ok(cmd)
+    }
+
+    /// Copies the admin kubeconfig to `path` (for humans and scripts).
+    pub fn export_kubeconfig(&self, path: &Path) -> Result<()> {
+        if let Some(parent) = path.parent() {
+            io("creating kubeconfig dir", fs::create_dir_all(parent))?;
+        }
+        let mut f = io(
+            format!("creating {}", path.display()),
+            fs::File::create(path),
+        )?;
+        let text = io("reading kubeconfig", fs::read_to_string(&self.kubeconfig))?;
+        io("writing kubeconfig", f.write_all(text.as_bytes()))
+    }
+
+    /// Stops the apiserver, then etcd, and removes the temp dir.
+    pub fn stop(&mut self) {
+        terminate(&mut self.apiserver, Duration::from_secs(5));
+        terminate(&mut self.etcd, Duration::from_secs(5));
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,435 @@
+//! `ls`, `show`, `stats`: what is parked and why, at a glance.
+
+use std::collections::BTreeMap;
+
+use clap::{Args, ValueEnum};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::ListParams;
+use kube::{Api, Client, ResourceExt};
+
+use dlq_core::api::{DeadLetter, Job, LABEL_FAILURE_KIND, LABEL_QUEUE, Phase};
+
+use crate::cli::{CliError, Global, connect};
+use crate::lookup;
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum Output {
+    Table,
+    Json,
+    Yaml,
+}
+
+#[derive(Args, Debug)]
+pub struct LsArgs {
+    /// Only this DeadLetterQueue.
+    #[arg(long)]
+    pub queue: Option<String>,
+    /// Only this phase (Parked, Redriven, Dropped; any case).
+    #[arg(long, value_parser = parse_phase)]
+    pub phase: Option<Phase>,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    pub output: Output,
+    /// Omit the header line.
+    #[arg(long)]
+    pub no_headers: bool,
+}
+
+/// `--phase` in any case, as people type it.
+pub fn parse_phase(s: &str) -> Result<Phase, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "parked" => Ok(Phase::Parked),
+        "redriven" => Ok(Phase::Redriven),
+        "dropped" => Ok(Phase::Dropped),
+        _ => Err(format!("{s:?} is not Parked, Redriven or Dropped")),
+    }
+}
+
+/// Records in scope (one namespace, or all with -A), filtered by queue label.
+pub async fn records(
+    client: &Client,
+    ns: &str,
+    all: bool,
+    queue: Option<&str>,
+    kind: Option<&str>,
+) -> Result<Vec<DeadLetter>, CliError> {
+    let api: Api<DeadLetter> = if all {
+        Api::all(client.clone())
+    } else {
+        Api::namespaced(client.clone(), ns)
+    };
+    let mut selectors = Vec::new();
+    if let Some(q) = queue {
+        selectors.push(format!("{LABEL_QUEUE}={q}"));
+    }
+    if let Some(k) = kind {
+        selectors.push(format!("{LABEL_FAILURE_KIND}={}", k.to_ascii_lowercase()));
+    }
+    let mut items = api
+        .list(&ListParams::default().labels(&selectors.join(",")))
+        .await?
+        .items;
+    items.sort_by(|a, b| {
+        (a.namespace(), &a.spec.job.id, a.spec.cycle).cmp(&(
+            b.namespace(),
+            &b.spec.job.id,
+            b.spec.cycle,
+        ))
+    });
+    Ok(items)
+}
+
+/// Columns padded to their widest cell plus two spaces; the last column is not padded.
+pub fn table(rows: &[Vec<String>]) -> String {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            if c + 1 == row.len() {
+                line.push_str(cell);
+            } else {
+                line.push_str(cell);
+                line.push_str(&" ".repeat(widths[c] - cell.chars().count() + 2));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// One `ls` row: job, #deliveries, phase, intent snapshot, by, reason.
+pub fn row(r: &DeadLetter, with_ns: bool) -> Vec<String> {
+    let mut row = Vec::new();
+    if with_ns {
+        row.push(r.namespace().unwrap_or_default());
+    }
+    row.extend([
+        r.spec.job.id.clone(),
+        format!("#{}", r.spec.deliveries),
+        r.phase().as_str().to_lowercase(),
+        r.spec
+            .intent
+            .as_ref()
+            .map_or("-".into(), |i| i.state.clone()),
+        r.spec
+            .by
+            .clone()
+            .filter(|b| !b.is_empty())
+            .unwrap_or_else(|| "-".into()),
+        r.spec.reason.clone(),
+    ]);
+    row
+}
+
+/// `ls`: one row per record (cycle), or the records themselves with `-o json|yaml`.
+pub async fn ls(g: &Global, args: LsArgs) -> Result<(), CliError> {
+    let (client, ns) = connect(g).await?;
+    let mut items = records(&client, &ns, g.all_namespaces, args.queue.as_deref(), None).await?;
+    if let Some(p) = args.phase {
+        items.retain(|r| r.phase() == p);
+    }
+    match args.output {
+        Output::Json | Output::Yaml => print_list(&items, args.output),
+        Output::Table => {
+            let mut rows = Vec::new();
+            if !args.no_headers {
+                let mut h: Vec<String> = Vec::new();
+                if g.all_namespaces {
+                    h.push("NAMESPACE".into());
+                }
+                h.extend(["JOB", "#", "PHASE", "INTENT", "BY", "REASON"].map(String::from));
+                rows.push(h);
+            }
+            rows.extend(items.iter().map(|r| row(r, g.all_namespaces)));
+            if items.is_empty() {
+                eprintln!("no records");
+            } else {
+                print!("{}", table(&rows));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Records as a kubectl `List`, so the output feeds back into `kubectl apply`/`jq` as usual.
+fn print_list(items: &[DeadLetter], output: Output) -> Result<(), CliError> {
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
+    let text = match output {
+        Output::Yaml => serde_yaml::to_string(&list).map_err(|e| CliError::Usage(e.to_string()))?,
+        _ => {
+            serde_json::to_string_pretty(&list).map_err(|e| CliError::Usage(e.to_string()))? + "\n"
+        }
+    };
+    print!("{text}");
+    Ok(())
+}
+
+#[derive(Args, Debug)]
+pub struct ShowArgs {
+    /// Job id or record name.
+    pub job: String,
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    pub output: Output,
+}
+
+/// One record in full; the table form reads the record's recent Events too.
+pub async fn show(g: &Global, args: ShowArgs) -> Result<(), CliError> {
+    let (client, ns) = connect(g).await?;
+    let cycles = lookup::cycles(&client, &ns, &args.job).await?;
+    let Some(r) = cycles.last() else {
+        return Err(CliError::Usage(format!(
+            "no record of {} in namespace {ns}",
+            args.job
+        )));
+    };
+    if args.output != Output::Table {
+        return print_list(std::slice::from_ref(r), args.output);
+    }
+    let events = recent_events(&client, &ns, &r.name_any()).await?;
+    let mut out = String::new();
+    show_facts(&mut out, r, &ns, cycles.len());
+    show_decision(&mut out, r);
+    show_job(&mut out, &r.spec.job);
+    show_conditions(&mut out, r);
+    show_events(&mut out, &events);
+    print!("{out}");
+    Ok(())
+}
+
+/// One `Key:  value` line of `show`.
+fn kv(out: &mut String, k: &str, v: impl std::fmt::Display) {
+    out.push_str(&format!("{k:<16}{v}\n"));
+}
+
+/// What was parked and why: name, job, queue, cycle, phase, failure, intent snapshot.
+fn show_facts(out: &mut String, r: &DeadLetter, ns: &str, cycles: usize) {
+    let s = &r.spec;
+    kv(out, "Name:", r.name_any());
+    kv(out, "Namespace:", ns);
+    kv(out, "Job:", &s.job.id);
+    kv(out, "Queue:", &s.queue);
+    kv(out, "Cycle:", format!("{} (of {cycles} recorded)", s.cycle));
+    kv(out, "Phase:", r.phase().as_str());
+    kv(out, "Failure kind:", format!("{:?}", s.failure_kind));
+    kv(out, "Deliveries:", s.deliveries);
+    kv(out, "Reason:", &s.reason);
+    kv(out, "Failed at:", s.failed_at.0);
+    kv(out, "Service:", s.service_version.as_deref().unwrap_or("-"));
+    kv(
+        out,
+        "Intent:",
+        s.intent.as_ref().map_or("-".into(), |i| {
+            format!("{} was {} when parked", i.id, i.state)
+        }),
+    );
+}
+
+/// Who decided what, why, and when the operator carried it out.
+fn show_decision(out: &mut String, r: &DeadLetter) {
+    let s = &r.spec;
+    kv(
+        out,
+        "Decision:",
+        match (&s.action, &s.by) {
+            (Some(a), Some(by)) => format!("{a:?} by {by}").to_lowercase(),
+            _ => "none yet".into(),
+        },
+    );
+    if let Some(n) = &s.note {
+        kv(out, "Note:", n);
+    }
+    if let Some(st) = &r.status
+        && let (Some(by), Some(at)) = (&st.resolved_by, &st.resolved_at)
+    {
+        kv(out, "Resolved:", format!("by {by} at {}", at.0));
+    }
+}
+
+/// The job's headers and payload: UTF-8 as text, anything else as its base64.
+fn show_job(out: &mut String, job: &Job) {
+    let headers = if job.headers.is_empty() {
+        "-".to_string()
+    } else {
+        job.headers
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    kv(out, "Headers:", headers);
+    let bytes = job.payload_bytes().unwrap_or_default();
+    let payload = match std::str::from_utf8(&bytes) {
+        Ok(text) => format!("({} bytes, UTF-8)\n{text}", bytes.len()),
+        Err(_) => format!(
+            "({} bytes, binary; base64)\n{}",
+            bytes.len(),
+            job.payload_base64.as_deref().unwrap_or_default()
+        ),
+    };
+    kv(out, "Payload:", payload);
+}
+
+/// The operator's conditions, one line each: what it did and what is failing.
+fn show_conditions(out: &mut String, r: &DeadLetter) {
+    out.push_str("Conditions:\n");
+    for c in r.status.iter().flat_map(|s| &s.conditions) {
+        out.push_str(&format!(
+            "  {:<10}{:<6}{:<20}{}\n",
+            c.type_, c.status, c.reason, c.message
+        ));
+    }
+}
+
+/// The record's last ten Events, oldest first.
+async fn recent_events(client: &Client, ns: &str, name: &str) -> Result<Vec<Event>, CliError> {
+    let events: Api<Event> = Api::namespaced(client.clone(), ns);
+    let lp = ListParams::default().fields(&format!("regarding.name={name}"));
+    let mut evs = events.list(&lp).await?.items;
+    evs.sort_by_key(|e| e.metadata.creation_timestamp.as_ref().map(|t| t.0));
+    let skip = evs.len().saturating_sub(10);
+    Ok(evs.split_off(skip))
+}
+
+/// The recent Events, one line each: the record's history as the operator told it.
+fn show_events(out: &mut String, events: &[Event]) {
+    out.push_str("Events:\n");
+    for e in events {
+        out.push_str(&format!(
+            "  {:<8}{:<16}{}\n",
+            e.type_.as_deref().unwrap_or_default(),
+            e.reason.as_deref().unwrap_or_default(),
+            e.note.as_deref().unwrap_or_default()
+        ));
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct StatsArgs {
+    #[arg(long)]
+    pub queue: Option<String>,
+}
+
+#[derive(Default)]
+struct Tally {
+    parked: u64,
+    redriven: u64,
+    dropped: u64,
+    oldest: Option<jiff::Timestamp>,
+}
+
+/// `stats`: counts per queue and failure kind, with the age of the oldest parked record (the
+/// one an alert would be about).
+pub async fn stats(g: &Global, args: StatsArgs) -> Result<(), CliError> {
+    let (client, ns) = connect(g).await?;
+    let items = records(&client, &ns, g.all_namespaces, args.queue.as_deref(), None).await?;
+    let mut by: BTreeMap<(String, String, String), Tally> = BTreeMap::new();
+    for r in &items {
+        let key = (
+            r.namespace().unwrap_or_default(),
+            r.spec.queue.clone(),
+            r.spec.failure_kind.label().to_string(),
+        );
+        let t = by.entry(key).or_default();
+        match r.phase() {
+            Phase::Parked => {
+                t.parked += 1;
+                let at = r.metadata.creation_timestamp.as_ref().map(|t| t.0);
+                if let Some(at) = at {
+                    t.oldest = Some(t.oldest.map_or(at, |o| o.min(at)));
+                }
+            }
+            Phase::Redriven => t.redriven += 1,
+            Phase::Dropped => t.dropped += 1,
+        }
+    }
+    let now = jiff::Timestamp::now();
+    let mut rows = vec![Vec::new()];
+    if g.all_namespaces {
+        rows[0].push("NAMESPACE".to_string());
+    }
+    rows[0].extend(
+        [
+            "QUEUE",
+            "KIND",
+            "PARKED",
+            "REDRIVEN",
+            "DROPPED",
+            "OLDEST PARKED",
+        ]
+        .map(String::from),
+    );
+    for ((namespace, queue, kind), t) in &by {
+        let mut row = Vec::new();
+        if g.all_namespaces {
+            row.push(namespace.clone());
+        }
+        row.extend([
+            queue.clone(),
+            kind.clone(),
+            t.parked.to_string(),
+            t.redriven.to_string(),
+            t.dropped.to_string(),
+            t.oldest
+                .map_or("-".into(), |o| human_age(now.duration_since(o).as_secs())),
+        ]);
+        rows.push(row);
+    }
+    if by.is_empty() {
+        eprintln!("no records");
+    } else {
+        print!("{}", table(&rows));
+    }
+    Ok(())
+}
+
+/// `42s`, `5m`, `3h`, `2d`: the way kubectl shows ages.
+pub fn human_age(secs: i64) -> String {
+    let secs = secs.max(0);
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 2 * 3600 => format!("{}m", s / 60),
+        s if s < 2 * 86400 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86400),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_align_on_the_widest_cell() {
+        let rows = vec![
+            vec![
+                "pi_0001/settle".to_string(),
+                "#1".into(),
+                "parked".into(),
+                "x".into(),
+            ],
+            vec!["a".to_string(), "#12".into(), "redriven".into(), "y".into()],
+        ];
+        assert_eq!(
+            table(&rows),
+            "pi_0001/settle  #1   parked    x\na               #12  redriven  y\n"
+        );
+    }
+
+    #[test]
+    fn ages() {
+        assert_eq!(human_age(5), "5s");
+        assert_eq!(human_age(600), "10m");
+        assert_eq!(human_age(3 * 3600), "3h");
+        assert_eq!(human_age(3 * 86400), "3d");
+    }
+}

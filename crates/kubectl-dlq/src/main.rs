@@ -1,0 +1,38 @@
+//! `kubectl dlq` (a kubectl plugin: put `kubectl-dlq` on PATH): inspect parked jobs, decide
+//! with your own identity, park from scripts.
+//!
+//! [`cli`] holds the flags, the connection and the dispatch; each command group is a sibling
+//! module. The CLI's modules are named apart from the core's (`decision`, not `decide`;
+//! `park_cmd`, not `park`) so `dlq_core::decide` and `dlq_core::park` stay unambiguous.
+
+mod cli;
+mod decision;
+mod inspect;
+mod lookup;
+mod park_cmd;
+mod runbook;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use cli::{Cli, CliError};
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli::run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(CliError::Refused(msg)) => {
+            // Already printed per job; the exit code says something was refused.
+            if !msg.is_empty() {
+                eprintln!("{msg}");
+            }
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

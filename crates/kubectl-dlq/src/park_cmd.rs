@@ -1,0 +1,142 @@
+//! `kubectl dlq park`.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+
+use clap::Args;
+use kube::ResourceExt;
+
+use dlq_client::park::{ParkError, ParkOutcome, ParkRequest, Parker};
+use dlq_core::api::{FailureKind, IntentSnapshot, Job};
+use dlq_core::park::validate;
+
+use crate::cli::{CliError, Global, connect};
+
+#[derive(Args, Debug)]
+pub struct ParkArgs {
+    /// DeadLetterQueue the job came from.
+    #[arg(long)]
+    pub queue: String,
+    /// Job id (e.g. pi_0003/settle).
+    #[arg(long)]
+    pub id: String,
+    /// Payload: TEXT, @FILE, or @- for stdin. Non-UTF-8 bytes are stored as payloadBase64.
+    #[arg(long)]
+    pub payload: Option<String>,
+    /// Payload as base64 text: TEXT, @FILE, or @- for stdin.
+    #[arg(long)]
+    pub payload_base64: Option<String>,
+    /// Original header, K=V (repeatable).
+    #[arg(long = "header", value_name = "K=V")]
+    pub headers: Vec<String>,
+    #[arg(long, default_value = "")]
+    pub reason: String,
+    /// Deliveries in this cycle.
+    #[arg(long, default_value_t = 0)]
+    pub deliveries: i32,
+    #[arg(long, value_parser = parse_kind, default_value = "Transient")]
+    pub failure_kind: FailureKind,
+    /// Business object id for the snapshot (with --intent-state).
+    #[arg(long, requires = "intent_state")]
+    pub intent_id: Option<String>,
+    /// Business object state at parking time (with --intent-id).
+    #[arg(long, requires = "intent_id")]
+    pub intent_state: Option<String>,
+    /// Consumer version that gave up (e.g. relayer@1.4.2).
+    #[arg(long)]
+    pub service_version: Option<String>,
+}
+
+/// `--failure-kind` in any case.
+fn parse_kind(s: &str) -> Result<FailureKind, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "transient" => Ok(FailureKind::Transient),
+        "invalid" => Ok(FailureKind::Invalid),
+        _ => Err(format!("{s:?} is not Transient or Invalid")),
+    }
+}
+
+/// TEXT, @FILE or @- as bytes.
+fn read_arg(value: &str) -> Result<Vec<u8>, CliError> {
+    match value.strip_prefix('@') {
+        Some("-") => {
+            let mut buf = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut buf)
+                .map_err(|e| CliError::Io("reading stdin".into(), e))?;
+            Ok(buf)
+        }
+        Some(path) => std::fs::read(path).map_err(|e| CliError::Io(format!("reading {path}"), e)),
+        None => Ok(value.as_bytes().to_vec()),
+    }
+}
+
+/// The park request the flags describe; reads payload files, so it can fail before any I/O
+/// to the cluster.
+pub fn request(args: &ParkArgs) -> Result<ParkRequest, CliError> {
+    let mut job = Job {
+        id: args.id.clone(),
+        ..Job::default()
+    };
+    if let Some(p) = &args.payload {
+        let bytes = read_arg(p)?;
+        match String::from_utf8(bytes) {
+            Ok(text) => job.payload = Some(text),
+            Err(e) => {
+                use base64::Engine;
+                if args.payload_base64.is_some() {
+                    return Err(CliError::Usage(
+                        "give either --payload or --payload-base64, not both".into(),
+                    ));
+                }
+                job.payload_base64 =
+                    Some(base64::engine::general_purpose::STANDARD.encode(e.into_bytes()));
+            }
+        }
+    }
+    if let Some(p) = &args.payload_base64 {
+        let text = String::from_utf8(read_arg(p)?)
+            .map_err(|_| CliError::Usage("--payload-base64 must be base64 text".into()))?;
+        job.payload_base64 = Some(text.trim().to_string());
+    }
+    let mut headers = BTreeMap::new();
+    for h in &args.headers {
+        let (k, v) = h
+            .split_once('=')
+            .ok_or_else(|| CliError::Usage(format!("--header {h:?}: expected K=V")))?;
+        headers.insert(k.to_string(), v.to_string());
+    }
+    job.headers = headers;
+    let mut req = ParkRequest::new(args.queue.clone(), job);
+    req.reason = args.reason.clone();
+    req.deliveries = args.deliveries;
+    req.failure_kind = args.failure_kind;
+    req.service_version = args.service_version.clone();
+    req.intent = match (&args.intent_id, &args.intent_state) {
+        (Some(id), Some(state)) => Some(IntentSnapshot {
+            id: id.clone(),
+            state: state.clone(),
+        }),
+        _ => None,
+    };
+    Ok(req)
+}
+
+/// `park`: validates locally, parks once, and says whether the record is new.
+pub async fn run(global: &Global, args: ParkArgs) -> Result<(), CliError> {
+    let req = request(&args)?;
+    // Refused before connecting: a malformed request needs no cluster to say so.
+    validate(&req).map_err(ParkError::Invalid)?;
+    let (client, ns) = connect(global).await?;
+    let outcome = Parker::new(client).park(&ns, req).await?;
+    let r = outcome.record();
+    match &outcome {
+        ParkOutcome::Parked(_) => println!("parked {} (new, cycle {})", r.name_any(), r.spec.cycle),
+        ParkOutcome::AlreadyParked(_) => println!(
+            "already parked {} (cycle {}; nothing changed)",
+            r.name_any(),
+            r.spec.cycle
+        ),
+    }
+    Ok(())
+}

@@ -1,0 +1,178 @@
+//! The one writer: every request the reconcilers make of the apiserver goes through
+//! [`Apiserver`], small enough that tests put a fake behind it and drive the reconcilers
+//! in-process (conflicts, lost races and crashes become deterministic).
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+
+use dlq_core::api::{DeadLetter, DeadLetterQueue, DeadLetterStatus};
+use dlq_core::events::EventPlan;
+use dlq_core::plan::QueueStatusWrite;
+
+/// Field manager of every status write the operator makes.
+pub const MANAGER: &str = "deadletter-operator";
+
+/// What the reconcilers read from and write to the apiserver.
+pub trait Apiserver: Send + Sync {
+    /// A record read fresh (not from the watch cache): its full payload, its latest version.
+    fn get_record<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<DeadLetter>, kube::Error>>;
+
+    /// Merge-patches a record's status, guarded by its resourceVersion (compare-and-swap): a
+    /// 409 means someone else wrote first.
+    fn write_record_status<'a>(
+        &'a self,
+        record: &'a DeadLetter,
+        status: &'a DeadLetterStatus,
+    ) -> BoxFuture<'a, Result<(), kube::Error>>;
+
+    /// Merge-patches a queue's status (its counters are recomputed on every write).
+    fn write_queue_status<'a>(
+        &'a self,
+        queue: &'a DeadLetterQueue,
+        status: &'a QueueStatusWrite,
+    ) -> BoxFuture<'a, Result<(), kube::Error>>;
+
+    /// Deletes exactly this version of a record (uid + resourceVersion preconditions).
+    fn delete_record<'a>(
+        &'a self,
+        record: &'a DeadLetter,
+    ) -> BoxFuture<'a, Result<(), kube::Error>>;
+
+    /// Publishes an Event about `regarding`; failures are logged, never fatal.
+    fn publish<'a>(&'a self, regarding: ObjectReference, event: &'a EventPlan)
+    -> BoxFuture<'a, ()>;
+}
+
+/// The real apiserver.
+pub struct KubeApiserver {
+    client: Client,
+    recorder: Recorder,
+    reporter: Reporter,
+}
+
+impl KubeApiserver {
+    pub fn new(client: Client, reporter: Reporter) -> Self {
+        KubeApiserver {
+            recorder: Recorder::new(client.clone(), reporter.clone()),
+            client,
+            reporter,
+        }
+    }
+
+    fn records(&self, namespace: &str) -> Api<DeadLetter> {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+}
+
+fn merge_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(MANAGER.into()),
+        ..PatchParams::default()
+    }
+}
+
+impl Apiserver for KubeApiserver {
+    fn get_record<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<DeadLetter>, kube::Error>> {
+        async move { self.records(namespace).get_opt(name).await }.boxed()
+    }
+
+    fn write_record_status<'a>(
+        &'a self,
+        record: &'a DeadLetter,
+        status: &'a DeadLetterStatus,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        async move {
+            let ns = record.namespace().unwrap_or_default();
+            let patch = json!({
+                "metadata": {"resourceVersion": record.resource_version()},
+                "status": status,
+            });
+            self.records(&ns)
+                .patch_status(&record.name_any(), &merge_params(), &Patch::Merge(patch))
+                .await
+                .map(|_| ())
+        }
+        .boxed()
+    }
+
+    fn write_queue_status<'a>(
+        &'a self,
+        queue: &'a DeadLetterQueue,
+        status: &'a QueueStatusWrite,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        async move {
+            let ns = queue.namespace().unwrap_or_default();
+            let api: Api<DeadLetterQueue> = Api::namespaced(self.client.clone(), &ns);
+            api.patch_status(
+                &queue.name_any(),
+                &merge_params(),
+                &Patch::Merge(json!({ "status": status })),
+            )
+            .await
+            .map(|_| ())
+        }
+        .boxed()
+    }
+
+    fn delete_record<'a>(
+        &'a self,
+        record: &'a DeadLetter,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        async move {
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: record.uid(),
+                    resource_version: record.resource_version(),
+                }),
+                ..DeleteParams::default()
+            };
+            let ns = record.namespace().unwrap_or_default();
+            self.records(&ns)
+                .delete(&record.name_any(), &dp)
+                .await
+                .map(|_| ())
+        }
+        .boxed()
+    }
+
+    fn publish<'a>(
+        &'a self,
+        regarding: ObjectReference,
+        event: &'a EventPlan,
+    ) -> BoxFuture<'a, ()> {
+        async move {
+            dlq_client::events::publish(
+                &self.client,
+                &self.recorder,
+                &self.reporter,
+                &regarding,
+                event,
+            )
+            .await
+        }
+        .boxed()
+    }
+}
+
+/// The reference an Event about `obj` points at.
+pub fn reference(obj: &impl Resource<DynamicType = ()>) -> ObjectReference {
+    obj.object_ref(&())
+}
+
+/// Whether the apiserver answered 409 Conflict (a lost compare-and-swap).
+pub fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}

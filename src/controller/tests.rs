@@ -1,0 +1,513 @@
+//! The reconcilers driven in-process: a fake apiserver (resourceVersions, 409s, a failing
+//! write) and a fake target make conflicts, lost races, requeue failures and crashes
+//! deterministic, without sleeps. The real-apiserver tests live in `tests/`.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::runtime::controller::Action as ReconcileAction;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher;
+
+use dlq_core::api::{
+    Action, DeadLetter, DeadLetterQueue, DeadLetterSpec, DeadLetterStatus, FailureKind, Job, Phase,
+};
+use dlq_core::conditions;
+use dlq_core::events::EventPlan;
+use dlq_core::plan::QueueStatusWrite;
+
+use super::apiserver::Apiserver;
+use super::{Context, Settings, deadletter};
+use crate::metrics::Metrics;
+use crate::target::{JobMessage, Target, TargetError, Targets};
+
+const NS: &str = "payments";
+const NAME: &str = "pi-0003-settle-5d41402a-1";
+
+/// An apiserver holding one record, with optimistic concurrency like the real one.
+#[derive(Default)]
+struct FakeApiserver {
+    record: Mutex<Option<DeadLetter>>,
+    version: AtomicU64,
+    /// Status writes that reached the server (successful ones).
+    writes: Mutex<Vec<DeadLetterStatus>>,
+    events: Mutex<Vec<EventPlan>>,
+    /// Before the next status write, someone else resolves the record as this (by "alice").
+    race: Mutex<Option<Phase>>,
+    /// The next N status writes find the version bumped by an unrelated write (still Parked).
+    bumps: AtomicU32,
+    /// The next status write fails with a 500 (as if the apiserver went away).
+    fail_next_write: AtomicBool,
+}
+
+fn api_error(code: u16) -> kube::Error {
+    kube::Error::Api(
+        kube::core::Status::failure(
+            "fake",
+            if code == 409 {
+                "Conflict"
+            } else {
+                "InternalError"
+            },
+        )
+        .with_code(code)
+        .boxed(),
+    )
+}
+
+impl FakeApiserver {
+    fn holding(record: &DeadLetter) -> Arc<Self> {
+        let fake = FakeApiserver::default();
+        let mut r = record.clone();
+        r.metadata.resource_version = Some("1".into());
+        fake.version.store(1, Ordering::SeqCst);
+        *fake.record.lock().expect("lock") = Some(r);
+        Arc::new(fake)
+    }
+
+    fn current(&self) -> DeadLetter {
+        self.record.lock().expect("lock").clone().expect("record")
+    }
+
+    fn bump(&self, record: &mut DeadLetter) {
+        let v = self.version.fetch_add(1, Ordering::SeqCst) + 1;
+        record.metadata.resource_version = Some(v.to_string());
+    }
+
+    fn reasons(&self) -> Vec<&'static str> {
+        self.events
+            .lock()
+            .expect("lock")
+            .iter()
+            .map(|e| e.reason)
+            .collect()
+    }
+
+    /// What a rival resolver or an unrelated writer did just before our write.
+    fn interfere(&self, stored: &mut DeadLetter) {
+        if let Some(phase) = self.race.lock().expect("lock").take() {
+            let status = stored.status.get_or_insert_default();
+            status.phase = Some(phase);
+            status.resolved_by = Some("alice".into());
+            self.bump(stored);
+        } else if self.bumps.load(Ordering::SeqCst) > 0 {
+            self.bumps.fetch_sub(1, Ordering::SeqCst);
+            self.bump(stored);
+        }
+    }
+}
+
+/// Applies a merge patch of `status` onto `into`, as the apiserver does.
+fn merge(into: &mut DeadLetterStatus, status: &DeadLetterStatus) {
+    if status.phase.is_some() {
+        into.phase = status.phase;
+    }
+    if status.resolved_by.is_some() {
+        into.resolved_by = status.resolved_by.clone();
+    }
+    if status.resolved_at.is_some() {
+        into.resolved_at = status.resolved_at.clone();
+    }
+    if status.observed_generation.is_some() {
+        into.observed_generation = status.observed_generation;
+    }
+    if !status.conditions.is_empty() {
+        into.conditions = status.conditions.clone();
+    }
+}
+
+impl Apiserver for FakeApiserver {
+    fn get_record<'a>(
+        &'a self,
+        _namespace: &'a str,
+        _name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<DeadLetter>, kube::Error>> {
+        async move { Ok(self.record.lock().expect("lock").clone()) }.boxed()
+    }
+
+    fn write_record_status<'a>(
+        &'a self,
+        record: &'a DeadLetter,
+        status: &'a DeadLetterStatus,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        async move {
+            if self.fail_next_write.swap(false, Ordering::SeqCst) {
+                return Err(api_error(500));
+            }
+            let mut guard = self.record.lock().expect("lock");
+            let stored = guard.as_mut().expect("record");
+            self.interfere(stored);
+            if stored.metadata.resource_version != record.metadata.resource_version {
+                return Err(api_error(409));
+            }
+            merge(stored.status.get_or_insert_default(), status);
+            self.bump(stored);
+            self.writes.lock().expect("lock").push(status.clone());
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn write_queue_status<'a>(
+        &'a self,
+        _queue: &'a DeadLetterQueue,
+        _status: &'a QueueStatusWrite,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        async { Ok(()) }.boxed()
+    }
+
+    fn delete_record<'a>(
+        &'a self,
+        _record: &'a DeadLetter,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        async { Ok(()) }.boxed()
+    }
+
+    fn publish<'a>(
+        &'a self,
+        _regarding: ObjectReference,
+        event: &'a EventPlan,
+    ) -> BoxFuture<'a, ()> {
+        self.events.lock().expect("lock").push(event.clone());
+        async {}.boxed()
+    }
+}
+
+/// A broker that records what it was given, or refuses while `down`.
+#[derive(Default)]
+struct FakeTarget {
+    received: Mutex<Vec<JobMessage>>,
+    down: AtomicBool,
+}
+
+impl Target for FakeTarget {
+    fn describe(&self) -> String {
+        "fake".into()
+    }
+
+    fn requeue<'a>(&'a self, job: &'a JobMessage) -> BoxFuture<'a, Result<(), TargetError>> {
+        async move {
+            if self.down.load(Ordering::SeqCst) {
+                return Err(TargetError::Unreachable("connection refused".into()));
+            }
+            self.received.lock().expect("lock").push(job.clone());
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn probe(&self) -> BoxFuture<'_, Result<(), TargetError>> {
+        async { Ok(()) }.boxed()
+    }
+}
+
+impl Targets for Arc<FakeTarget> {
+    fn target<'a>(
+        &'a self,
+        _queue: &'a DeadLetterQueue,
+    ) -> BoxFuture<'a, Result<Arc<dyn Target>, TargetError>> {
+        let target: Arc<dyn Target> = self.clone();
+        async move { Ok(target) }.boxed()
+    }
+}
+
+fn record(action: Option<Action>) -> DeadLetter {
+    let mut r = DeadLetter::new(
+        NAME,
+        DeadLetterSpec {
+            queue: "relayer".into(),
+            cycle: 1,
+            job: Job {
+                id: "pi_0003/settle".into(),
+                payload: Some(r#"{"intent":"pi_0003"}"#.into()),
+                headers: [("x-trace".to_string(), "abc".to_string())].into(),
+                ..Job::default()
+            },
+            intent: None,
+            deliveries: 3,
+            reason: "no luck after 3 deliveries".into(),
+            failure_kind: FailureKind::Transient,
+            service_version: None,
+            failed_at: Time(jiff::Timestamp::UNIX_EPOCH),
+            action,
+            by: action.map(|_| "ops".to_string()),
+            note: None,
+        },
+    );
+    r.metadata.namespace = Some(NS.into());
+    r.metadata.uid = Some("uid-1".into());
+    r.metadata.generation = Some(1);
+    r
+}
+
+fn store_of<K>(objects: &[K]) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    let (store, mut writer) = reflector::store();
+    for o in objects {
+        writer.apply_watcher_event(&watcher::Event::Apply(o.clone()));
+    }
+    store
+}
+
+fn queue() -> DeadLetterQueue {
+    let mut q = DeadLetterQueue::new("relayer", Default::default());
+    q.metadata.namespace = Some(NS.into());
+    q
+}
+
+struct Harness {
+    apiserver: Arc<FakeApiserver>,
+    target: Arc<FakeTarget>,
+    ctx: Arc<Context>,
+}
+
+impl Harness {
+    fn new(record: &DeadLetter, queues: &[DeadLetterQueue]) -> Self {
+        Self::with(FakeApiserver::holding(record), Arc::default(), queues)
+    }
+
+    /// A fresh operator process (empty memory) over the same apiserver and broker.
+    fn with(
+        apiserver: Arc<FakeApiserver>,
+        target: Arc<FakeTarget>,
+        queues: &[DeadLetterQueue],
+    ) -> Self {
+        let ctx = Arc::new(Context::new(
+            apiserver.clone(),
+            Arc::new(target.clone()),
+            store_of(&[apiserver.current()]),
+            store_of(queues),
+            Metrics::default(),
+            Settings::default(),
+        ));
+        Harness {
+            apiserver,
+            target,
+            ctx,
+        }
+    }
+
+    async fn reconcile(&self) -> Result<ReconcileAction, crate::Error> {
+        deadletter::reconcile(Arc::new(self.apiserver.current()), self.ctx.clone()).await
+    }
+
+    fn phase(&self) -> Phase {
+        self.apiserver.current().phase()
+    }
+
+    fn delivered(&self) -> usize {
+        self.target.received.lock().expect("lock").len()
+    }
+
+    fn metric(&self, series: &str) -> f64 {
+        let text = self.ctx.metrics.encode();
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+}
+
+const SUCCESS: &str =
+    r#"dlq_redrives_total{namespace="payments",queue="relayer",result="success"}"#;
+const FAILURE: &str =
+    r#"dlq_redrives_total{namespace="payments",queue="relayer",result="failure"}"#;
+const CONFLICT: &str =
+    r#"dlq_redrives_total{namespace="payments",queue="relayer",result="conflict"}"#;
+
+#[tokio::test]
+async fn a_new_record_is_marked_parked_announced_and_counted_once() {
+    let h = Harness::new(&record(None), &[queue()]);
+    assert_eq!(
+        h.reconcile().await.expect("reconcile"),
+        ReconcileAction::await_change()
+    );
+    assert_eq!(h.phase(), Phase::Parked);
+    assert_eq!(h.apiserver.reasons(), ["Parked"]);
+    assert!(h.apiserver.events.lock().expect("lock")[0].once);
+    let parked =
+        r#"dlq_parked_total{namespace="payments",queue="relayer",failure_kind="transient"}"#;
+    assert_eq!(h.metric(parked), 1.0);
+
+    h.reconcile().await.expect("second reconcile");
+    assert_eq!(h.apiserver.reasons(), ["Parked"], "a Parked record waits");
+    assert_eq!(h.metric(parked), 1.0);
+}
+
+#[tokio::test]
+async fn a_redrive_requeues_the_untouched_job_then_resolves() {
+    let h = Harness::new(&record(Some(Action::Redrive)), &[queue()]);
+    h.reconcile().await.expect("reconcile");
+    let sent = h.target.received.lock().expect("lock").clone();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].payload, br#"{"intent":"pi_0003"}"#);
+    assert_eq!(sent[0].headers["x-trace"], "abc");
+    let now = h.apiserver.current();
+    assert_eq!(now.phase(), Phase::Redriven);
+    assert_eq!(
+        now.status.as_ref().and_then(|s| s.resolved_by.as_deref()),
+        Some("ops")
+    );
+    assert_eq!(h.apiserver.reasons(), ["Redriven"]);
+    assert_eq!(h.metric(SUCCESS), 1.0);
+
+    h.reconcile().await.expect("again");
+    assert_eq!(
+        h.delivered(),
+        1,
+        "a resolved record is never requeued again"
+    );
+}
+
+#[tokio::test]
+async fn a_drop_resolves_without_enqueueing() {
+    let h = Harness::new(&record(Some(Action::Drop)), &[queue()]);
+    h.reconcile().await.expect("reconcile");
+    assert_eq!(h.phase(), Phase::Dropped);
+    assert_eq!(h.delivered(), 0);
+    assert_eq!(h.apiserver.reasons(), ["Dropped"]);
+}
+
+#[tokio::test]
+async fn a_failing_broker_keeps_the_record_parked_and_backs_off() {
+    let h = Harness::new(&record(Some(Action::Redrive)), &[queue()]);
+    h.target.down.store(true, Ordering::SeqCst);
+    let first = h.reconcile().await.expect("reconcile");
+    assert_eq!(first, ReconcileAction::requeue(Duration::from_secs(1)));
+    let now = h.apiserver.current();
+    assert_eq!(now.phase(), Phase::Parked);
+    let requeued = now
+        .status
+        .as_ref()
+        .and_then(|s| conditions::find(&s.conditions, conditions::REQUEUED))
+        .expect("Requeued");
+    assert_eq!(
+        (requeued.status.as_str(), requeued.reason.as_str()),
+        ("False", "BrokerUnreachable")
+    );
+    let writes = h.apiserver.writes.lock().expect("lock").len();
+
+    let second = h.reconcile().await.expect("reconcile");
+    assert_eq!(second, ReconcileAction::requeue(Duration::from_secs(2)));
+    assert_eq!(
+        h.apiserver.writes.lock().expect("lock").len(),
+        writes,
+        "unchanged condition not rewritten"
+    );
+    assert_eq!(h.apiserver.reasons(), ["RequeueFailed", "RequeueFailed"]);
+    assert_eq!(h.metric(FAILURE), 2.0);
+
+    h.target.down.store(false, Ordering::SeqCst);
+    h.reconcile().await.expect("reconcile");
+    assert_eq!(h.phase(), Phase::Redriven);
+    assert_eq!(h.delivered(), 1);
+    let requeued = h.apiserver.current().status.and_then(|s| {
+        conditions::find(&s.conditions, conditions::REQUEUED).map(|c| c.status.clone())
+    });
+    assert_eq!(requeued.as_deref(), Some("True"));
+}
+
+#[tokio::test]
+async fn a_missing_queue_is_a_requeue_failure_that_says_so() {
+    let h = Harness::new(&record(Some(Action::Redrive)), &[]);
+    h.reconcile().await.expect("reconcile");
+    let reason = h.apiserver.current().status.and_then(|s| {
+        conditions::find(&s.conditions, conditions::REQUEUED).map(|c| c.reason.clone())
+    });
+    assert_eq!(reason.as_deref(), Some("QueueNotFound"));
+    assert_eq!(h.delivered(), 0);
+}
+
+#[tokio::test]
+async fn a_conflict_while_still_parked_rewrites_without_enqueueing_again() {
+    let h = Harness::new(&record(Some(Action::Redrive)), &[queue()]);
+    h.apiserver.bumps.store(2, Ordering::SeqCst);
+    h.reconcile().await.expect("reconcile");
+    assert_eq!(h.phase(), Phase::Redriven);
+    assert_eq!(h.delivered(), 1);
+    assert_eq!(h.metric(SUCCESS), 1.0);
+    assert_eq!(h.metric(CONFLICT), 0.0);
+}
+
+#[tokio::test]
+async fn a_lost_race_stops_counts_a_conflict_and_names_the_winner() {
+    let h = Harness::new(&record(Some(Action::Redrive)), &[queue()]);
+    *h.apiserver.race.lock().expect("lock") = Some(Phase::Dropped);
+    h.reconcile().await.expect("reconcile");
+    let now = h.apiserver.current();
+    assert_eq!(
+        now.phase(),
+        Phase::Dropped,
+        "the winner's resolution stands"
+    );
+    assert_eq!(
+        now.status.and_then(|s| s.resolved_by).as_deref(),
+        Some("alice")
+    );
+    assert_eq!(h.apiserver.reasons(), ["ResolveConflict"]);
+    let note = h.apiserver.events.lock().expect("lock")[0].note.clone();
+    assert_eq!(
+        note,
+        "already dropped by alice; this resolver (redriven) lost the race"
+    );
+    assert_eq!(h.metric(CONFLICT), 1.0);
+    assert_eq!(h.metric(SUCCESS), 0.0);
+}
+
+#[tokio::test]
+async fn a_failed_status_write_after_the_requeue_never_requeues_twice_in_one_process() {
+    let h = Harness::new(&record(Some(Action::Redrive)), &[queue()]);
+    h.apiserver.fail_next_write.store(true, Ordering::SeqCst);
+    let err = h.reconcile().await.expect_err("the write failed");
+    assert_eq!(err.category(), "KubeApi");
+    assert_eq!(h.phase(), Phase::Parked);
+    assert_eq!(h.delivered(), 1);
+
+    h.reconcile().await.expect("retry");
+    assert_eq!(h.phase(), Phase::Redriven);
+    assert_eq!(h.delivered(), 1, "the retry only writes the status");
+}
+
+#[tokio::test]
+async fn a_crash_between_requeue_and_status_write_delivers_at_most_once_more() {
+    let h = Harness::new(&record(Some(Action::Redrive)), &[queue()]);
+    h.apiserver.fail_next_write.store(true, Ordering::SeqCst);
+    let _ = h.reconcile().await;
+    assert_eq!((h.phase(), h.delivered()), (Phase::Parked, 1));
+
+    // The process dies; a new one (empty memory) finds the record still Parked with its decision.
+    let restarted = Harness::with(h.apiserver.clone(), h.target.clone(), &[queue()]);
+    restarted.reconcile().await.expect("reconcile");
+    assert_eq!(restarted.phase(), Phase::Redriven);
+    assert_eq!(
+        restarted.delivered(),
+        2,
+        "one more delivery of the same job, never a lost one"
+    );
+    let sent = restarted.target.received.lock().expect("lock").clone();
+    assert_eq!(sent[0], sent[1]);
+}
+
+#[tokio::test]
+async fn an_unsigned_decision_is_refused_on_the_record() {
+    let mut r = record(Some(Action::Redrive));
+    r.spec.by = Some("  ".into());
+    let h = Harness::new(&r, &[queue()]);
+    assert_eq!(
+        h.reconcile().await.expect("reconcile"),
+        ReconcileAction::await_change()
+    );
+    assert_eq!(h.delivered(), 0);
+    assert_eq!(h.apiserver.reasons(), ["DecisionRefused"]);
+    let ready =
+        h.apiserver.current().status.and_then(|s| {
+            conditions::find(&s.conditions, conditions::READY).map(|c| c.reason.clone())
+        });
+    assert_eq!(ready.as_deref(), Some("Unsigned"));
+}

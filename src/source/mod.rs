@@ -1,0 +1,265 @@
+//! Sources: drain a broker's dead messages into DeadLetter records, acknowledging each message
+//! only after its record exists (ack after the side effect), so a crash never loses one.
+//!
+//! The supervisor keeps one task per DeadLetterQueue that has a `source`, driven by the
+//! operator's queue store (no polling): it starts, restarts (source or target changed) and
+//! stops them as queues change, and closes the targets of deleted queues. Aborting a source
+//! mid-message is safe by construction: the message is still in the broker's in-flight area
+//! and is re-parked (deduplicated) on the next start.
+
+pub mod amqp;
+pub mod nats;
+pub mod redis;
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, ResourceExt};
+use tokio::task::JoinHandle;
+
+use dlq_client::park::{ParkError, ParkOutcome, ParkRequest, Parker};
+use dlq_core::api::DeadLetterQueue;
+
+use crate::secret::SecretError;
+use crate::target::cache::TargetCache;
+
+/// Why one run of a source ended. It is restarted with backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("source misconfigured: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Secret(#[from] SecretError),
+    #[error("unreadable answer from the broker: {0}")]
+    Decode(String),
+    #[error("{context}: {source}")]
+    Broker {
+        context: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl SourceError {
+    /// Wraps a broker client's error with what the source was doing.
+    pub fn broker<E>(context: impl Into<String>) -> impl FnOnce(E) -> SourceError
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let context = context.into();
+        move |e| SourceError::Broker {
+            context,
+            source: Box::new(e),
+        }
+    }
+}
+
+/// How often the supervisor also checks for sources that ended by themselves.
+const RESYNC: Duration = Duration::from_secs(30);
+
+struct Running {
+    fingerprint: u64,
+    task: JoinHandle<()>,
+}
+
+/// Runs sources for every DeadLetterQueue with a `source` in `queues`, following
+/// `queue_changes`, until `stop` resolves.
+pub async fn supervise(
+    client: Client,
+    queues: Store<DeadLetterQueue>,
+    queue_changes: impl Stream<Item = Arc<DeadLetterQueue>> + Send,
+    targets: Arc<TargetCache>,
+    parker: Parker,
+    stop: impl std::future::Future<Output = ()> + Send,
+) {
+    let mut running: HashMap<(String, String), Running> = HashMap::new();
+    let supervise = async {
+        let mut changes = std::pin::pin!(queue_changes);
+        let mut tick = tokio::time::interval(RESYNC);
+        loop {
+            tokio::select! {
+                Some(_) = changes.next() => {}
+                _ = tick.tick() => {}
+            }
+            if queues.wait_until_ready().await.is_err() {
+                return;
+            }
+            sync(&client, &parker, &queues, &mut running);
+            targets.prune(&queues).await;
+        }
+    };
+    tokio::select! {
+        _ = supervise => {}
+        _ = stop => {}
+    }
+    for (_, r) in running.drain() {
+        r.task.abort();
+    }
+}
+
+/// The source and target as a fingerprint: either changing restarts the source.
+fn fingerprint(q: &DeadLetterQueue) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_string(&q.spec.source)
+        .unwrap_or_default()
+        .hash(&mut h);
+    serde_json::to_string(&q.spec.target)
+        .unwrap_or_default()
+        .hash(&mut h);
+    h.finish()
+}
+
+fn sync(
+    client: &Client,
+    parker: &Parker,
+    queues: &Store<DeadLetterQueue>,
+    running: &mut HashMap<(String, String), Running>,
+) {
+    let wanted: HashMap<(String, String), (u64, Arc<DeadLetterQueue>)> = queues
+        .state()
+        .into_iter()
+        .filter(|q| q.spec.source.is_some())
+        .map(|q| {
+            (
+                (q.namespace().unwrap_or_default(), q.name_any()),
+                (fingerprint(&q), q),
+            )
+        })
+        .collect();
+    running.retain(|key, r| {
+        let keep =
+            wanted.get(key).is_some_and(|(f, _)| *f == r.fingerprint) && !r.task.is_finished();
+        if !keep {
+            tracing::info!(namespace = %key.0, queue = %key.1, "stopping source");
+            r.task.abort();
+        }
+        keep
+    });
+    for (key, (fingerprint, queue)) in wanted {
+        if running.contains_key(&key) {
+            continue;
+        }
+        let into = ParkInto {
+            parker: parker.clone(),
+            queues: queues.clone(),
+            key: ObjectRef::new(&key.1).within(&key.0),
+        };
+        if let Some(task) = start(client, into, &queue) {
+            running.insert(key, Running { fingerprint, task });
+        }
+    }
+}
+
+/// Starts the source `queue` names.
+fn start(client: &Client, into: ParkInto, queue: &DeadLetterQueue) -> Option<JoinHandle<()>> {
+    let source = queue.spec.source.clone()?;
+    let (ns, name) = (into.namespace().to_string(), into.queue().to_string());
+    let queue = queue.clone();
+    let client = client.clone();
+    if let Some(src) = source.redis {
+        tracing::info!(namespace = %ns, queue = %name, list = %src.list, "starting redis source");
+        Some(tokio::spawn(redis::run(client, into, queue, src)))
+    } else if let Some(src) = source.amqp {
+        tracing::info!(namespace = %ns, queue = %name, amqp_queue = %src.queue, "starting amqp source");
+        Some(tokio::spawn(amqp::run(client, into, queue, src)))
+    } else if let Some(src) = source.nats {
+        tracing::info!(namespace = %ns, queue = %name, stream = %src.stream, consumer = %src.consumer, "starting nats source");
+        Some(tokio::spawn(nats::run(client, into, queue, src)))
+    } else {
+        None
+    }
+}
+
+/// Where a source parks: its DeadLetterQueue as the operator's store holds it right now (its
+/// `maxParked` and counters), so a parking storm costs no queue reads.
+#[derive(Clone)]
+pub struct ParkInto {
+    parker: Parker,
+    queues: Store<DeadLetterQueue>,
+    key: ObjectRef<DeadLetterQueue>,
+}
+
+impl ParkInto {
+    pub fn namespace(&self) -> &str {
+        self.key.namespace.as_deref().unwrap_or_default()
+    }
+
+    pub fn queue(&self) -> &str {
+        &self.key.name
+    }
+
+    /// Parks once.
+    pub async fn park(&self, req: ParkRequest) -> Result<ParkOutcome, ParkError> {
+        let queue = self
+            .queues
+            .get(&self.key)
+            .ok_or_else(|| ParkError::UnknownQueue {
+                namespace: self.namespace().to_string(),
+                queue: self.queue().to_string(),
+            })?;
+        self.parker.park_into(&queue, req).await
+    }
+
+    /// Parks, retrying what may succeed later (apiserver down, queue full) with capped
+    /// backoff; `waiting` runs before each wait (to tell the broker the message is still being
+    /// worked on) and the message stays in the broker meanwhile. Returns an error only for a
+    /// request that can never be a record.
+    pub async fn park_until_settled<W, Fut>(
+        &self,
+        req: &ParkRequest,
+        where_it_stays: &str,
+        waiting: W,
+    ) -> Result<(), ParkError>
+    where
+        W: Fn() -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let mut attempt = 0u32;
+        loop {
+            match self.park(req.clone()).await {
+                Ok(_) => return Ok(()),
+                Err(e) if e.is_transient() => {
+                    attempt = attempt.saturating_add(1);
+                    let wait = dlq_core::decide::backoff(attempt, Duration::from_secs(30));
+                    tracing::warn!(namespace = %self.namespace(), queue = %self.queue(), job = %req.job.id, error = %e, retry_in = ?wait, "parking a dead message failed; it stays {where_it_stays}");
+                    waiting().await;
+                    tokio::time::sleep(wait).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// Runs one source's `once` again and again: after it ends or fails, waits with capped
+/// exponential backoff (reset once a run lasted a minute), so a broker outage is retried
+/// without hammering it.
+pub(crate) async fn keep_running<F, Fut>(kind: &str, ns: &str, queue: &str, mut once: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), SourceError>>,
+{
+    let mut attempt = 0u32;
+    loop {
+        let started = std::time::Instant::now();
+        let result = once().await;
+        if started.elapsed() > Duration::from_secs(60) {
+            attempt = 0;
+        }
+        attempt = attempt.saturating_add(1);
+        let wait = dlq_core::decide::backoff(attempt, Duration::from_secs(30));
+        match result {
+            Ok(()) => {
+                tracing::info!(namespace = ns, queue, source = kind, retry_in = ?wait, "source ended; restarting")
+            }
+            Err(e) => {
+                tracing::warn!(namespace = ns, queue, source = kind, error = %e, retry_in = ?wait, "source failed")
+            }
+        }
+        tokio::time::sleep(wait).await;
+    }
+}

@@ -1,0 +1,204 @@
+//! Builds a DeadLetterQueue's [`Target`] from its spec and Secret, and keeps it (and its broker
+//! connection) between redrives: connecting per record would make the broker handshake the
+//! bottleneck of a bulk replay. A changed queue gets a new target (the old connection closes
+//! when its last redrive ends); a deleted queue's target is dropped by [`TargetCache::prune`].
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, ResourceExt};
+use tokio::sync::Mutex;
+
+use dlq_core::api::{DeadLetterQueue, SecretKeyRef, TargetSpec};
+
+use crate::secret::read_secret;
+use crate::target::amqp::AmqpTarget;
+use crate::target::http::HttpTarget;
+use crate::target::nats::NatsTarget;
+use crate::target::redis::{RedisKey, RedisTarget};
+use crate::target::{Target, TargetError, Targets};
+
+/// How long a cached target is trusted before its Secret is read again.
+const SECRET_TTL: Duration = Duration::from_secs(30);
+
+struct Entry {
+    spec_hash: u64,
+    secret_hash: u64,
+    checked: Instant,
+    target: Arc<dyn Target>,
+}
+
+pub struct TargetCache {
+    client: Client,
+    entries: Mutex<HashMap<(String, String), Entry>>,
+}
+
+impl TargetCache {
+    pub fn new(client: Client) -> Self {
+        TargetCache {
+            client,
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Drops the targets (and so the connections) of queues no longer in `queues`.
+    pub async fn prune(&self, queues: &Store<DeadLetterQueue>) {
+        self.entries.lock().await.retain(|(ns, name), _| {
+            let keep = queues.get(&ObjectRef::new(name).within(ns)).is_some();
+            if !keep {
+                tracing::info!(namespace = %ns, queue = %name, "closing the target of a deleted DeadLetterQueue");
+            }
+            keep
+        });
+    }
+
+    /// The target of `queue`, reusing the cached one while its spec and Secret are unchanged.
+    pub async fn get(&self, queue: &DeadLetterQueue) -> Result<Arc<dyn Target>, TargetError> {
+        let ns = queue.namespace().unwrap_or_default();
+        let key = (ns.clone(), queue.name_any());
+        let spec_hash = hash(&serde_json::to_string(&queue.spec.target).unwrap_or_default());
+        {
+            let entries = self.entries.lock().await;
+            if let Some(e) = entries.get(&key)
+                && e.spec_hash == spec_hash
+                && e.checked.elapsed() < SECRET_TTL
+            {
+                return Ok(e.target.clone());
+            }
+        }
+        let secrets = read_target_secrets(&self.client, &ns, &queue.spec.target).await?;
+        let secret_hash = hash(&secrets);
+        let mut entries = self.entries.lock().await;
+        if let Some(e) = entries.get_mut(&key)
+            && e.spec_hash == spec_hash
+            && e.secret_hash == secret_hash
+        {
+            e.checked = Instant::now();
+            return Ok(e.target.clone());
+        }
+        let target = build(&queue.spec.target, &secrets)?;
+        entries.insert(
+            key,
+            Entry {
+                spec_hash,
+                secret_hash,
+                checked: Instant::now(),
+                target: target.clone(),
+            },
+        );
+        Ok(target)
+    }
+}
+
+fn hash<T: Hash>(v: &T) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    v.hash(&mut h);
+    h.finish()
+}
+
+impl Targets for TargetCache {
+    fn target<'a>(
+        &'a self,
+        queue: &'a DeadLetterQueue,
+    ) -> BoxFuture<'a, Result<Arc<dyn Target>, TargetError>> {
+        self.get(queue).boxed()
+    }
+}
+
+/// What a target reads from Secrets; hashed (never shown) to notice a rotated Secret. No
+/// `Debug`, so it cannot end up in a log line.
+#[derive(Default, Hash)]
+pub struct TargetSecrets {
+    /// The broker URL (from a Secret, or the spec's plain `url` for NATS).
+    pub url: Option<String>,
+    /// HTTP bearer token.
+    pub token: Option<String>,
+    /// HTTP CA bundle (PEM).
+    pub ca: Option<String>,
+    versions: Vec<String>,
+}
+
+/// Reads every Secret `target` names.
+pub async fn read_target_secrets(
+    client: &Client,
+    namespace: &str,
+    target: &TargetSpec,
+) -> Result<TargetSecrets, TargetError> {
+    let mut s = TargetSecrets::default();
+    let mut read = async |r: &SecretKeyRef| -> Result<String, TargetError> {
+        let (value, version) = read_secret(client, namespace, r)
+            .await
+            .map_err(|e| TargetError::Config(e.to_string()))?;
+        s.versions.push(version);
+        Ok(value)
+    };
+    let (mut url, mut token, mut ca) = (None, None, None);
+    if let Some(redis) = &target.redis {
+        url = Some(read(&redis.url_secret_ref).await?);
+    } else if let Some(amqp) = &target.amqp {
+        url = Some(read(&amqp.url_secret_ref).await?);
+    } else if let Some(nats) = &target.nats {
+        url = match (&nats.url, &nats.url_secret_ref) {
+            (_, Some(r)) => Some(read(r).await?),
+            (Some(plain), None) => Some(plain.clone()),
+            (None, None) => {
+                return Err(TargetError::Config(
+                    "nats target needs url or urlSecretRef".into(),
+                ));
+            }
+        };
+    } else if let Some(http) = &target.http {
+        if let Some(r) = &http.bearer_token_secret_ref {
+            token = Some(read(r).await?);
+        }
+        if let Some(r) = &http.ca_secret_ref {
+            ca = Some(read(r).await?);
+        }
+    } else {
+        return Err(TargetError::Config("spec.target names no backend".into()));
+    }
+    s.url = url;
+    s.token = token;
+    s.ca = ca;
+    Ok(s)
+}
+
+fn build(target: &TargetSpec, secrets: &TargetSecrets) -> Result<Arc<dyn Target>, TargetError> {
+    let url = || {
+        secrets
+            .url
+            .as_deref()
+            .ok_or_else(|| TargetError::Config("the target's URL is missing".into()))
+    };
+    if let Some(redis) = &target.redis {
+        let key = match (&redis.list, &redis.stream) {
+            (Some(list), None) => RedisKey::List(list.clone()),
+            (None, Some(stream)) => RedisKey::Stream(stream.clone()),
+            _ => {
+                return Err(TargetError::Config(
+                    "redis target needs exactly one of list or stream".into(),
+                ));
+            }
+        };
+        return Ok(Arc::new(RedisTarget::new(url()?, key)?));
+    }
+    if let Some(amqp) = &target.amqp {
+        return Ok(Arc::new(AmqpTarget::new(amqp, url()?)?));
+    }
+    if let Some(nats) = &target.nats {
+        return Ok(Arc::new(NatsTarget::new(nats, url()?)?));
+    }
+    if let Some(http) = &target.http {
+        return Ok(Arc::new(HttpTarget::new(
+            &http.url,
+            secrets.token.as_deref(),
+            secrets.ca.as_deref(),
+        )?));
+    }
+    Err(TargetError::Config("spec.target names no backend".into()))
+}

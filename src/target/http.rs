@@ -1,0 +1,309 @@
+//! HTTP target: POST the payload to the consumer's own endpoint; any 2xx is the confirmation.
+//!
+//! Each job header is sent as an HTTP header of the same name and value (so `content-type`
+//! becomes the request's Content-Type); nothing else is added but `Authorization: Bearer`
+//! when a token Secret is configured. Headers HTTP itself owns (Host, Content-Length,
+//! Transfer-Encoding, Connection, ...) cannot be sent untouched, so a job carrying one is
+//! refused (`HeadersNotCarried`) rather than altered. A non-2xx answer is a failure whose
+//! message holds the status and the first bytes of the body.
+//!
+//! TLS is rustls: the public web roots, or only the PEM CA certificates of `caSecretRef`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::header::{AUTHORIZATION, HeaderName, HeaderValue};
+use hyper::{Method, Request, Uri};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use super::{JobMessage, Target, TargetError, redact_url};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+/// How much of an error body goes into the condition.
+pub const MAX_ERROR_BODY: usize = 256;
+
+/// Headers HTTP manages itself; a job carrying one cannot be sent untouched.
+const RESERVED: &[&str] = &[
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "upgrade",
+    "te",
+    "trailer",
+    "proxy-connection",
+];
+
+type Body = http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>;
+
+pub struct HttpTarget {
+    uri: Uri,
+    shown: String,
+    token: Option<HeaderValue>,
+    client: Client<HttpsConnector<HttpConnector>, Body>,
+}
+
+/// Trust store: the PEM certificates in `ca`, or the public web roots.
+fn tls_config(ca: Option<&str>) -> Result<rustls::ClientConfig, TargetError> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    match ca {
+        Some(pem) => {
+            for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+                let cert = cert.map_err(|_| {
+                    TargetError::Config("caSecretRef does not hold PEM certificates".into())
+                })?;
+                roots.add(cert).map_err(|e| {
+                    TargetError::Config(format!("caSecretRef certificate rejected: {e}"))
+                })?;
+            }
+            if roots.is_empty() {
+                return Err(TargetError::Config(
+                    "caSecretRef holds no PEM certificate".into(),
+                ));
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TargetError::Config(format!("TLS setup: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
+impl HttpTarget {
+    pub fn new(url: &str, token: Option<&str>, ca: Option<&str>) -> Result<Self, TargetError> {
+        let uri: Uri = url
+            .parse()
+            .map_err(|_| TargetError::Config("http target url is not a valid URL".into()))?;
+        match uri.scheme_str() {
+            Some("http") | Some("https") => {}
+            _ => {
+                return Err(TargetError::Config(
+                    "http target url must start with http:// or https://".into(),
+                ));
+            }
+        }
+        let token = token
+            .map(|t| {
+                let mut v = HeaderValue::from_str(&format!("Bearer {t}")).map_err(|_| {
+                    TargetError::Config("the bearer token is not a valid header value".into())
+                })?;
+                v.set_sensitive(true);
+                Ok::<_, TargetError>(v)
+            })
+            .transpose()?;
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls_config(ca)?)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new()).build(https);
+        Ok(HttpTarget {
+            shown: redact_url(url),
+            uri,
+            token,
+            client,
+        })
+    }
+
+    async fn send(
+        &self,
+        req: Request<Body>,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, TargetError> {
+        match tokio::time::timeout(REQUEST_TIMEOUT, self.client.request(req)).await {
+            Err(_) => Err(TargetError::Unreachable(format!(
+                "no answer from {} within {}s",
+                self.shown,
+                REQUEST_TIMEOUT.as_secs()
+            ))),
+            Ok(Err(e)) => Err(TargetError::Unreachable(format!(
+                "{}: {}",
+                self.shown,
+                error_chain(&e)
+            ))),
+            Ok(Ok(resp)) => Ok(resp),
+        }
+    }
+}
+
+/// The request headers for `headers`, or why they cannot be sent untouched.
+pub fn request_headers(
+    headers: &BTreeMap<String, String>,
+    with_token: bool,
+) -> Result<Vec<(HeaderName, HeaderValue)>, TargetError> {
+    let mut out = Vec::with_capacity(headers.len());
+    let mut refused = Vec::new();
+    for (name, value) in headers {
+        let lower = name.to_ascii_lowercase();
+        if RESERVED.contains(&lower.as_str()) || (with_token && lower == "authorization") {
+            refused.push(name.clone());
+            continue;
+        }
+        let n = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| TargetError::Invalid(format!("header name {name:?} is not valid HTTP")))?;
+        let v = HeaderValue::from_str(value).map_err(|_| {
+            TargetError::Invalid(format!("header {name:?} value is not a valid HTTP value"))
+        })?;
+        out.push((n, v));
+    }
+    if !refused.is_empty() {
+        return Err(TargetError::Unsupported(format!(
+            "the http target cannot send these headers untouched: {} (HTTP sets them itself)",
+            refused.join(", ")
+        )));
+    }
+    Ok(out)
+}
+
+/// "source: cause: cause" — hyper's top-level error alone says little ("client error").
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// Up to `max` bytes of a body, as text for a condition.
+async fn body_prefix(body: hyper::body::Incoming, max: usize) -> String {
+    let mut body = body;
+    let mut buf = Vec::new();
+    let read = async {
+        while buf.len() < max {
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Some(data) = frame.data_ref() {
+                        buf.extend_from_slice(data);
+                    }
+                }
+                _ => break,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(2), read).await;
+    let cut = buf.len() > max;
+    buf.truncate(max);
+    let mut text = String::from_utf8_lossy(&buf).trim().to_string();
+    if cut {
+        text.push_str("...");
+    }
+    if text.is_empty() {
+        text = "(empty body)".into();
+    }
+    text
+}
+
+impl Target for HttpTarget {
+    fn describe(&self) -> String {
+        format!("http POST {}", self.shown)
+    }
+
+    fn requeue<'a>(&'a self, job: &'a JobMessage) -> BoxFuture<'a, Result<(), TargetError>> {
+        Box::pin(async move {
+            let mut req = Request::builder()
+                .method(Method::POST)
+                .uri(self.uri.clone());
+            for (n, v) in request_headers(&job.headers, self.token.is_some())? {
+                req = req.header(n, v);
+            }
+            if let Some(t) = &self.token {
+                req = req.header(AUTHORIZATION, t.clone());
+            }
+            let body: Body = Full::new(Bytes::copy_from_slice(&job.payload)).boxed();
+            let req = req
+                .body(body)
+                .map_err(|e| TargetError::Invalid(format!("building the request: {e}")))?;
+            let resp = self.send(req).await?;
+            let status = resp.status();
+            if status.is_success() {
+                return Ok(());
+            }
+            let body = body_prefix(resp.into_body(), MAX_ERROR_BODY).await;
+            Err(TargetError::HttpStatus {
+                status: status.as_u16(),
+                body,
+            })
+        })
+    }
+
+    fn probe(&self) -> BoxFuture<'_, Result<(), TargetError>> {
+        Box::pin(async move {
+            // HEAD has no side effects by HTTP's rules; any answer but a 5xx means reachable.
+            let mut req = Request::builder()
+                .method(Method::HEAD)
+                .uri(self.uri.clone());
+            if let Some(t) = &self.token {
+                req = req.header(AUTHORIZATION, t.clone());
+            }
+            let body: Body = Empty::new().boxed();
+            let req = req
+                .body(body)
+                .map_err(|e| TargetError::Config(format!("building the probe: {e}")))?;
+            let resp = self.send(req).await?;
+            if resp.status().is_server_error() {
+                return Err(TargetError::HttpStatus {
+                    status: resp.status().as_u16(),
+                    body: "(probe)".into(),
+                });
+            }
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_owned_headers_are_refused_not_dropped() {
+        let h = BTreeMap::from([
+            ("content-type".to_string(), "application/json".to_string()),
+            ("Content-Length".to_string(), "3".to_string()),
+        ]);
+        let err = request_headers(&h, false).unwrap_err();
+        assert_eq!(err.reason(), "HeadersNotCarried");
+        assert!(err.to_string().contains("Content-Length"), "{err}");
+        let ok = BTreeMap::from([("authorization".to_string(), "Basic x".to_string())]);
+        assert!(request_headers(&ok, false).is_ok());
+        assert!(
+            request_headers(&ok, true).is_err(),
+            "would clash with the token"
+        );
+    }
+
+    #[test]
+    fn describe_hides_credentials_and_queries() {
+        let t = HttpTarget::new(
+            "https://hooks.example:8443/jobs?key=secret",
+            Some("tok"),
+            None,
+        )
+        .unwrap();
+        assert_eq!(t.describe(), "http POST https://hooks.example:8443/jobs");
+        assert!(HttpTarget::new("ftp://x/", None, None).is_err());
+        assert!(matches!(
+            HttpTarget::new("https://x/", None, Some("not pem")),
+            Err(TargetError::Config(_))
+        ));
+    }
+}

@@ -1,0 +1,148 @@
+//! Targets: where redrive puts a job back. A [`Target`] enqueues a parked job and answers only
+//! once the broker has confirmed it; [`Targets`] gives a DeadLetterQueue's target.
+//!
+//! One file per backend: [`redis`], [`amqp`] (RabbitMQ), [`nats`] (JetStream or core NATS) and
+//! [`http`] (the consumer's own endpoint); [`cache`] builds them from a queue's spec and Secrets
+//! and keeps their connections. docs/backends.md describes what each one carries.
+
+pub mod amqp;
+pub mod cache;
+pub mod http;
+pub mod nats;
+pub mod redis;
+
+use std::collections::BTreeMap;
+
+use futures::future::BoxFuture;
+
+use dlq_core::api::{DeadLetterQueue, Job, Origin};
+
+/// The untouched job as it goes back to the broker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobMessage {
+    pub id: String,
+    pub payload: Vec<u8>,
+    pub headers: BTreeMap<String, String>,
+    /// Where the broker says it was published before it died, when it was collected from one.
+    pub origin: Option<Origin>,
+}
+
+impl JobMessage {
+    pub fn from_job(job: &Job) -> Result<Self, TargetError> {
+        if !job.has_payload() {
+            return Err(TargetError::Invalid(
+                "the record carries no payload (read from a stripped cache?)".into(),
+            ));
+        }
+        let payload = job
+            .payload_bytes()
+            .map_err(|e| TargetError::Invalid(format!("payloadBase64 is not base64: {e}")))?;
+        Ok(JobMessage {
+            id: job.id.clone(),
+            payload,
+            headers: job.headers.clone(),
+            origin: job.origin.clone(),
+        })
+    }
+}
+
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum TargetError {
+    /// Could not reach the broker, or it did not answer in time. Retried with backoff.
+    #[error("broker unreachable: {0}")]
+    Unreachable(String),
+    /// The broker answered but did not accept the job.
+    #[error("broker refused the job: {0}")]
+    Refused(String),
+    /// The job cannot be carried by this target without losing part of it (e.g. headers on a
+    /// plain Redis list). Refused rather than silently altered.
+    #[error("{0}")]
+    Unsupported(String),
+    /// The record itself is unusable.
+    #[error("invalid job: {0}")]
+    Invalid(String),
+    /// The DeadLetterQueue's target is misconfigured (bad URL, missing secret).
+    #[error("target misconfigured: {0}")]
+    Config(String),
+    /// JetStream discarded the job as a duplicate of the dead message itself: its
+    /// `Nats-Msg-Id` is still inside the stream's duplicate window. Retried with backoff, it
+    /// goes through once the window has passed.
+    #[error("{0}")]
+    Duplicate(String),
+    /// The HTTP endpoint answered, but not with 2xx.
+    #[error("endpoint answered HTTP {status}: {body}")]
+    HttpStatus { status: u16, body: String },
+}
+
+impl TargetError {
+    /// Short reason for conditions and Events.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            TargetError::Unreachable(_) => "BrokerUnreachable",
+            TargetError::Refused(_) => "BrokerRefused",
+            TargetError::Unsupported(_) => "HeadersNotCarried",
+            TargetError::Invalid(_) => "InvalidJob",
+            TargetError::Config(_) => "TargetMisconfigured",
+            TargetError::Duplicate(_) => "DuplicateWindow",
+            TargetError::HttpStatus { .. } => "EndpointRefused",
+        }
+    }
+}
+
+/// Gives a DeadLetterQueue's target. The operator's is [`cache::TargetCache`]; tests give fakes.
+pub trait Targets: Send + Sync {
+    fn target<'a>(
+        &'a self,
+        queue: &'a DeadLetterQueue,
+    ) -> BoxFuture<'a, Result<std::sync::Arc<dyn Target>, TargetError>>;
+}
+
+/// Where redriven jobs go.
+pub trait Target: Send + Sync {
+    /// One line for status and logs (never includes credentials).
+    fn describe(&self) -> String;
+    /// Enqueue `job` and resolve once the broker confirmed it.
+    fn requeue<'a>(&'a self, job: &'a JobMessage) -> BoxFuture<'a, Result<(), TargetError>>;
+    /// Cheap reachability check for the queue's Ready condition.
+    fn probe(&self) -> BoxFuture<'_, Result<(), TargetError>>;
+}
+
+/// `scheme://host[:port]/path` of a URL: no user, password, query or fragment, so it can go
+/// into status, Events and logs.
+pub fn redact_url(url: &str) -> String {
+    let (scheme, rest) = match url.split_once("://") {
+        Some((s, r)) => (s, r),
+        None => ("", url),
+    };
+    let end = rest.find(['?', '#']).unwrap_or(rest.len());
+    let rest = &rest[..end];
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    if scheme.is_empty() {
+        format!("{host}{path}")
+    } else {
+        format!("{scheme}://{host}{path}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacted_urls_keep_no_secrets() {
+        assert_eq!(
+            redact_url("amqps://user:pa%40ss@rabbit:5671/vhost?heartbeat=5"),
+            "amqps://rabbit:5671/vhost"
+        );
+        assert_eq!(
+            redact_url("https://h.example/hook?token=abc#x"),
+            "https://h.example/hook"
+        );
+        assert_eq!(redact_url("nats://tok@n1:4222"), "nats://n1:4222");
+        assert_eq!(redact_url("host:1"), "host:1");
+    }
+}
