@@ -41,6 +41,14 @@ pub struct ResultLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectedLabels {
+    pub namespace: String,
+    pub queue: String,
+    /// Why it can never be a record (e.g. PayloadTooLarge).
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
     pub kind: String,
 }
@@ -54,6 +62,7 @@ pub struct Metrics {
     pub oldest_parked_age: Family<QueueLabels, Gauge>,
     pub requeue_duration: Histogram,
     pub reconcile_errors: Family<ErrorLabels, Counter>,
+    pub rejected: Family<RejectedLabels, Counter>,
     pub registry: Arc<Registry>,
 }
 
@@ -98,7 +107,14 @@ impl Default for Metrics {
             "Reconcile errors by kind",
             reconcile_errors.clone(),
         );
+        let rejected = Family::<RejectedLabels, Counter>::default();
+        registry.register(
+            "dlq_rejected",
+            "Dead messages that can never be records, kept in the broker's rejected list or queue",
+            rejected.clone(),
+        );
         Metrics {
+            rejected,
             parked,
             records,
             redrives,
@@ -117,6 +133,17 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+
+    /// One more dead message that can never be a record.
+    pub fn rejected(&self, namespace: &str, queue: &str, reason: &str) {
+        self.rejected
+            .get_or_create(&RejectedLabels {
+                namespace: namespace.into(),
+                queue: queue.into(),
+                reason: reason.into(),
+            })
+            .inc();
     }
 
     /// Carries out one metric change of a plan.

@@ -663,3 +663,95 @@ async fn redrive_rate() {
         n as f64 / secs
     ));
 }
+
+/// Issue 19 through the RabbitMQ source: a header name no record header may have is carried
+/// in the AMQP headers codec (a Transient record, redriven with it); a dead letter over the
+/// payload limit is copied to `<dlq>.rejected`, counted and announced.
+#[tokio::test]
+async fn odd_headers_are_carried_and_oversize_dead_letters_are_reported() {
+    let (client, ns) = setup("amqp-unusable").await;
+    let rabbit = shared_rabbit();
+    let (_conn, ch) = rabbit.channel().await;
+    ch.confirm_select(Default::default()).await.unwrap();
+    let (shop, orders, dlq) = dlx_topology(&ch, &ns, vec![]).await;
+    amqp_queue(
+        &client,
+        &ns,
+        &rabbit.url(),
+        json!({"exchange": "", "routingKey": orders}),
+        Some(json!({"queue": dlq})),
+    )
+    .await;
+    let body = br#"{"intent":"pi_0077"}"#;
+    let bad_header = BasicProperties::default()
+        .with_message_id("pi_0077/settle".into())
+        .with_headers(table(vec![("bad name", s("v"))]));
+    publish(&ch, &shop, "orders.created", body, bad_header).await;
+    let too_big = vec![b'z'; dlq_core::api::MAX_PAYLOAD_BYTES + 10];
+    publish(
+        &ch,
+        &shop,
+        "orders.created",
+        &too_big,
+        BasicProperties::default(),
+    )
+    .await;
+    for _ in 0..2 {
+        let m = eventually(10, "the worker to get a message", || async {
+            ch.basic_get(orders.as_str().into(), BasicGetOptions { no_ack: false })
+                .await
+                .ok()
+                .flatten()
+        })
+        .await;
+        m.delivery
+            .acker
+            .reject(BasicRejectOptions { requeue: false })
+            .await
+            .unwrap();
+    }
+
+    let op = Operator::start(&ns);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let items = eventually(60, "one record", || async {
+        let items = records(&api).await;
+        (!items.is_empty()).then_some(items)
+    })
+    .await;
+    assert_eq!(items.len(), 1, "the oversize message is no record");
+    let r = &items[0];
+    assert_eq!(
+        r.spec.failure_kind,
+        FailureKind::Transient,
+        "{}",
+        r.spec.reason
+    );
+    assert_eq!(r.spec.job.payload_bytes().unwrap(), body, "exact bytes");
+    assert!(
+        r.spec.job.headers.values().any(|v| v.contains("bad name")),
+        "the odd header travels in the codec: {:?}",
+        r.spec.job.headers
+    );
+    eventually(30, "dlq_rejected_total counts it", || async {
+        let n = op.metric("dlq_rejected_total", &[("reason", "PayloadTooLarge")]);
+        (n == 1.0).then_some(())
+    })
+    .await;
+    let rejected = format!("{dlq}.rejected");
+    // Counted only after the copy is in the rejected queue.
+    eventually(10, "the oversize message in the rejected queue", || async {
+        (queue_depth(&ch, &rejected).await == 1).then_some(())
+    })
+    .await;
+    let events = eventually(30, "a Rejected event on the queue", || async {
+        let e = events_for(&client, &ns, "relayer", "Rejected").await;
+        (!e.is_empty()).then_some(e)
+    })
+    .await;
+    let note = events[0].note.clone().unwrap_or_default();
+    assert!(note.contains(&rejected), "{note}");
+    eventually(20, "the DLQ to be acked empty", || async {
+        (queue_depth(&ch, &dlq).await == 0).then_some(())
+    })
+    .await;
+}

@@ -474,3 +474,80 @@ async fn redis_bridge_parks_every_dead_element_once_even_across_a_crash() {
         (N + 1) as f64 / elapsed.as_secs_f64()
     ));
 }
+
+/// Issue 19: what is not an envelope, and envelopes that fail validation, become Invalid
+/// records of their exact bytes; only what can never be a record goes to `:rejected`, counted
+/// and announced.
+#[tokio::test]
+async fn redis_bridge_parks_unusable_elements_as_invalid_and_reports_what_it_rejects() {
+    let (client, ns) = setup("unusable").await;
+    let redis = Redis::start();
+    create_queue(
+        &client,
+        &ns,
+        &redis.url(),
+        list_target(),
+        json!({"source": {"redis": {"list": "relayer:dead"}}}),
+    )
+    .await;
+    let unusable: Vec<Vec<u8>> = vec![
+        br#"["an","array"]"#.to_vec(),
+        br#"{"id":"e4","paylod":"typo"}"#.to_vec(),
+        br#"{"id":"e5","payload":"x","headers":{"bad name":"v"}}"#.to_vec(),
+        br#"{"id":"e6","payload":"x","headers":{"x":"a\r\nb"}}"#.to_vec(),
+        br#"{"id":"e7","payload":"x","deliveries":-5}"#.to_vec(),
+        format!(r#"{{"id":"{}","payload":"x"}}"#, "i".repeat(300)).into_bytes(),
+        br#"{"id":"e9","payloadBase64":"!!!"}"#.to_vec(),
+    ];
+    let too_big = vec![b'z'; dlq_core::api::MAX_PAYLOAD_BYTES + 10];
+    let mut c = redis.conn().await;
+    let mut pipe = redis::pipe();
+    for raw in unusable.iter().chain([&too_big]) {
+        pipe.cmd("RPUSH").arg("relayer:dead").arg(&raw[..]);
+    }
+    let _: () = pipe.query_async(&mut c).await.expect("RPUSH");
+
+    let op = Operator::start(&ns);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let records = eventually(60, "an Invalid record per unusable element", || async {
+        let items = api.list(&ListParams::default()).await.ok()?.items;
+        (items.len() == unusable.len()).then_some(items)
+    })
+    .await;
+    for raw in &unusable {
+        let r = records
+            .iter()
+            .find(|r| r.spec.job.payload_bytes().ok().as_deref() == Some(&raw[..]))
+            .unwrap_or_else(|| panic!("no record holds {:?}", String::from_utf8_lossy(raw)));
+        assert_eq!(r.spec.failure_kind, FailureKind::Invalid);
+        assert!(r.spec.job.id.starts_with("invalid-"), "{}", r.spec.job.id);
+    }
+    let rejected = eventually(
+        30,
+        "the oversize element in relayer:dead:rejected",
+        || async {
+            let l = redis.list("relayer:dead:rejected").await;
+            (!l.is_empty()).then_some(l)
+        },
+    )
+    .await;
+    assert_eq!(rejected, vec![too_big.clone()], "kept byte for byte");
+    eventually(30, "dlq_rejected_total counts it", || async {
+        let n = op.metric(
+            "dlq_rejected_total",
+            &[("queue", "relayer"), ("reason", "PayloadTooLarge")],
+        );
+        (n == 1.0).then_some(())
+    })
+    .await;
+    let events = eventually(30, "a Rejected event on the queue", || async {
+        let e = events_for(&client, &ns, "relayer", "Rejected").await;
+        (!e.is_empty()).then_some(e)
+    })
+    .await;
+    let note = events[0].note.clone().unwrap_or_default();
+    assert!(note.contains("relayer:dead:rejected"), "{note}");
+    assert_eq!(events[0].type_.as_deref(), Some("Warning"));
+    assert_eq!(redis.list("relayer:dead").await.len(), 0);
+    assert_eq!(redis.list("relayer:dead:processing").await.len(), 0);
+}

@@ -215,11 +215,15 @@ pub async fn run_scope(
         .run(deadletter::reconcile, error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
     let sources = crate::source::supervise(
-        client.clone(),
-        queues.clone(),
+        crate::source::Shared {
+            parker: dlq_client::park::Parker::new(client.clone()),
+            client,
+            queues: queues.clone(),
+            apiserver: ctx.apiserver.clone(),
+            metrics: ctx.metrics.clone(),
+        },
         queue_changes,
         targets,
-        dlq_client::park::Parker::new(client),
         shutdown.clone(),
     );
     let queues_ctl = Controller::for_shared_stream(queue_events, queues)

@@ -322,16 +322,22 @@ impl Bridge {
         let req = request_for(self.into.queue(), &delivery.data, &delivery.properties);
         let job = req.job.id.clone();
         let (ns, queue) = (self.into.namespace(), self.into.queue());
-        let parked = self
-            .into
-            .park_until_settled(&req, "unacked in RabbitMQ", || async {})
-            .await;
+        let parked = match self.into.dispose(req, &delivery.data) {
+            Ok(req) => {
+                self.into
+                    .park_until_settled(&req, "unacked in RabbitMQ", || async {})
+                    .await
+            }
+            Err(e) => Err(e),
+        };
         if let Err(e) = parked {
-            tracing::error!(namespace = %ns, queue = %queue, job = %job, error = %e, rejected = %self.rejected, "dead message cannot be parked; copying it to the rejected queue");
-            if let Err(e) = self.copy_to_rejected(&delivery).await {
-                tracing::error!(namespace = %ns, queue = %queue, job = %job, error = %e, "copying to the rejected queue failed; the message stays unacked");
+            if let Err(copy) = self.copy_to_rejected(&delivery).await {
+                tracing::error!(namespace = %ns, queue = %queue, job = %job, error = %copy, "copying to the rejected queue failed; the message stays unacked");
                 return;
             }
+            self.into
+                .rejected(&e, delivery.data.len(), &self.rejected)
+                .await;
         }
         if let Err(e) = delivery.acker.ack(BasicAckOptions::default()).await {
             // The record exists; RabbitMQ will deliver the message again and parking dedupes it.

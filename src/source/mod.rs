@@ -23,7 +23,11 @@ use tokio::task::JoinHandle;
 
 use dlq_client::park::{ParkError, ParkOutcome, ParkRequest, Parker};
 use dlq_core::api::DeadLetterQueue;
+use dlq_core::events::{self, EventPlan};
+use dlq_core::park::{Disposition, dispose};
 
+use crate::controller::apiserver::{Apiserver, reference};
+use crate::metrics::Metrics;
 use crate::secret::SecretError;
 use crate::target::cache::TargetCache;
 
@@ -66,16 +70,25 @@ struct Running {
     task: JoinHandle<()>,
 }
 
-/// Runs sources for every DeadLetterQueue with a `source` in `queues`, following
+/// What every source shares: how it parks, and how it reports what it cannot park.
+#[derive(Clone)]
+pub struct Shared {
+    pub client: Client,
+    pub parker: Parker,
+    pub queues: Store<DeadLetterQueue>,
+    pub apiserver: Arc<dyn Apiserver>,
+    pub metrics: Metrics,
+}
+
+/// Runs sources for every DeadLetterQueue with a `source` in `shared.queues`, following
 /// `queue_changes`, until `stop` resolves.
 pub async fn supervise(
-    client: Client,
-    queues: Store<DeadLetterQueue>,
+    shared: Shared,
     queue_changes: impl Stream<Item = Arc<DeadLetterQueue>> + Send,
     targets: Arc<TargetCache>,
-    parker: Parker,
     stop: impl std::future::Future<Output = ()> + Send,
 ) {
+    let queues = shared.queues.clone();
     let mut running: HashMap<(String, String), Running> = HashMap::new();
     let supervise = async {
         let mut changes = std::pin::pin!(queue_changes);
@@ -88,7 +101,7 @@ pub async fn supervise(
             if queues.wait_until_ready().await.is_err() {
                 return;
             }
-            sync(&client, &parker, &queues, &mut running);
+            sync(&shared, &mut running);
             targets.prune(&queues).await;
         }
     };
@@ -113,13 +126,9 @@ fn fingerprint(q: &DeadLetterQueue) -> u64 {
     h.finish()
 }
 
-fn sync(
-    client: &Client,
-    parker: &Parker,
-    queues: &Store<DeadLetterQueue>,
-    running: &mut HashMap<(String, String), Running>,
-) {
-    let wanted: HashMap<(String, String), (u64, Arc<DeadLetterQueue>)> = queues
+fn sync(shared: &Shared, running: &mut HashMap<(String, String), Running>) {
+    let wanted: HashMap<(String, String), (u64, Arc<DeadLetterQueue>)> = shared
+        .queues
         .state()
         .into_iter()
         .filter(|q| q.spec.source.is_some())
@@ -144,11 +153,10 @@ fn sync(
             continue;
         }
         let into = ParkInto {
-            parker: parker.clone(),
-            queues: queues.clone(),
+            shared: shared.clone(),
             key: ObjectRef::new(&key.1).within(&key.0),
         };
-        if let Some(task) = start(client, into, &queue) {
+        if let Some(task) = start(&shared.client, into, &queue) {
             running.insert(key, Running { fingerprint, task });
         }
     }
@@ -178,8 +186,7 @@ fn start(client: &Client, into: ParkInto, queue: &DeadLetterQueue) -> Option<Joi
 /// `maxParked` and counters), so a parking storm costs no queue reads.
 #[derive(Clone)]
 pub struct ParkInto {
-    parker: Parker,
-    queues: Store<DeadLetterQueue>,
+    shared: Shared,
     key: ObjectRef<DeadLetterQueue>,
 }
 
@@ -195,13 +202,49 @@ impl ParkInto {
     /// Parks once.
     pub async fn park(&self, req: ParkRequest) -> Result<ParkOutcome, ParkError> {
         let queue = self
+            .shared
             .queues
             .get(&self.key)
             .ok_or_else(|| ParkError::UnknownQueue {
                 namespace: self.namespace().to_string(),
                 queue: self.queue().to_string(),
             })?;
-        self.parker.park_into(&queue, req).await
+        self.shared.parker.park_into(&queue, req).await
+    }
+
+    /// The one rule for every source (`dlq_core::park::dispose`): `req` if it is valid, else an
+    /// Invalid record of the message's exact bytes `raw`; `Err` only for what can never be a
+    /// record, which the source then keeps where rejected messages go and reports with
+    /// [`ParkInto::rejected`].
+    pub fn dispose(&self, req: ParkRequest, raw: &[u8]) -> Result<ParkRequest, ParkError> {
+        match dispose(req, raw) {
+            Disposition::Park(req) => Ok(*req),
+            Disposition::Reject(why) => Err(ParkError::Invalid(why)),
+        }
+    }
+
+    /// Counts and announces a message that could not become a record and was kept at
+    /// `kept_in` (`dlq_rejected_total`, Warning Event `Rejected` on the DeadLetterQueue).
+    pub async fn rejected(&self, why: &ParkError, size: usize, kept_in: &str) {
+        let reason = match why {
+            ParkError::Invalid(e) => e.category(),
+            _ => "Unparkable",
+        };
+        self.shared
+            .metrics
+            .rejected(self.namespace(), self.queue(), reason);
+        tracing::error!(namespace = %self.namespace(), queue = %self.queue(), error = %why, size, kept_in, "dead message cannot be a record; kept in the broker");
+        let Some(queue) = self.shared.queues.get(&self.key) else {
+            return;
+        };
+        let note = format!(
+            "a dead message of {size} bytes cannot be a record ({why}); its bytes are kept in {kept_in}"
+        );
+        let event = EventPlan::warning(events::reason::REJECTED, events::action::PARK, note);
+        self.shared
+            .apiserver
+            .publish(reference(queue.as_ref()), &event)
+            .await;
     }
 
     /// Parks, retrying what may succeed later (apiserver down, queue full) with capped

@@ -310,14 +310,20 @@ impl Bridge {
         };
         let req = request_for(self.into.queue(), &adv, &msg);
         let job = req.job.id.clone();
-        let parked = self
-            .into
-            .park_until_settled(&req, "in the stream", || async {
-                let _ = m.ack_with(AckKind::Progress).await;
-            })
-            .await;
+        let parked = match self.into.dispose(req, &msg.payload) {
+            Ok(req) => {
+                self.into
+                    .park_until_settled(&req, "in the stream", || async {
+                        let _ = m.ack_with(AckKind::Progress).await;
+                    })
+                    .await
+            }
+            Err(e) => Err(e),
+        };
         if let Err(e) = &parked {
-            tracing::error!(namespace = %self.into.namespace(), queue = %self.into.queue(), job = %job, seq, error = %e, "dead message cannot be parked; it is left in the stream");
+            let kept_in = format!("stream {} sequence {seq}", self.stream);
+            tracing::debug!(job = %job, "dead message left in the stream");
+            self.into.rejected(e, msg.payload.len(), &kept_in).await;
         }
         let parked = parked.is_ok();
         if parked && self.on_parked == OnParked::Delete {

@@ -2,9 +2,10 @@
 //! `<list>:processing`, parks it, and only then LREMs it from there. On start it first re-parks
 //! whatever a crash left in `<list>:processing` (parking deduplicates, so that is safe).
 //!
-//! Elements are JSON envelopes (see README, "Dead-list envelope"). Anything else is parked as an
-//! Invalid record holding the exact bytes. An element that cannot be a record at all (over the
-//! payload limit) is moved to `<list>:rejected`, never deleted.
+//! Elements are JSON envelopes (see README, "Dead-list envelope"). Anything else, and any
+//! envelope that fails validation, is parked as an Invalid record holding the exact bytes. An
+//! element that cannot be a record at all (over the payload limit) is moved to
+//! `<list>:rejected`, never deleted, and counted and announced.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -116,14 +117,20 @@ impl Bridge {
     /// Parks one element, retrying until it is a record (or provably never can be), then
     /// acknowledges it by removing it from the processing list.
     async fn handle(&self, raw: Vec<u8>) {
-        let req = request_for(self.into.queue(), &raw);
-        let parked = self
+        let parked = match self
             .into
-            .park_until_settled(&req, &format!("in {}", self.processing), || async {})
-            .await;
+            .dispose(request_for(self.into.queue(), &raw), &raw)
+        {
+            Ok(req) => {
+                let stays = format!("in {}", self.processing);
+                self.into
+                    .park_until_settled(&req, &stays, || async {})
+                    .await
+            }
+            Err(e) => Err(e),
+        };
         if let Err(e) = parked {
-            // Can never be a record (e.g. over the payload limit): keep it in Redis.
-            tracing::error!(namespace = %self.into.namespace(), queue = %self.into.queue(), error = %e, "dead element cannot be parked; moved to {}", self.rejected);
+            // Can never be a record (over the payload limit): keep it in Redis, and say so.
             if self
                 .ack(redis::cmd("LPUSH").arg(&self.rejected).arg(&raw[..]))
                 .await
@@ -131,6 +138,7 @@ impl Bridge {
             {
                 return;
             }
+            self.into.rejected(&e, raw.len(), &self.rejected).await;
         }
         let _ = self
             .ack(

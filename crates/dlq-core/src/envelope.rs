@@ -1,17 +1,21 @@
-//! The dead-list envelope: the JSON a consumer pushes onto a dead list (see README,
+//! The dead-list envelope: the JSON object a consumer pushes onto a dead list (see README,
 //! "Dead-list envelope"), and how one element becomes a park request.
+//!
+//! Only a JSON object with known fields is an envelope: serde would otherwise read a JSON array
+//! as the fields in order (`["an","array"]` as job `an` with payload `array`), and a typo such
+//! as `paylod` would park a record without its payload. Anything else is parked as an Invalid
+//! record of the element's exact bytes.
 
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 
 use crate::api::{FailureKind, IntentSnapshot, Job};
-use crate::park::ParkRequest;
+use crate::park::{ParkRequest, invalid_request};
 
 /// The JSON a consumer pushes onto the dead list.
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Envelope {
     pub id: String,
     #[serde(default)]
@@ -37,7 +41,21 @@ pub struct Envelope {
 /// Turns one dead-list element into a park request: the envelope's facts, or an Invalid record
 /// of the raw bytes when it is not an envelope.
 pub fn request_for(queue: &str, raw: &[u8]) -> ParkRequest {
-    match serde_json::from_slice::<Envelope>(raw) {
+    let value = match serde_json::from_slice::<serde_json::Value>(raw) {
+        Ok(v) => v,
+        Err(e) => return invalid(queue, raw, e.to_string()),
+    };
+    if !value.is_object() {
+        let shape = match value {
+            serde_json::Value::Array(_) => "a JSON array",
+            serde_json::Value::String(_) => "a JSON string",
+            serde_json::Value::Number(_) => "a JSON number",
+            serde_json::Value::Bool(_) => "a JSON boolean",
+            _ => "JSON null",
+        };
+        return invalid(queue, raw, format!("{shape}, not an object"));
+    }
+    match serde_json::from_value::<Envelope>(value) {
         Ok(env)
             if !env.id.trim().is_empty()
                 && (env.payload.is_some() != env.payload_base64.is_some()) =>
@@ -69,12 +87,7 @@ pub fn request_for(queue: &str, raw: &[u8]) -> ParkRequest {
 }
 
 fn invalid(queue: &str, raw: &[u8], why: String) -> ParkRequest {
-    // The id comes from the bytes, so re-parking the same element after a crash deduplicates.
-    let id = format!("invalid-{}", hex::encode(&Sha256::digest(raw)[..8]));
-    let mut req = ParkRequest::new(queue, Job::from_bytes(id, raw));
-    req.failure_kind = FailureKind::Invalid;
-    req.reason = format!("not a dead-letter envelope: {why}");
-    req
+    invalid_request(queue, raw, format!("not a dead-letter envelope: {why}"))
 }
 
 #[cfg(test)]
@@ -103,6 +116,10 @@ mod tests {
             b"\xff\x00garbage",
             br#"{"id":"x"}"#,
             br#"{"id":"","payload":"p"}"#,
+            br#"["an","array"]"#,
+            br#""a string""#,
+            br#"42"#,
+            br#"{"id":"t","paylod":"typo"}"#,
         ] {
             let r = request_for("relayer", raw);
             assert_eq!(r.failure_kind, FailureKind::Invalid, "{raw:?}");
@@ -114,6 +131,50 @@ mod tests {
                 r.job.id,
                 "same bytes, same id"
             );
+        }
+    }
+}
+
+#[cfg(test)]
+mod dispositions {
+    use super::request_for;
+    use crate::api::FailureKind;
+    use crate::park::{Disposition, dispose};
+
+    /// Well-formed envelopes that fail validation still fit in a record: Invalid, exact bytes.
+    #[test]
+    fn envelopes_that_fail_validation_become_invalid_records_of_their_bytes() {
+        let long_id = format!(r#"{{"id":"{}","payload":"x"}}"#, "i".repeat(300));
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (
+                br#"{"id":"e5","payload":"x","headers":{"bad name":"v"}}"#.to_vec(),
+                "invalid header name",
+            ),
+            (
+                br#"{"id":"e6","payload":"x","headers":{"x":"a\r\nb"}}"#.to_vec(),
+                "CR, LF or NUL",
+            ),
+            (
+                br#"{"id":"e7","payload":"x","deliveries":-5}"#.to_vec(),
+                "deliveries must be >= 0",
+            ),
+            (long_id.into_bytes(), "job id is 300 bytes"),
+            (
+                br#"{"id":"e9","payloadBase64":"!!!"}"#.to_vec(),
+                "not valid base64",
+            ),
+        ];
+        for (raw, why) in cases {
+            let Disposition::Park(r) = dispose(request_for("relayer", &raw), &raw) else {
+                panic!("{why}: fits in a record");
+            };
+            assert_eq!(r.failure_kind, FailureKind::Invalid, "{why}");
+            assert_eq!(
+                r.job.payload_bytes().expect("bytes"),
+                raw,
+                "{why}: exact bytes"
+            );
+            assert!(r.reason.contains(why), "{why} not in {:?}", r.reason);
         }
     }
 }

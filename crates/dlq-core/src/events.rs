@@ -16,6 +16,8 @@ pub mod reason {
     pub const DECISION_REFUSED: &str = "DecisionRefused";
     pub const REPLAY: &str = "Replay";
     pub const REPLAY_STOPPED: &str = "ReplayStopped";
+    /// A dead message that can never be a record, kept in the broker's rejected list/queue.
+    pub const REJECTED: &str = "Rejected";
 }
 
 /// Event actions (what the reporter was doing).

@@ -78,6 +78,78 @@ pub enum ParkInvalid {
 
 const MAX_REASON: usize = 1024;
 
+impl ParkInvalid {
+    /// Short, stable label for metrics (`dlq_rejected_total{reason}`).
+    pub fn category(&self) -> &'static str {
+        match self {
+            ParkInvalid::MissingJobId => "MissingJobId",
+            ParkInvalid::JobIdTooLong { .. } => "JobIdTooLong",
+            ParkInvalid::MissingQueue => "MissingQueue",
+            ParkInvalid::BadQueueName(_) => "BadQueueName",
+            ParkInvalid::BothPayloadForms => "BothPayloadForms",
+            ParkInvalid::NoPayload => "NoPayload",
+            ParkInvalid::BadBase64(_) => "BadBase64",
+            ParkInvalid::PayloadTooLarge { .. } => "PayloadTooLarge",
+            ParkInvalid::InvalidHeaderName(_) => "InvalidHeaderName",
+            ParkInvalid::InvalidHeaderValue { .. } => "InvalidHeaderValue",
+            ParkInvalid::TooManyHeaders { .. } => "TooManyHeaders",
+            ParkInvalid::NegativeDeliveries(_) => "NegativeDeliveries",
+            ParkInvalid::TooLong { .. } => "TooLong",
+        }
+    }
+}
+
+/// What a source does with one dead message.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Disposition {
+    /// Park this: the job the message claims to be, or an Invalid record of its exact bytes.
+    Park(Box<ParkRequest>),
+    /// The message can never be a record (its bytes are over the payload limit): the source
+    /// keeps it where rejected messages go, counts it and announces it. Never dropped.
+    Reject(ParkInvalid),
+}
+
+/// The one rule for every source: a request that fails validation is parked as an Invalid
+/// record of the message's exact bytes (`raw`), with the validation error as its reason; only
+/// what cannot be a record even so is rejected.
+pub fn dispose(req: ParkRequest, raw: &[u8]) -> Disposition {
+    let why = match validate(&req) {
+        Ok(()) => return Disposition::Park(Box::new(req)),
+        Err(why) => why,
+    };
+    let invalid = invalid_request(
+        &req.queue,
+        raw,
+        format!(
+            "cannot be parked as job {:?}: {why}; parked with its exact bytes",
+            truncate_chars(&req.job.id, 64)
+        ),
+    );
+    match validate(&invalid) {
+        Ok(()) => Disposition::Park(Box::new(invalid)),
+        Err(e) => Disposition::Reject(e),
+    }
+}
+
+/// An Invalid record of `raw` exactly. Its id comes from the bytes, so re-parking the same
+/// message after a crash deduplicates.
+pub fn invalid_request(queue: &str, raw: &[u8], reason: String) -> ParkRequest {
+    let id = format!("invalid-{}", hex::encode(&Sha256::digest(raw)[..8]));
+    let mut req = ParkRequest::new(queue, Job::from_bytes(id, raw));
+    req.failure_kind = FailureKind::Invalid;
+    req.reason = reason;
+    req
+}
+
+fn truncate_chars(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_string();
+    }
+    let mut out: String = s.chars().take(max).collect();
+    out.push_str("...");
+    out
+}
+
 /// Checks a request without any I/O.
 pub fn validate(req: &ParkRequest) -> Result<(), ParkInvalid> {
     validate_queue(&req.queue)?;
@@ -412,6 +484,36 @@ mod tests {
                 .and_then(|l| l.get(api::LABEL_JOB_KEY)),
             Some(&job_key("relayer", "pi_0003/settle"))
         );
+    }
+
+    #[test]
+    fn what_fails_validation_is_parked_invalid_with_its_exact_bytes() {
+        let raw = br#"{"id":"e5","payload":"x","headers":{"bad name":"v"}}"#;
+        let mut bad = req();
+        bad.job.headers.insert("bad name".into(), "v".into());
+        let Disposition::Park(parked) = dispose(bad, raw) else {
+            panic!("fits in a record");
+        };
+        assert_eq!(parked.failure_kind, FailureKind::Invalid);
+        assert_eq!(parked.job.payload_bytes().expect("bytes"), raw);
+        assert!(parked.job.headers.is_empty());
+        assert!(
+            parked.reason.contains("invalid header name"),
+            "{}",
+            parked.reason
+        );
+        assert!(matches!(dispose(req(), b"{}"), Disposition::Park(r) if *r == req()));
+    }
+
+    #[test]
+    fn only_what_can_never_be_a_record_is_rejected() {
+        let raw = vec![b'x'; api::MAX_PAYLOAD_BYTES + 1];
+        let mut big = req();
+        big.job.payload = Some(String::from_utf8(raw.clone()).expect("utf8"));
+        match dispose(big, &raw) {
+            Disposition::Reject(why) => assert_eq!(why.category(), "PayloadTooLarge"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

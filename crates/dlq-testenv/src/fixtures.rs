@@ -2,7 +2,6 @@
 
 use std::time::Instant;
 
-use base64::Engine;
 use dlq_core::api::{Action, DeadLetter, DeadLetterQueue, DeadLetterSpec, FailureKind, Job, Phase};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
@@ -66,27 +65,17 @@ pub async fn create_dlq(client: &Client, ns: &str, name: &str, spec: serde_json:
 /// A record of queue `relayer` as a parker would create it: `payload` as UTF-8 text when it
 /// is, else base64.
 pub fn record(name: &str, id: &str, payload: &[u8], headers: &[(&str, &str)]) -> DeadLetter {
-    let (text, b64) = match std::str::from_utf8(payload) {
-        Ok(t) => (Some(t.to_string()), None),
-        Err(_) => (
-            None,
-            Some(base64::engine::general_purpose::STANDARD.encode(payload)),
-        ),
-    };
     DeadLetter::new(
         name,
         DeadLetterSpec {
             queue: "relayer".into(),
             cycle: 1,
             job: Job {
-                id: id.into(),
-                payload: text,
-                payload_base64: b64,
                 headers: headers
                     .iter()
                     .map(|(k, v)| (k.to_string(), v.to_string()))
                     .collect(),
-                origin: None,
+                ..Job::from_bytes(id, payload)
             },
             intent: None,
             deliveries: 3,
