@@ -8,7 +8,8 @@
 //! dead-letter queue), which parking deduplicates while the record is Parked.
 //!
 //! Each record carries: the body untouched, the message attributes as job headers
-//! (`dlq_core::headers::sqs`), `deliveries` from `ApproximateReceiveCount`, the origin queue
+//! (`dlq_core::headers::sqs`), `deliveries` from `ApproximateReceiveCount` (less the bridge's
+//! own receive), the origin queue
 //! from `DeadLetterQueueSourceArn`, and a reason from a `dlq-reason` String attribute when the
 //! producer set one.
 
@@ -102,11 +103,13 @@ pub fn request_for(queue: &str, dead: &Dead) -> ParkRequest {
             )
         });
     let source_arn = dead.system.get("DeadLetterQueueSourceArn").cloned();
+    // The count goes on in the dead-letter queue; the bridge's own receive is not a delivery
+    // to the consumer.
     let deliveries: i32 = dead
         .system
         .get("ApproximateReceiveCount")
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
+        .and_then(|n| n.parse::<i32>().ok())
+        .map_or(0, |n| n.saturating_sub(1).max(0));
     let mut req = ParkRequest::new(
         queue,
         Job {
@@ -129,7 +132,7 @@ pub fn request_for(queue: &str, dead: &Dead) -> ParkRequest {
             ..
         }) => reason.clone(),
         _ => format!(
-            "moved to the SQS dead-letter queue from {from} (maxReceiveCount reached; received {deliveries} times)"
+            "moved to the SQS dead-letter queue from {from} (maxReceiveCount reached after {deliveries} receives)"
         ),
     };
     if !lost.is_empty() {
@@ -320,7 +323,7 @@ mod tests {
             body: r#"{"intent":"pi_1"}"#.into(),
             attributes: [("trace".to_string(), Attribute::string("abc"))].into(),
             system: [
-                ("ApproximateReceiveCount".to_string(), "3".to_string()),
+                ("ApproximateReceiveCount".to_string(), "4".to_string()),
                 (
                     "DeadLetterQueueSourceArn".to_string(),
                     "arn:aws:sqs:eu-west-1:123:jobs".to_string(),
