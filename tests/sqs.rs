@@ -432,3 +432,49 @@ async fn redrive_rate() {
         n as f64 / secs
     ));
 }
+
+#[tokio::test]
+async fn the_apiserver_refuses_sqs_urls_with_credentials_and_accepts_the_documented_shape() {
+    use dlq_core::api::DeadLetterQueue;
+    let (client, ns) = setup("sqs-rules").await;
+    let api: Api<DeadLetterQueue> = Api::namespaced(client.clone(), &ns);
+    let create = |name: &str, spec: serde_json::Value| {
+        let q: DeadLetterQueue = serde_json::from_value(json!({
+            "apiVersion": "dlq.dev/v1alpha1", "kind": "DeadLetterQueue",
+            "metadata": {"name": name}, "spec": spec
+        }))
+        .expect("a DeadLetterQueue");
+        let api = api.clone();
+        async move { api.create(&PostParams::default(), &q).await }
+    };
+    let url = "https://sqs.eu-west-1.amazonaws.com/123456789012/relayer";
+    for (spec, want) in [
+        (
+            json!({"target": {"sqs": {"queueUrl": "https://key:secret@sqs.eu-west-1.amazonaws.com/1/q"}}}),
+            "without credentials",
+        ),
+        (
+            json!({"target": {"sqs": {"queueUrl": url, "endpoint": "http://k:s@127.0.0.1:9324"}}}),
+            "sqs endpoint must be",
+        ),
+        (
+            json!({"target": {"sqs": {"queueUrl": url}, "nats": {"url": "nats://n:4222", "subject": "a"}}}),
+            "exactly one backend (redis, amqp, nats, http or sqs)",
+        ),
+    ] {
+        match create("bad", spec).await {
+            Err(kube::Error::Api(s)) => {
+                assert_eq!(s.code, 422, "{s:?}");
+                assert!(s.message.contains(want), "{} should say {want}", s.message);
+            }
+            other => panic!("expected a refusal saying {want}, got {other:?}"),
+        }
+    }
+    create(
+        "ok",
+        json!({"target": {"sqs": {"queueUrl": url, "credentialsSecretRef": {"name": "aws"}}},
+               "source": {"sqs": {"queueUrl": format!("{url}-dlq")}}}),
+    )
+    .await
+    .expect("the README's shape is accepted");
+}
