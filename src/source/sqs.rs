@@ -254,6 +254,7 @@ impl Bridge {
     /// deletes it from the queue.
     async fn handle(&self, m: Message) {
         let Some(receipt) = m.receipt_handle().map(str::to_string) else {
+            tracing::warn!(queue = %self.into.queue(), message_id = m.message_id().unwrap_or_default(), "SQS returned a message without a receipt handle; left for the next receive");
             return;
         };
         let dead = Dead::from_message(&m);

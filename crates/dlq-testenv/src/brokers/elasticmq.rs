@@ -27,10 +27,17 @@ impl ElasticMq {
     pub fn start() -> ElasticMq {
         let dirs = crate::plane::tool_dirs(&["elasticmq"])
             .unwrap_or_else(|e| panic!("resolving ElasticMQ: {e}"));
+        // With DLQ_TOOLS_BIN set, tool_dirs returns those dirs: one of them must hold lib/.
         let lib = dirs
-            .first()
+            .iter()
             .map(|d| d.join("lib"))
-            .unwrap_or_else(|| panic!("tools/build.sh elasticmq printed no directory"));
+            .find(|l| l.is_dir())
+            .unwrap_or_else(|| {
+                panic!(
+                    "no ElasticMQ lib/ in {dirs:?}: run `tools/build.sh elasticmq` (and add the \
+                     directory it prints to DLQ_TOOLS_BIN when that is set)"
+                )
+            });
         let port = super::port();
         let dir = super::temp_dir("elasticmq", port);
         let conf = format!(
