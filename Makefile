@@ -51,9 +51,10 @@ crds-check:
 	@$(CARGO) run -q -p deadletter-operator --bin deadletter-operator -- crds | diff -u crds/dlq.dev.yaml - \
 	  || { echo "crds/dlq.dev.yaml is stale: run 'make crds' and commit it"; exit 1; }
 
-## build the Go test tooling (kube-apiserver, kubectl, etcd, helm, promtool) into the cache
+## build the test tooling (kube-apiserver, kubectl, etcd, helm, promtool; ElasticMQ for the SQS
+## tests) into the cache
 tools:
-	@bash tools/build.sh kube etcd helm promtool >/dev/null
+	@bash tools/build.sh kube etcd helm promtool elasticmq >/dev/null
 
 ## start a local control plane for a human; prints the KUBECONFIG to export
 cluster:

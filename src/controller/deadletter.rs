@@ -169,7 +169,8 @@ async fn requeue(ctx: &Context, ns: &str, record: &DeadLetter) -> Result<(), Req
             ),
         })?;
     let target = ctx.targets.target(&queue).await.map_err(failure)?;
-    let message = JobMessage::from_job(&record.spec.job).map_err(failure)?;
+    let mut message = JobMessage::from_job(&record.spec.job).map_err(failure)?;
+    message.record_uid = record.metadata.uid.clone();
     let started = Instant::now();
     let result = target.requeue(&message).await;
     ctx.metrics

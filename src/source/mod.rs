@@ -10,6 +10,7 @@
 pub mod amqp;
 pub mod nats;
 pub mod redis;
+pub mod sqs;
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -177,6 +178,9 @@ fn start(client: &Client, into: ParkInto, queue: &DeadLetterQueue) -> Option<Joi
     } else if let Some(src) = source.nats {
         tracing::info!(namespace = %ns, queue = %name, stream = %src.stream, consumer = %src.consumer, "starting nats source");
         Some(tokio::spawn(nats::run(client, into, queue, src)))
+    } else if let Some(src) = source.sqs {
+        tracing::info!(namespace = %ns, queue = %name, sqs_queue = %crate::target::redact_url(&src.queue_url), "starting sqs source");
+        Some(tokio::spawn(sqs::run(client, into, queue, src)))
     } else {
         None
     }

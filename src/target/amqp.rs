@@ -595,6 +595,7 @@ mod tests {
             payload: vec![],
             headers: BTreeMap::new(),
             origin: None,
+            record_uid: None,
         };
         assert_eq!(address(Route::Origin, &job, "ex", "rk"), ("ex", "rk"));
         job.origin = Some(Origin {

@@ -14,13 +14,14 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use tokio::sync::Mutex;
 
-use dlq_core::api::{DeadLetterQueue, SecretKeyRef, TargetSpec};
+use dlq_core::api::{AwsCredentialsRef, DeadLetterQueue, SecretKeyRef, TargetSpec};
 
-use crate::secret::read_secret;
+use crate::secret::{SecretError, read_secret};
 use crate::target::amqp::AmqpTarget;
 use crate::target::http::HttpTarget;
 use crate::target::nats::NatsTarget;
 use crate::target::redis::{RedisKey, RedisTarget};
+use crate::target::sqs::{AwsKeys, SqsTarget};
 use crate::target::{Target, TargetError, Targets};
 
 /// How long a cached target is trusted before its Secret is read again.
@@ -120,6 +121,8 @@ pub struct TargetSecrets {
     pub token: Option<String>,
     /// HTTP CA bundle (PEM).
     pub ca: Option<String>,
+    /// SQS static keys (else the default AWS chain).
+    pub aws: Option<AwsKeys>,
     versions: Vec<String>,
 }
 
@@ -152,6 +155,14 @@ pub async fn read_target_secrets(
                 ));
             }
         };
+    } else if let Some(sqs) = &target.sqs {
+        if let Some(r) = &sqs.credentials_secret_ref {
+            let (keys, version) = read_aws_keys(client, namespace, r)
+                .await
+                .map_err(|e| TargetError::Config(e.to_string()))?;
+            s.versions.push(version);
+            s.aws = Some(keys);
+        }
     } else if let Some(http) = &target.http {
         if let Some(r) = &http.bearer_token_secret_ref {
             token = Some(read(r).await?);
@@ -200,5 +211,41 @@ fn build(target: &TargetSpec, secrets: &TargetSecrets) -> Result<Arc<dyn Target>
             secrets.ca.as_deref(),
         )?));
     }
+    if let Some(sqs) = &target.sqs {
+        return Ok(Arc::new(SqsTarget::new(sqs, secrets.aws.clone())));
+    }
     Err(TargetError::Config("spec.target names no backend".into()))
+}
+
+/// The Secret's name for [`AwsCredentialsRef`] keys.
+pub const AWS_ACCESS_KEY_ID: &str = "AWS_ACCESS_KEY_ID";
+pub const AWS_SECRET_ACCESS_KEY: &str = "AWS_SECRET_ACCESS_KEY";
+pub const AWS_SESSION_TOKEN: &str = "AWS_SESSION_TOKEN";
+
+/// Reads SQS keys from a Secret (the session token is optional), with the Secret's version.
+pub async fn read_aws_keys(
+    client: &Client,
+    namespace: &str,
+    r: &AwsCredentialsRef,
+) -> Result<(AwsKeys, String), SecretError> {
+    let key = |k: &str| SecretKeyRef {
+        name: r.name.clone(),
+        key: k.to_string(),
+    };
+    let (access_key_id, version) = read_secret(client, namespace, &key(AWS_ACCESS_KEY_ID)).await?;
+    let (secret_access_key, _) =
+        read_secret(client, namespace, &key(AWS_SECRET_ACCESS_KEY)).await?;
+    let session_token = match read_secret(client, namespace, &key(AWS_SESSION_TOKEN)).await {
+        Ok((token, _)) => Some(token),
+        Err(SecretError::NoKey { .. }) => None,
+        Err(e) => return Err(e),
+    };
+    Ok((
+        AwsKeys {
+            access_key_id,
+            secret_access_key,
+            session_token,
+        },
+        version,
+    ))
 }

@@ -2,7 +2,7 @@
 //! once the broker has confirmed it; [`Targets`] gives a DeadLetterQueue's target.
 //!
 //! One file per backend: [`redis`], [`amqp`] (RabbitMQ), [`nats`] (JetStream or core NATS) and
-//! [`http`] (the consumer's own endpoint); [`cache`] builds them from a queue's spec and Secrets
+//! [`http`] (the consumer's own endpoint), [`sqs`] (Amazon SQS); [`cache`] builds them from a queue's spec and Secrets
 //! and keeps their connections. docs/backends.md describes what each one carries.
 
 pub mod amqp;
@@ -10,6 +10,7 @@ pub mod cache;
 pub mod http;
 pub mod nats;
 pub mod redis;
+pub mod sqs;
 
 use std::collections::BTreeMap;
 
@@ -25,6 +26,9 @@ pub struct JobMessage {
     pub headers: BTreeMap<String, String>,
     /// Where the broker says it was published before it died, when it was collected from one.
     pub origin: Option<Origin>,
+    /// The uid of the record being redriven: keys SQS FIFO deduplication, so every attempt of
+    /// one redrive has the same id and the next cycle of the job a new one.
+    pub record_uid: Option<String>,
 }
 
 impl JobMessage {
@@ -42,6 +46,7 @@ impl JobMessage {
             payload,
             headers: job.headers.clone(),
             origin: job.origin.clone(),
+            record_uid: None,
         })
     }
 }

@@ -248,6 +248,7 @@ mod tests {
             payload: b"p".to_vec(),
             headers: BTreeMap::from([("Nats-Msg-Id".to_string(), "m1".to_string())]),
             origin,
+            record_uid: None,
         }
     }
 

@@ -178,6 +178,7 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             origin: None,
+            record_uid: None,
         }
     }
 

@@ -156,6 +156,10 @@ pub struct Origin {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub sequence: Option<i64>,
+    /// SQS: the ARN of the queue the message was moved from (`DeadLetterQueueSourceArn`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub queue_arn: Option<String>,
 }
 
 impl Job {
@@ -315,7 +319,7 @@ impl DeadLetterQueueSpec {
 /// Exactly one backend.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = kube::core::Rule::new("[has(self.redis), has(self.amqp), has(self.nats), has(self.http)].filter(x, x).size() == 1").message("spec.target needs exactly one backend (redis, amqp, nats or http)"))]
+#[x_kube(validation = kube::core::Rule::new("[has(self.redis), has(self.amqp), has(self.nats), has(self.http), has(self.sqs)].filter(x, x).size() == 1").message("spec.target needs exactly one backend (redis, amqp, nats, http or sqs)"))]
 pub struct TargetSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redis: Option<RedisTargetSpec>,
@@ -325,6 +329,8 @@ pub struct TargetSpec {
     pub nats: Option<NatsTargetSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<HttpTargetSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sqs: Option<SqsTargetSpec>,
 }
 
 /// LPUSH onto `list` (a BRPOP/BLMOVE consumer sees FIFO order) or XADD onto `stream`.
@@ -425,6 +431,64 @@ pub struct HttpTargetSpec {
     pub ca_secret_ref: Option<SecretKeyRef>,
 }
 
+/// `SendMessage` to `queueUrl` (or, with `route: origin`, to the queue a collected record was
+/// moved from), confirmed by SQS's answer. Credentials from `credentialsSecretRef`, else the
+/// default AWS chain (IRSA / web identity, environment, instance role).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = kube::core::Rule::new("self.queueUrl.matches('^https?://[^/@?#]+/[^?#@]+$')").message("sqs queueUrl must be http(s)://host/account/queue without credentials"),
+    validation = kube::core::Rule::new("!has(self.endpoint) || self.endpoint.matches('^https?://[^/@?#]+/?$')").message("sqs endpoint must be http(s)://host[:port] without credentials"),
+)]
+pub struct SqsTargetSpec {
+    /// e.g. `https://sqs.eu-west-1.amazonaws.com/123456789012/relayer` (`.fifo` for FIFO).
+    #[schemars(length(min = 1, max = 1024))]
+    pub queue_url: String,
+    /// AWS region; defaults to the one in `queueUrl` (`sqs.<region>.amazonaws.com`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    pub region: Option<String>,
+    /// Endpoint override (an SQS-compatible server, a VPC endpoint).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub endpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret_ref: Option<AwsCredentialsRef>,
+    /// `origin` (default): records collected from an SQS dead-letter queue go back to the queue
+    /// they were moved from (`DeadLetterQueueSourceArn`); `target`: always `queueUrl`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<Route>,
+}
+
+/// A Secret holding `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and optionally
+/// `AWS_SESSION_TOKEN` (the variable names, so the same Secret can feed `envFrom`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct AwsCredentialsRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+/// Long-poll an SQS dead-letter queue (one a RedrivePolicy feeds). A message is deleted only
+/// once its record exists. Region, endpoint and credentials default to the sqs target's.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = kube::core::Rule::new("self.queueUrl.matches('^https?://[^/@?#]+/[^?#@]+$')").message("sqs queueUrl must be http(s)://host/account/queue without credentials"),
+    validation = kube::core::Rule::new("!has(self.endpoint) || self.endpoint.matches('^https?://[^/@?#]+/?$')").message("sqs endpoint must be http(s)://host[:port] without credentials"),
+)]
+pub struct SqsSourceSpec {
+    #[schemars(length(min = 1, max = 1024))]
+    pub queue_url: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    pub region: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub endpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret_ref: Option<AwsCredentialsRef>,
+}
+
 /// A key of a Secret in the DeadLetterQueue's namespace.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 pub struct SecretKeyRef {
@@ -437,7 +501,7 @@ pub struct SecretKeyRef {
 /// Exactly one broker to collect dead messages from.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = kube::core::Rule::new("[has(self.redis), has(self.amqp), has(self.nats)].filter(x, x).size() == 1").message("spec.source needs exactly one broker (redis, amqp or nats)"))]
+#[x_kube(validation = kube::core::Rule::new("[has(self.redis), has(self.amqp), has(self.nats), has(self.sqs)].filter(x, x).size() == 1").message("spec.source needs exactly one broker (redis, amqp, nats or sqs)"))]
 pub struct SourceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redis: Option<RedisSourceSpec>,
@@ -445,6 +509,8 @@ pub struct SourceSpec {
     pub amqp: Option<AmqpSourceSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nats: Option<NatsSourceSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sqs: Option<SqsSourceSpec>,
 }
 
 /// Drain a Redis list that consumers push dead jobs onto (see README "Dead-list envelope").

@@ -7,7 +7,7 @@
 //!   per test, the CRDs; [`setup`] is what most tests start with.
 //! - [`operator`]: the operator under test as a process ([`Operator`]).
 //! - [`fixtures`]: dlq.dev objects as tests create, decide and wait on them.
-//! - [`brokers`]: redis-server, RabbitMQ, nats-server and an HTTP(S) sink.
+//! - [`brokers`]: redis-server, RabbitMQ, nats-server, ElasticMQ (SQS) and an HTTP(S) sink.
 //! - [`outage`]: the broker-down scenario every redrive backend must pass.
 //! - [`chart`]: helm, promtool and rendered-manifest helpers for the packaging tests.
 //! - [`paths`]: the checkout and the workspace's built binaries ([`bin`]).

@@ -1,12 +1,14 @@
 //! Real brokers for the backend tests: redis-server, RabbitMQ (Debian's rabbitmq-server),
-//! nats-server with JetStream, and a small HTTP(S) sink. Each runs as a child on free loopback
+//! nats-server with JetStream, ElasticMQ (SQS-compatible), and a small HTTP(S) sink. Each runs as a child on free loopback
 //! ports with its data in a temp dir, and dies with the test process.
 
+pub mod elasticmq;
 mod http;
 mod nats;
 mod rabbit;
 mod redis_server;
 
+pub use self::elasticmq::ElasticMq;
 pub use self::http::{HttpSink, Received, TestCa};
 pub use self::nats::Nats;
 pub use self::rabbit::{

@@ -1,0 +1,353 @@
+//! SQS source bridge: long-polls a dead-letter queue (one a RedrivePolicy feeds) and parks each
+//! message, deleting it from SQS only once its record exists.
+//!
+//! A received message is invisible to other receivers for [`VISIBILITY`]; while parking is
+//! retried (apiserver down, queue full) the bridge extends that before each wait. A crash at
+//! any point leaves the message in the queue: it becomes visible again and is parked again
+//! under the same job id (its `MessageId`, which SQS keeps when it moves a message to the
+//! dead-letter queue), which parking deduplicates while the record is Parked.
+//!
+//! Each record carries: the body untouched, the message attributes as job headers
+//! (`dlq_core::headers::sqs`), `deliveries` from `ApproximateReceiveCount` (less the bridge's
+//! own receive), the origin queue
+//! from `DeadLetterQueueSourceArn`, and a reason from a `dlq-reason` String attribute when the
+//! producer set one.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_sdk_sqs::types::{Message, MessageSystemAttributeName};
+use kube::Client;
+use sha2::{Digest, Sha256};
+use tokio::sync::Semaphore;
+
+use dlq_client::park::ParkRequest;
+use dlq_core::api::{self, DeadLetterQueue, FailureKind, Job, Origin, SqsSourceSpec};
+use dlq_core::headers::sqs::{Attribute, to_headers};
+
+use super::{ParkInto, SourceError};
+use crate::target::cache::read_aws_keys;
+use crate::target::redact_url;
+use crate::target::sqs::SqsConn;
+
+/// Messages parked at once.
+const CONCURRENCY: usize = 16;
+/// How long a received message stays invisible; extended while its parking is retried.
+const VISIBILITY: i32 = 30;
+/// Visibility set before each retry wait (the park backoff is capped at 30 s).
+const VISIBILITY_WHILE_RETRYING: i32 = 60;
+/// SQS's longest long poll.
+const WAIT_SECONDS: i32 = 20;
+/// The String attribute a producer may set to say why a job died.
+pub const REASON_ATTRIBUTE: &str = "dlq-reason";
+
+/// One dead message, as read from SQS.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Dead {
+    pub message_id: Option<String>,
+    pub body: String,
+    pub attributes: BTreeMap<String, Attribute>,
+    /// System attributes by name (`ApproximateReceiveCount`, `DeadLetterQueueSourceArn`, ...).
+    pub system: BTreeMap<String, String>,
+}
+
+impl Dead {
+    pub fn from_message(m: &Message) -> Dead {
+        let attributes = m
+            .message_attributes()
+            .map(|attrs| {
+                attrs
+                    .iter()
+                    .map(|(name, v)| {
+                        let attr = Attribute {
+                            data_type: v.data_type().to_string(),
+                            string_value: v.string_value().map(str::to_string),
+                            binary_value: v.binary_value().map(|b| b.as_ref().to_vec()),
+                        };
+                        (name.clone(), attr)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let system = m
+            .attributes()
+            .map(|attrs| {
+                attrs
+                    .iter()
+                    .map(|(k, v)| (k.as_str().to_string(), v.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Dead {
+            message_id: m.message_id().map(str::to_string),
+            body: m.body().unwrap_or_default().to_string(),
+            attributes,
+            system,
+        }
+    }
+}
+
+/// Turns one dead message into a park request.
+pub fn request_for(queue: &str, dead: &Dead) -> ParkRequest {
+    let group = dead.system.get("MessageGroupId").map(String::as_str);
+    let (headers, lost) = to_headers(&dead.attributes, group);
+    let id = dead
+        .message_id
+        .clone()
+        .filter(|id| !id.is_empty() && id.len() <= api::MAX_JOB_ID_LEN)
+        .unwrap_or_else(|| {
+            format!(
+                "sqs-{}",
+                &hex::encode(Sha256::digest(dead.body.as_bytes()))[..16]
+            )
+        });
+    let source_arn = dead.system.get("DeadLetterQueueSourceArn").cloned();
+    // The count goes on in the dead-letter queue; the bridge's own receive is not a delivery
+    // to the consumer.
+    let deliveries: i32 = dead
+        .system
+        .get("ApproximateReceiveCount")
+        .and_then(|n| n.parse::<i32>().ok())
+        .map_or(0, |n| n.saturating_sub(1).max(0));
+    let mut req = ParkRequest::new(
+        queue,
+        Job {
+            headers,
+            origin: source_arn.clone().map(|arn| Origin {
+                queue_arn: Some(arn),
+                ..Origin::default()
+            }),
+            ..Job::from_bytes(id, dead.body.as_bytes())
+        },
+    );
+    req.deliveries = deliveries;
+    let from = source_arn
+        .as_deref()
+        .and_then(|arn| arn.rsplit(':').next())
+        .map_or_else(|| "its queue".to_string(), |name| format!("queue {name}"));
+    req.reason = match dead.attributes.get(REASON_ATTRIBUTE) {
+        Some(Attribute {
+            string_value: Some(reason),
+            ..
+        }) => reason.clone(),
+        _ => format!(
+            "moved to the SQS dead-letter queue from {from} (maxReceiveCount reached after {deliveries} receives)"
+        ),
+    };
+    if !lost.is_empty() {
+        req.failure_kind = FailureKind::Invalid;
+        req.reason = format!(
+            "attributes beyond what a record holds were left out ({}): {}",
+            lost.join(", "),
+            req.reason
+        );
+    }
+    req
+}
+
+/// Runs one bridge until aborted.
+pub async fn run(client: Client, into: ParkInto, queue: DeadLetterQueue, source: SqsSourceSpec) {
+    let (ns, name) = (into.namespace().to_string(), into.queue().to_string());
+    super::keep_running("sqs", &ns, &name, || {
+        run_once(&client, &into, &queue, &source)
+    })
+    .await
+}
+
+/// Region, endpoint and keys of the source: its own, else the sqs target's.
+async fn conn_for(
+    client: &Client,
+    ns: &str,
+    queue: &DeadLetterQueue,
+    source: &SqsSourceSpec,
+) -> Result<SqsConn, SourceError> {
+    let target = queue.spec.target.sqs.as_ref();
+    let creds = source
+        .credentials_secret_ref
+        .as_ref()
+        .or_else(|| target.and_then(|t| t.credentials_secret_ref.as_ref()));
+    let keys = match creds {
+        Some(r) => Some(read_aws_keys(client, ns, r).await?.0),
+        None => None,
+    };
+    Ok(SqsConn {
+        region: source
+            .region
+            .clone()
+            .or_else(|| SqsConn::region_of(&source.queue_url))
+            .or_else(|| target.and_then(|t| t.region.clone())),
+        endpoint: source
+            .endpoint
+            .clone()
+            .or_else(|| target.and_then(|t| t.endpoint.clone())),
+        keys,
+    })
+}
+
+async fn run_once(
+    client: &Client,
+    into: &ParkInto,
+    queue: &DeadLetterQueue,
+    source: &SqsSourceSpec,
+) -> Result<(), SourceError> {
+    let conn = conn_for(client, into.namespace(), queue, source).await?;
+    let sqs = conn
+        .client(Duration::from_secs(WAIT_SECONDS as u64 + 10))
+        .await;
+    let bridge = Arc::new(Bridge {
+        into: into.clone(),
+        sqs,
+        url: source.queue_url.clone(),
+    });
+    let slots = Arc::new(Semaphore::new(CONCURRENCY));
+    loop {
+        // Receive only what can be parked right away: a message waiting for a slot would
+        // only use up its visibility.
+        let room = slots
+            .clone()
+            .acquire_many_owned(10)
+            .await
+            .map_err(SourceError::broker("waiting for parking slots"))?;
+        drop(room);
+        let answer = bridge
+            .sqs
+            .receive_message()
+            .queue_url(&bridge.url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(WAIT_SECONDS)
+            .visibility_timeout(VISIBILITY)
+            .message_attribute_names("All")
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .send()
+            .await
+            .map_err(|e| SourceError::Broker {
+                context: format!("receiving from {}", redact_url(&bridge.url)),
+                // The SDK error's own Display is only its outermost layer.
+                source: Box::new(std::io::Error::other(
+                    aws_sdk_sqs::error::DisplayErrorContext(e).to_string(),
+                )),
+            })?;
+        for m in answer.messages.unwrap_or_default() {
+            let permit = slots
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(SourceError::broker("waiting for a parking slot"))?;
+            let bridge = bridge.clone();
+            tokio::spawn(async move {
+                bridge.handle(m).await;
+                drop(permit);
+            });
+        }
+    }
+}
+
+struct Bridge {
+    into: ParkInto,
+    sqs: aws_sdk_sqs::Client,
+    url: String,
+}
+
+impl Bridge {
+    /// Parks one message (retrying until it is a record, or provably never can be), then
+    /// deletes it from the queue.
+    async fn handle(&self, m: Message) {
+        let Some(receipt) = m.receipt_handle().map(str::to_string) else {
+            tracing::warn!(queue = %self.into.queue(), message_id = m.message_id().unwrap_or_default(), "SQS returned a message without a receipt handle; left for the next receive");
+            return;
+        };
+        let dead = Dead::from_message(&m);
+        let req = request_for(self.into.queue(), &dead);
+        let parked = self
+            .into
+            .park_until_settled(&req, "in the SQS queue (kept invisible meanwhile)", || {
+                self.extend(&receipt, VISIBILITY_WHILE_RETRYING)
+            })
+            .await;
+        if let Err(e) = parked {
+            // Can never be a record (e.g. over the payload limit): leave it in SQS, hidden
+            // for as long as SQS allows, rather than delete it.
+            tracing::error!(namespace = %self.into.namespace(), queue = %self.into.queue(), job = %req.job.id, error = %e, "dead message cannot be parked; left in the SQS queue");
+            self.extend(&receipt, 12 * 3600).await;
+            return;
+        }
+        crate::failpoint::hit("sqs-before-delete").await;
+        self.delete(&receipt, &req.job.id).await;
+    }
+
+    async fn extend(&self, receipt: &str, seconds: i32) {
+        let answer = self
+            .sqs
+            .change_message_visibility()
+            .queue_url(&self.url)
+            .receipt_handle(receipt)
+            .visibility_timeout(seconds)
+            .send()
+            .await;
+        if let Err(e) = answer {
+            tracing::warn!(queue = %self.into.queue(), error = %aws_sdk_sqs::error::DisplayErrorContext(e), "extending a dead message's visibility failed");
+        }
+    }
+
+    /// Deletes a parked message, retrying: the record exists, so giving up only leaves a
+    /// duplicate for the next receive (deduplicated), never a loss.
+    async fn delete(&self, receipt: &str, job: &str) {
+        for attempt in 0..10u32 {
+            let answer = self
+                .sqs
+                .delete_message()
+                .queue_url(&self.url)
+                .receipt_handle(receipt)
+                .send()
+                .await;
+            match answer {
+                Ok(_) => return,
+                Err(e) => {
+                    tracing::warn!(queue = %self.into.queue(), job, error = %aws_sdk_sqs::error::DisplayErrorContext(e), "deleting a parked message from SQS failed; retrying");
+                    tokio::time::sleep(dlq_core::decide::backoff(attempt, Duration::from_secs(5)))
+                        .await;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dead_messages_become_records_with_their_origin_and_receive_count() {
+        let dead = Dead {
+            message_id: Some("5fea7756-0ea4-451a-a703-a558b933e274".into()),
+            body: r#"{"intent":"pi_1"}"#.into(),
+            attributes: [("trace".to_string(), Attribute::string("abc"))].into(),
+            system: [
+                ("ApproximateReceiveCount".to_string(), "4".to_string()),
+                (
+                    "DeadLetterQueueSourceArn".to_string(),
+                    "arn:aws:sqs:eu-west-1:123:jobs".to_string(),
+                ),
+            ]
+            .into(),
+        };
+        let req = request_for("relayer", &dead);
+        assert_eq!(req.job.id, "5fea7756-0ea4-451a-a703-a558b933e274");
+        assert_eq!(req.job.payload.as_deref(), Some(r#"{"intent":"pi_1"}"#));
+        assert_eq!(
+            req.job.headers.get("trace").map(String::as_str),
+            Some("abc")
+        );
+        assert_eq!(req.deliveries, 3);
+        assert_eq!(
+            req.job.origin.and_then(|o| o.queue_arn).as_deref(),
+            Some("arn:aws:sqs:eu-west-1:123:jobs")
+        );
+        assert!(req.reason.contains("queue jobs"), "{}", req.reason);
+        let mut said = dead.clone();
+        said.attributes
+            .insert(REASON_ATTRIBUTE.into(), Attribute::string("bad schema"));
+        assert_eq!(request_for("relayer", &said).reason, "bad schema");
+    }
+}
