@@ -259,21 +259,27 @@ impl Bridge {
         };
         let dead = Dead::from_message(&m);
         let req = request_for(self.into.queue(), &dead);
-        let parked = self
-            .into
-            .park_until_settled(&req, "in the SQS queue (kept invisible meanwhile)", || {
-                self.extend(&receipt, VISIBILITY_WHILE_RETRYING)
-            })
-            .await;
+        let job = req.job.id.clone();
+        let parked = match self.into.dispose(req, dead.body.as_bytes()) {
+            Ok(req) => {
+                self.into
+                    .park_until_settled(&req, "in the SQS queue (kept invisible meanwhile)", || {
+                        self.extend(&receipt, VISIBILITY_WHILE_RETRYING)
+                    })
+                    .await
+            }
+            Err(e) => Err(e),
+        };
         if let Err(e) = parked {
-            // Can never be a record (e.g. over the payload limit): leave it in SQS, hidden
-            // for as long as SQS allows, rather than delete it.
-            tracing::error!(namespace = %self.into.namespace(), queue = %self.into.queue(), job = %req.job.id, error = %e, "dead message cannot be parked; left in the SQS queue");
+            // Can never be a record (over the payload limit): leave it in SQS, hidden for as
+            // long as SQS allows, rather than delete it; counted and announced.
             self.extend(&receipt, 12 * 3600).await;
+            let kept_in = format!("SQS queue {} (message {job})", self.url);
+            self.into.rejected(&e, dead.body.len(), &kept_in).await;
             return;
         }
         crate::failpoint::hit("sqs-before-delete").await;
-        self.delete(&receipt, &req.job.id).await;
+        self.delete(&receipt, &job).await;
     }
 
     async fn extend(&self, receipt: &str, seconds: i32) {
