@@ -108,10 +108,13 @@ pub fn parse_time(s: &str) -> Result<Timestamp, String> {
 impl Selector {
     /// Whether a record is one the replay takes. Pure.
     pub fn matches(&self, r: &DeadLetter) -> bool {
+        r.phase() == Phase::Parked && r.spec.action.is_none() && self.matches_facts(r)
+    }
+
+    /// Whether a record's immutable facts match, whatever its phase (the page's filters).
+    pub fn matches_facts(&self, r: &DeadLetter) -> bool {
         let s = &r.spec;
-        r.phase() == Phase::Parked
-            && s.action.is_none()
-            && self.queue.as_ref().is_none_or(|q| &s.queue == q)
+        self.queue.as_ref().is_none_or(|q| &s.queue == q)
             && self
                 .failure_kind
                 .as_ref()

@@ -1,0 +1,441 @@
+//! `kubectl dlq ui` in a real browser (Debian's headless Chromium over WebDriver) against the
+//! real apiserver, operator and redis-server, acting as an impersonated user.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+
+use dlq_client::park::{ParkRequest, park};
+use dlq_core::api::{Action, DeadLetter, FailureKind, IntentSnapshot, Job, Phase};
+use dlq_testenv::brokers::Redis;
+use dlq_testenv::browser::{Browser, Locator};
+use dlq_testenv::{Operator, create_queue, decide, eventually, list_target, setup, wait_phase};
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+/// The chart's user roles (templates/rbac-users.yaml), bound in one namespace.
+fn grant(ns: &str, user: &str, role: &str) {
+    let rules = match role {
+        "decider" => {
+            "- apiGroups: [dlq.dev]\n  resources: [deadletters]\n  verbs: [get, list, watch, patch, update]\n- apiGroups: [dlq.dev]\n  resources: [deadletterqueues]\n  verbs: [get, list, watch]\n"
+        }
+        _ => {
+            "- apiGroups: [dlq.dev]\n  resources: [deadletters, deadletterqueues]\n  verbs: [get, list, watch]\n"
+        }
+    };
+    let rbac = format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: dlq-{role}, namespace: {ns}}}\nrules:\n{rules}---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: {user}, namespace: {ns}}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: dlq-{role}}}\nsubjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: {user}}}]\n"
+    );
+    let mut apply = dlq_testenv::plane().kubectl();
+    apply
+        .args(["apply", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null());
+    let mut child = apply.spawn().unwrap();
+    child
+        .stdin
+        .as_mut()
+        .unwrap()
+        .write_all(rbac.as_bytes())
+        .unwrap();
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+}
+
+/// Waits until `user` can list records in `ns` (RBAC takes a moment to apply).
+async fn wait_for_role(ns: &str, user: &str) {
+    let client = dlq_testenv::plane().client_as(user, &[]).await;
+    let api: Api<DeadLetter> = Api::namespaced(client, ns);
+    eventually(15, "the role to take effect", || async {
+        api.list(&ListParams::default()).await.ok().map(|_| ())
+    })
+    .await;
+}
+
+async fn park_one(
+    client: &Client,
+    ns: &str,
+    id: &str,
+    reason: &str,
+    payload: &str,
+    kind: FailureKind,
+) -> String {
+    let mut r = ParkRequest::new(
+        "relayer",
+        Job {
+            id: id.into(),
+            payload: Some(payload.into()),
+            // A Redis list target cannot carry headers (redrive would refuse), so only the
+            // record that is never redriven has one, for the headers table.
+            headers: if kind == FailureKind::Invalid {
+                [("x-trace".to_string(), "abc".to_string())].into()
+            } else {
+                Default::default()
+            },
+            ..Job::default()
+        },
+    );
+    r.failure_kind = kind;
+    r.reason = reason.into();
+    r.deliveries = 3;
+    r.service_version = Some("relayer@1.4.2".into());
+    r.intent = Some(IntentSnapshot {
+        id: id.split('/').next().unwrap().into(),
+        state: "created".into(),
+    });
+    park(client.clone(), ns, r)
+        .await
+        .unwrap()
+        .record()
+        .name_any()
+}
+
+/// The plugin serving the page as `user`; killed on drop.
+struct Page {
+    child: Child,
+    url: String,
+}
+
+impl Page {
+    fn start(ns: &str, user: &str) -> Page {
+        let plane = dlq_testenv::plane();
+        let mut child = Command::new(dlq_testenv::bin("kubectl-dlq"))
+            .args([
+                "--kubeconfig",
+                plane.kubeconfig.to_str().unwrap(),
+                "-n",
+                ns,
+                "--as",
+                user,
+                "ui",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        out.read_line(&mut line).unwrap();
+        // Keep reading so the plugin's later lines never meet a closed pipe.
+        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+        let url = line
+            .split_whitespace()
+            .last()
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            url.starts_with("http://127.0.0.1:") && url.contains("/?token="),
+            "{line}"
+        );
+        Page { child, url }
+    }
+
+    fn base(&self) -> String {
+        self.url.split("/?").next().unwrap().to_string()
+    }
+
+    /// A raw HTTP/1.1 request with exactly these headers; returns the status line.
+    fn raw(&self, request: &str) -> String {
+        let authority = self.base().trim_start_matches("http://").to_string();
+        let mut s = TcpStream::connect(&authority).unwrap();
+        s.write_all(request.replace("{host}", &authority).as_bytes())
+            .unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out.lines().next().unwrap_or_default().to_string()
+    }
+}
+
+impl Drop for Page {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn sel_box(name: &str) -> String {
+    format!("tr[data-name=\"{name}\"] input[name=sel]")
+}
+
+#[tokio::test]
+async fn decider_filters_opens_and_redrives_a_selection_as_themselves() {
+    let (client, ns) = setup("ui-decide").await;
+    let redis = Redis::start();
+    create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
+    let _op = Operator::start(&ns);
+    let mut names = Vec::new();
+    for i in 1..=5 {
+        let id = format!("pi_000{i}/settle");
+        let payload = format!("{{\"intent\":\"pi_000{i}\",\"ref\":\"settle\"}}");
+        names.push(
+            park_one(
+                &client,
+                &ns,
+                &id,
+                "timeout talking to the payer",
+                &payload,
+                FailureKind::Transient,
+            )
+            .await,
+        );
+    }
+    let evil = "<script>window.__xss=1</script><img src=x onerror=\"window.__xss=2\">";
+    let xss = park_one(
+        &client,
+        &ns,
+        "evil/1",
+        &format!("bad json {evil}"),
+        evil,
+        FailureKind::Invalid,
+    )
+    .await;
+    grant(&ns, "alice", "decider");
+    wait_for_role(&ns, "alice").await;
+    let page = Page::start(&ns, "alice");
+    let b = Browser::start("ui-decide").await;
+
+    // The token URL trades the token for a cookie; the header says who acts.
+    b.client.goto(&page.url).await.unwrap();
+    assert_eq!(b.text("#user").await, "alice");
+    assert!(b.text("#queues").await.contains("relayer"));
+    b.screenshot("queues").await;
+
+    // Filter by reason text: the five timeouts, not the invalid one.
+    b.client
+        .goto(&format!("{}/records", page.base()))
+        .await
+        .unwrap();
+    b.client
+        .find(Locator::Css("input[name=reason]"))
+        .await
+        .unwrap()
+        .send_keys("timeout")
+        .await
+        .unwrap();
+    b.click("#apply").await;
+    eventually(10, "the filtered list", || async {
+        b.text("#count")
+            .await
+            .starts_with("5 records match")
+            .then_some(())
+    })
+    .await;
+    assert_eq!(b.count(&format!("tr[data-name=\"{xss}\"]")).await, 0);
+
+    // Live: a new parking appears without a reload.
+    let late = park_one(
+        &client,
+        &ns,
+        "pi_0009/settle",
+        "timeout again",
+        "{}",
+        FailureKind::Transient,
+    )
+    .await;
+    b.client
+        .wait()
+        .at_most(std::time::Duration::from_secs(10))
+        .for_element(Locator::Css(&format!("tr[data-name=\"{late}\"]")))
+        .await
+        .expect("the new parking shows up live");
+    b.screenshot("records").await;
+
+    // One record: the payload pretty-printed, the XSS payload and reason inert text.
+    b.client
+        .goto(&format!("{}/r/{ns}/{xss}", page.base()))
+        .await
+        .unwrap();
+    assert!(
+        b.text("#payload")
+            .await
+            .contains("<script>window.__xss=1</script>")
+    );
+    assert!(b.text("#reason").await.contains("<img src=x"));
+    assert_eq!(
+        b.count("#payload script, #reason script, #reason img")
+            .await,
+        0
+    );
+    let xss_ran = b
+        .client
+        .execute("return window.__xss !== undefined", vec![])
+        .await
+        .unwrap();
+    assert_eq!(xss_ran, json!(false), "an escaped payload must not run");
+    assert!(b.text("#headers").await.contains("x-trace"));
+    b.client
+        .goto(&format!("{}/r/{ns}/{}", page.base(), names[0]))
+        .await
+        .unwrap();
+    assert!(b.text("#payload").await.contains("\"intent\": \"pi_0001\""));
+    assert!(b.count("#redrive").await == 1);
+    b.screenshot("record").await;
+
+    // A selection of three, reviewed, then redriven: each signed by alice and carried out.
+    b.client
+        .goto(&format!("{}/records?reason=timeout+talking", page.base()))
+        .await
+        .unwrap();
+    for n in &names[..3] {
+        b.click(&sel_box(n)).await;
+    }
+    b.click("#review").await;
+    b.text("#selected").await;
+    assert_eq!(b.count("#selected tbody tr").await, 3);
+    b.client
+        .find(Locator::Css("#note"))
+        .await
+        .unwrap()
+        .send_keys("payer re-signed, INC-1234")
+        .await
+        .unwrap();
+    b.screenshot("review").await;
+    b.click("#redrive").await;
+    b.screenshot("after-redrive").await;
+    b.text("#outcomes").await;
+    assert!(
+        b.text("h1").await.contains("3 of 3 signed by alice"),
+        "{}",
+        b.text("main").await
+    );
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    for n in &names[..3] {
+        let r = wait_phase(&api, n, Phase::Redriven, 30).await;
+        assert_eq!(r.spec.by.as_deref(), Some("alice"));
+        assert_eq!(r.spec.note.as_deref(), Some("payer re-signed, INC-1234"));
+        assert_eq!(r.status.unwrap().resolved_by.as_deref(), Some("alice"));
+    }
+    assert_eq!(redis.list(dlq_testenv::LIST).await.len(), 3);
+
+    // A stale selection: one record changes after it was ticked; it is refused, not acted on.
+    b.client
+        .goto(&format!("{}/records?reason=timeout+talking", page.base()))
+        .await
+        .unwrap();
+    b.click(&sel_box(&names[3])).await;
+    b.click(&sel_box(&names[4])).await;
+    b.click("#review").await;
+    b.text("#selected").await;
+    decide(&api, &names[3], Action::Drop, "bob").await;
+    b.click("#redrive").await;
+    b.text("#outcomes").await;
+    let outcome = b.text("main").await;
+    assert!(outcome.contains("1 of 2 signed by alice"), "{outcome}");
+    assert!(
+        outcome.contains("the object has been modified"),
+        "{outcome}"
+    );
+    b.screenshot("stale-selection").await;
+    let stale = wait_phase(&api, &names[3], Phase::Dropped, 30).await;
+    assert_eq!(
+        stale.spec.by.as_deref(),
+        Some("bob"),
+        "the stale record keeps the other decision"
+    );
+    wait_phase(&api, &names[4], Phase::Redriven, 30).await;
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn viewer_sees_no_buttons_and_a_forged_post_is_refused() {
+    let (client, ns) = setup("ui-view").await;
+    create_queue(
+        &client,
+        &ns,
+        "redis://127.0.0.1:1/",
+        list_target(),
+        json!({}),
+    )
+    .await;
+    let name = park_one(
+        &client,
+        &ns,
+        "pi_0001/settle",
+        "timeout",
+        "{}",
+        FailureKind::Transient,
+    )
+    .await;
+    grant(&ns, "bob", "viewer");
+    wait_for_role(&ns, "bob").await;
+    let page = Page::start(&ns, "bob");
+
+    // Without the token, or under another Host name, nothing is served.
+    assert!(
+        page.raw("GET /records HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n")
+            .contains("401")
+    );
+    assert!(
+        page.raw("GET /records HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n")
+            .contains("403")
+    );
+
+    let b = Browser::start("ui-view").await;
+    b.client.goto(&page.url).await.unwrap();
+    assert_eq!(b.text("#user").await, "bob");
+    b.client
+        .goto(&format!("{}/records", page.base()))
+        .await
+        .unwrap();
+    assert!(b.text("#count").await.starts_with("1 records match"));
+    assert_eq!(
+        b.count("input[name=sel]").await,
+        0,
+        "no selection boxes for a viewer"
+    );
+    assert_eq!(b.count("#review").await, 0);
+    b.client
+        .goto(&format!("{}/r/{ns}/{name}", page.base()))
+        .await
+        .unwrap();
+    assert_eq!(
+        b.count("#redrive, #drop").await,
+        0,
+        "no decision buttons for a viewer"
+    );
+
+    // A forged POST from the page's own origin: without the CSRF token, refused by the page;
+    // with it, refused by the apiserver (bob may not patch), 403 either way.
+    let forge = r#"
+        const [csrf, sel, done] = arguments;
+        const body = new URLSearchParams({action: 'redrive', sel: sel});
+        if (csrf) body.append('csrf', csrf);
+        fetch('/decide', {method: 'POST', body})
+            .then(r => r.text().then(t => done([r.status, t])), e => done([0, String(e)]));
+    "#;
+    let sel = json!(format!("{ns}/{name}/1"));
+    let without = b
+        .client
+        .execute_async(forge, vec![json!(null), sel.clone()])
+        .await
+        .unwrap();
+    assert_eq!(without[0], json!(403));
+    assert!(without[1].as_str().unwrap().contains("CSRF"), "{without}");
+    let csrf = b
+        .client
+        .find(Locator::Css("meta[name=csrf-token]"))
+        .await
+        .unwrap()
+        .attr("content")
+        .await
+        .unwrap()
+        .unwrap();
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let rv = api.get(&name).await.unwrap().resource_version().unwrap();
+    let with = b
+        .client
+        .execute_async(forge, vec![json!(csrf), json!(format!("{ns}/{name}/{rv}"))])
+        .await
+        .unwrap();
+    assert_eq!(with[0], json!(403), "{with}");
+    let words = with[1].as_str().unwrap();
+    assert!(
+        words.contains("forbidden") && words.contains("bob"),
+        "the apiserver's words: {words}"
+    );
+    let r = api.get(&name).await.unwrap();
+    assert_eq!(r.phase(), Phase::Parked);
+    assert_eq!(r.spec.by, None);
+    b.stop().await;
+}
