@@ -292,7 +292,7 @@ async fn decider_filters_opens_and_redrives_a_selection_as_themselves() {
         .unwrap();
     b.screenshot("review").await;
     b.click("#redrive").await;
-    b.screenshot("after-redrive").await;
+    b.screenshot("decided").await;
     b.text("#outcomes").await;
     assert!(
         b.text("h1").await.contains("3 of 3 signed by alice"),
