@@ -438,4 +438,84 @@ async fn viewer_sees_no_buttons_and_a_forged_post_is_refused() {
     assert_eq!(r.phase(), Phase::Parked);
     assert_eq!(r.spec.by, None);
     b.stop().await;
+
+    // Ctrl-C stops the page.
+    let mut page = page;
+    let pid = page.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = eventually(10, "the page to stop on Ctrl-C", || {
+        let exited = page.child.try_wait().unwrap();
+        async move { exited }
+    })
+    .await;
+    assert!(status.success(), "{status}");
+}
+
+#[tokio::test]
+async fn replay_from_the_page_dry_runs_then_redrives_through_the_runbook() {
+    let (client, ns) = setup("ui-replay").await;
+    let redis = Redis::start();
+    create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
+    let _op = Operator::start(&ns);
+    let mut names = Vec::new();
+    for i in 1..=3 {
+        let id = format!("pi_010{i}/settle");
+        names.push(park_one(&client, &ns, &id, "replay me", "{}", FailureKind::Transient).await);
+    }
+    park_one(
+        &client,
+        &ns,
+        "other/1",
+        "leave me",
+        "{}",
+        FailureKind::Transient,
+    )
+    .await;
+    grant(&ns, "alice", "decider");
+    wait_for_role(&ns, "alice").await;
+    let page = Page::start(&ns, "alice");
+    let b = Browser::start("ui-replay").await;
+    b.client.goto(&page.url).await.unwrap();
+    b.client
+        .goto(&format!(
+            "{}/records?queue=relayer&reason=replay+me",
+            page.base()
+        ))
+        .await
+        .unwrap();
+    b.click("#replay-link").await;
+    assert!(
+        b.text("#dry-count")
+            .await
+            .starts_with("3 parked records match")
+    );
+    let rate = b.client.find(Locator::Css("#rate")).await.unwrap();
+    rate.clear().await.unwrap();
+    rate.send_keys("5/s").await.unwrap();
+    b.click("#start").await;
+    let summary = eventually(40, "the replay to complete", || async {
+        let t = b.text("#progress").await;
+        t.contains("completed").then_some(t)
+    })
+    .await;
+    assert!(summary.contains("redriven 3"), "{summary}");
+    b.screenshot("replay").await;
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    for n in &names {
+        let r = wait_phase(&api, n, Phase::Redriven, 10).await;
+        assert_eq!(r.spec.by.as_deref(), Some("alice"));
+    }
+    let left = api.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(
+        left.iter().filter(|r| r.phase() == Phase::Parked).count(),
+        1,
+        "the filter's, no more"
+    );
+    b.stop().await;
 }

@@ -4,6 +4,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Args;
@@ -401,14 +403,16 @@ struct Progress {
     total: usize,
     tty: bool,
     printed: usize,
+    control: Control,
 }
 
 impl Progress {
-    fn new(total: usize) -> Self {
+    fn new(total: usize, control: Control) -> Self {
         Progress {
             total,
-            tty: std::io::stderr().is_terminal(),
+            tty: control.terminal && std::io::stderr().is_terminal(),
             printed: 0,
+            control,
         }
     }
 
@@ -422,6 +426,10 @@ impl Progress {
             run.count(Outcome::Failing),
             run.new_parked
         );
+        self.control.set_line(&line);
+        if !self.control.terminal {
+            return;
+        }
         let mut err = std::io::stderr();
         if self.tty {
             let _ = write!(err, "\r{line}");
@@ -436,7 +444,7 @@ impl Progress {
 
     /// Ends the redrawn line, so what follows starts on a line of its own.
     fn finish(&self) {
-        if self.tty {
+        if self.tty && self.control.terminal {
             eprintln!();
         }
     }
@@ -452,6 +460,56 @@ struct Replay<'a> {
     note: String,
     /// Records created after this were parked during the run (a stop condition).
     started: Timestamp,
+    control: Control,
+}
+
+/// How someone other than the terminal follows and stops a replay (the page's Stop button):
+/// the latest progress line, and a stop request that ends deciding and withdraws what was not
+/// carried out yet, as the stop conditions do.
+#[derive(Clone, Default)]
+pub struct Control {
+    stop: Arc<AtomicBool>,
+    line: Arc<Mutex<String>>,
+    /// Print progress to stderr (the CLI), or only keep the line (the page).
+    terminal: bool,
+}
+
+impl Control {
+    /// The CLI's: progress on stderr, never stopped from outside.
+    pub fn terminal() -> Self {
+        Control {
+            terminal: true,
+            ..Control::default()
+        }
+    }
+
+    pub fn request_stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+
+    pub fn stop_requested(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// The latest progress line.
+    pub fn line(&self) -> String {
+        self.line.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
+    fn set_line(&self, line: &str) {
+        if let Ok(mut l) = self.line.lock() {
+            *l = line.to_string();
+        }
+    }
+}
+
+/// What a replay decides, as the CLI flags or the page's form give it.
+pub struct ReplayPlan {
+    pub select: Selector,
+    pub pace: Pace,
+    pub rate: f64,
+    pub by: String,
+    pub note: String,
 }
 
 /// How the paced decisions went.
@@ -499,18 +557,45 @@ async fn replay(g: &Global, args: &RedriveArgs) -> Result<(), CliError> {
         .note
         .clone()
         .unwrap_or_else(|| format!("replay {}", select.describe()));
-    let ctx = Replay {
-        api: Api::namespaced(client.clone(), &ns),
-        queue,
-        select,
-        pace,
+    let plan = ReplayPlan {
+        select: select.clone(),
+        pace: pace.clone(),
+        rate,
         by,
         note,
+    };
+    let (stopped, summary) =
+        run_replay(&client, &ns, &dlq, &selected, &plan, Control::terminal()).await?;
+    println!("{summary}");
+    if stopped {
+        return Err(CliError::Refused(String::new()));
+    }
+    Ok(())
+}
+
+/// Paced decisions on `selected`, outcomes awaited, undone decisions withdrawn on a stop, and
+/// the decision record on the queue. Returns whether it stopped, and the summary line.
+pub async fn run_replay(
+    client: &Client,
+    ns: &str,
+    dlq: &DeadLetterQueue,
+    selected: &[DeadLetter],
+    plan: &ReplayPlan,
+    control: Control,
+) -> Result<(bool, String), CliError> {
+    let ctx = Replay {
+        api: Api::namespaced(client.clone(), ns),
+        queue: dlq.name_any(),
+        select: &plan.select,
+        pace: &plan.pace,
+        by: plan.by.clone(),
+        note: plan.note.clone(),
         started: Timestamp::now(),
+        control: control.clone(),
     };
     let mut run = Run::default();
-    let mut progress = Progress::new(selected.len());
-    let paced = decide_paced(&ctx, &selected, rate, &mut run, &mut progress).await?;
+    let mut progress = Progress::new(selected.len(), control);
+    let paced = decide_paced(&ctx, selected, plan.rate, &mut run, &mut progress).await?;
     let stop = match &paced.stop {
         Some(why) => Some(why.clone()),
         None => await_outcomes(&ctx, &mut run, &mut progress).await?,
@@ -527,16 +612,12 @@ async fn replay(g: &Global, args: &RedriveArgs) -> Result<(), CliError> {
         withdrawn,
     };
     let summary = summary(&ctx, &run, selected.len(), &paced, &ending);
-    println!("{summary}");
-    record_replay(&client, &ctx.by, &dlq, ending.stop.is_some(), &summary).await;
-    if ending.stop.is_some() {
-        return Err(CliError::Refused(String::new()));
-    }
-    Ok(())
+    record_replay(client, &ctx.by, dlq, ending.stop.is_some(), &summary).await;
+    Ok((ending.stop.is_some(), summary))
 }
 
 /// The parked records of `queue` the selector takes, oldest failure first, at most `max`.
-async fn select_records(
+pub async fn select_records(
     client: &Client,
     ns: &str,
     queue: &str,
@@ -588,6 +669,10 @@ async fn decide_paced(
     let mut issued_at: Vec<Instant> = Vec::new();
     for record in selected {
         ticker.tick().await;
+        if ctx.control.stop_requested() {
+            stop = Some(format!("stopped by {}", ctx.by));
+            break;
+        }
         while let Some(done) = in_flight.try_join_next() {
             settle_decision(joined(done)?, run, &mut issued_at)?;
         }
@@ -677,6 +762,9 @@ async fn await_outcomes(
     while Instant::now() < settle_by {
         observe(&ctx.api, &ctx.queue, ctx.started, run).await?;
         progress.show(run);
+        if ctx.control.stop_requested() {
+            return Ok(Some(format!("stopped by {}", ctx.by)));
+        }
         if let Some(why) = run.stop_reason(ctx.pace) {
             return Ok(Some(why));
         }

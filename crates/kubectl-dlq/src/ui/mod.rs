@@ -9,11 +9,13 @@
 //! - [`live`]: the watch (as the user) the record pages read from, so they update live.
 //! - [`pages`]: the server-rendered pages (maud escapes every value).
 //! - [`act`]: decisions on an explicit selection (names + resourceVersions).
+//! - [`replay`]: bulk replay through the runbook: dry run, confirmation, progress, Stop.
 
 mod act;
 mod guard;
 mod live;
 mod pages;
+mod replay;
 mod view;
 
 use std::io::Write;
@@ -46,6 +48,7 @@ pub struct Ui {
     /// `127.0.0.1:PORT`: the only Host and Origin accepted (DNS rebinding, cross-site posts).
     pub authority: String,
     pub records: live::Records,
+    pub replays: replay::Replays,
 }
 
 /// Static assets compiled into the binary: no Node build, nothing fetched at run time.
@@ -73,6 +76,7 @@ pub async fn run(g: &Global, args: UiArgs) -> Result<(), CliError> {
         csrf: guard::secret()?,
         authority: format!("127.0.0.1:{}", addr.port()),
         records,
+        replays: replay::Replays::default(),
     });
     // Not println!: a closed stdout (a script that read the URL and left) must not stop the page.
     let mut out = std::io::stdout();
@@ -99,6 +103,10 @@ fn router(ui: Arc<Ui>) -> Router {
         .route("/r/{ns}/{name}", get(pages::record))
         .route("/review", get(act::review))
         .route("/decide", post(act::decide))
+        .route("/replay", get(replay::dry_run).post(replay::start))
+        .route("/replay/run", get(replay::follow))
+        .route("/replay/status", get(replay::status))
+        .route("/replay/stop", post(replay::stop))
         .route(
             "/static/htmx-2.0.4.min.js",
             get(|| async { guard::asset(HTMX, "text/javascript") }),

@@ -196,6 +196,8 @@ async fn live_part(ui: &Ui, f: &Filter) -> Markup {
         }
         @if !deciding.is_empty() {
             button #review type="submit" { "Review selection…" }
+            " "
+            a #replay-link href=(format!("/replay?{}", f.query(1))) { "Replay everything this filter matches (runbook)…" }
         }
     }
 }
