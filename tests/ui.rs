@@ -458,15 +458,14 @@ async fn viewer_sees_no_buttons_and_a_forged_post_is_refused() {
 }
 
 #[tokio::test]
-async fn replay_from_the_page_dry_runs_then_redrives_through_the_runbook() {
+async fn replay_from_the_page_dry_runs_stops_then_redrives_through_the_runbook() {
     let (client, ns) = setup("ui-replay").await;
     let redis = Redis::start();
     create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
     let _op = Operator::start(&ns);
-    let mut names = Vec::new();
-    for i in 1..=3 {
+    for i in 1..=6 {
         let id = format!("pi_010{i}/settle");
-        names.push(park_one(&client, &ns, &id, "replay me", "{}", FailureKind::Transient).await);
+        park_one(&client, &ns, &id, "replay me", "{}", FailureKind::Transient).await;
     }
     park_one(
         &client,
@@ -482,6 +481,47 @@ async fn replay_from_the_page_dry_runs_then_redrives_through_the_runbook() {
     let page = Page::start(&ns, "alice");
     let b = Browser::start("ui-replay").await;
     b.client.goto(&page.url).await.unwrap();
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+
+    // Slowly, then Stop: deciding ends, and nothing is left signed but not carried out.
+    let summary = replay(&b, &page, "1/s", Some("1/6 decided")).await;
+    assert!(summary.contains("stopped by alice"), "{summary}");
+    let parked: Vec<DeadLetter> = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|r| r.phase() == Phase::Parked && r.spec.reason == "replay me")
+        .collect();
+    assert!(
+        parked.len() >= 3,
+        "Stop left the rest parked: {}",
+        parked.len()
+    );
+    assert!(
+        parked.iter().all(|r| r.spec.action.is_none()),
+        "undone decisions are withdrawn"
+    );
+
+    // Then the rest, to completion: each signed by alice, the other filter's record untouched.
+    let summary = replay(&b, &page, "20/s", None).await;
+    assert!(summary.contains("completed"), "{summary}");
+    b.screenshot("replay").await;
+    for r in api.list(&ListParams::default()).await.unwrap().items {
+        if r.spec.reason == "replay me" {
+            let r = wait_phase(&api, &r.name_any(), Phase::Redriven, 10).await;
+            assert_eq!(r.spec.by.as_deref(), Some("alice"));
+        } else {
+            assert_eq!(r.phase(), Phase::Parked, "outside the filter");
+        }
+    }
+    b.stop().await;
+}
+
+/// Runs a replay of the "replay me" records from the records page at `rate`; with `stop_at`,
+/// presses Stop once the progress shows it. Returns the progress text with the summary.
+async fn replay(b: &Browser, page: &Page, rate: &str, stop_at: Option<&str>) -> String {
     b.client
         .goto(&format!(
             "{}/records?queue=relayer&reason=replay+me",
@@ -490,32 +530,22 @@ async fn replay_from_the_page_dry_runs_then_redrives_through_the_runbook() {
         .await
         .unwrap();
     b.click("#replay-link").await;
-    assert!(
-        b.text("#dry-count")
-            .await
-            .starts_with("3 parked records match")
-    );
-    let rate = b.client.find(Locator::Css("#rate")).await.unwrap();
-    rate.clear().await.unwrap();
-    rate.send_keys("5/s").await.unwrap();
+    let count = b.text("#dry-count").await;
+    assert!(count.contains("parked records match"), "{count}");
+    let input = b.client.find(Locator::Css("#rate")).await.unwrap();
+    input.clear().await.unwrap();
+    input.send_keys(rate).await.unwrap();
     b.click("#start").await;
-    let summary = eventually(40, "the replay to complete", || async {
-        let t = b.text("#progress").await;
-        t.contains("completed").then_some(t)
-    })
-    .await;
-    assert!(summary.contains("redriven 3"), "{summary}");
-    b.screenshot("replay").await;
-    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
-    for n in &names {
-        let r = wait_phase(&api, n, Phase::Redriven, 10).await;
-        assert_eq!(r.spec.by.as_deref(), Some("alice"));
+    if let Some(at) = stop_at {
+        eventually(20, "progress", || async {
+            b.text("#progress").await.contains(at).then_some(())
+        })
+        .await;
+        b.click("#stop").await;
     }
-    let left = api.list(&ListParams::default()).await.unwrap().items;
-    assert_eq!(
-        left.iter().filter(|r| r.phase() == Phase::Parked).count(),
-        1,
-        "the filter's, no more"
-    );
-    b.stop().await;
+    eventually(60, "the replay to end", || async {
+        let t = b.text("#progress").await;
+        t.contains("replay queue=").then_some(t)
+    })
+    .await
 }
