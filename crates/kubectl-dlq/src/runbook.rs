@@ -564,17 +564,28 @@ async fn replay(g: &Global, args: &RedriveArgs) -> Result<(), CliError> {
         by,
         note,
     };
-    let (stopped, summary) =
-        run_replay(&client, &ns, &dlq, &selected, &plan, Control::terminal()).await?;
-    println!("{summary}");
-    if stopped {
+    let end = run_replay(&client, &ns, &dlq, &selected, &plan, Control::terminal()).await?;
+    println!("{}", end.summary);
+    if let Some(w) = &end.warning {
+        eprintln!("warning: {w}");
+    }
+    if end.stopped {
         return Err(CliError::Refused(String::new()));
     }
     Ok(())
 }
 
+/// How a replay ended.
+pub struct ReplayEnd {
+    pub stopped: bool,
+    /// The summary line (also the decision record's note).
+    pub summary: String,
+    /// Why the decision record could not be written, if it could not.
+    pub warning: Option<String>,
+}
+
 /// Paced decisions on `selected`, outcomes awaited, undone decisions withdrawn on a stop, and
-/// the decision record on the queue. Returns whether it stopped, and the summary line.
+/// the decision record on the queue.
 pub async fn run_replay(
     client: &Client,
     ns: &str,
@@ -582,7 +593,7 @@ pub async fn run_replay(
     selected: &[DeadLetter],
     plan: &ReplayPlan,
     control: Control,
-) -> Result<(bool, String), CliError> {
+) -> Result<ReplayEnd, CliError> {
     let ctx = Replay {
         api: Api::namespaced(client.clone(), ns),
         queue: dlq.name_any(),
@@ -612,8 +623,12 @@ pub async fn run_replay(
         withdrawn,
     };
     let summary = summary(&ctx, &run, selected.len(), &paced, &ending);
-    record_replay(client, &ctx.by, dlq, ending.stop.is_some(), &summary).await;
-    Ok((ending.stop.is_some(), summary))
+    let warning = record_replay(client, &ctx.by, dlq, ending.stop.is_some(), &summary).await;
+    Ok(ReplayEnd {
+        stopped: ending.stop.is_some(),
+        summary,
+        warning,
+    })
 }
 
 /// The parked records of `queue` the selector takes, oldest failure first, at most `max`.
@@ -819,14 +834,14 @@ fn summary(ctx: &Replay<'_>, run: &Run, selected: usize, paced: &Paced, end: &En
 }
 
 /// The decision record: an Event on the queue, for the incident log and for alerts. Failing to
-/// write it is only a warning; the replay itself happened.
+/// write it is only a warning (returned); the replay itself happened.
 async fn record_replay(
     client: &Client,
     by: &str,
     dlq: &DeadLetterQueue,
     stopped: bool,
     summary: &str,
-) {
+) -> Option<String> {
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -840,13 +855,18 @@ async fn record_replay(
         EventPlan::normal(reason::REPLAY, action::REPLAY, summary)
     };
     // The recorder directly (not `dlq_client::events::publish`, which only logs): the person
-    // at the terminal should see that the record is missing.
-    if let Err(e) = recorder
+    // at the terminal or the page should see that the record is missing.
+    recorder
         .publish(&to_recorder_event(&plan), &dlq.object_ref(&()))
         .await
-    {
-        eprintln!("warning: could not record the replay as an Event on the queue: {e}");
-    }
+        .err()
+        .map(|e| {
+            let why = match e {
+                kube::Error::Api(s) => s.message,
+                other => other.to_string(),
+            };
+            format!("could not record the replay as an Event on the queue: {why}")
+        })
 }
 
 #[cfg(test)]

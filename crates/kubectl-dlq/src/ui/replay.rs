@@ -187,7 +187,13 @@ pub async fn start(State(ui): State<Arc<Ui>>, body: Bytes) -> Response {
             running.control.clone(),
         )
         .await;
-        let line = result.map_or_else(|e| format!("replay failed: {e}"), |(_, summary)| summary);
+        let line = match result {
+            Ok(end) => match end.warning {
+                Some(w) => format!("{} (warning: {w})", end.summary),
+                None => end.summary,
+            },
+            Err(e) => format!("replay failed: {e}"),
+        };
         if let Ok(mut d) = running.done.lock() {
             *d = Some(line);
         }
