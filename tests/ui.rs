@@ -158,38 +158,28 @@ fn sel_box(name: &str) -> String {
     format!("tr[data-name=\"{name}\"] input[name=sel]")
 }
 
+/// Five timeouts (payloads JSON) and one invalid record whose payload and reason are markup.
+async fn park_decider_records(client: &Client, ns: &str) -> (Vec<String>, String) {
+    let mut names = Vec::new();
+    for i in 1..=5 {
+        let id = format!("pi_000{i}/settle");
+        let payload = format!("{{\"intent\":\"pi_000{i}\",\"ref\":\"settle\"}}");
+        let reason = "timeout talking to the payer";
+        names.push(park_one(client, ns, &id, reason, &payload, FailureKind::Transient).await);
+    }
+    let evil = "<script>window.__xss=1</script><img src=x onerror=\"window.__xss=2\">";
+    let reason = format!("bad json {evil}");
+    let xss = park_one(client, ns, "evil/1", &reason, evil, FailureKind::Invalid).await;
+    (names, xss)
+}
+
 #[tokio::test]
 async fn decider_filters_opens_and_redrives_a_selection_as_themselves() {
     let (client, ns) = setup("ui-decide").await;
     let redis = Redis::start();
     create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
     let _op = Operator::start(&ns);
-    let mut names = Vec::new();
-    for i in 1..=5 {
-        let id = format!("pi_000{i}/settle");
-        let payload = format!("{{\"intent\":\"pi_000{i}\",\"ref\":\"settle\"}}");
-        names.push(
-            park_one(
-                &client,
-                &ns,
-                &id,
-                "timeout talking to the payer",
-                &payload,
-                FailureKind::Transient,
-            )
-            .await,
-        );
-    }
-    let evil = "<script>window.__xss=1</script><img src=x onerror=\"window.__xss=2\">";
-    let xss = park_one(
-        &client,
-        &ns,
-        "evil/1",
-        &format!("bad json {evil}"),
-        evil,
-        FailureKind::Invalid,
-    )
-    .await;
+    let (names, xss) = park_decider_records(&client, &ns).await;
     grant(&ns, "alice", "decider");
     wait_for_role(&ns, "alice").await;
     let page = Page::start(&ns, "alice");
@@ -201,18 +191,27 @@ async fn decider_filters_opens_and_redrives_a_selection_as_themselves() {
     assert!(b.text("#queues").await.contains("relayer"));
     b.screenshot("queues").await;
 
-    // Filter by reason text: the five timeouts, not the invalid one.
+    filter_and_follow_live(&b, &page, &client, &ns, &xss).await;
+    records_read_as_text(&b, &page, &ns, &xss, &names[0]).await;
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    redrive_a_selection_of_three(&b, &page, &api, &names[..3]).await;
+    assert_eq!(redis.list(dlq_testenv::LIST).await.len(), 3);
+    a_stale_selection_is_refused(&b, &page, &api, &names[3], &names[4]).await;
+    b.stop().await;
+}
+
+/// Filter by reason text: the five timeouts, not the invalid one; a new parking shows up live.
+async fn filter_and_follow_live(b: &Browser, page: &Page, client: &Client, ns: &str, xss: &str) {
     b.client
         .goto(&format!("{}/records", page.base()))
         .await
         .unwrap();
-    b.client
+    let reason = b
+        .client
         .find(Locator::Css("input[name=reason]"))
         .await
-        .unwrap()
-        .send_keys("timeout")
-        .await
         .unwrap();
+    reason.send_keys("timeout").await.unwrap();
     b.click("#apply").await;
     eventually(10, "the filtered list", || async {
         b.text("#count")
@@ -222,11 +221,9 @@ async fn decider_filters_opens_and_redrives_a_selection_as_themselves() {
     })
     .await;
     assert_eq!(b.count(&format!("tr[data-name=\"{xss}\"]")).await, 0);
-
-    // Live: a new parking appears without a reload.
     let late = park_one(
-        &client,
-        &ns,
+        client,
+        ns,
         "pi_0009/settle",
         "timeout again",
         "{}",
@@ -238,18 +235,20 @@ async fn decider_filters_opens_and_redrives_a_selection_as_themselves() {
         .at_most(std::time::Duration::from_secs(10))
         .for_element(Locator::Css(&format!("tr[data-name=\"{late}\"]")))
         .await
-        .expect("the new parking shows up live");
+        .expect("the new parking shows up without a reload");
     b.screenshot("records").await;
+}
 
-    // One record: the payload pretty-printed, the XSS payload and reason inert text.
+/// One record: markup in a payload or reason is inert text; JSON is pretty-printed.
+async fn records_read_as_text(b: &Browser, page: &Page, ns: &str, xss: &str, json_record: &str) {
     b.client
         .goto(&format!("{}/r/{ns}/{xss}", page.base()))
         .await
         .unwrap();
+    let payload = b.text("#payload").await;
     assert!(
-        b.text("#payload")
-            .await
-            .contains("<script>window.__xss=1</script>")
+        payload.contains("<script>window.__xss=1</script>"),
+        "{payload}"
     );
     assert!(b.text("#reason").await.contains("<img src=x"));
     assert_eq!(
@@ -257,67 +256,79 @@ async fn decider_filters_opens_and_redrives_a_selection_as_themselves() {
             .await,
         0
     );
-    let xss_ran = b
+    let ran = b
         .client
         .execute("return window.__xss !== undefined", vec![])
         .await
         .unwrap();
-    assert_eq!(xss_ran, json!(false), "an escaped payload must not run");
+    assert_eq!(ran, json!(false), "an escaped payload must not run");
     assert!(b.text("#headers").await.contains("x-trace"));
     b.client
-        .goto(&format!("{}/r/{ns}/{}", page.base(), names[0]))
+        .goto(&format!("{}/r/{ns}/{json_record}", page.base()))
         .await
         .unwrap();
     assert!(b.text("#payload").await.contains("\"intent\": \"pi_0001\""));
-    assert!(b.count("#redrive").await == 1);
+    assert_eq!(b.count("#redrive").await, 1);
     b.screenshot("record").await;
+}
 
-    // A selection of three, reviewed, then redriven: each signed by alice and carried out.
+/// Three ticked (a tick survives the list's live refresh), reviewed, redriven: each signed by
+/// the user and carried out by the operator.
+async fn redrive_a_selection_of_three(
+    b: &Browser,
+    page: &Page,
+    api: &Api<DeadLetter>,
+    names: &[String],
+) {
     b.client
         .goto(&format!("{}/records?reason=timeout+talking", page.base()))
         .await
         .unwrap();
-    for n in &names[..3] {
+    b.click(&sel_box(&names[0])).await;
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    for n in &names[1..] {
         b.click(&sel_box(n)).await;
     }
     b.click("#review").await;
     b.text("#selected").await;
-    assert_eq!(b.count("#selected tbody tr").await, 3);
-    b.client
-        .find(Locator::Css("#note"))
-        .await
-        .unwrap()
-        .send_keys("payer re-signed, INC-1234")
-        .await
-        .unwrap();
+    assert_eq!(
+        b.count("#selected tbody tr").await,
+        3,
+        "the first tick outlived a refresh"
+    );
+    let note = b.client.find(Locator::Css("#note")).await.unwrap();
+    note.send_keys("payer re-signed, INC-1234").await.unwrap();
     b.screenshot("review").await;
     b.click("#redrive").await;
-    b.screenshot("decided").await;
     b.text("#outcomes").await;
-    assert!(
-        b.text("h1").await.contains("3 of 3 signed by alice"),
-        "{}",
-        b.text("main").await
-    );
-    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
-    for n in &names[..3] {
-        let r = wait_phase(&api, n, Phase::Redriven, 30).await;
+    let h1 = b.text("h1").await;
+    assert!(h1.contains("3 of 3 signed by alice"), "{h1}");
+    for n in names {
+        let r = wait_phase(api, n, Phase::Redriven, 30).await;
         assert_eq!(r.spec.by.as_deref(), Some("alice"));
         assert_eq!(r.spec.note.as_deref(), Some("payer re-signed, INC-1234"));
         assert_eq!(r.status.unwrap().resolved_by.as_deref(), Some("alice"));
     }
-    assert_eq!(redis.list(dlq_testenv::LIST).await.len(), 3);
+}
 
-    // A stale selection: one record changes after it was ticked; it is refused, not acted on.
+/// One record changes after it was ticked: it is refused in the apiserver's words, the other
+/// is signed.
+async fn a_stale_selection_is_refused(
+    b: &Browser,
+    page: &Page,
+    api: &Api<DeadLetter>,
+    stale: &str,
+    fresh: &str,
+) {
     b.client
         .goto(&format!("{}/records?reason=timeout+talking", page.base()))
         .await
         .unwrap();
-    b.click(&sel_box(&names[3])).await;
-    b.click(&sel_box(&names[4])).await;
+    b.click(&sel_box(stale)).await;
+    b.click(&sel_box(fresh)).await;
     b.click("#review").await;
     b.text("#selected").await;
-    decide(&api, &names[3], Action::Drop, "bob").await;
+    decide(api, stale, Action::Drop, "bob").await;
     b.click("#redrive").await;
     b.text("#outcomes").await;
     let outcome = b.text("main").await;
@@ -327,14 +338,13 @@ async fn decider_filters_opens_and_redrives_a_selection_as_themselves() {
         "{outcome}"
     );
     b.screenshot("stale-selection").await;
-    let stale = wait_phase(&api, &names[3], Phase::Dropped, 30).await;
+    let r = wait_phase(api, stale, Phase::Dropped, 30).await;
     assert_eq!(
-        stale.spec.by.as_deref(),
+        r.spec.by.as_deref(),
         Some("bob"),
         "the stale record keeps the other decision"
     );
-    wait_phase(&api, &names[4], Phase::Redriven, 30).await;
-    b.stop().await;
+    wait_phase(api, fresh, Phase::Redriven, 30).await;
 }
 
 #[tokio::test]
@@ -362,14 +372,11 @@ async fn viewer_sees_no_buttons_and_a_forged_post_is_refused() {
     let page = Page::start(&ns, "bob");
 
     // Without the token, or under another Host name, nothing is served.
-    assert!(
-        page.raw("GET /records HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n")
-            .contains("401")
-    );
-    assert!(
-        page.raw("GET /records HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n")
-            .contains("403")
-    );
+    let no_token = page.raw("GET /records HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    assert!(no_token.contains("401"), "{no_token}");
+    let rebound =
+        page.raw("GET /records HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n");
+    assert!(rebound.contains("403"), "{rebound}");
 
     let b = Browser::start("ui-view").await;
     b.client.goto(&page.url).await.unwrap();
@@ -384,7 +391,7 @@ async fn viewer_sees_no_buttons_and_a_forged_post_is_refused() {
         0,
         "no selection boxes for a viewer"
     );
-    assert_eq!(b.count("#review").await, 0);
+    assert_eq!(b.count("#review, #replay-link").await, 0);
     b.client
         .goto(&format!("{}/r/{ns}/{name}", page.base()))
         .await
@@ -395,8 +402,18 @@ async fn viewer_sees_no_buttons_and_a_forged_post_is_refused() {
         "no decision buttons for a viewer"
     );
 
-    // A forged POST from the page's own origin: without the CSRF token, refused by the page;
-    // with it, refused by the apiserver (bob may not patch), 403 either way.
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    forged_posts_are_refused(&b, &api, &ns, &name).await;
+    let r = api.get(&name).await.unwrap();
+    assert_eq!(r.phase(), Phase::Parked);
+    assert_eq!(r.spec.by, None);
+    b.stop().await;
+    ctrl_c_stops(page).await;
+}
+
+/// A forged POST from the page's own origin: without the CSRF token, refused by the page; with
+/// it, refused by the apiserver (a viewer may not patch). 403 either way.
+async fn forged_posts_are_refused(b: &Browser, api: &Api<DeadLetter>, ns: &str, name: &str) {
     let forge = r#"
         const [csrf, sel, done] = arguments;
         const body = new URLSearchParams({action: 'redrive', sel: sel});
@@ -404,7 +421,8 @@ async fn viewer_sees_no_buttons_and_a_forged_post_is_refused() {
         fetch('/decide', {method: 'POST', body})
             .then(r => r.text().then(t => done([r.status, t])), e => done([0, String(e)]));
     "#;
-    let sel = json!(format!("{ns}/{name}/1"));
+    let rv = api.get(name).await.unwrap().resource_version().unwrap();
+    let sel = json!(format!("{ns}/{name}/{rv}"));
     let without = b
         .client
         .execute_async(forge, vec![json!(null), sel.clone()])
@@ -412,20 +430,15 @@ async fn viewer_sees_no_buttons_and_a_forged_post_is_refused() {
         .unwrap();
     assert_eq!(without[0], json!(403));
     assert!(without[1].as_str().unwrap().contains("CSRF"), "{without}");
-    let csrf = b
+    let meta = b
         .client
         .find(Locator::Css("meta[name=csrf-token]"))
         .await
-        .unwrap()
-        .attr("content")
-        .await
-        .unwrap()
         .unwrap();
-    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
-    let rv = api.get(&name).await.unwrap().resource_version().unwrap();
+    let csrf = meta.attr("content").await.unwrap().unwrap();
     let with = b
         .client
-        .execute_async(forge, vec![json!(csrf), json!(format!("{ns}/{name}/{rv}"))])
+        .execute_async(forge, vec![json!(csrf), sel])
         .await
         .unwrap();
     assert_eq!(with[0], json!(403), "{with}");
@@ -434,13 +447,10 @@ async fn viewer_sees_no_buttons_and_a_forged_post_is_refused() {
         words.contains("forbidden") && words.contains("bob"),
         "the apiserver's words: {words}"
     );
-    let r = api.get(&name).await.unwrap();
-    assert_eq!(r.phase(), Phase::Parked);
-    assert_eq!(r.spec.by, None);
-    b.stop().await;
+}
 
-    // Ctrl-C stops the page.
-    let mut page = page;
+/// Ctrl-C (SIGINT) stops the page cleanly.
+async fn ctrl_c_stops(mut page: Page) {
     let pid = page.child.id().to_string();
     assert!(
         Command::new("kill")

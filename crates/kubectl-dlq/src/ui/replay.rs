@@ -12,7 +12,7 @@ use axum::response::{Html, IntoResponse, Response};
 use kube::Api;
 use maud::{Markup, html};
 
-use dlq_core::api::DeadLetterQueue;
+use dlq_core::api::{DeadLetter, DeadLetterQueue};
 
 use super::Ui;
 use super::act::CONFIRM_ABOVE;
@@ -106,61 +106,44 @@ fn replay_form(ui: &Ui, f: &Filter, count: usize) -> Markup {
     }
 }
 
-/// `POST /replay`: checks, then the runbook in the background; the page follows it.
-pub async fn start(State(ui): State<Arc<Ui>>, body: Bytes) -> Response {
-    let form = view::pairs(std::str::from_utf8(&body).ok());
-    if !csrf_ok(&ui, &form) {
-        return failure(&ui, StatusCode::FORBIDDEN, "missing or wrong CSRF token");
-    }
-    if ui
-        .replays
-        .get()
-        .is_some_and(|r| r.done.lock().is_ok_and(|d| d.is_none()))
-    {
-        return failure(&ui, StatusCode::CONFLICT, "a replay is already running");
-    }
-    let f = Filter::from_pairs(&form);
-    let checked = target(&ui, &f).and_then(|t| Ok((t, f.selector()?)));
-    let ((ns, queue), select) = match checked {
-        Ok(c) => c,
-        Err(e) => return failure(&ui, StatusCode::BAD_REQUEST, &e),
-    };
-    let rate = match parse_rate(view::value(&form, "rate").unwrap_or("10/s")) {
-        Ok(r) => r,
-        Err(e) => return failure(&ui, StatusCode::BAD_REQUEST, &e),
-    };
+/// A replay the page may start: where, on which records, how.
+struct Checked {
+    ns: String,
+    dlq: DeadLetterQueue,
+    selected: Vec<DeadLetter>,
+    plan: ReplayPlan,
+}
+
+/// Refusals carry the status code and the words for the page.
+type Refusal = (StatusCode, String);
+
+/// The form's filter, rate and confirmation, against the records as they are now.
+async fn check(ui: &Ui, form: &[(String, String)]) -> Result<Checked, Refusal> {
+    let bad = |e: String| (StatusCode::BAD_REQUEST, e);
+    let f = Filter::from_pairs(form);
+    let (ns, queue) = target(ui, &f).map_err(bad)?;
+    let select = f.selector().map_err(bad)?;
+    let rate = parse_rate(view::value(form, "rate").unwrap_or("10/s")).map_err(bad)?;
+    let gateway = |e: String| (StatusCode::BAD_GATEWAY, e);
     let queues: Api<DeadLetterQueue> = Api::namespaced(ui.client.clone(), &ns);
-    let (dlq, selected) = match (
-        queues.get(&queue).await,
-        select_records(&ui.client, &ns, &queue, &select, None).await,
-    ) {
-        (Ok(d), Ok(s)) => (d, s),
-        (Err(e), _) => return failure(&ui, StatusCode::BAD_GATEWAY, &e.to_string()),
-        (_, Err(e)) => return failure(&ui, StatusCode::BAD_GATEWAY, &e.to_string()),
-    };
+    let dlq = queues
+        .get(&queue)
+        .await
+        .map_err(|e| gateway(e.to_string()))?;
+    let selected = select_records(&ui.client, &ns, &queue, &select, None)
+        .await
+        .map_err(|e| gateway(e.to_string()))?;
+    let n = selected.len().to_string();
     // The count confirmed is the count reviewed: a selection that grew meanwhile is re-reviewed.
-    if view::value(&form, "count") != Some(&selected.len().to_string()) {
-        return failure(
-            &ui,
-            StatusCode::CONFLICT,
-            &format!(
-                "the selection changed: {} records match now; review the dry run again",
-                selected.len()
-            ),
-        );
+    if view::value(form, "count") != Some(&n) {
+        let why = format!("the selection changed: {n} records match now; review the dry run again");
+        return Err((StatusCode::CONFLICT, why));
     }
-    if selected.len() > CONFIRM_ABOVE
-        && view::value(&form, "confirm") != Some(&selected.len().to_string())
-    {
-        return failure(
-            &ui,
-            StatusCode::BAD_REQUEST,
-            &format!("type {} to confirm", selected.len()),
-        );
+    if selected.len() > CONFIRM_ABOVE && view::value(form, "confirm") != Some(&n) {
+        return Err(bad(format!("type {n} to confirm")));
     }
-    let describe = select.describe();
-    let note =
-        view::value(&form, "note").map_or_else(|| format!("replay {describe}"), str::to_string);
+    let note = view::value(form, "note")
+        .map_or_else(|| format!("replay {}", select.describe()), str::to_string);
     let plan = ReplayPlan {
         select,
         pace: pace(rate),
@@ -168,25 +151,41 @@ pub async fn start(State(ui): State<Arc<Ui>>, body: Bytes) -> Response {
         by: ui.user.clone(),
         note,
     };
+    Ok(Checked {
+        ns,
+        dlq,
+        selected,
+        plan,
+    })
+}
+
+/// `POST /replay`: checks, then the runbook in the background; the page follows it.
+pub async fn start(State(ui): State<Arc<Ui>>, body: Bytes) -> Response {
+    let form = view::pairs(std::str::from_utf8(&body).ok());
+    if !csrf_ok(&ui, &form) {
+        return failure(&ui, StatusCode::FORBIDDEN, "missing or wrong CSRF token");
+    }
+    let busy = ui.replays.get();
+    if busy.is_some_and(|r| r.done.lock().is_ok_and(|d| d.is_none())) {
+        return failure(&ui, StatusCode::CONFLICT, "a replay is already running");
+    }
+    let c = match check(&ui, &form).await {
+        Ok(c) => c,
+        Err((code, why)) => return failure(&ui, code, &why),
+    };
     let running = Running {
         control: Control::default(),
-        describe,
+        describe: c.plan.select.describe(),
         done: Arc::default(),
     };
-    if let Ok(mut c) = ui.replays.current.lock() {
-        *c = Some(running.clone());
+    if let Ok(mut current) = ui.replays.current.lock() {
+        *current = Some(running.clone());
     }
     let client = ui.client.clone();
     tokio::spawn(async move {
-        let result = crate::runbook::run_replay(
-            &client,
-            &ns,
-            &dlq,
-            &selected,
-            &plan,
-            running.control.clone(),
-        )
-        .await;
+        let control = running.control.clone();
+        let result =
+            crate::runbook::run_replay(&client, &c.ns, &c.dlq, &c.selected, &c.plan, control).await;
         let line = match result {
             Ok(end) => match end.warning {
                 Some(w) => format!("{} (warning: {w})", end.summary),
