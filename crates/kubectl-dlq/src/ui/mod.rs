@@ -18,9 +18,11 @@ mod pages;
 mod replay;
 mod view;
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use axum::Router;
 use axum::routing::{get, post};
@@ -49,6 +51,8 @@ pub struct Ui {
     pub authority: String,
     pub records: live::Records,
     pub replays: replay::Replays,
+    /// SelfSubjectAccessReview answers per namespace, with when they were asked.
+    pub access: Mutex<HashMap<String, (Instant, bool)>>,
 }
 
 /// Static assets compiled into the binary: no Node build, nothing fetched at run time.
@@ -77,6 +81,7 @@ pub async fn run(g: &Global, args: UiArgs) -> Result<(), CliError> {
         authority: format!("127.0.0.1:{}", addr.port()),
         records,
         replays: replay::Replays::default(),
+        access: Mutex::default(),
     });
     // Not println!: a closed stdout (a script that read the URL and left) must not stop the page.
     let mut out = std::io::stdout();

@@ -63,8 +63,24 @@ pub fn failure(ui: &Ui, code: StatusCode, msg: &str) -> Response {
 }
 
 /// Whether the user may patch records in `ns` (a SelfSubjectAccessReview): buttons are shown
-/// only to those who may use them; the apiserver still decides every write.
+/// only to those who may use them; the apiserver still decides every write. Answers are kept
+/// 15 s, so the list's refresh every 2 s does not ask the apiserver each time.
 pub async fn can_decide(ui: &Ui, ns: &str) -> bool {
+    const KEEP: std::time::Duration = std::time::Duration::from_secs(15);
+    let cached = ui.access.lock().ok().and_then(|c| c.get(ns).copied());
+    if let Some((at, allowed)) = cached
+        && at.elapsed() < KEEP
+    {
+        return allowed;
+    }
+    let allowed = review_access(ui, ns).await;
+    if let Ok(mut c) = ui.access.lock() {
+        c.insert(ns.to_string(), (std::time::Instant::now(), allowed));
+    }
+    allowed
+}
+
+async fn review_access(ui: &Ui, ns: &str) -> bool {
     let api: Api<SelfSubjectAccessReview> = Api::all(ui.client.clone());
     let Ok(review) = serde_json::from_value::<SelfSubjectAccessReview>(json!({
         "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
