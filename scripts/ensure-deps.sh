@@ -18,6 +18,9 @@ fi
 
 # Debian packages for the real brokers the tests start (never a running system service).
 pkgs=()
+# chromium + chromedriver: the browser tests of `kubectl dlq ui` (tests/ui.rs)
+command -v chromium >/dev/null || pkgs+=(chromium)
+command -v chromedriver >/dev/null || pkgs+=(chromium-driver)
 command -v redis-server >/dev/null || pkgs+=(redis-server)
 command -v nats-server >/dev/null || pkgs+=(nats-server)
 [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || pkgs+=(rabbitmq-server)

@@ -9,6 +9,7 @@
 //! - [`fixtures`]: dlq.dev objects as tests create, decide and wait on them.
 //! - [`brokers`]: redis-server, RabbitMQ, nats-server, ElasticMQ (SQS) and an HTTP(S) sink.
 //! - [`outage`]: the broker-down scenario every redrive backend must pass.
+//! - [`browser`]: headless Chromium over WebDriver, for the page tests of `kubectl dlq ui`.
 //! - [`chart`]: helm, promtool and rendered-manifest helpers for the packaging tests.
 //! - [`paths`]: the checkout and the workspace's built binaries ([`bin`]).
 //!
@@ -16,6 +17,7 @@
 //! first with `cargo build --workspace --bins` (`make test` does).
 
 pub mod brokers;
+pub mod browser;
 pub mod chart;
 pub mod cluster;
 pub mod fixtures;

@@ -6,7 +6,7 @@ use clap::{Args, Parser, Subcommand};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
-use crate::{decision, inspect, park_cmd, runbook};
+use crate::{decision, inspect, park_cmd, runbook, ui};
 
 /// Errors shown to the person at the terminal, worded for them.
 #[derive(Debug, thiserror::Error)]
@@ -88,6 +88,9 @@ pub enum Command {
     Drop(decision::DropArgs),
     /// Park a job (for scripts and producers).
     Park(park_cmd::ParkArgs),
+    /// A local web page (127.0.0.1, token in the printed URL) acting as you: queues, records,
+    /// payloads, Events, decisions on explicit selections.
+    Ui(ui::UiArgs),
 }
 
 /// A client and namespace from kubectl-style flags.
@@ -134,6 +137,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Redrive(args) => runbook::redrive(&cli.global, args).await,
         Command::Drop(args) => decision::drop_jobs(&cli.global, args).await,
         Command::Park(args) => park_cmd::run(&cli.global, args).await,
+        Command::Ui(args) => ui::run(&cli.global, args).await,
     }
 }
 

@@ -109,18 +109,8 @@ pub async fn decide_one(
                 record.phase().as_str().to_lowercase()
             )));
         }
-        let patch = json!({
-            "metadata": {"resourceVersion": record.resource_version()},
-            "spec": {"action": action, "by": by, "note": note},
-        });
-        match api
-            .patch(
-                &record.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(patch),
-            )
-            .await
-        {
+        let version = record.resource_version().unwrap_or_default();
+        match sign_at(&api, &record.name_any(), &version, action, by, note).await {
             Ok(r) => return Ok(Decided::Signed(Box::new(r))),
             // Changed under us (the operator wrote status): look again.
             Err(kube::Error::Api(s)) if s.code == 409 => continue,
@@ -130,6 +120,24 @@ pub async fn decide_one(
         }
     }
     Ok(Decided::Refused(format!("{job} kept changing; try again")))
+}
+
+/// Sets action/by/note on record `name` only while it is still at `resource_version`: the
+/// version the person looked at is the one decided on, or the apiserver refuses (409).
+pub async fn sign_at(
+    api: &Api<DeadLetter>,
+    name: &str,
+    resource_version: &str,
+    action: Action,
+    by: &str,
+    note: Option<&str>,
+) -> Result<DeadLetter, kube::Error> {
+    let patch = json!({
+        "metadata": {"resourceVersion": resource_version},
+        "spec": {"action": action, "by": by, "note": note},
+    });
+    api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
 }
 
 /// Waits until the operator carried the decision out or reports a requeue failure.

@@ -292,7 +292,7 @@ fn show_conditions(out: &mut String, r: &DeadLetter) {
 }
 
 /// The record's last ten Events, oldest first.
-async fn recent_events(client: &Client, ns: &str, name: &str) -> Result<Vec<Event>, CliError> {
+pub async fn recent_events(client: &Client, ns: &str, name: &str) -> Result<Vec<Event>, CliError> {
     let events: Api<Event> = Api::namespaced(client.clone(), ns);
     let lp = ListParams::default().fields(&format!("regarding.name={name}"));
     let mut evs = events.list(&lp).await?.items;

@@ -11,6 +11,7 @@ mod inspect;
 mod lookup;
 mod park_cmd;
 mod runbook;
+mod ui;
 
 use std::process::ExitCode;
 

@@ -4,6 +4,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Args;
@@ -108,10 +110,13 @@ pub fn parse_time(s: &str) -> Result<Timestamp, String> {
 impl Selector {
     /// Whether a record is one the replay takes. Pure.
     pub fn matches(&self, r: &DeadLetter) -> bool {
+        r.phase() == Phase::Parked && r.spec.action.is_none() && self.matches_facts(r)
+    }
+
+    /// Whether a record's immutable facts match, whatever its phase (the page's filters).
+    pub fn matches_facts(&self, r: &DeadLetter) -> bool {
         let s = &r.spec;
-        r.phase() == Phase::Parked
-            && s.action.is_none()
-            && self.queue.as_ref().is_none_or(|q| &s.queue == q)
+        self.queue.as_ref().is_none_or(|q| &s.queue == q)
             && self
                 .failure_kind
                 .as_ref()
@@ -398,14 +403,16 @@ struct Progress {
     total: usize,
     tty: bool,
     printed: usize,
+    control: Control,
 }
 
 impl Progress {
-    fn new(total: usize) -> Self {
+    fn new(total: usize, control: Control) -> Self {
         Progress {
             total,
-            tty: std::io::stderr().is_terminal(),
+            tty: control.terminal && std::io::stderr().is_terminal(),
             printed: 0,
+            control,
         }
     }
 
@@ -419,6 +426,10 @@ impl Progress {
             run.count(Outcome::Failing),
             run.new_parked
         );
+        self.control.set_line(&line);
+        if !self.control.terminal {
+            return;
+        }
         let mut err = std::io::stderr();
         if self.tty {
             let _ = write!(err, "\r{line}");
@@ -433,7 +444,7 @@ impl Progress {
 
     /// Ends the redrawn line, so what follows starts on a line of its own.
     fn finish(&self) {
-        if self.tty {
+        if self.tty && self.control.terminal {
             eprintln!();
         }
     }
@@ -449,6 +460,56 @@ struct Replay<'a> {
     note: String,
     /// Records created after this were parked during the run (a stop condition).
     started: Timestamp,
+    control: Control,
+}
+
+/// How someone other than the terminal follows and stops a replay (the page's Stop button):
+/// the latest progress line, and a stop request that ends deciding and withdraws what was not
+/// carried out yet, as the stop conditions do.
+#[derive(Clone, Default)]
+pub struct Control {
+    stop: Arc<AtomicBool>,
+    line: Arc<Mutex<String>>,
+    /// Print progress to stderr (the CLI), or only keep the line (the page).
+    terminal: bool,
+}
+
+impl Control {
+    /// The CLI's: progress on stderr, never stopped from outside.
+    pub fn terminal() -> Self {
+        Control {
+            terminal: true,
+            ..Control::default()
+        }
+    }
+
+    pub fn request_stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+
+    pub fn stop_requested(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// The latest progress line.
+    pub fn line(&self) -> String {
+        self.line.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
+    fn set_line(&self, line: &str) {
+        if let Ok(mut l) = self.line.lock() {
+            *l = line.to_string();
+        }
+    }
+}
+
+/// What a replay decides, as the CLI flags or the page's form give it.
+pub struct ReplayPlan {
+    pub select: Selector,
+    pub pace: Pace,
+    pub rate: f64,
+    pub by: String,
+    pub note: String,
 }
 
 /// How the paced decisions went.
@@ -496,18 +557,56 @@ async fn replay(g: &Global, args: &RedriveArgs) -> Result<(), CliError> {
         .note
         .clone()
         .unwrap_or_else(|| format!("replay {}", select.describe()));
-    let ctx = Replay {
-        api: Api::namespaced(client.clone(), &ns),
-        queue,
-        select,
-        pace,
+    let plan = ReplayPlan {
+        select: select.clone(),
+        pace: pace.clone(),
+        rate,
         by,
         note,
+    };
+    let end = run_replay(&client, &ns, &dlq, &selected, &plan, Control::terminal()).await?;
+    println!("{}", end.summary);
+    if let Some(w) = &end.warning {
+        eprintln!("warning: {w}");
+    }
+    if end.stopped {
+        return Err(CliError::Refused(String::new()));
+    }
+    Ok(())
+}
+
+/// How a replay ended.
+pub struct ReplayEnd {
+    pub stopped: bool,
+    /// The summary line (also the decision record's note).
+    pub summary: String,
+    /// Why the decision record could not be written, if it could not.
+    pub warning: Option<String>,
+}
+
+/// Paced decisions on `selected`, outcomes awaited, undone decisions withdrawn on a stop, and
+/// the decision record on the queue.
+pub async fn run_replay(
+    client: &Client,
+    ns: &str,
+    dlq: &DeadLetterQueue,
+    selected: &[DeadLetter],
+    plan: &ReplayPlan,
+    control: Control,
+) -> Result<ReplayEnd, CliError> {
+    let ctx = Replay {
+        api: Api::namespaced(client.clone(), ns),
+        queue: dlq.name_any(),
+        select: &plan.select,
+        pace: &plan.pace,
+        by: plan.by.clone(),
+        note: plan.note.clone(),
         started: Timestamp::now(),
+        control: control.clone(),
     };
     let mut run = Run::default();
-    let mut progress = Progress::new(selected.len());
-    let paced = decide_paced(&ctx, &selected, rate, &mut run, &mut progress).await?;
+    let mut progress = Progress::new(selected.len(), control);
+    let paced = decide_paced(&ctx, selected, plan.rate, &mut run, &mut progress).await?;
     let stop = match &paced.stop {
         Some(why) => Some(why.clone()),
         None => await_outcomes(&ctx, &mut run, &mut progress).await?,
@@ -524,16 +623,16 @@ async fn replay(g: &Global, args: &RedriveArgs) -> Result<(), CliError> {
         withdrawn,
     };
     let summary = summary(&ctx, &run, selected.len(), &paced, &ending);
-    println!("{summary}");
-    record_replay(&client, &ctx.by, &dlq, ending.stop.is_some(), &summary).await;
-    if ending.stop.is_some() {
-        return Err(CliError::Refused(String::new()));
-    }
-    Ok(())
+    let warning = record_replay(client, &ctx.by, dlq, ending.stop.is_some(), &summary).await;
+    Ok(ReplayEnd {
+        stopped: ending.stop.is_some(),
+        summary,
+        warning,
+    })
 }
 
 /// The parked records of `queue` the selector takes, oldest failure first, at most `max`.
-async fn select_records(
+pub async fn select_records(
     client: &Client,
     ns: &str,
     queue: &str,
@@ -585,6 +684,10 @@ async fn decide_paced(
     let mut issued_at: Vec<Instant> = Vec::new();
     for record in selected {
         ticker.tick().await;
+        if ctx.control.stop_requested() {
+            stop = Some(format!("stopped by {}", ctx.by));
+            break;
+        }
         while let Some(done) = in_flight.try_join_next() {
             settle_decision(joined(done)?, run, &mut issued_at)?;
         }
@@ -674,6 +777,9 @@ async fn await_outcomes(
     while Instant::now() < settle_by {
         observe(&ctx.api, &ctx.queue, ctx.started, run).await?;
         progress.show(run);
+        if ctx.control.stop_requested() {
+            return Ok(Some(format!("stopped by {}", ctx.by)));
+        }
         if let Some(why) = run.stop_reason(ctx.pace) {
             return Ok(Some(why));
         }
@@ -728,14 +834,14 @@ fn summary(ctx: &Replay<'_>, run: &Run, selected: usize, paced: &Paced, end: &En
 }
 
 /// The decision record: an Event on the queue, for the incident log and for alerts. Failing to
-/// write it is only a warning; the replay itself happened.
+/// write it is only a warning (returned); the replay itself happened.
 async fn record_replay(
     client: &Client,
     by: &str,
     dlq: &DeadLetterQueue,
     stopped: bool,
     summary: &str,
-) {
+) -> Option<String> {
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -749,13 +855,18 @@ async fn record_replay(
         EventPlan::normal(reason::REPLAY, action::REPLAY, summary)
     };
     // The recorder directly (not `dlq_client::events::publish`, which only logs): the person
-    // at the terminal should see that the record is missing.
-    if let Err(e) = recorder
+    // at the terminal or the page should see that the record is missing.
+    recorder
         .publish(&to_recorder_event(&plan), &dlq.object_ref(&()))
         .await
-    {
-        eprintln!("warning: could not record the replay as an Event on the queue: {e}");
-    }
+        .err()
+        .map(|e| {
+            let why = match e {
+                kube::Error::Api(s) => s.message,
+                other => other.to_string(),
+            };
+            format!("could not record the replay as an Event on the queue: {why}")
+        })
 }
 
 #[cfg(test)]

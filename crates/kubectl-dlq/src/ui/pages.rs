@@ -1,0 +1,335 @@
+//! The read-only pages: queues, records (live), one record. maud escapes every interpolated
+//! value, so a payload or reason holding markup renders as text.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::{Html, IntoResponse, Response};
+use k8s_openapi::api::authorization::v1::SelfSubjectAccessReview;
+use kube::api::{ListParams, PostParams};
+use kube::{Api, ResourceExt};
+use maud::{DOCTYPE, Markup, html};
+use serde_json::json;
+
+use dlq_core::api::{DeadLetter, DeadLetterQueue, Phase};
+
+use super::Ui;
+use super::view::{self, Filter, PAGE, Payload, Snapshot};
+use crate::inspect::{human_age, recent_events};
+use crate::lookup;
+
+/// The frame of every page: who you are, where you look.
+pub fn layout(ui: &Ui, title: &str, body: Markup) -> Response {
+    let scope = ui
+        .namespace
+        .as_deref()
+        .map_or("all namespaces".to_string(), |n| format!("namespace {n}"));
+    Html(
+        html! {
+            (DOCTYPE)
+            html lang="en" {
+                head {
+                    meta charset="utf-8";
+                    // htmx would otherwise inject an inline <style>, which the CSP forbids.
+                    meta name="htmx-config" content=r#"{"includeIndicatorStyles":false}"#;
+                    // Same-origin scripts may read it; another site's page cannot.
+                    meta name="csrf-token" content=(ui.csrf);
+                    title { (title) " · kubectl dlq" }
+                    link rel="stylesheet" href="/static/app.css";
+                    script src="/static/htmx-2.0.4.min.js" {}
+                }
+                body {
+                    header {
+                        a.brand href="/" { "kubectl dlq" }
+                        nav { a href="/" { "Queues" } a href="/records" { "Records" } }
+                        span #who { "acting as " b #user { (ui.user) } " · " (scope) }
+                    }
+                    main { (body) }
+                }
+            }
+        }
+        .into_string(),
+    )
+    .into_response()
+}
+
+/// An error in the page's words (the apiserver's message included).
+pub fn failure(ui: &Ui, code: StatusCode, msg: &str) -> Response {
+    let mut r = layout(ui, "Error", html! { p.error { (msg) } });
+    *r.status_mut() = code;
+    r
+}
+
+/// Whether the user may patch records in `ns` (a SelfSubjectAccessReview): buttons are shown
+/// only to those who may use them; the apiserver still decides every write. Answers are kept
+/// 15 s, so the list's refresh every 2 s does not ask the apiserver each time.
+pub async fn can_decide(ui: &Ui, ns: &str) -> bool {
+    const KEEP: std::time::Duration = std::time::Duration::from_secs(15);
+    let cached = ui.access.lock().ok().and_then(|c| c.get(ns).copied());
+    if let Some((at, allowed)) = cached
+        && at.elapsed() < KEEP
+    {
+        return allowed;
+    }
+    let allowed = review_access(ui, ns).await;
+    if let Ok(mut c) = ui.access.lock() {
+        c.insert(ns.to_string(), (std::time::Instant::now(), allowed));
+    }
+    allowed
+}
+
+async fn review_access(ui: &Ui, ns: &str) -> bool {
+    let api: Api<SelfSubjectAccessReview> = Api::all(ui.client.clone());
+    let Ok(review) = serde_json::from_value::<SelfSubjectAccessReview>(json!({
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+        "spec": {"resourceAttributes": {
+            "group": "dlq.dev", "resource": "deadletters", "verb": "patch", "namespace": ns}}
+    })) else {
+        return false;
+    };
+    api.create(&PostParams::default(), &review)
+        .await
+        .ok()
+        .and_then(|r| r.status)
+        .is_some_and(|s| s.allowed)
+}
+
+/// `/`: each queue with its counts, readiness, oldest parked record and parkings per hour.
+pub async fn queues(State(ui): State<Arc<Ui>>) -> Response {
+    let api: Api<DeadLetterQueue> = match &ui.namespace {
+        Some(ns) => Api::namespaced(ui.client.clone(), ns),
+        None => Api::all(ui.client.clone()),
+    };
+    let queues = match api.list(&ListParams::default()).await {
+        Ok(l) => l.items,
+        Err(e) => return failure(&ui, StatusCode::BAD_GATEWAY, &e.to_string()),
+    };
+    let (records, error) = ui.records.all().await;
+    let now = jiff::Timestamp::now();
+    let tallies = view::tallies(&records, now);
+    let empty = view::Tally::default();
+    let body = html! {
+        h1 { "Queues" }
+        @if let Some(e) = &error { p.error { (e) } }
+        table #queues {
+            thead { tr { th { "Namespace" } th { "Queue" } th { "Ready" } th { "Parked transient" }
+                th { "Parked invalid" } th { "Redriven" } th { "Dropped" } th { "Oldest parked" }
+                th { "Parked last hour" } } }
+            tbody {
+                @for q in &queues {
+                    @let ns = q.namespace().unwrap_or_default();
+                    @let t = tallies.get(&(ns.clone(), q.name_any())).unwrap_or(&empty);
+                    @let ready = q.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
+                    tr {
+                        td { (ns) }
+                        td { a href=(format!("/records?queue={}", q.name_any())) { (q.name_any()) } }
+                        td title=(ready.map(|c| c.message.as_str()).unwrap_or_default()) {
+                            (ready.map(|c| c.status.as_str()).unwrap_or("Unknown")) }
+                        td.num { (t.parked_transient) } td.num { (t.parked_invalid) }
+                        td.num { (t.redriven) } td.num { (t.dropped) }
+                        td { (t.oldest_parked.map_or("-".into(), |o| human_age(now.duration_since(o).as_secs()))) }
+                        td.num { (t.parked_last_hour) }
+                    }
+                }
+            }
+        }
+    };
+    layout(&ui, "Queues", body)
+}
+
+/// The filter form, filled with what was asked.
+fn filter_form(f: &Filter) -> Markup {
+    html! {
+        form #filters method="get" action="/records" {
+            label { "Queue " input name="queue" value=(f.queue); }
+            label { "Kind " select name="kind" {
+                @for k in ["", "Transient", "Invalid"] { option value=(k) selected[f.kind.eq_ignore_ascii_case(k)] { (if k.is_empty() { "any" } else { k }) } }
+            } }
+            label { "Phase " select name="phase" {
+                @for p in ["Parked", "Redriven", "Dropped", ""] { option value=(p) selected[f.phase.eq_ignore_ascii_case(p)] { (if p.is_empty() { "any" } else { p }) } }
+            } }
+            label { "Reason contains " input name="reason" value=(f.reason); }
+            label { "Service version " input name="version" value=(f.version); }
+            label { "Failed since " input name="since" placeholder="2h or RFC 3339" value=(f.since); }
+            label { "until " input name="until" value=(f.until); }
+            button #apply type="submit" { "Filter" }
+        }
+    }
+}
+
+/// `/records`: filters, then the live part (counts, table, pages), refreshed every 2 s.
+pub async fn records(State(ui): State<Arc<Ui>>, RawQuery(q): RawQuery) -> Response {
+    let f = Filter::from_pairs(&view::pairs(q.as_deref()));
+    let live = live_part(&ui, &f).await;
+    let body = html! {
+        h1 { "Records" }
+        (filter_form(&f))
+        form #selection method="get" action="/review" {
+            div #live hx-get=(format!("/records/live?{}", f.query(f.page))) hx-trigger="every 2s" hx-swap="innerHTML" {
+                (live)
+            }
+        }
+    };
+    layout(&ui, "Records", body)
+}
+
+/// `/records/live`: the part htmx swaps in.
+pub async fn records_live(State(ui): State<Arc<Ui>>, RawQuery(q): RawQuery) -> Response {
+    let f = Filter::from_pairs(&view::pairs(q.as_deref()));
+    Html(live_part(&ui, &f).await.into_string()).into_response()
+}
+
+/// Counts, the page of records, page links and (for deciders) the selection button.
+async fn live_part(ui: &Ui, f: &Filter) -> Markup {
+    let (all, error) = ui.records.all().await;
+    let matched = match f.apply(&all) {
+        Ok(m) => m,
+        Err(e) => return html! { p.error { (e) } },
+    };
+    let pages = matched.len().div_ceil(PAGE).max(1);
+    let page = f.page.min(pages);
+    let shown = &matched[(page - 1) * PAGE..(page * PAGE).min(matched.len())];
+    let namespaces: BTreeSet<String> = shown.iter().filter_map(|r| r.namespace()).collect();
+    let mut deciding = BTreeSet::new();
+    for ns in namespaces {
+        if can_decide(ui, &ns).await {
+            deciding.insert(ns);
+        }
+    }
+    html! {
+        @if let Some(e) = &error { p.error { (e) } }
+        p #count { (matched.len()) " records match · page " (page) " of " (pages) }
+        table #records {
+            thead { tr { th {} th { "Job" } th { "#" } th { "Phase" } th { "Intent" } th { "By" }
+                th { "Reason" } th { "Queue" } th { "Kind" } th { "Age" } } }
+            tbody { @for r in shown { (row(r, deciding.contains(&r.namespace().unwrap_or_default()))) } }
+        }
+        nav.pages {
+            @if page > 1 { a href=(format!("/records?{}", f.query(page - 1))) { "← newer" } }
+            @if page < pages { a #next href=(format!("/records?{}", f.query(page + 1))) { "older →" } }
+        }
+        @if !deciding.is_empty() {
+            button #review type="submit" { "Review selection…" }
+            " "
+            a #replay-link href=(format!("/replay?{}", f.query(1))) { "Replay everything this filter matches (runbook)…" }
+        }
+    }
+}
+
+/// One table row; a decider gets a checkbox holding the snapshot (name + resourceVersion).
+/// `hx-preserve` keeps a ticked box across refreshes until the record changes: the id carries
+/// the resourceVersion, so a changed record comes back unticked.
+fn row(r: &DeadLetter, deciding: bool) -> Markup {
+    let snap = Snapshot::of(r);
+    let s = &r.spec;
+    let age = r
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or("-".into(), |t| {
+            human_age(jiff::Timestamp::now().duration_since(t.0).as_secs())
+        });
+    html! {
+        tr data-name=(snap.name) {
+            td { @if deciding && r.phase() == Phase::Parked {
+                input type="checkbox" name="sel" value=(snap.encode()) hx-preserve="true"
+                    id=(format!("sel-{}-{}-{}", snap.namespace, snap.name, snap.version));
+            } }
+            td { a href=(format!("/r/{}/{}", snap.namespace, snap.name)) { (s.job.id) } }
+            td.num { (s.deliveries) }
+            td class=(format!("phase {}", r.phase().as_str().to_lowercase())) { (r.phase().as_str()) }
+            td { (s.intent.as_ref().map_or("-", |i| i.state.as_str())) }
+            td { (s.by.as_deref().unwrap_or("-")) }
+            td.reason { (s.reason) }
+            td { (s.queue) }
+            td { (s.failure_kind.label()) }
+            td { (age) }
+        }
+    }
+}
+
+/// `/r/{ns}/{name}`: one record in full, its other cycles, Events, and the decision form.
+pub async fn record(
+    State(ui): State<Arc<Ui>>,
+    Path((ns, name)): Path<(String, String)>,
+) -> Response {
+    let api: Api<DeadLetter> = Api::namespaced(ui.client.clone(), &ns);
+    let r = match api.get(&name).await {
+        Ok(r) => r,
+        Err(kube::Error::Api(s)) => {
+            return failure(
+                &ui,
+                StatusCode::from_u16(s.code).unwrap_or(StatusCode::BAD_GATEWAY),
+                &s.message,
+            );
+        }
+        Err(e) => return failure(&ui, StatusCode::BAD_GATEWAY, &e.to_string()),
+    };
+    let cycles = lookup::cycles(&ui.client, &ns, &r.spec.job.id)
+        .await
+        .unwrap_or_default();
+    let events = recent_events(&ui.client, &ns, &name).await;
+    let decide = r.phase() == Phase::Parked && can_decide(&ui, &ns).await;
+    let body = html! {
+        h1 { "Job " (r.spec.job.id) }
+        (facts(&r))
+        @if decide { (super::act::decision_form(&ui, &[Snapshot::of(&r)])) }
+        h2 { "Payload" }
+        (payload(&r))
+        h2 { "Headers" }
+        table #headers { @for (k, v) in &r.spec.job.headers { tr { th { (k) } td { (v) } } } }
+        h2 { "Every cycle of this job" }
+        table #cycles { @for c in &cycles { tr {
+            td { a href=(format!("/r/{}/{}", ns, c.name_any())) { "cycle " (c.spec.cycle) } }
+            td { (c.phase().as_str()) } td { (c.spec.failed_at.0) } td { (c.spec.reason) } } } }
+        h2 { "Conditions" }
+        table #conditions { @for c in r.status.iter().flat_map(|s| &s.conditions) { tr {
+            td { (c.type_) } td { (c.status) } td { (c.reason) } td { (c.message) } td { (c.last_transition_time.0) } } } }
+        h2 { "Events" }
+        @match &events {
+            Ok(evs) => { ol #events { @for e in evs { li {
+                (e.metadata.creation_timestamp.as_ref().map(|t| t.0.to_string()).unwrap_or_default()) " "
+                b { (e.type_.as_deref().unwrap_or_default()) " " (e.reason.as_deref().unwrap_or_default()) } " "
+                (e.note.as_deref().unwrap_or_default()) } } } }
+            Err(e) => { p.error { "Events: " (e) } }
+        }
+    };
+    layout(&ui, &r.spec.job.id, body)
+}
+
+/// The record's facts as a definition list.
+fn facts(r: &DeadLetter) -> Markup {
+    let s = &r.spec;
+    let st = r.status.as_ref();
+    html! {
+        dl #facts {
+            dt { "Record" } dd { (r.name_any()) " (resourceVersion " (r.resource_version().unwrap_or_default()) ")" }
+            dt { "Queue" } dd { (s.queue) }
+            dt { "Phase" } dd #phase { (r.phase().as_str()) }
+            dt { "Cycle" } dd { (s.cycle) }
+            dt { "Failure kind" } dd { (s.failure_kind.label()) }
+            dt { "Deliveries" } dd { (s.deliveries) }
+            dt { "Reason" } dd #reason { (s.reason) }
+            dt { "Failed at" } dd { (s.failed_at.0) }
+            dt { "Service version" } dd { (s.service_version.as_deref().unwrap_or("-")) }
+            dt { "Intent when parked" } dd { (s.intent.as_ref().map_or("-".into(), |i| format!("{} was {}", i.id, i.state))) }
+            dt { "Decision" } dd #decision { (match (&s.action, &s.by) {
+                (Some(a), Some(by)) => format!("{a:?} by {by}").to_lowercase(), _ => "none yet".into() }) }
+            dt { "Note" } dd { (s.note.as_deref().unwrap_or("-")) }
+            dt { "Resolved" } dd { (st.and_then(|s| s.resolved_by.clone().zip(s.resolved_at.clone()))
+                .map_or("-".into(), |(by, at)| format!("by {by} at {}", at.0))) }
+        }
+    }
+}
+
+/// The payload as it reads best; always as text, never as markup.
+fn payload(r: &DeadLetter) -> Markup {
+    let (kind, text) = match view::payload(&r.spec.job) {
+        Payload::Json(t) => ("JSON", t),
+        Payload::Text(t) => ("text", t),
+        Payload::Hex(t) => ("binary, hex", t),
+    };
+    html! { p.muted { (kind) } pre #payload { (text) } }
+}

@@ -1,0 +1,265 @@
+//! The pure parts of the pages: filters from the query string, how a payload is shown, counts
+//! per queue. Unit-tested without a server.
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use kube::ResourceExt;
+
+use dlq_core::api::{DeadLetter, Job, Phase};
+
+use crate::runbook::{Selector, parse_time};
+
+/// Records per page.
+pub const PAGE: usize = 50;
+
+/// A query string or form body as its pairs, repeated keys kept (a selection is `sel=…&sel=…`).
+pub fn pairs(raw: Option<&str>) -> Vec<(String, String)> {
+    form_urlencoded::parse(raw.unwrap_or_default().as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect()
+}
+
+/// The first value of `key`, trimmed; empty counts as absent.
+pub fn value<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    pairs
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.trim())
+        .filter(|v| !v.is_empty())
+}
+
+/// The records page's filters, as typed (so the form shows them back).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Filter {
+    pub queue: String,
+    pub kind: String,
+    /// `Parked` unless the query says otherwise; empty means any phase.
+    pub phase: String,
+    pub reason: String,
+    pub version: String,
+    pub since: String,
+    pub until: String,
+    pub page: usize,
+}
+
+impl Filter {
+    pub fn from_pairs(p: &[(String, String)]) -> Self {
+        let text = |k: &str| value(p, k).unwrap_or_default().to_string();
+        let phase = match p.iter().find(|(k, _)| k == "phase") {
+            Some((_, v)) => v.trim().to_string(),
+            None => Phase::Parked.as_str().to_string(),
+        };
+        Filter {
+            queue: text("queue"),
+            kind: text("kind"),
+            phase,
+            reason: text("reason"),
+            version: text("version"),
+            since: text("since"),
+            until: text("until"),
+            page: value(p, "page")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1)
+                .max(1),
+        }
+    }
+
+    /// The runbook's selector for the same facts; a time that does not parse is an error to
+    /// show, never a silently wider selection.
+    pub fn selector(&self) -> Result<Selector, String> {
+        let opt = |s: &str| (!s.is_empty()).then(|| s.to_string());
+        let time = |s: &str| (!s.is_empty()).then(|| parse_time(s)).transpose();
+        Ok(Selector {
+            queue: opt(&self.queue),
+            failure_kind: opt(&self.kind),
+            reason_contains: opt(&self.reason),
+            since: time(&self.since)?,
+            until: time(&self.until)?,
+            service_version: opt(&self.version),
+        })
+    }
+
+    /// The records that match, newest failure first.
+    pub fn apply(&self, all: &[std::sync::Arc<DeadLetter>]) -> Result<Vec<DeadLetter>, String> {
+        let sel = self.selector()?;
+        let mut out: Vec<DeadLetter> = all
+            .iter()
+            .filter(|r| {
+                self.phase.is_empty() || r.phase().as_str().eq_ignore_ascii_case(&self.phase)
+            })
+            .filter(|r| sel.matches_facts(r))
+            .map(|r| (**r).clone())
+            .collect();
+        out.sort_by(|a, b| {
+            (b.spec.failed_at.0, b.name_any()).cmp(&(a.spec.failed_at.0, a.name_any()))
+        });
+        Ok(out)
+    }
+
+    /// The query string of this filter at `page`.
+    pub fn query(&self, page: usize) -> String {
+        form_urlencoded::Serializer::new(String::new())
+            .append_pair("queue", &self.queue)
+            .append_pair("kind", &self.kind)
+            .append_pair("phase", &self.phase)
+            .append_pair("reason", &self.reason)
+            .append_pair("version", &self.version)
+            .append_pair("since", &self.since)
+            .append_pair("until", &self.until)
+            .append_pair("page", &page.to_string())
+            .finish()
+    }
+}
+
+/// How a payload reads best.
+#[derive(Debug, PartialEq)]
+pub enum Payload {
+    Json(String),
+    Text(String),
+    Hex(String),
+}
+
+/// Pretty JSON when it parses, UTF-8 text otherwise, else a hex dump (16 bytes a line).
+pub fn payload(job: &Job) -> Payload {
+    let bytes = job.payload_bytes().unwrap_or_default();
+    match std::str::from_utf8(&bytes) {
+        Ok(text) => match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(v) if v.is_object() || v.is_array() => {
+                Payload::Json(serde_json::to_string_pretty(&v).unwrap_or_else(|_| text.into()))
+            }
+            _ => Payload::Text(text.to_string()),
+        },
+        Err(_) => Payload::Hex(
+            bytes
+                .chunks(16)
+                .enumerate()
+                .map(|(i, c)| format!("{:08x}  {}", i * 16, hex_bytes(c)))
+                .collect::<Vec<_>>()
+                .join("\n"),
+        ),
+    }
+}
+
+fn hex_bytes(c: &[u8]) -> String {
+    c.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// One queue's line on the queues page.
+#[derive(Debug, Default, PartialEq)]
+pub struct Tally {
+    pub parked_transient: u64,
+    pub parked_invalid: u64,
+    pub redriven: u64,
+    pub dropped: u64,
+    pub oldest_parked: Option<Timestamp>,
+    pub parked_last_hour: u64,
+}
+
+/// Counts per (namespace, queue), from the watched records.
+pub fn tallies(
+    all: &[std::sync::Arc<DeadLetter>],
+    now: Timestamp,
+) -> BTreeMap<(String, String), Tally> {
+    let mut by: BTreeMap<(String, String), Tally> = BTreeMap::new();
+    let hour_ago = now
+        .checked_sub(jiff::SignedDuration::from_hours(1))
+        .unwrap_or(now);
+    for r in all {
+        let t = by
+            .entry((r.namespace().unwrap_or_default(), r.spec.queue.clone()))
+            .or_default();
+        let created = r.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        if created.is_some_and(|c| c >= hour_ago) {
+            t.parked_last_hour += 1;
+        }
+        match r.phase() {
+            Phase::Parked => {
+                match r.spec.failure_kind {
+                    dlq_core::api::FailureKind::Transient => t.parked_transient += 1,
+                    dlq_core::api::FailureKind::Invalid => t.parked_invalid += 1,
+                }
+                if let Some(c) = created {
+                    t.oldest_parked = Some(t.oldest_parked.map_or(c, |o| o.min(c)));
+                }
+            }
+            Phase::Redriven => t.redriven += 1,
+            Phase::Dropped => t.dropped += 1,
+        }
+    }
+    by
+}
+
+/// A selected record as the page saw it: `namespace/name/resourceVersion`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    pub namespace: String,
+    pub name: String,
+    pub version: String,
+}
+
+impl Snapshot {
+    pub fn of(r: &DeadLetter) -> Self {
+        Snapshot {
+            namespace: r.namespace().unwrap_or_default(),
+            name: r.name_any(),
+            version: r.resource_version().unwrap_or_default(),
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        let mut it = s.splitn(3, '/');
+        let (namespace, name, version) = (it.next()?, it.next()?, it.next()?);
+        (!namespace.is_empty() && !name.is_empty() && !version.is_empty()).then(|| Snapshot {
+            namespace: namespace.into(),
+            name: name.into(),
+            version: version.into(),
+        })
+    }
+
+    pub fn encode(&self) -> String {
+        format!("{}/{}/{}", self.namespace, self.name, self.version)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_read_as_json_text_or_hex() {
+        let json = Job::from_bytes("a", br#"{"b":1}"#);
+        assert_eq!(payload(&json), Payload::Json("{\n  \"b\": 1\n}".into()));
+        let text = Job::from_bytes("a", b"<script>alert(1)</script>");
+        assert_eq!(
+            payload(&text),
+            Payload::Text("<script>alert(1)</script>".into())
+        );
+        let bin = Job::from_bytes("a", &[0xff, 0x00, 0x41]);
+        assert_eq!(payload(&bin), Payload::Hex("00000000  ff 00 41".into()));
+    }
+
+    #[test]
+    fn filters_default_to_parked_and_round_trip() {
+        let f = Filter::from_pairs(&pairs(Some("queue=relayer&reason=time+out&page=2")));
+        assert_eq!(f.phase, "Parked");
+        assert_eq!(f.reason, "time out");
+        assert_eq!(f.page, 2);
+        assert_eq!(Filter::from_pairs(&pairs(Some(&f.query(2)))), f);
+        let any = Filter::from_pairs(&pairs(Some("phase=")));
+        assert_eq!(any.phase, "");
+        let bad = Filter::from_pairs(&pairs(Some("since=yesterday")));
+        assert!(bad.selector().is_err());
+    }
+
+    #[test]
+    fn snapshots_round_trip() {
+        let s = Snapshot::parse("payments/pi-1-abc-1/42").unwrap();
+        assert_eq!(s.version, "42");
+        assert_eq!(Snapshot::parse(&s.encode()), Some(s));
+        assert_eq!(Snapshot::parse("a/b"), None);
+    }
+}

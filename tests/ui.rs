@@ -1,0 +1,561 @@
+//! `kubectl dlq ui` in a real browser (Debian's headless Chromium over WebDriver) against the
+//! real apiserver, operator and redis-server, acting as an impersonated user.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+
+use dlq_client::park::{ParkRequest, park};
+use dlq_core::api::{Action, DeadLetter, FailureKind, IntentSnapshot, Job, Phase};
+use dlq_testenv::brokers::Redis;
+use dlq_testenv::browser::{Browser, Locator};
+use dlq_testenv::{Operator, create_queue, decide, eventually, list_target, setup, wait_phase};
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+/// The chart's user roles (templates/rbac-users.yaml), bound in one namespace.
+fn grant(ns: &str, user: &str, role: &str) {
+    let rules = match role {
+        "decider" => {
+            "- apiGroups: [dlq.dev]\n  resources: [deadletters]\n  verbs: [get, list, watch, patch, update]\n- apiGroups: [dlq.dev]\n  resources: [deadletterqueues]\n  verbs: [get, list, watch]\n"
+        }
+        _ => {
+            "- apiGroups: [dlq.dev]\n  resources: [deadletters, deadletterqueues]\n  verbs: [get, list, watch]\n"
+        }
+    };
+    let rbac = format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: dlq-{role}, namespace: {ns}}}\nrules:\n{rules}---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: {user}, namespace: {ns}}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: dlq-{role}}}\nsubjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: {user}}}]\n"
+    );
+    let mut apply = dlq_testenv::plane().kubectl();
+    apply
+        .args(["apply", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null());
+    let mut child = apply.spawn().unwrap();
+    child
+        .stdin
+        .as_mut()
+        .unwrap()
+        .write_all(rbac.as_bytes())
+        .unwrap();
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+}
+
+/// Waits until `user` can list records in `ns` (RBAC takes a moment to apply).
+async fn wait_for_role(ns: &str, user: &str) {
+    let client = dlq_testenv::plane().client_as(user, &[]).await;
+    let api: Api<DeadLetter> = Api::namespaced(client, ns);
+    eventually(15, "the role to take effect", || async {
+        api.list(&ListParams::default()).await.ok().map(|_| ())
+    })
+    .await;
+}
+
+async fn park_one(
+    client: &Client,
+    ns: &str,
+    id: &str,
+    reason: &str,
+    payload: &str,
+    kind: FailureKind,
+) -> String {
+    let mut r = ParkRequest::new(
+        "relayer",
+        Job {
+            id: id.into(),
+            payload: Some(payload.into()),
+            // A Redis list target cannot carry headers (redrive would refuse), so only the
+            // record that is never redriven has one, for the headers table.
+            headers: if kind == FailureKind::Invalid {
+                [("x-trace".to_string(), "abc".to_string())].into()
+            } else {
+                Default::default()
+            },
+            ..Job::default()
+        },
+    );
+    r.failure_kind = kind;
+    r.reason = reason.into();
+    r.deliveries = 3;
+    r.service_version = Some("relayer@1.4.2".into());
+    r.intent = Some(IntentSnapshot {
+        id: id.split('/').next().unwrap().into(),
+        state: "created".into(),
+    });
+    park(client.clone(), ns, r)
+        .await
+        .unwrap()
+        .record()
+        .name_any()
+}
+
+/// The plugin serving the page as `user`; killed on drop.
+struct Page {
+    child: Child,
+    url: String,
+}
+
+impl Page {
+    fn start(ns: &str, user: &str) -> Page {
+        let plane = dlq_testenv::plane();
+        let mut child = Command::new(dlq_testenv::bin("kubectl-dlq"))
+            .args([
+                "--kubeconfig",
+                plane.kubeconfig.to_str().unwrap(),
+                "-n",
+                ns,
+                "--as",
+                user,
+                "ui",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        out.read_line(&mut line).unwrap();
+        // Keep reading so the plugin's later lines never meet a closed pipe.
+        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+        let url = line
+            .split_whitespace()
+            .last()
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            url.starts_with("http://127.0.0.1:") && url.contains("/?token="),
+            "{line}"
+        );
+        Page { child, url }
+    }
+
+    fn base(&self) -> String {
+        self.url.split("/?").next().unwrap().to_string()
+    }
+
+    /// A raw HTTP/1.1 request with exactly these headers; returns the status line.
+    fn raw(&self, request: &str) -> String {
+        let authority = self.base().trim_start_matches("http://").to_string();
+        let mut s = TcpStream::connect(&authority).unwrap();
+        s.write_all(request.replace("{host}", &authority).as_bytes())
+            .unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out.lines().next().unwrap_or_default().to_string()
+    }
+}
+
+impl Drop for Page {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn sel_box(name: &str) -> String {
+    format!("tr[data-name=\"{name}\"] input[name=sel]")
+}
+
+/// Five timeouts (payloads JSON) and one invalid record whose payload and reason are markup.
+async fn park_decider_records(client: &Client, ns: &str) -> (Vec<String>, String) {
+    let mut names = Vec::new();
+    for i in 1..=5 {
+        let id = format!("pi_000{i}/settle");
+        let payload = format!("{{\"intent\":\"pi_000{i}\",\"ref\":\"settle\"}}");
+        let reason = "timeout talking to the payer";
+        names.push(park_one(client, ns, &id, reason, &payload, FailureKind::Transient).await);
+    }
+    let evil = "<script>window.__xss=1</script><img src=x onerror=\"window.__xss=2\">";
+    let reason = format!("bad json {evil}");
+    let xss = park_one(client, ns, "evil/1", &reason, evil, FailureKind::Invalid).await;
+    (names, xss)
+}
+
+#[tokio::test]
+async fn decider_filters_opens_and_redrives_a_selection_as_themselves() {
+    let (client, ns) = setup("ui-decide").await;
+    let redis = Redis::start();
+    create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
+    let _op = Operator::start(&ns);
+    let (names, xss) = park_decider_records(&client, &ns).await;
+    grant(&ns, "alice", "decider");
+    wait_for_role(&ns, "alice").await;
+    let page = Page::start(&ns, "alice");
+    let b = Browser::start("ui-decide").await;
+
+    // The token URL trades the token for a cookie; the header says who acts.
+    b.client.goto(&page.url).await.unwrap();
+    assert_eq!(b.text("#user").await, "alice");
+    assert!(b.text("#queues").await.contains("relayer"));
+    b.screenshot("queues").await;
+
+    filter_and_follow_live(&b, &page, &client, &ns, &xss).await;
+    records_read_as_text(&b, &page, &ns, &xss, &names[0]).await;
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    redrive_a_selection_of_three(&b, &page, &api, &names[..3]).await;
+    assert_eq!(redis.list(dlq_testenv::LIST).await.len(), 3);
+    a_stale_selection_is_refused(&b, &page, &api, &names[3], &names[4]).await;
+    b.stop().await;
+}
+
+/// Filter by reason text: the five timeouts, not the invalid one; a new parking shows up live.
+async fn filter_and_follow_live(b: &Browser, page: &Page, client: &Client, ns: &str, xss: &str) {
+    b.client
+        .goto(&format!("{}/records", page.base()))
+        .await
+        .unwrap();
+    let reason = b
+        .client
+        .find(Locator::Css("input[name=reason]"))
+        .await
+        .unwrap();
+    reason.send_keys("timeout").await.unwrap();
+    b.click("#apply").await;
+    eventually(10, "the filtered list", || async {
+        b.text("#count")
+            .await
+            .starts_with("5 records match")
+            .then_some(())
+    })
+    .await;
+    assert_eq!(b.count(&format!("tr[data-name=\"{xss}\"]")).await, 0);
+    let late = park_one(
+        client,
+        ns,
+        "pi_0009/settle",
+        "timeout again",
+        "{}",
+        FailureKind::Transient,
+    )
+    .await;
+    b.client
+        .wait()
+        .at_most(std::time::Duration::from_secs(10))
+        .for_element(Locator::Css(&format!("tr[data-name=\"{late}\"]")))
+        .await
+        .expect("the new parking shows up without a reload");
+    b.screenshot("records").await;
+}
+
+/// One record: markup in a payload or reason is inert text; JSON is pretty-printed.
+async fn records_read_as_text(b: &Browser, page: &Page, ns: &str, xss: &str, json_record: &str) {
+    b.client
+        .goto(&format!("{}/r/{ns}/{xss}", page.base()))
+        .await
+        .unwrap();
+    let payload = b.text("#payload").await;
+    assert!(
+        payload.contains("<script>window.__xss=1</script>"),
+        "{payload}"
+    );
+    assert!(b.text("#reason").await.contains("<img src=x"));
+    assert_eq!(
+        b.count("#payload script, #reason script, #reason img")
+            .await,
+        0
+    );
+    let ran = b
+        .client
+        .execute("return window.__xss !== undefined", vec![])
+        .await
+        .unwrap();
+    assert_eq!(ran, json!(false), "an escaped payload must not run");
+    assert!(b.text("#headers").await.contains("x-trace"));
+    b.client
+        .goto(&format!("{}/r/{ns}/{json_record}", page.base()))
+        .await
+        .unwrap();
+    assert!(b.text("#payload").await.contains("\"intent\": \"pi_0001\""));
+    assert_eq!(b.count("#redrive").await, 1);
+    b.screenshot("record").await;
+}
+
+/// Three ticked (a tick survives the list's live refresh), reviewed, redriven: each signed by
+/// the user and carried out by the operator.
+async fn redrive_a_selection_of_three(
+    b: &Browser,
+    page: &Page,
+    api: &Api<DeadLetter>,
+    names: &[String],
+) {
+    b.client
+        .goto(&format!("{}/records?reason=timeout+talking", page.base()))
+        .await
+        .unwrap();
+    b.click(&sel_box(&names[0])).await;
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    for n in &names[1..] {
+        b.click(&sel_box(n)).await;
+    }
+    b.click("#review").await;
+    b.text("#selected").await;
+    assert_eq!(
+        b.count("#selected tbody tr").await,
+        3,
+        "the first tick outlived a refresh"
+    );
+    let note = b.client.find(Locator::Css("#note")).await.unwrap();
+    note.send_keys("payer re-signed, INC-1234").await.unwrap();
+    b.screenshot("review").await;
+    b.click("#redrive").await;
+    b.text("#outcomes").await;
+    let h1 = b.text("h1").await;
+    assert!(h1.contains("3 of 3 signed by alice"), "{h1}");
+    for n in names {
+        let r = wait_phase(api, n, Phase::Redriven, 30).await;
+        assert_eq!(r.spec.by.as_deref(), Some("alice"));
+        assert_eq!(r.spec.note.as_deref(), Some("payer re-signed, INC-1234"));
+        assert_eq!(r.status.unwrap().resolved_by.as_deref(), Some("alice"));
+    }
+}
+
+/// One record changes after it was ticked: it is refused in the apiserver's words, the other
+/// is signed.
+async fn a_stale_selection_is_refused(
+    b: &Browser,
+    page: &Page,
+    api: &Api<DeadLetter>,
+    stale: &str,
+    fresh: &str,
+) {
+    b.client
+        .goto(&format!("{}/records?reason=timeout+talking", page.base()))
+        .await
+        .unwrap();
+    b.click(&sel_box(stale)).await;
+    b.click(&sel_box(fresh)).await;
+    b.click("#review").await;
+    b.text("#selected").await;
+    decide(api, stale, Action::Drop, "bob").await;
+    b.click("#redrive").await;
+    b.text("#outcomes").await;
+    let outcome = b.text("main").await;
+    assert!(outcome.contains("1 of 2 signed by alice"), "{outcome}");
+    assert!(
+        outcome.contains("the object has been modified"),
+        "{outcome}"
+    );
+    b.screenshot("stale-selection").await;
+    let r = wait_phase(api, stale, Phase::Dropped, 30).await;
+    assert_eq!(
+        r.spec.by.as_deref(),
+        Some("bob"),
+        "the stale record keeps the other decision"
+    );
+    wait_phase(api, fresh, Phase::Redriven, 30).await;
+}
+
+#[tokio::test]
+async fn viewer_sees_no_buttons_and_a_forged_post_is_refused() {
+    let (client, ns) = setup("ui-view").await;
+    create_queue(
+        &client,
+        &ns,
+        "redis://127.0.0.1:1/",
+        list_target(),
+        json!({}),
+    )
+    .await;
+    let name = park_one(
+        &client,
+        &ns,
+        "pi_0001/settle",
+        "timeout",
+        "{}",
+        FailureKind::Transient,
+    )
+    .await;
+    grant(&ns, "bob", "viewer");
+    wait_for_role(&ns, "bob").await;
+    let page = Page::start(&ns, "bob");
+
+    // Without the token, or under another Host name, nothing is served.
+    let no_token = page.raw("GET /records HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    assert!(no_token.contains("401"), "{no_token}");
+    let rebound =
+        page.raw("GET /records HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n");
+    assert!(rebound.contains("403"), "{rebound}");
+
+    let b = Browser::start("ui-view").await;
+    b.client.goto(&page.url).await.unwrap();
+    assert_eq!(b.text("#user").await, "bob");
+    b.client
+        .goto(&format!("{}/records", page.base()))
+        .await
+        .unwrap();
+    assert!(b.text("#count").await.starts_with("1 records match"));
+    assert_eq!(
+        b.count("input[name=sel]").await,
+        0,
+        "no selection boxes for a viewer"
+    );
+    assert_eq!(b.count("#review, #replay-link").await, 0);
+    b.client
+        .goto(&format!("{}/r/{ns}/{name}", page.base()))
+        .await
+        .unwrap();
+    assert_eq!(
+        b.count("#redrive, #drop").await,
+        0,
+        "no decision buttons for a viewer"
+    );
+
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    forged_posts_are_refused(&b, &api, &ns, &name).await;
+    let r = api.get(&name).await.unwrap();
+    assert_eq!(r.phase(), Phase::Parked);
+    assert_eq!(r.spec.by, None);
+    b.stop().await;
+    ctrl_c_stops(page).await;
+}
+
+/// A forged POST from the page's own origin: without the CSRF token, refused by the page; with
+/// it, refused by the apiserver (a viewer may not patch). 403 either way.
+async fn forged_posts_are_refused(b: &Browser, api: &Api<DeadLetter>, ns: &str, name: &str) {
+    let forge = r#"
+        const [csrf, sel, done] = arguments;
+        const body = new URLSearchParams({action: 'redrive', sel: sel});
+        if (csrf) body.append('csrf', csrf);
+        fetch('/decide', {method: 'POST', body})
+            .then(r => r.text().then(t => done([r.status, t])), e => done([0, String(e)]));
+    "#;
+    let rv = api.get(name).await.unwrap().resource_version().unwrap();
+    let sel = json!(format!("{ns}/{name}/{rv}"));
+    let without = b
+        .client
+        .execute_async(forge, vec![json!(null), sel.clone()])
+        .await
+        .unwrap();
+    assert_eq!(without[0], json!(403));
+    assert!(without[1].as_str().unwrap().contains("CSRF"), "{without}");
+    let meta = b
+        .client
+        .find(Locator::Css("meta[name=csrf-token]"))
+        .await
+        .unwrap();
+    let csrf = meta.attr("content").await.unwrap().unwrap();
+    let with = b
+        .client
+        .execute_async(forge, vec![json!(csrf), sel])
+        .await
+        .unwrap();
+    assert_eq!(with[0], json!(403), "{with}");
+    let words = with[1].as_str().unwrap();
+    assert!(
+        words.contains("forbidden") && words.contains("bob"),
+        "the apiserver's words: {words}"
+    );
+}
+
+/// Ctrl-C (SIGINT) stops the page cleanly.
+async fn ctrl_c_stops(mut page: Page) {
+    let pid = page.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = eventually(10, "the page to stop on Ctrl-C", || {
+        let exited = page.child.try_wait().unwrap();
+        async move { exited }
+    })
+    .await;
+    assert!(status.success(), "{status}");
+}
+
+#[tokio::test]
+async fn replay_from_the_page_dry_runs_stops_then_redrives_through_the_runbook() {
+    let (client, ns) = setup("ui-replay").await;
+    let redis = Redis::start();
+    create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
+    let _op = Operator::start(&ns);
+    for i in 1..=6 {
+        let id = format!("pi_010{i}/settle");
+        park_one(&client, &ns, &id, "replay me", "{}", FailureKind::Transient).await;
+    }
+    park_one(
+        &client,
+        &ns,
+        "other/1",
+        "leave me",
+        "{}",
+        FailureKind::Transient,
+    )
+    .await;
+    grant(&ns, "alice", "decider");
+    wait_for_role(&ns, "alice").await;
+    let page = Page::start(&ns, "alice");
+    let b = Browser::start("ui-replay").await;
+    b.client.goto(&page.url).await.unwrap();
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+
+    // Slowly, then Stop: deciding ends, and nothing is left signed but not carried out.
+    let summary = replay(&b, &page, "1/s", Some("1/6 decided")).await;
+    assert!(summary.contains("stopped by alice"), "{summary}");
+    let parked: Vec<DeadLetter> = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|r| r.phase() == Phase::Parked && r.spec.reason == "replay me")
+        .collect();
+    assert!(
+        parked.len() >= 3,
+        "Stop left the rest parked: {}",
+        parked.len()
+    );
+    assert!(
+        parked.iter().all(|r| r.spec.action.is_none()),
+        "undone decisions are withdrawn"
+    );
+
+    // Then the rest, to completion: each signed by alice, the other filter's record untouched.
+    let summary = replay(&b, &page, "20/s", None).await;
+    assert!(summary.contains("completed"), "{summary}");
+    b.screenshot("replay").await;
+    for r in api.list(&ListParams::default()).await.unwrap().items {
+        if r.spec.reason == "replay me" {
+            let r = wait_phase(&api, &r.name_any(), Phase::Redriven, 10).await;
+            assert_eq!(r.spec.by.as_deref(), Some("alice"));
+        } else {
+            assert_eq!(r.phase(), Phase::Parked, "outside the filter");
+        }
+    }
+    b.stop().await;
+}
+
+/// Runs a replay of the "replay me" records from the records page at `rate`; with `stop_at`,
+/// presses Stop once the progress shows it. Returns the progress text with the summary.
+async fn replay(b: &Browser, page: &Page, rate: &str, stop_at: Option<&str>) -> String {
+    b.client
+        .goto(&format!(
+            "{}/records?queue=relayer&reason=replay+me",
+            page.base()
+        ))
+        .await
+        .unwrap();
+    b.click("#replay-link").await;
+    let count = b.text("#dry-count").await;
+    assert!(count.contains("parked records match"), "{count}");
+    let input = b.client.find(Locator::Css("#rate")).await.unwrap();
+    input.clear().await.unwrap();
+    input.send_keys(rate).await.unwrap();
+    b.click("#start").await;
+    if let Some(at) = stop_at {
+        eventually(20, "progress", || async {
+            b.text("#progress").await.contains(at).then_some(())
+        })
+        .await;
+        b.click("#stop").await;
+    }
+    eventually(60, "the replay to end", || async {
+        let t = b.text("#progress").await;
+        t.contains("replay queue=").then_some(t)
+    })
+    .await
+}
