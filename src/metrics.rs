@@ -41,6 +41,12 @@ pub struct ResultLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AlertResultLabels {
+    /// success | failure
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
     pub kind: String,
 }
@@ -54,6 +60,7 @@ pub struct Metrics {
     pub oldest_parked_age: Family<QueueLabels, Gauge>,
     pub requeue_duration: Histogram,
     pub reconcile_errors: Family<ErrorLabels, Counter>,
+    pub alerts_sent: Family<AlertResultLabels, Counter>,
     pub registry: Arc<Registry>,
 }
 
@@ -98,6 +105,12 @@ impl Default for Metrics {
             "Reconcile errors by kind",
             reconcile_errors.clone(),
         );
+        let alerts_sent = Family::<AlertResultLabels, Counter>::default();
+        registry.register(
+            "dlq_alerts_sent",
+            "Per-record alerts posted to Alertmanager, by result (success, failure)",
+            alerts_sent.clone(),
+        );
         Metrics {
             parked,
             records,
@@ -106,6 +119,7 @@ impl Default for Metrics {
             oldest_parked_age,
             requeue_duration,
             reconcile_errors,
+            alerts_sent,
             registry: Arc::new(registry),
         }
     }
@@ -117,6 +131,15 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+
+    /// Counts `n` alerts posted to an Alertmanager with `result` (success | failure).
+    pub fn alert_sent(&self, result: &str, n: u64) {
+        self.alerts_sent
+            .get_or_create(&AlertResultLabels {
+                result: result.into(),
+            })
+            .inc_by(n);
     }
 
     /// Carries out one metric change of a plan.

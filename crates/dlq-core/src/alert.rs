@@ -164,7 +164,11 @@ fn requeue_failure(record: &DeadLetter) -> Option<&str> {
 }
 
 /// The identifying labels shared by both alerts of a record.
-fn labels(record: &DeadLetter, settings: &AlertSettings, alertname: &str) -> BTreeMap<String, String> {
+fn labels(
+    record: &DeadLetter,
+    settings: &AlertSettings,
+    alertname: &str,
+) -> BTreeMap<String, String> {
     let mut l: BTreeMap<String, String> = settings
         .labels
         .iter()
@@ -174,9 +178,15 @@ fn labels(record: &DeadLetter, settings: &AlertSettings, alertname: &str) -> BTr
     let spec = &record.spec;
     let mut set = |k: &str, v: &str| l.insert(k.to_string(), v.to_string());
     set("alertname", alertname);
-    set("namespace", record.metadata.namespace.as_deref().unwrap_or_default());
+    set(
+        "namespace",
+        record.metadata.namespace.as_deref().unwrap_or_default(),
+    );
     set("queue", &spec.queue);
-    set("deadletter", record.metadata.name.as_deref().unwrap_or_default());
+    set(
+        "deadletter",
+        record.metadata.name.as_deref().unwrap_or_default(),
+    );
     set("job", &spec.job.id);
     set("failure_kind", spec.failure_kind.label());
     set("severity", settings.severity(spec.failure_kind));
@@ -195,7 +205,12 @@ fn parked_at(record: &DeadLetter) -> Timestamp {
         .unwrap_or_default()
 }
 
-fn annotations(record: &DeadLetter, links: &Links, alertname: &str, summary: String) -> BTreeMap<String, String> {
+fn annotations(
+    record: &DeadLetter,
+    links: &Links,
+    alertname: &str,
+    summary: String,
+) -> BTreeMap<String, String> {
     let spec = &record.spec;
     let ns = record.metadata.namespace.as_deref().unwrap_or_default();
     let intent = spec
@@ -408,7 +423,10 @@ mod tests {
             observed_generation: None,
         });
         let alerts = current(&dl, None, &links());
-        let names: Vec<_> = alerts.iter().map(|a| a.labels["alertname"].clone()).collect();
+        let names: Vec<_> = alerts
+            .iter()
+            .map(|a| a.labels["alertname"].clone())
+            .collect();
         assert_eq!(names, vec![PARKED, REQUEUE_FAILING]);
         assert!(alerts[1].annotations["summary"].contains("connection refused"));
         dl.status.as_mut().unwrap().conditions[0].status = "True".into();
@@ -430,6 +448,9 @@ mod tests {
 
     #[test]
     fn the_show_command_is_quoted_for_a_shell() {
-        assert_eq!(show_command("ns", "a b'c"), r"kubectl dlq show -n ns 'a b'\''c'");
+        assert_eq!(
+            show_command("ns", "a b'c"),
+            r"kubectl dlq show -n ns 'a b'\''c'"
+        );
     }
 }

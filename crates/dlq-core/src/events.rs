@@ -16,6 +16,8 @@ pub mod reason {
     pub const DECISION_REFUSED: &str = "DecisionRefused";
     pub const REPLAY: &str = "Replay";
     pub const REPLAY_STOPPED: &str = "ReplayStopped";
+    /// Alertmanager has not accepted the per-record alerts for a while.
+    pub const ALERTS_UNDELIVERABLE: &str = "AlertsUndeliverable";
 }
 
 /// Event actions (what the reporter was doing).
@@ -24,6 +26,7 @@ pub mod action {
     pub const RESOLVE: &str = "Resolve";
     pub const REDRIVE: &str = "Redrive";
     pub const REPLAY: &str = "Replay";
+    pub const ALERT: &str = "Alert";
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
