@@ -345,3 +345,41 @@ async fn bad_alert_settings_are_refused_by_the_apiserver() {
         assert!(err.to_string().contains(want), "{err}");
     }
 }
+
+#[tokio::test]
+async fn a_failing_requeue_alerts_until_it_succeeds() {
+    let (client, ns) = setup("alerts-requeue").await;
+    let mut redis = Redis::start();
+    let am = Alertmanager::start();
+    create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
+    let _op = start_operator(&ns, &operator_args(&am, "4m"));
+    let dl = park(&client, &ns, "relayer", "q/1").await;
+    eventually(20, "the parked alert", || async {
+        firing(&am, "q/1").then_some(())
+    })
+    .await;
+
+    redis.stop();
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    decide(&api, &dl.name_any(), Action::Redrive, "ops").await;
+    let failing = |status: &'static str| {
+        let am = &am;
+        move || async move {
+            am.notifications()
+                .iter()
+                .flat_map(|n| n["alerts"].as_array().cloned().unwrap_or_default())
+                .any(|a| {
+                    a["labels"]["alertname"] == "DeadLetterRequeueFailing" && a["status"] == status
+                })
+                .then_some(())
+        }
+    };
+    eventually(30, "DeadLetterRequeueFailing firing", failing("firing")).await;
+    redis.restart();
+    wait_phase(&api, &dl.name_any(), Phase::Redriven, 30).await;
+    eventually(20, "DeadLetterRequeueFailing resolved", failing("resolved")).await;
+    eventually(20, "DeadLetterParked resolved", || async {
+        resolved(&am, "q/1").then_some(())
+    })
+    .await;
+}
