@@ -128,3 +128,32 @@ impl Alertmanager {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_need_a_scheme_and_no_credentials() {
+        for bad in [
+            "alertmanager:9093",
+            "http://u:p@am:9093",
+            "http://am:9093?x=1",
+            "",
+        ] {
+            assert!(
+                matches!(Alertmanager::new(bad, None, None), Err(AlertError::Url(_))),
+                "{bad}"
+            );
+        }
+        let am = Alertmanager::new("http://am:9093/prefix/", None, None).expect("valid");
+        assert_eq!(am.uri.to_string(), "http://am:9093/prefix/api/v2/alerts");
+        assert_eq!(am.shown, "http://am:9093/prefix");
+    }
+
+    #[test]
+    fn a_ca_file_without_certificates_is_refused() {
+        let err = Alertmanager::new("https://am:9093", None, Some("not a pem")).unwrap_err();
+        assert!(err.to_string().contains("--alertmanager-ca-file"), "{err}");
+    }
+}
