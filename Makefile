@@ -21,6 +21,7 @@ bench:
 	@bash tools/build.sh kube etcd >/dev/null
 	$(CARGO) build --release --workspace --bins
 	RUST_BACKTRACE=0 $(CARGO) bench -p deadletter-operator --bench operator
+	RUST_BACKTRACE=0 $(CARGO) bench -p deadletter-operator --bench alerts
 
 ## every check CI runs: rustfmt, clippy -D warnings, CRDs up to date, dependency rules, all tests
 ## (in-process reconciler tests, then real apiserver + brokers)

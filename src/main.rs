@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
+use deadletter::alert::{Alerting, Alertmanager};
 use deadletter::controller::{self, Settings};
 use deadletter::metrics::Metrics;
 use deadletter::server::{self, Probes};
@@ -27,7 +28,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the controllers, /metrics, /healthz and /readyz.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the CustomResourceDefinitions (YAML).
     Crds,
 }
@@ -71,6 +72,84 @@ struct RunArgs {
     /// Longest wait between requeue attempts while a broker is down, in seconds.
     #[arg(long, default_value_t = 60)]
     backoff_cap_seconds: u64,
+    #[command(flatten)]
+    alerts: AlertArgs,
+}
+
+/// Per-record alerts: on once an Alertmanager URL is given.
+#[derive(clap::Args)]
+struct AlertArgs {
+    /// Alertmanager base URL (repeat or comma-separate for an HA pair); every Parked record
+    /// raises an alert there.
+    #[arg(
+        long = "alertmanager-url",
+        env = "DLQ_ALERTMANAGER_URL",
+        value_delimiter = ','
+    )]
+    alertmanager_urls: Vec<String>,
+    /// PEM CA certificates to trust for https Alertmanager URLs (default: the web roots).
+    #[arg(long, env = "DLQ_ALERTMANAGER_CA_FILE")]
+    alertmanager_ca_file: Option<std::path::PathBuf>,
+    /// File holding a bearer token sent to Alertmanager (mounted from a Secret).
+    #[arg(long, env = "DLQ_ALERTMANAGER_TOKEN_FILE")]
+    alertmanager_token_file: Option<std::path::PathBuf>,
+    /// An alert's endsAt is this far ahead while its record is Parked (resent every quarter);
+    /// if every replica dies, alerts lapse after it.
+    #[arg(long, env = "DLQ_ALERT_LEASE", default_value = "4m")]
+    alert_lease: String,
+    /// A Warning Event on the affected queues once alerts cannot be delivered for this long.
+    #[arg(long, default_value = "5m")]
+    alertmanager_undeliverable_after: String,
+    /// Each alert's runbook_url is this + `#alert-<alertname in lower case>`.
+    #[arg(
+        long,
+        env = "DLQ_ALERT_RUNBOOK_BASE_URL",
+        default_value = "https://github.com/deadletter-operator/deadletter-operator"
+    )]
+    alert_runbook_base_url: String,
+}
+
+/// The alerting configuration, None without an Alertmanager URL.
+fn alerting(args: &AlertArgs) -> anyhow::Result<Option<Arc<Alerting>>> {
+    let urls: Vec<&str> = args
+        .alertmanager_urls
+        .iter()
+        .map(|u| u.trim())
+        .filter(|u| !u.is_empty())
+        .collect();
+    if urls.is_empty() {
+        return Ok(None);
+    }
+    let read = |p: &Option<std::path::PathBuf>, what: &str| {
+        p.as_ref()
+            .map(|p| {
+                std::fs::read_to_string(p)
+                    .with_context(|| format!("reading {what} {}", p.display()))
+            })
+            .transpose()
+    };
+    let ca = read(&args.alertmanager_ca_file, "--alertmanager-ca-file")?;
+    let token = read(&args.alertmanager_token_file, "--alertmanager-token-file")?;
+    let duration = |text: &str, flag: &str| {
+        dlq_core::duration::parse_duration(text)
+            .filter(|d| !d.is_zero())
+            .with_context(|| format!("{flag} {text:?} is not a duration such as 4m"))
+    };
+    let alertmanagers = urls
+        .iter()
+        .map(|u| Alertmanager::new(u, token.as_deref(), ca.as_deref()))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some(Arc::new(Alerting {
+        alertmanagers,
+        lease: duration(&args.alert_lease, "--alert-lease")?,
+        undeliverable_after: duration(
+            &args.alertmanager_undeliverable_after,
+            "--alertmanager-undeliverable-after",
+        )?,
+        links: dlq_core::alert::Links {
+            runbook_base_url: args.alert_runbook_base_url.clone(),
+        },
+    })))
 }
 
 fn init_tracing(format: LogFormat) {
@@ -122,6 +201,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         .pod_name
         .clone()
         .unwrap_or_else(|| format!("deadletter-operator-{}", std::process::id()));
+    let alerts = alerting(&args.alerts)?;
     let metrics = Metrics::default();
     let ready = Arc::new(AtomicBool::new(false));
     let shutdown = termination();
@@ -144,7 +224,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         controller: "deadletter-operator".into(),
         instance: Some(identity),
     };
-    let settings = settings(&args);
+    let settings = settings(&args, alerts);
     futures::future::join_all(scopes.into_iter().map(|ns| {
         controller::run_scope(
             client.clone(),
@@ -229,8 +309,9 @@ fn scopes(watch_namespaces: &[String]) -> Vec<Option<String>> {
     }
 }
 
-fn settings(args: &RunArgs) -> Settings {
+fn settings(args: &RunArgs, alerts: Option<Arc<Alerting>>) -> Settings {
     Settings {
+        alerts,
         backoff_cap: Duration::from_secs(args.backoff_cap_seconds.max(1)),
         concurrency: args.concurrency.max(1),
         ..Settings::default()
@@ -241,7 +322,7 @@ fn settings(args: &RunArgs) -> Settings {
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Crds => print!("{}", dlq_core::api::crds_yaml()?),
-        Command::Run(args) => run(args).await?,
+        Command::Run(args) => run(*args).await?,
     }
     Ok(())
 }

@@ -49,6 +49,12 @@ pub struct RejectedLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AlertResultLabels {
+    /// success | failure
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
     pub kind: String,
 }
@@ -63,6 +69,7 @@ pub struct Metrics {
     pub requeue_duration: Histogram,
     pub reconcile_errors: Family<ErrorLabels, Counter>,
     pub rejected: Family<RejectedLabels, Counter>,
+    pub alerts_sent: Family<AlertResultLabels, Counter>,
     pub registry: Arc<Registry>,
 }
 
@@ -113,6 +120,12 @@ impl Default for Metrics {
             "Dead messages that can never be records, kept in the broker's rejected list or queue",
             rejected.clone(),
         );
+        let alerts_sent = Family::<AlertResultLabels, Counter>::default();
+        registry.register(
+            "dlq_alerts_sent",
+            "Per-record alerts posted to Alertmanager, by result (success, failure)",
+            alerts_sent.clone(),
+        );
         Metrics {
             rejected,
             parked,
@@ -122,6 +135,7 @@ impl Default for Metrics {
             oldest_parked_age,
             requeue_duration,
             reconcile_errors,
+            alerts_sent,
             registry: Arc::new(registry),
         }
     }
@@ -144,6 +158,15 @@ impl Metrics {
                 reason: reason.into(),
             })
             .inc();
+    }
+
+    /// Counts `n` alerts posted to an Alertmanager with `result` (success | failure).
+    pub fn alert_sent(&self, result: &str, n: u64) {
+        self.alerts_sent
+            .get_or_create(&AlertResultLabels {
+                result: result.into(),
+            })
+            .inc_by(n);
     }
 
     /// Carries out one metric change of a plan.

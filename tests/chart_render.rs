@@ -48,6 +48,10 @@ networkPolicy:
   apiServer: {cidrs: [10.0.0.1/32]}
 userRoles:
   viewer: {aggregateTo: [view, edit, admin]}
+alertmanager:
+  urls: [http://alertmanager-operated.monitoring:9093]
+  lease: 2m
+  tokenSecretRef: {name: alertmanager-token, key: token}
 extraEnv:
   - {name: RUST_LOG, value: debug}
 "#;
@@ -519,6 +523,25 @@ fn assert_deployment_values(docs: &[Value], a: &str, b: &str) {
         .find(|e| e["name"] == "WATCH_NAMESPACES")
         .expect("WATCH_NAMESPACES");
     assert_eq!(watch["value"], format!("{a},{b}"));
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for want in [
+        "--alertmanager-url=http://alertmanager-operated.monitoring:9093",
+        "--alert-lease=2m",
+        "--alertmanager-token-file=/etc/deadletter-operator/alertmanager/token/token",
+    ] {
+        assert!(args.contains(&want), "{want} in {args:?}");
+    }
+    let volumes = &deploy["spec"]["template"]["spec"]["volumes"];
+    assert_eq!(
+        volumes[0]["secret"]["secretName"], "alertmanager-token",
+        "{volumes:#}"
+    );
+    assert_eq!(c["volumeMounts"][0]["name"], "alertmanager-token");
 }
 
 /// The ServiceMonitor's labels, and the PrometheusRule's labels, disabled alert and storm

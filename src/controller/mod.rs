@@ -37,6 +37,8 @@ pub struct Settings {
     pub queue_resync: Duration,
     /// Concurrent reconciles per controller.
     pub concurrency: u16,
+    /// Per-record Alertmanager alerts; None when no Alertmanager is configured.
+    pub alerts: Option<Arc<crate::alert::Alerting>>,
 }
 
 impl Default for Settings {
@@ -45,6 +47,7 @@ impl Default for Settings {
             backoff_cap: Duration::from_secs(60),
             queue_resync: Duration::from_secs(30),
             concurrency: 32,
+            alerts: None,
         }
     }
 }
@@ -190,6 +193,11 @@ pub async fn run_scope(
         tracing::error!("cannot subscribe to the stores");
         return;
     };
+    // Subscribed before the watch starts, so the alert sender sees every record.
+    let alert_changes = settings
+        .alerts
+        .as_ref()
+        .and_then(|_| record_writer.subscribe());
     let record_watch = watch_records(api_for(&client, &namespace), record_writer);
     let queue_watch = watcher(
         api_for(&client, &namespace),
@@ -208,6 +216,7 @@ pub async fn run_scope(
         metrics,
         settings.clone(),
     ));
+    let alerts = alert_sender(&settings, alert_changes, &ctx, shutdown.clone());
     let cfg = kube::runtime::controller::Config::default().concurrency(settings.concurrency);
     let records_ctl = Controller::for_shared_stream(spec_changes(record_events.clone()), records)
         .with_config(cfg.clone())
@@ -240,7 +249,30 @@ pub async fn run_scope(
         _ = record_watch => {}
         _ = queue_watch => {}
         // Both controllers end after `shutdown`, once in-flight reconciles finished.
-        _ = async { tokio::join!(records_ctl, queues_ctl, sources) } => {}
+        _ = async { tokio::join!(records_ctl, queues_ctl, sources, alerts) } => {}
+    }
+}
+
+/// The per-record alert sender, or nothing when alerts are off.
+fn alert_sender(
+    settings: &Settings,
+    changes: Option<reflector::ReflectHandle<DeadLetter>>,
+    ctx: &Arc<Context>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> futures::future::BoxFuture<'static, ()> {
+    use futures::FutureExt;
+    match (settings.alerts.clone(), changes) {
+        (Some(cfg), Some(changes)) => crate::alert::run(
+            cfg,
+            ctx.records.clone(),
+            ctx.queues.clone(),
+            changes,
+            ctx.apiserver.clone(),
+            ctx.metrics.clone(),
+            shutdown,
+        )
+        .boxed(),
+        _ => futures::future::ready(()).boxed(),
     }
 }
 

@@ -10,7 +10,6 @@
 //! TLS is rustls: the public web roots, or only the PEM CA certificates of `caSecretRef`.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -21,7 +20,8 @@ use hyper::{Method, Request, Uri};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+
+use crate::https::error_chain;
 
 use super::{JobMessage, Target, TargetError, redact_url};
 
@@ -52,37 +52,6 @@ pub struct HttpTarget {
     client: Client<HttpsConnector<HttpConnector>, Body>,
 }
 
-/// Trust store: the PEM certificates in `ca`, or the public web roots.
-fn tls_config(ca: Option<&str>) -> Result<rustls::ClientConfig, TargetError> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    match ca {
-        Some(pem) => {
-            for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
-                let cert = cert.map_err(|_| {
-                    TargetError::Config("caSecretRef does not hold PEM certificates".into())
-                })?;
-                roots.add(cert).map_err(|e| {
-                    TargetError::Config(format!("caSecretRef certificate rejected: {e}"))
-                })?;
-            }
-            if roots.is_empty() {
-                return Err(TargetError::Config(
-                    "caSecretRef holds no PEM certificate".into(),
-                ));
-            }
-        }
-        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    Ok(rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| TargetError::Config(format!("TLS setup: {e}")))?
-        .with_root_certificates(roots)
-        .with_no_client_auth())
-}
-
 impl HttpTarget {
     pub fn new(url: &str, token: Option<&str>, ca: Option<&str>) -> Result<Self, TargetError> {
         let uri: Uri = url
@@ -105,15 +74,8 @@ impl HttpTarget {
                 Ok::<_, TargetError>(v)
             })
             .transpose()?;
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls_config(ca)?)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new()).build(https);
+        let client = crate::https::client(ca, "caSecretRef", CONNECT_TIMEOUT)
+            .map_err(|e| TargetError::Config(e.to_string()))?;
         Ok(HttpTarget {
             shown: redact_url(url),
             uri,
@@ -169,18 +131,6 @@ pub fn request_headers(
         )));
     }
     Ok(out)
-}
-
-/// "source: cause: cause" — hyper's top-level error alone says little ("client error").
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// Up to `max` bytes of a body, as text for a condition.

@@ -305,6 +305,9 @@ pub struct DeadLetterQueueSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub max_parked: Option<i64>,
+    /// Per-record Alertmanager alerts of this queue's records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alerts: Option<crate::alert::AlertSettings>,
 }
 
 /// Default for `maxParked`.

@@ -18,6 +18,8 @@ pub mod reason {
     pub const REPLAY_STOPPED: &str = "ReplayStopped";
     /// A dead message that can never be a record, kept in the broker's rejected list/queue.
     pub const REJECTED: &str = "Rejected";
+    /// Alertmanager has not accepted the per-record alerts for a while.
+    pub const ALERTS_UNDELIVERABLE: &str = "AlertsUndeliverable";
 }
 
 /// Event actions (what the reporter was doing).
@@ -26,6 +28,7 @@ pub mod action {
     pub const RESOLVE: &str = "Resolve";
     pub const REDRIVE: &str = "Redrive";
     pub const REPLAY: &str = "Replay";
+    pub const ALERT: &str = "Alert";
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,6 +17,7 @@ pub mod core {
 #[doc(hidden)]
 pub use kube_derive::KubeSchema;
 
+pub mod alert;
 pub mod api;
 pub mod conditions;
 pub mod decide;

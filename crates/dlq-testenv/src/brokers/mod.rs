@@ -1,13 +1,16 @@
 //! Real brokers for the backend tests: redis-server, RabbitMQ (Debian's rabbitmq-server),
-//! nats-server with JetStream, ElasticMQ (SQS-compatible), and a small HTTP(S) sink. Each runs as a child on free loopback
-//! ports with its data in a temp dir, and dies with the test process.
+//! nats-server with JetStream, ElasticMQ (SQS-compatible), a small HTTP(S) sink, and
+//! Alertmanager. Each runs as a child on free loopback ports with its data in a temp dir, and
+//! dies with the test process.
 
+mod alertmanager;
 pub mod elasticmq;
 mod http;
 mod nats;
 mod rabbit;
 mod redis_server;
 
+pub use self::alertmanager::Alertmanager;
 pub use self::elasticmq::ElasticMq;
 pub use self::http::{HttpSink, Received, TestCa};
 pub use self::nats::Nats;

@@ -1,0 +1,456 @@
+//! Per-record Alertmanager alerts as data: which alerts a record raises, their labels and
+//! annotations, and their Alertmanager v2 form (`POST /api/v2/alerts`).
+//!
+//! An alert is identified by its labels; `startsAt` is always the record's creation (when it
+//! was parked), so a resend by any replica is idempotent and never moves the alert. `endsAt` is
+//! a lease while the alert is current, and "now" when it is resolved.
+
+use std::collections::BTreeMap;
+
+use jiff::{SignedDuration, Timestamp};
+use kube_derive::KubeSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::api::{DeadLetter, DeadLetterQueue, FailureKind, Phase};
+use crate::conditions::REQUEUED;
+
+/// Alert raised while a record is Parked.
+pub const PARKED: &str = "DeadLetterParked";
+/// Alert raised while a Parked record's requeue keeps failing (`Requeued=False`).
+pub const REQUEUE_FAILING: &str = "DeadLetterRequeueFailing";
+/// Severity when the queue does not name one.
+pub const DEFAULT_SEVERITY: &str = "warning";
+/// Labels the operator sets itself; a queue's `alerts.labels` cannot override them.
+pub const RESERVED_LABELS: &[&str] = &[
+    "alertname",
+    "namespace",
+    "queue",
+    "deadletter",
+    "job",
+    "failure_kind",
+    "severity",
+    "service_version",
+];
+/// Longest annotation value we send (the reason and intent come from producers).
+const MAX_ANNOTATION: usize = 1024;
+
+/// `spec.alerts` of a DeadLetterQueue: per-record alerts of its records.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AlertSettings {
+    /// Raise an alert per parked record (default true when an Alertmanager is configured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// The `severity` label per failure kind (default `warning`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub severity: Option<Severities>,
+    /// Extra labels on every alert of this queue (for routing to a team).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 32))]
+    #[x_kube(
+        validation = kube::core::Rule::new("self.all(k, k.matches('^[a-zA-Z_][a-zA-Z0-9_]{0,127}$'))").message("alerts.labels names must be Prometheus label names ([a-zA-Z_][a-zA-Z0-9_]*)"),
+        validation = kube::core::Rule::new("self.all(k, !(k in ['alertname', 'namespace', 'queue', 'deadletter', 'job', 'failure_kind', 'severity', 'service_version']))").message("alerts.labels cannot set alertname, namespace, queue, deadletter, job, failure_kind, severity or service_version: the operator sets them"),
+        validation = kube::core::Rule::new("self.all(k, size(self[k]) <= 256)").message("alerts.labels values are at most 256 characters"),
+    )]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// The severity label per failure kind.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct Severities {
+    #[serde(rename = "Invalid", default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub invalid: Option<String>,
+    #[serde(rename = "Transient", default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub transient: Option<String>,
+}
+
+impl AlertSettings {
+    pub fn enabled(&self) -> bool {
+        self.enabled.unwrap_or(true)
+    }
+
+    pub fn severity(&self, kind: FailureKind) -> &str {
+        let s = self.severity.as_ref();
+        match kind {
+            FailureKind::Invalid => s.and_then(|s| s.invalid.as_deref()),
+            FailureKind::Transient => s.and_then(|s| s.transient.as_deref()),
+        }
+        .unwrap_or(DEFAULT_SEVERITY)
+    }
+}
+
+/// One alert, in Alertmanager's v2 `postableAlert` form.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Alert {
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub starts_at: Timestamp,
+    pub ends_at: Timestamp,
+}
+
+/// An alert a record currently raises, before its `endsAt` is chosen.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Current {
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub starts_at: Timestamp,
+}
+
+impl Current {
+    /// Firing, kept so until `now + lease` unless resent.
+    pub fn firing(&self, now: Timestamp, lease: SignedDuration) -> Alert {
+        self.with_end(now.checked_add(lease).unwrap_or(now))
+    }
+
+    /// Resolved at `now`.
+    pub fn resolved(&self, now: Timestamp) -> Alert {
+        self.with_end(now.max(self.starts_at))
+    }
+
+    fn with_end(&self, ends_at: Timestamp) -> Alert {
+        Alert {
+            labels: self.labels.clone(),
+            annotations: self.annotations.clone(),
+            starts_at: self.starts_at,
+            ends_at,
+        }
+    }
+}
+
+/// Operator-wide alert settings.
+#[derive(Clone, Debug, Default)]
+pub struct Links {
+    /// `runbook_url` is this + `#alert-<alertname in lower case>`.
+    pub runbook_base_url: String,
+}
+
+/// The alerts `record` raises now: none unless Parked (or when its queue turned alerts off);
+/// `DeadLetterParked`, plus `DeadLetterRequeueFailing` while `Requeued=False`.
+pub fn current(
+    record: &DeadLetter,
+    queue: Option<&DeadLetterQueue>,
+    links: &Links,
+) -> Vec<Current> {
+    let default = AlertSettings::default();
+    let settings = queue
+        .and_then(|q| q.spec.alerts.as_ref())
+        .unwrap_or(&default);
+    if !settings.enabled() || record.phase() != Phase::Parked || !record_has_identity(record) {
+        return Vec::new();
+    }
+    let mut out = vec![parked(record, settings, links)];
+    if let Some(msg) = requeue_failure(record) {
+        out.push(requeue_failing(record, settings, links, msg));
+    }
+    out
+}
+
+fn record_has_identity(record: &DeadLetter) -> bool {
+    record.metadata.name.is_some() && record.metadata.creation_timestamp.is_some()
+}
+
+/// The message of a `Requeued=False` condition.
+fn requeue_failure(record: &DeadLetter) -> Option<&str> {
+    record
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == REQUEUED && c.status == "False")
+        .map(|c| c.message.as_str())
+}
+
+/// The identifying labels shared by both alerts of a record.
+fn labels(
+    record: &DeadLetter,
+    settings: &AlertSettings,
+    alertname: &str,
+) -> BTreeMap<String, String> {
+    let mut l: BTreeMap<String, String> = settings
+        .labels
+        .iter()
+        .filter(|(k, _)| !RESERVED_LABELS.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let spec = &record.spec;
+    let mut set = |k: &str, v: &str| l.insert(k.to_string(), v.to_string());
+    set("alertname", alertname);
+    set(
+        "namespace",
+        record.metadata.namespace.as_deref().unwrap_or_default(),
+    );
+    set("queue", &spec.queue);
+    set(
+        "deadletter",
+        record.metadata.name.as_deref().unwrap_or_default(),
+    );
+    set("job", &spec.job.id);
+    set("failure_kind", spec.failure_kind.label());
+    set("severity", settings.severity(spec.failure_kind));
+    if let Some(v) = spec.service_version.as_deref().filter(|v| !v.is_empty()) {
+        set("service_version", v);
+    }
+    l
+}
+
+fn parked_at(record: &DeadLetter) -> Timestamp {
+    record
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0)
+        .unwrap_or_default()
+}
+
+fn annotations(
+    record: &DeadLetter,
+    links: &Links,
+    alertname: &str,
+    summary: String,
+) -> BTreeMap<String, String> {
+    let spec = &record.spec;
+    let ns = record.metadata.namespace.as_deref().unwrap_or_default();
+    let intent = spec
+        .intent
+        .as_ref()
+        .map_or("none".to_string(), |i| format!("{} was {}", i.id, i.state));
+    let description = format!(
+        "{} deliveries in cycle {} on queue {ns}/{}; intent snapshot: {intent}; {} failure ({})",
+        spec.deliveries,
+        spec.cycle,
+        spec.queue,
+        spec.failure_kind.label(),
+        truncate(&spec.reason),
+    );
+    let mut a = BTreeMap::new();
+    a.insert("summary".into(), truncate(&summary));
+    a.insert("description".into(), truncate(&description));
+    a.insert(
+        "runbook_url".into(),
+        format!(
+            "{}#alert-{}",
+            links.runbook_base_url.trim_end_matches('/'),
+            alertname.to_lowercase()
+        ),
+    );
+    a.insert("command".into(), show_command(ns, &spec.job.id));
+    a
+}
+
+/// The command that shows the record, quoted for a POSIX shell when needed.
+pub fn show_command(namespace: &str, job: &str) -> String {
+    let plain = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_./:@=+,".contains(c))
+    };
+    let quote = |s: &str| {
+        if plain(s) {
+            s.to_string()
+        } else {
+            format!("'{}'", s.replace('\'', r"'\''"))
+        }
+    };
+    format!("kubectl dlq show -n {} {}", quote(namespace), quote(job))
+}
+
+fn parked(record: &DeadLetter, settings: &AlertSettings, links: &Links) -> Current {
+    let spec = &record.spec;
+    let summary = format!("{} parked on {}: {}", spec.job.id, spec.queue, spec.reason);
+    Current {
+        labels: labels(record, settings, PARKED),
+        annotations: annotations(record, links, PARKED, summary),
+        starts_at: parked_at(record),
+    }
+}
+
+fn requeue_failing(
+    record: &DeadLetter,
+    settings: &AlertSettings,
+    links: &Links,
+    error: &str,
+) -> Current {
+    let spec = &record.spec;
+    let summary = format!(
+        "redrive of {} to {} keeps failing: {error}",
+        spec.job.id, spec.queue
+    );
+    Current {
+        labels: labels(record, settings, REQUEUE_FAILING),
+        annotations: annotations(record, links, REQUEUE_FAILING, summary),
+        starts_at: parked_at(record),
+    }
+}
+
+fn truncate(s: &str) -> String {
+    if s.len() <= MAX_ANNOTATION {
+        return s.to_string();
+    }
+    let mut end = MAX_ANNOTATION;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{DeadLetterQueueSpec, DeadLetterSpec, DeadLetterStatus, IntentSnapshot, Job};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use kube_core::ObjectMeta;
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(secs).unwrap()
+    }
+
+    fn record(phase: Phase) -> DeadLetter {
+        let mut dl = DeadLetter::new(
+            "pi-0003-settle-5d41402a-1",
+            DeadLetterSpec {
+                queue: "relayer".into(),
+                cycle: 1,
+                job: Job {
+                    id: "pi_0003/settle".into(),
+                    payload: Some("{}".into()),
+                    ..Job::default()
+                },
+                intent: Some(IntentSnapshot {
+                    id: "pi_0003".into(),
+                    state: "created".into(),
+                }),
+                deliveries: 3,
+                reason: "no luck".into(),
+                failure_kind: FailureKind::Transient,
+                service_version: Some("relayer@1.4.2".into()),
+                failed_at: Time(at(100)),
+                action: None,
+                by: None,
+                note: None,
+            },
+        );
+        dl.metadata = ObjectMeta {
+            name: Some("pi-0003-settle-5d41402a-1".into()),
+            namespace: Some("payments".into()),
+            creation_timestamp: Some(Time(at(1000))),
+            ..ObjectMeta::default()
+        };
+        dl.status = Some(DeadLetterStatus {
+            phase: Some(phase),
+            ..DeadLetterStatus::default()
+        });
+        dl
+    }
+
+    fn queue(alerts: AlertSettings) -> DeadLetterQueue {
+        DeadLetterQueue::new(
+            "relayer",
+            DeadLetterQueueSpec {
+                alerts: Some(alerts),
+                ..DeadLetterQueueSpec::default()
+            },
+        )
+    }
+
+    fn links() -> Links {
+        Links {
+            runbook_base_url: "https://example.org/dlq/".into(),
+        }
+    }
+
+    #[test]
+    fn a_parked_record_raises_one_alert_labelled_for_routing() {
+        let mut settings = AlertSettings::default();
+        settings.labels.insert("team".into(), "payments".into());
+        settings.labels.insert("job".into(), "ignored".into());
+        settings.severity = Some(Severities {
+            transient: Some("page".into()),
+            invalid: None,
+        });
+        let q = queue(settings);
+        let alerts = current(&record(Phase::Parked), Some(&q), &links());
+        assert_eq!(alerts.len(), 1);
+        let a = &alerts[0];
+        let l = |k: &str| a.labels.get(k).map(String::as_str);
+        assert_eq!(l("alertname"), Some(PARKED));
+        assert_eq!(l("namespace"), Some("payments"));
+        assert_eq!(l("queue"), Some("relayer"));
+        assert_eq!(l("deadletter"), Some("pi-0003-settle-5d41402a-1"));
+        assert_eq!(l("job"), Some("pi_0003/settle"));
+        assert_eq!(l("failure_kind"), Some("transient"));
+        assert_eq!(l("severity"), Some("page"));
+        assert_eq!(l("service_version"), Some("relayer@1.4.2"));
+        assert_eq!(l("team"), Some("payments"));
+        assert_eq!(a.starts_at, at(1000), "startsAt is when it was parked");
+        assert_eq!(
+            a.annotations["command"],
+            "kubectl dlq show -n payments pi_0003/settle"
+        );
+        assert_eq!(
+            a.annotations["runbook_url"],
+            "https://example.org/dlq#alert-deadletterparked"
+        );
+        assert!(a.annotations["summary"].contains("pi_0003/settle"));
+        assert!(a.annotations["description"].contains("pi_0003 was created"));
+    }
+
+    #[test]
+    fn resolved_or_disabled_records_raise_nothing() {
+        for phase in [Phase::Redriven, Phase::Dropped] {
+            assert!(current(&record(phase), None, &links()).is_empty());
+        }
+        let off = queue(AlertSettings {
+            enabled: Some(false),
+            ..AlertSettings::default()
+        });
+        assert!(current(&record(Phase::Parked), Some(&off), &links()).is_empty());
+        let defaults = current(&record(Phase::Parked), None, &links());
+        assert_eq!(defaults[0].labels["severity"], DEFAULT_SEVERITY);
+    }
+
+    #[test]
+    fn a_failing_requeue_raises_a_second_alert_until_it_succeeds() {
+        let mut dl = record(Phase::Parked);
+        dl.status.as_mut().unwrap().conditions.push(Condition {
+            type_: REQUEUED.into(),
+            status: "False".into(),
+            reason: "Unreachable".into(),
+            message: "connection refused".into(),
+            last_transition_time: Time(at(1100)),
+            observed_generation: None,
+        });
+        let alerts = current(&dl, None, &links());
+        let names: Vec<_> = alerts
+            .iter()
+            .map(|a| a.labels["alertname"].clone())
+            .collect();
+        assert_eq!(names, vec![PARKED, REQUEUE_FAILING]);
+        assert!(alerts[1].annotations["summary"].contains("connection refused"));
+        dl.status.as_mut().unwrap().conditions[0].status = "True".into();
+        assert_eq!(current(&dl, None, &links()).len(), 1);
+    }
+
+    #[test]
+    fn firing_ends_after_the_lease_and_resolution_ends_now() {
+        let a = &current(&record(Phase::Parked), None, &links())[0];
+        let f = a.firing(at(2000), SignedDuration::from_secs(240));
+        assert_eq!((f.starts_at, f.ends_at), (at(1000), at(2240)));
+        let r = a.resolved(at(2000));
+        assert_eq!((r.starts_at, r.ends_at), (at(1000), at(2000)));
+        let json = serde_json::to_value(&f).unwrap();
+        assert_eq!(json["startsAt"], "1970-01-01T00:16:40Z");
+        assert_eq!(json["endsAt"], "1970-01-01T00:37:20Z");
+        assert_eq!(json["labels"]["alertname"], PARKED);
+    }
+
+    #[test]
+    fn the_show_command_is_quoted_for_a_shell() {
+        assert_eq!(
+            show_command("ns", "a b'c"),
+            r"kubectl dlq show -n ns 'a b'\''c'"
+        );
+    }
+}

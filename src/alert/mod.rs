@@ -1,0 +1,262 @@
+//! Per-record alerts: the leader keeps, in each configured Alertmanager, one alert per Parked
+//! record (and one per record whose requeue keeps failing), resolved when the record is.
+//!
+//! A task per scope reads the record store (woken by a store subscription, and rescanning on
+//! a timer to notice deletions and queue setting changes), turns it into the current alerts
+//! (`dlq_core::alert::current`) and hands them to one [`ledger::Ledger`] per Alertmanager.
+//! Each round posts what is due in batches. It never blocks a reconcile: the subscription is
+//! drained into a flag at once. When the leader dies, alerts lapse by their lease unless the
+//! next leader resends them (same labels and `startsAt`, so nothing flaps).
+
+pub mod client;
+pub mod ledger;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{Stream, StreamExt};
+use jiff::{SignedDuration, Timestamp};
+use kube::ResourceExt;
+use kube::runtime::reflector::{ObjectRef, Store};
+use tokio::sync::Notify;
+
+use dlq_core::alert::{Current, Links};
+use dlq_core::api::{DeadLetter, DeadLetterQueue};
+use dlq_core::events::{EventPlan, action, reason};
+
+use crate::controller::apiserver::{self, Apiserver};
+use crate::metrics::Metrics;
+pub use client::{AlertError, Alertmanager};
+use ledger::{Key, Ledger};
+
+/// How often due alerts are looked for (and the shortest time between two posts).
+const ROUND: Duration = Duration::from_secs(1);
+/// How often the store is rescanned without a wake-up (deletions, queue settings).
+const RESCAN: Duration = Duration::from_secs(2);
+/// After a wake-up, how long to gather more changes into the same batch.
+const GATHER: Duration = Duration::from_millis(200);
+/// Alerts per POST.
+const BATCH: usize = 500;
+/// Alerts per round per Alertmanager: bounds the request rate during a storm.
+const MAX_PER_ROUND: usize = 5 * BATCH;
+/// Longest wait between attempts while an Alertmanager is down.
+const BACKOFF_CAP: Duration = Duration::from_secs(15);
+
+/// The operator's alerting configuration (from `--alertmanager-*` flags).
+#[derive(Debug)]
+pub struct Alerting {
+    pub alertmanagers: Vec<Alertmanager>,
+    /// `endsAt` is this far ahead while a record is Parked; resent every quarter of it.
+    pub lease: Duration,
+    /// A Warning Event on the affected queues once delivery has failed this long.
+    pub undeliverable_after: Duration,
+    pub links: Links,
+}
+
+/// One Alertmanager's delivery state.
+struct Delivery<'a> {
+    am: &'a Alertmanager,
+    ledger: Ledger,
+    next_try: Instant,
+    backoff: Duration,
+    failing_since: Option<Instant>,
+    warned: bool,
+}
+
+/// Everything a round needs besides the delivery state.
+struct Env<'a> {
+    cfg: &'a Alerting,
+    queues: &'a Store<DeadLetterQueue>,
+    apiserver: &'a dyn Apiserver,
+    metrics: &'a Metrics,
+}
+
+/// Runs until `shutdown`. Nothing is resolved on the way out: a standby takes over.
+pub async fn run(
+    cfg: Arc<Alerting>,
+    records: Store<DeadLetter>,
+    queues: Store<DeadLetterQueue>,
+    changes: impl Stream<Item = Arc<DeadLetter>> + Send + 'static,
+    apiserver: Arc<dyn Apiserver>,
+    metrics: Metrics,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let wake = Arc::new(Notify::new());
+    let drain = tokio::spawn(drain_into(changes, wake.clone()));
+    tokio::select! {
+        _ = shutdown => {}
+        _ = deliver(&cfg, &records, &queues, &wake, &*apiserver, &metrics) => {}
+    }
+    drain.abort();
+}
+
+/// Turns every store change into a wake-up at once, so the reflector never waits for us.
+async fn drain_into(changes: impl Stream<Item = Arc<DeadLetter>>, wake: Arc<Notify>) {
+    let mut changes = std::pin::pin!(changes);
+    while changes.next().await.is_some() {
+        wake.notify_one();
+    }
+}
+
+async fn deliver(
+    cfg: &Alerting,
+    records: &Store<DeadLetter>,
+    queues: &Store<DeadLetterQueue>,
+    wake: &Notify,
+    apiserver: &dyn Apiserver,
+    metrics: &Metrics,
+) {
+    if records.wait_until_ready().await.is_err() || queues.wait_until_ready().await.is_err() {
+        return;
+    }
+    tracing::info!(
+        alertmanagers = cfg.alertmanagers.len(),
+        "per-record alerts on"
+    );
+    let env = Env {
+        cfg,
+        queues,
+        apiserver,
+        metrics,
+    };
+    let mut deliveries: Vec<Delivery<'_>> = cfg
+        .alertmanagers
+        .iter()
+        .map(|am| Delivery {
+            am,
+            ledger: Ledger::default(),
+            next_try: Instant::now(),
+            backoff: ROUND,
+            failing_since: None,
+            warned: false,
+        })
+        .collect();
+    let mut scanner = Scanner::default();
+    let mut last_scan: Option<Instant> = None;
+    loop {
+        let woken = tokio::select! {
+            _ = wake.notified() => true,
+            _ = tokio::time::sleep(ROUND) => false,
+        };
+        if woken {
+            tokio::time::sleep(GATHER).await;
+        }
+        if woken || last_scan.is_none_or(|t| t.elapsed() >= RESCAN) {
+            let desired = scanner.scan(records, queues, &cfg.links);
+            let now = Timestamp::now();
+            for d in &mut deliveries {
+                d.ledger.update(desired.clone(), now);
+            }
+            last_scan = Some(Instant::now());
+        }
+        futures::future::join_all(deliveries.iter_mut().map(|d| d.round(&env))).await;
+    }
+}
+
+impl Delivery<'_> {
+    /// Posts what is due, or backs off.
+    async fn round(&mut self, env: &Env<'_>) {
+        if Instant::now() < self.next_try {
+            return;
+        }
+        let now = Timestamp::now();
+        let lease = SignedDuration::try_from(env.cfg.lease).unwrap_or(SignedDuration::MAX);
+        self.ledger.expire(now, lease);
+        let due = self.ledger.due(now, lease / 4, lease, MAX_PER_ROUND);
+        for batch in due.chunks(BATCH) {
+            let alerts: Vec<_> = batch.iter().map(|(_, a)| a.clone()).collect();
+            let result = self.am.post(&alerts).await;
+            let label = if result.is_ok() { "success" } else { "failure" };
+            env.metrics.alert_sent(label, alerts.len() as u64);
+            match result {
+                Ok(()) => {
+                    self.ledger.accepted(batch.iter().map(|(k, _)| k), now);
+                    self.recovered();
+                }
+                Err(error) => {
+                    self.failed(env, &error).await;
+                    return;
+                }
+            }
+        }
+    }
+
+    fn recovered(&mut self) {
+        if self.failing_since.take().is_some() {
+            tracing::info!(alertmanager = %self.am.shown, "alertmanager accepts alerts again");
+        }
+        self.backoff = ROUND;
+        self.warned = false;
+    }
+
+    async fn failed(&mut self, env: &Env<'_>, error: &AlertError) {
+        let since = *self.failing_since.get_or_insert_with(Instant::now);
+        tracing::warn!(alertmanager = %self.am.shown, %error, retry_in = ?self.backoff, "posting alerts failed");
+        // It may restart empty: resend everything current once it answers.
+        self.ledger.forget_sent();
+        self.next_try = Instant::now() + self.backoff;
+        self.backoff = (self.backoff * 2).min(BACKOFF_CAP);
+        if !self.warned && since.elapsed() >= env.cfg.undeliverable_after {
+            self.warned = true;
+            self.warn_queues(env, error, since.elapsed()).await;
+        }
+    }
+
+    /// A Warning Event on every queue whose records' alerts are not getting through.
+    async fn warn_queues(&self, env: &Env<'_>, error: &AlertError, for_: Duration) {
+        let note = format!(
+            "alerts of {} parked records cannot be delivered to {} for {}s: {error}",
+            self.ledger.current_len(),
+            self.am.shown,
+            for_.as_secs()
+        );
+        for (ns, name) in self.ledger.queues() {
+            let Some(q) = env.queues.get(&ObjectRef::new(&name).within(&ns)) else {
+                continue;
+            };
+            let plan = EventPlan::warning(reason::ALERTS_UNDELIVERABLE, action::ALERT, &note);
+            env.apiserver
+                .publish(apiserver::reference(&*q), &plan)
+                .await;
+        }
+    }
+}
+
+/// The current alerts of every record, recomputed only for records or queue settings that
+/// changed since the last scan.
+#[derive(Default)]
+struct Scanner {
+    /// By record uid: (resourceVersion, queue generation, its alerts).
+    cache: HashMap<String, (String, Option<i64>, Vec<Current>)>,
+}
+
+impl Scanner {
+    fn scan(
+        &mut self,
+        records: &Store<DeadLetter>,
+        queues: &Store<DeadLetterQueue>,
+        links: &Links,
+    ) -> HashMap<Key, Current> {
+        let mut next = HashMap::with_capacity(self.cache.len());
+        let mut out = HashMap::new();
+        for dl in records.state() {
+            let (Some(uid), Some(ns)) = (dl.uid(), dl.namespace()) else {
+                continue;
+            };
+            let queue = queues.get(&ObjectRef::new(&dl.spec.queue).within(&ns));
+            let qgen = queue.as_ref().and_then(|q| q.metadata.generation);
+            let rv = dl.resource_version().unwrap_or_default();
+            let alerts = match self.cache.remove(&uid) {
+                Some((r, g, a)) if r == rv && g == qgen => a,
+                _ => dlq_core::alert::current(&dl, queue.as_deref(), links),
+            };
+            for a in &alerts {
+                out.insert(a.labels.clone(), a.clone());
+            }
+            next.insert(uid, (rv, qgen, alerts));
+        }
+        self.cache = next;
+        out
+    }
+}
