@@ -55,7 +55,7 @@ crds-check:
 ## build the test tooling (kube-apiserver, kubectl, etcd, helm, promtool; ElasticMQ for the SQS
 ## tests) into the cache
 tools:
-	@bash tools/build.sh kube etcd helm promtool elasticmq >/dev/null
+	@bash tools/build.sh kube etcd helm promtool elasticmq kafka >/dev/null
 
 ## start a local control plane for a human; prints the KUBECONFIG to export
 cluster:

@@ -4,8 +4,9 @@
 # second run is instant. Prints the directory holding the binaries on stdout; progress on stderr.
 # `elasticmq` (an SQS-compatible server, Java) is resolved by Maven from tools/elasticmq/pom.xml
 # into the same cache, keyed by the pom; it prints the directory whose lib/ is the classpath.
+# `kafka` (Apache Kafka in KRaft mode, for tests/kafka.rs) is resolved the same way.
 #
-#   tools/build.sh kube|etcd|helm|promtool|elasticmq [...]
+#   tools/build.sh kube|etcd|helm|promtool|elasticmq|kafka [...]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${DLQ_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/deadletter-operator/tools}
@@ -14,27 +15,28 @@ need_go() {
   command -v go >/dev/null || { echo "tools/build.sh: 'go' is not on PATH; install Go >= $(sed -n 's/^go //p' "$here/kube/go.mod") (https://go.dev/doc/install or apt-get install golang)" >&2; exit 1; }
 }
 
-# ElasticMQ: the jars of tools/elasticmq/pom.xml copied into the cache (never into the repo).
-build_elasticmq() {
-  local dir="$here/elasticmq" key out
+# Java tools (ElasticMQ, Kafka): the jars of tools/<tool>/pom.xml copied into the cache (never
+# into the repo).
+build_maven() {
+  local tool=$1 dir="$here/$1" key out
   key=$(sha256sum < "$dir/pom.xml" | cut -c1-12)
-  out="$cache/elasticmq/$key"
+  out="$cache/$tool/$key"
   if [ -f "$out/.done" ]; then echo "$out"; return; fi
   command -v java >/dev/null || { echo "tools/build.sh: 'java' is not on PATH; install a JRE >= 17 (apt-get install openjdk-17-jre-headless)" >&2; exit 1; }
   command -v mvn >/dev/null || { echo "tools/build.sh: 'mvn' is not on PATH; install Maven (apt-get install maven)" >&2; exit 1; }
-  echo ">> resolving elasticmq into $out (first time only)" >&2
+  echo ">> resolving $tool into $out (first time only)" >&2
   rm -rf "$out"; mkdir -p "$out/lib"
   local start=$SECONDS
   mvn -q -B -f "$dir/pom.xml" dependency:copy-dependencies \
     -DincludeScope=runtime -DoutputDirectory="$out/lib" >&2
   touch "$out/.done"
-  echo ">> resolved elasticmq in $((SECONDS - start))s" >&2
+  echo ">> resolved $tool in $((SECONDS - start))s" >&2
   echo "$out"
 }
 
 build() {
   local tool=$1 dir="$here/$1"
-  if [ "$tool" = elasticmq ]; then build_elasticmq; return; fi
+  case $tool in elasticmq|kafka) build_maven "$tool"; return ;; esac
   [ -f "$dir/go.mod" ] || { echo "tools/build.sh: unknown tool '$tool' (no $dir/go.mod)" >&2; exit 2; }
   local version key out
   version=$(cat "$dir/VERSION")
@@ -70,5 +72,5 @@ build() {
   echo "$out/bin"
 }
 
-[ $# -gt 0 ] || { echo "usage: tools/build.sh kube|etcd|helm|promtool|elasticmq ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: tools/build.sh kube|etcd|helm|promtool|elasticmq|kafka ..." >&2; exit 2; }
 for t in "$@"; do build "$t"; done

@@ -329,3 +329,310 @@ pub mod sqs {
         }
     }
 }
+
+/// Kafka: record headers are (name, bytes) pairs, may repeat and may be null; a job header is one
+/// UTF-8 value per name. Distinct UTF-8 headers are carried as they are; everything else (a
+/// repeated name, a binary or null value, a name this codec reserves) travels losslessly in
+/// [`kafka::RAW_HEADER`] (a JSON list of `[name, base64 | null]`), which the target expands
+/// again. The record key is bytes too: [`kafka::KEY_HEADER`] when UTF-8, else
+/// [`kafka::KEY_BASE64_HEADER`]. Dead-letter bookkeeping headers (Spring's `kafka_dlt-*`, Kafka
+/// Connect's `__connect.errors.*`) are read into the record's origin and reason, not carried:
+/// a redrive must not look like a dead letter again.
+pub mod kafka {
+    use std::collections::BTreeMap;
+
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD;
+
+    use crate::api;
+
+    /// The job header holding the record key when it is UTF-8.
+    pub const KEY_HEADER: &str = "kafka-key";
+    /// The job header holding the record key (base64) when it is not UTF-8.
+    pub const KEY_BASE64_HEADER: &str = "kafka-key-base64";
+    /// The job header holding headers a plain job header cannot (see the module doc).
+    pub const RAW_HEADER: &str = "kafka-headers-raw";
+
+    /// Spring Kafka's `DeadLetterPublishingRecoverer` headers.
+    pub const SPRING_PREFIX: &str = "kafka_dlt-";
+    /// Kafka Connect's `errors.deadletterqueue.context.headers.enable` headers.
+    pub const CONNECT_PREFIX: &str = "__connect.errors.";
+
+    /// One Kafka record header.
+    pub type Header = (String, Option<Vec<u8>>);
+
+    /// What the dead-letter bookkeeping headers say about where the record came from and why.
+    #[derive(Debug, Clone, Default, PartialEq, Eq)]
+    pub struct DeadLetterInfo {
+        pub topic: Option<String>,
+        pub partition: Option<i32>,
+        pub offset: Option<i64>,
+        /// Milliseconds since the epoch of the original record.
+        pub timestamp: Option<i64>,
+        /// `exception class: message`, when a bookkeeping header said.
+        pub reason: Option<String>,
+    }
+
+    /// Whether `name` is dead-letter bookkeeping (never carried back on redrive).
+    pub fn is_bookkeeping(name: &str) -> bool {
+        name.starts_with(SPRING_PREFIX) || name.starts_with(CONNECT_PREFIX)
+    }
+
+    fn reserved(name: &str) -> bool {
+        name == KEY_HEADER || name == KEY_BASE64_HEADER || name == RAW_HEADER
+    }
+
+    fn text(v: &Option<Vec<u8>>) -> Option<String> {
+        v.as_ref()
+            .and_then(|b| std::str::from_utf8(b).ok())
+            .map(str::to_string)
+    }
+
+    /// Spring writes partition as a 4-byte and offset/timestamp as 8-byte big-endian integers;
+    /// Connect writes decimal text. Both are accepted.
+    fn number(v: &Option<Vec<u8>>) -> Option<i64> {
+        let b = v.as_ref()?;
+        match b.len() {
+            4 => Some(i64::from(i32::from_be_bytes([b[0], b[1], b[2], b[3]]))),
+            8 => {
+                let mut a = [0u8; 8];
+                a.copy_from_slice(b);
+                Some(i64::from_be_bytes(a))
+            }
+            _ => std::str::from_utf8(b).ok()?.trim().parse().ok(),
+        }
+    }
+
+    /// Reads the bookkeeping headers of a dead-letter-topic record.
+    pub fn dead_letter_info(headers: &[Header]) -> DeadLetterInfo {
+        let get = |name: &str| {
+            headers
+                .iter()
+                .rev()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.clone())
+        };
+        let pick = |spring: &str, connect: &str| {
+            get(&format!("{SPRING_PREFIX}{spring}"))
+                .or_else(|| get(&format!("{CONNECT_PREFIX}{connect}")))
+        };
+        let class = pick("exception-fqcn", "exception.class.name").and_then(|v| text(&v));
+        let message = pick("exception-message", "exception.message").and_then(|v| text(&v));
+        let reason = match (class, message) {
+            (Some(c), Some(m)) => Some(format!("{c}: {m}")),
+            (Some(c), None) => Some(c),
+            (None, Some(m)) => Some(m),
+            (None, None) => None,
+        };
+        DeadLetterInfo {
+            topic: pick("original-topic", "topic").and_then(|v| text(&v)),
+            partition: pick("original-partition", "partition")
+                .and_then(|v| number(&v))
+                .and_then(|n| i32::try_from(n).ok()),
+            offset: pick("original-offset", "offset").and_then(|v| number(&v)),
+            timestamp: get("kafka_dlt-original-timestamp").and_then(|v| number(&v)),
+            reason,
+        }
+    }
+
+    /// The job headers of a record's key and headers, and the names a record cannot hold (too
+    /// long, too many). Bookkeeping headers are left out (see the module doc).
+    pub fn to_headers(
+        key: Option<&[u8]>,
+        headers: &[Header],
+    ) -> (BTreeMap<String, String>, Vec<String>) {
+        let mut out = BTreeMap::new();
+        let mut raw: Vec<serde_json::Value> = Vec::new();
+        let kept: Vec<&Header> = headers.iter().filter(|(n, _)| !is_bookkeeping(n)).collect();
+        for (name, value) in &kept {
+            let repeated = kept.iter().filter(|(n, _)| n == name).count() > 1;
+            match text(value) {
+                Some(t) if !repeated && !reserved(name) => {
+                    out.insert(name.clone(), t);
+                }
+                _ => raw.push(serde_json::json!([
+                    name,
+                    value.as_ref().map(|b| STANDARD.encode(b))
+                ])),
+            }
+        }
+        let mut lost = Vec::new();
+        if !raw.is_empty() {
+            let json = serde_json::Value::Array(raw).to_string();
+            if json.len() <= api::MAX_HEADER_VALUE_LEN {
+                out.insert(RAW_HEADER.into(), json);
+            } else {
+                lost.push(RAW_HEADER.to_string());
+            }
+        }
+        match key.map(std::str::from_utf8) {
+            Some(Ok(k)) => {
+                out.insert(KEY_HEADER.into(), k.to_string());
+            }
+            Some(Err(_)) => {
+                out.insert(
+                    KEY_BASE64_HEADER.into(),
+                    STANDARD.encode(key.unwrap_or_default()),
+                );
+            }
+            None => {}
+        }
+        out.retain(|name, value| {
+            let fits = value.len() <= api::MAX_HEADER_VALUE_LEN;
+            if !fits {
+                lost.push(name.clone());
+            }
+            fits
+        });
+        while out.len() > api::MAX_HEADERS {
+            let Some(name) = out.keys().next_back().cloned() else {
+                break;
+            };
+            out.remove(&name);
+            lost.push(name);
+        }
+        lost.sort();
+        (out, lost)
+    }
+
+    /// The record key and headers a job's headers stand for (inverse of [`to_headers`]);
+    /// bookkeeping headers are dropped.
+    pub fn from_headers(
+        headers: &BTreeMap<String, String>,
+    ) -> Result<(Option<Vec<u8>>, Vec<Header>), String> {
+        let key = match (headers.get(KEY_HEADER), headers.get(KEY_BASE64_HEADER)) {
+            (Some(k), _) => Some(k.as_bytes().to_vec()),
+            (None, Some(b64)) => Some(
+                STANDARD
+                    .decode(b64)
+                    .map_err(|e| format!("{KEY_BASE64_HEADER} is not base64: {e}"))?,
+            ),
+            (None, None) => None,
+        };
+        let mut out: Vec<Header> = headers
+            .iter()
+            .filter(|(n, _)| !reserved(n) && !is_bookkeeping(n))
+            .map(|(n, v)| (n.clone(), Some(v.as_bytes().to_vec())))
+            .collect();
+        if let Some(json) = headers.get(RAW_HEADER) {
+            let list: Vec<(String, Option<String>)> = serde_json::from_str(json)
+                .map_err(|e| format!("{RAW_HEADER} is not a list of [name, base64]: {e}"))?;
+            for (name, value) in list {
+                if is_bookkeeping(&name) {
+                    continue;
+                }
+                let value =
+                    match value {
+                        Some(b64) => Some(STANDARD.decode(b64).map_err(|e| {
+                            format!("{RAW_HEADER} value of {name} is not base64: {e}")
+                        })?),
+                        None => None,
+                    };
+                out.push((name, value));
+            }
+        }
+        Ok((key, out))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        fn h(name: &str, v: &[u8]) -> Header {
+            (name.to_string(), Some(v.to_vec()))
+        }
+
+        #[test]
+        fn spring_headers_give_origin_and_reason() {
+            let headers = vec![
+                h("kafka_dlt-original-topic", b"orders"),
+                h("kafka_dlt-original-partition", &3i32.to_be_bytes()),
+                h("kafka_dlt-original-offset", &42i64.to_be_bytes()),
+                h(
+                    "kafka_dlt-original-timestamp",
+                    &1_700_000_000_000i64.to_be_bytes(),
+                ),
+                h(
+                    "kafka_dlt-exception-fqcn",
+                    b"java.lang.IllegalStateException",
+                ),
+                h("kafka_dlt-exception-message", b"bad amount"),
+                h("trace", b"abc"),
+            ];
+            let info = dead_letter_info(&headers);
+            assert_eq!(info.topic.as_deref(), Some("orders"));
+            assert_eq!(info.partition, Some(3));
+            assert_eq!(info.offset, Some(42));
+            assert_eq!(info.timestamp, Some(1_700_000_000_000));
+            assert_eq!(
+                info.reason.as_deref(),
+                Some("java.lang.IllegalStateException: bad amount")
+            );
+            let (job, lost) = to_headers(Some(b"k1"), &headers);
+            assert!(lost.is_empty());
+            assert_eq!(job.get("trace").map(String::as_str), Some("abc"));
+            assert_eq!(job.get(KEY_HEADER).map(String::as_str), Some("k1"));
+            assert!(!job.keys().any(|k| is_bookkeeping(k)), "{job:?}");
+        }
+
+        #[test]
+        fn connect_headers_give_origin_and_reason() {
+            let headers = vec![
+                h("__connect.errors.topic", b"payments"),
+                h("__connect.errors.partition", b"1"),
+                h("__connect.errors.offset", b"7"),
+                h(
+                    "__connect.errors.exception.class.name",
+                    b"org.apache.kafka.connect.errors.DataException",
+                ),
+                h(
+                    "__connect.errors.exception.message",
+                    b"Converting byte[] failed",
+                ),
+            ];
+            let info = dead_letter_info(&headers);
+            assert_eq!(info.topic.as_deref(), Some("payments"));
+            assert_eq!((info.partition, info.offset), (Some(1), Some(7)));
+            assert!(
+                info.reason
+                    .unwrap_or_default()
+                    .contains("DataException: Converting")
+            );
+        }
+
+        #[test]
+        fn binary_repeated_and_null_headers_and_keys_round_trip() {
+            let headers = vec![
+                h("bin", &[0, 159, 255]),
+                h("dup", b"a"),
+                h("dup", b"b"),
+                ("nil".to_string(), None),
+                h(KEY_HEADER, b"spoof"),
+                h("plain", b"x"),
+            ];
+            let key = [0u8, 1, 255];
+            let (job, lost) = to_headers(Some(&key), &headers);
+            assert!(lost.is_empty());
+            assert!(job.contains_key(KEY_BASE64_HEADER));
+            let (k, mut back) = from_headers(&job).expect("decodes");
+            assert_eq!(k.as_deref(), Some(&key[..]));
+            let mut want = headers.clone();
+            want.sort();
+            back.sort();
+            assert_eq!(back, want);
+        }
+
+        #[test]
+        fn redrive_never_carries_bookkeeping_headers() {
+            let job: BTreeMap<String, String> = [
+                ("kafka_dlt-original-topic".to_string(), "t".to_string()),
+                ("__connect.errors.topic".to_string(), "t".to_string()),
+                ("keep".to_string(), "v".to_string()),
+            ]
+            .into();
+            let (key, back) = from_headers(&job).expect("decodes");
+            assert_eq!(key, None);
+            assert_eq!(back, vec![h("keep", b"v")]);
+        }
+    }
+}
