@@ -14,11 +14,12 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use tokio::sync::Mutex;
 
-use dlq_core::api::{AwsCredentialsRef, DeadLetterQueue, SecretKeyRef, TargetSpec};
+use dlq_core::api::{AwsCredentialsRef, DeadLetterQueue, KafkaSecurity, SecretKeyRef, TargetSpec};
 
 use crate::secret::{SecretError, read_secret};
 use crate::target::amqp::AmqpTarget;
 use crate::target::http::HttpTarget;
+use crate::target::kafka::{KafkaConn, KafkaTarget, SaslCredentials};
 use crate::target::nats::NatsTarget;
 use crate::target::redis::{RedisKey, RedisTarget};
 use crate::target::sqs::{AwsKeys, SqsTarget};
@@ -123,6 +124,8 @@ pub struct TargetSecrets {
     pub ca: Option<String>,
     /// SQS static keys (else the default AWS chain).
     pub aws: Option<AwsKeys>,
+    /// Kafka SASL user and password.
+    pub sasl: Option<SaslCredentials>,
     versions: Vec<String>,
 }
 
@@ -163,6 +166,14 @@ pub async fn read_target_secrets(
             s.versions.push(version);
             s.aws = Some(keys);
         }
+    } else if let Some(kafka) = &target.kafka {
+        let (sasl, kafka_ca, versions) =
+            read_kafka_secrets(client, namespace, kafka.security.as_ref())
+                .await
+                .map_err(|e| TargetError::Config(e.to_string()))?;
+        s.versions.extend(versions);
+        s.sasl = sasl;
+        ca = kafka_ca;
     } else if let Some(http) = &target.http {
         if let Some(r) = &http.bearer_token_secret_ref {
             token = Some(read(r).await?);
@@ -214,6 +225,15 @@ fn build(target: &TargetSpec, secrets: &TargetSecrets) -> Result<Arc<dyn Target>
     if let Some(sqs) = &target.sqs {
         return Ok(Arc::new(SqsTarget::new(sqs, secrets.aws.clone())));
     }
+    if let Some(kafka) = &target.kafka {
+        let conn = KafkaConn::new(
+            &kafka.bootstrap_servers,
+            kafka.security.as_ref(),
+            secrets.sasl.clone(),
+            secrets.ca.clone(),
+        );
+        return Ok(Arc::new(KafkaTarget::new(kafka, conn)));
+    }
     Err(TargetError::Config("spec.target names no backend".into()))
 }
 
@@ -248,4 +268,42 @@ pub async fn read_aws_keys(
         },
         version,
     ))
+}
+
+/// The keys of a Kafka SASL credentials Secret.
+pub const KAFKA_USERNAME: &str = "username";
+pub const KAFKA_PASSWORD: &str = "password";
+
+/// Reads the SASL credentials and CA a Kafka connection names, with the Secrets' versions.
+pub async fn read_kafka_secrets(
+    client: &Client,
+    namespace: &str,
+    security: Option<&KafkaSecurity>,
+) -> Result<(Option<SaslCredentials>, Option<String>, Vec<String>), SecretError> {
+    let mut versions = Vec::new();
+    let Some(security) = security else {
+        return Ok((None, None, versions));
+    };
+    let sasl = match &security.credentials_secret_ref {
+        Some(r) => {
+            let key = |k: &str| SecretKeyRef {
+                name: r.name.clone(),
+                key: k.to_string(),
+            };
+            let (username, version) = read_secret(client, namespace, &key(KAFKA_USERNAME)).await?;
+            let (password, _) = read_secret(client, namespace, &key(KAFKA_PASSWORD)).await?;
+            versions.push(version);
+            Some(SaslCredentials { username, password })
+        }
+        None => None,
+    };
+    let ca = match &security.ca_secret_ref {
+        Some(r) => {
+            let (pem, version) = read_secret(client, namespace, r).await?;
+            versions.push(version);
+            Some(pem)
+        }
+        None => None,
+    };
+    Ok((sasl, ca, versions))
 }

@@ -2,12 +2,13 @@
 //! once the broker has confirmed it; [`Targets`] gives a DeadLetterQueue's target.
 //!
 //! One file per backend: [`redis`], [`amqp`] (RabbitMQ), [`nats`] (JetStream or core NATS) and
-//! [`http`] (the consumer's own endpoint), [`sqs`] (Amazon SQS); [`cache`] builds them from a queue's spec and Secrets
+//! [`http`] (the consumer's own endpoint), [`sqs`] (Amazon SQS), [`kafka`]; [`cache`] builds them from a queue's spec and Secrets
 //! and keeps their connections. docs/backends.md describes what each one carries.
 
 pub mod amqp;
 pub mod cache;
 pub mod http;
+pub mod kafka;
 pub mod nats;
 pub mod redis;
 pub mod sqs;

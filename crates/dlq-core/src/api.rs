@@ -160,6 +160,19 @@ pub struct Origin {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
     pub queue_arn: Option<String>,
+    /// Kafka: the topic the record was consumed from before it was dead-lettered (Spring's
+    /// `kafka_dlt-original-topic`, Connect's `__connect.errors.topic`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 249))]
+    pub topic: Option<String>,
+    /// Kafka: its partition there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub partition: Option<i32>,
+    /// Kafka: its offset there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub offset: Option<i64>,
 }
 
 impl Job {
@@ -322,7 +335,7 @@ impl DeadLetterQueueSpec {
 /// Exactly one backend.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = kube::core::Rule::new("[has(self.redis), has(self.amqp), has(self.nats), has(self.http), has(self.sqs)].filter(x, x).size() == 1").message("spec.target needs exactly one backend (redis, amqp, nats, http or sqs)"))]
+#[x_kube(validation = kube::core::Rule::new("[has(self.redis), has(self.amqp), has(self.nats), has(self.http), has(self.sqs), has(self.kafka)].filter(x, x).size() == 1").message("spec.target needs exactly one backend (redis, amqp, nats, http, sqs or kafka)"))]
 pub struct TargetSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redis: Option<RedisTargetSpec>,
@@ -334,6 +347,8 @@ pub struct TargetSpec {
     pub http: Option<HttpTargetSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sqs: Option<SqsTargetSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kafka: Option<KafkaTargetSpec>,
 }
 
 /// LPUSH onto `list` (a BRPOP/BLMOVE consumer sees FIFO order) or XADD onto `stream`.
@@ -492,6 +507,73 @@ pub struct SqsSourceSpec {
     pub credentials_secret_ref: Option<AwsCredentialsRef>,
 }
 
+/// Produce to `topic` (or, with `route: origin`, to the topic a collected record was consumed
+/// from) with `acks=all` and an idempotent producer; confirmed once every in-sync replica has it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("!self.bootstrapServers.contains('@')").message("kafka bootstrapServers are host:port[,host:port] without credentials (use security.credentialsSecretRef)"))]
+pub struct KafkaTargetSpec {
+    /// `host:port[,host:port...]`.
+    #[schemars(length(min = 1, max = 2048))]
+    pub bootstrap_servers: String,
+    #[schemars(length(min = 1, max = 249))]
+    pub topic: String,
+    /// `origin` (default): records collected from a dead-letter topic go back to their original
+    /// topic; `target`: always `topic`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<Route>,
+    /// Produce to the record's original partition (default false: the key picks it, as it did
+    /// for the original producer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_partition: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security: Option<KafkaSecurity>,
+}
+
+/// TLS and SASL settings of a Kafka connection; secrets stay in Secrets.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct KafkaSecurity {
+    /// `PLAINTEXT` (default), `SSL`, `SASL_PLAINTEXT` or `SASL_SSL`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = "^(PLAINTEXT|SSL|SASL_PLAINTEXT|SASL_SSL)$"))]
+    pub protocol: Option<String>,
+    /// `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512` (default `PLAIN` when SASL is used).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = "^(PLAIN|SCRAM-SHA-256|SCRAM-SHA-512)$"))]
+    pub sasl_mechanism: Option<String>,
+    /// A Secret holding `username` and `password` for SASL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret_ref: Option<AwsCredentialsRef>,
+    /// Secret key holding PEM CA certificates to trust instead of the system roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_secret_ref: Option<SecretKeyRef>,
+}
+
+/// Consume dead-letter topics (Spring's `<topic>.DLT`, Kafka Connect's
+/// `errors.deadletterqueue.topic.name`) in a consumer group. An offset is committed only once
+/// the record exists. Servers and security default to the kafka target's.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct KafkaSourceSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 2048))]
+    pub bootstrap_servers: Option<String>,
+    #[schemars(length(min = 1, max = 32))]
+    pub topics: Vec<String>,
+    /// Consumer group (default `deadletter-operator`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 249))]
+    pub group_id: Option<String>,
+    /// Where a message that can never be a record (over the payload limit) is copied before
+    /// its offset is committed; default `<topic>.rejected`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 249))]
+    pub rejected_topic: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security: Option<KafkaSecurity>,
+}
+
 /// A key of a Secret in the DeadLetterQueue's namespace.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 pub struct SecretKeyRef {
@@ -504,7 +586,7 @@ pub struct SecretKeyRef {
 /// Exactly one broker to collect dead messages from.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = kube::core::Rule::new("[has(self.redis), has(self.amqp), has(self.nats), has(self.sqs)].filter(x, x).size() == 1").message("spec.source needs exactly one broker (redis, amqp, nats or sqs)"))]
+#[x_kube(validation = kube::core::Rule::new("[has(self.redis), has(self.amqp), has(self.nats), has(self.sqs), has(self.kafka)].filter(x, x).size() == 1").message("spec.source needs exactly one broker (redis, amqp, nats, sqs or kafka)"))]
 pub struct SourceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redis: Option<RedisSourceSpec>,
@@ -514,6 +596,8 @@ pub struct SourceSpec {
     pub nats: Option<NatsSourceSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sqs: Option<SqsSourceSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kafka: Option<KafkaSourceSpec>,
 }
 
 /// Drain a Redis list that consumers push dead jobs onto (see README "Dead-list envelope").
