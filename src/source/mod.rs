@@ -8,6 +8,7 @@
 //! and is re-parked (deduplicated) on the next start.
 
 pub mod amqp;
+pub mod kafka;
 pub mod nats;
 pub mod redis;
 pub mod sqs;
@@ -181,6 +182,9 @@ fn start(client: &Client, into: ParkInto, queue: &DeadLetterQueue) -> Option<Joi
     } else if let Some(src) = source.sqs {
         tracing::info!(namespace = %ns, queue = %name, sqs_queue = %crate::target::redact_url(&src.queue_url), "starting sqs source");
         Some(tokio::spawn(sqs::run(client, into, queue, src)))
+    } else if let Some(src) = source.kafka {
+        tracing::info!(namespace = %ns, queue = %name, topics = ?src.topics, "starting kafka source");
+        Some(tokio::spawn(kafka::run(client, into, queue, src)))
     } else {
         None
     }
