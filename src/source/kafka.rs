@@ -175,10 +175,16 @@ async fn run_once(
         "creating the Kafka producer for rejected messages",
     ))?;
     loop {
-        let m = consumer
-            .recv()
-            .await
-            .map_err(SourceError::broker("reading the dead-letter topics"))?;
+        // librdkafka reconnects by itself; an error here (broker gone, topic not created yet)
+        // is reported and the read goes on, nothing is skipped.
+        let m = match consumer.recv().await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(queue = %into.queue(), error = %e, "reading the dead-letter topics failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
         let dead = Dead::from_message(&m);
         handle(into, source, &producer, &dead).await?;
         crate::failpoint::hit("kafka-before-commit").await;

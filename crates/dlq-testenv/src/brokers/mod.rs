@@ -1,11 +1,12 @@
 //! Real brokers for the backend tests: redis-server, RabbitMQ (Debian's rabbitmq-server),
-//! nats-server with JetStream, ElasticMQ (SQS-compatible), a small HTTP(S) sink, and
+//! nats-server with JetStream, ElasticMQ (SQS-compatible), Kafka (KRaft), a small HTTP(S) sink, and
 //! Alertmanager. Each runs as a child on free loopback ports with its data in a temp dir, and
 //! dies with the test process.
 
 mod alertmanager;
 pub mod elasticmq;
 mod http;
+pub mod kafka;
 mod nats;
 mod rabbit;
 mod redis_server;
@@ -13,6 +14,7 @@ mod redis_server;
 pub use self::alertmanager::Alertmanager;
 pub use self::elasticmq::ElasticMq;
 pub use self::http::{HttpSink, Received, TestCa};
+pub use self::kafka::{Kafka, shared_kafka};
 pub use self::nats::Nats;
 pub use self::rabbit::{
     Rabbit, declare_exchange, declare_queue, drain, queue_depth, shared_rabbit,

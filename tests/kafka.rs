@@ -1,0 +1,427 @@
+//! Kafka against a real broker (Apache Kafka 4, KRaft, single node): Spring-style dead-letter
+//! topic messages are parked by the source and redriven by the target to their original topic
+//! with the same key, value and headers; binary keys and values; the broker down during
+//! redrive; a SIGKILL of the operator mid-drain; a message over the payload limit.
+//!
+//! One broker is shared by the tests of this binary (the JVM takes seconds to start); the
+//! broker-down test starts its own. Tests isolate themselves by topic names.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use dlq_core::api::{Action, DeadLetter, Phase};
+use dlq_testenv::brokers::{Kafka, shared_kafka};
+use dlq_testenv::{
+    Operator, Outage, assert_requeue_failing_then_recovers, create_dlq, decide, events_for,
+    eventually, record, redrive_many, setup, wait_phase,
+};
+use kube::Client;
+use kube::api::{Api, ListParams};
+use rdkafka::ClientConfig;
+use rdkafka::Message;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use serde_json::json;
+
+type RawHeaders = Vec<(String, Option<Vec<u8>>)>;
+
+async fn create_topics(bootstrap: &str, names: &[&str]) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .expect("admin client");
+    let topics: Vec<NewTopic<'_>> = names
+        .iter()
+        .map(|n| NewTopic::new(n, 1, TopicReplication::Fixed(1)))
+        .collect();
+    let out = admin
+        .create_topics(&topics, &AdminOptions::new())
+        .await
+        .expect("create topics");
+    for r in out {
+        if let Err((name, e)) = r {
+            assert!(
+                e == rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists,
+                "creating topic {name}: {e}"
+            );
+        }
+    }
+}
+
+fn producer(bootstrap: &str) -> FutureProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        .create()
+        .expect("producer")
+}
+
+async fn send(
+    p: &FutureProducer,
+    topic: &str,
+    key: Option<&[u8]>,
+    value: &[u8],
+    headers: &RawHeaders,
+) {
+    let mut h = OwnedHeaders::new();
+    for (k, v) in headers {
+        h = h.insert(Header {
+            key: k,
+            value: v.as_deref(),
+        });
+    }
+    let mut rec: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).payload(value).headers(h);
+    if let Some(k) = key {
+        rec = rec.key(k);
+    }
+    p.send(rec, Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|(e, _)| panic!("producing to {topic}: {e}"));
+}
+
+/// Every message of `topic` from the beginning, read until `quiet` passes without a new one.
+async fn read_all(bootstrap: &str, topic: &str, quiet: Duration) -> Vec<OwnedMessage> {
+    let group = format!("reader-{topic}-{}", std::process::id());
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", &group)
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .expect("consumer");
+    consumer.subscribe(&[topic]).expect("subscribe");
+    let mut got = Vec::new();
+    // The first message waits for the group join; after that, `quiet` ends the read.
+    let mut wait = Duration::from_secs(20);
+    while let Ok(Ok(m)) = tokio::time::timeout(wait, consumer.recv()).await {
+        got.push(m.detach());
+        wait = quiet;
+    }
+    got
+}
+
+fn headers_of(m: &OwnedMessage) -> RawHeaders {
+    m.headers()
+        .map(|h| {
+            h.iter()
+                .map(|x| (x.key.to_string(), x.value.map(<[u8]>::to_vec)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn h(name: &str, v: &[u8]) -> (String, Option<Vec<u8>>) {
+    (name.to_string(), Some(v.to_vec()))
+}
+
+/// What Spring Kafka's DeadLetterPublishingRecoverer adds to a record it dead-letters.
+fn spring_headers(origin: &str, offset: i64, class: &str, message: &str) -> RawHeaders {
+    vec![
+        h("kafka_dlt-original-topic", origin.as_bytes()),
+        h("kafka_dlt-original-partition", &0i32.to_be_bytes()),
+        h("kafka_dlt-original-offset", &offset.to_be_bytes()),
+        h(
+            "kafka_dlt-original-timestamp",
+            &1_700_000_000_000i64.to_be_bytes(),
+        ),
+        h("kafka_dlt-exception-fqcn", class.as_bytes()),
+        h("kafka_dlt-exception-message", message.as_bytes()),
+    ]
+}
+
+/// A DeadLetterQueue `relayer` producing to `topic`, optionally consuming `dlt`.
+async fn kafka_dlq(client: &Client, ns: &str, bootstrap: &str, topic: &str, dlt: Option<&str>) {
+    let mut spec = json!({"target": {"kafka": {"bootstrapServers": bootstrap, "topic": topic}}});
+    if let Some(dlt) = dlt {
+        spec["source"] = json!({"kafka": {"topics": [dlt], "groupId": format!("dlq-{ns}")}});
+    }
+    create_dlq(client, ns, "relayer", spec).await;
+}
+
+async fn records(api: &Api<DeadLetter>) -> Vec<DeadLetter> {
+    api.list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+}
+
+async fn parked_by_id(api: &Api<DeadLetter>, n: usize) -> Vec<DeadLetter> {
+    let mut items = eventually(90, "the dead-letter messages parked", || async {
+        let items = records(api).await;
+        (items.len() >= n).then_some(items)
+    })
+    .await;
+    items.sort_by(|a, b| a.spec.job.id.cmp(&b.spec.job.id));
+    items
+}
+
+#[tokio::test]
+async fn spring_dead_letters_round_trip_to_their_origin_topic_byte_for_byte() {
+    let (client, ns) = setup("kafka-spring").await;
+    let kafka = shared_kafka();
+    let (orders, dlt, fallback) = (
+        format!("orders-{ns}"),
+        format!("orders-{ns}.DLT"),
+        format!("fallback-{ns}"),
+    );
+    create_topics(&kafka.bootstrap(), &[&orders, &dlt, &fallback]).await;
+    let p = producer(&kafka.bootstrap());
+    let text_headers = [
+        spring_headers(&orders, 41, "java.lang.IllegalStateException", "amount < 0"),
+        vec![h("trace", b"t-1"), h("tenant", b"acme")],
+    ]
+    .concat();
+    let text_value = "{\"order\":1,\"note\":\"é ✓\"}".as_bytes();
+    send(&p, &dlt, Some(b"order-1"), text_value, &text_headers).await;
+    let bin_key: &[u8] = &[0, 255, 1, 128];
+    let bin_value: &[u8] = &[0, 159, 146, 150, 255, 0];
+    let bin_headers = [
+        spring_headers(&orders, 42, "org.example.BadAvro", "magic byte"),
+        vec![
+            h("bin", &[1, 2, 255]),
+            h("dup", b"a"),
+            h("dup", b"b"),
+            ("nil".into(), None),
+        ],
+    ]
+    .concat();
+    send(&p, &dlt, Some(bin_key), bin_value, &bin_headers).await;
+
+    kafka_dlq(&client, &ns, &kafka.bootstrap(), &fallback, Some(&dlt)).await;
+    let _op = Operator::start(&ns);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let items = parked_by_id(&api, 2).await;
+    assert_eq!(items.len(), 2);
+    let (text, bin) = (&items[0], &items[1]);
+    assert_eq!(text.spec.job.id, format!("kafka-{dlt}-0-0"));
+    assert_eq!(
+        text.spec.job.payload.as_deref().map(str::as_bytes),
+        Some(text_value)
+    );
+    assert_eq!(
+        bin.spec.job.payload, None,
+        "binary values are kept as payloadBase64"
+    );
+    let origin = text.spec.job.origin.clone().unwrap_or_default();
+    assert_eq!(origin.topic.as_deref(), Some(orders.as_str()));
+    assert_eq!((origin.partition, origin.offset), (Some(0), Some(41)));
+    assert_eq!(
+        text.spec.reason,
+        "java.lang.IllegalStateException: amount < 0"
+    );
+    assert_eq!(bin.spec.reason, "org.example.BadAvro: magic byte");
+
+    for r in &items {
+        let name = kube::ResourceExt::name_any(r);
+        wait_phase(&api, &name, Phase::Parked, 20).await;
+        decide(&api, &name, Action::Redrive, "ops").await;
+        wait_phase(&api, &name, Phase::Redriven, 30).await;
+    }
+    let back = read_all(&kafka.bootstrap(), &orders, Duration::from_secs(2)).await;
+    assert_eq!(
+        back.len(),
+        2,
+        "exactly one message each, back on the origin topic"
+    );
+    let without_bookkeeping = |hs: &RawHeaders| -> Vec<(String, Option<Vec<u8>>)> {
+        let mut v: Vec<_> = hs
+            .iter()
+            .filter(|(n, _)| !n.starts_with("kafka_dlt-"))
+            .cloned()
+            .collect();
+        v.sort();
+        v
+    };
+    let by_key = |k: &[u8]| {
+        back.iter()
+            .find(|m| m.key() == Some(k))
+            .unwrap_or_else(|| panic!("no message with key {k:?}"))
+    };
+    let m = by_key(b"order-1");
+    assert_eq!(m.payload(), Some(text_value));
+    let mut got = headers_of(m);
+    got.sort();
+    assert_eq!(
+        got,
+        without_bookkeeping(&text_headers),
+        "same headers, no kafka_dlt-*"
+    );
+    let m = by_key(bin_key);
+    assert_eq!(m.payload(), Some(bin_value), "binary value byte for byte");
+    let mut got = headers_of(m);
+    got.sort();
+    assert_eq!(
+        got,
+        without_bookkeeping(&bin_headers),
+        "binary, repeated and null headers"
+    );
+    assert!(
+        read_all(&kafka.bootstrap(), &fallback, Duration::from_secs(1))
+            .await
+            .is_empty(),
+        "nothing went to the configured topic"
+    );
+}
+
+/// A Kafka node of its own behind the target (the shared one is never stopped).
+struct KafkaJobs {
+    kafka: Kafka,
+    topic: String,
+}
+
+impl Outage for KafkaJobs {
+    fn name(&self) -> &str {
+        "Kafka"
+    }
+
+    fn stop(&mut self) {
+        self.kafka.stop();
+    }
+
+    async fn restart(&mut self) {
+        self.kafka.restart();
+    }
+
+    async fn delivered(&mut self) -> Vec<Vec<u8>> {
+        read_all(&self.kafka.bootstrap(), &self.topic, Duration::from_secs(2))
+            .await
+            .iter()
+            .map(|m| m.payload().unwrap_or_default().to_vec())
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn broker_down_keeps_records_parked_until_it_returns() {
+    let (client, ns) = setup("kafka-down").await;
+    let kafka = Kafka::start();
+    let topic = "jobs".to_string();
+    create_topics(&kafka.bootstrap(), &[&topic]).await;
+    kafka_dlq(&client, &ns, &kafka.bootstrap(), &topic, None).await;
+    let _op = Operator::start(&ns);
+    let mut broker = KafkaJobs { kafka, topic };
+    assert_requeue_failing_then_recovers(&client, &ns, &mut broker, &[("x-n", "1")], 3).await;
+}
+
+#[tokio::test]
+async fn source_survives_sigkill_mid_drain_and_parks_every_message_exactly_once() {
+    const N: usize = 300;
+    let (client, ns) = setup("kafka-crash").await;
+    let kafka = shared_kafka();
+    let (jobs, dlt) = (format!("jobs-{ns}"), format!("jobs-{ns}.DLT"));
+    create_topics(&kafka.bootstrap(), &[&jobs, &dlt]).await;
+    let p = producer(&kafka.bootstrap());
+    let sends = (0..N).map(|i| {
+        let (p, dlt, jobs) = (&p, &dlt, &jobs);
+        async move {
+            let headers = spring_headers(jobs, i as i64, "java.lang.RuntimeException", "boom");
+            send(
+                p,
+                dlt,
+                Some(format!("k{i}").as_bytes()),
+                format!("job {i}").as_bytes(),
+                &headers,
+            )
+            .await
+        }
+    });
+    futures::future::join_all(sends).await;
+    kafka_dlq(&client, &ns, &kafka.bootstrap(), &jobs, Some(&dlt)).await;
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let started = Instant::now();
+    let mut op = Operator::start(&ns);
+    eventually(120, "some records", || async {
+        (records(&api).await.len() >= 20).then_some(())
+    })
+    .await;
+    op.kill();
+    let at_kill = records(&api).await.len();
+    assert!(at_kill < N, "the kill came mid-drain");
+    let _op = Operator::start(&ns);
+    eventually(150, "every dead-letter message parked", || async {
+        (records(&api).await.len() >= N).then_some(())
+    })
+    .await;
+    let elapsed = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let items = records(&api).await;
+    assert_eq!(items.len(), N, "none lost, none doubled");
+    let parked: BTreeSet<String> = items.iter().map(|r| r.spec.job.id.clone()).collect();
+    let want: BTreeSet<String> = (0..N).map(|i| format!("kafka-{dlt}-0-{i}")).collect();
+    assert_eq!(parked, want, "one record per offset");
+    dlq_testenv::report(&format!(
+        "kafka source: {N} dead-letter messages parked in {:.1}s incl. SIGKILL at {at_kill} records and a restart",
+        elapsed.as_secs_f64()
+    ));
+}
+
+#[tokio::test]
+async fn a_message_over_the_payload_limit_is_copied_to_the_rejected_topic_with_the_reason() {
+    let (client, ns) = setup("kafka-big").await;
+    let kafka = shared_kafka();
+    let (jobs, dlt) = (format!("big-{ns}"), format!("big-{ns}.DLT"));
+    let rejected = format!("{dlt}.rejected");
+    create_topics(&kafka.bootstrap(), &[&jobs, &dlt, &rejected]).await;
+    let p = producer(&kafka.bootstrap());
+    let big = vec![b'x'; 300 * 1024];
+    let headers = spring_headers(&jobs, 0, "java.lang.RuntimeException", "too big");
+    send(&p, &dlt, Some(b"big"), &big, &headers).await;
+    send(&p, &dlt, Some(b"small"), b"small job", &headers).await;
+    kafka_dlq(&client, &ns, &kafka.bootstrap(), &jobs, Some(&dlt)).await;
+    let _op = Operator::start(&ns);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+
+    let items = parked_by_id(&api, 1).await;
+    assert_eq!(items.len(), 1, "only the small message is a record");
+    assert_eq!(items[0].spec.job.id, format!("kafka-{dlt}-0-1"));
+    let copies = read_all(&kafka.bootstrap(), &rejected, Duration::from_secs(2)).await;
+    assert_eq!(copies.len(), 1, "the big message copied once to {rejected}");
+    assert_eq!(copies[0].payload(), Some(&big[..]), "byte for byte");
+    assert_eq!(copies[0].key(), Some(&b"big"[..]));
+    let reason = headers_of(&copies[0])
+        .into_iter()
+        .find(|(n, _)| n == "dlq-rejected-reason")
+        .and_then(|(_, v)| v)
+        .map(|v| String::from_utf8_lossy(&v).to_string())
+        .unwrap_or_default();
+    assert!(
+        reason.contains("limit") || reason.contains("bytes"),
+        "{reason}"
+    );
+    eventually(30, "a Rejected Event on the queue", || async {
+        let e = events_for(&client, &ns, "relayer", "Rejected").await;
+        (!e.is_empty()).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn redrive_rate() {
+    let (client, ns) = setup("kafka-rate").await;
+    let kafka = shared_kafka();
+    let topic = format!("rate-{ns}");
+    create_topics(&kafka.bootstrap(), &[&topic]).await;
+    kafka_dlq(&client, &ns, &kafka.bootstrap(), &topic, None).await;
+    let _op = Operator::start(&ns);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let n = 200;
+    let secs = redrive_many(&api, n, |i| {
+        record(
+            &format!("rate-{i}"),
+            &format!("rate/{i}"),
+            format!("job {i}").as_bytes(),
+            &[("x-n", "1")],
+        )
+    })
+    .await;
+    let got = read_all(&kafka.bootstrap(), &topic, Duration::from_secs(2)).await;
+    assert_eq!(got.len(), n, "each job exactly once");
+    dlq_testenv::report(&format!(
+        "redrive rate kafka: {n} records in {secs:.2}s = {:.0} records/s",
+        n as f64 / secs
+    ));
+}
