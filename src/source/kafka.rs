@@ -165,6 +165,10 @@ async fn run_once(
         .set("enable.auto.offset.store", "false")
         .set("auto.commit.interval.ms", "1000")
         .set("auto.offset.reset", "earliest")
+        // A crashed operator's membership expires after this, then its replacement gets the
+        // partitions (the default 45 s would stall a restart that long).
+        .set("session.timeout.ms", "10000")
+        .set("heartbeat.interval.ms", "3000")
         .create()
         .map_err(SourceError::broker("creating the Kafka consumer"))?;
     let topics: Vec<&str> = source.topics.iter().map(String::as_str).collect();
