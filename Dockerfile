@@ -9,6 +9,12 @@ FROM docker.io/library/rust:${RUST_VERSION}-slim-bookworm AS build
 WORKDIR /src
 ENV CARGO_TERM_COLOR=never \
     CARGO_INCREMENTAL=0
+# librdkafka (the Kafka backend) is built from the rdkafka crate's bundled C source: it needs make
+# and OpenSSL headers; versions are those of the pinned bookworm base image.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends make pkg-config libssl-dev \
+ && rm -rf /var/lib/apt/lists/*
 COPY . .
 # Cargo.lock is authoritative (--locked); the registry and target dir are cached between builds.
 # No test-only features (failpoints) in a release image.
@@ -18,7 +24,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
  && install -D -m 0755 target/release/deadletter-operator /out/deadletter-operator \
  && install -D -m 0755 target/release/kubectl-dlq /out/kubectl-dlq
 
-# glibc + libgcc, no shell, no package manager; runs as uid/gid 65532.
+# glibc + libgcc + OpenSSL (librdkafka's TLS), no shell, no package manager; runs as uid/gid 65532.
 FROM gcr.io/distroless/cc-debian12:nonroot
 LABEL org.opencontainers.image.title="deadletter-operator" \
       org.opencontainers.image.description="Parks given-up queue jobs as DeadLetter resources; redrives or drops them on a signed decision" \
