@@ -36,6 +36,8 @@ pub struct ChaosConfig {
     pub settle: Duration,
     /// Where report.json and the operators' logs go.
     pub out: PathBuf,
+    /// The fault kinds to inject (`CHAOS_KINDS`, comma-separated; all by default).
+    pub kinds: Vec<&'static str>,
 }
 
 impl ChaosConfig {
@@ -62,7 +64,21 @@ impl ChaosConfig {
             max_gap: Duration::from_secs(4),
             settle: Duration::from_secs(60),
             out,
+            kinds: kinds_from_env(),
         }
+    }
+}
+
+fn kinds_from_env() -> Vec<&'static str> {
+    let wanted = std::env::var("CHAOS_KINDS").unwrap_or_default();
+    let picked: Vec<&'static str> = KINDS
+        .into_iter()
+        .filter(|k| wanted.split(',').any(|w| w.trim() == *k))
+        .collect();
+    if picked.is_empty() {
+        KINDS.to_vec()
+    } else {
+        picked
     }
 }
 
@@ -91,13 +107,13 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// The fault schedule: every kind once (shuffled), then weighted picks.
-pub fn schedule(n: usize, rng: &mut Rng) -> Vec<&'static str> {
-    let mut first: Vec<&'static str> = KINDS.to_vec();
+pub fn schedule(n: usize, kinds: &[&'static str], rng: &mut Rng) -> Vec<&'static str> {
+    let mut first: Vec<&'static str> = kinds.to_vec();
     for i in (1..first.len()).rev() {
         first.swap(i, rng.below(i as u64 + 1) as usize);
     }
     // Weights: cheap faults more often than the slow ones (pause ≈ 30 s, RabbitMQ ≈ 10 s).
-    let weighted = [
+    let weighted: Vec<(&'static str, u64)> = [
         ("operator_sigkill", 5),
         ("leader_pause", 1),
         ("apiserver_restart", 3),
@@ -105,12 +121,15 @@ pub fn schedule(n: usize, rng: &mut Rng) -> Vec<&'static str> {
         ("broker_cut", 3),
         ("etcd_restart", 2),
         ("rabbitmq_restart", 1),
-    ];
+    ]
+    .into_iter()
+    .filter(|(k, _)| kinds.contains(k))
+    .collect();
     let total: u64 = weighted.iter().map(|w| w.1).sum();
     let mut out: Vec<&'static str> = first.into_iter().take(n).collect();
     while out.len() < n {
         let mut r = rng.below(total);
-        for (k, w) in weighted {
+        for &(k, w) in &weighted {
             if r < w {
                 out.push(k);
                 break;

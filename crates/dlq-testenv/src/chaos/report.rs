@@ -44,6 +44,8 @@ pub struct Report {
     pub panics: u64,
     pub redriven: u64,
     pub dropped: u64,
+    /// Up to five job ids per failed invariant, to start an investigation from.
+    pub examples: BTreeMap<String, Vec<String>>,
     pub duration_secs: f64,
 }
 
@@ -68,12 +70,18 @@ impl Report {
         for d in finals {
             let arrived = arrivals.contains_key(&d.spec.job.id);
             match (d.phase(), d.spec.action) {
-                (Phase::Parked, Some(_)) => r.unresolved += 1,
+                (Phase::Parked, Some(_)) => {
+                    r.unresolved += 1;
+                    r.example("unresolved", [d.spec.job.id.as_str()]);
+                }
                 (Phase::Parked, None) => r.undecided += 1,
                 (Phase::Redriven, a) => {
                     r.redriven += 1;
                     r.wrong_outcome += u64::from(a == Some(Action::Drop));
                     r.redriven_not_on_target += u64::from(!arrived);
+                    if !arrived {
+                        r.example("redriven_not_on_target", [d.spec.job.id.as_str()]);
+                    }
                 }
                 (Phase::Dropped, a) => {
                     r.dropped += 1;
@@ -101,6 +109,18 @@ impl Report {
             r.faults_total += 1;
         }
         r
+    }
+
+    fn example<'a>(&mut self, what: &str, ids: impl IntoIterator<Item = &'a str>) {
+        let list = self.examples.entry(what.to_string()).or_default();
+        for id in ids {
+            if list.len() < 5 {
+                list.push(id.to_string());
+            }
+        }
+        if list.is_empty() {
+            self.examples.remove(what);
+        }
     }
 
     /// True when every invariant held.

@@ -38,9 +38,12 @@ async fn admin_client(plane: &Mutex<ControlPlane>) -> Client {
     Client::try_from(config).expect("a client for the chaos plane")
 }
 
-/// The RabbitMQ side: a work queue that dead-letters at once (TTL 0) into `<ns>.dlq`, and the
-/// target queue `<ns>.jobs`. Returns (shop exchange, dlq, jobs).
-async fn amqp_topology(rabbit: &Rabbit, ns: &str) -> (String, String, String) {
+/// The RabbitMQ side: a work queue `<ns>.orders` whose dead letters go to `<ns>.dlq`. The
+/// producers' messages expire at once (per-message TTL 0); a redriven job goes back to its
+/// origin (exchange and routing key from x-death) without the expiration, so it stays in
+/// `<ns>.orders`, where the harness reads it. `<ns>.jobs` is the queue's configured target,
+/// used when a record has no origin. Returns (shop exchange, dlq, orders, jobs).
+async fn amqp_topology(rabbit: &Rabbit, ns: &str) -> (String, String, String, String) {
     let (_conn, ch) = rabbit.channel().await;
     let (shop, dlx) = (format!("{ns}.shop"), format!("{ns}.dlx"));
     let (orders, dlq, jobs) = (
@@ -53,7 +56,6 @@ async fn amqp_topology(rabbit: &Rabbit, ns: &str) -> (String, String, String) {
     let mut args = FieldTable::default();
     let dlx_name = AMQPValue::LongString(LongString::from(dlx.as_bytes()));
     args.insert(ShortString::from("x-dead-letter-exchange"), dlx_name);
-    args.insert(ShortString::from("x-message-ttl"), AMQPValue::LongInt(0));
     declare_queue(&ch, &orders, args).await;
     declare_queue(&ch, &dlq, FieldTable::default()).await;
     declare_queue(&ch, &jobs, FieldTable::default()).await;
@@ -71,9 +73,9 @@ async fn amqp_topology(rabbit: &Rabbit, ns: &str) -> (String, String, String) {
             .unwrap_or_else(|e| panic!("binding {q} to {x}: {e}"));
         }
     };
-    bind(orders, shop.clone(), "orders.created").await;
+    bind(orders.clone(), shop.clone(), "orders.created").await;
     bind(dlq.clone(), dlx, "").await;
-    (shop, dlq, jobs)
+    (shop, dlq, orders, jobs)
 }
 
 impl Env {
@@ -96,7 +98,7 @@ impl Env {
         let proxy = CutProxy::start(redis.port)
             .await
             .expect("starting the broker cut proxy");
-        let (shop, dlq, jobs) = amqp_topology(&rabbit, &ns).await;
+        let (shop, dlq, orders, jobs) = amqp_topology(&rabbit, &ns).await;
         let proxied = format!("redis://127.0.0.1:{}/", proxy.port);
         crate::create_secret(&client, &ns, "redis", "url", &proxied).await;
         crate::create_secret(&client, &ns, "amqp", "url", &rabbit.url()).await;
@@ -110,7 +112,7 @@ impl Env {
             redis_url: redis.url(),
             amqp_url: rabbit.url(),
             shop,
-            jobs,
+            jobs: vec![orders, jobs.clone()],
         };
         let targets = Targets {
             plane,
@@ -172,7 +174,7 @@ impl Env {
         ));
 
         let mut rng = Rng(cfg.seed);
-        for (i, kind) in super::schedule(cfg.faults, &mut rng)
+        for (i, kind) in super::schedule(cfg.faults, &cfg.kinds, &mut rng)
             .into_iter()
             .enumerate()
         {

@@ -28,8 +28,8 @@ pub struct Brokers {
     pub amqp_url: String,
     /// The exchange whose queue dead-letters every message at once (TTL 0).
     pub shop: String,
-    /// The AMQP target queue.
-    pub jobs: String,
+    /// Where redriven AMQP jobs land: their origin queue, and the queue's configured target.
+    pub jobs: Vec<String>,
 }
 
 /// Pushes `n` envelopes `r-<i>` onto the Redis dead list at `per_sec`, retrying through
@@ -62,7 +62,8 @@ pub async fn produce_redis(b: Brokers, n: usize, per_sec: f64) -> Vec<String> {
     ids
 }
 
-/// Publishes `n` persistent messages `a-<i>` (confirmed) that RabbitMQ dead-letters at once.
+/// Publishes `n` persistent messages `a-<i>` (confirmed) that RabbitMQ dead-letters at once
+/// (per-message TTL 0).
 pub async fn produce_amqp(b: Brokers, n: usize, per_sec: f64) -> Vec<String> {
     let mut ids = Vec::with_capacity(n);
     let gap = Duration::from_secs_f64(1.0 / per_sec.max(1.0));
@@ -76,6 +77,7 @@ pub async fn produce_amqp(b: Brokers, n: usize, per_sec: f64) -> Vec<String> {
             if let Some((_, ch)) = &conn {
                 let props = BasicProperties::default()
                     .with_message_id(id.as_str().into())
+                    .with_expiration("0".into())
                     .with_delivery_mode(2);
                 let sent = ch
                     .basic_publish(
@@ -148,6 +150,7 @@ pub async fn consume_redis(b: Brokers, history: History, mut stop: watch::Receiv
 pub async fn consume_amqp(b: Brokers, history: History, stop: watch::Receiver<bool>) {
     let mut conn: Option<(Connection, lapin::Channel)> = None;
     let mut seen: HashSet<u64> = HashSet::new();
+    let mut turn = 0usize;
     while !*stop.borrow() {
         if conn.is_none() {
             conn = amqp_channel(&b.amqp_url, false).await;
@@ -156,8 +159,10 @@ pub async fn consume_amqp(b: Brokers, history: History, stop: watch::Receiver<bo
             tokio::time::sleep(Duration::from_millis(300)).await;
             continue;
         };
+        let queue = &b.jobs[turn % b.jobs.len()];
+        turn += 1;
         match ch
-            .basic_get(b.jobs.as_str().into(), BasicGetOptions { no_ack: false })
+            .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: false })
             .await
         {
             Ok(Some(m)) => {
