@@ -60,19 +60,19 @@ impl History {
         if let Some(a) = &r.spec.action {
             h.action = Some(format!("{a:?}").to_lowercase());
         }
-        if let Some(&last) = h.phases.last() {
-            if rank(phase) < rank(last) || (rank(last) == 1 && phase != last) {
-                h.regressions += 1;
-            }
+        if let Some(&last) = h.phases.last()
+            && (rank(phase) < rank(last) || (rank(last) == 1 && phase != last))
+        {
+            h.regressions += 1;
         }
         if h.phases.last() != Some(&phase) {
             h.phases.push(phase);
         }
         let at = r.status.as_ref().and_then(|s| s.resolved_at.as_ref());
-        if let Some(at) = at.map(|t| t.0.to_string()) {
-            if !h.resolutions.contains(&at) {
-                h.resolutions.push(at);
-            }
+        if let Some(at) = at.map(|t| t.0.to_string())
+            && !h.resolutions.contains(&at)
+        {
+            h.resolutions.push(at);
         }
     }
 
@@ -120,10 +120,9 @@ impl History {
                 .default_backoff()
                 .boxed();
             while let Some(ev) = events.next().await {
-                match ev {
-                    Ok(watcher::Event::Apply(r) | watcher::Event::InitApply(r)) => me.observe(&r),
-                    // Errors (the apiserver restarting) are retried by the backoff.
-                    Ok(_) | Err(_) => {}
+                // Errors (the apiserver restarting) are retried by the backoff.
+                if let Ok(watcher::Event::Apply(r) | watcher::Event::InitApply(r)) = ev {
+                    me.observe(&r);
                 }
             }
         })

@@ -42,17 +42,8 @@ pub async fn produce_redis(b: Brokers, n: usize, per_sec: f64) -> Vec<String> {
         let env = json!({"id": id, "payload": id, "reason": "retries exhausted",
             "deliveries": 3, "failureKind": "Transient"});
         loop {
-            if let Ok(client) = redis::Client::open(b.redis_url.as_str()) {
-                if let Ok(mut c) = client.get_multiplexed_async_connection().await {
-                    let r: redis::RedisResult<i64> = redis::cmd("LPUSH")
-                        .arg(REDIS_DEAD)
-                        .arg(env.to_string())
-                        .query_async(&mut c)
-                        .await;
-                    if r.is_ok() {
-                        break;
-                    }
-                }
+            if lpush(&b.redis_url, &env.to_string()).await {
+                break;
             }
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
@@ -60,6 +51,22 @@ pub async fn produce_redis(b: Brokers, n: usize, per_sec: f64) -> Vec<String> {
         tokio::time::sleep(gap).await;
     }
     ids
+}
+
+/// LPUSH onto the dead list; false when Redis did not acknowledge it.
+async fn lpush(url: &str, element: &str) -> bool {
+    let Ok(client) = redis::Client::open(url) else {
+        return false;
+    };
+    let Ok(mut c) = client.get_multiplexed_async_connection().await else {
+        return false;
+    };
+    let r: redis::RedisResult<i64> = redis::cmd("LPUSH")
+        .arg(REDIS_DEAD)
+        .arg(element)
+        .query_async(&mut c)
+        .await;
+    r.is_ok()
 }
 
 /// Publishes `n` persistent messages `a-<i>` (confirmed) that RabbitMQ dead-letters at once
@@ -88,10 +95,10 @@ pub async fn produce_amqp(b: Brokers, n: usize, per_sec: f64) -> Vec<String> {
                         props,
                     )
                     .await;
-                if let Ok(confirm) = sent {
-                    if confirm.await.is_ok_and(|c| c.is_ack()) {
-                        break;
-                    }
+                if let Ok(confirm) = sent
+                    && confirm.await.is_ok_and(|c| c.is_ack())
+                {
+                    break;
                 }
             }
             conn = None;
@@ -228,7 +235,7 @@ pub async fn decide(ctx: DecideCtx, history: History, mut stop: watch::Receiver<
             plan.push((pick, name, job));
         }
         apply_plan(&ctx, plan, &decided).await;
-        if round % 15 == 0 {
+        if round.is_multiple_of(15) {
             for queue in ["relayer", "orders"] {
                 let _ = ctx
                     .dlq(&[
