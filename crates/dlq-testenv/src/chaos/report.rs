@@ -61,10 +61,21 @@ impl Report {
         for d in finals {
             *per_job.entry(d.spec.job.id.as_str()).or_default() += 1;
         }
-        r.lost = produced
+        let lost: Vec<&str> = produced
             .iter()
-            .filter(|id| !per_job.contains_key(id.as_str()))
-            .count() as u64;
+            .map(String::as_str)
+            .filter(|id| !per_job.contains_key(id))
+            .collect();
+        r.lost = lost.len() as u64;
+        r.example("lost", lost);
+        let doubled = per_job.iter().filter(|(_, n)| **n > 1).map(|(j, _)| *j);
+        r.example("duplicate_records", doubled);
+        // A job is redriven when any of its records (cycles) is.
+        let redriven_jobs: std::collections::HashSet<&str> = finals
+            .iter()
+            .filter(|d| d.phase() == Phase::Redriven)
+            .map(|d| d.spec.job.id.as_str())
+            .collect();
         r.duplicate_records = per_job.values().map(|n| n.saturating_sub(1)).sum();
         let arrivals = history.arrivals();
         for d in finals {
@@ -88,11 +99,15 @@ impl Report {
                     r.wrong_outcome += u64::from(a == Some(Action::Redrive));
                 }
             }
-            if arrived && d.phase() != Phase::Redriven {
+            if arrived && !redriven_jobs.contains(d.spec.job.id.as_str()) {
                 r.stray_enqueues += 1;
+                r.example("stray_enqueues", [d.spec.job.id.as_str()]);
             }
         }
-        for times in arrivals.values() {
+        for (job, times) in &arrivals {
+            if times.len() > 1 {
+                r.example("duplicate_enqueues", [job.as_str()]);
+            }
             for t in times.iter().skip(1) {
                 *r.duplicate_enqueues
                     .entry(history.blame(*t).to_string())
