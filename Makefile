@@ -65,6 +65,15 @@ cluster:
 cluster-down:
 	@bash scripts/cluster.sh down
 
+.PHONY: chaos
+## chaos run: kills, pauses, restarts and cut links during parking storms and replays, checked
+## against the invariants (CHAOS_FAULTS, CHAOS_MESSAGES, CHAOS_SEED; report in target/chaos/)
+chaos:
+	@bash scripts/ensure-deps.sh
+	@bash tools/build.sh kube etcd >/dev/null
+	$(CARGO) build --workspace --features $(TEST_FEATURES) --bins
+	RUST_BACKTRACE=0 target/debug/dlq-chaos
+
 .PHONY: chart-crds chart-test image
 IMAGE ?= ghcr.io/deadletter-operator/deadletter-operator:dev
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use deadletter::alert::{Alerting, Alertmanager};
-use deadletter::controller::{self, Settings};
+use deadletter::controller::{self, Leadership, Settings};
 use deadletter::metrics::Metrics;
 use deadletter::server::{self, Probes};
 use futures::FutureExt;
@@ -216,6 +216,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let Some(lost) = lead(&args, &client, &identity, &ready, &shutdown).await? else {
         return Ok(());
     };
+    let leadership = follow_lease(&args, &client, &identity);
     let stop = either(shutdown.clone(), lost.clone());
     let scopes = scopes(&args.watch_namespaces);
     ready.store(true, Ordering::Relaxed);
@@ -224,7 +225,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         controller: "deadletter-operator".into(),
         instance: Some(identity),
     };
-    let settings = settings(&args, alerts);
+    let mut settings = settings(&args, alerts);
+    settings.leadership = leadership;
     futures::future::join_all(scopes.into_iter().map(|ns| {
         controller::run_scope(
             client.clone(),
@@ -281,6 +283,23 @@ async fn lead(
         .boxed()
         .shared(),
     ))
+}
+
+/// The requeue guard of a leader: its term as the Lease says, refreshed every second (see
+/// `controller::Leadership`). Without leader election it never runs out.
+fn follow_lease(args: &RunArgs, client: &kube::Client, identity: &str) -> Leadership {
+    if !args.leader_election {
+        return Leadership::always();
+    }
+    let leadership = Leadership::not_yet();
+    tokio::spawn(leadership.clone().follow(
+        client.clone(),
+        args.lease_namespace.clone(),
+        args.lease_name.clone(),
+        identity.to_string(),
+        std::time::Duration::from_secs(1),
+    ));
+    leadership
 }
 
 /// Resolves when either does.

@@ -127,6 +127,12 @@ async fn redrive(ctx: &Context, ns: &str, cached: &DeadLetter) -> Result<Action>
     };
     let uid = record.uid().unwrap_or_default();
     if !ctx.enqueued.lock().await.contains(&uid) {
+        if !ctx.settings.leadership.holds() {
+            // Our term on the Lease ran out (paused, or renewals failing): a standby may be
+            // redriving this record now. Enqueue nothing; retry once the term is renewed.
+            tracing::warn!(name = %record.name_any(), "not requeueing: this replica's lease term ran out");
+            return Ok(Action::requeue(Duration::from_secs(1)));
+        }
         if let Err(failure) = requeue(ctx, ns, &record).await {
             return Ok(requeue_failed(ctx, &record, failure).await);
         }

@@ -5,6 +5,9 @@
 pub mod apiserver;
 pub mod deadletter;
 pub mod deadletterqueue;
+pub mod leadership;
+
+pub use self::leadership::Leadership;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -39,6 +42,8 @@ pub struct Settings {
     pub concurrency: u16,
     /// Per-record Alertmanager alerts; None when no Alertmanager is configured.
     pub alerts: Option<Arc<crate::alert::Alerting>>,
+    /// This replica's term on the Lease: no requeue once it ran out (a paused leader).
+    pub leadership: Leadership,
 }
 
 impl Default for Settings {
@@ -48,6 +53,7 @@ impl Default for Settings {
             queue_resync: Duration::from_secs(30),
             concurrency: 32,
             alerts: None,
+            leadership: Leadership::always(),
         }
     }
 }

@@ -511,3 +511,44 @@ async fn an_unsigned_decision_is_refused_on_the_record() {
         });
     assert_eq!(ready.as_deref(), Some("Unsigned"));
 }
+
+/// Issue 14: a leader paused past its lease wakes up believing it leads; it must enqueue
+/// nothing until its term is renewed (a standby may be redriving the same record meanwhile).
+#[tokio::test]
+async fn a_leader_whose_lease_term_ran_out_enqueues_nothing() {
+    let apiserver = FakeApiserver::holding(&record(Some(Action::Redrive)));
+    let target: Arc<FakeTarget> = Arc::default();
+    let leadership = super::Leadership::not_yet();
+    let settings = Settings {
+        leadership: leadership.clone(),
+        ..Settings::default()
+    };
+    let ctx = Arc::new(Context::new(
+        apiserver.clone(),
+        Arc::new(target.clone()),
+        store_of(&[apiserver.current()]),
+        store_of(&[queue()]),
+        Metrics::default(),
+        settings,
+    ));
+    let h = Harness {
+        apiserver,
+        target,
+        ctx,
+    };
+    let now = jiff::Timestamp::now().as_millisecond();
+    // Last renewed 20 s ago with a 15 s lease: the SIGSTOP outlasted the term.
+    leadership.renewed(now - 20_000, Duration::from_secs(15));
+    let action = h.reconcile().await.expect("reconcile");
+    assert_eq!(h.delivered(), 0, "nothing enqueued on an expired term");
+    assert_eq!(h.phase(), Phase::Parked);
+    assert_eq!(action, ReconcileAction::requeue(Duration::from_secs(1)));
+
+    leadership.renewed(now, Duration::from_secs(15));
+    h.reconcile().await.expect("reconcile after renewal");
+    assert_eq!(h.delivered(), 1);
+    assert_eq!(h.phase(), Phase::Redriven);
+
+    leadership.revoke();
+    assert!(!leadership.holds(), "a revoked term is over at once");
+}

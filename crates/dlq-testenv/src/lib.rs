@@ -9,6 +9,7 @@
 //! - [`fixtures`]: dlq.dev objects as tests create, decide and wait on them.
 //! - [`brokers`]: redis-server, RabbitMQ, nats-server, ElasticMQ (SQS) and an HTTP(S) sink.
 //! - [`outage`]: the broker-down scenario every redrive backend must pass.
+//! - [`chaos`]: `make chaos`: every component faulted during a parking storm, invariants checked.
 //! - [`browser`]: headless Chromium over WebDriver, for the page tests of `kubectl dlq ui`.
 //! - [`chart`]: helm, promtool and rendered-manifest helpers for the packaging tests.
 //! - [`paths`]: the checkout and the workspace's built binaries ([`bin`]).
@@ -18,6 +19,7 @@
 
 pub mod brokers;
 pub mod browser;
+pub mod chaos;
 pub mod chart;
 pub mod cluster;
 pub mod fixtures;

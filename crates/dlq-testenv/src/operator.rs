@@ -17,6 +17,8 @@ pub struct Operator {
     pub metrics_port: u16,
     /// Its stdout and stderr.
     pub log: PathBuf,
+    /// Its identity (POD_NAME, the Lease holder when it leads).
+    pub name: String,
 }
 
 impl Operator {
@@ -27,12 +29,27 @@ impl Operator {
 
     /// Starts one with extra arguments and environment (which win over the defaults).
     pub fn start_with(ns: &str, args: &[&str], env: &[(&str, &str)]) -> Operator {
+        Self::start_on(&plane().kubeconfig, ns, args, env)
+    }
+
+    /// Like [`Operator::start_with`], against the control plane of `kubeconfig` (the chaos
+    /// harness owns a plane it restarts, not the shared one).
+    pub fn start_on(
+        kubeconfig: &std::path::Path,
+        ns: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Operator {
         static SEQ: AtomicU32 = AtomicU32::new(0);
         let n = SEQ.fetch_add(1, Ordering::SeqCst);
         let metrics_port = crate::plane::free_port().expect("a free port for the metrics server");
         let log =
             std::env::temp_dir().join(format!("dlq-operator-{}-{ns}-{n}.log", std::process::id()));
-        let mut cmd = Command::new(crate::bin("deadletter-operator"));
+        // DLQ_OPERATOR_BIN runs another build (the chaos harness's before/after comparison).
+        let bin = std::env::var_os("DLQ_OPERATOR_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| crate::bin("deadletter-operator"));
+        let mut cmd = Command::new(bin);
         cmd.arg("run");
         if !args.iter().any(|a| a.starts_with("--leader-election")) {
             cmd.arg("--leader-election=false");
@@ -41,7 +58,7 @@ impl Operator {
             .arg(format!("--watch-namespaces={ns}"))
             .arg("--backoff-cap-seconds=2")
             .args(args)
-            .env("KUBECONFIG", &plane().kubeconfig)
+            .env("KUBECONFIG", kubeconfig)
             .env("POD_NAME", format!("op-{n}"))
             .env("RUST_LOG", "info,kube=warn,lapin=error");
         for (k, v) in env {
@@ -52,6 +69,7 @@ impl Operator {
             child: Some(child),
             metrics_port,
             log,
+            name: format!("op-{n}"),
         };
         op.wait_ready();
         op
@@ -100,6 +118,28 @@ impl Operator {
             })
             .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
             .sum()
+    }
+
+    /// Its process id while it runs (to SIGSTOP/SIGCONT it).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Sends `signal` (e.g. `libc::SIGSTOP`) to the process, if it runs.
+    pub fn signal(&self, signal: i32) {
+        if let Some(pid) = self.pid().and_then(|p| i32::try_from(p).ok()) {
+            // SAFETY: a signal to our own child.
+            unsafe {
+                libc::kill(pid, signal);
+            }
+        }
+    }
+
+    /// Whether the process is still running (false once it exited by itself).
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
     /// SIGKILL: no chance to finish anything.

@@ -165,6 +165,8 @@ pub struct ControlPlane {
     pub server: String,
     /// Dirs holding kube-apiserver, kubectl and etcd.
     pub bin_dirs: Vec<PathBuf>,
+    /// etcd's client URL, peer port and kube-apiserver's port: a restart reuses them.
+    ports: (String, u16, u16),
 }
 
 struct Pki {
@@ -333,6 +335,7 @@ impl ControlPlane {
             kubeconfig,
             server,
             bin_dirs,
+            ports: (etcd_url, peer_port, api_port),
         };
         // etcd exiting early (port race, bad flag) shows up here rather than as an apiserver hang.
         std::thread::sleep(Duration::from_millis(200));
@@ -380,6 +383,53 @@ impl ControlPlane {
             log: api_log.display().to_string(),
             tail: tail(api_log, 30),
         })
+    }
+
+    /// SIGKILLs kube-apiserver and starts it again on the same port over the same etcd (the
+    /// chaos harness's apiserver restart), then waits for `/readyz`.
+    pub fn restart_apiserver(&mut self) -> Result<()> {
+        let _ = self.apiserver.kill();
+        let _ = self.apiserver.wait();
+        let bin = find_binary(&self.bin_dirs, "kube-apiserver")?;
+        let log = self.dir.join("kube-apiserver.log");
+        let (etcd_url, _, api_port) = self.ports.clone();
+        self.apiserver = spawn_guarded(
+            &mut apiserver_command(&bin, &self.dir.join("pki"), &etcd_url, api_port),
+            &log,
+        )?;
+        let kubectl = find_binary(&self.bin_dirs, "kubectl")?;
+        self.wait_ready(&kubectl, &log)
+    }
+
+    /// SIGKILLs etcd and starts it again on the same ports with the same data dir (data kept;
+    /// the apiserver reconnects by itself), then waits for the apiserver's `/readyz`.
+    pub fn restart_etcd(&mut self) -> Result<()> {
+        let _ = self.etcd.kill();
+        let _ = self.etcd.wait();
+        let bin = find_binary(&self.bin_dirs, "etcd")?;
+        let (etcd_url, peer_port, _) = self.ports.clone();
+        self.etcd = spawn_guarded(
+            &mut etcd_command(&bin, &self.dir.join("etcd"), &etcd_url, peer_port),
+            &self.dir.join("etcd.log"),
+        )?;
+        let kubectl = find_binary(&self.bin_dirs, "kubectl")?;
+        let log = self.dir.join("kube-apiserver.log");
+        self.wait_ready(&kubectl, &log)
+    }
+
+    /// None while etcd and kube-apiserver both run; else which one exited, with the end of its
+    /// log (a chaos fault must never leave the plane down).
+    pub fn exited(&mut self) -> Option<String> {
+        for (child, what, log) in [
+            (&mut self.etcd, "etcd", "etcd.log"),
+            (&mut self.apiserver, "kube-apiserver", "kube-apiserver.log"),
+        ] {
+            if let Ok(Some(status)) = child.try_wait() {
+                let tail = tail(&self.dir.join(log), 30);
+                return Some(format!("{what} exited ({status}):\n{tail}"));
+            }
+        }
+        None
     }
 
     /// The kube-apiserver's process id (to measure its memory).

@@ -10,10 +10,22 @@ pub struct Redis {
     pub port: u16,
     child: Option<Child>,
     dir: PathBuf,
+    /// Append-only file, fsync per write: what it acknowledged survives a SIGKILL.
+    durable: bool,
 }
 
 impl Redis {
     pub fn start() -> Redis {
+        Self::start_with(false)
+    }
+
+    /// One whose acknowledged writes survive [`Redis::stop`] + [`Redis::restart`] (AOF with
+    /// `appendfsync always`), for the chaos harness's broker restarts.
+    pub fn start_durable() -> Redis {
+        Self::start_with(true)
+    }
+
+    fn start_with(durable: bool) -> Redis {
         let port = super::port();
         let dir = std::env::temp_dir().join(format!("dlq-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir)
@@ -22,6 +34,7 @@ impl Redis {
             port,
             child: None,
             dir,
+            durable,
         };
         r.restart();
         r
@@ -39,10 +52,17 @@ impl Redis {
                 "redis-server not found: run scripts/ensure-deps.sh (apt-get install redis-server)"
             )
         });
+        let aof: &[&str] = if self.durable {
+            &["--appendonly", "yes", "--appendfsync", "always"]
+        } else {
+            &["--appendonly", "no"]
+        };
         let child = crate::plane::spawn_guarded(
             Command::new(bin)
                 .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no", "--dir"])
+                .args(["--save", ""])
+                .args(aof)
+                .arg("--dir")
                 .arg(&self.dir),
             &self.dir.join("redis.log"),
         )

@@ -1,0 +1,147 @@
+//! Property tests of the pure parts (issue 14, item 6): arbitrary input never panics, and the
+//! encodings round-trip. Sources feed these functions whatever a broker holds, so "never
+//! panics" is a safety property, not a nicety.
+
+use std::collections::BTreeMap;
+
+use dlq_core::api::{Action, Job, Phase};
+use dlq_core::decide::{Decision, decide};
+use dlq_core::envelope::request_for;
+use dlq_core::headers::{nats, sqs};
+use dlq_core::park::{Disposition, ParkRequest, dispose, invalid_request, validate};
+use proptest::prelude::*;
+
+fn phase() -> impl Strategy<Value = Option<Phase>> {
+    prop_oneof![
+        Just(None),
+        Just(Some(Phase::Parked)),
+        Just(Some(Phase::Redriven)),
+        Just(Some(Phase::Dropped))
+    ]
+}
+
+fn action() -> impl Strategy<Value = Option<Action>> {
+    prop_oneof![
+        Just(None),
+        Just(Some(Action::Redrive)),
+        Just(Some(Action::Drop))
+    ]
+}
+
+/// Header names every backend accepts.
+fn name() -> impl Strategy<Value = String> {
+    "[a-z][a-z0-9_-]{0,15}"
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn decide_is_total_and_never_acts_on_a_resolved_record(
+        p in phase(), a in action(), by in proptest::option::of(".{0,20}")
+    ) {
+        let d = decide(p, a, by.as_deref());
+        if matches!(p, Some(Phase::Redriven | Phase::Dropped)) {
+            prop_assert_eq!(&d, &Decision::Done);
+        }
+        if let Decision::Redrive { by } | Decision::Drop { by } = d {
+            prop_assert!(!by.trim().is_empty(), "every decision is signed");
+        }
+    }
+
+    #[test]
+    fn envelope_parsing_never_panics_on_arbitrary_bytes(raw in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let req = request_for("relayer", &raw);
+        // Whatever came in is parked (valid), or kept in the broker: never lost.
+        match dispose(req, &raw) {
+            Disposition::Park(r) => prop_assert!(validate(&r).is_ok()),
+            Disposition::Reject(_) => {}
+        }
+    }
+
+    #[test]
+    fn an_envelope_keeps_its_job_id_and_payload(id in "[a-zA-Z0-9_/.:-]{1,60}", payload in ".{0,200}") {
+        let env = serde_json::json!({"id": id, "payload": payload, "reason": "r"});
+        let req = request_for("relayer", env.to_string().as_bytes());
+        prop_assert_eq!(&req.job.id, &id);
+        prop_assert_eq!(req.job.payload.as_deref(), Some(payload.as_str()));
+    }
+
+    #[test]
+    fn invalid_records_keep_the_exact_bytes_and_a_stable_id(raw in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let a = invalid_request("relayer", &raw, "bad".into());
+        let b = invalid_request("relayer", &raw, "bad".into());
+        prop_assert_eq!(&a.job.id, &b.job.id, "the id comes from the bytes: re-parking dedupes");
+        prop_assert_eq!(a.job.payload_bytes().expect("decodable"), raw);
+    }
+
+    #[test]
+    fn park_validation_never_panics(
+        queue in ".{0,70}", id in ".{0,300}", payload in proptest::option::of(".{0,64}"),
+        headers in proptest::collection::btree_map(".{0,20}", ".{0,20}", 0..6), deliveries in any::<i32>()
+    ) {
+        let mut req = ParkRequest::new(queue, Job { id, payload, headers, ..Job::default() });
+        req.deliveries = deliveries;
+        let raw = req.job.payload.clone().unwrap_or_default().into_bytes();
+        let _ = validate(&req);
+        let _ = dispose(req, &raw);
+    }
+
+    #[test]
+    fn nats_header_blocks_never_panic(block in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let _ = nats::parse_header_block(&block);
+        let mut text = b"NATS/1.0\r\n".to_vec();
+        text.extend(block);
+        if let Ok(h) = nats::parse_header_block(&text) {
+            let _ = nats::carried_headers(&h);
+        }
+    }
+
+    #[test]
+    fn nats_headers_round_trip_through_a_record(
+        headers in proptest::collection::btree_map(name(), proptest::collection::vec("[ -~]{0,12}", 1..4), 0..6)
+    ) {
+        let (carried, lost) = nats::carried_headers(&headers);
+        prop_assert!(lost.is_empty());
+        let mut back: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (k, v) in &carried {
+            if k == nats::MULTI_HEADER {
+                let multi: BTreeMap<String, Vec<String>> = serde_json::from_str(v).expect("multi JSON");
+                back.extend(multi);
+            } else {
+                back.insert(k.clone(), vec![v.clone()]);
+            }
+        }
+        let want: BTreeMap<String, Vec<String>> = headers
+            .into_iter()
+            .filter(|(k, _)| !k.starts_with("nats-expected-"))
+            .collect();
+        prop_assert_eq!(back, want);
+    }
+
+    #[test]
+    fn sqs_attributes_round_trip_through_a_record(
+        strings in proptest::collection::btree_map("[A-Za-z][A-Za-z0-9_-]{0,15}", ".{0,20}", 0..5),
+        binaries in proptest::collection::btree_map("[A-Za-z][A-Za-z0-9_-]{0,15}", proptest::collection::vec(any::<u8>(), 0..20), 0..4),
+        group in proptest::option::of("[a-z0-9]{1,10}")
+    ) {
+        let mut attrs: BTreeMap<String, sqs::Attribute> = strings
+            .into_iter()
+            .map(|(k, v)| (k, sqs::Attribute::string(v)))
+            .collect();
+        for (k, v) in binaries {
+            attrs.insert(k, sqs::Attribute { data_type: "Binary".into(), string_value: None, binary_value: Some(v) });
+        }
+        prop_assume!(attrs.len() <= sqs::MAX_ATTRIBUTES);
+        let (headers, lost) = sqs::to_headers(&attrs, group.as_deref());
+        prop_assert!(lost.is_empty());
+        let (back, back_group) = sqs::from_headers(&headers).expect("headers go back to attributes");
+        prop_assert_eq!(back, attrs);
+        prop_assert_eq!(back_group, group);
+    }
+
+    #[test]
+    fn sqs_headers_from_anywhere_never_panic(headers in proptest::collection::btree_map(".{0,20}", ".{0,40}", 0..8)) {
+        let _ = sqs::from_headers(&headers);
+    }
+}

@@ -1,0 +1,130 @@
+//! What the harness saw during a run, to check the invariants against: every record's phase
+//! sequence from a watch, every job that arrived on a target, and when each fault happened.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use dlq_core::api::{DeadLetter, Phase};
+use futures::StreamExt;
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+
+/// One record as the watch saw it over time.
+#[derive(Clone, Debug, Default)]
+pub struct RecordHistory {
+    pub job: String,
+    pub queue: String,
+    pub cycle: i64,
+    /// The decision, once set (`redrive` / `drop`).
+    pub action: Option<String>,
+    /// Each distinct phase in the order seen.
+    pub phases: Vec<Phase>,
+    /// Each distinct `resolvedAt` seen: more than one is a second resolution.
+    pub resolutions: Vec<String>,
+    /// Times the phase went backwards (a resolved record seen Parked, or flipping outcome).
+    pub regressions: u32,
+}
+
+/// Shared run history.
+#[derive(Clone, Default)]
+pub struct History {
+    records: Arc<Mutex<BTreeMap<String, RecordHistory>>>,
+    /// Job id → the times it arrived on its target.
+    arrivals: Arc<Mutex<HashMap<String, Vec<Instant>>>>,
+    /// (start, kind) of every fault injected, in order.
+    faults: Arc<Mutex<Vec<(Instant, &'static str)>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn rank(p: Phase) -> u8 {
+    match p {
+        Phase::Parked => 0,
+        Phase::Redriven | Phase::Dropped => 1,
+    }
+}
+
+impl History {
+    /// Records one watched state of a record.
+    pub fn observe(&self, r: &DeadLetter) {
+        let phase = r.phase();
+        let mut all = lock(&self.records);
+        let h = all.entry(r.name_any()).or_default();
+        h.job.clone_from(&r.spec.job.id);
+        h.queue.clone_from(&r.spec.queue);
+        h.cycle = i64::from(r.spec.cycle);
+        if let Some(a) = &r.spec.action {
+            h.action = Some(format!("{a:?}").to_lowercase());
+        }
+        if let Some(&last) = h.phases.last()
+            && (rank(phase) < rank(last) || (rank(last) == 1 && phase != last))
+        {
+            h.regressions += 1;
+        }
+        if h.phases.last() != Some(&phase) {
+            h.phases.push(phase);
+        }
+        let at = r.status.as_ref().and_then(|s| s.resolved_at.as_ref());
+        if let Some(at) = at.map(|t| t.0.to_string())
+            && !h.resolutions.contains(&at)
+        {
+            h.resolutions.push(at);
+        }
+    }
+
+    /// A copy of every record's history.
+    pub fn records(&self) -> BTreeMap<String, RecordHistory> {
+        lock(&self.records).clone()
+    }
+
+    /// Notes that `job` arrived on its target now.
+    pub fn arrived(&self, job: &str) {
+        lock(&self.arrivals)
+            .entry(job.to_string())
+            .or_default()
+            .push(Instant::now());
+    }
+
+    pub fn arrivals(&self) -> HashMap<String, Vec<Instant>> {
+        lock(&self.arrivals).clone()
+    }
+
+    /// Notes that a fault of `kind` starts now.
+    pub fn fault(&self, kind: &'static str) {
+        lock(&self.faults).push((Instant::now(), kind));
+    }
+
+    pub fn faults(&self) -> Vec<(Instant, &'static str)> {
+        lock(&self.faults).clone()
+    }
+
+    /// The kind of the last fault that started before `t` ("none" before the first).
+    pub fn blame(&self, t: Instant) -> &'static str {
+        lock(&self.faults)
+            .iter()
+            .rev()
+            .find(|(at, _)| *at <= t)
+            .map_or("none", |(_, k)| *k)
+    }
+
+    /// Watches every DeadLetter of the namespace for the whole run, through apiserver and
+    /// etcd restarts (the watcher re-lists with backoff).
+    pub fn spawn_watch(&self, api: Api<DeadLetter>) -> tokio::task::JoinHandle<()> {
+        let me = self.clone();
+        tokio::spawn(async move {
+            let mut events = watcher(api, watcher::Config::default())
+                .default_backoff()
+                .boxed();
+            while let Some(ev) = events.next().await {
+                // Errors (the apiserver restarting) are retried by the backoff.
+                if let Ok(watcher::Event::Apply(r) | watcher::Event::InitApply(r)) = ev {
+                    me.observe(&r);
+                }
+            }
+        })
+    }
+}

@@ -1,0 +1,212 @@
+//! The run's figures and the invariant checks, as a table and as `report.json`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use dlq_core::api::{Action, DeadLetter, Phase};
+use serde::Serialize;
+
+use super::history::History;
+
+/// What one run measured. Zero is the goal for every count but `duplicate_enqueues` (allowed
+/// by "requeue first, then mark": at most the jobs in flight at a fault).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Report {
+    pub seed: u64,
+    /// Faults injected, per kind, and their total.
+    pub faults: BTreeMap<String, u64>,
+    pub faults_total: u64,
+    /// Dead messages the producers handed to the brokers (acknowledged).
+    pub messages: u64,
+    pub records: u64,
+    /// Dead messages without a record.
+    pub lost: u64,
+    /// Records beyond one per job id + cycle.
+    pub duplicate_records: u64,
+    /// Second and later arrivals of a job on its target, by the kind of the last fault before.
+    pub duplicate_enqueues: BTreeMap<String, u64>,
+    pub duplicate_enqueues_total: u64,
+    /// Jobs that arrived on a target although their record ended Dropped or undecided.
+    pub stray_enqueues: u64,
+    /// Decided records still Parked at the end.
+    pub unresolved: u64,
+    /// Records nobody decided (the workload leaves a few; not an error).
+    pub undecided: u64,
+    /// Records whose outcome is not their decision (redrive → Dropped, drop → Redriven).
+    pub wrong_outcome: u64,
+    /// Redriven records whose job never arrived on the target.
+    pub redriven_not_on_target: u64,
+    /// Records resolved more than once (a second resolvedAt seen by the watch).
+    pub duplicate_resolutions: u64,
+    /// Phase changes that went backwards in the watch history.
+    pub status_regressions: u64,
+    /// `panicked at` lines in every operator log.
+    pub panics: u64,
+    pub redriven: u64,
+    pub dropped: u64,
+    /// Up to five job ids per failed invariant, to start an investigation from.
+    pub examples: BTreeMap<String, Vec<String>>,
+    pub duration_secs: f64,
+}
+
+impl Report {
+    /// Checks the final records, the watch history and the target arrivals.
+    pub fn compute(produced: &[String], finals: &[DeadLetter], history: &History) -> Report {
+        let mut r = Report {
+            messages: produced.len() as u64,
+            records: finals.len() as u64,
+            ..Report::default()
+        };
+        let mut per_job: HashMap<&str, u64> = HashMap::new();
+        for d in finals {
+            *per_job.entry(d.spec.job.id.as_str()).or_default() += 1;
+        }
+        let lost: Vec<&str> = produced
+            .iter()
+            .map(String::as_str)
+            .filter(|id| !per_job.contains_key(id))
+            .collect();
+        r.lost = lost.len() as u64;
+        r.example("lost", lost);
+        let doubled = per_job.iter().filter(|(_, n)| **n > 1).map(|(j, _)| *j);
+        r.example("duplicate_records", doubled);
+        // A job is redriven when any of its records (cycles) is.
+        let redriven_jobs: std::collections::HashSet<&str> = finals
+            .iter()
+            .filter(|d| d.phase() == Phase::Redriven)
+            .map(|d| d.spec.job.id.as_str())
+            .collect();
+        r.duplicate_records = per_job.values().map(|n| n.saturating_sub(1)).sum();
+        let arrivals = history.arrivals();
+        for d in finals {
+            let arrived = arrivals.contains_key(&d.spec.job.id);
+            match (d.phase(), d.spec.action) {
+                (Phase::Parked, Some(_)) => {
+                    r.unresolved += 1;
+                    r.example("unresolved", [d.spec.job.id.as_str()]);
+                }
+                (Phase::Parked, None) => r.undecided += 1,
+                (Phase::Redriven, a) => {
+                    r.redriven += 1;
+                    r.wrong_outcome += u64::from(a == Some(Action::Drop));
+                    r.redriven_not_on_target += u64::from(!arrived);
+                    if !arrived {
+                        r.example("redriven_not_on_target", [d.spec.job.id.as_str()]);
+                    }
+                }
+                (Phase::Dropped, a) => {
+                    r.dropped += 1;
+                    r.wrong_outcome += u64::from(a == Some(Action::Redrive));
+                }
+            }
+            if arrived && !redriven_jobs.contains(d.spec.job.id.as_str()) {
+                r.stray_enqueues += 1;
+                r.example("stray_enqueues", [d.spec.job.id.as_str()]);
+            }
+        }
+        for (job, times) in &arrivals {
+            if times.len() > 1 {
+                r.example("duplicate_enqueues", [job.as_str()]);
+            }
+            for t in times.iter().skip(1) {
+                *r.duplicate_enqueues
+                    .entry(history.blame(*t).to_string())
+                    .or_default() += 1;
+                r.duplicate_enqueues_total += 1;
+            }
+        }
+        for h in history.records().values() {
+            r.status_regressions += u64::from(h.regressions);
+            r.duplicate_resolutions += (h.resolutions.len() as u64).saturating_sub(1);
+        }
+        for (_, kind) in history.faults() {
+            *r.faults.entry(kind.to_string()).or_default() += 1;
+            r.faults_total += 1;
+        }
+        r
+    }
+
+    fn example<'a>(&mut self, what: &str, ids: impl IntoIterator<Item = &'a str>) {
+        let list = self.examples.entry(what.to_string()).or_default();
+        for id in ids {
+            if list.len() < 5 {
+                list.push(id.to_string());
+            }
+        }
+        if list.is_empty() {
+            self.examples.remove(what);
+        }
+    }
+
+    /// True when every invariant held.
+    pub fn passed(&self) -> bool {
+        self.lost == 0
+            && self.duplicate_records == 0
+            && self.unresolved == 0
+            && self.wrong_outcome == 0
+            && self.redriven_not_on_target == 0
+            && self.duplicate_resolutions == 0
+            && self.status_regressions == 0
+            && self.panics == 0
+    }
+
+    /// The table `make chaos` prints (and the README quotes).
+    pub fn table(&self) -> String {
+        let mut rows: Vec<(String, String)> = vec![
+            ("seed".into(), self.seed.to_string()),
+            ("faults".into(), self.faults_total.to_string()),
+        ];
+        for (k, n) in &self.faults {
+            rows.push((format!("  {k}"), n.to_string()));
+        }
+        for (k, v) in [
+            ("messages", self.messages),
+            ("records", self.records),
+            ("redriven", self.redriven),
+            ("dropped", self.dropped),
+            ("undecided (left parked)", self.undecided),
+            ("lost", self.lost),
+            ("duplicate_records", self.duplicate_records),
+            ("unresolved", self.unresolved),
+            ("wrong_outcome", self.wrong_outcome),
+            ("redriven_not_on_target", self.redriven_not_on_target),
+            ("duplicate_resolutions", self.duplicate_resolutions),
+            ("status_regressions", self.status_regressions),
+            ("panics", self.panics),
+            ("stray_enqueues", self.stray_enqueues),
+            ("duplicate_enqueues", self.duplicate_enqueues_total),
+        ] {
+            rows.push((k.into(), v.to_string()));
+        }
+        for (k, n) in &self.duplicate_enqueues {
+            rows.push((format!("  after {k}"), n.to_string()));
+        }
+        rows.push(("duration".into(), format!("{:.0}s", self.duration_secs)));
+        let mut out = String::from("| figure | value |\n|---|---:|\n");
+        for (k, v) in rows {
+            out.push_str(&format!("| {k} | {v} |\n"));
+        }
+        out
+    }
+
+    /// Writes `report.json` into `dir`.
+    pub fn write(&self, dir: &Path) {
+        let _ = std::fs::create_dir_all(dir);
+        let json = serde_json::to_string_pretty(self).unwrap_or_default();
+        if let Err(e) = std::fs::write(dir.join("report.json"), json) {
+            crate::report(&format!("chaos: writing report.json: {e}"));
+        }
+    }
+}
+
+/// `panicked at` lines in the logs kept in `dir`.
+pub fn count_panics(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .map(|text| text.matches("panicked at").count() as u64)
+        .sum()
+}

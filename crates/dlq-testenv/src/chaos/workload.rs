@@ -1,0 +1,325 @@
+//! The workload, all at once: producers dead-lettering jobs into Redis and RabbitMQ, humans
+//! deciding (kubectl dlq redrive/drop, GitOps server-side apply, the `--queue --rate` replay),
+//! and consumers reading every job that comes back on a target.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dlq_core::api::{DeadLetter, Phase};
+use kube::api::{Api, Patch, PatchParams};
+use lapin::options::{BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions};
+use lapin::{BasicProperties, Connection, ConnectionProperties};
+use serde_json::json;
+use tokio::sync::watch;
+
+use super::Rng;
+use super::history::History;
+
+/// The Redis queue's dead list and target list.
+pub const REDIS_DEAD: &str = "relayer:dead";
+pub const REDIS_JOBS: &str = "relayer:jobs";
+
+/// Where the producers and consumers reach the brokers (directly, never through the proxy).
+#[derive(Clone)]
+pub struct Brokers {
+    pub redis_url: String,
+    pub amqp_url: String,
+    /// The exchange whose queue dead-letters every message at once (TTL 0).
+    pub shop: String,
+    /// Where redriven AMQP jobs land: their origin queue, and the queue's configured target.
+    pub jobs: Vec<String>,
+}
+
+/// Pushes `n` envelopes `r-<i>` onto the Redis dead list at `per_sec`, retrying through
+/// restarts. Returns the ids it pushed (each acknowledged by Redis).
+pub async fn produce_redis(b: Brokers, n: usize, per_sec: f64) -> Vec<String> {
+    let mut ids = Vec::with_capacity(n);
+    let gap = Duration::from_secs_f64(1.0 / per_sec.max(1.0));
+    for i in 0..n {
+        let id = format!("r-{i}");
+        let env = json!({"id": id, "payload": id, "reason": "retries exhausted",
+            "deliveries": 3, "failureKind": "Transient"});
+        loop {
+            if lpush(&b.redis_url, &env.to_string()).await {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        ids.push(id);
+        tokio::time::sleep(gap).await;
+    }
+    ids
+}
+
+/// LPUSH onto the dead list; false when Redis did not acknowledge it.
+async fn lpush(url: &str, element: &str) -> bool {
+    let Ok(client) = redis::Client::open(url) else {
+        return false;
+    };
+    let Ok(mut c) = client.get_multiplexed_async_connection().await else {
+        return false;
+    };
+    let r: redis::RedisResult<i64> = redis::cmd("LPUSH")
+        .arg(REDIS_DEAD)
+        .arg(element)
+        .query_async(&mut c)
+        .await;
+    r.is_ok()
+}
+
+/// Publishes `n` persistent messages `a-<i>` (confirmed) that RabbitMQ dead-letters at once
+/// (per-message TTL 0).
+pub async fn produce_amqp(b: Brokers, n: usize, per_sec: f64) -> Vec<String> {
+    let mut ids = Vec::with_capacity(n);
+    let gap = Duration::from_secs_f64(1.0 / per_sec.max(1.0));
+    let mut conn: Option<(Connection, lapin::Channel)> = None;
+    for i in 0..n {
+        let id = format!("a-{i}");
+        loop {
+            if conn.is_none() {
+                conn = amqp_channel(&b.amqp_url, true).await;
+            }
+            if let Some((_, ch)) = &conn {
+                let props = BasicProperties::default()
+                    .with_message_id(id.as_str().into())
+                    .with_expiration("0".into())
+                    .with_delivery_mode(2);
+                let sent = ch
+                    .basic_publish(
+                        b.shop.as_str().into(),
+                        "orders.created".into(),
+                        BasicPublishOptions::default(),
+                        id.as_bytes(),
+                        props,
+                    )
+                    .await;
+                if let Ok(confirm) = sent
+                    && confirm.await.is_ok_and(|c| c.is_ack())
+                {
+                    break;
+                }
+            }
+            conn = None;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        ids.push(id);
+        tokio::time::sleep(gap).await;
+    }
+    ids
+}
+
+/// A channel (with publisher confirms when asked), or None while the broker is down.
+async fn amqp_channel(url: &str, confirms: bool) -> Option<(Connection, lapin::Channel)> {
+    let conn = Connection::connect(url, ConnectionProperties::default())
+        .await
+        .ok()?;
+    let ch = conn.create_channel().await.ok()?;
+    if confirms {
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .ok()?;
+    }
+    Some((conn, ch))
+}
+
+/// Reads every job the operator puts back on the Redis target, until `stop`.
+pub async fn consume_redis(b: Brokers, history: History, mut stop: watch::Receiver<bool>) {
+    while !*stop.borrow() {
+        let got: Option<Vec<String>> = async {
+            let client = redis::Client::open(b.redis_url.as_str()).ok()?;
+            let mut c = client.get_multiplexed_async_connection().await.ok()?;
+            redis::cmd("LPOP")
+                .arg(REDIS_JOBS)
+                .arg(500)
+                .query_async::<Option<Vec<String>>>(&mut c)
+                .await
+                .ok()
+        }
+        .await
+        .flatten();
+        let n = got.as_ref().map_or(0, Vec::len);
+        for job in got.unwrap_or_default() {
+            history.arrived(&job);
+        }
+        if n == 0 {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                _ = stop.changed() => {}
+            }
+        }
+    }
+}
+
+/// Reads every job the operator puts back on the AMQP target (acked after it is noted; a
+/// redelivery to this consumer of a message it already noted is not a second enqueue).
+pub async fn consume_amqp(b: Brokers, history: History, stop: watch::Receiver<bool>) {
+    let mut conn: Option<(Connection, lapin::Channel)> = None;
+    let mut seen: HashSet<u64> = HashSet::new();
+    let mut turn = 0usize;
+    while !*stop.borrow() {
+        if conn.is_none() {
+            conn = amqp_channel(&b.amqp_url, false).await;
+        }
+        let Some((_, ch)) = &conn else {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            continue;
+        };
+        let queue = &b.jobs[turn % b.jobs.len()];
+        turn += 1;
+        match ch
+            .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: false })
+            .await
+        {
+            Ok(Some(m)) => {
+                let job = String::from_utf8_lossy(&m.delivery.data).to_string();
+                let key = fxhash(&job);
+                if !(m.delivery.redelivered && seen.contains(&key)) {
+                    history.arrived(&job);
+                    seen.insert(key);
+                }
+                let _ = m.delivery.acker.ack(BasicAckOptions::default()).await;
+            }
+            Ok(None) => tokio::time::sleep(Duration::from_millis(200)).await,
+            Err(_) => conn = None,
+        }
+    }
+}
+
+fn fxhash(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// How one record gets its decision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Decider {
+    GitopsRedrive,
+    GitopsDrop,
+    CliRedrive,
+    CliDrop,
+    /// Left to the `--queue --rate` replay.
+    Runbook,
+}
+
+/// The humans: every second, decides the Parked records nobody decided yet; every 15 s, a
+/// replay of each queue with `kubectl dlq redrive --queue … --rate`. Until `stop`.
+pub async fn decide(ctx: DecideCtx, history: History, mut stop: watch::Receiver<bool>) {
+    let decided: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let mut rng = Rng(ctx.seed ^ 0xdec1de);
+    let mut round = 0u64;
+    while !*stop.borrow() {
+        round += 1;
+        let open: Vec<(String, String)> = history
+            .records()
+            .into_iter()
+            .filter(|(_, h)| h.action.is_none() && h.phases.last() == Some(&Phase::Parked))
+            .map(|(name, h)| (name, h.job))
+            .collect();
+        let mut plan: Vec<(Decider, String, String)> = Vec::new();
+        for (name, job) in open {
+            let mut d = super::lock(&decided);
+            if d.contains(&name) {
+                continue;
+            }
+            d.insert(name.clone());
+            let pick = match rng.below(100) {
+                0..40 => Decider::GitopsRedrive,
+                40..50 => Decider::GitopsDrop,
+                50..70 => Decider::CliRedrive,
+                70..80 => Decider::CliDrop,
+                _ => Decider::Runbook,
+            };
+            plan.push((pick, name, job));
+        }
+        apply_plan(&ctx, plan, &decided).await;
+        if round.is_multiple_of(15) {
+            for queue in ["relayer", "orders"] {
+                let _ = ctx
+                    .dlq(&[
+                        "redrive", "--queue", queue, "--rate", "100/s", "--by", "runbook",
+                    ])
+                    .await;
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = stop.changed() => {}
+        }
+    }
+}
+
+/// What the deciders need.
+#[derive(Clone)]
+pub struct DecideCtx {
+    pub api: Api<DeadLetter>,
+    pub ns: String,
+    pub kubeconfig: PathBuf,
+    pub seed: u64,
+}
+
+impl DecideCtx {
+    /// Runs `kubectl-dlq -n <ns> args…`; true when it exited 0.
+    async fn dlq(&self, args: &[&str]) -> bool {
+        tokio::process::Command::new(crate::bin("kubectl-dlq"))
+            .arg("-n")
+            .arg(&self.ns)
+            .args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .status()
+            .await
+            .is_ok_and(|s| s.success())
+    }
+}
+
+/// Carries out one round's decisions; a failed one (apiserver down) is retried next round.
+async fn apply_plan(
+    ctx: &DecideCtx,
+    plan: Vec<(Decider, String, String)>,
+    decided: &Mutex<HashSet<String>>,
+) {
+    let pp = PatchParams::apply("gitops").force();
+    for (pick, name, _) in plan
+        .iter()
+        .filter(|p| matches!(p.0, Decider::GitopsRedrive | Decider::GitopsDrop))
+    {
+        let action = if *pick == Decider::GitopsRedrive {
+            "redrive"
+        } else {
+            "drop"
+        };
+        let body = json!({"apiVersion": "dlq.dev/v1alpha1", "kind": "DeadLetter",
+            "spec": {"action": action, "by": "gitops", "note": "chaos run"}});
+        if ctx
+            .api
+            .patch(name, &pp, &Patch::Apply(&body))
+            .await
+            .is_err()
+        {
+            super::lock(decided).remove(name);
+        }
+    }
+    for (verb, by, which) in [
+        ("redrive", "alice", Decider::CliRedrive),
+        ("drop", "bob", Decider::CliDrop),
+    ] {
+        let batch: Vec<&(Decider, String, String)> = plan.iter().filter(|p| p.0 == which).collect();
+        for chunk in batch.chunks(25) {
+            let mut args = vec![verb];
+            args.extend(chunk.iter().map(|p| p.2.as_str()));
+            args.extend(["--by", by]);
+            if !ctx.dlq(&args).await {
+                // Some may have gone through: the next round sees their action and skips them.
+                let mut d = super::lock(decided);
+                for p in chunk {
+                    d.remove(&p.1);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,37 @@
+//! The short chaos run of `make test` (`make chaos` is the long one): ≈ 15 faults of every
+//! kind during a few hundred dead messages, and every invariant must hold.
+
+use dlq_testenv::chaos::{ChaosConfig, run};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn short_chaos_run_keeps_every_invariant() {
+    let mut cfg = ChaosConfig::from_env(15, 300);
+    cfg.max_gap = std::time::Duration::from_secs(2);
+    cfg.out = dlq_testenv::workspace_root().join("target/chaos-short");
+    let report = run(cfg).await;
+    dlq_testenv::report(&report.table());
+    let table = report.table();
+    // Known product gap, measured not hidden (see README "Chaos"): the Redis source re-parks
+    // an element it had parked but not yet removed when it crashed; if the record was
+    // resolved meanwhile, that is a second record (cycle 2) of the same dead message. Every
+    // other invariant must hold.
+    if report.duplicate_records > 0 {
+        dlq_testenv::report(&format!(
+            "chaos: {} duplicate record(s) (Redis source re-park after a crash): {:?}",
+            report.duplicate_records,
+            report.examples.get("duplicate_records")
+        ));
+    }
+    for (what, n) in [
+        ("lost", report.lost),
+        ("unresolved", report.unresolved),
+        ("wrong_outcome", report.wrong_outcome),
+        ("redriven_not_on_target", report.redriven_not_on_target),
+        ("duplicate_resolutions", report.duplicate_resolutions),
+        ("status_regressions", report.status_regressions),
+        ("panics", report.panics),
+    ] {
+        assert_eq!(n, 0, "{what}:\n{table}");
+    }
+    assert!(report.faults_total >= 15, "{}", report.table());
+}
