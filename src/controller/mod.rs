@@ -5,6 +5,7 @@
 pub mod apiserver;
 pub mod deadletter;
 pub mod deadletterqueue;
+pub mod jobs;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -198,7 +199,8 @@ pub async fn run_scope(
         .alerts
         .as_ref()
         .and_then(|_| record_writer.subscribe());
-    let record_watch = watch_records(api_for(&client, &namespace), record_writer);
+    let jobs = jobs::JobIndex::default();
+    let record_watch = watch_records(api_for(&client, &namespace), record_writer, jobs.clone());
     let queue_watch = watcher(
         api_for(&client, &namespace),
         watcher::Config::default().any_semantic(),
@@ -228,6 +230,7 @@ pub async fn run_scope(
             parker: dlq_client::park::Parker::new(client.clone()),
             client,
             queues: queues.clone(),
+            jobs,
             apiserver: ctx.apiserver.clone(),
             metrics: ctx.metrics.clone(),
         },
@@ -287,14 +290,22 @@ where
 }
 
 /// The record watch, payloads stripped before they are cached. Small pages: the initial list
-/// carries payloads, so the page size bounds the operator's peak memory at start-up.
+/// carries payloads, so the page size bounds the operator's peak memory at start-up. Every
+/// event also feeds the job index the sources park with.
 fn watch_records(
     api: Api<DeadLetter>,
     writer: reflector::store::Writer<DeadLetter>,
+    jobs: jobs::JobIndex,
 ) -> impl std::future::Future<Output = ()> {
     watcher(api, watcher::Config::default().any_semantic().page_size(50))
         .default_backoff()
         .modify(strip)
+        .map(move |event| {
+            if let Ok(event) = &event {
+                jobs.observe(event);
+            }
+            event
+        })
         .reflect_shared(writer)
         .for_each(|_| futures::future::ready(()))
 }
