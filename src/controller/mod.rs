@@ -2,6 +2,7 @@
 //! DeadLetterQueues), a DeadLetter reconciler (redrive/drop) and a DeadLetterQueue reconciler
 //! (counters, readiness, retention), the sources, and the one writer ([`apiserver`]).
 
+pub mod aggregate;
 pub mod apiserver;
 pub mod deadletter;
 pub mod deadletterqueue;
@@ -21,7 +22,9 @@ use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::Mutex;
 
 use dlq_core::api::{DeadLetter, DeadLetterQueue};
+use dlq_core::events::EventPlan;
 use dlq_core::plan::{Effects, Then};
+use k8s_openapi::api::core::v1::ObjectReference;
 
 use crate::error::Error;
 use crate::metrics::Metrics;
@@ -70,6 +73,9 @@ pub struct Context {
     /// Record uids this process already enqueued whose resolution is not yet written: a retry
     /// after a failed status write must not enqueue a second time.
     enqueued: Mutex<HashSet<String>>,
+    /// Folds Normal resolution Events per queue during bulk resolutions; None publishes
+    /// every Event as planned (the in-process tests).
+    aggregator: Option<aggregate::Aggregator>,
 }
 
 impl Context {
@@ -90,19 +96,63 @@ impl Context {
             queues,
             failures: Mutex::default(),
             enqueued: Mutex::default(),
+            aggregator: None,
         }
     }
 
-    /// Publishes the Events and applies the metric changes of a plan about `obj`.
+    /// Sends aggregatable Events through `aggregator` (see [`aggregate`]).
+    pub fn with_aggregator(mut self, aggregator: aggregate::Aggregator) -> Self {
+        self.aggregator = Some(aggregator);
+        self
+    }
+
+    /// Publishes the Events and applies the metric changes of a plan about `obj`. Normal
+    /// resolution Events of a record go through the aggregator when there is one.
     pub async fn carry_out(&self, obj: &impl Resource<DynamicType = ()>, effects: &Effects) {
         for change in &effects.metrics {
             self.metrics.apply(change);
         }
         for event in &effects.events {
-            self.apiserver
-                .publish(apiserver::reference(obj), event)
-                .await;
+            let regarding = apiserver::reference(obj);
+            match (&self.aggregator, self.pending(obj, &regarding, event)) {
+                (Some(aggregator), Some(pending)) => {
+                    if let Err(p) = aggregator.send(pending) {
+                        self.apiserver.publish(p.regarding, &p.plan).await;
+                    }
+                }
+                _ => self.apiserver.publish(regarding, event).await,
+            }
         }
+    }
+
+    /// `event` as the aggregator takes it, when it may be aggregated: a Normal resolution
+    /// Event about a record labelled with its queue.
+    fn pending(
+        &self,
+        obj: &impl Resource<DynamicType = ()>,
+        regarding: &ObjectReference,
+        event: &EventPlan,
+    ) -> Option<aggregate::Pending> {
+        if !dlq_core::events::aggregatable(event) {
+            return None;
+        }
+        let meta = obj.meta();
+        let queue = meta
+            .labels
+            .as_ref()?
+            .get(dlq_core::api::LABEL_QUEUE)?
+            .clone();
+        let namespace = meta.namespace.clone()?;
+        Some(aggregate::Pending {
+            queue_ref: self
+                .queue(&namespace, &queue)
+                .map(|q| apiserver::reference(q.as_ref())),
+            namespace,
+            queue,
+            name: meta.name.clone().unwrap_or_default(),
+            regarding: regarding.clone(),
+            plan: event.clone(),
+        })
     }
 
     /// The queue `name` in `namespace`, from the store.
@@ -210,14 +260,18 @@ pub async fn run_scope(
     .for_each(|_| futures::future::ready(()));
 
     let targets = Arc::new(TargetCache::new(client.clone()));
-    let ctx = Arc::new(Context::new(
-        Arc::new(KubeApiserver::new(client.clone(), reporter)),
-        targets.clone(),
-        records.clone(),
-        queues.clone(),
-        metrics,
-        settings.clone(),
-    ));
+    let apiserver: Arc<dyn Apiserver> = Arc::new(KubeApiserver::new(client.clone(), reporter));
+    let ctx = Arc::new(
+        Context::new(
+            apiserver.clone(),
+            targets.clone(),
+            records.clone(),
+            queues.clone(),
+            metrics,
+            settings.clone(),
+        )
+        .with_aggregator(aggregate::Aggregator::spawn(apiserver)),
+    );
     let alerts = alert_sender(&settings, alert_changes, &ctx, shutdown.clone());
     let cfg = kube::runtime::controller::Config::default().concurrency(settings.concurrency);
     let records_ctl = Controller::for_shared_stream(spec_changes(record_events.clone()), records)
