@@ -86,6 +86,7 @@ pub async fn run(
         }
     }
     flush(apiserver.as_ref(), &mut open).await;
+    tracing::debug!("event aggregator stopped");
 }
 
 /// Publishes each window's gathering: a single Event as it was, several as one summary.
@@ -110,6 +111,7 @@ async fn flush(apiserver: &dyn Apiserver, open: &mut HashMap<Key, Vec<Pending>>)
                     .clone()
                     .unwrap_or_else(|| first.regarding.clone());
                 let plan = summary(&key.1, first.plan.reason, first.plan.action, &names);
+                tracing::info!(namespace = %key.0, queue = %key.1, reason = key.2, count = names.len(), "resolution events aggregated");
                 apiserver.publish(regarding, &plan).await;
             }
         }

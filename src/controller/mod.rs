@@ -107,8 +107,8 @@ impl Context {
     }
 
     /// Publishes the Events and applies the metric changes of a plan about `obj`. Normal
-    /// resolution Events of a record go through the aggregator when there is one.
-    pub async fn carry_out(&self, obj: &impl Resource<DynamicType = ()>, effects: &Effects) {
+    /// resolution Events go through the aggregator when there is one.
+    pub async fn carry_out(&self, obj: &DeadLetter, effects: &Effects) {
         for change in &effects.metrics {
             self.metrics.apply(change);
         }
@@ -117,6 +117,7 @@ impl Context {
             match (&self.aggregator, self.pending(obj, &regarding, event)) {
                 (Some(aggregator), Some(pending)) => {
                     if let Err(p) = aggregator.send(pending) {
+                        tracing::warn!("event aggregator gone; publishing directly");
                         self.apiserver.publish(p.regarding, &p.plan).await;
                     }
                 }
@@ -126,10 +127,10 @@ impl Context {
     }
 
     /// `event` as the aggregator takes it, when it may be aggregated: a Normal resolution
-    /// Event about a record labelled with its queue.
+    /// Event about a record.
     fn pending(
         &self,
-        obj: &impl Resource<DynamicType = ()>,
+        obj: &DeadLetter,
         regarding: &ObjectReference,
         event: &EventPlan,
     ) -> Option<aggregate::Pending> {
@@ -137,11 +138,7 @@ impl Context {
             return None;
         }
         let meta = obj.meta();
-        let queue = meta
-            .labels
-            .as_ref()?
-            .get(dlq_core::api::LABEL_QUEUE)?
-            .clone();
+        let queue = obj.spec.queue.clone();
         let namespace = meta.namespace.clone()?;
         Some(aggregate::Pending {
             queue_ref: self

@@ -82,16 +82,15 @@ impl EventPlan {
 }
 
 /// Whether `plan` may be folded into a per-queue summary during bulk resolutions, as
-/// client-go's event aggregator folds similar Events: Normal resolution Events only. Warnings
-/// (RequeueFailed, Parked, ...) and once-only Events are always published one by one.
+/// client-go's event aggregator folds similar Events: Normal resolution Events only.
+/// Warnings (RequeueFailed, Parked, ...) are always published one by one.
 pub fn aggregatable(plan: &EventPlan) -> bool {
-    plan.type_ == EventType::Normal
-        && !plan.once
-        && matches!(plan.reason, reason::REDRIVEN | reason::DROPPED)
+    plan.type_ == EventType::Normal && matches!(plan.reason, reason::REDRIVEN | reason::DROPPED)
 }
 
 /// One Event about a queue standing for `names.len()` Events of `reason` about its records:
-/// the count and the names, as many as fit in [`MAX_NOTE`].
+/// the count and the names, as many as fit in [`MAX_NOTE`]. Never repeats, so it is published
+/// once (outside the recorder's cache).
 pub fn summary(
     queue: &str,
     reason: &'static str,
@@ -115,7 +114,7 @@ pub fn summary(
         note.push_str(sep);
         note.push_str(name);
     }
-    EventPlan::normal(reason, action, note)
+    EventPlan::normal(reason, action, note).once()
 }
 
 #[cfg(test)]
@@ -147,7 +146,7 @@ mod tests {
             action::RESOLVE,
             "x"
         )));
-        assert!(!aggregatable(
+        assert!(aggregatable(
             &EventPlan::normal(reason::REDRIVEN, action::REDRIVE, "x").once()
         ));
     }
