@@ -51,9 +51,10 @@ impl Aggregator {
         Aggregator { tx }
     }
 
-    /// Queues `event`; false when the task is gone (the caller then publishes it itself).
-    pub fn send(&self, event: Pending) -> Result<(), Pending> {
-        self.tx.send(event).map_err(|e| e.0)
+    /// Queues `event`; gives it back when the task is gone (the caller then publishes it
+    /// itself).
+    pub fn send(&self, event: Pending) -> Result<(), Box<Pending>> {
+        self.tx.send(event).map_err(|e| Box::new(e.0))
     }
 }
 
@@ -211,7 +212,7 @@ mod tests {
             .iter()
             .find(|(n, _)| n.as_deref() == Some("relayer"))
             .map(|(_, p)| p.clone());
-        let summary = summary.unwrap_or_else(|| redriven());
+        let summary = summary.unwrap_or_else(redriven);
         assert!(
             summary
                 .note
