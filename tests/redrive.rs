@@ -380,3 +380,55 @@ async fn two_operators_racing_resolve_each_record_exactly_once() {
         "every duplicate enqueue lost a counted CAS"
     );
 }
+
+/// A bulk redrive of 200 records writes a handful of Normal Events (one per queue per second
+/// with the count and the names), not 200; together they still account for every record.
+#[tokio::test]
+async fn bulk_redrive_events_are_aggregated_per_queue() {
+    use k8s_openapi::api::events::v1::Event;
+    let (client, ns) = setup("redrive-events").await;
+    let redis = Redis::start();
+    create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
+    let _op = Operator::start(&ns);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let n = 200;
+    dlq_testenv::redrive_many(&api, n, |i| {
+        record(&format!("bulk-{i:03}"), &format!("bulk/{i:03}"), b"{}")
+    })
+    .await;
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    // Every resolution is accounted for: an Event about the record, or a name in a summary.
+    let redriven = eventually(20, "every redrive in an Event", || async {
+        let items: Vec<Event> = events
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("Redriven"))
+            .collect();
+        let counted: usize = items
+            .iter()
+            .map(|e| {
+                let note = e.note.as_deref().unwrap_or_default();
+                match note.split_once(" records of queue ") {
+                    Some((count, _)) => count.parse().unwrap_or(0),
+                    None => 1,
+                }
+            })
+            .sum();
+        (counted == n).then_some(items)
+    })
+    .await;
+    assert!(
+        redriven.len() <= n / 4,
+        "{} Redriven Events for {n} redrives: not aggregated",
+        redriven.len()
+    );
+    assert!(
+        redriven
+            .iter()
+            .all(|e| e.type_.as_deref() == Some("Normal")),
+        "only Normal Events are aggregated"
+    );
+}

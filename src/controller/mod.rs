@@ -2,9 +2,11 @@
 //! DeadLetterQueues), a DeadLetter reconciler (redrive/drop) and a DeadLetterQueue reconciler
 //! (counters, readiness, retention), the sources, and the one writer ([`apiserver`]).
 
+pub mod aggregate;
 pub mod apiserver;
 pub mod deadletter;
 pub mod deadletterqueue;
+pub mod jobs;
 pub mod leadership;
 
 pub use self::leadership::Leadership;
@@ -23,7 +25,9 @@ use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::Mutex;
 
 use dlq_core::api::{DeadLetter, DeadLetterQueue};
+use dlq_core::events::EventPlan;
 use dlq_core::plan::{Effects, Then};
+use k8s_openapi::api::core::v1::ObjectReference;
 
 use crate::error::Error;
 use crate::metrics::Metrics;
@@ -75,6 +79,9 @@ pub struct Context {
     /// Record uids this process already enqueued whose resolution is not yet written: a retry
     /// after a failed status write must not enqueue a second time.
     enqueued: Mutex<HashSet<String>>,
+    /// Folds Normal resolution Events per queue during bulk resolutions; None publishes
+    /// every Event as planned (the in-process tests).
+    aggregator: Option<aggregate::Aggregator>,
 }
 
 impl Context {
@@ -95,19 +102,60 @@ impl Context {
             queues,
             failures: Mutex::default(),
             enqueued: Mutex::default(),
+            aggregator: None,
         }
     }
 
-    /// Publishes the Events and applies the metric changes of a plan about `obj`.
-    pub async fn carry_out(&self, obj: &impl Resource<DynamicType = ()>, effects: &Effects) {
+    /// Sends aggregatable Events through `aggregator` (see [`aggregate`]).
+    pub fn with_aggregator(mut self, aggregator: aggregate::Aggregator) -> Self {
+        self.aggregator = Some(aggregator);
+        self
+    }
+
+    /// Publishes the Events and applies the metric changes of a plan about `obj`. Normal
+    /// resolution Events go through the aggregator when there is one.
+    pub async fn carry_out(&self, obj: &DeadLetter, effects: &Effects) {
         for change in &effects.metrics {
             self.metrics.apply(change);
         }
         for event in &effects.events {
-            self.apiserver
-                .publish(apiserver::reference(obj), event)
-                .await;
+            let regarding = apiserver::reference(obj);
+            match (&self.aggregator, self.pending(obj, &regarding, event)) {
+                (Some(aggregator), Some(pending)) => {
+                    if let Err(p) = aggregator.send(pending) {
+                        tracing::warn!("event aggregator gone; publishing directly");
+                        self.apiserver.publish(p.regarding, &p.plan).await;
+                    }
+                }
+                _ => self.apiserver.publish(regarding, event).await,
+            }
         }
+    }
+
+    /// `event` as the aggregator takes it, when it may be aggregated: a Normal resolution
+    /// Event about a record.
+    fn pending(
+        &self,
+        obj: &DeadLetter,
+        regarding: &ObjectReference,
+        event: &EventPlan,
+    ) -> Option<aggregate::Pending> {
+        if !dlq_core::events::aggregatable(event) {
+            return None;
+        }
+        let meta = obj.meta();
+        let queue = obj.spec.queue.clone();
+        let namespace = meta.namespace.clone()?;
+        Some(aggregate::Pending {
+            queue_ref: self
+                .queue(&namespace, &queue)
+                .map(|q| apiserver::reference(q.as_ref())),
+            namespace,
+            queue,
+            name: meta.name.clone().unwrap_or_default(),
+            regarding: regarding.clone(),
+            plan: event.clone(),
+        })
     }
 
     /// The queue `name` in `namespace`, from the store.
@@ -204,7 +252,8 @@ pub async fn run_scope(
         .alerts
         .as_ref()
         .and_then(|_| record_writer.subscribe());
-    let record_watch = watch_records(api_for(&client, &namespace), record_writer);
+    let jobs = jobs::JobIndex::default();
+    let record_watch = watch_records(api_for(&client, &namespace), record_writer, jobs.clone());
     let queue_watch = watcher(
         api_for(&client, &namespace),
         watcher::Config::default().any_semantic(),
@@ -214,14 +263,18 @@ pub async fn run_scope(
     .for_each(|_| futures::future::ready(()));
 
     let targets = Arc::new(TargetCache::new(client.clone()));
-    let ctx = Arc::new(Context::new(
-        Arc::new(KubeApiserver::new(client.clone(), reporter)),
-        targets.clone(),
-        records.clone(),
-        queues.clone(),
-        metrics,
-        settings.clone(),
-    ));
+    let apiserver: Arc<dyn Apiserver> = Arc::new(KubeApiserver::new(client.clone(), reporter));
+    let ctx = Arc::new(
+        Context::new(
+            apiserver.clone(),
+            targets.clone(),
+            records.clone(),
+            queues.clone(),
+            metrics,
+            settings.clone(),
+        )
+        .with_aggregator(aggregate::Aggregator::spawn(apiserver)),
+    );
     let alerts = alert_sender(&settings, alert_changes, &ctx, shutdown.clone());
     let cfg = kube::runtime::controller::Config::default().concurrency(settings.concurrency);
     let records_ctl = Controller::for_shared_stream(spec_changes(record_events.clone()), records)
@@ -234,6 +287,7 @@ pub async fn run_scope(
             parker: dlq_client::park::Parker::new(client.clone()),
             client,
             queues: queues.clone(),
+            jobs,
             apiserver: ctx.apiserver.clone(),
             metrics: ctx.metrics.clone(),
         },
@@ -293,14 +347,22 @@ where
 }
 
 /// The record watch, payloads stripped before they are cached. Small pages: the initial list
-/// carries payloads, so the page size bounds the operator's peak memory at start-up.
+/// carries payloads, so the page size bounds the operator's peak memory at start-up. Every
+/// event also feeds the job index the sources park with.
 fn watch_records(
     api: Api<DeadLetter>,
     writer: reflector::store::Writer<DeadLetter>,
+    jobs: jobs::JobIndex,
 ) -> impl std::future::Future<Output = ()> {
     watcher(api, watcher::Config::default().any_semantic().page_size(50))
         .default_backoff()
         .modify(strip)
+        .map(move |event| {
+            if let Ok(event) = &event {
+                jobs.observe(event);
+            }
+            event
+        })
         .reflect_shared(writer)
         .for_each(|_| futures::future::ready(()))
 }

@@ -552,3 +552,40 @@ async fn a_leader_whose_lease_term_ran_out_enqueues_nothing() {
     leadership.revoke();
     assert!(!leadership.holds(), "a revoked term is over at once");
 }
+
+/// Resolution Events go through the aggregator when the operator runs one: the first at once,
+/// the rest of the window as one summary.
+#[tokio::test]
+async fn resolution_events_go_through_the_aggregator() {
+    let apiserver = FakeApiserver::holding(&record(Some(Action::Redrive)));
+    let target: Arc<FakeTarget> = Arc::default();
+    let ctx = Arc::new(
+        Context::new(
+            apiserver.clone(),
+            Arc::new(target.clone()),
+            store_of(&[apiserver.current()]),
+            store_of(&[queue()]),
+            Metrics::default(),
+            Settings::default(),
+        )
+        .with_aggregator(super::aggregate::Aggregator::spawn(apiserver.clone())),
+    );
+    let dl = apiserver.current();
+    let effects = dlq_core::plan::resolve(&dl, Phase::Redriven, "ops", jiff::Timestamp::now()).then;
+    for _ in 0..3 {
+        ctx.carry_out(&dl, &effects).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let published = apiserver
+        .events
+        .lock()
+        .map(|e| e.clone())
+        .unwrap_or_default();
+    assert_eq!(published.len(), 2, "{published:?}");
+    assert!(
+        published[1]
+            .note
+            .starts_with("2 records of queue relayer redriven"),
+        "{published:?}"
+    );
+}

@@ -26,9 +26,10 @@ use tokio::task::JoinHandle;
 use dlq_client::park::{ParkError, ParkOutcome, ParkRequest, Parker};
 use dlq_core::api::DeadLetterQueue;
 use dlq_core::events::{self, EventPlan};
-use dlq_core::park::{Disposition, dispose};
+use dlq_core::park::{Disposition, dispose, job_key};
 
 use crate::controller::apiserver::{Apiserver, reference};
+use crate::controller::jobs::JobIndex;
 use crate::metrics::Metrics;
 use crate::secret::SecretError;
 use crate::target::cache::TargetCache;
@@ -78,6 +79,8 @@ pub struct Shared {
     pub client: Client,
     pub parker: Parker,
     pub queues: Store<DeadLetterQueue>,
+    /// The operator's records by job: sources create the right cycle without listing first.
+    pub jobs: JobIndex,
     pub apiserver: Arc<dyn Apiserver>,
     pub metrics: Metrics,
 }
@@ -207,7 +210,8 @@ impl ParkInto {
         &self.key.name
     }
 
-    /// Parks once.
+    /// Parks once, choosing the cycle from the operator's own records (a create, and a
+    /// consistent list only when that create meets a record the watch had not yet shown).
     pub async fn park(&self, req: ParkRequest) -> Result<ParkOutcome, ParkError> {
         let queue = self
             .shared
@@ -217,7 +221,14 @@ impl ParkInto {
                 namespace: self.namespace().to_string(),
                 queue: self.queue().to_string(),
             })?;
-        self.shared.parker.park_into(&queue, req).await
+        let known = self
+            .shared
+            .jobs
+            .cycles(self.namespace(), &job_key(&req.queue, &req.job.id));
+        self.shared
+            .parker
+            .park_known(&queue, req, known.as_deref())
+            .await
     }
 
     /// The one rule for every source (`dlq_core::park::dispose`): `req` if it is valid, else an

@@ -10,8 +10,8 @@ use kube::api::{ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 
 use dlq_core::api::{self, DeadLetter, DeadLetterQueue, Phase};
-use dlq_core::park::{Cycle, job_key, new_record, next_cycle, validate};
-pub use dlq_core::park::{ParkInvalid, ParkRequest};
+use dlq_core::park::{Cycle, FirstTry, first_try, job_key, new_record, next_cycle, validate};
+pub use dlq_core::park::{KnownCycle, ParkInvalid, ParkRequest};
 
 /// Field manager of every record the parker creates.
 pub const PARKER: &str = "dlq-parker";
@@ -93,21 +93,63 @@ impl Parker {
     }
 
     /// Parks into a queue the caller already holds (the operator's sources take it from the
-    /// operator's own store).
+    /// operator's own store). Without a view of the job's records it lists them first: the
+    /// safe path for parkers outside the operator.
     pub async fn park_into(
         &self,
         queue: &DeadLetterQueue,
         req: ParkRequest,
     ) -> Result<ParkOutcome, ParkError> {
+        self.park_known(queue, req, None).await
+    }
+
+    /// Parks with `known`, the job's records as the caller's watch sees them (see
+    /// [`first_try`]): a new job costs one create instead of a list and a create; a 409 or a
+    /// record no longer Parked falls back to the consistent list.
+    pub async fn park_known(
+        &self,
+        queue: &DeadLetterQueue,
+        req: ParkRequest,
+        known: Option<&[KnownCycle]>,
+    ) -> Result<ParkOutcome, ParkError> {
         validate(&req)?;
         let namespace = queue.namespace().unwrap_or_default();
         let records: Api<DeadLetter> = Api::namespaced(self.client.clone(), &namespace);
+        match first_try(&req, known) {
+            FirstTry::List => return self.park_listing(queue, &records, &req, false).await,
+            FirstTry::Confirm(name) => {
+                if let Some(r) = records.get_opt(&name).await?
+                    && r.phase() == Phase::Parked
+                {
+                    return Ok(ParkOutcome::AlreadyParked(Box::new(r)));
+                }
+            }
+            FirstTry::Create(cycle) => {
+                check_capacity(queue, &req)?;
+                if let Some(outcome) = self.create(&records, &req, cycle).await? {
+                    return Ok(outcome);
+                }
+            }
+        }
+        // The view was behind the apiserver: ask etcd.
+        self.park_listing(queue, &records, &req, true).await
+    }
+
+    /// Lists the job's records, then creates the next cycle; `consistent_first` skips the
+    /// watch-cache read (the caller already knows its view is stale).
+    async fn park_listing(
+        &self,
+        queue: &DeadLetterQueue,
+        records: &Api<DeadLetter>,
+        req: &ParkRequest,
+        consistent_first: bool,
+    ) -> Result<ParkOutcome, ParkError> {
         // First from the apiserver's watch cache (resourceVersion 0: cheap, possibly a moment
         // stale), then, whenever that view proves stale, from etcd. The deterministic name
         // makes the create the guard: two parkers of one job cannot both create a cycle.
-        for consistent in [false, true, true] {
-            let existing = self.earlier_records(&records, &req, consistent).await?;
-            let cycle = match next_cycle(&req, &existing) {
+        for consistent in [consistent_first, true, true] {
+            let existing = self.earlier_records(records, req, consistent).await?;
+            let cycle = match next_cycle(req, &existing) {
                 Cycle::AlreadyParked(parked) => {
                     // Confirm a cached Parked: answering AlreadyParked for a record that was
                     // just resolved would lose this new death of the job.
@@ -120,8 +162,8 @@ impl Parker {
                 }
                 Cycle::Next(cycle) => cycle,
             };
-            check_capacity(queue, &req)?;
-            if let Some(outcome) = self.create(&records, &req, cycle).await? {
+            check_capacity(queue, req)?;
+            if let Some(outcome) = self.create(records, req, cycle).await? {
                 return Ok(outcome);
             }
         }

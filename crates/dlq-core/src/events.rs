@@ -80,3 +80,95 @@ impl EventPlan {
         self
     }
 }
+
+/// Whether `plan` may be folded into a per-queue summary during bulk resolutions, as
+/// client-go's event aggregator folds similar Events: Normal resolution Events only.
+/// Warnings (RequeueFailed, Parked, ...) are always published one by one.
+pub fn aggregatable(plan: &EventPlan) -> bool {
+    plan.type_ == EventType::Normal && matches!(plan.reason, reason::REDRIVEN | reason::DROPPED)
+}
+
+/// One Event about a queue standing for `names.len()` Events of `reason` about its records:
+/// the count and the names, as many as fit in [`MAX_NOTE`]. Never repeats, so it is published
+/// once (outside the recorder's cache).
+pub fn summary(
+    queue: &str,
+    reason: &'static str,
+    action: &'static str,
+    names: &[String],
+) -> EventPlan {
+    let verb = match reason {
+        reason::DROPPED => "dropped",
+        _ => "redriven",
+    };
+    let head = format!("{} records of queue {queue} {verb}: ", names.len());
+    let mut note = head;
+    for (i, name) in names.iter().enumerate() {
+        let rest = names.len() - i;
+        let tail = format!(" and {rest} more");
+        let sep = if i == 0 { "" } else { ", " };
+        if note.len() + sep.len() + name.len() + tail.len() > MAX_NOTE {
+            note.push_str(&tail);
+            break;
+        }
+        note.push_str(sep);
+        note.push_str(name);
+    }
+    EventPlan::normal(reason, action, note).once()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_normal_resolution_events_aggregate() {
+        assert!(aggregatable(&EventPlan::normal(
+            reason::REDRIVEN,
+            action::REDRIVE,
+            "x"
+        )));
+        assert!(aggregatable(&EventPlan::normal(
+            reason::DROPPED,
+            action::RESOLVE,
+            "x"
+        )));
+        assert!(!aggregatable(&EventPlan::warning(
+            reason::REQUEUE_FAILED,
+            action::REDRIVE,
+            "x"
+        )));
+        assert!(!aggregatable(
+            &EventPlan::warning(reason::PARKED, action::PARK, "x").once()
+        ));
+        assert!(!aggregatable(&EventPlan::normal(
+            reason::RESOLVE_CONFLICT,
+            action::RESOLVE,
+            "x"
+        )));
+        assert!(aggregatable(
+            &EventPlan::normal(reason::REDRIVEN, action::REDRIVE, "x").once()
+        ));
+    }
+
+    #[test]
+    fn a_summary_counts_and_names_within_the_note_limit() {
+        let names: Vec<String> = (0..3).map(|i| format!("job-{i}")).collect();
+        let s = summary("relayer", reason::REDRIVEN, action::REDRIVE, &names);
+        assert_eq!(
+            s.note,
+            "3 records of queue relayer redriven: job-0, job-1, job-2"
+        );
+        assert_eq!(s.type_, EventType::Normal);
+        let many: Vec<String> = (0..500)
+            .map(|i| format!("pi-{i:04}-settle-5d41402a-1"))
+            .collect();
+        let s = summary("relayer", reason::DROPPED, action::RESOLVE, &many);
+        assert!(s.note.len() <= MAX_NOTE, "{}", s.note.len());
+        assert!(
+            s.note
+                .starts_with("500 records of queue relayer dropped: pi-0000")
+        );
+        assert!(s.note.ends_with(" more"), "{}", s.note);
+    }
+}

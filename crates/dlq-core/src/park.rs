@@ -371,6 +371,69 @@ pub fn next_cycle<'a>(req: &ParkRequest, existing: &'a [DeadLetter]) -> Cycle<'a
     Cycle::Next(same().map(|r| r.spec.cycle).max().unwrap_or(0) + 1)
 }
 
+/// One record of a job as a parker's local view holds it (the operator's record store): enough
+/// to choose the cycle to create without asking the apiserver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KnownCycle {
+    pub name: String,
+    pub queue: String,
+    pub job_id: String,
+    pub cycle: i32,
+    pub phase: Phase,
+}
+
+impl KnownCycle {
+    /// What a view keeps of `record`.
+    pub fn of(record: &DeadLetter) -> Self {
+        KnownCycle {
+            name: record.metadata.name.clone().unwrap_or_default(),
+            queue: record.spec.queue.clone(),
+            job_id: record.spec.job.id.clone(),
+            cycle: record.spec.cycle,
+            phase: record.phase(),
+        }
+    }
+}
+
+/// Where a park starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FirstTry {
+    /// Create this cycle straight away: one request where listing first made two. The create
+    /// is still the guard; a 409 (the view was behind) falls back to a consistent list.
+    Create(i32),
+    /// The view holds this Parked record: read it once to confirm before answering
+    /// AlreadyParked (it may have been resolved a moment ago).
+    Confirm(String),
+    /// No view to trust (an external parker, or a store not yet synced): list the job's
+    /// records first.
+    List,
+}
+
+/// Which cycle to try first, from `known`: the job's records in a view that is a consistent
+/// prefix of the apiserver's history (a reflector's store after its initial list), or None.
+///
+/// Why trusting a possibly stale view is safe: records are only added with increasing
+/// cycles and removed by retention, so a view that is behind either misses a newer cycle (the
+/// create of that name then fails with 409 and the caller lists consistently) or still holds
+/// an older one (its next cycle is then at most the real next one, again a 409). The one case
+/// a create cannot catch, cycle 1 deleted by retention while cycle 2 exists, needs the view to
+/// miss cycle 2's creation and see cycle 1 resolved for the whole retention period at once,
+/// which a watch that is seconds behind cannot do; without a view the caller lists.
+pub fn first_try(req: &ParkRequest, known: Option<&[KnownCycle]>) -> FirstTry {
+    let Some(known) = known else {
+        return FirstTry::List;
+    };
+    let same = || {
+        known
+            .iter()
+            .filter(|k| k.job_id == req.job.id && k.queue == req.queue)
+    };
+    if let Some(parked) = same().find(|k| k.phase == Phase::Parked) {
+        return FirstTry::Confirm(parked.name.clone());
+    }
+    FirstTry::Create(same().map(|k| k.cycle).max().unwrap_or(0) + 1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -521,5 +584,65 @@ mod tests {
         let r = bounded_reason(&"é".repeat(5000));
         assert_eq!(r.chars().count(), MAX_REASON);
         assert!(r.ends_with("..."));
+    }
+
+    fn known(cycle: i32, phase: Phase) -> KnownCycle {
+        KnownCycle {
+            name: record_name("relayer", "pi_0003/settle", cycle),
+            queue: "relayer".into(),
+            job_id: "pi_0003/settle".into(),
+            cycle,
+            phase,
+        }
+    }
+
+    #[test]
+    fn without_a_view_the_parker_lists_first() {
+        assert_eq!(first_try(&req(), None), FirstTry::List);
+    }
+
+    #[test]
+    fn a_job_the_view_never_saw_creates_cycle_one() {
+        assert_eq!(first_try(&req(), Some(&[])), FirstTry::Create(1));
+    }
+
+    #[test]
+    fn resolved_cycles_in_the_view_give_the_next_cycle() {
+        let view = [known(1, Phase::Redriven), known(3, Phase::Dropped)];
+        assert_eq!(first_try(&req(), Some(&view)), FirstTry::Create(4));
+    }
+
+    #[test]
+    fn retention_gaps_still_count_from_the_highest_cycle() {
+        // cycle 1 deleted by retention; cycle 2 resolved: the next is 3, never 1 again.
+        let view = [known(2, Phase::Redriven)];
+        assert_eq!(first_try(&req(), Some(&view)), FirstTry::Create(3));
+    }
+
+    #[test]
+    fn a_parked_record_in_the_view_is_confirmed_not_trusted() {
+        let view = [known(1, Phase::Redriven), known(2, Phase::Parked)];
+        assert_eq!(
+            first_try(&req(), Some(&view)),
+            FirstTry::Confirm(record_name("relayer", "pi_0003/settle", 2))
+        );
+    }
+
+    #[test]
+    fn other_jobs_in_the_view_are_ignored() {
+        let mut other = known(5, Phase::Parked);
+        other.job_id = "pi_0004/settle".into();
+        assert_eq!(first_try(&req(), Some(&[other])), FirstTry::Create(1));
+    }
+
+    #[test]
+    fn known_cycle_reads_a_record() {
+        let r = new_record(&req(), 2);
+        let k = KnownCycle::of(&r);
+        assert_eq!(
+            (k.cycle, k.phase, k.job_id.as_str()),
+            (2, Phase::Parked, "pi_0003/settle")
+        );
+        assert_eq!(k.name, record_name("relayer", "pi_0003/settle", 2));
     }
 }

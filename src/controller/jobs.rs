@@ -1,0 +1,164 @@
+//! The operator's records indexed by job (`dlq.dev/job-key` label), so its sources choose a
+//! job's next cycle from what the watch already delivered instead of listing the job's
+//! records on the apiserver before every create (`dlq_core::park::first_try`).
+//!
+//! Fed from the same watch events as the record store, before they reach it. Its view is a
+//! prefix of the apiserver's history, like the store's; it is only trusted after the first
+//! complete list (before that, sources take the listing path).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+
+use kube::ResourceExt;
+use kube::runtime::watcher::Event;
+
+use dlq_core::api::{self, DeadLetter};
+use dlq_core::park::KnownCycle;
+
+/// (namespace, job key) → the job's records by name.
+type Jobs = HashMap<(String, String), BTreeMap<String, KnownCycle>>;
+
+#[derive(Default)]
+struct State {
+    /// The live view; None until the first initial list completed.
+    live: Option<Jobs>,
+    /// A re-list in progress (the live view stays in use until it completes).
+    pending: Option<Jobs>,
+}
+
+/// A cheap-to-clone handle on the index.
+#[derive(Clone, Default)]
+pub struct JobIndex {
+    state: Arc<RwLock<State>>,
+}
+
+fn key_of(dl: &DeadLetter) -> Option<(String, String)> {
+    let key = dl.labels().get(api::LABEL_JOB_KEY)?.clone();
+    Some((dl.namespace().unwrap_or_default(), key))
+}
+
+fn insert(jobs: &mut Jobs, dl: &DeadLetter) {
+    if let Some(key) = key_of(dl) {
+        jobs.entry(key)
+            .or_default()
+            .insert(dl.name_any(), KnownCycle::of(dl));
+    }
+}
+
+fn remove(jobs: &mut Jobs, dl: &DeadLetter) {
+    if let Some(key) = key_of(dl)
+        && let Some(records) = jobs.get_mut(&key)
+    {
+        records.remove(&dl.name_any());
+        if records.is_empty() {
+            jobs.remove(&key);
+        }
+    }
+}
+
+impl JobIndex {
+    /// Applies one watch event (call it for every event, in order, before the store sees it).
+    pub fn observe(&self, event: &Event<DeadLetter>) {
+        let Ok(mut state) = self.state.write() else {
+            return;
+        };
+        match event {
+            Event::Init => state.pending = Some(Jobs::new()),
+            Event::InitApply(dl) => {
+                if let Some(pending) = state.pending.as_mut() {
+                    insert(pending, dl);
+                }
+            }
+            Event::InitDone => {
+                if let Some(done) = state.pending.take() {
+                    state.live = Some(done);
+                }
+            }
+            Event::Apply(dl) => {
+                if let Some(live) = state.live.as_mut() {
+                    insert(live, dl);
+                }
+            }
+            Event::Delete(dl) => {
+                if let Some(live) = state.live.as_mut() {
+                    remove(live, dl);
+                }
+            }
+        }
+    }
+
+    /// The records of job `key` in `namespace`, or None while the index is not yet synced
+    /// (then the caller must list).
+    pub fn cycles(&self, namespace: &str, key: &str) -> Option<Vec<KnownCycle>> {
+        let state = self.state.read().ok()?;
+        let live = state.live.as_ref()?;
+        Some(
+            live.get(&(namespace.to_string(), key.to_string()))
+                .map(|m| m.values().cloned().collect())
+                .unwrap_or_default(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dlq_core::api::{Job, Phase};
+    use dlq_core::park::{ParkRequest, job_key, new_record};
+
+    fn record(id: &str, cycle: i32) -> DeadLetter {
+        let req = ParkRequest::new(
+            "relayer",
+            Job {
+                id: id.into(),
+                payload: Some("{}".into()),
+                ..Job::default()
+            },
+        );
+        let mut r = new_record(&req, cycle);
+        r.metadata.namespace = Some("payments".into());
+        r
+    }
+
+    #[test]
+    fn unsynced_until_the_first_list_completes() {
+        let index = JobIndex::default();
+        let key = job_key("relayer", "a");
+        assert_eq!(index.cycles("payments", &key), None);
+        index.observe(&Event::Init);
+        index.observe(&Event::InitApply(record("a", 1)));
+        assert_eq!(index.cycles("payments", &key), None);
+        index.observe(&Event::InitDone);
+        let cycles = index.cycles("payments", &key).unwrap_or_default();
+        assert_eq!(cycles.len(), 1);
+        assert_eq!(cycles[0].phase, Phase::Parked);
+    }
+
+    #[test]
+    fn follows_applies_and_deletes() {
+        let index = JobIndex::default();
+        index.observe(&Event::Init);
+        index.observe(&Event::InitDone);
+        let key = job_key("relayer", "a");
+        index.observe(&Event::Apply(record("a", 1)));
+        index.observe(&Event::Apply(record("a", 2)));
+        assert_eq!(index.cycles("payments", &key).map(|c| c.len()), Some(2));
+        index.observe(&Event::Delete(record("a", 1)));
+        let cycles = index.cycles("payments", &key).unwrap_or_default();
+        assert_eq!(cycles.iter().map(|c| c.cycle).collect::<Vec<_>>(), vec![2]);
+        assert_eq!(index.cycles("other", &key).map(|c| c.len()), Some(0));
+    }
+
+    #[test]
+    fn a_relist_keeps_the_old_view_until_done() {
+        let index = JobIndex::default();
+        index.observe(&Event::Init);
+        index.observe(&Event::InitApply(record("a", 1)));
+        index.observe(&Event::InitDone);
+        let key = job_key("relayer", "a");
+        index.observe(&Event::Init);
+        assert_eq!(index.cycles("payments", &key).map(|c| c.len()), Some(1));
+        index.observe(&Event::InitDone);
+        assert_eq!(index.cycles("payments", &key).map(|c| c.len()), Some(0));
+    }
+}
