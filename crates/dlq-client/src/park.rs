@@ -6,6 +6,10 @@
 //! `action`/`by`/`note`, so a GitOps server-side apply of a decision does not conflict with it.
 //! The rules themselves (validation, naming, cycles) are `dlq_core::park`.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 
@@ -71,25 +75,59 @@ impl ParkError {
 #[derive(Clone)]
 pub struct Parker {
     client: Client,
+    /// The DeadLetterQueues this parker read in the last [`QUEUE_READ_REUSE`]: a producer that
+    /// parks a storm of jobs would otherwise read the same queue once per job.
+    queues: Arc<Mutex<QueueReads>>,
 }
+
+/// (namespace, name) → when read, and what.
+type QueueReads = HashMap<(String, String), (Instant, DeadLetterQueue)>;
+
+/// How long [`Parker::park`] reuses a DeadLetterQueue it read (its existence and `maxParked`
+/// counters are at most this stale; the create stays the guard against doubles).
+const QUEUE_READ_REUSE: Duration = Duration::from_secs(1);
 
 impl Parker {
     pub fn new(client: Client) -> Self {
-        Parker { client }
+        Parker {
+            client,
+            queues: Arc::default(),
+        }
     }
 
-    /// Validates, reads the DeadLetterQueue, and parks.
+    /// Validates, reads the DeadLetterQueue (reused for a second), and parks.
     pub async fn park(&self, namespace: &str, req: ParkRequest) -> Result<ParkOutcome, ParkError> {
         validate(&req)?;
+        let queue = self.queue(namespace, &req.queue).await?;
+        self.park_into(&queue, req).await
+    }
+
+    /// The DeadLetterQueue `name`, read at most once per [`QUEUE_READ_REUSE`]; a missing one is
+    /// not remembered, so creating it takes effect at once.
+    async fn queue(&self, namespace: &str, name: &str) -> Result<DeadLetterQueue, ParkError> {
+        let key = (namespace.to_string(), name.to_string());
+        if let Some((at, q)) = self.lock_queues().get(&key)
+            && at.elapsed() < QUEUE_READ_REUSE
+        {
+            return Ok(q.clone());
+        }
         let api: Api<DeadLetterQueue> = Api::namespaced(self.client.clone(), namespace);
         let queue = api
-            .get_opt(&req.queue)
+            .get_opt(name)
             .await?
             .ok_or_else(|| ParkError::UnknownQueue {
                 namespace: namespace.into(),
-                queue: req.queue.clone(),
+                queue: name.into(),
             })?;
-        self.park_into(&queue, req).await
+        let mut queues = self.lock_queues();
+        queues.retain(|_, (at, _)| at.elapsed() < QUEUE_READ_REUSE);
+        queues.insert(key, (Instant::now(), queue.clone()));
+        Ok(queue)
+    }
+
+    fn lock_queues(&self) -> MutexGuard<'_, QueueReads> {
+        // A panic while holding it leaves a plain map behind; keep using it.
+        self.queues.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Parks into a queue the caller already holds (the operator's sources take it from the
