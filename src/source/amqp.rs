@@ -31,7 +31,6 @@ use dlq_client::park::ParkRequest;
 use dlq_core::api::{self, AmqpSourceSpec, DeadLetterQueue, FailureKind, Job, Origin};
 
 use super::{ParkInto, SourceError};
-use crate::secret::read_secret;
 use crate::target::TargetError;
 use crate::target::amqp::{AmqpConn, carried_headers, classify};
 
@@ -235,11 +234,7 @@ pub fn request_for(queue: &str, data: &[u8], props: &BasicProperties) -> ParkReq
 
 /// Runs one bridge until aborted.
 pub async fn run(client: Client, into: ParkInto, queue: DeadLetterQueue, source: AmqpSourceSpec) {
-    let (ns, name) = (into.namespace().to_string(), into.queue().to_string());
-    super::keep_running("amqp", &ns, &name, || {
-        run_once(&client, &into, &queue, &source)
-    })
-    .await
+    super::keep_running("amqp", &into, || run_once(&client, &into, &queue, &source)).await
 }
 
 async fn run_once(
@@ -249,21 +244,14 @@ async fn run_once(
     source: &AmqpSourceSpec,
 ) -> Result<(), SourceError> {
     let (ns, name) = (into.namespace(), into.queue());
-    let secret_ref = source
-        .url_secret_ref
-        .clone()
-        .or_else(|| {
-            queue
-                .spec
-                .target
-                .amqp
-                .as_ref()
-                .map(|a| a.url_secret_ref.clone())
-        })
-        .ok_or_else(|| {
-            SourceError::Config("source.amqp needs urlSecretRef (the target is not amqp)".into())
-        })?;
-    let (url, _) = read_secret(client, ns, &secret_ref).await?;
+    let url = super::url_from_secret(
+        client,
+        into,
+        source.url_secret_ref.as_ref(),
+        queue.spec.target.amqp.as_ref().map(|t| &t.url_secret_ref),
+        "amqp",
+    )
+    .await?;
     let conn = Arc::new(
         AmqpConn::connect(&url)
             .await

@@ -120,11 +120,7 @@ pub fn request_for(queue: &str, dead: &Dead) -> ParkRequest {
 
 /// Runs one source until aborted.
 pub async fn run(client: Client, into: ParkInto, queue: DeadLetterQueue, source: KafkaSourceSpec) {
-    let (ns, name) = (into.namespace().to_string(), into.queue().to_string());
-    super::keep_running("kafka", &ns, &name, || {
-        run_once(&client, &into, &queue, &source)
-    })
-    .await
+    super::keep_running("kafka", &into, || run_once(&client, &into, &queue, &source)).await
 }
 
 /// Servers and security of the source: its own, else the kafka target's.

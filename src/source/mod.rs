@@ -24,14 +24,14 @@ use kube::{Client, ResourceExt};
 use tokio::task::JoinHandle;
 
 use dlq_client::park::{ParkError, ParkOutcome, ParkRequest, Parker};
-use dlq_core::api::DeadLetterQueue;
+use dlq_core::api::{DeadLetterQueue, SecretKeyRef};
 use dlq_core::events::{self, EventPlan};
 use dlq_core::park::{Disposition, dispose, job_key};
 
 use crate::controller::apiserver::{Apiserver, reference};
 use crate::controller::jobs::JobIndex;
 use crate::metrics::Metrics;
-use crate::secret::SecretError;
+use crate::secret::{SecretError, read_secret};
 use crate::target::cache::TargetCache;
 
 /// Why one run of a source ended. It is restarted with backoff.
@@ -297,10 +297,27 @@ impl ParkInto {
     }
 }
 
+/// The broker URL a source connects with: from its own Secret, else from its queue's target's
+/// (the same broker), read fresh at every (re)start of the source.
+pub(crate) async fn url_from_secret(
+    client: &Client,
+    into: &ParkInto,
+    own: Option<&SecretKeyRef>,
+    target: Option<&SecretKeyRef>,
+    kind: &str,
+) -> Result<String, SourceError> {
+    let secret_ref = own.or(target).ok_or_else(|| {
+        SourceError::Config(format!(
+            "source.{kind} needs urlSecretRef (the target is not {kind})"
+        ))
+    })?;
+    Ok(read_secret(client, into.namespace(), secret_ref).await?.0)
+}
+
 /// Runs one source's `once` again and again: after it ends or fails, waits with capped
 /// exponential backoff (reset once a run lasted a minute), so a broker outage is retried
 /// without hammering it.
-pub(crate) async fn keep_running<F, Fut>(kind: &str, ns: &str, queue: &str, mut once: F)
+pub(crate) async fn keep_running<F, Fut>(kind: &str, into: &ParkInto, mut once: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<(), SourceError>>,
@@ -316,10 +333,10 @@ where
         let wait = dlq_core::decide::backoff(attempt, Duration::from_secs(30));
         match result {
             Ok(()) => {
-                tracing::info!(namespace = ns, queue, source = kind, retry_in = ?wait, "source ended; restarting")
+                tracing::info!(namespace = into.namespace(), queue = into.queue(), source = kind, retry_in = ?wait, "source ended; restarting")
             }
             Err(e) => {
-                tracing::warn!(namespace = ns, queue, source = kind, error = %e, retry_in = ?wait, "source failed")
+                tracing::warn!(namespace = into.namespace(), queue = into.queue(), source = kind, error = %e, retry_in = ?wait, "source failed")
             }
         }
         tokio::time::sleep(wait).await;

@@ -175,11 +175,7 @@ pub fn request_for(queue: &str, adv: &Advisory, msg: &Stored) -> ParkRequest {
 
 /// Runs one bridge until aborted.
 pub async fn run(client: Client, into: ParkInto, queue: DeadLetterQueue, source: NatsSourceSpec) {
-    let (ns, name) = (into.namespace().to_string(), into.queue().to_string());
-    super::keep_running("nats", &ns, &name, || {
-        run_once(&client, &into, &queue, &source)
-    })
-    .await
+    super::keep_running("nats", &into, || run_once(&client, &into, &queue, &source)).await
 }
 
 /// The source's server URL: its own, else the nats target's.

@@ -17,7 +17,6 @@ use dlq_core::api::{DeadLetterQueue, RedisSourceSpec};
 use dlq_core::envelope::request_for;
 
 use super::{ParkInto, SourceError};
-use crate::secret::read_secret;
 use crate::target::redis::RedisConn;
 
 /// Parks in flight at once per bridge.
@@ -25,11 +24,7 @@ const CONCURRENCY: usize = 8;
 
 /// Runs one bridge until aborted.
 pub async fn run(client: Client, into: ParkInto, queue: DeadLetterQueue, source: RedisSourceSpec) {
-    let (ns, name) = (into.namespace().to_string(), into.queue().to_string());
-    super::keep_running("redis", &ns, &name, || {
-        run_once(&client, &into, &queue, &source)
-    })
-    .await
+    super::keep_running("redis", &into, || run_once(&client, &into, &queue, &source)).await
 }
 
 async fn run_once(
@@ -39,21 +34,14 @@ async fn run_once(
     source: &RedisSourceSpec,
 ) -> Result<(), SourceError> {
     let (ns, name) = (into.namespace(), into.queue());
-    let secret_ref = source
-        .url_secret_ref
-        .clone()
-        .or_else(|| {
-            queue
-                .spec
-                .target
-                .redis
-                .as_ref()
-                .map(|r| r.url_secret_ref.clone())
-        })
-        .ok_or_else(|| {
-            SourceError::Config("source.redis needs urlSecretRef (the target is not redis)".into())
-        })?;
-    let (url, _) = read_secret(client, ns, &secret_ref).await?;
+    let url = super::url_from_secret(
+        client,
+        into,
+        source.url_secret_ref.as_ref(),
+        queue.spec.target.redis.as_ref().map(|t| &t.url_secret_ref),
+        "redis",
+    )
+    .await?;
     // One connection blocks in BLMOVE; the other carries LREM/LPUSH for finished elements.
     let puller = RedisConn::new(&url).map_err(SourceError::broker("connecting to redis"))?;
     let acker = Arc::new(RedisConn::new(&url).map_err(SourceError::broker("connecting to redis"))?);

@@ -148,11 +148,7 @@ pub fn request_for(queue: &str, dead: &Dead) -> ParkRequest {
 
 /// Runs one bridge until aborted.
 pub async fn run(client: Client, into: ParkInto, queue: DeadLetterQueue, source: SqsSourceSpec) {
-    let (ns, name) = (into.namespace().to_string(), into.queue().to_string());
-    super::keep_running("sqs", &ns, &name, || {
-        run_once(&client, &into, &queue, &source)
-    })
-    .await
+    super::keep_running("sqs", &into, || run_once(&client, &into, &queue, &source)).await
 }
 
 /// Region, endpoint and keys of the source: its own, else the sqs target's.
