@@ -227,6 +227,16 @@ pub enum FailureKind {
 }
 
 impl FailureKind {
+    pub const ALL: [FailureKind; 2] = [FailureKind::Transient, FailureKind::Invalid];
+
+    /// The API's spelling (`Transient`, `Invalid`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureKind::Transient => "Transient",
+            FailureKind::Invalid => "Invalid",
+        }
+    }
+
     /// Lower-case form used in labels and metrics.
     pub fn label(self) -> &'static str {
         match self {
@@ -314,17 +324,24 @@ pub struct DeadLetterQueueSpec {
     pub source: Option<SourceSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention: Option<Retention>,
-    /// Beyond this many Parked records, new parkings are refused (and alerted).
+    /// A hard limit: at most this many Parked records (and admitted parkings not yet counted).
+    /// Beyond it parkings are refused and sources leave dead messages in their broker until
+    /// records are resolved. Defaults to 10000 (see the README's capacity guidance).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1), default = "default_max_parked")]
     pub max_parked: Option<i64>,
     /// Per-record Alertmanager alerts of this queue's records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alerts: Option<crate::alert::AlertSettings>,
 }
 
-/// Default for `maxParked`.
+/// Default for `maxParked`: about 1 GiB of etcd at 64 KiB payloads, half the default quota
+/// (README, "Capacity"). The schema sets it, so a queue created without one shows it.
 pub const DEFAULT_MAX_PARKED: i64 = 10_000;
+
+fn default_max_parked() -> Option<i64> {
+    Some(DEFAULT_MAX_PARKED)
+}
 
 impl DeadLetterQueueSpec {
     pub fn max_parked(&self) -> i64 {
@@ -688,6 +705,29 @@ pub struct DeadLetterQueueStatus {
     pub observed_generation: Option<i64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The same counters per failure kind (`Transient`, `Invalid`), for `kubectl dlq stats`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub failure_kinds: BTreeMap<String, KindCounts>,
+    /// Parkings admitted under `maxParked` whose record the operator has not counted yet:
+    /// record name → when admitted (Unix seconds). Parkers add to it with a compare-and-swap
+    /// on this status; the operator removes what it counted (see `dlq_core::capacity`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub reservations: BTreeMap<String, i64>,
+}
+
+/// One failure kind's records of a queue, as the operator last counted them.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct KindCounts {
+    #[serde(default)]
+    pub parked: i64,
+    #[serde(default)]
+    pub redriven: i64,
+    #[serde(default)]
+    pub dropped: i64,
+    /// Cleared (null) once nothing of this kind is parked.
+    #[serde(default)]
+    pub oldest_parked_at: Option<Time>,
 }
 
 /// The CRDs as YAML documents, as `deadletter-operator crds` prints them and `crds/` holds them.

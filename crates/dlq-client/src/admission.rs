@@ -1,0 +1,167 @@
+//! The parker's side of the hard `maxParked` (the rules are `dlq_core::capacity`): before a
+//! record is created its name is reserved in the DeadLetterQueue's status by a
+//! compare-and-swap. Parkings of one queue waiting in this process at the same moment share
+//! one compare-and-swap (a batch), so a parking storm costs one queue write per batch.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use tokio::sync::oneshot;
+
+use dlq_core::api::DeadLetterQueue;
+use dlq_core::capacity::{self, Admission};
+
+/// Why a reservation was not made.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum AdmitError {
+    #[error("queue is full: {in_use} of maxParked {limit}")]
+    Full { in_use: i64, limit: i64 },
+    #[error("the DeadLetterQueue is gone")]
+    Gone,
+    #[error("kubernetes API: {0}")]
+    Kube(String),
+}
+
+type Reply = oneshot::Sender<Result<(), AdmitError>>;
+
+/// One queue's batching point.
+#[derive(Default)]
+struct Gate {
+    /// Names waiting for the next compare-and-swap.
+    pending: Mutex<Vec<(String, Reply)>>,
+    /// Held during a compare-and-swap; the queue as last read or written by it.
+    last: tokio::sync::Mutex<Option<DeadLetterQueue>>,
+}
+
+/// Reserves record names under their queue's `maxParked`.
+#[derive(Clone, Default)]
+pub struct Admissions {
+    gates: Arc<Mutex<HashMap<(String, String), Arc<Gate>>>>,
+}
+
+/// Most compare-and-swap attempts per batch before giving up (each 409 re-reads the queue).
+const ATTEMPTS: usize = 20;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding it leaves plain data behind; keep using it.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Admissions {
+    /// Reserves `name` in `queue` (a recent view of it: a stale one costs a 409 and a read).
+    pub async fn admit(
+        &self,
+        client: &Client,
+        queue: &DeadLetterQueue,
+        name: &str,
+    ) -> Result<(), AdmitError> {
+        let key = (queue.namespace().unwrap_or_default(), queue.name_any());
+        let gate = lock(&self.gates).entry(key).or_default().clone();
+        let (tx, rx) = oneshot::channel();
+        lock(&gate.pending).push((name.to_string(), tx));
+        {
+            let mut last = gate.last.lock().await;
+            // Everything queued meanwhile, ours included unless an earlier holder took it.
+            let batch = std::mem::take(&mut *lock(&gate.pending));
+            if !batch.is_empty() {
+                let names: Vec<String> = batch.iter().map(|(n, _)| n.clone()).collect();
+                let result = reserve(client, &mut last, queue, &names).await;
+                answer(batch, result);
+            }
+        }
+        rx.await
+            .unwrap_or_else(|_| Err(AdmitError::Kube("admission dropped".into())))
+    }
+}
+
+/// Sends each waiting parker its part of the batch's outcome.
+fn answer(batch: Vec<(String, Reply)>, result: Result<Admission, AdmitError>) {
+    for (name, reply) in batch {
+        let r = match &result {
+            Ok(a) if a.admitted.contains(&name) => Ok(()),
+            Ok(a) => Err(AdmitError::Full {
+                in_use: a.in_use,
+                limit: a.limit,
+            }),
+            Err(e) => Err(e.clone()),
+        };
+        // A parker that stopped waiting (its task was aborted) needs no answer.
+        let _ = reply.send(r);
+    }
+}
+
+/// One compare-and-swap admitting what fits of `names`, starting from the freshest view at
+/// hand; re-reads on a conflict, and once before refusing on a view that may be stale.
+async fn reserve(
+    client: &Client,
+    last: &mut Option<DeadLetterQueue>,
+    given: &DeadLetterQueue,
+    names: &[String],
+) -> Result<Admission, AdmitError> {
+    let api: Api<DeadLetterQueue> =
+        Api::namespaced(client.clone(), &given.namespace().unwrap_or_default());
+    let mut current = last.take().unwrap_or_else(|| given.clone());
+    let mut fresh = false;
+    for _ in 0..ATTEMPTS {
+        let admission = capacity::admit(current.status.as_ref(), current.spec.max_parked(), names);
+        if !admission.refused.is_empty() && !fresh {
+            current = read(&api, &given.name_any()).await?;
+            fresh = true;
+            continue;
+        }
+        if admission.admitted.is_empty() {
+            *last = Some(current);
+            return Ok(admission);
+        }
+        match write(&api, &current, &admission).await {
+            Ok(updated) => {
+                *last = Some(updated);
+                return Ok(admission);
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                current = read(&api, &given.name_any()).await?;
+                fresh = true;
+            }
+            Err(e) => return Err(AdmitError::Kube(e.to_string())),
+        }
+    }
+    Err(AdmitError::Kube(format!(
+        "DeadLetterQueue {} kept changing ({ATTEMPTS} conflicts in a row)",
+        given.name_any()
+    )))
+}
+
+async fn read(api: &Api<DeadLetterQueue>, name: &str) -> Result<DeadLetterQueue, AdmitError> {
+    api.get_opt(name)
+        .await
+        .map_err(|e| AdmitError::Kube(e.to_string()))?
+        .ok_or(AdmitError::Gone)
+}
+
+/// The compare-and-swap: the admitted names into `status.reservations`, guarded by the
+/// resourceVersion of the view they were counted against.
+async fn write(
+    api: &Api<DeadLetterQueue>,
+    current: &DeadLetterQueue,
+    admission: &Admission,
+) -> Result<DeadLetterQueue, kube::Error> {
+    let now = jiff::Timestamp::now().as_second();
+    let reservations: serde_json::Map<String, serde_json::Value> = admission
+        .admitted
+        .iter()
+        .map(|n| (n.clone(), json!(now)))
+        .collect();
+    let patch = json!({
+        "metadata": {"resourceVersion": current.resource_version()},
+        "status": {"reservations": reservations},
+    });
+    let pp = PatchParams {
+        field_manager: Some(crate::park::PARKER.into()),
+        ..PatchParams::default()
+    };
+    api.patch_status(&current.name_any(), &pp, &Patch::Merge(patch))
+        .await
+}
