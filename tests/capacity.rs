@@ -80,8 +80,8 @@ async fn max_parked_holds_under_concurrent_parkers_and_the_cli() {
     let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
     let queues: Api<DeadLetterQueue> = Api::namespaced(client.clone(), &ns);
 
-    // Three parkers as three producers would hold them (no shared batching), 30 jobs each,
-    // 8 at a time; and 30 `kubectl dlq park` processes, all at once.
+    // Three parkers in this process (they share one batching point), 30 jobs each, all at
+    // once; and 30 `kubectl dlq park` processes at the same time, each its own contender.
     let mut tasks = Vec::new();
     for p in 0..3 {
         let parker = Parker::new(client.clone());

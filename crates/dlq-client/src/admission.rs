@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
@@ -42,8 +43,30 @@ pub struct Admissions {
     gates: Arc<Mutex<HashMap<(String, String), Arc<Gate>>>>,
 }
 
-/// Most compare-and-swap attempts per batch before giving up (each 409 re-reads the queue).
-const ATTEMPTS: usize = 20;
+/// The process's admissions: every [`crate::Parker`] of a process batches through the same
+/// gates, so a producer calling `park()` once per job from many tasks contends with other
+/// processes only, never with itself.
+static SHARED: std::sync::LazyLock<Admissions> = std::sync::LazyLock::new(Admissions::default);
+
+impl Admissions {
+    pub fn shared() -> Admissions {
+        SHARED.clone()
+    }
+}
+
+/// Most compare-and-swap attempts per batch before giving up (each 409 waits a little and
+/// re-reads the queue).
+const ATTEMPTS: u32 = 40;
+
+/// A random wait before attempt `attempt + 1`: up to 5 ms × 2^attempt, at most 400 ms.
+fn jitter(attempt: u32) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let cap = 5u64.saturating_mul(1 << attempt.min(7)).min(400);
+    // RandomState is seeded per instance: enough randomness to de-synchronise processes.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(attempt);
+    Duration::from_millis(h.finish() % (cap + 1))
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding it leaves plain data behind; keep using it.
@@ -105,7 +128,7 @@ async fn reserve(
         Api::namespaced(client.clone(), &given.namespace().unwrap_or_default());
     let mut current = last.take().unwrap_or_else(|| given.clone());
     let mut fresh = false;
-    for _ in 0..ATTEMPTS {
+    for attempt in 0..ATTEMPTS {
         let admission = capacity::admit(current.status.as_ref(), current.spec.max_parked(), names);
         if !admission.refused.is_empty() && !fresh {
             current = read(&api, &given.name_any()).await?;
@@ -122,6 +145,9 @@ async fn reserve(
                 return Ok(admission);
             }
             Err(kube::Error::Api(s)) if s.code == 409 => {
+                // Another process won this round: wait a random moment so contenders spread
+                // out instead of colliding again.
+                tokio::time::sleep(jitter(attempt)).await;
                 current = read(&api, &given.name_any()).await?;
                 fresh = true;
             }

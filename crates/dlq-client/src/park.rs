@@ -84,7 +84,7 @@ pub struct Parker {
     /// The DeadLetterQueues this parker read in the last [`QUEUE_READ_REUSE`]: a producer that
     /// parks a storm of jobs would otherwise read the same queue once per job.
     queues: Arc<Mutex<QueueReads>>,
-    /// Reservations under `maxParked`, batched per queue across this parker's clones.
+    /// Reservations under `maxParked`, batched per queue across the process's parkers.
     admissions: Admissions,
 }
 
@@ -101,7 +101,7 @@ impl Parker {
         Parker {
             client,
             queues: Arc::default(),
-            admissions: Admissions::default(),
+            admissions: Admissions::shared(),
         }
     }
 
