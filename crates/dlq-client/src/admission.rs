@@ -83,21 +83,30 @@ impl Admissions {
     ) -> Result<(), AdmitError> {
         let key = (queue.namespace().unwrap_or_default(), queue.name_any());
         let gate = lock(&self.gates).entry(key).or_default().clone();
-        let (tx, rx) = oneshot::channel();
+        let (tx, mut rx) = oneshot::channel();
         lock(&gate.pending).push((name.to_string(), tx));
-        {
-            let mut last = gate.last.lock().await;
-            // Everything queued meanwhile, ours included unless an earlier holder took it.
-            let batch = std::mem::take(&mut *lock(&gate.pending));
-            if !batch.is_empty() {
-                let names: Vec<String> = batch.iter().map(|(n, _)| n.clone()).collect();
-                let result = reserve(client, &mut last, queue, &names).await;
-                answer(batch, result);
-            }
+        // Either an earlier holder of the lock takes our name into its batch and answers, or
+        // we get the lock and write everything queued meanwhile ourselves. Waiting for the
+        // lock after being answered would queue behind the next batch's write.
+        let last = tokio::select! {
+            biased;
+            answered = &mut rx => return answered.unwrap_or_else(|_| Err(dropped())),
+            last = gate.last.lock() => last,
+        };
+        let mut last = last;
+        let batch = std::mem::take(&mut *lock(&gate.pending));
+        if !batch.is_empty() {
+            let names: Vec<String> = batch.iter().map(|(n, _)| n.clone()).collect();
+            let result = reserve(client, &mut last, queue, &names).await;
+            answer(batch, result);
         }
-        rx.await
-            .unwrap_or_else(|_| Err(AdmitError::Kube("admission dropped".into())))
+        drop(last);
+        rx.await.unwrap_or_else(|_| Err(dropped()))
     }
+}
+
+fn dropped() -> AdmitError {
+    AdmitError::Kube("admission dropped".into())
 }
 
 /// Sends each waiting parker its part of the batch's outcome.
