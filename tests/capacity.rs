@@ -239,3 +239,26 @@ async fn a_full_queue_leaves_dead_messages_in_redis_and_parks_them_as_records_re
     .await;
     assert!(redis.list("relayer:dead:rejected").await.is_empty());
 }
+
+#[tokio::test]
+async fn a_queue_without_max_parked_gets_the_safe_default() {
+    let (client, ns) = setup("cap-default").await;
+    create_queue(
+        &client,
+        &ns,
+        "redis://127.0.0.1:1/",
+        list_target(),
+        json!({}),
+    )
+    .await;
+    let q = Api::<DeadLetterQueue>::namespaced(client, &ns)
+        .get("relayer")
+        .await
+        .expect("queue");
+    assert_eq!(
+        q.spec.max_parked,
+        Some(dlq_core::api::DEFAULT_MAX_PARKED),
+        "the apiserver fills in the default, so kubectl shows it"
+    );
+    assert_eq!(dlq_core::api::DEFAULT_MAX_PARKED, 5000);
+}

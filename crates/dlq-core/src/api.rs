@@ -327,7 +327,7 @@ pub struct DeadLetterQueueSpec {
     pub retention: Option<Retention>,
     /// A hard limit: at most this many Parked records (and admitted parkings not yet counted).
     /// Beyond it parkings are refused and sources leave dead messages in their broker until
-    /// records are resolved. Defaults to 10000 (see the README's capacity guidance).
+    /// records are resolved. Defaults to 5000 (see the README's capacity guidance).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1), default = "default_max_parked")]
     pub max_parked: Option<i64>,
@@ -336,9 +336,10 @@ pub struct DeadLetterQueueSpec {
     pub alerts: Option<crate::alert::AlertSettings>,
 }
 
-/// Default for `maxParked`: about 1 GiB of etcd at 64 KiB payloads, half the default quota
-/// (README, "Capacity"). The schema sets it, so a queue created without one shows it.
-pub const DEFAULT_MAX_PARKED: i64 = 10_000;
+/// Default for `maxParked`: at 64 KiB payloads about 330 MiB of etcd (68 KB a record,
+/// measured), a sixth of etcd's default 2 GiB quota; at 1 KiB about 10 MiB (README,
+/// "Capacity"). The schema sets it, so a queue created without one shows it.
+pub const DEFAULT_MAX_PARKED: i64 = 5_000;
 
 fn default_max_parked() -> Option<i64> {
     Some(DEFAULT_MAX_PARKED)
