@@ -87,12 +87,11 @@ async fn max_parked_holds_under_concurrent_parkers_and_the_cli() {
         let parker = Parker::new(client.clone());
         let ns = ns.clone();
         tasks.push(tokio::spawn(async move {
-            let results = futures::future::join_all((0..30).map(|i| {
+            futures::future::join_all((0..30).map(|i| {
                 let (parker, ns) = (parker.clone(), ns.clone());
                 async move { parker.park(&ns, request(&format!("p{p}/{i}"))).await }
             }))
-            .await;
-            results
+            .await
         }));
     }
     let clis: Vec<_> = (0..30)

@@ -40,8 +40,11 @@ struct Gate {
 /// Reserves record names under their queue's `maxParked`.
 #[derive(Clone, Default)]
 pub struct Admissions {
-    gates: Arc<Mutex<HashMap<(String, String), Arc<Gate>>>>,
+    gates: Arc<Mutex<Gates>>,
 }
+
+/// (namespace, queue) → its gate.
+type Gates = HashMap<(String, String), Arc<Gate>>;
 
 /// The process's admissions: every [`crate::Parker`] of a process batches through the same
 /// gates, so a producer calling `park()` once per job from many tasks contends with other
