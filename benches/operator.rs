@@ -656,6 +656,17 @@ async fn main() -> anyhow::Result<()> {
     json.insert("capacity".into(), json!(cap));
 
     // 7. The 100,000-record point (opt-in).
+    for n in env_list("BENCH_RECORDS_ONLY_CLI", "") {
+        for (what, ms, lines) in scale::cli_at_scale(&mut b, n).await? {
+            eprintln!("records {n}: {what}: {ms:.0} ms, {lines} lines");
+            rows.push((
+                format!("{n}: {what} (ms)"),
+                format!("{ms:.0}"),
+                format!("{lines} lines"),
+                "-".into(),
+            ));
+        }
+    }
     for n in env_list("BENCH_RECORDS", "") {
         let redrive = env_usize("BENCH_RECORDS_REDRIVE", 10_000);
         let s = scale::hundred_thousand(&mut b, n, redrive).await?;

@@ -143,7 +143,11 @@ pub async fn etcd_per_record(b: &mut Bench, n: usize, payload: usize) -> anyhow:
 
 /// Wall time of one `kubectl dlq` command against the bench's control plane.
 fn time_cli(b: &Bench, ns: &str, args: &[&str]) -> anyhow::Result<(f64, usize)> {
-    let bin = release_bin("kubectl-dlq")?;
+    time_bin(&release_bin("kubectl-dlq")?, b, ns, args)
+}
+
+/// Wall time of `bin` (a `kubectl-dlq`) with `args`, and the lines it printed.
+fn time_bin(bin: &Path, b: &Bench, ns: &str, args: &[&str]) -> anyhow::Result<(f64, usize)> {
     let start = Instant::now();
     let out = Command::new(bin)
         .arg("--kubeconfig")
@@ -159,6 +163,39 @@ fn time_cli(b: &Bench, ns: &str, args: &[&str]) -> anyhow::Result<(f64, usize)> 
         );
     }
     Ok((ms, out.stdout.iter().filter(|c| **c == b'\n').count()))
+}
+
+/// `ls --queue` and `stats` over `n` records without an operator (`BENCH_RECORDS_ONLY_CLI`):
+/// the queue's counters written as the operator would. With `BENCH_KUBECTL_DLQ_BEFORE` (a
+/// `kubectl-dlq` built from an earlier commit) the same commands of that binary too.
+pub async fn cli_at_scale(b: &mut Bench, n: usize) -> anyhow::Result<Vec<(String, f64, usize)>> {
+    let ns = namespace_with(b, "cli-scale", json!({"maxParked": n * 2})).await?;
+    create_plain(&b.client, &ns, n, b.c, 1024).await?;
+    Api::<DeadLetterQueue>::namespaced(b.client.clone(), &ns)
+        .patch_status(
+            "relayer",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"status": {"parked": n, "failureKinds": {"Transient": {"parked": n}}}}),
+            ),
+        )
+        .await?;
+    let mut out = Vec::new();
+    let mut bins = vec![("after".to_string(), release_bin("kubectl-dlq")?)];
+    if let Some(before) = std::env::var_os("BENCH_KUBECTL_DLQ_BEFORE") {
+        bins.push(("before".to_string(), PathBuf::from(before)));
+    }
+    for (which, bin) in bins {
+        for args in [&["ls", "--queue", "relayer"][..], &["stats"][..]] {
+            let (ms, lines) = time_bin(&bin, b, &ns, args)?;
+            out.push((
+                format!("{which}: kubectl dlq {}", args.join(" ")),
+                ms,
+                lines,
+            ));
+        }
+    }
+    Ok(out)
 }
 
 /// The 100,000-record point.
