@@ -713,7 +713,10 @@ pub struct DeadLetterQueueStatus {
     /// Parkings admitted under `maxParked` whose record the operator has not counted yet:
     /// record name → when admitted (Unix seconds). Parkers add to it with a compare-and-swap
     /// on this status; the operator removes what it counted (see `dlq_core::capacity`).
+    // Atomic for field management: per-key managedFields entries made every write of a storm
+    // slower (600 parkings: 14.8 KB of managedFields, 6.8 s; atomic: 0.5 KB, 4.7 s).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("x-kubernetes-map-type" = "atomic"))]
     pub reservations: BTreeMap<String, i64>,
 }
 
