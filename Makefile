@@ -55,7 +55,7 @@ crds-check:
 ## build the test tooling (kube-apiserver, kubectl, etcd, helm, promtool; ElasticMQ for the SQS
 ## tests) into the cache
 tools:
-	@bash tools/build.sh kube etcd helm promtool elasticmq kafka >/dev/null
+	@bash tools/build.sh kube etcd helm promtool toxiproxy elasticmq kafka >/dev/null
 
 ## start a local control plane for a human; prints the KUBECONFIG to export
 cluster:
@@ -70,7 +70,7 @@ cluster-down:
 ## against the invariants (CHAOS_FAULTS, CHAOS_MESSAGES, CHAOS_SEED; report in target/chaos/)
 chaos:
 	@bash scripts/ensure-deps.sh
-	@bash tools/build.sh kube etcd >/dev/null
+	@bash tools/build.sh kube etcd toxiproxy >/dev/null
 	$(CARGO) build --workspace --features $(TEST_FEATURES) --bins
 	RUST_BACKTRACE=0 target/debug/dlq-chaos
 

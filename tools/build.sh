@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Builds the Go test tooling (kube-apiserver, kubectl, etcd, helm, promtool) from the modules
+# Builds the Go test tooling (kube-apiserver, kubectl, etcd, helm, promtool, toxiproxy) from the modules
 # pinned in tools/<tool>/go.mod into a cache outside the repo, keyed by go.mod+go.sum, so a
 # second run is instant. Prints the directory holding the binaries on stdout; progress on stderr.
 # `elasticmq` (an SQS-compatible server, Java) is resolved by Maven from tools/elasticmq/pom.xml
 # into the same cache, keyed by the pom; it prints the directory whose lib/ is the classpath.
 # `kafka` (Apache Kafka in KRaft mode, for tests/kafka.rs) is resolved the same way.
 #
-#   tools/build.sh kube|etcd|helm|promtool|elasticmq|kafka [...]
+#   tools/build.sh kube|etcd|helm|promtool|toxiproxy|elasticmq|kafka [...]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${DLQ_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/deadletter-operator/tools}
@@ -62,15 +62,17 @@ build() {
       pkgs=(helm.sh/helm/v3/cmd/helm) ;;
     promtool)
       pkgs=(github.com/prometheus/prometheus/cmd/promtool) ;;
+    toxiproxy)
+      pkgs=(github.com/Shopify/toxiproxy/v2/cmd/server) ;;
   esac
   local dest="$out/bin/"
-  # etcd's main package is its module root, so go would name the binary "server".
-  if [ "$tool" = etcd ]; then dest="$out/bin/etcd"; fi
+  # etcd's and toxiproxy's main packages would both be named "server" by go.
+  case $tool in etcd) dest="$out/bin/etcd" ;; toxiproxy) dest="$out/bin/toxiproxy-server" ;; esac
   (cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$dest" "${pkgs[@]}")
   touch "$out/.done"
   echo ">> built $tool in $((SECONDS - start))s" >&2
   echo "$out/bin"
 }
 
-[ $# -gt 0 ] || { echo "usage: tools/build.sh kube|etcd|helm|promtool|elasticmq|kafka ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: tools/build.sh kube|etcd|helm|promtool|toxiproxy|elasticmq|kafka ..." >&2; exit 2; }
 for t in "$@"; do build "$t"; done
