@@ -29,7 +29,8 @@ test: tools fmt-check clippy crds-check deps-check
 	@# The tests run the workspace's binaries (operator, kubectl-dlq, dlq-testenv) and the demo
 	@# example, which `cargo test` alone does not build.
 	$(CARGO) build --workspace --features $(TEST_FEATURES) --bins --examples
-	$(CARGO) test --workspace --features $(TEST_FEATURES) --lib --bins --tests --examples
+	@# In-process tests first, then the integration binaries in TEST_LANES (default 2) lanes.
+	@bash scripts/test-lanes.sh --workspace --features $(TEST_FEATURES) --lib --bins --tests --examples
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
