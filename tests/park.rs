@@ -381,6 +381,22 @@ async fn gitops_server_side_apply_of_a_decision_does_not_conflict_with_the_parke
     assert_eq!(redis.list(LIST).await, vec![b"g".to_vec()]);
 }
 
+/// A namespace with queue `relayer` whose source is the dead list `relayer:dead` of a fresh
+/// redis-server (also its target).
+async fn redis_source_queue(name: &str) -> (kube::Client, String, Redis) {
+    let (client, ns) = setup(name).await;
+    let redis = Redis::start();
+    create_queue(
+        &client,
+        &ns,
+        &redis.url(),
+        list_target(),
+        json!({"source": {"redis": {"list": "relayer:dead"}}}),
+    )
+    .await;
+    (client, ns, redis)
+}
+
 /// Pushes `n` envelopes (plus one garbage element) onto the dead list.
 async fn push_dead(redis: &Redis, list: &str, n: usize) -> Vec<u8> {
     let mut c = redis.conn().await;
@@ -398,16 +414,7 @@ async fn push_dead(redis: &Redis, list: &str, n: usize) -> Vec<u8> {
 
 #[tokio::test]
 async fn redis_bridge_parks_every_dead_element_once_even_across_a_crash() {
-    let (client, ns) = setup("bridge").await;
-    let redis = Redis::start();
-    create_queue(
-        &client,
-        &ns,
-        &redis.url(),
-        list_target(),
-        json!({"source": {"redis": {"list": "relayer:dead"}}}),
-    )
-    .await;
+    let (client, ns, redis) = redis_source_queue("bridge").await;
     const N: usize = 500;
     let garbage = push_dead(&redis, "relayer:dead", N).await;
     let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
@@ -486,16 +493,7 @@ async fn redis_bridge_parks_every_dead_element_once_even_across_a_crash() {
 /// record, so the re-read finds it whatever its phase.
 #[tokio::test]
 async fn redis_bridge_re_reading_an_element_after_a_crash_finds_its_resolved_record() {
-    let (client, ns) = setup("reread").await;
-    let redis = Redis::start();
-    create_queue(
-        &client,
-        &ns,
-        &redis.url(),
-        list_target(),
-        json!({"source": {"redis": {"list": "relayer:dead"}}}),
-    )
-    .await;
+    let (client, ns, redis) = redis_source_queue("reread").await;
     // The source hangs between park and acknowledgement; the controller keeps working.
     let mut op = Operator::start_with(&ns, &[], &[("DLQ_FAILPOINT", "redis-before-ack")]);
     push_dead(&redis, "relayer:dead", 1).await;
@@ -543,16 +541,7 @@ async fn redis_bridge_re_reading_an_element_after_a_crash_finds_its_resolved_rec
 /// and announced.
 #[tokio::test]
 async fn redis_bridge_parks_unusable_elements_as_invalid_and_reports_what_it_rejects() {
-    let (client, ns) = setup("unusable").await;
-    let redis = Redis::start();
-    create_queue(
-        &client,
-        &ns,
-        &redis.url(),
-        list_target(),
-        json!({"source": {"redis": {"list": "relayer:dead"}}}),
-    )
-    .await;
+    let (client, ns, redis) = redis_source_queue("unusable").await;
     let unusable: Vec<Vec<u8>> = vec![
         br#"["an","array"]"#.to_vec(),
         br#"{"id":"e4","paylod":"typo"}"#.to_vec(),
