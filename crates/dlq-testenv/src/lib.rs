@@ -13,6 +13,8 @@
 //! - [`browser`]: headless Chromium over WebDriver, for the page tests of `kubectl dlq ui`.
 //! - [`chart`]: helm, promtool and rendered-manifest helpers for the packaging tests.
 //! - [`paths`]: the checkout and the workspace's built binaries ([`bin`]).
+//! - [`node`]: a real node (kubelet, containerd, kube-proxy, CNI) beside the plane, and
+//!   [`image`]: the operator image as an OCI archive, built without a Docker daemon.
 //!
 //! Binaries of other packages are not visible through `env!("CARGO_BIN_EXE_…")`: build them
 //! first with `cargo build --workspace --bins` (`make test` does).
@@ -23,6 +25,8 @@ pub mod chaos;
 pub mod chart;
 pub mod cluster;
 pub mod fixtures;
+pub mod image;
+pub mod node;
 pub mod operator;
 pub mod outage;
 pub mod paths;
