@@ -35,7 +35,7 @@ pub mod plane;
 use std::io::Write;
 use std::time::Duration;
 
-pub use cluster::{CRDS, Plane, apply_crds, install_crds, namespace, plane, setup};
+pub use cluster::{CRDS, Plane, apply_crds, install_crds, namespace, node_plane, plane, setup};
 pub use fixtures::{
     LIST, condition, create_dlq, create_queue, create_secret, decide, events_for, list_target,
     record, redrive_many, wait_phase, wait_ready,
