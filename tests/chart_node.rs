@@ -8,10 +8,13 @@
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
-use dlq_core::api::{Action, DeadLetter, Phase};
+use dlq_client::park::{ParkRequest, park};
+use dlq_core::api::{Action, DeadLetter, Job, Phase};
+use futures::StreamExt;
 use dlq_testenv::brokers::Redis;
 use dlq_testenv::chart::{chart_dir, check, helm};
 use dlq_testenv::node::NODE_ADDRESS;
@@ -130,17 +133,23 @@ async fn park_redrive(client: &Client, ns: &str, redis: &Redis) {
     assert_eq!(redis.list(LIST).await, vec![b"first".to_vec()]);
 }
 
-async fn park_many(api: &Api<DeadLetter>, n: usize) {
-    let creates = (0..n).map(|i| {
-        let api = api.clone();
-        async move {
-            let r = record(&format!("r-{i}"), &format!("node/{i}"), format!("job-{i}").as_bytes(), &[]);
-            api.create(&PostParams::default(), &r)
-                .await
-                .unwrap_or_else(|e| panic!("parking r-{i}: {e}"));
-        }
-    });
-    futures::future::join_all(creates).await;
+/// `n` jobs parked as producers park them (labels the runbook selects by), 16 at a time.
+async fn park_many(client: &Client, ns: &str, n: usize) {
+    let park_one = |i: usize| {
+        let job = Job {
+            id: format!("node/{i}"),
+            payload: Some(format!("job-{i}")),
+            ..Job::default()
+        };
+        park(client.clone(), ns, ParkRequest::new("relayer", job))
+    };
+    let parked: Vec<_> = futures::stream::iter((0..n).map(park_one))
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    for p in parked {
+        p.unwrap_or_else(|e| panic!("parking: {e}"));
+    }
 }
 
 async fn count_in(api: &Api<DeadLetter>, phase: Phase) -> usize {
@@ -156,16 +165,54 @@ async fn count_in(api: &Api<DeadLetter>, phase: Phase) -> usize {
 }
 
 /// `kubectl dlq redrive --queue relayer --rate 100/s` in the background (the runbook, signed
-/// by the admin user it authenticates as).
-fn start_replay(plane: &Plane, ns: &str) -> Child {
-    Command::new(dlq_testenv::bin("kubectl-dlq"))
-        .env("KUBECONFIG", &plane.kubeconfig)
-        .args(["redrive", "-n", ns, "--queue", "relayer", "--rate", "100/s"])
-        .args(["--note", "node replay", "--settle-timeout", "120"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting kubectl dlq redrive")
+/// by the admin user it authenticates as), its output in a file.
+struct Replay {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Replay {
+    fn start(plane: &Plane, ns: &str) -> Replay {
+        let log = dlq_testenv::paths::target_tmp_dir().join("node-replay.log");
+        let out = std::fs::File::create(&log).expect("creating the replay log");
+        let err = out.try_clone().expect("cloning the replay log");
+        let child = Command::new(dlq_testenv::bin("kubectl-dlq"))
+            .env("KUBECONFIG", &plane.kubeconfig)
+            .args(["redrive", "-n", ns, "--queue", "relayer", "--rate", "100/s"])
+            .args(["--note", "node replay", "--settle-timeout", "120"])
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("starting kubectl dlq redrive");
+        Replay { child, log }
+    }
+
+    fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Panics with its output if it ended in failure.
+    fn check_running(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            assert!(status.success(), "kubectl dlq redrive: {status}\n{}", self.output());
+        }
+    }
+
+    async fn finish(mut self) -> String {
+        let status = tokio::task::spawn_blocking(move || {
+            let status = self.child.wait();
+            (status, self.log)
+        })
+        .await
+        .expect("join");
+        let (status, log) = status;
+        let output = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(
+            status.as_ref().is_ok_and(|s| s.success()),
+            "kubectl dlq redrive: {status:?}\n{output}"
+        );
+        output
+    }
 }
 
 /// `kubectl logs -f` of a pod into memory until the pod's container ends.
@@ -185,12 +232,15 @@ async fn delete_leader_mid_replay(
     client: &Client,
     records: &Api<DeadLetter>,
     leader: &str,
+    replay: &mut Replay,
 ) -> f64 {
     let leases: Api<Lease> = Api::namespaced(client.clone(), RELEASE_NS);
-    eventually(60, "the replay's first redrives", || async {
-        (count_in(records, Phase::Redriven).await > 1).then_some(())
-    })
-    .await;
+    let deadline = Instant::now() + std::time::Duration::from_secs(60);
+    while count_in(records, Phase::Redriven).await <= 1 {
+        replay.check_running();
+        assert!(Instant::now() < deadline, "no redrive 60s into the replay:\n{}", replay.output());
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     let before = count_in(records, Phase::Redriven).await;
     assert!(before < REPLAY, "the replay was over before the leader could be deleted");
     let deleted = Instant::now();
@@ -346,20 +396,20 @@ async fn the_chart_runs_on_a_real_node() {
     park_redrive(&client, &ns, &redis).await;
 
     let records: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
-    park_many(&records, REPLAY).await;
+    park_many(&client, &ns, REPLAY).await;
     eventually(120, "the replay's records Parked", || async {
         (count_in(&records, Phase::Parked).await == REPLAY).then_some(())
     })
     .await;
     let leader_logs = follow_logs(plane, &leader);
-    let replay = start_replay(plane, &ns);
-    delete_leader_mid_replay(&client, &records, &leader).await;
+    let mut replay = Replay::start(plane, &ns);
+    delete_leader_mid_replay(&client, &records, &leader, &mut replay).await;
     none_lost(&records, &redis).await;
-    let out = tokio::task::spawn_blocking(move || replay.wait_with_output())
-        .await
-        .expect("join")
-        .expect("kubectl dlq redrive output");
-    assert!(out.status.success(), "replay: {}", String::from_utf8_lossy(&out.stderr));
+    let summary = replay.finish().await;
+    report(&format!(
+        "node: replay summary: {}",
+        summary.lines().rev().take(2).collect::<Vec<_>>().join(" | ")
+    ));
 
     let deleted_logs = tokio::task::spawn_blocking(move || leader_logs.wait_with_output())
         .await
