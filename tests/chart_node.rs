@@ -14,7 +14,6 @@ use std::time::Instant;
 
 use dlq_client::park::{ParkRequest, park};
 use dlq_core::api::{Action, DeadLetter, Job, Phase};
-use futures::StreamExt;
 use dlq_testenv::brokers::Redis;
 use dlq_testenv::chart::{chart_dir, check, helm};
 use dlq_testenv::node::NODE_ADDRESS;
@@ -23,6 +22,7 @@ use dlq_testenv::{
     LIST, Plane, create_queue, decide, eventually, list_target, namespace, node_plane, record,
     report, wait_phase,
 };
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, Service};
@@ -46,10 +46,14 @@ fn load_image(plane: &Plane) -> String {
     ];
     let refs: Vec<&std::path::Path> = binaries.iter().map(|p| p.as_path()).collect();
     let dir = dlq_testenv::paths::target_tmp_dir().join("node-image");
-    let archive = dlq_testenv::image::operator_image(&refs, &dir.join("build"), &dir.join("operator.tar"))
-        .unwrap_or_else(|e| panic!("building the operator image: {e}"));
+    let archive =
+        dlq_testenv::image::operator_image(&refs, &dir.join("build"), &dir.join("operator.tar"))
+            .unwrap_or_else(|e| panic!("building the operator image: {e}"));
     let ctr = dlq_testenv::brokers::which("ctr").expect("ctr (Debian's containerd) on PATH");
-    let socket = plane.containerd.as_ref().expect("the node's containerd socket");
+    let socket = plane
+        .containerd
+        .as_ref()
+        .expect("the node's containerd socket");
     dlq_testenv::image::import(&ctr, socket, &archive)
         .unwrap_or_else(|e| panic!("importing the operator image: {e}"));
     report(&format!(
@@ -95,7 +99,11 @@ fn is_ready(pod: &Pod) -> bool {
 async fn ready_pods(pods: &Api<Pod>, n: usize, secs: u64) -> BTreeSet<String> {
     eventually(secs, &format!("{n} Ready operator pods"), || async {
         let all = pods.list(&ListParams::default()).await.ok()?.items;
-        let ready: BTreeSet<String> = all.iter().filter(|p| is_ready(p)).map(|p| p.name_any()).collect();
+        let ready: BTreeSet<String> = all
+            .iter()
+            .filter(|p| is_ready(p))
+            .map(|p| p.name_any())
+            .collect();
         (ready.len() == n && all.len() == n).then_some(ready)
     })
     .await
@@ -124,9 +132,12 @@ async fn lease_holder(leases: &Api<Lease>) -> Option<String> {
 /// One record parked, redriven by a human, its job on the broker.
 async fn park_redrive(client: &Client, ns: &str, redis: &Redis) {
     let api: Api<DeadLetter> = Api::namespaced(client.clone(), ns);
-    api.create(&PostParams::default(), &record("first", "node/first", b"first", &[]))
-        .await
-        .expect("parking the first record");
+    api.create(
+        &PostParams::default(),
+        &record("first", "node/first", b"first", &[]),
+    )
+    .await
+    .expect("parking the first record");
     wait_phase(&api, "first", Phase::Parked, 60).await;
     decide(&api, "first", Action::Redrive, "admin").await;
     wait_phase(&api, "first", Phase::Redriven, 60).await;
@@ -194,7 +205,11 @@ impl Replay {
     /// Panics with its output if it ended in failure.
     fn check_running(&mut self) {
         if let Ok(Some(status)) = self.child.try_wait() {
-            assert!(status.success(), "kubectl dlq redrive: {status}\n{}", self.output());
+            assert!(
+                status.success(),
+                "kubectl dlq redrive: {status}\n{}",
+                self.output()
+            );
         }
     }
 
@@ -238,11 +253,18 @@ async fn delete_leader_mid_replay(
     let deadline = Instant::now() + std::time::Duration::from_secs(60);
     while count_in(records, Phase::Redriven).await <= 1 {
         replay.check_running();
-        assert!(Instant::now() < deadline, "no redrive 60s into the replay:\n{}", replay.output());
+        assert!(
+            Instant::now() < deadline,
+            "no redrive 60s into the replay:\n{}",
+            replay.output()
+        );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     let before = count_in(records, Phase::Redriven).await;
-    assert!(before < REPLAY, "the replay was over before the leader could be deleted");
+    assert!(
+        before < REPLAY,
+        "the replay was over before the leader could be deleted"
+    );
     let deleted = Instant::now();
     Api::<Pod>::namespaced(client.clone(), RELEASE_NS)
         .delete(leader, &DeleteParams::default())
@@ -316,7 +338,9 @@ async fn metrics_through_the_service(client: &Client) {
         (redriven > 0.0).then_some(())
     })
     .await;
-    report(&format!("node: /metrics answered through the Service at {ip}:{port}"));
+    report(&format!(
+        "node: /metrics answered through the Service at {ip}:{port}"
+    ));
 }
 
 /// `helm upgrade` with one changed value: new pods replace both, Ready.
@@ -335,11 +359,17 @@ async fn upgrade_rolls(plane: &Plane, pods: &Api<Pod>, before: &BTreeSet<String>
         (now.len() == 2 && now.is_disjoint(before)).then_some(now)
     })
     .await;
-    report(&format!("node: helm upgrade rolled {before:?} -> {after:?}"));
+    report(&format!(
+        "node: helm upgrade rolled {before:?} -> {after:?}"
+    ));
 }
 
 async fn ready_pods_now(pods: &Api<Pod>) -> BTreeSet<String> {
-    let all = pods.list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default();
+    let all = pods
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
     if all.iter().any(|p| !is_ready(p)) {
         return BTreeSet::new();
     }
@@ -357,9 +387,17 @@ async fn uninstall_keeps_records(plane: &Plane, client: &Client, records: &Api<D
     assert!(deployments.get_opt(FULLNAME).await.expect("GET").is_none());
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in ["deadletters.dlq.dev", "deadletterqueues.dlq.dev"] {
-        assert!(crds.get_opt(crd).await.expect("GET").is_some(), "{crd} removed");
+        assert!(
+            crds.get_opt(crd).await.expect("GET").is_some(),
+            "{crd} removed"
+        );
     }
-    let left = records.list(&ListParams::default()).await.expect("LIST").items.len();
+    let left = records
+        .list(&ListParams::default())
+        .await
+        .expect("LIST")
+        .items
+        .len();
     assert_eq!(left, REPLAY + 1, "records lost by helm uninstall");
 }
 
@@ -389,7 +427,10 @@ async fn the_chart_runs_on_a_real_node() {
     ));
     let leases: Api<Lease> = Api::namespaced(client.clone(), RELEASE_NS);
     let leader = eventually(60, "a Lease holder", || lease_holder(&leases)).await;
-    assert!(first_pods.contains(&leader), "Lease held by {leader}, not one of {first_pods:?}");
+    assert!(
+        first_pods.contains(&leader),
+        "Lease held by {leader}, not one of {first_pods:?}"
+    );
 
     let ns = namespace(&client, "node").await;
     create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
@@ -408,7 +449,12 @@ async fn the_chart_runs_on_a_real_node() {
     let summary = replay.finish().await;
     report(&format!(
         "node: replay summary: {}",
-        summary.lines().rev().take(2).collect::<Vec<_>>().join(" | ")
+        summary
+            .lines()
+            .rev()
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(" | ")
     ));
 
     let deleted_logs = tokio::task::spawn_blocking(move || leader_logs.wait_with_output())
@@ -416,11 +462,19 @@ async fn the_chart_runs_on_a_real_node() {
         .expect("join")
         .expect("the deleted leader's logs");
     let deleted_logs = String::from_utf8_lossy(&deleted_logs.stdout).into_owned();
-    assert!(error_lines(&deleted_logs).is_empty(), "{leader}: {:?}", error_lines(&deleted_logs));
+    assert!(
+        error_lines(&deleted_logs).is_empty(),
+        "{leader}: {:?}",
+        error_lines(&deleted_logs)
+    );
     let current = ready_pods(&pods, 2, 120).await;
     for pod in &current {
         let logs = logs_of(plane, pod);
-        assert!(error_lines(&logs).is_empty(), "{pod}: {:?}", error_lines(&logs));
+        assert!(
+            error_lines(&logs).is_empty(),
+            "{pod}: {:?}",
+            error_lines(&logs)
+        );
     }
 
     metrics_through_the_service(&client).await;

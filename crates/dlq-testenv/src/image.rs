@@ -71,7 +71,9 @@ fn label_pairs(rest: &str) -> Vec<(String, String)> {
 
 fn exec_form(rest: &str) -> Result<Vec<String>> {
     serde_json::from_str(rest).map_err(|e| {
-        TestenvError::Setup(format!("Dockerfile: `{rest}` is not an exec-form list: {e}"))
+        TestenvError::Setup(format!(
+            "Dockerfile: `{rest}` is not an exec-form list: {e}"
+        ))
     })
 }
 
@@ -91,12 +93,14 @@ impl FinalStage {
                 "USER" => stage.user = rest.to_string(),
                 "ENTRYPOINT" => stage.entrypoint = exec_form(rest)?,
                 "CMD" => stage.cmd = exec_form(rest)?,
-                "EXPOSE" => stage
-                    .exposed
-                    .extend(rest.split_whitespace().map(|p| match p.contains('/') {
-                        true => p.to_string(),
-                        false => format!("{p}/tcp"),
-                    })),
+                "EXPOSE" => {
+                    stage
+                        .exposed
+                        .extend(rest.split_whitespace().map(|p| match p.contains('/') {
+                            true => p.to_string(),
+                            false => format!("{p}/tcp"),
+                        }))
+                }
                 "LABEL" => stage.labels.extend(label_pairs(rest)),
                 "COPY" => stage.read_copy(rest),
                 _ => {}
@@ -173,22 +177,37 @@ impl Layer {
                 format!("copying {} into the image", host.display()),
                 fs::copy(host, &dest),
             )?;
-            io("chmod", fs::set_permissions(&dest, fs::Permissions::from_mode(*mode)))?;
+            io(
+                "chmod",
+                fs::set_permissions(&dest, fs::Permissions::from_mode(*mode)),
+            )?;
         }
         for (path, text) in &self.texts {
             let dest = inside(path);
             mkparent(&dest)?;
             io(format!("writing {path}"), fs::write(&dest, text))?;
-            io("chmod", fs::set_permissions(&dest, fs::Permissions::from_mode(0o644)))?;
+            io(
+                "chmod",
+                fs::set_permissions(&dest, fs::Permissions::from_mode(0o644)),
+            )?;
         }
         for (path, mode, uid) in &self.dirs {
             let dest = inside(path);
             io(format!("creating {path}"), fs::create_dir_all(&dest))?;
-            io("chmod", fs::set_permissions(&dest, fs::Permissions::from_mode(*mode)))?;
+            io(
+                "chmod",
+                fs::set_permissions(&dest, fs::Permissions::from_mode(*mode)),
+            )?;
             io("chown", chown(&dest, Some(*uid), Some(*uid)))?;
         }
         run(Command::new("tar")
-            .args(["--sort=name", "--mtime=@0", "--numeric-owner", "--format=gnu", "-C"])
+            .args([
+                "--sort=name",
+                "--mtime=@0",
+                "--numeric-owner",
+                "--format=gnu",
+                "-C",
+            ])
             .arg(root)
             .arg("-cf")
             .arg(out)
@@ -331,7 +350,10 @@ fn write_index(layout: &Path, reference: &str, tag: &str, manifest: (&str, usize
     });
     io(
         "writing oci-layout",
-        fs::write(layout.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#),
+        fs::write(
+            layout.join("oci-layout"),
+            r#"{"imageLayoutVersion":"1.0.0"}"#,
+        ),
     )?;
     io(
         "writing index.json",
@@ -365,7 +387,10 @@ pub fn shared_libraries(binary: &Path) -> Result<Vec<(String, PathBuf)>> {
     for line in text.lines().map(str::trim) {
         let path = match line.split_once(" => ") {
             Some((_, rest)) => rest.split_whitespace().next(),
-            None => line.split_whitespace().next().filter(|p| p.starts_with('/')),
+            None => line
+                .split_whitespace()
+                .next()
+                .filter(|p| p.starts_with('/')),
         };
         if let Some(p) = path.filter(|p| p.starts_with('/')) {
             libs.push((p.to_string(), PathBuf::from(p)));
@@ -466,7 +491,10 @@ mod tests {
         assert_eq!(stage.copy_dest, "/usr/local/bin/");
         assert_eq!(stage.copied, ["deadletter-operator", "kubectl-dlq"]);
         assert_eq!(
-            stage.labels.get("org.opencontainers.image.title").map(String::as_str),
+            stage
+                .labels
+                .get("org.opencontainers.image.title")
+                .map(String::as_str),
             Some("deadletter-operator")
         );
     }

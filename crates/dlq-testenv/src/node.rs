@@ -57,7 +57,10 @@ fn run(what: &str, cmd: &mut Command) -> Result<String> {
 }
 
 fn ip(args: &[&str]) -> Result<String> {
-    run(&format!("ip {}", args.join(" ")), Command::new("ip").args(args))
+    run(
+        &format!("ip {}", args.join(" ")),
+        Command::new("ip").args(args),
+    )
 }
 
 /// The bridge with the node's address, made before kube-apiserver starts (it binds there).
@@ -290,7 +293,10 @@ fn kubelet(l: &Layout, socket: &Path) -> Result<Command> {
             l.pki.join("kubelet.kubeconfig").display()
         ))
         .arg(format!("--root-dir={}", l.cert_dir("kubelet")?.display()))
-        .arg(format!("--cert-dir={}", l.cert_dir("kubelet-pki")?.display()))
+        .arg(format!(
+            "--cert-dir={}",
+            l.cert_dir("kubelet-pki")?.display()
+        ))
         .arg(format!("--hostname-override={NODE_NAME}"))
         .arg(format!("--node-ip={NODE_ADDRESS}"))
         .arg("--v=0");
@@ -393,10 +399,8 @@ impl Node {
             .map(Path::to_path_buf)
             .unwrap_or_default();
         let cni_dir = l.cert_dir("cni")?;
-        let conflist = cni_conflist().replace(
-            "DATA_DIR",
-            &self.dir.join("cni-ipam").display().to_string(),
-        );
+        let conflist =
+            cni_conflist().replace("DATA_DIR", &self.dir.join("cni-ipam").display().to_string());
         write(&cni_dir.join("10-dlq.conflist"), &conflist)?;
         let config = self.dir.join("containerd.toml");
         write(
@@ -526,7 +530,11 @@ impl Node {
             &["-F", "KUBE-FIREWALL"],
         ];
         for tool in ["iptables", "ip6tables"] {
-            for args in kubelet_rules.iter().copied().chain([&["-X", "KUBE-FIREWALL"][..]]) {
+            for args in kubelet_rules
+                .iter()
+                .copied()
+                .chain([&["-X", "KUBE-FIREWALL"][..]])
+            {
                 let _ = Command::new(tool)
                     .args(args)
                     .stdout(Stdio::null())
@@ -613,7 +621,11 @@ fn remove_pod_cgroups() {
         }
         out.push(dir.to_path_buf());
     }
-    for hierarchy in fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
+    for hierarchy in fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
         let root = hierarchy.path().join("kubepods");
         let mut all = Vec::new();
         if root.is_dir() {

@@ -54,7 +54,10 @@ impl Redis {
     }
 
     pub fn url(&self) -> String {
-        format!("redis://{}/", std::net::SocketAddr::new(self.host, self.port))
+        format!(
+            "redis://{}/",
+            std::net::SocketAddr::new(self.host, self.port)
+        )
     }
 
     /// Starts (again) on the same port.
@@ -75,7 +78,12 @@ impl Redis {
         };
         let child = crate::plane::spawn_guarded(
             Command::new(bin)
-                .args(["--port", &self.port.to_string(), "--bind", &self.host.to_string()])
+                .args([
+                    "--port",
+                    &self.port.to_string(),
+                    "--bind",
+                    &self.host.to_string(),
+                ])
                 .args(["--save", "", "--protected-mode", protected])
                 .args(aof)
                 .arg("--dir")
