@@ -26,11 +26,8 @@ pub const OPERATOR_REPOSITORY: &str = "dlq.local/deadletter-operator";
 /// The instructions of a Dockerfile's final stage that shape the runtime image.
 #[derive(Debug, Default, PartialEq)]
 pub struct FinalStage {
-    pub user: String,
-    pub entrypoint: Vec<String>,
-    pub cmd: Vec<String>,
-    pub exposed: Vec<String>,
-    pub labels: BTreeMap<String, String>,
+    /// USER, ENTRYPOINT, CMD, EXPOSE, LABEL.
+    pub runtime: Runtime,
     /// Where `COPY --from=…` puts the binaries, and their names.
     pub copy_dest: String,
     pub copied: Vec<String>,
@@ -77,6 +74,14 @@ fn exec_form(rest: &str) -> Result<Vec<String>> {
     })
 }
 
+/// An EXPOSE port as an OCI `ExposedPorts` key (`8080` is `8080/tcp`).
+fn port(p: &str) -> String {
+    match p.contains('/') {
+        true => p.to_string(),
+        false => format!("{p}/tcp"),
+    }
+}
+
 impl FinalStage {
     /// Reads the final stage (after the last `FROM`) of a Dockerfile's text.
     pub fn parse(dockerfile: &str) -> Result<FinalStage> {
@@ -90,18 +95,14 @@ impl FinalStage {
             let (op, rest) = inst.split_once(' ').unwrap_or((inst, ""));
             let rest = rest.trim();
             match op.to_ascii_uppercase().as_str() {
-                "USER" => stage.user = rest.to_string(),
-                "ENTRYPOINT" => stage.entrypoint = exec_form(rest)?,
-                "CMD" => stage.cmd = exec_form(rest)?,
-                "EXPOSE" => {
-                    stage
-                        .exposed
-                        .extend(rest.split_whitespace().map(|p| match p.contains('/') {
-                            true => p.to_string(),
-                            false => format!("{p}/tcp"),
-                        }))
-                }
-                "LABEL" => stage.labels.extend(label_pairs(rest)),
+                "USER" => stage.runtime.user = rest.to_string(),
+                "ENTRYPOINT" => stage.runtime.entrypoint = exec_form(rest)?,
+                "CMD" => stage.runtime.cmd = exec_form(rest)?,
+                "EXPOSE" => stage
+                    .runtime
+                    .exposed
+                    .extend(rest.split_whitespace().map(port)),
+                "LABEL" => stage.runtime.labels.extend(label_pairs(rest)),
                 "COPY" => stage.read_copy(rest),
                 _ => {}
             }
@@ -228,6 +229,7 @@ fn run(cmd: &mut Command) -> Result<()> {
 }
 
 /// What an image runs, as in an OCI image config's `config` object.
+#[derive(Debug, Default, PartialEq)]
 pub struct Runtime {
     pub user: String,
     pub entrypoint: Vec<String>,
@@ -448,17 +450,10 @@ pub fn operator_image(binaries: &[&Path], work: &Path, out: &Path) -> Result<Arc
         let dest = format!("{}/{name}", stage.copy_dest.trim_end_matches('/'));
         app = app.file(&dest, host, 0o755);
     }
-    let runtime = Runtime {
-        user: stage.user,
-        entrypoint: stage.entrypoint,
-        cmd: stage.cmd,
-        exposed: stage.exposed,
-        labels: stage.labels,
-    };
     build(
         OPERATOR_REPOSITORY,
         &[distroless_cc(binaries)?, app],
-        &runtime,
+        &stage.runtime,
         work,
         out,
     )
@@ -484,14 +479,18 @@ mod tests {
     #[test]
     fn the_final_stage_of_the_checkouts_dockerfile() {
         let stage = FinalStage::of_checkout().expect("Dockerfile parses");
-        assert_eq!(stage.user, "65532:65532");
-        assert_eq!(stage.entrypoint, ["/usr/local/bin/deadletter-operator"]);
-        assert_eq!(stage.cmd, ["run"]);
-        assert_eq!(stage.exposed, ["8080/tcp"]);
+        assert_eq!(stage.runtime.user, "65532:65532");
+        assert_eq!(
+            stage.runtime.entrypoint,
+            ["/usr/local/bin/deadletter-operator"]
+        );
+        assert_eq!(stage.runtime.cmd, ["run"]);
+        assert_eq!(stage.runtime.exposed, ["8080/tcp"]);
         assert_eq!(stage.copy_dest, "/usr/local/bin/");
         assert_eq!(stage.copied, ["deadletter-operator", "kubectl-dlq"]);
         assert_eq!(
             stage
+                .runtime
                 .labels
                 .get("org.opencontainers.image.title")
                 .map(String::as_str),
@@ -505,9 +504,9 @@ mod tests {
             "FROM a AS build\nUSER 1\nENTRYPOINT [\"/x\"]\n# c\nFROM b\nLABEL k=\"v w\" \\\n  j=\"u\"\n",
         )
         .expect("parses");
-        assert_eq!(stage.user, "");
-        assert!(stage.entrypoint.is_empty());
-        assert_eq!(stage.labels.len(), 2);
-        assert_eq!(stage.labels["k"], "v w");
+        assert_eq!(stage.runtime.user, "");
+        assert!(stage.runtime.entrypoint.is_empty());
+        assert_eq!(stage.runtime.labels.len(), 2);
+        assert_eq!(stage.runtime.labels["k"], "v w");
     }
 }

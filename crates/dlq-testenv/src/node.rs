@@ -156,31 +156,27 @@ fn debian_tool(name: &str, package: &str) -> Result<PathBuf> {
     })
 }
 
-fn controller_manager(l: &Layout) -> Result<Command> {
-    let mut cmd = Command::new(l.bin("kube-controller-manager")?);
+/// A control-plane component as the admin, serving its own HTTPS on a free loopback port (certs
+/// self-made in its dir), without leader election (there is one of it).
+fn component(l: &Layout, bin: &str, dir: &str) -> Result<Command> {
+    let mut cmd = Command::new(l.bin(bin)?);
     cmd.arg(format!("--kubeconfig={}", l.admin.display()))
-        .arg(format!("--cert-dir={}", l.cert_dir("kcm")?.display()))
+        .arg(format!("--cert-dir={}", l.cert_dir(dir)?.display()))
         .arg("--bind-address=127.0.0.1")
         .arg(format!("--secure-port={}", free_port()?))
         .arg("--leader-elect=false")
-        // The kube-root-ca.crt ConfigMap of every namespace: projected ServiceAccount volumes.
-        .arg(format!("--root-ca-file={}", l.pki.join("ca.crt").display()))
-        .arg(format!(
-            "--service-account-private-key-file={}",
-            l.pki.join("sa.key").display()
-        ))
         .arg("--v=0");
     Ok(cmd)
 }
 
-fn scheduler(l: &Layout) -> Result<Command> {
-    let mut cmd = Command::new(l.bin("kube-scheduler")?);
-    cmd.arg(format!("--kubeconfig={}", l.admin.display()))
-        .arg(format!("--cert-dir={}", l.cert_dir("scheduler")?.display()))
-        .arg("--bind-address=127.0.0.1")
-        .arg(format!("--secure-port={}", free_port()?))
-        .arg("--leader-elect=false")
-        .arg("--v=0");
+fn controller_manager(l: &Layout) -> Result<Command> {
+    let mut cmd = component(l, "kube-controller-manager", "kcm")?;
+    // The kube-root-ca.crt ConfigMap of every namespace: projected ServiceAccount volumes.
+    cmd.arg(format!("--root-ca-file={}", l.pki.join("ca.crt").display()))
+        .arg(format!(
+            "--service-account-private-key-file={}",
+            l.pki.join("sa.key").display()
+        ));
     Ok(cmd)
 }
 
@@ -369,7 +365,10 @@ impl Node {
             bins,
         };
         node.spawn("kube-controller-manager", controller_manager(&layout)?)?;
-        node.spawn("kube-scheduler", scheduler(&layout)?)?;
+        node.spawn(
+            "kube-scheduler",
+            component(&layout, "kube-scheduler", "scheduler")?,
+        )?;
         node.start_containerd(&layout)?;
         node.spawn("kubelet", kubelet(&layout, &node.socket.clone())?)?;
         node.spawn("kube-proxy", kube_proxy(&layout)?)?;
