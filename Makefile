@@ -53,14 +53,15 @@ crds-check:
 	@$(CARGO) run -q -p deadletter-operator --bin deadletter-operator -- crds | diff -u crds/dlq.dev.yaml - \
 	  || { echo "crds/dlq.dev.yaml is stale: run 'make crds' and commit it"; exit 1; }
 
-## build the test tooling (kube-apiserver, kubectl, etcd, helm, promtool; ElasticMQ for the SQS
-## tests) into the cache
+## build the test tooling (kube-apiserver, kubelet, kube-proxy, kubectl, etcd, helm, promtool, CNI
+## plugins, pause, toxiproxy; ElasticMQ and Kafka) into the cache
 tools:
-	@bash tools/build.sh kube etcd helm promtool toxiproxy elasticmq kafka >/dev/null
+	@bash tools/build.sh kube etcd helm promtool toxiproxy cni pause elasticmq kafka >/dev/null
 
-## start a local control plane for a human; prints the KUBECONFIG to export
+## start a local control plane for a human; prints the KUBECONFIG to export. NODE=1 adds a real
+## node (kubelet, containerd, kube-proxy; needs root): see README "A real node"
 cluster:
-	@bash scripts/cluster.sh up
+	@NODE=$(NODE) bash scripts/cluster.sh up
 
 ## stop the cluster started by `make cluster`
 cluster-down:
@@ -90,3 +91,13 @@ chart-test: tools
 ## build the container image (needs a Docker/BuildKit engine; `make test` only lints the Dockerfile)
 image:
 	docker build -t $(IMAGE) .
+
+.PHONY: image-local
+## the operator image without a Docker daemon (release binaries, the Dockerfile's final stage),
+## imported into the node of `make cluster NODE=1` when one runs; the last line is the image ref
+image-local:
+	@$(CARGO) build -q --release --locked -p deadletter-operator -p kubectl-dlq
+	@$(CARGO) build -q -p dlq-testenv --bin dlq-image
+	@sock=target/cluster/containerd; \
+	  target/debug/dlq-image --bin-dir target/release --out target/image/deadletter-operator.tar \
+	    $$( [ -s $$sock ] && echo --load-into $$(cat $$sock) )

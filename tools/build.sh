@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Builds the Go test tooling (kube-apiserver, kubectl, etcd, helm, promtool, toxiproxy) from the modules
+# Builds the Go test tooling (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and
+# kube-proxy from one k8s.io/kubernetes build, kubectl, etcd, helm, promtool, toxiproxy, the CNI
+# plugins) from the modules
 # pinned in tools/<tool>/go.mod into a cache outside the repo, keyed by go.mod+go.sum, so a
 # second run is instant. Prints the directory holding the binaries on stdout; progress on stderr.
 # `elasticmq` (an SQS-compatible server, Java) is resolved by Maven from tools/elasticmq/pom.xml
 # into the same cache, keyed by the pom; it prints the directory whose lib/ is the classpath.
 # `kafka` (Apache Kafka in KRaft mode, for tests/kafka.rs) is resolved the same way.
+# `pause` (the test node's sandbox process) is Kubernetes' own build/pause/linux/pause.c, taken
+# from the k8s.io/kubernetes module of tools/kube and compiled static with the machine's C compiler.
 #
-#   tools/build.sh kube|etcd|helm|promtool|toxiproxy|elasticmq|kafka [...]
+#   tools/build.sh kube|etcd|helm|promtool|toxiproxy|cni|pause|elasticmq|kafka [...]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${DLQ_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/deadletter-operator/tools}
@@ -34,9 +38,25 @@ build_maven() {
   echo "$out"
 }
 
+# pause.c of the k8s.io/kubernetes release pinned in tools/kube, static (the image has nothing else).
+build_pause() {
+  local version src out
+  version=$(cat "$here/kube/VERSION")
+  out="$cache/pause/$version"
+  if [ -f "$out/.done" ]; then echo "$out/bin"; return; fi
+  need_go
+  command -v gcc >/dev/null || { echo "tools/build.sh: 'gcc' is not on PATH (apt-get install gcc libc6-dev)" >&2; exit 1; }
+  src=$(cd "$here/kube" && go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  rm -rf "$out"; mkdir -p "$out/bin"
+  gcc -Os -Wall -Werror -static -DVERSION="$version" -o "$out/bin/pause" "$src/build/pause/linux/pause.c"
+  strip "$out/bin/pause"
+  touch "$out/.done"
+  echo "$out/bin"
+}
+
 build() {
   local tool=$1 dir="$here/$1"
-  case $tool in elasticmq|kafka) build_maven "$tool"; return ;; esac
+  case $tool in elasticmq|kafka) build_maven "$tool"; return ;; pause) build_pause; return ;; esac
   [ -f "$dir/go.mod" ] || { echo "tools/build.sh: unknown tool '$tool' (no $dir/go.mod)" >&2; exit 2; }
   local version key out
   version=$(cat "$dir/VERSION")
@@ -54,7 +74,9 @@ build() {
         ldflags+=" -X $p.gitVersion=$version -X $p.gitMajor=1 -X $p.gitMinor=$minor"
         ldflags+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
       done
-      pkgs=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl) ;;
+      pkgs=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl
+        k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
+        k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy) ;;
     etcd)
       pkgs=(go.etcd.io/etcd/server/v3) ;;
     helm)
@@ -64,6 +86,9 @@ build() {
       pkgs=(github.com/prometheus/prometheus/cmd/promtool) ;;
     toxiproxy)
       pkgs=(github.com/Shopify/toxiproxy/v2/cmd/server) ;;
+    cni)
+      local m=github.com/containernetworking/plugins/plugins
+      pkgs=("$m/main/bridge" "$m/ipam/host-local" "$m/main/loopback" "$m/meta/portmap") ;;
   esac
   local dest="$out/bin/"
   # etcd's and toxiproxy's main packages would both be named "server" by go.
@@ -74,5 +99,5 @@ build() {
   echo "$out/bin"
 }
 
-[ $# -gt 0 ] || { echo "usage: tools/build.sh kube|etcd|helm|promtool|toxiproxy|elasticmq|kafka ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: tools/build.sh kube|etcd|helm|promtool|toxiproxy|cni|pause|elasticmq|kafka ..." >&2; exit 2; }
 for t in "$@"; do build "$t"; done
