@@ -164,7 +164,7 @@ pub struct ReplaySelector {
     pub service_version: Option<String>,
     /// Only these records (names). A name whose record is gone (retention) is skipped.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 1000))]
+    #[schemars(length(max = 1000), inner(length(min = 1, max = 253)))]
     pub names: Vec<String>,
 }
 
