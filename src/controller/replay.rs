@@ -30,13 +30,17 @@ use super::Context;
 use super::apiserver::{Signature, is_conflict, reference};
 
 /// Signatures in flight at once within one step.
-const SIGN_CONCURRENCY: usize = 16;
+const SIGN_CONCURRENCY: usize = 64;
 /// CAS attempts on one record before it is skipped.
 const ATTEMPTS: usize = 5;
 /// How often a dry run recounts its selection.
 const DRY_RUN_RESYNC: Duration = Duration::from_secs(30);
 /// How often a replay whose queue is missing looks again.
 const PENDING_RETRY: Duration = Duration::from_secs(10);
+/// How often a running replay writes its progress (phase changes are written at once).
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+/// How long a step waits for the record cache's first listing.
+const CACHE_WAIT: Duration = Duration::from_secs(1);
 /// How often a replay waiting for outcomes looks again.
 const SETTLE_POLL: Duration = Duration::from_millis(500);
 
@@ -80,6 +84,8 @@ type Result<T, E = ReplayError> = std::result::Result<T, E>;
 #[derive(Default, Clone)]
 struct Memory {
     status: Option<DeadLetterReplayStatus>,
+    /// When `status` was written: progress is written at most every [`PROGRESS_EVERY`].
+    written_at: Option<Instant>,
     signed: Vec<String>,
     first: Option<Instant>,
     last: Option<Instant>,
@@ -135,6 +141,11 @@ pub async fn reconcile(
         return Ok(Action::await_change());
     }
     let ctx = &replays.ctx;
+    if !cache_ready(ctx).await {
+        // Right after start-up the record cache may still be filling: a selection taken now
+        // would be empty.
+        return Ok(Action::requeue(CACHE_WAIT));
+    }
     let mut run = Run {
         records: queue_records(ctx, &ns, &replay.spec.queue),
         name: replay.name_any(),
@@ -152,6 +163,13 @@ pub async fn reconcile(
         memory.insert(uid, run.mem);
     }
     Ok(action)
+}
+
+/// Whether the record cache has listed everything once (waits a little for it).
+async fn cache_ready(ctx: &Context) -> bool {
+    tokio::time::timeout(CACHE_WAIT, ctx.records.wait_until_ready())
+        .await
+        .is_ok_and(|r| r.is_ok())
 }
 
 /// The queue's records in `ns`, from the cache.
@@ -246,7 +264,7 @@ async fn start(run: &mut Run<'_>) -> Result<Timestamp> {
     );
     let count = selected.len();
     let message = format!("deciding {count} records at {}/s", spec.rate());
-    tracing::info!(namespace = %run.ns, replay = %run.name, queue = %spec.queue, selected = count, by = %spec.by, "replay started");
+    tracing::info!(namespace = %run.ns, replay = %run.name, queue = %spec.queue, selected = count, cached = run.records.len(), all = run.ctx.records.state().len(), by = %spec.by, "replay started");
     run.status.selected = i64::try_from(count).unwrap_or(i64::MAX);
     run.status.started_at = Some(Time(now));
     set_phase(run, ReplayPhase::Running, "Running", &message);
@@ -277,11 +295,20 @@ async fn decide(run: &mut Run<'_>, started: Timestamp, observed: &Observed) -> R
     let elapsed = Duration::try_from(Timestamp::now().duration_since(started)).unwrap_or_default();
     let n = replay::budget(spec.rate(), elapsed, decided);
     if n > 0 && run.ctx.settings.leadership.holds() {
-        if let Some(refusal) = sign_batch(run, &candidates[..n.min(candidates.len())]).await? {
+        let clock = Instant::now();
+        let batch = &candidates[..n.min(candidates.len())];
+        if let Some(refusal) = sign_batch(run, batch).await? {
             return finish(run, observed, Some(refusal)).await;
         }
+        tracing::debug!(replay = %run.name, signed = batch.len(), took_ms = clock.elapsed().as_millis() as u64, "replay step");
     }
-    write(run).await?;
+    if run
+        .mem
+        .written_at
+        .is_none_or(|t| t.elapsed() >= PROGRESS_EVERY)
+    {
+        write(run).await?;
+    }
     Ok(Action::requeue(replay::step(spec.rate())))
 }
 
@@ -535,10 +562,12 @@ async fn write(run: &mut Run<'_>) -> Result<()> {
             source,
         })?;
     run.mem.status = Some(run.status.clone());
+    run.mem.written_at = Some(Instant::now());
     Ok(())
 }
 
-/// The decision record: an Event on the queue (as the CLI runbook wrote) and on the replay.
+/// The decision record's Event on the queue (as the CLI runbook wrote it); the replay's own
+/// status is the permanent one.
 async fn record(run: &Run<'_>, stopped: bool, summary: &str) {
     let plan = if stopped {
         EventPlan::warning(reason::REPLAY_STOPPED, action::REPLAY, summary)
@@ -551,10 +580,6 @@ async fn record(run: &Run<'_>, stopped: bool, summary: &str) {
             .publish(reference(queue.as_ref()), &plan)
             .await;
     }
-    run.ctx
-        .apiserver
-        .publish(reference(run.replay), &plan)
-        .await;
 }
 
 #[cfg(test)]

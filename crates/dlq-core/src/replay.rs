@@ -566,11 +566,11 @@ pub fn observe<'a>(
 }
 
 /// How many more decisions the pace allows now: `rate` per second since `started`, the
-/// first one at once, with at most one second's worth in a burst (after a restart or a slow
+/// first one at once, with at most two seconds' worth in a burst (after a restart or a slow
 /// step the replay catches up gently, never all at once).
 pub fn budget(rate: f64, elapsed: Duration, decided: usize) -> usize {
     let due = (rate * elapsed.as_secs_f64()).floor() as usize + 1;
-    let burst = (rate.ceil() as usize).max(1);
+    let burst = ((2.0 * rate).ceil() as usize).max(1);
     due.saturating_sub(decided).min(burst)
 }
 

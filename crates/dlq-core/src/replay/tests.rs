@@ -210,7 +210,7 @@ fn ratio_needs_a_full_window_of_settled_outcomes() {
 }
 
 #[test]
-fn the_pace_starts_at_once_and_bursts_at_most_a_second() {
+fn the_pace_starts_at_once_and_bursts_at_most_two_seconds() {
     let s = Duration::from_secs_f64;
     assert_eq!(
         budget(20.0, s(0.0), 0),
@@ -221,8 +221,8 @@ fn the_pace_starts_at_once_and_bursts_at_most_a_second() {
     assert_eq!(budget(20.0, s(0.5), 11), 0);
     assert_eq!(
         budget(20.0, s(600.0), 11),
-        20,
-        "after a restart: one second's worth"
+        40,
+        "after a restart: two seconds' worth"
     );
     assert_eq!(budget(0.5, s(3.0), 1), 1);
     assert_eq!(step(50.0), s(0.1));
