@@ -53,9 +53,10 @@ crds-check:
 	  || { echo "crds/dlq.dev.yaml is stale: run 'make crds' and commit it"; exit 1; }
 
 ## build the test tooling (kube-apiserver, kubectl, etcd, helm, promtool; ElasticMQ for the SQS
+## tests; Flux's source- and kustomize-controller and a loopback git server for the GitOps
 ## tests) into the cache
 tools:
-	@bash tools/build.sh kube etcd helm promtool elasticmq kafka >/dev/null
+	@bash tools/build.sh kube etcd helm promtool elasticmq kafka flux >/dev/null
 
 ## start a local control plane for a human; prints the KUBECONFIG to export
 cluster:

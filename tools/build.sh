@@ -5,8 +5,11 @@
 # `elasticmq` (an SQS-compatible server, Java) is resolved by Maven from tools/elasticmq/pom.xml
 # into the same cache, keyed by the pom; it prints the directory whose lib/ is the classpath.
 # `kafka` (Apache Kafka in KRaft mode, for tests/kafka.rs) is resolved the same way.
+# `flux` builds Flux's source-controller and kustomize-controller from their Go modules, and
+# `gitserver` (tools/flux/gitserver: `git http-backend` on loopback), for tests/gitops.rs;
+# Flux's CRDs, from the same modules, go to the directory's `crds/` beside `bin/`.
 #
-#   tools/build.sh kube|etcd|helm|promtool|elasticmq|kafka [...]
+#   tools/build.sh kube|etcd|helm|promtool|elasticmq|kafka|flux [...]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${DLQ_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/deadletter-operator/tools}
@@ -34,13 +37,24 @@ build_maven() {
   echo "$out"
 }
 
+# Flux's CRDs as its modules ship them (config/crd/bases), one file per kind.
+flux_crds() {
+  local dir=$1 dest=$2 m
+  mkdir -p "$dest"
+  for m in github.com/fluxcd/source-controller github.com/fluxcd/kustomize-controller; do
+    cp "$(cd "$dir" && go list -m -f '{{.Dir}}' "$m")"/config/crd/bases/*.yaml "$dest/"
+  done
+  chmod u+w "$dest"/*.yaml
+}
+
 build() {
   local tool=$1 dir="$here/$1"
   case $tool in elasticmq|kafka) build_maven "$tool"; return ;; esac
   [ -f "$dir/go.mod" ] || { echo "tools/build.sh: unknown tool '$tool' (no $dir/go.mod)" >&2; exit 2; }
   local version key out
   version=$(cat "$dir/VERSION")
-  key=$(cat "$dir/go.mod" "$dir/go.sum" | sha256sum | cut -c1-12)
+  # The tool's own Go sources (flux's gitserver) are part of the key too.
+  key=$(cat "$dir/go.mod" "$dir/go.sum" $(find "$dir" -name '*.go' | sort) | sha256sum | cut -c1-12)
   out="$cache/$tool/$version-$key"
   if [ -f "$out/.done" ]; then echo "$out/bin"; return; fi
   need_go
@@ -62,15 +76,18 @@ build() {
       pkgs=(helm.sh/helm/v3/cmd/helm) ;;
     promtool)
       pkgs=(github.com/prometheus/prometheus/cmd/promtool) ;;
+    flux)
+      pkgs=(github.com/fluxcd/source-controller github.com/fluxcd/kustomize-controller ./gitserver) ;;
   esac
   local dest="$out/bin/"
   # etcd's main package is its module root, so go would name the binary "server".
   if [ "$tool" = etcd ]; then dest="$out/bin/etcd"; fi
   (cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$dest" "${pkgs[@]}")
+  if [ "$tool" = flux ]; then flux_crds "$dir" "$out/crds"; fi
   touch "$out/.done"
   echo ">> built $tool in $((SECONDS - start))s" >&2
   echo "$out/bin"
 }
 
-[ $# -gt 0 ] || { echo "usage: tools/build.sh kube|etcd|helm|promtool|elasticmq|kafka ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: tools/build.sh kube|etcd|helm|promtool|elasticmq|kafka|flux ..." >&2; exit 2; }
 for t in "$@"; do build "$t"; done

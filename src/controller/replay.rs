@@ -200,7 +200,7 @@ async fn step(run: &mut Run<'_>) -> Result<Action> {
     );
     replay::counts(&mut run.status, &observed);
     let stop = if run.replay.spec.stop_requested() {
-        Some("stopped by spec.stop".to_string())
+        Some("stopped on request (spec.stop)".to_string())
     } else {
         observed.stop_reason(&run.replay.spec.bounds())
     };
@@ -269,6 +269,8 @@ async fn start(run: &mut Run<'_>) -> Result<Timestamp> {
     run.status.started_at = Some(Time(now));
     set_phase(run, ReplayPhase::Running, "Running", &message);
     write(run).await?;
+    // The first decision's progress is written at once, not a throttle period later.
+    run.mem.written_at = None;
     Ok(now)
 }
 

@@ -393,7 +393,10 @@ async fn stop_withdraws_what_was_not_carried_out() {
         .expect("step");
     let status = fake.last_status();
     assert_eq!(status.phase, Some(ReplayPhase::Stopped));
-    assert_eq!(status.stop_reason.as_deref(), Some("stopped by spec.stop"));
+    assert_eq!(
+        status.stop_reason.as_deref(),
+        Some("stopped on request (spec.stop)")
+    );
     assert_eq!(
         (status.decided, status.withdrawn, status.skipped),
         (3, 3, 2)
