@@ -23,6 +23,7 @@ pub mod chaos;
 pub mod chart;
 pub mod cluster;
 pub mod fixtures;
+pub mod flux;
 pub mod operator;
 pub mod outage;
 pub mod paths;
