@@ -1,6 +1,7 @@
 //! The apiserver itself enforces the record's rules (CEL in the CRD): each refusal is checked
 //! with its message, on a real kube-apiserver.
 
+use dlq_testenv::replays::{replay, replays};
 use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
@@ -213,24 +214,6 @@ async fn decision_is_frozen_once_resolved() {
     )
     .await
     .expect("metadata edits are fine");
-}
-
-fn replays(client: &Client, ns: &str) -> Api<DynamicObject> {
-    let ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("dlq.dev", "v1alpha1", "DeadLetterReplay"),
-        "deadletterreplays",
-    );
-    Api::namespaced_with(client.clone(), ns, &ar)
-}
-
-fn replay(name: &str, by: &str) -> DynamicObject {
-    serde_json::from_value(json!({
-        "apiVersion": "dlq.dev/v1alpha1", "kind": "DeadLetterReplay",
-        "metadata": {"name": name},
-        "spec": {"queue": "relayer", "selector": {"reasonContains": "timeout"}, "rate": "20/s",
-                 "dryRun": true, "by": by, "note": "INC-1234"},
-    }))
-    .unwrap()
 }
 
 /// A replay is signed, its name fits a label, and once it runs only `spec.stop` changes.

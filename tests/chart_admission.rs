@@ -10,6 +10,7 @@ use dlq_testenv::Plane;
 use dlq_testenv::chart::{
     apply, chart_crds, chart_dir, check, helm, release, run, scratch_dir, show, until_ok,
 };
+use dlq_testenv::replays::{replay, replays};
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
@@ -367,24 +368,6 @@ async fn assert_null_decision_fields_are_no_decision(
     )
     .await
     .expect("alice signs over null fields");
-}
-
-fn replays(client: &Client, ns: &str) -> Api<DynamicObject> {
-    let ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("dlq.dev", "v1alpha1", "DeadLetterReplay"),
-        "deadletterreplays",
-    );
-    Api::namespaced_with(client.clone(), ns, &ar)
-}
-
-fn replay(name: &str, by: &str) -> DynamicObject {
-    serde_json::from_value(json!({
-        "apiVersion": "dlq.dev/v1alpha1", "kind": "DeadLetterReplay",
-        "metadata": {"name": name},
-        "spec": {"queue": "relayer", "selector": {"failureKind": "Transient"}, "rate": "5/s",
-                 "dryRun": true, "by": by, "note": "INC-1234"},
-    }))
-    .expect("a DeadLetterReplay")
 }
 
 /// A replay is signed like a record: created or changed (but for `stop`) only in one's own

@@ -28,6 +28,7 @@ pub mod operator;
 pub mod outage;
 pub mod paths;
 pub mod plane;
+pub mod replays;
 
 use std::io::Write;
 use std::time::Duration;
