@@ -29,7 +29,8 @@ test: tools fmt-check clippy crds-check deps-check
 	@# The tests run the workspace's binaries (operator, kubectl-dlq, dlq-testenv) and the demo
 	@# example, which `cargo test` alone does not build.
 	$(CARGO) build --workspace --features $(TEST_FEATURES) --bins --examples
-	$(CARGO) test --workspace --features $(TEST_FEATURES) --lib --bins --tests --examples
+	@# In-process tests first, then the integration binaries in TEST_LANES (default 2) lanes.
+	@bash scripts/test-lanes.sh --workspace --features $(TEST_FEATURES) --lib --bins --tests --examples
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -56,7 +57,7 @@ crds-check:
 ## tests; Flux's source- and kustomize-controller and a loopback git server for the GitOps
 ## tests) into the cache
 tools:
-	@bash tools/build.sh kube etcd helm promtool elasticmq kafka flux >/dev/null
+	@bash tools/build.sh kube etcd helm promtool toxiproxy elasticmq kafka flux >/dev/null
 
 ## start a local control plane for a human; prints the KUBECONFIG to export
 cluster:
@@ -71,7 +72,7 @@ cluster-down:
 ## against the invariants (CHAOS_FAULTS, CHAOS_MESSAGES, CHAOS_SEED; report in target/chaos/)
 chaos:
 	@bash scripts/ensure-deps.sh
-	@bash tools/build.sh kube etcd >/dev/null
+	@bash tools/build.sh kube etcd toxiproxy >/dev/null
 	$(CARGO) build --workspace --features $(TEST_FEATURES) --bins
 	RUST_BACKTRACE=0 target/debug/dlq-chaos
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the Go test tooling (kube-apiserver, kubectl, etcd, helm, promtool) from the modules
+# Builds the Go test tooling (kube-apiserver, kubectl, etcd, helm, promtool, toxiproxy) from the modules
 # pinned in tools/<tool>/go.mod into a cache outside the repo, keyed by go.mod+go.sum, so a
 # second run is instant. Prints the directory holding the binaries on stdout; progress on stderr.
 # `elasticmq` (an SQS-compatible server, Java) is resolved by Maven from tools/elasticmq/pom.xml
@@ -9,7 +9,7 @@
 # `gitserver` (tools/flux/gitserver: `git http-backend` on loopback), for tests/gitops.rs;
 # Flux's CRDs, from the same modules, go to the directory's `crds/` beside `bin/`.
 #
-#   tools/build.sh kube|etcd|helm|promtool|elasticmq|kafka|flux [...]
+#   tools/build.sh kube|etcd|helm|promtool|toxiproxy|elasticmq|kafka|flux [...]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${DLQ_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/deadletter-operator/tools}
@@ -76,12 +76,14 @@ build() {
       pkgs=(helm.sh/helm/v3/cmd/helm) ;;
     promtool)
       pkgs=(github.com/prometheus/prometheus/cmd/promtool) ;;
+    toxiproxy)
+      pkgs=(github.com/Shopify/toxiproxy/v2/cmd/server) ;;
     flux)
       pkgs=(github.com/fluxcd/source-controller github.com/fluxcd/kustomize-controller ./gitserver) ;;
   esac
   local dest="$out/bin/"
-  # etcd's main package is its module root, so go would name the binary "server".
-  if [ "$tool" = etcd ]; then dest="$out/bin/etcd"; fi
+  # etcd's and toxiproxy's main packages would both be named "server" by go.
+  case $tool in etcd) dest="$out/bin/etcd" ;; toxiproxy) dest="$out/bin/toxiproxy-server" ;; esac
   (cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$dest" "${pkgs[@]}")
   if [ "$tool" = flux ]; then flux_crds "$dir" "$out/crds"; fi
   touch "$out/.done"
@@ -89,5 +91,5 @@ build() {
   echo "$out/bin"
 }
 
-[ $# -gt 0 ] || { echo "usage: tools/build.sh kube|etcd|helm|promtool|elasticmq|kafka|flux ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: tools/build.sh kube|etcd|helm|promtool|toxiproxy|elasticmq|kafka|flux ..." >&2; exit 2; }
 for t in "$@"; do build "$t"; done

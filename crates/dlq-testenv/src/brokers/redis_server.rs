@@ -101,6 +101,16 @@ impl Redis {
             .await
             .unwrap_or_else(|e| panic!("LRANGE {key}: {e}"))
     }
+
+    /// HLEN of `key`.
+    pub async fn hash_len(&self, key: &str) -> usize {
+        let mut c = self.conn().await;
+        redis::cmd("HLEN")
+            .arg(key)
+            .query_async(&mut c)
+            .await
+            .unwrap_or_else(|e| panic!("HLEN {key}: {e}"))
+    }
 }
 
 impl Drop for Redis {
