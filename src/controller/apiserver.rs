@@ -13,7 +13,9 @@ use serde_json::json;
 use dlq_core::api::{DeadLetter, DeadLetterQueue, DeadLetterStatus};
 use dlq_core::events::EventPlan;
 use dlq_core::plan::QueueStatusWrite;
-use dlq_core::replay::{DeadLetterReplay, DeadLetterReplayStatus, LABEL_REPLAY};
+use dlq_core::replay::{
+    ANNOTATION_REPLAY_UID, DeadLetterReplay, DeadLetterReplayStatus, LABEL_REPLAY,
+};
 
 /// A replay's decision on one record: what, by whom, why, and which replay (the label).
 pub struct Signature<'a> {
@@ -21,6 +23,7 @@ pub struct Signature<'a> {
     pub by: &'a str,
     pub note: &'a str,
     pub replay: &'a str,
+    pub replay_uid: &'a str,
 }
 
 /// What a fake that does not exercise replays answers to their requests.
@@ -224,6 +227,7 @@ impl Apiserver for KubeApiserver {
             "metadata": {
                 "resourceVersion": record.resource_version(),
                 "labels": {LABEL_REPLAY: signature.replay},
+                "annotations": {ANNOTATION_REPLAY_UID: signature.replay_uid},
             },
             "spec": {"action": signature.action, "by": signature.by, "note": signature.note},
         });

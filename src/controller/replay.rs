@@ -23,7 +23,7 @@ use dlq_core::api::{DeadLetter, Phase};
 use dlq_core::conditions::{self, Cond};
 use dlq_core::events::{EventPlan, action, reason};
 use dlq_core::replay::{
-    self, DeadLetterReplay, DeadLetterReplayStatus, LABEL_REPLAY, Observed, Outcome, ReplayPhase,
+    self, DeadLetterReplay, DeadLetterReplayStatus, Observed, Outcome, ReplayPhase, ReplayRef,
 };
 
 use super::Context;
@@ -194,7 +194,7 @@ async fn step(run: &mut Run<'_>) -> Result<Action> {
     };
     let observed = replay::observe(
         run.records.iter().map(|r| r.as_ref()),
-        &run.name,
+        run.replay_ref(),
         started,
         &run.mem.signed,
     );
@@ -324,6 +324,7 @@ async fn sign_batch(run: &mut Run<'_>, batch: &[DeadLetter]) -> Result<Option<St
         by: &spec.by,
         note: &note,
         replay: &run.name,
+        replay_uid: run.replay.metadata.uid.as_deref().unwrap_or_default(),
     };
     let selector = spec.selector();
     let (ctx, ns) = (run.ctx, run.ns.as_str());
@@ -456,7 +457,7 @@ async fn withdraw_undone(run: &Run<'_>) -> Result<usize> {
     let mut names: Vec<String> = run
         .records
         .iter()
-        .filter(|r| labelled(r, &run.name))
+        .filter(|r| ours(run, r))
         .filter(|r| matches!(replay::outcome_of(r), Outcome::Pending | Outcome::Failing))
         .map(|r| r.name_any())
         .collect();
@@ -472,8 +473,18 @@ async fn withdraw_undone(run: &Run<'_>) -> Result<usize> {
     Ok(withdrawn)
 }
 
-fn labelled(r: &DeadLetter, replay: &str) -> bool {
-    r.labels().get(LABEL_REPLAY).map(String::as_str) == Some(replay)
+/// Whether this replay signed `r`.
+fn ours(run: &Run<'_>, r: &DeadLetter) -> bool {
+    replay::decided_by(r, run.replay_ref())
+}
+
+impl Run<'_> {
+    fn replay_ref(&self) -> ReplayRef<'_> {
+        ReplayRef {
+            name: &self.name,
+            uid: self.replay.metadata.uid.as_deref().unwrap_or_default(),
+        }
+    }
 }
 
 /// Withdraws one decision, re-reading on conflict (the record reconciler may be writing a
@@ -488,7 +499,7 @@ async fn withdraw(run: &Run<'_>, name: &str) -> Result<bool> {
         else {
             return Ok(false);
         };
-        if r.phase() != Phase::Parked || r.spec.action.is_none() || !labelled(&r, &run.name) {
+        if r.phase() != Phase::Parked || r.spec.action.is_none() || !ours(run, &r) {
             return Ok(false);
         }
         match run.ctx.apiserver.withdraw_record(&r).await {

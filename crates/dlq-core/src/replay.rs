@@ -19,6 +19,28 @@ use crate::conditions::truncate;
 
 /// Label on every record a replay signed: the replay's name.
 pub const LABEL_REPLAY: &str = "dlq.dev/replay";
+/// Annotation beside it: the replay's uid, so a replay deleted and created again under the same
+/// name does not count the first one's decisions as its own.
+pub const ANNOTATION_REPLAY_UID: &str = "dlq.dev/replay-uid";
+
+/// Which replay: its name (the label) and uid (the annotation).
+#[derive(Debug, Clone, Copy)]
+pub struct ReplayRef<'a> {
+    pub name: &'a str,
+    pub uid: &'a str,
+}
+
+/// Whether `r` was signed by this replay.
+pub fn decided_by(r: &DeadLetter, replay: ReplayRef<'_>) -> bool {
+    fn get<'m>(
+        m: &'m Option<std::collections::BTreeMap<String, String>>,
+        k: &str,
+    ) -> Option<&'m str> {
+        m.as_ref().and_then(|m| m.get(k)).map(String::as_str)
+    }
+    get(&r.metadata.labels, LABEL_REPLAY) == Some(replay.name)
+        && get(&r.metadata.annotations, ANNOTATION_REPLAY_UID) == Some(replay.uid)
+}
 /// Pace when `spec.rate` is not set.
 pub const DEFAULT_RATE: f64 = 10.0;
 /// Stop bounds when `spec.stopWhen` leaves them out (the CLI's defaults).
@@ -531,12 +553,12 @@ impl Observed {
     }
 }
 
-/// Observes a replay from its queue's records: the ones labelled with `replay` (plus
+/// Observes a replay from its queue's records: the ones it signed (plus
 /// `just_signed`, names signed that the records' view does not show yet, counted Pending) and
 /// the parkings since `started`.
 pub fn observe<'a>(
     queue_records: impl IntoIterator<Item = &'a DeadLetter>,
-    replay: &str,
+    replay: ReplayRef<'_>,
     started: Timestamp,
     just_signed: &[String],
 ) -> Observed {
@@ -546,7 +568,7 @@ pub fn observe<'a>(
         if created(r).is_some_and(|c| c > started) {
             new_parked += 1;
         }
-        if r.metadata.labels.as_ref().and_then(|l| l.get(LABEL_REPLAY)) == Some(&replay.into()) {
+        if decided_by(r, replay) {
             mine.push(r);
         }
     }

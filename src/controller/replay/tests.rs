@@ -18,8 +18,8 @@ use dlq_core::api::{
 use dlq_core::events::EventPlan;
 use dlq_core::plan::QueueStatusWrite;
 use dlq_core::replay::{
-    DeadLetterReplay, DeadLetterReplaySpec, DeadLetterReplayStatus, LABEL_REPLAY, ReplayPhase,
-    ReplaySelector,
+    ANNOTATION_REPLAY_UID, DeadLetterReplay, DeadLetterReplaySpec, DeadLetterReplayStatus,
+    LABEL_REPLAY, ReplayPhase, ReplaySelector,
 };
 
 use super::{Replays, reconcile};
@@ -159,6 +159,10 @@ impl Apiserver for Fake {
                 .labels
                 .get_or_insert_default()
                 .insert(LABEL_REPLAY.into(), s.replay.into());
+            r.metadata
+                .annotations
+                .get_or_insert_default()
+                .insert(ANNOTATION_REPLAY_UID.into(), s.replay_uid.into());
         });
         if result.is_ok() {
             let name = record.metadata.name.clone().unwrap_or_default();

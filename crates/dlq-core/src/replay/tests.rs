@@ -35,10 +35,14 @@ fn record(name: &str, failed: i64, created: i64) -> DeadLetter {
     r
 }
 
-fn decided_by(mut r: DeadLetter, replay: &str, phase: Phase) -> DeadLetter {
+fn signed_by(mut r: DeadLetter, replay: &str, phase: Phase) -> DeadLetter {
     r.spec.action = Some(Action::Redrive);
     r.spec.by = Some("carol".into());
     r.metadata.labels = Some(BTreeMap::from([(LABEL_REPLAY.into(), replay.into())]));
+    r.metadata.annotations = Some(BTreeMap::from([(
+        ANNOTATION_REPLAY_UID.into(),
+        format!("uid-{replay}"),
+    )]));
     r.status = Some(DeadLetterStatus {
         phase: Some(phase),
         ..Default::default()
@@ -71,7 +75,7 @@ fn selection_takes_parked_undecided_matching_records_oldest_failure_first() {
     let records = vec![
         record("b", 30, 1),
         record("a", 20, 1),
-        decided_by(record("c", 10, 1), "other", Phase::Parked),
+        signed_by(record("c", 10, 1), "other", Phase::Parked),
         other_queue,
         invalid,
         record("late", 5, 100),
@@ -134,7 +138,7 @@ fn selector_time_and_version_bounds() {
 
 #[test]
 fn observation_counts_this_replays_records_in_decision_order() {
-    let mut failing = decided_by(record("b", 20, 1), "inc", Phase::Parked);
+    let mut failing = signed_by(record("b", 20, 1), "inc", Phase::Parked);
     failing.status.get_or_insert_default().conditions =
         vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
             type_: "Requeued".into(),
@@ -144,17 +148,24 @@ fn observation_counts_this_replays_records_in_decision_order() {
             observed_generation: Some(1),
             last_transition_time: Time(at(1)),
         }];
-    let mut withdrawn = decided_by(record("d", 40, 1), "inc", Phase::Parked);
+    let mut withdrawn = signed_by(record("d", 40, 1), "inc", Phase::Parked);
     withdrawn.spec.action = None;
     let records = vec![
-        decided_by(record("c", 30, 1), "inc", Phase::Parked),
+        signed_by(record("c", 30, 1), "inc", Phase::Parked),
         failing,
-        decided_by(record("a", 10, 1), "inc", Phase::Redriven),
-        decided_by(record("x", 10, 1), "other", Phase::Redriven),
+        signed_by(record("a", 10, 1), "inc", Phase::Redriven),
+        signed_by(record("x", 10, 1), "other", Phase::Redriven),
         withdrawn,
         record("new", 1, 60),
     ];
-    let o = observe(&records, "inc", at(50), &["e".into(), "c".into()]);
+    let mut recreated = signed_by(record("y", 10, 1), "inc", Phase::Redriven);
+    recreated.metadata.annotations = None;
+    let records = [records, vec![recreated]].concat();
+    let inc = ReplayRef {
+        name: "inc",
+        uid: "uid-inc",
+    };
+    let o = observe(&records, inc, at(50), &["e".into(), "c".into()]);
     assert_eq!(o.outcomes, [Redriven, Failing, Pending, Withdrawn, Pending]);
     assert_eq!(o.new_parked, 1);
     let mut status = DeadLetterReplayStatus {
