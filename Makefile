@@ -54,9 +54,10 @@ crds-check:
 	  || { echo "crds/dlq.dev.yaml is stale: run 'make crds' and commit it"; exit 1; }
 
 ## build the test tooling (kube-apiserver, kubelet, kube-proxy, kubectl, etcd, helm, promtool, CNI
-## plugins, pause, toxiproxy; ElasticMQ and Kafka) into the cache
+## plugins, pause, toxiproxy; ElasticMQ and Kafka; Flux's source- and kustomize-controller and a
+## loopback git server for the GitOps tests) into the cache
 tools:
-	@bash tools/build.sh kube etcd helm promtool toxiproxy cni pause elasticmq kafka >/dev/null
+	@bash tools/build.sh kube etcd helm promtool toxiproxy cni pause elasticmq kafka flux >/dev/null
 
 ## start a local control plane for a human; prints the KUBECONFIG to export. NODE=1 adds a real
 ## node (kubelet, containerd, kube-proxy; needs root): see README "A real node"

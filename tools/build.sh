@@ -9,8 +9,11 @@
 # `kafka` (Apache Kafka in KRaft mode, for tests/kafka.rs) is resolved the same way.
 # `pause` (the test node's sandbox process) is Kubernetes' own build/pause/linux/pause.c, taken
 # from the k8s.io/kubernetes module of tools/kube and compiled static with the machine's C compiler.
+# `flux` builds Flux's source-controller and kustomize-controller from their Go modules, and
+# `gitserver` (tools/flux/gitserver: `git http-backend` on loopback), for tests/gitops.rs;
+# Flux's CRDs, from the same modules, go to the directory's `crds/` beside `bin/`.
 #
-#   tools/build.sh kube|etcd|helm|promtool|toxiproxy|cni|pause|elasticmq|kafka [...]
+#   tools/build.sh kube|etcd|helm|promtool|toxiproxy|cni|pause|elasticmq|kafka|flux [...]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${DLQ_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/deadletter-operator/tools}
@@ -54,13 +57,24 @@ build_pause() {
   echo "$out/bin"
 }
 
+# Flux's CRDs as its modules ship them (config/crd/bases), one file per kind.
+flux_crds() {
+  local dir=$1 dest=$2 m
+  mkdir -p "$dest"
+  for m in github.com/fluxcd/source-controller github.com/fluxcd/kustomize-controller; do
+    cp "$(cd "$dir" && go list -m -f '{{.Dir}}' "$m")"/config/crd/bases/*.yaml "$dest/"
+  done
+  chmod u+w "$dest"/*.yaml
+}
+
 build() {
   local tool=$1 dir="$here/$1"
   case $tool in elasticmq|kafka) build_maven "$tool"; return ;; pause) build_pause; return ;; esac
   [ -f "$dir/go.mod" ] || { echo "tools/build.sh: unknown tool '$tool' (no $dir/go.mod)" >&2; exit 2; }
   local version key out
   version=$(cat "$dir/VERSION")
-  key=$(cat "$dir/go.mod" "$dir/go.sum" | sha256sum | cut -c1-12)
+  # The tool's own Go sources (flux's gitserver) are part of the key too.
+  key=$(cat "$dir/go.mod" "$dir/go.sum" $(find "$dir" -name '*.go' | sort) | sha256sum | cut -c1-12)
   out="$cache/$tool/$version-$key"
   if [ -f "$out/.done" ]; then echo "$out/bin"; return; fi
   need_go
@@ -89,15 +103,18 @@ build() {
     cni)
       local m=github.com/containernetworking/plugins/plugins
       pkgs=("$m/main/bridge" "$m/ipam/host-local" "$m/main/loopback" "$m/meta/portmap") ;;
+    flux)
+      pkgs=(github.com/fluxcd/source-controller github.com/fluxcd/kustomize-controller ./gitserver) ;;
   esac
   local dest="$out/bin/"
   # etcd's and toxiproxy's main packages would both be named "server" by go.
   case $tool in etcd) dest="$out/bin/etcd" ;; toxiproxy) dest="$out/bin/toxiproxy-server" ;; esac
   (cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$dest" "${pkgs[@]}")
+  if [ "$tool" = flux ]; then flux_crds "$dir" "$out/crds"; fi
   touch "$out/.done"
   echo ">> built $tool in $((SECONDS - start))s" >&2
   echo "$out/bin"
 }
 
-[ $# -gt 0 ] || { echo "usage: tools/build.sh kube|etcd|helm|promtool|toxiproxy|cni|pause|elasticmq|kafka ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: tools/build.sh kube|etcd|helm|promtool|toxiproxy|cni|pause|elasticmq|kafka|flux ..." >&2; exit 2; }
 for t in "$@"; do build "$t"; done

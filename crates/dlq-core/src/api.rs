@@ -699,9 +699,10 @@ pub struct DeadLetterQueueStatus {
 pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
     use kube_core::CustomResourceExt;
     Ok(format!(
-        "---\n{}---\n{}",
+        "---\n{}---\n{}---\n{}",
         serde_yaml::to_string(&DeadLetter::crd())?,
-        serde_yaml::to_string(&DeadLetterQueue::crd())?
+        serde_yaml::to_string(&DeadLetterQueue::crd())?,
+        serde_yaml::to_string(&crate::replay::DeadLetterReplay::crd())?
     ))
 }
 

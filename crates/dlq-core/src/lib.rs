@@ -27,3 +27,4 @@ pub mod events;
 pub mod headers;
 pub mod park;
 pub mod plan;
+pub mod replay;

@@ -25,12 +25,14 @@ pub mod chaos;
 pub mod chart;
 pub mod cluster;
 pub mod fixtures;
+pub mod flux;
 pub mod image;
 pub mod node;
 pub mod operator;
 pub mod outage;
 pub mod paths;
 pub mod plane;
+pub mod replays;
 
 use std::io::Write;
 use std::time::Duration;
