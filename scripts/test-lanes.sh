@@ -32,8 +32,8 @@ EOF
 # Seconds each slow binary took in a warm run here: the longest go first (LPT scheduling).
 weight() {
   case $1 in
-    chaos) echo 180 ;; node) echo 240 ;; gitops) echo 150 ;; sqs) echo 80 ;; kafka) echo 60 ;;
-    alerts|amqp|redrive|chart_rbac) echo 45 ;; nats) echo 32 ;; leader|cli|ui) echo 20 ;;
+    chaos) echo 170 ;; sqs) echo 80 ;; kafka) echo 75 ;; redrive) echo 58 ;; chart_node) echo 50 ;;
+    alerts|amqp|chart_rbac|nats) echo 50 ;; gitops|cli) echo 30 ;; leader|park|ui|http_target) echo 22 ;;
     *) echo 12 ;;
   esac
 }
