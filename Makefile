@@ -29,7 +29,8 @@ test: tools fmt-check clippy crds-check deps-check
 	@# The tests run the workspace's binaries (operator, kubectl-dlq, dlq-testenv) and the demo
 	@# example, which `cargo test` alone does not build.
 	$(CARGO) build --workspace --features $(TEST_FEATURES) --bins --examples
-	$(CARGO) test --workspace --features $(TEST_FEATURES) --lib --bins --tests --examples
+	@# In-process tests first, then the integration binaries in TEST_LANES (default 2) lanes.
+	@bash scripts/test-lanes.sh --workspace --features $(TEST_FEATURES) --lib --bins --tests --examples
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -52,14 +53,16 @@ crds-check:
 	@$(CARGO) run -q -p deadletter-operator --bin deadletter-operator -- crds | diff -u crds/dlq.dev.yaml - \
 	  || { echo "crds/dlq.dev.yaml is stale: run 'make crds' and commit it"; exit 1; }
 
-## build the test tooling (kube-apiserver, kubectl, etcd, helm, promtool; ElasticMQ for the SQS
-## tests) into the cache
+## build the test tooling (kube-apiserver, kubelet, kube-proxy, kubectl, etcd, helm, promtool, CNI
+## plugins, pause, toxiproxy; ElasticMQ and Kafka; Flux's source- and kustomize-controller and a
+## loopback git server for the GitOps tests) into the cache
 tools:
-	@bash tools/build.sh kube etcd helm promtool elasticmq kafka >/dev/null
+	@bash tools/build.sh kube etcd helm promtool toxiproxy cni pause elasticmq kafka flux >/dev/null
 
-## start a local control plane for a human; prints the KUBECONFIG to export
+## start a local control plane for a human; prints the KUBECONFIG to export. NODE=1 adds a real
+## node (kubelet, containerd, kube-proxy; needs root): see README "A real node"
 cluster:
-	@bash scripts/cluster.sh up
+	@NODE=$(NODE) bash scripts/cluster.sh up
 
 ## stop the cluster started by `make cluster`
 cluster-down:
@@ -70,7 +73,7 @@ cluster-down:
 ## against the invariants (CHAOS_FAULTS, CHAOS_MESSAGES, CHAOS_SEED; report in target/chaos/)
 chaos:
 	@bash scripts/ensure-deps.sh
-	@bash tools/build.sh kube etcd >/dev/null
+	@bash tools/build.sh kube etcd toxiproxy >/dev/null
 	$(CARGO) build --workspace --features $(TEST_FEATURES) --bins
 	RUST_BACKTRACE=0 target/debug/dlq-chaos
 
@@ -89,3 +92,13 @@ chart-test: tools
 ## build the container image (needs a Docker/BuildKit engine; `make test` only lints the Dockerfile)
 image:
 	docker build -t $(IMAGE) .
+
+.PHONY: image-local
+## the operator image without a Docker daemon (release binaries, the Dockerfile's final stage),
+## imported into the node of `make cluster NODE=1` when one runs; the last line is the image ref
+image-local:
+	@$(CARGO) build -q --release --locked -p deadletter-operator -p kubectl-dlq
+	@$(CARGO) build -q -p dlq-testenv --bin dlq-image
+	@sock=target/cluster/containerd; \
+	  target/debug/dlq-image --bin-dir target/release --out target/image/deadletter-operator.tar \
+	    $$( [ -s $$sock ] && echo --load-into $$(cat $$sock) )

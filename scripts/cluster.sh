@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make cluster` / `make cluster-down`: a local control plane for a human, in the background.
 #   scripts/cluster.sh up     start (or reuse) it and print `export KUBECONFIG=...`
+#                             (NODE=1: plus a real node, kubelet + containerd; needs root)
 #   scripts/cluster.sh down   stop it and remove its data
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,10 +13,12 @@ case ${1:-up} in
   up)
     mkdir -p "$dir"
     if ! running; then
-      bins=$(bash tools/build.sh kube etcd | paste -sd:)
+      tools=(kube etcd); node=()
+      if [ "${NODE:-0}" = 1 ]; then tools+=(cni pause); node=(--node); fi
+      bins=$(bash tools/build.sh "${tools[@]}" | paste -sd:)
       cargo build -q -p dlq-testenv --bin dlq-testenv
       rm -f "$dir/log"
-      DLQ_TOOLS_BIN=$bins nohup target/debug/dlq-testenv \
+      DLQ_TOOLS_BIN=$bins nohup target/debug/dlq-testenv "${node[@]}" \
         --kubeconfig-out "$dir/kubeconfig" --pid-file "$pidfile" >"$dir/log" 2>&1 </dev/null &
       for _ in $(seq 1 600); do
         grep -q '^ready' "$dir/log" 2>/dev/null && break
@@ -24,6 +27,10 @@ case ${1:-up} in
       done
       grep -q '^ready' "$dir/log" || { cat "$dir/log" >&2; exit 1; }
     fi
+    # `make image-local` imports into this node's containerd.
+    sed -n 's/^containerd=//p' "$dir/log" > "$dir/containerd"
+    [ -s "$dir/containerd" ] || rm -f "$dir/containerd"
+    grep '^node_ready_secs=' "$dir/log" | sed 's/^node_ready_secs=/node Ready after (s): /' || true
     echo "kubectl (v1.36, matches the apiserver): $(bash tools/build.sh kube)/kubectl"
     echo "export KUBECONFIG=$dir/kubeconfig"
     ;;
@@ -35,7 +42,7 @@ case ${1:-up} in
     else
       echo "no cluster running"
     fi
-    rm -f "$pidfile"
+    rm -f "$pidfile" "$dir/containerd"
     ;;
   *) echo "usage: $0 up|down" >&2; exit 2 ;;
 esac

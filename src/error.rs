@@ -3,6 +3,7 @@
 
 use crate::controller::deadletter::RecordError;
 use crate::controller::deadletterqueue::QueueError;
+use crate::controller::replay::ReplayError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -10,6 +11,8 @@ pub enum Error {
     Record(#[from] RecordError),
     #[error(transparent)]
     Queue(#[from] QueueError),
+    #[error(transparent)]
+    Replay(#[from] ReplayError),
 }
 
 impl Error {
@@ -18,6 +21,7 @@ impl Error {
         match self {
             Error::Record(e) => e.category(),
             Error::Queue(e) => e.category(),
+            Error::Replay(e) => e.category(),
         }
     }
 }

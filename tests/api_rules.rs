@@ -1,6 +1,7 @@
 //! The apiserver itself enforces the record's rules (CEL in the CRD): each refusal is checked
 //! with its message, on a real kube-apiserver.
 
+use dlq_testenv::replays::{replay, replays};
 use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
@@ -213,4 +214,56 @@ async fn decision_is_frozen_once_resolved() {
     )
     .await
     .expect("metadata edits are fine");
+}
+
+/// A replay is signed, its name fits a label, and once it runs only `spec.stop` changes.
+#[tokio::test]
+async fn replay_spec_is_signed_and_frozen_once_running() {
+    let (client, ns) = dlq_testenv::setup("rules-replay").await;
+    let api = replays(&client, &ns);
+    let (code, msg) = refusal(api.create(&PostParams::default(), &replay("r0", " ")).await);
+    assert_eq!(code, 422);
+    assert!(msg.contains("every decision must be signed"), "{msg}");
+    let long = "r".repeat(64);
+    let (_, msg) = refusal(
+        api.create(&PostParams::default(), &replay(&long, "carol"))
+            .await,
+    );
+    assert!(msg.contains("at most 63 characters"), "{msg}");
+    let (_, msg) = refusal(
+        api.create(&PostParams::default(), &{
+            let mut r = replay("r1", "carol");
+            r.data["spec"]["rate"] = json!("fast");
+            r
+        })
+        .await,
+    );
+    assert!(msg.contains("spec.rate"), "{msg}");
+
+    api.create(&PostParams::default(), &replay("r2", "carol"))
+        .await
+        .unwrap();
+    merge(
+        &api,
+        "r2",
+        json!({"spec": {"dryRun": false, "note": "reviewed"}}),
+    )
+    .await
+    .expect("a dry run may still change");
+    api.patch_status(
+        "r2",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Running"}})),
+    )
+    .await
+    .unwrap();
+    let (code, msg) = refusal(merge(&api, "r2", json!({"spec": {"rate": "100/s"}})).await);
+    assert_eq!(code, 422);
+    assert!(
+        msg.contains("replay r2 is running: only spec.stop can change once it started"),
+        "{msg}"
+    );
+    merge(&api, "r2", json!({"spec": {"stop": true}}))
+        .await
+        .expect("a running replay can be stopped");
 }

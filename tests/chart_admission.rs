@@ -10,6 +10,7 @@ use dlq_testenv::Plane;
 use dlq_testenv::chart::{
     apply, chart_crds, chart_dir, check, helm, release, run, scratch_dir, show, until_ok,
 };
+use dlq_testenv::replays::{replay, replays};
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
@@ -369,6 +370,82 @@ async fn assert_null_decision_fields_are_no_decision(
     .expect("alice signs over null fields");
 }
 
+/// A replay is signed like a record: created or changed (but for `stop`) only in one's own
+/// name, unless a GitOps controller applies it; the operator's ServiceAccount signs records in
+/// the replay's name.
+async fn assert_replays_are_signed_and_carried_out_in_their_name(
+    plane: &Plane,
+    users: &Users,
+    ns: &str,
+    rel: &str,
+) {
+    let alice = replays(&users.alice, ns);
+    until_ok("the signed-replays policy is in effect", || async {
+        match alice
+            .create(&PostParams::default(), &replay("as-bob", "bob"))
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.message.contains("you are alice, spec.by is bob") => {
+                Ok(())
+            }
+            Err(e) => Err(e.to_string()),
+            Ok(_) => Err("accepted".into()),
+        }
+    })
+    .await;
+    alice
+        .create(&PostParams::default(), &replay("inc-alice", "alice"))
+        .await
+        .expect("alice's own replay");
+    replays(&users.flux, ns)
+        .create(&PostParams::default(), &replay("inc-carol", "carol"))
+        .await
+        .expect("GitOps applies carol's committed replay");
+    let merge = |patch: Value| Patch::Merge(json!({ "spec": patch }));
+    let refused = alice
+        .patch(
+            "inc-carol",
+            &PatchParams::default(),
+            &merge(json!({"dryRun": false})),
+        )
+        .await
+        .expect_err("alice may not start carol's replay");
+    assert!(
+        format!("{refused}").contains("you are alice, spec.by is carol"),
+        "{refused}"
+    );
+    alice
+        .patch(
+            "inc-carol",
+            &PatchParams::default(),
+            &merge(json!({"stop": true})),
+        )
+        .await
+        .expect("anyone who may patch replays may stop one");
+    let _ = replays(&users.mallory, ns)
+        .create(&PostParams::default(), &replay("inc-mallory", "mallory"))
+        .await
+        .expect_err("a viewer creates no replay");
+
+    let sa = format!("system:serviceaccount:{ns}:{rel}-deadletter-operator");
+    let groups = [
+        "system:serviceaccounts".to_string(),
+        format!("system:serviceaccounts:{ns}"),
+    ];
+    let operator = plane
+        .client_as(&sa, &[groups[0].as_str(), groups[1].as_str()])
+        .await;
+    let signed = decide(
+        &operator,
+        ns,
+        "pi-parked",
+        json!({"action": "redrive", "by": "carol", "note": "replay inc-carol: INC-1234"}),
+    )
+    .await
+    .expect("the operator signs a record in its replay's name");
+    assert_eq!(field(&signed, "by"), Some("carol"));
+}
+
 /// Turning the policy off in values (helm upgrade) removes it: alice's signing as bob goes
 /// through.
 async fn assert_policy_can_be_turned_off(
@@ -436,6 +513,7 @@ async fn admission_policy_makes_every_decision_signed_by_its_author() {
     assert_only_own_signatures(&users, &records, &ns).await;
     assert_gitops_signs_for_its_authors(&users, &ns).await;
     assert_creation_held_to_the_same_rule(&users, &ns).await;
+    assert_replays_are_signed_and_carried_out_in_their_name(plane, &users, &ns, &rel).await;
     assert_policy_can_be_turned_off(plane, &release, &users, &records).await;
     release.uninstall();
 }

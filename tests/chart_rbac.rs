@@ -90,8 +90,9 @@ fn never_needed<'a>(
 ) -> Vec<(&'a str, &'a str, &'a str, &'a str, &'a str)> {
     vec![
         ("update", "dlq.dev", "deadletters", "payments", ""),
-        ("patch", "dlq.dev", "deadletters", "payments", ""),
         ("update", "dlq.dev", "deadletters/status", "payments", ""),
+        ("create", "dlq.dev", "deadletterreplays", "payments", ""),
+        ("patch", "dlq.dev", "deadletterreplays", "payments", ""),
         ("deletecollection", "dlq.dev", "deadletters", "payments", ""),
         ("create", "dlq.dev", "deadletterqueues", "payments", ""),
         ("patch", "dlq.dev", "deadletterqueues", "payments", ""),

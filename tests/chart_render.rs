@@ -12,8 +12,8 @@ use std::sync::OnceLock;
 
 use dlq_testenv::chart::{
     USER_ROLES, apply, as_list, chart_crds, chart_dir, documents, dry_run_apply, find, grant,
-    grants, helm, inventory, kind_of, labelled_namespace, leader_election_grants, name_of, only,
-    operator_grants, release, render, run, scratch_dir, show, tools,
+    grants, helm, inventory, kind_of, labelled_namespace, leader_election_grants, name_of,
+    of_kinds, only, operator_grants, release, render, run, scratch_dir, show, tools,
 };
 use dlq_testenv::{Plane, workspace_root};
 use serde_json::{Value, json};
@@ -78,7 +78,14 @@ fn chart_ships_exactly_the_generated_crds() {
         .iter()
         .map(|d| name_of(d).to_string())
         .collect();
-    assert_eq!(names, ["deadletters.dlq.dev", "deadletterqueues.dlq.dev"]);
+    assert_eq!(
+        names,
+        [
+            "deadletters.dlq.dev",
+            "deadletterqueues.dlq.dev",
+            "deadletterreplays.dlq.dev"
+        ]
+    );
 }
 
 /// `helm lint --strict` of the chart with `extra` arguments.
@@ -188,6 +195,16 @@ fn default_inventory(ns: &str, full: &str) -> BTreeSet<(String, String, String)>
             "",
             format!("{full}-signed-decisions"),
         ),
+        (
+            "ValidatingAdmissionPolicy",
+            "",
+            format!("{full}-signed-replays"),
+        ),
+        (
+            "ValidatingAdmissionPolicyBinding",
+            "",
+            format!("{full}-signed-replays"),
+        ),
     ]
     .into_iter()
     .map(|(k, n, name)| (k.to_string(), n.to_string(), name))
@@ -290,6 +307,12 @@ fn assert_user_roles(docs: &[Value]) {
         [
             grant("dlq.dev", "deadletters", &[], &["get", "list", "watch"]),
             queues_read.clone(),
+            grant(
+                "dlq.dev",
+                "deadletterreplays",
+                &[],
+                &["get", "list", "watch"]
+            ),
         ]
         .into_iter()
         .collect()
@@ -305,6 +328,12 @@ fn assert_user_roles(docs: &[Value]) {
                 &["get", "list", "watch", "patch", "update"]
             ),
             queues_read.clone(),
+            grant(
+                "dlq.dev",
+                "deadletterreplays",
+                &[],
+                &["get", "list", "watch", "create", "patch", "update"]
+            ),
         ]
         .into_iter()
         .collect()
@@ -404,10 +433,11 @@ async fn default_render_is_locked_down_and_accepted_by_the_apiserver() {
     );
     assert_user_roles(&docs);
 
-    // The policy is on and cluster-wide by default.
-    let binding = only(&docs, "ValidatingAdmissionPolicyBinding");
-    assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
-    assert!(binding["spec"]["matchResources"].is_null(), "{binding:#}");
+    // The policies (records, replays) are on and cluster-wide by default.
+    for binding in of_kinds(&docs, &["ValidatingAdmissionPolicyBinding"]) {
+        assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+        assert!(binding["spec"]["matchResources"].is_null(), "{binding:#}");
+    }
 
     // Every object is accepted by the real apiserver (RBAC escalation checks, schemas,
     // CEL type checks of the policy), and the pod template draws no PodSecurity warning.

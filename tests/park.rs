@@ -381,6 +381,22 @@ async fn gitops_server_side_apply_of_a_decision_does_not_conflict_with_the_parke
     assert_eq!(redis.list(LIST).await, vec![b"g".to_vec()]);
 }
 
+/// A namespace with queue `relayer` whose source is the dead list `relayer:dead` of a fresh
+/// redis-server (also its target).
+async fn redis_source_queue(name: &str) -> (kube::Client, String, Redis) {
+    let (client, ns) = setup(name).await;
+    let redis = Redis::start();
+    create_queue(
+        &client,
+        &ns,
+        &redis.url(),
+        list_target(),
+        json!({"source": {"redis": {"list": "relayer:dead"}}}),
+    )
+    .await;
+    (client, ns, redis)
+}
+
 /// Pushes `n` envelopes (plus one garbage element) onto the dead list.
 async fn push_dead(redis: &Redis, list: &str, n: usize) -> Vec<u8> {
     let mut c = redis.conn().await;
@@ -398,16 +414,7 @@ async fn push_dead(redis: &Redis, list: &str, n: usize) -> Vec<u8> {
 
 #[tokio::test]
 async fn redis_bridge_parks_every_dead_element_once_even_across_a_crash() {
-    let (client, ns) = setup("bridge").await;
-    let redis = Redis::start();
-    create_queue(
-        &client,
-        &ns,
-        &redis.url(),
-        list_target(),
-        json!({"source": {"redis": {"list": "relayer:dead"}}}),
-    )
-    .await;
+    let (client, ns, redis) = redis_source_queue("bridge").await;
     const N: usize = 500;
     let garbage = push_dead(&redis, "relayer:dead", N).await;
     let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
@@ -447,6 +454,11 @@ async fn redis_bridge_parks_every_dead_element_once_even_across_a_crash() {
         (0, 0),
         "dead and processing lists drained"
     );
+    assert_eq!(
+        redis.hash_len("relayer:dead:inflight").await,
+        0,
+        "all acknowledged"
+    );
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     let items = api.list(&ListParams::default()).await.unwrap().items;
     assert_eq!(items.len(), N + 1, "none lost, none doubled");
@@ -475,21 +487,61 @@ async fn redis_bridge_parks_every_dead_element_once_even_across_a_crash() {
     ));
 }
 
+/// Chaos found it: a crash between parking an element and acknowledging it, then a human
+/// resolving the record before the bridge ran again, made the re-read element a second record
+/// (cycle 2) of the same dead message. The element's id (the inflight hash) is kept on the
+/// record, so the re-read finds it whatever its phase.
+#[tokio::test]
+async fn redis_bridge_re_reading_an_element_after_a_crash_finds_its_resolved_record() {
+    let (client, ns, redis) = redis_source_queue("reread").await;
+    // The source hangs between park and acknowledgement; the controller keeps working.
+    let mut op = Operator::start_with(&ns, &[], &[("DLQ_FAILPOINT", "redis-before-ack")]);
+    push_dead(&redis, "relayer:dead", 1).await;
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let records = eventually(60, "both elements parked", || async {
+        let items = api.list(&ListParams::default()).await.ok()?.items;
+        (items.len() == 2).then_some(items)
+    })
+    .await;
+    for r in &records {
+        let message = r.annotations().get("dlq.dev/source-message").cloned();
+        assert!(
+            message
+                .as_deref()
+                .is_some_and(|m| m.starts_with("relayer:dead#")),
+            "{message:?}"
+        );
+        decide(&api, &r.name_any(), Action::Drop, "alice").await;
+        wait_phase(&api, &r.name_any(), Phase::Dropped, 30).await;
+    }
+    let unacked = redis.hash_len("relayer:dead:inflight").await;
+    assert_eq!(unacked, 2, "both elements still unacknowledged");
+    op.kill();
+
+    let _op = Operator::start(&ns);
+    eventually(60, "the re-read elements acknowledged", || async {
+        (redis.hash_len("relayer:dead:inflight").await == 0).then_some(())
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let after = api.list(&ListParams::default()).await.unwrap().items;
+    let names: BTreeSet<String> = after.iter().map(|r| r.name_any()).collect();
+    assert_eq!(
+        after.len(),
+        2,
+        "no second record of the same dead message: {names:?}"
+    );
+    assert!(after.iter().all(|r| r.phase() == Phase::Dropped));
+    assert_eq!(redis.list("relayer:dead:processing").await.len(), 0);
+    assert_eq!(redis.hash_len("relayer:dead:inflight").await, 0);
+}
+
 /// Issue 19: what is not an envelope, and envelopes that fail validation, become Invalid
 /// records of their exact bytes; only what can never be a record goes to `:rejected`, counted
 /// and announced.
 #[tokio::test]
 async fn redis_bridge_parks_unusable_elements_as_invalid_and_reports_what_it_rejects() {
-    let (client, ns) = setup("unusable").await;
-    let redis = Redis::start();
-    create_queue(
-        &client,
-        &ns,
-        &redis.url(),
-        list_target(),
-        json!({"source": {"redis": {"list": "relayer:dead"}}}),
-    )
-    .await;
+    let (client, ns, redis) = redis_source_queue("unusable").await;
     let unusable: Vec<Vec<u8>> = vec![
         br#"["an","array"]"#.to_vec(),
         br#"{"id":"e4","paylod":"typo"}"#.to_vec(),
@@ -550,4 +602,5 @@ async fn redis_bridge_parks_unusable_elements_as_invalid_and_reports_what_it_rej
     assert_eq!(events[0].type_.as_deref(), Some("Warning"));
     assert_eq!(redis.list("relayer:dead").await.len(), 0);
     assert_eq!(redis.list("relayer:dead:processing").await.len(), 0);
+    assert_eq!(redis.hash_len("relayer:dead:inflight").await, 0);
 }

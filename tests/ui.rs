@@ -18,10 +18,10 @@ use serde_json::json;
 fn grant(ns: &str, user: &str, role: &str) {
     let rules = match role {
         "decider" => {
-            "- apiGroups: [dlq.dev]\n  resources: [deadletters]\n  verbs: [get, list, watch, patch, update]\n- apiGroups: [dlq.dev]\n  resources: [deadletterqueues]\n  verbs: [get, list, watch]\n"
+            "- apiGroups: [dlq.dev]\n  resources: [deadletters]\n  verbs: [get, list, watch, patch, update]\n- apiGroups: [dlq.dev]\n  resources: [deadletterreplays]\n  verbs: [get, list, watch, create, patch, update]\n- apiGroups: [dlq.dev]\n  resources: [deadletterqueues]\n  verbs: [get, list, watch]\n"
         }
         _ => {
-            "- apiGroups: [dlq.dev]\n  resources: [deadletters, deadletterqueues]\n  verbs: [get, list, watch]\n"
+            "- apiGroups: [dlq.dev]\n  resources: [deadletters, deadletterqueues, deadletterreplays]\n  verbs: [get, list, watch]\n"
         }
     };
     let rbac = format!(
@@ -468,7 +468,7 @@ async fn ctrl_c_stops(mut page: Page) {
 }
 
 #[tokio::test]
-async fn replay_from_the_page_dry_runs_stops_then_redrives_through_the_runbook() {
+async fn replay_from_the_page_dry_runs_stops_then_redrives_through_a_deadletterreplay() {
     let (client, ns) = setup("ui-replay").await;
     let redis = Redis::start();
     create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
@@ -495,7 +495,10 @@ async fn replay_from_the_page_dry_runs_stops_then_redrives_through_the_runbook()
 
     // Slowly, then Stop: deciding ends, and nothing is left signed but not carried out.
     let summary = replay(&b, &page, "1/s", Some("1/6 decided")).await;
-    assert!(summary.contains("stopped by alice"), "{summary}");
+    assert!(
+        summary.contains("stopped: stopped on request (spec.stop)"),
+        "{summary}"
+    );
     let parked: Vec<DeadLetter> = api
         .list(&ListParams::default())
         .await

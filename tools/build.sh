@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
-# Builds the Go test tooling (kube-apiserver, kubectl, etcd, helm, promtool) from the modules
+# Builds the Go test tooling (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and
+# kube-proxy from one k8s.io/kubernetes build, kubectl, etcd, helm, promtool, toxiproxy, the CNI
+# plugins) from the modules
 # pinned in tools/<tool>/go.mod into a cache outside the repo, keyed by go.mod+go.sum, so a
 # second run is instant. Prints the directory holding the binaries on stdout; progress on stderr.
 # `elasticmq` (an SQS-compatible server, Java) is resolved by Maven from tools/elasticmq/pom.xml
 # into the same cache, keyed by the pom; it prints the directory whose lib/ is the classpath.
 # `kafka` (Apache Kafka in KRaft mode, for tests/kafka.rs) is resolved the same way.
+# `pause` (the test node's sandbox process) is Kubernetes' own build/pause/linux/pause.c, taken
+# from the k8s.io/kubernetes module of tools/kube and compiled static with the machine's C compiler.
+# `flux` builds Flux's source-controller and kustomize-controller from their Go modules, and
+# `gitserver` (tools/flux/gitserver: `git http-backend` on loopback), for tests/gitops.rs;
+# Flux's CRDs, from the same modules, go to the directory's `crds/` beside `bin/`.
 #
-#   tools/build.sh kube|etcd|helm|promtool|elasticmq|kafka [...]
+#   tools/build.sh kube|etcd|helm|promtool|toxiproxy|cni|pause|elasticmq|kafka|flux [...]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${DLQ_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/deadletter-operator/tools}
@@ -34,13 +41,40 @@ build_maven() {
   echo "$out"
 }
 
+# pause.c of the k8s.io/kubernetes release pinned in tools/kube, static (the image has nothing else).
+build_pause() {
+  local version src out
+  version=$(cat "$here/kube/VERSION")
+  out="$cache/pause/$version"
+  if [ -f "$out/.done" ]; then echo "$out/bin"; return; fi
+  need_go
+  command -v gcc >/dev/null || { echo "tools/build.sh: 'gcc' is not on PATH (apt-get install gcc libc6-dev)" >&2; exit 1; }
+  src=$(cd "$here/kube" && go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  rm -rf "$out"; mkdir -p "$out/bin"
+  gcc -Os -Wall -Werror -static -DVERSION="$version" -o "$out/bin/pause" "$src/build/pause/linux/pause.c"
+  strip "$out/bin/pause"
+  touch "$out/.done"
+  echo "$out/bin"
+}
+
+# Flux's CRDs as its modules ship them (config/crd/bases), one file per kind.
+flux_crds() {
+  local dir=$1 dest=$2 m
+  mkdir -p "$dest"
+  for m in github.com/fluxcd/source-controller github.com/fluxcd/kustomize-controller; do
+    cp "$(cd "$dir" && go list -m -f '{{.Dir}}' "$m")"/config/crd/bases/*.yaml "$dest/"
+  done
+  chmod u+w "$dest"/*.yaml
+}
+
 build() {
   local tool=$1 dir="$here/$1"
-  case $tool in elasticmq|kafka) build_maven "$tool"; return ;; esac
+  case $tool in elasticmq|kafka) build_maven "$tool"; return ;; pause) build_pause; return ;; esac
   [ -f "$dir/go.mod" ] || { echo "tools/build.sh: unknown tool '$tool' (no $dir/go.mod)" >&2; exit 2; }
   local version key out
   version=$(cat "$dir/VERSION")
-  key=$(cat "$dir/go.mod" "$dir/go.sum" | sha256sum | cut -c1-12)
+  # The tool's own Go sources (flux's gitserver) are part of the key too.
+  key=$(cat "$dir/go.mod" "$dir/go.sum" $(find "$dir" -name '*.go' | sort) | sha256sum | cut -c1-12)
   out="$cache/$tool/$version-$key"
   if [ -f "$out/.done" ]; then echo "$out/bin"; return; fi
   need_go
@@ -54,7 +88,9 @@ build() {
         ldflags+=" -X $p.gitVersion=$version -X $p.gitMajor=1 -X $p.gitMinor=$minor"
         ldflags+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
       done
-      pkgs=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl) ;;
+      pkgs=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl
+        k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
+        k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy) ;;
     etcd)
       pkgs=(go.etcd.io/etcd/server/v3) ;;
     helm)
@@ -62,15 +98,23 @@ build() {
       pkgs=(helm.sh/helm/v3/cmd/helm) ;;
     promtool)
       pkgs=(github.com/prometheus/prometheus/cmd/promtool) ;;
+    toxiproxy)
+      pkgs=(github.com/Shopify/toxiproxy/v2/cmd/server) ;;
+    cni)
+      local m=github.com/containernetworking/plugins/plugins
+      pkgs=("$m/main/bridge" "$m/ipam/host-local" "$m/main/loopback" "$m/meta/portmap") ;;
+    flux)
+      pkgs=(github.com/fluxcd/source-controller github.com/fluxcd/kustomize-controller ./gitserver) ;;
   esac
   local dest="$out/bin/"
-  # etcd's main package is its module root, so go would name the binary "server".
-  if [ "$tool" = etcd ]; then dest="$out/bin/etcd"; fi
+  # etcd's and toxiproxy's main packages would both be named "server" by go.
+  case $tool in etcd) dest="$out/bin/etcd" ;; toxiproxy) dest="$out/bin/toxiproxy-server" ;; esac
   (cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$dest" "${pkgs[@]}")
+  if [ "$tool" = flux ]; then flux_crds "$dir" "$out/crds"; fi
   touch "$out/.done"
   echo ">> built $tool in $((SECONDS - start))s" >&2
   echo "$out/bin"
 }
 
-[ $# -gt 0 ] || { echo "usage: tools/build.sh kube|etcd|helm|promtool|elasticmq|kafka ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: tools/build.sh kube|etcd|helm|promtool|toxiproxy|cni|pause|elasticmq|kafka|flux ..." >&2; exit 2; }
 for t in "$@"; do build "$t"; done

@@ -82,8 +82,14 @@ pub async fn storm(b: &mut Bench, messages: usize, max_parked: usize) -> anyhow:
     let rate = (max_parked - n0) as f64 / t0.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_secs(5)).await;
     let records = count().await;
-    let in_broker =
-        list_len(&mut redis, "dead").await + list_len(&mut redis, "dead:processing").await;
+    let inflight: usize = redis::cmd("HLEN")
+        .arg("dead:inflight")
+        .query_async(&mut redis)
+        .await
+        .unwrap_or(0);
+    let in_broker = list_len(&mut redis, "dead").await
+        + list_len(&mut redis, "dead:processing").await
+        + inflight;
     let rejected = list_len(&mut redis, "dead:rejected").await;
     let queue = Api::<DeadLetterQueue>::namespaced(b.client.clone(), &ns)
         .get("relayer")

@@ -13,6 +13,30 @@ use serde_json::json;
 use dlq_core::api::{DeadLetter, DeadLetterQueue, DeadLetterStatus};
 use dlq_core::events::EventPlan;
 use dlq_core::plan::QueueStatusWrite;
+use dlq_core::replay::{
+    ANNOTATION_REPLAY_UID, DeadLetterReplay, DeadLetterReplayStatus, LABEL_REPLAY,
+};
+
+/// A replay's decision on one record: what, by whom, why, and which replay (the label).
+pub struct Signature<'a> {
+    pub action: dlq_core::api::Action,
+    pub by: &'a str,
+    pub note: &'a str,
+    pub replay: &'a str,
+    pub replay_uid: &'a str,
+}
+
+/// What a fake that does not exercise replays answers to their requests.
+fn unsupported<'a, T: Send + 'a>(what: &'static str) -> BoxFuture<'a, Result<T, kube::Error>> {
+    async move {
+        Err(kube::Error::Api(
+            kube::core::Status::failure(what, "NotImplemented")
+                .with_code(501)
+                .boxed(),
+        ))
+    }
+    .boxed()
+}
 
 /// Field manager of every status write the operator makes.
 pub const MANAGER: &str = "deadletter-operator";
@@ -50,6 +74,34 @@ pub trait Apiserver: Send + Sync {
     /// Publishes an Event about `regarding`; failures are logged, never fatal.
     fn publish<'a>(&'a self, regarding: ObjectReference, event: &'a EventPlan)
     -> BoxFuture<'a, ()>;
+
+    /// Signs a record for a replay (`spec.action`/`by`/`note` and the replay's label), guarded
+    /// by the record's resourceVersion: a 409 means it changed since it was read.
+    fn sign_record<'a>(
+        &'a self,
+        _record: &'a DeadLetter,
+        _signature: &'a Signature<'a>,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        unsupported("sign_record")
+    }
+
+    /// Takes a replay's decision back (`action`/`by`/`note` removed), guarded by the record's
+    /// resourceVersion; the label stays, so the record counts as withdrawn.
+    fn withdraw_record<'a>(
+        &'a self,
+        _record: &'a DeadLetter,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        unsupported("withdraw_record")
+    }
+
+    /// Merge-patches a replay's status (only the leader writes it).
+    fn write_replay_status<'a>(
+        &'a self,
+        _replay: &'a DeadLetterReplay,
+        _status: &'a DeadLetterReplayStatus,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        unsupported("write_replay_status")
+    }
 }
 
 /// The real apiserver.
@@ -162,6 +214,70 @@ impl Apiserver for KubeApiserver {
                 event,
             )
             .await
+        }
+        .boxed()
+    }
+
+    fn sign_record<'a>(
+        &'a self,
+        record: &'a DeadLetter,
+        signature: &'a Signature<'a>,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        let patch = json!({
+            "metadata": {
+                "resourceVersion": record.resource_version(),
+                "labels": {LABEL_REPLAY: signature.replay},
+                "annotations": {ANNOTATION_REPLAY_UID: signature.replay_uid},
+            },
+            "spec": {"action": signature.action, "by": signature.by, "note": signature.note},
+        });
+        self.patch_record(record, patch)
+    }
+
+    fn withdraw_record<'a>(
+        &'a self,
+        record: &'a DeadLetter,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        let patch = json!({
+            "metadata": {"resourceVersion": record.resource_version()},
+            "spec": {"action": null, "by": null, "note": null},
+        });
+        self.patch_record(record, patch)
+    }
+
+    fn write_replay_status<'a>(
+        &'a self,
+        replay: &'a DeadLetterReplay,
+        status: &'a DeadLetterReplayStatus,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        async move {
+            let ns = replay.namespace().unwrap_or_default();
+            let api: Api<DeadLetterReplay> = Api::namespaced(self.client.clone(), &ns);
+            api.patch_status(
+                &replay.name_any(),
+                &merge_params(),
+                &Patch::Merge(json!({ "status": status })),
+            )
+            .await
+            .map(|_| ())
+        }
+        .boxed()
+    }
+}
+
+impl KubeApiserver {
+    /// A merge patch of a record's spec/metadata (the patch carries its own precondition).
+    fn patch_record<'a>(
+        &'a self,
+        record: &'a DeadLetter,
+        patch: serde_json::Value,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        async move {
+            let ns = record.namespace().unwrap_or_default();
+            self.records(&ns)
+                .patch(&record.name_any(), &merge_params(), &Patch::Merge(patch))
+                .await
+                .map(|_| ())
         }
         .boxed()
     }

@@ -8,6 +8,7 @@ pub mod deadletter;
 pub mod deadletterqueue;
 pub mod jobs;
 pub mod leadership;
+pub mod replay;
 
 pub use self::leadership::Leadership;
 
@@ -282,6 +283,7 @@ pub async fn run_scope(
         .graceful_shutdown_on(shutdown.clone())
         .run(deadletter::reconcile, error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
+    let client_for_replays = client.clone();
     let sources = crate::source::supervise(
         crate::source::Shared {
             parker: dlq_client::park::Parker::new(client.clone()),
@@ -296,21 +298,51 @@ pub async fn run_scope(
         shutdown.clone(),
     );
     let queues_ctl = Controller::for_shared_stream(queue_events, queues)
-        .with_config(cfg.debounce(Duration::from_millis(500)))
+        .with_config(cfg.clone().debounce(Duration::from_millis(500)))
         .watches_shared_stream(record_events, |dl: Arc<DeadLetter>| {
             let ns = dl.namespace()?;
             Some(ObjectRef::<DeadLetterQueue>::new(&dl.spec.queue).within(&ns))
         })
-        .graceful_shutdown_on(shutdown)
-        .run(deadletterqueue::reconcile, error_policy, ctx)
+        .graceful_shutdown_on(shutdown.clone())
+        .run(deadletterqueue::reconcile, error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
+    let replays_ctl = replay_controller(&client_for_replays, &namespace, ctx, cfg, shutdown);
 
     tokio::select! {
         _ = record_watch => {}
         _ = queue_watch => {}
         // Both controllers end after `shutdown`, once in-flight reconciles finished.
-        _ = async { tokio::join!(records_ctl, queues_ctl, sources, alerts) } => {}
+        _ = async { tokio::join!(records_ctl, queues_ctl, sources, alerts, replays_ctl) } => {}
     }
+}
+
+/// The DeadLetterReplay controller: woken when a replay appears or its spec changes (not by its
+/// own status writes); a running replay paces itself with requeues.
+fn replay_controller(
+    client: &Client,
+    namespace: &Option<String>,
+    ctx: Arc<Context>,
+    cfg: kube::runtime::controller::Config,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
+) -> impl std::future::Future<Output = ()> {
+    let (store, writer) = reflector::store();
+    let replays = watcher(
+        api_for::<dlq_core::replay::DeadLetterReplay>(client, namespace),
+        watcher::Config::default().any_semantic(),
+    )
+    .default_backoff()
+    .reflect(writer)
+    .applied_objects()
+    .predicate_filter(predicates::generation, Default::default());
+    Controller::for_stream(replays, store)
+        .with_config(cfg)
+        .graceful_shutdown_on(shutdown)
+        .run(
+            replay::reconcile,
+            |obj, err, replays: Arc<replay::Replays>| error_policy(obj, err, replays.ctx.clone()),
+            Arc::new(replay::Replays::new(ctx)),
+        )
+        .for_each(|_| futures::future::ready(()))
 }
 
 /// The per-record alert sender, or nothing when alerts are off.

@@ -188,6 +188,21 @@ fn job_id(data: &[u8], props: &BasicProperties, headers: &BTreeMap<String, Strin
     format!("amqp-{}", hex::encode(&h.finalize()[..8]))
 }
 
+/// This one dead-lettering of a message, as far as its bytes tell: body, every header and the
+/// latest x-death entry with its count and time (RabbitMQ writes a new one for each death, and
+/// a redrive drops the old ones). Only probably unique, so it is matched only for deliveries
+/// RabbitMQ flags as redelivered (see [`ParkRequest::redelivered`]).
+fn message_identity(data: &[u8], props: &BasicProperties) -> String {
+    let mut h = Sha256::new();
+    h.update(data);
+    h.update(format!("{:?}", props.message_id()).as_bytes());
+    h.update(format!("{:?}", props.headers()).as_bytes());
+    if let Ok(d) = last_death(props) {
+        h.update(format!("{}/{}/{}/{:?}", d.queue, d.reason, d.count, d.time).as_bytes());
+    }
+    format!("amqp:{}", hex::encode(&h.finalize()[..16]))
+}
+
 /// Turns one dead-lettered message into a park request (see the module doc).
 pub fn request_for(queue: &str, data: &[u8], props: &BasicProperties) -> ParkRequest {
     let carried = carried_headers(props);
@@ -221,6 +236,7 @@ pub fn request_for(queue: &str, data: &[u8], props: &BasicProperties) -> ParkReq
             req.reason = format!("not a RabbitMQ dead letter ({why}); parked with its exact bytes");
         }
     }
+    let mut req = req.with_message(message_identity(data, props));
     if !carried.lost.is_empty() {
         req.failure_kind = FailureKind::Invalid;
         req.reason = format!(
@@ -307,7 +323,8 @@ struct Bridge {
 
 impl Bridge {
     async fn handle(&self, delivery: Delivery) {
-        let req = request_for(self.into.queue(), &delivery.data, &delivery.properties);
+        let mut req = request_for(self.into.queue(), &delivery.data, &delivery.properties);
+        req.redelivered = delivery.redelivered;
         let job = req.job.id.clone();
         let (ns, queue) = (self.into.namespace(), self.into.queue());
         let parked = match self.into.dispose(req, &delivery.data) {

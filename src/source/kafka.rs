@@ -93,7 +93,11 @@ pub fn request_for(queue: &str, dead: &Dead) -> ParkRequest {
             origin,
             ..Job::from_bytes(dead.job_id(), &dead.value)
         },
-    );
+    )
+    .with_message(format!(
+        "kafka:{}/{}/{}",
+        dead.topic, dead.partition, dead.offset
+    ));
     req.failed_at = dead
         .timestamp
         .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok());

@@ -152,7 +152,9 @@ pub fn request_for(queue: &str, adv: &Advisory, msg: &Stored) -> ParkRequest {
             }),
             ..Job::from_bytes(id, &msg.payload)
         },
-    );
+    )
+    // The work stream's sequence: a redriven job dying again is a new message there.
+    .with_message(format!("nats:{}/{}", adv.stream, adv.stream_seq));
     req.deliveries = i32::try_from(adv.deliveries).unwrap_or(i32::MAX);
     req.reason = format!(
         "JetStream consumer {} gave up after {} deliveries (MaxDeliver); stream {} sequence {}, subject {}",

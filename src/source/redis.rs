@@ -1,6 +1,10 @@
 //! Redis source bridge: consumers LPUSH dead jobs onto a list; the bridge BLMOVEs each one onto
-//! `<list>:processing`, parks it, and only then LREMs it from there. On start it first re-parks
-//! whatever a crash left in `<list>:processing` (parking deduplicates, so that is safe).
+//! `<list>:processing`, then (one atomic script) moves it into the hash `<list>:inflight` under
+//! an id Redis gives it (server time + a counter), parks it with that id as its source message
+//! identity, and only then HDELs it. On start it first re-parks whatever a crash left in
+//! `<list>:processing` and `<list>:inflight`. The id is what makes that safe: a re-parked
+//! element whose record exists, even one a human resolved meanwhile, is recognised as the same
+//! dead message, not a new death of the job.
 //!
 //! Elements are JSON envelopes (see README, "Dead-list envelope"). Anything else, and any
 //! envelope that fails validation, is parked as an Invalid record holding the exact bytes. An
@@ -22,6 +26,16 @@ use crate::target::redis::RedisConn;
 /// Parks in flight at once per bridge (as for NATS and SQS): parkings waiting together share
 /// one reservation under maxParked, so more in flight means fewer queue writes per record.
 const CONCURRENCY: usize = 16;
+
+/// Moves one element from the processing list into the inflight hash under a fresh id; nil
+/// when the element is no longer in the list. KEYS: processing, inflight, counter.
+const CLAIM: &str = r"
+if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return false end
+local t = redis.call('TIME')
+local id = t[1] .. '.' .. t[2] .. '-' .. redis.call('INCR', KEYS[3])
+redis.call('HSET', KEYS[2], id, ARGV[1])
+return id
+";
 
 /// Runs one bridge until aborted.
 pub async fn run(client: Client, into: ParkInto, queue: DeadLetterQueue, source: RedisSourceSpec) {
@@ -51,22 +65,14 @@ async fn run_once(
     let ctx = Arc::new(Bridge {
         into: into.clone(),
         acker,
+        inflight: format!("{dead}:inflight"),
+        counter: format!("{dead}:inflight:seq"),
         processing: processing.clone(),
         rejected: format!("{dead}:rejected"),
+        dead: dead.clone(),
     });
-
-    // Recovery: what a previous run moved but never acknowledged.
-    let leftover: Vec<Vec<u8>> = ctx
-        .acker
-        .query(redis::cmd("LRANGE").arg(&processing).arg(0).arg(-1))
-        .await
-        .map_err(SourceError::broker(format!("reading {processing}")))?;
-    if !leftover.is_empty() {
-        tracing::info!(namespace = %ns, queue = %name, count = leftover.len(), "re-parking elements left in {processing}");
-    }
-    for raw in leftover {
-        ctx.handle(raw).await;
-    }
+    ctx.recover().await?;
+    tracing::debug!(namespace = %ns, queue = %name, list = %dead, "redis source draining");
 
     let slots = Arc::new(Semaphore::new(CONCURRENCY));
     loop {
@@ -87,9 +93,13 @@ async fn run_once(
             .await
             .map_err(SourceError::broker(format!("BLMOVE from {dead}")))?;
         let Some(raw) = raw else { continue };
+        // Until claimed the element waits in the processing list for the next start.
+        let Some(id) = ctx.claim(&raw).await? else {
+            continue;
+        };
         let ctx = ctx.clone();
         tokio::spawn(async move {
-            ctx.handle(raw).await;
+            ctx.handle(id, raw).await;
             drop(permit);
         });
     }
@@ -98,20 +108,66 @@ async fn run_once(
 struct Bridge {
     into: ParkInto,
     acker: Arc<RedisConn>,
+    /// The dead list: the source message identities start with its name.
+    dead: String,
     processing: String,
+    inflight: String,
+    counter: String,
     rejected: String,
 }
 
 impl Bridge {
-    /// Parks one element, retrying until it is a record (or provably never can be), then
-    /// acknowledges it by removing it from the processing list.
-    async fn handle(&self, raw: Vec<u8>) {
-        let parked = match self
-            .into
-            .dispose(request_for(self.into.queue(), &raw), &raw)
-        {
+    /// Re-parks what a previous run left: elements moved but never claimed, then claimed but
+    /// never acknowledged (those keep their ids, so records made before the crash are found).
+    async fn recover(&self) -> Result<(), SourceError> {
+        let unclaimed: Vec<Vec<u8>> = self
+            .acker
+            .query(redis::cmd("LRANGE").arg(&self.processing).arg(0).arg(-1))
+            .await
+            .map_err(SourceError::broker(format!("reading {}", self.processing)))?;
+        for raw in &unclaimed {
+            self.claim(raw).await?;
+        }
+        let claimed: std::collections::BTreeMap<String, Vec<u8>> = self
+            .acker
+            .query(redis::cmd("HGETALL").arg(&self.inflight))
+            .await
+            .map_err(SourceError::broker(format!("reading {}", self.inflight)))?;
+        if !claimed.is_empty() {
+            tracing::info!(namespace = %self.into.namespace(), queue = %self.into.queue(), count = claimed.len(), inflight = %self.inflight, "re-parking elements a previous run did not acknowledge");
+        }
+        for (id, raw) in claimed {
+            self.handle(id, raw).await;
+        }
+        Ok(())
+    }
+
+    /// Gives an element of the processing list its id (see [`CLAIM`]).
+    async fn claim(&self, raw: &[u8]) -> Result<Option<String>, SourceError> {
+        self.acker
+            .query(
+                redis::cmd("EVAL")
+                    .arg(CLAIM)
+                    .arg(3)
+                    .arg(&self.processing)
+                    .arg(&self.inflight)
+                    .arg(&self.counter)
+                    .arg(raw),
+            )
+            .await
+            .map_err(SourceError::broker(format!(
+                "claiming an element of {}",
+                self.processing
+            )))
+    }
+
+    /// Parks one claimed element, retrying until it is a record (or provably never can be),
+    /// then acknowledges it by removing it from the inflight hash.
+    async fn handle(&self, id: String, raw: Vec<u8>) {
+        let req = request_for(self.into.queue(), &raw).with_message(format!("{}#{id}", self.dead));
+        let parked = match self.into.dispose(req, &raw) {
             Ok(req) => {
-                let stays = format!("in {}", self.processing);
+                let stays = format!("in {}", self.inflight);
                 self.into
                     .park_until_settled(&req, &stays, || async {})
                     .await
@@ -129,18 +185,14 @@ impl Bridge {
             }
             self.into.rejected(&e, raw.len(), &self.rejected).await;
         }
+        crate::failpoint::hit("redis-before-ack").await;
         let _ = self
-            .ack(
-                redis::cmd("LREM")
-                    .arg(&self.processing)
-                    .arg(1)
-                    .arg(&raw[..]),
-            )
+            .ack(redis::cmd("HDEL").arg(&self.inflight).arg(&id))
             .await;
     }
 
     /// Retries an acknowledgement until Redis takes it: the record exists, so giving up here
-    /// would only leave a duplicate for the next recovery (deduplicated), never a loss.
+    /// leaves the element for the next recovery, which finds its record by its id.
     async fn ack(&self, cmd: &mut redis::Cmd) -> Result<(), ()> {
         for attempt in 0..10u32 {
             match self.acker.query::<redis::Value>(cmd).await {

@@ -121,6 +121,11 @@ pub fn request_for(queue: &str, dead: &Dead) -> ParkRequest {
             ..Job::from_bytes(id, dead.body.as_bytes())
         },
     );
+    // SQS keeps a message's id while it sits in the dead-letter queue; a redriven job that
+    // dies again is sent anew and gets a new one.
+    if let Some(message_id) = dead.message_id.as_deref().filter(|m| !m.is_empty()) {
+        req = req.with_message(format!("sqs:{message_id}"));
+    }
     req.deliveries = deliveries;
     let from = source_arn
         .as_deref()

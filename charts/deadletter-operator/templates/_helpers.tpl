@@ -75,9 +75,17 @@ What the operator does against the API in the namespaces it watches, and nothing
 {{- define "dlo.operatorRules" -}}
 - apiGroups: [dlq.dev]
   resources: [deadletters]
-  verbs: [get, list, watch, create, delete]
+  # patch: a replay's decisions (spec.action/by/note, the dlq.dev/replay label) and their
+  # withdrawal when it stops.
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [dlq.dev]
   resources: [deadletters/status]
+  verbs: [patch]
+- apiGroups: [dlq.dev]
+  resources: [deadletterreplays]
+  verbs: [get, list, watch]
+- apiGroups: [dlq.dev]
+  resources: [deadletterreplays/status]
   verbs: [patch]
 - apiGroups: [dlq.dev]
   resources: [deadletterqueues]
@@ -93,4 +101,16 @@ What the operator does against the API in the namespaces it watches, and nothing
   resources: [secrets]
   verbs: [get]
 {{- end }}
+{{- end }}
+
+{{/*
+CEL: a DeadLetterReplay's frozen fields (all of spec but `stop`) are unchanged by this UPDATE.
+The same list as dlq_core::replay::FROZEN_FIELDS (tests/chart_admission.rs checks).
+*/}}
+{{- define "dlo.replayFrozenUnchanged" -}}
+{{- $parts := list -}}
+{{- range list "queue" "selector" "action" "rate" "max" "stopWhen" "dryRun" "by" "note" "settleSeconds" -}}
+{{- $parts = append $parts (printf "has(object.spec.%s) == has(oldObject.spec.%s) && (!has(object.spec.%s) || object.spec.%s == oldObject.spec.%s)" . . . . .) -}}
+{{- end -}}
+{{- join " && " $parts -}}
 {{- end }}

@@ -31,12 +31,17 @@ pub enum ParkOutcome {
     Parked(Box<DeadLetter>),
     /// The job already has a Parked record; nothing changed.
     AlreadyParked(Box<DeadLetter>),
+    /// This very message (same source identity) already has a record, in whatever phase:
+    /// a source re-read it after a crash; nothing changed.
+    SameMessage(Box<DeadLetter>),
 }
 
 impl ParkOutcome {
     pub fn record(&self) -> &DeadLetter {
         match self {
-            ParkOutcome::Parked(r) | ParkOutcome::AlreadyParked(r) => r,
+            ParkOutcome::Parked(r)
+            | ParkOutcome::AlreadyParked(r)
+            | ParkOutcome::SameMessage(r) => r,
         }
     }
 
@@ -165,6 +170,11 @@ impl Parker {
         let records: Api<DeadLetter> = Api::namespaced(self.client.clone(), &namespace);
         match first_try(&req, known) {
             FirstTry::List => return self.park_listing(queue, &records, &req, false).await,
+            FirstTry::SameMessage(name) => {
+                if let Some(r) = records.get_opt(&name).await? {
+                    return Ok(ParkOutcome::SameMessage(Box::new(r)));
+                }
+            }
             FirstTry::Confirm(name) => {
                 if let Some(r) = records.get_opt(&name).await?
                     && r.phase() == Phase::Parked
@@ -197,6 +207,9 @@ impl Parker {
         for consistent in [consistent_first, true, true] {
             let existing = self.earlier_records(records, req, consistent).await?;
             let cycle = match next_cycle(req, &existing) {
+                Cycle::SameMessage(record) => {
+                    return Ok(ParkOutcome::SameMessage(Box::new(record.clone())));
+                }
                 Cycle::AlreadyParked(parked) => {
                     // Confirm a cached Parked: answering AlreadyParked for a record that was
                     // just resolved would lose this new death of the job.

@@ -24,6 +24,11 @@ pub const LABEL_QUEUE: &str = "dlq.dev/queue";
 pub const LABEL_FAILURE_KIND: &str = "dlq.dev/failure-kind";
 /// Label with the hash of `queue/jobId`: selects every cycle of one job.
 pub const LABEL_JOB_KEY: &str = "dlq.dev/job-key";
+/// Annotation with the broker's identity of the dead message a source parked (see
+/// `park::ParkRequest::message`).
+pub const ANNOTATION_SOURCE_MESSAGE: &str = "dlq.dev/source-message";
+/// Longest source message identity kept; longer ones are hashed.
+pub const MAX_SOURCE_MESSAGE_LEN: usize = 253;
 
 /// One parking of a job that a consumer gave up on. Only `action`/`by`/`note` are meant to change.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -739,9 +744,10 @@ pub struct KindCounts {
 pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
     use kube_core::CustomResourceExt;
     Ok(format!(
-        "---\n{}---\n{}",
+        "---\n{}---\n{}---\n{}",
         serde_yaml::to_string(&DeadLetter::crd())?,
-        serde_yaml::to_string(&DeadLetterQueue::crd())?
+        serde_yaml::to_string(&DeadLetterQueue::crd())?,
+        serde_yaml::to_string(&crate::replay::DeadLetterReplay::crd())?
     ))
 }
 

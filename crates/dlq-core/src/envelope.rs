@@ -75,6 +75,8 @@ pub fn request_for(queue: &str, raw: &[u8]) -> ParkRequest {
                 failure_kind: env.failure_kind.unwrap_or(FailureKind::Transient),
                 service_version: env.service_version,
                 failed_at: env.failed_at,
+                message: None,
+                redelivered: false,
             }
         }
         Ok(_) => invalid(

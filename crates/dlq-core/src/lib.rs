@@ -28,3 +28,4 @@ pub mod events;
 pub mod headers;
 pub mod park;
 pub mod plan;
+pub mod replay;

@@ -23,6 +23,18 @@ pub struct ParkRequest {
     pub service_version: Option<String>,
     /// When the consumer gave up; now when None.
     pub failed_at: Option<jiff::Timestamp>,
+    /// The broker's identity of this one dead message (a Kafka offset, a stream sequence, an
+    /// id the Redis source gave it), when a source has one. A source that re-reads a message
+    /// after a crash between parking and acknowledging finds the record of that message by it,
+    /// even when a human resolved the record meanwhile: without it, that re-read would look
+    /// like the job dying again and become a second record.
+    pub message: Option<String>,
+    /// Whether the broker may have handed this message out before. Only then does a record
+    /// with the same `message` count as this message's record. Sources whose identities are
+    /// unique forever leave it true ([`ParkRequest::with_message`]); AMQP, whose identity is
+    /// a hash that is only probably unique, sets RabbitMQ's `redelivered` flag, so a first
+    /// delivery can never be taken for an earlier, resolved death.
+    pub redelivered: bool,
 }
 
 impl ParkRequest {
@@ -37,7 +49,26 @@ impl ParkRequest {
             failure_kind: FailureKind::Transient,
             service_version: None,
             failed_at: None,
+            message: None,
+            redelivered: false,
         }
+    }
+
+    /// Sets [`ParkRequest::message`], hashed when longer than an annotation should be.
+    pub fn with_message(mut self, message: impl Into<String>) -> Self {
+        let message = message.into();
+        self.message = Some(if message.len() > api::MAX_SOURCE_MESSAGE_LEN {
+            format!("sha256:{}", hex::encode(Sha256::digest(message.as_bytes())))
+        } else {
+            message
+        });
+        self.redelivered = true;
+        self
+    }
+
+    /// The source message identity to match earlier records against, if any.
+    fn reread_of(&self) -> Option<&str> {
+        self.message.as_deref().filter(|_| self.redelivered)
     }
 }
 
@@ -125,6 +156,11 @@ pub fn dispose(req: ParkRequest, raw: &[u8]) -> Disposition {
             truncate_chars(&req.job.id, 64)
         ),
     );
+    let invalid = ParkRequest {
+        message: req.message,
+        redelivered: req.redelivered,
+        ..invalid
+    };
     match validate(&invalid) {
         Ok(()) => Disposition::Park(Box::new(invalid)),
         Err(e) => Disposition::Reject(e),
@@ -345,12 +381,31 @@ pub fn new_record(req: &ParkRequest, cycle: i32) -> DeadLetter {
         ),
         (api::LABEL_JOB_KEY.to_string(), key),
     ]));
+    if let Some(message) = &req.message {
+        record.metadata.annotations = Some(BTreeMap::from([(
+            api::ANNOTATION_SOURCE_MESSAGE.to_string(),
+            message.clone(),
+        )]));
+    }
     record
+}
+
+/// The source message identity a record was parked with.
+pub fn source_message(record: &DeadLetter) -> Option<&str> {
+    record
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(api::ANNOTATION_SOURCE_MESSAGE)
+        .map(String::as_str)
 }
 
 /// What earlier records of a job mean for parking it now.
 #[derive(Debug, Clone)]
 pub enum Cycle<'a> {
+    /// The record of this very message (same source identity), whatever its phase: the
+    /// message was re-read after its record was made; parking it again changes nothing.
+    SameMessage(&'a DeadLetter),
     /// A record of the job is Parked: parking again is a no-op that returns it.
     AlreadyParked(&'a DeadLetter),
     /// Park as this cycle: 1 + the highest earlier cycle.
@@ -365,6 +420,11 @@ pub fn next_cycle<'a>(req: &ParkRequest, existing: &'a [DeadLetter]) -> Cycle<'a
             .iter()
             .filter(|r| r.spec.job.id == req.job.id && r.spec.queue == req.queue)
     };
+    if let Some(message) = req.reread_of()
+        && let Some(record) = same().find(|r| source_message(r) == Some(message))
+    {
+        return Cycle::SameMessage(record);
+    }
     if let Some(parked) = same().find(|r| r.phase() == Phase::Parked) {
         return Cycle::AlreadyParked(parked);
     }
@@ -380,6 +440,8 @@ pub struct KnownCycle {
     pub job_id: String,
     pub cycle: i32,
     pub phase: Phase,
+    /// The source message identity it was parked with.
+    pub message: Option<String>,
 }
 
 impl KnownCycle {
@@ -391,6 +453,7 @@ impl KnownCycle {
             job_id: record.spec.job.id.clone(),
             cycle: record.spec.cycle,
             phase: record.phase(),
+            message: source_message(record).map(str::to_string),
         }
     }
 }
@@ -398,6 +461,9 @@ impl KnownCycle {
 /// Where a park starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FirstTry {
+    /// The view holds the record of this very message (see [`Cycle::SameMessage`]): read it
+    /// and answer with it.
+    SameMessage(String),
     /// Create this cycle straight away: one request where listing first made two. The create
     /// is still the guard; a 409 (the view was behind) falls back to a consistent list.
     Create(i32),
@@ -428,6 +494,11 @@ pub fn first_try(req: &ParkRequest, known: Option<&[KnownCycle]>) -> FirstTry {
             .iter()
             .filter(|k| k.job_id == req.job.id && k.queue == req.queue)
     };
+    if let Some(message) = req.reread_of()
+        && let Some(record) = same().find(|k| k.message.as_deref() == Some(message))
+    {
+        return FirstTry::SameMessage(record.name.clone());
+    }
     if let Some(parked) = same().find(|k| k.phase == Phase::Parked) {
         return FirstTry::Confirm(parked.name.clone());
     }
@@ -593,7 +664,55 @@ mod tests {
             job_id: "pi_0003/settle".into(),
             cycle,
             phase,
+            message: None,
         }
+    }
+
+    #[test]
+    fn a_re_read_message_finds_its_record_even_when_resolved() {
+        let req = req().with_message("relayer:dead/7f3a");
+        let mut mine = known(1, Phase::Redriven);
+        mine.message = Some("relayer:dead/7f3a".into());
+        let other_death = known(2, Phase::Dropped);
+        assert_eq!(
+            first_try(&req, Some(&[mine, other_death])),
+            FirstTry::SameMessage(record_name("relayer", "pi_0003/settle", 1))
+        );
+        // A new death of the same job (another message) is the next cycle.
+        let new_death = self::req().with_message("relayer:dead/91bc");
+        let mut view = [known(1, Phase::Redriven)];
+        view[0].message = Some("relayer:dead/7f3a".into());
+        assert_eq!(first_try(&new_death, Some(&view)), FirstTry::Create(2));
+    }
+
+    #[test]
+    fn the_record_carries_the_message_identity_and_next_cycle_finds_it() {
+        let req = req().with_message("kafka/orders.DLT/0/17");
+        let mut first = new_record(&req, 1);
+        first.status = Some(crate::api::DeadLetterStatus {
+            phase: Some(Phase::Redriven),
+            ..Default::default()
+        });
+        assert_eq!(source_message(&first), Some("kafka/orders.DLT/0/17"));
+        assert!(matches!(
+            next_cycle(&req, std::slice::from_ref(&first)),
+            Cycle::SameMessage(_)
+        ));
+        let again = self::req().with_message("kafka/orders.DLT/0/18");
+        assert!(matches!(next_cycle(&again, &[first]), Cycle::Next(2)));
+    }
+
+    #[test]
+    fn long_message_identities_are_hashed_and_invalid_requests_keep_them() {
+        let req = req().with_message("x".repeat(400));
+        let id = req.message.clone().unwrap_or_default();
+        assert!(id.starts_with("sha256:") && id.len() < crate::api::MAX_SOURCE_MESSAGE_LEN);
+        let mut bad = req.clone();
+        bad.job.id = String::new();
+        let Disposition::Park(invalid) = dispose(bad, b"raw") else {
+            panic!("an invalid request is parked as Invalid")
+        };
+        assert_eq!(invalid.message, req.message);
     }
 
     #[test]

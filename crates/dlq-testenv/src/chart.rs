@@ -273,9 +273,16 @@ pub fn operator_grants() -> BTreeSet<Grant> {
             "dlq.dev",
             "deadletters",
             &[],
-            &["get", "list", "watch", "create", "delete"],
+            &["get", "list", "watch", "create", "patch", "delete"],
         ),
         grant("dlq.dev", "deadletters/status", &[], &["patch"]),
+        grant(
+            "dlq.dev",
+            "deadletterreplays",
+            &[],
+            &["get", "list", "watch"],
+        ),
+        grant("dlq.dev", "deadletterreplays/status", &[], &["patch"]),
         grant(
             "dlq.dev",
             "deadletterqueues",

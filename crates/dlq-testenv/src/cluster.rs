@@ -31,6 +31,10 @@ pub struct Plane {
     pub server: String,
     /// Dirs holding kube-apiserver, kubectl and etcd.
     pub bin_dirs: Vec<PathBuf>,
+    /// With a real node ([`node_plane`]): its containerd socket, to import images into.
+    pub containerd: Option<PathBuf>,
+    /// With a real node: seconds from starting it to the Node being Ready.
+    pub node_ready_secs: Option<f64>,
     // Held, never read: dropping them (at process exit) stops the plane.
     _child: Mutex<Child>,
     _stdin: Mutex<ChildStdin>,
@@ -41,7 +45,7 @@ static PLANE: OnceLock<Plane> = OnceLock::new();
 /// The shared control plane, started on first use.
 pub fn plane() -> &'static Plane {
     PLANE.get_or_init(|| {
-        let plane = start_plane();
+        let plane = start_plane(&[]);
         let version = plane
             .kubectl()
             .args(["get", "--raw", "/version"])
@@ -57,12 +61,32 @@ pub fn plane() -> &'static Plane {
     })
 }
 
-/// Starts `dlq-testenv --until-stdin-closes` and reads its announcement up to `ready`.
-fn start_plane() -> Plane {
-    let bin_dirs = crate::plane::tool_dirs(&["kube", "etcd"])
+/// The control plane with a real node (`dlq-testenv --node`, see [`crate::node`]) shared by
+/// the tests of one binary, started on first use. Needs root.
+pub fn node_plane() -> &'static Plane {
+    static NODE_PLANE: OnceLock<Plane> = OnceLock::new();
+    NODE_PLANE.get_or_init(|| {
+        let plane = start_plane(&["--node"]);
+        report(&format!(
+            "test node: Ready {:.1}s after its start; apiserver at {}",
+            plane.node_ready_secs.unwrap_or_default(),
+            plane.server
+        ));
+        plane
+    })
+}
+
+/// Starts `dlq-testenv --until-stdin-closes <extra>` and reads its announcement up to `ready`.
+fn start_plane(extra: &[&str]) -> Plane {
+    let tools: &[&str] = match extra.contains(&"--node") {
+        true => &["kube", "etcd", "cni", "pause"],
+        false => &["kube", "etcd"],
+    };
+    let bin_dirs = crate::plane::tool_dirs(tools)
         .unwrap_or_else(|e| panic!("building the control-plane tools failed: {e}"));
     let mut child = Command::new(crate::bin("dlq-testenv"))
         .arg("--until-stdin-closes")
+        .args(extra)
         .env(
             "DLQ_TOOLS_BIN",
             std::env::join_paths(&bin_dirs).expect("tool dirs joinable as a PATH"),
@@ -75,12 +99,17 @@ fn start_plane() -> Plane {
     let stdin = child.stdin.take().expect("dlq-testenv stdin is piped");
     let stdout = BufReader::new(child.stdout.take().expect("dlq-testenv stdout is piped"));
     let (mut kubeconfig, mut server) = (None, String::new());
+    let (mut containerd, mut node_ready_secs) = (None, None);
     for line in stdout.lines() {
         let line = line.expect("reading dlq-testenv's output");
         if let Some(p) = line.strip_prefix("KUBECONFIG=") {
             kubeconfig = Some(PathBuf::from(p));
         } else if let Some(s) = line.strip_prefix("server=") {
             server = s.to_string();
+        } else if let Some(s) = line.strip_prefix("containerd=") {
+            containerd = Some(PathBuf::from(s));
+        } else if let Some(s) = line.strip_prefix("node_ready_secs=") {
+            node_ready_secs = s.parse().ok();
         } else if line == "ready" {
             break;
         }
@@ -90,6 +119,8 @@ fn start_plane() -> Plane {
             .expect("dlq-testenv exited before it was ready; see its error above"),
         server,
         bin_dirs,
+        containerd,
+        node_ready_secs,
         _child: Mutex::new(child),
         _stdin: Mutex::new(stdin),
     }

@@ -13,6 +13,8 @@
 //! - [`browser`]: headless Chromium over WebDriver, for the page tests of `kubectl dlq ui`.
 //! - [`chart`]: helm, promtool and rendered-manifest helpers for the packaging tests.
 //! - [`paths`]: the checkout and the workspace's built binaries ([`bin`]).
+//! - [`node`]: a real node (kubelet, containerd, kube-proxy, CNI) beside the plane, and
+//!   [`image`]: the operator image as an OCI archive, built without a Docker daemon.
 //!
 //! Binaries of other packages are not visible through `env!("CARGO_BIN_EXE_…")`: build them
 //! first with `cargo build --workspace --bins` (`make test` does).
@@ -23,15 +25,19 @@ pub mod chaos;
 pub mod chart;
 pub mod cluster;
 pub mod fixtures;
+pub mod flux;
+pub mod image;
+pub mod node;
 pub mod operator;
 pub mod outage;
 pub mod paths;
 pub mod plane;
+pub mod replays;
 
 use std::io::Write;
 use std::time::Duration;
 
-pub use cluster::{CRDS, Plane, apply_crds, install_crds, namespace, plane, setup};
+pub use cluster::{CRDS, Plane, apply_crds, install_crds, namespace, node_plane, plane, setup};
 pub use fixtures::{
     LIST, condition, create_dlq, create_queue, create_secret, decide, events_for, list_target,
     record, redrive_many, wait_phase, wait_ready,

@@ -95,29 +95,13 @@ impl Operator {
 
     /// GET a path on the metrics port; None when not answering.
     pub fn http_get(&self, path: &str) -> Option<String> {
-        let mut s = TcpStream::connect(("127.0.0.1", self.metrics_port)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).ok()?;
-        out.split_once("\r\n\r\n").map(|(_, body)| body.to_string())
+        http_get(("127.0.0.1", self.metrics_port), path)
     }
 
     /// The value of one metric, e.g. `dlq_redrives_total`: the sum of every series whose
     /// labels contain all of `labels`.
     pub fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        let body = self.http_get("/metrics").unwrap_or_default();
-        body.lines()
-            .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-            .filter(|l| {
-                let (series, _) = l.rsplit_once(' ').unwrap_or((l, ""));
-                series.split(['{', '}']).next() == Some(name)
-                    && labels
-                        .iter()
-                        .all(|(k, v)| series.contains(&format!("{k}=\"{v}\"")))
-            })
-            .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
-            .sum()
+        metric(&self.http_get("/metrics").unwrap_or_default(), name, labels)
     }
 
     /// Its process id while it runs (to SIGSTOP/SIGCONT it).
@@ -167,4 +151,30 @@ impl Drop for Operator {
             report(&format!("operator log kept at {}", self.log.display()));
         }
     }
+}
+
+/// GET `path` over plain HTTP/1.0 at `addr`; the body, or None when nothing answers.
+pub fn http_get(addr: impl std::net::ToSocketAddrs, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    out.split_once("\r\n\r\n").map(|(_, body)| body.to_string())
+}
+
+/// The value of metric `name` in a Prometheus text `body`: the sum of every series whose
+/// labels contain all of `labels`.
+pub fn metric(body: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    body.lines()
+        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .filter(|l| {
+            let (series, _) = l.rsplit_once(' ').unwrap_or((l, ""));
+            series.split(['{', '}']).next() == Some(name)
+                && labels
+                    .iter()
+                    .all(|(k, v)| series.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+        .sum()
 }

@@ -1,5 +1,8 @@
 //! A throwaway local control plane: etcd + kube-apiserver on free loopback ports.
 //!
+//! With a real node ([`crate::node`]) the apiserver listens on the node's address instead
+//! ([`ControlPlane::start_at`]), so that pods reach it through the `kubernetes` Service.
+//!
 //! Used by the integration tests, `make cluster` and `make demo`. It is a real apiserver (built
 //! from the Kubernetes Go modules by `tools/build.sh`), so CEL validation, resourceVersion
 //! conflicts, RBAC and admission policies behave as in a cluster. Everything lives in one temp
@@ -8,7 +11,7 @@
 
 use std::fs;
 use std::io::Write;
-use std::net::TcpListener;
+use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -42,7 +45,7 @@ pub enum TestenvError {
 
 type Result<T, E = TestenvError> = std::result::Result<T, E>;
 
-fn io<T>(context: impl Into<String>, r: std::io::Result<T>) -> Result<T> {
+pub(crate) fn io<T>(context: impl Into<String>, r: std::io::Result<T>) -> Result<T> {
     r.map_err(|source| TestenvError::Io {
         context: context.into(),
         source,
@@ -87,7 +90,7 @@ pub fn tool_dirs(tools: &[&str]) -> Result<Vec<PathBuf>> {
         .collect())
 }
 
-fn find_binary(dirs: &[PathBuf], name: &str) -> Result<PathBuf> {
+pub(crate) fn find_binary(dirs: &[PathBuf], name: &str) -> Result<PathBuf> {
     dirs.iter()
         .map(|d| d.join(name))
         .find(|p| p.is_file())
@@ -97,6 +100,15 @@ fn find_binary(dirs: &[PathBuf], name: &str) -> Result<PathBuf> {
             ))
         })
 }
+
+/// The Service range: from the benchmark range 198.18.0.0/15 (RFC 2544), never a private range
+/// that a real network of this machine could use.
+pub const SERVICE_CIDR: &str = "198.19.0.0/24";
+/// The `kubernetes` Service's ClusterIP (first of [`SERVICE_CIDR`]): pods' in-cluster config
+/// connects there, so the serving certificate names it.
+pub const KUBERNETES_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 1);
+/// The node name of [`crate::node`]; its kubelet's client certificate is issued for it.
+pub const NODE_NAME: &str = "dlq-node";
 
 /// A free loopback port. There is a window between closing the probe socket and the server
 /// binding it; tests tolerate it because the next start picks another port.
@@ -148,7 +160,7 @@ pub fn terminate(child: &mut Child, grace: Duration) {
     let _ = child.wait();
 }
 
-fn tail(path: &Path, lines: usize) -> String {
+pub(crate) fn tail(path: &Path, lines: usize) -> String {
     let text = fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
@@ -161,23 +173,45 @@ pub struct ControlPlane {
     apiserver: Child,
     /// Admin kubeconfig (client cert in group system:masters).
     pub kubeconfig: PathBuf,
-    /// `https://127.0.0.1:<port>`
+    /// `https://<address>:<port>` (127.0.0.1 unless started with [`ControlPlane::start_at`])
     pub server: String,
     /// Dirs holding kube-apiserver, kubectl and etcd.
     pub bin_dirs: Vec<PathBuf>,
     /// etcd's client URL, peer port and kube-apiserver's port: a restart reuses them.
     ports: (String, u16, u16),
+    /// Where kube-apiserver listens and what it advertises for the `kubernetes` Service.
+    address: IpAddr,
 }
 
 struct Pki {
     ca_pem: String,
     serving: (String, String),
     admin: (String, String),
+    /// The node's client identities: kubelet (`system:node:<name>`, group `system:nodes`, for
+    /// the Node authorizer) and kube-proxy (`system:kube-proxy`, bound by the default RBAC).
+    kubelet: (String, String),
+    kube_proxy: (String, String),
     sa_key_pem: String,
     sa_pub_pem: String,
 }
 
-fn pki() -> Result<Pki> {
+/// Names the serving certificate holds: loopback, the `kubernetes` Service (IP and DNS names, as
+/// pods' in-cluster config checks them) and the address the apiserver listens on.
+fn serving_names(address: IpAddr) -> Vec<String> {
+    let mut names: Vec<String> = ["localhost", "127.0.0.1", "kubernetes", "kubernetes.default"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    names.push("kubernetes.default.svc".into());
+    names.push("kubernetes.default.svc.cluster.local".into());
+    names.push(KUBERNETES_SERVICE_IP.to_string());
+    if !address.is_loopback() {
+        names.push(address.to_string());
+    }
+    names
+}
+
+fn pki(address: IpAddr) -> Result<Pki> {
     let mut ca = CertificateParams::new(Vec::<String>::new())?;
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca.distinguished_name = DistinguishedName::new();
@@ -204,31 +238,46 @@ fn pki() -> Result<Pki> {
     let sa = KeyPair::generate()?;
     Ok(Pki {
         ca_pem: ca.pem(),
-        serving: leaf(
-            vec!["localhost".into(), "127.0.0.1".into()],
-            "kube-apiserver",
-            None,
-        )?,
+        serving: leaf(serving_names(address), "kube-apiserver", None)?,
         admin: leaf(vec![], "admin", Some("system:masters"))?,
+        kubelet: leaf(
+            vec![],
+            &format!("system:node:{NODE_NAME}"),
+            Some("system:nodes"),
+        )?,
+        kube_proxy: leaf(vec![], "system:kube-proxy", None)?,
         sa_key_pem: sa.serialize_pem(),
         sa_pub_pem: sa.public_key_pem(),
     })
 }
 
-fn write(path: &Path, contents: &str) -> Result<()> {
+pub(crate) fn write(path: &Path, contents: &str) -> Result<()> {
     io(
         format!("writing {}", path.display()),
         fs::write(path, contents),
     )
 }
 
-fn kubeconfig_yaml(server: &str, pki: &Pki) -> String {
+/// A kubeconfig for `server` trusting the plane's CA, authenticating with `client` (cert, key).
+fn kubeconfig_yaml(server: &str, ca_pem: &str, client: &(String, String)) -> String {
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: dlq-testenv\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: admin\n  user:\n    client-certificate-data: {cert}\n    client-key-data: {key}\ncontexts:\n- name: dlq-testenv\n  context:\n    cluster: dlq-testenv\n    user: admin\n    namespace: default\ncurrent-context: dlq-testenv\n",
-        ca = b64(&pki.ca_pem),
-        cert = b64(&pki.admin.0),
-        key = b64(&pki.admin.1),
+        ca = b64(ca_pem),
+        cert = b64(&client.0),
+        key = b64(&client.1),
+    )
+}
+
+/// The node's kubeconfigs (`kubelet.kubeconfig`, `kube-proxy.kubeconfig`) next to the admin's.
+fn write_node_kubeconfigs(dir: &Path, server: &str, pki: &Pki) -> Result<()> {
+    write(
+        &dir.join("kubelet.kubeconfig"),
+        &kubeconfig_yaml(server, &pki.ca_pem, &pki.kubelet),
+    )?;
+    write(
+        &dir.join("kube-proxy.kubeconfig"),
+        &kubeconfig_yaml(server, &pki.ca_pem, &pki.kube_proxy),
     )
 }
 
@@ -250,6 +299,10 @@ fn write_pki(dir: &Path, pki: &Pki) -> Result<()> {
     write(&dir.join("ca.crt"), &pki.ca_pem)?;
     write(&dir.join("serving.crt"), &pki.serving.0)?;
     write(&dir.join("serving.key"), &pki.serving.1)?;
+    // kube-apiserver's client identity towards kubelets (`kubectl logs`, exec): system:masters,
+    // which the kubelet's webhook authorization allows.
+    write(&dir.join("admin.crt"), &pki.admin.0)?;
+    write(&dir.join("admin.key"), &pki.admin.1)?;
     write(&dir.join("sa.key"), &pki.sa_key_pem)?;
     write(&dir.join("sa.pub"), &pki.sa_pub_pem)
 }
@@ -271,9 +324,14 @@ fn etcd_command(bin: &Path, data_dir: &Path, client_url: &str, peer_port: u16) -
     cmd
 }
 
-/// kube-apiserver on `port` over etcd at `etcd_url`, with the certs of [`write_pki`] in
-/// `pki_dir`: RBAC and ValidatingAdmissionPolicy on, as in a cluster.
-fn apiserver_command(bin: &Path, pki_dir: &Path, etcd_url: &str, port: u16) -> Command {
+/// kube-apiserver on `address:port` over etcd at `etcd_url`, with the certs of [`write_pki`] in
+/// `pki_dir`: Node + RBAC authorization and ValidatingAdmissionPolicy on, as in a cluster.
+fn apiserver_command(
+    bin: &Path,
+    pki_dir: &Path,
+    etcd_url: &str,
+    (address, port): (IpAddr, u16),
+) -> Command {
     let p = |n: &str| pki_dir.join(n).display().to_string();
     let mut cmd = Command::new(bin);
     cmd.arg(format!("--etcd-servers={etcd_url}"))
@@ -282,16 +340,19 @@ fn apiserver_command(bin: &Path, pki_dir: &Path, etcd_url: &str, port: u16) -> C
         .arg(format!("--tls-private-key-file={}", p("serving.key")))
         .arg(format!("--client-ca-file={}", p("ca.crt")))
         .arg(format!("--secure-port={port}"))
-        .arg("--bind-address=127.0.0.1")
-        .arg("--advertise-address=127.0.0.1")
-        .arg("--service-cluster-ip-range=10.0.0.0/24")
+        .arg(format!("--bind-address={address}"))
+        .arg(format!("--advertise-address={address}"))
+        .arg(format!("--service-cluster-ip-range={SERVICE_CIDR}"))
+        .arg(format!("--kubelet-client-certificate={}", p("admin.crt")))
+        .arg(format!("--kubelet-client-key={}", p("admin.key")))
+        .arg("--kubelet-preferred-address-types=InternalIP")
         .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
         .arg(format!("--service-account-key-file={}", p("sa.pub")))
         .arg(format!(
             "--service-account-signing-key-file={}",
             p("sa.key")
         ))
-        .arg("--authorization-mode=RBAC")
+        .arg("--authorization-mode=Node,RBAC")
         .arg("--enable-admission-plugins=ValidatingAdmissionPolicy")
         .arg("--allow-privileged=true")
         .arg("--max-requests-inflight=1000")
@@ -301,15 +362,23 @@ fn apiserver_command(bin: &Path, pki_dir: &Path, etcd_url: &str, port: u16) -> C
 }
 
 impl ControlPlane {
-    /// Builds (if needed) and starts etcd and kube-apiserver, and waits until `/readyz` is ok.
+    /// Builds (if needed) and starts etcd and kube-apiserver on loopback, and waits until
+    /// `/readyz` is ok.
     pub fn start() -> Result<Self> {
+        Self::start_at(IpAddr::V4(Ipv4Addr::LOCALHOST))
+    }
+
+    /// Like [`ControlPlane::start`], with kube-apiserver listening on (and advertising)
+    /// `address`, which must be a local address: a real node's pods reach it there through the
+    /// `kubernetes` Service.
+    pub fn start_at(address: IpAddr) -> Result<Self> {
         let bin_dirs = tool_dirs(&["kube", "etcd"])?;
         let etcd_bin = find_binary(&bin_dirs, "etcd")?;
         let apiserver_bin = find_binary(&bin_dirs, "kube-apiserver")?;
         let kubectl = find_binary(&bin_dirs, "kubectl")?;
 
         let dir = state_dir();
-        let pki = pki()?;
+        let pki = pki(address)?;
         write_pki(&dir.join("pki"), &pki)?;
 
         let (client_port, peer_port, api_port) = (free_port()?, free_port()?, free_port()?);
@@ -321,12 +390,21 @@ impl ControlPlane {
         )?;
         let api_log = dir.join("kube-apiserver.log");
         let apiserver = spawn_guarded(
-            &mut apiserver_command(&apiserver_bin, &dir.join("pki"), &etcd_url, api_port),
+            &mut apiserver_command(
+                &apiserver_bin,
+                &dir.join("pki"),
+                &etcd_url,
+                (address, api_port),
+            ),
             &api_log,
         )?;
-        let server = format!("https://127.0.0.1:{api_port}");
+        let server = format!("https://{}", std::net::SocketAddr::new(address, api_port));
         let kubeconfig = dir.join("kubeconfig");
-        write(&kubeconfig, &kubeconfig_yaml(&server, &pki))?;
+        write(
+            &kubeconfig,
+            &kubeconfig_yaml(&server, &pki.ca_pem, &pki.admin),
+        )?;
+        write_node_kubeconfigs(&dir.join("pki"), &server, &pki)?;
 
         let mut plane = ControlPlane {
             dir,
@@ -336,6 +414,7 @@ impl ControlPlane {
             server,
             bin_dirs,
             ports: (etcd_url, peer_port, api_port),
+            address,
         };
         // etcd exiting early (port race, bad flag) shows up here rather than as an apiserver hang.
         std::thread::sleep(Duration::from_millis(200));
@@ -394,7 +473,12 @@ impl ControlPlane {
         let log = self.dir.join("kube-apiserver.log");
         let (etcd_url, _, api_port) = self.ports.clone();
         self.apiserver = spawn_guarded(
-            &mut apiserver_command(&bin, &self.dir.join("pki"), &etcd_url, api_port),
+            &mut apiserver_command(
+                &bin,
+                &self.dir.join("pki"),
+                &etcd_url,
+                (self.address, api_port),
+            ),
             &log,
         )?;
         let kubectl = find_binary(&self.bin_dirs, "kubectl")?;

@@ -137,6 +137,12 @@ pub async fn run(global: &Global, args: ParkArgs) -> Result<(), CliError> {
             r.name_any(),
             r.spec.cycle
         ),
+        ParkOutcome::SameMessage(_) => println!(
+            "this message already has a record: {} (cycle {}, {:?}; nothing changed)",
+            r.name_any(),
+            r.spec.cycle,
+            r.phase()
+        ),
     }
     Ok(())
 }

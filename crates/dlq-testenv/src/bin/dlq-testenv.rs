@@ -1,11 +1,13 @@
-//! Starts a local etcd + kube-apiserver and keeps it up until SIGINT/SIGTERM, or until stdin
-//! closes when `--until-stdin-closes` is given (how tests tie its life to theirs).
+//! Starts a local etcd + kube-apiserver (with `--node`: plus a real node, see
+//! `dlq_testenv::node`) and keeps it up until SIGINT/SIGTERM, or until stdin closes when
+//! `--until-stdin-closes` is given (how tests tie its life to theirs).
 
 use std::io::Read;
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
+use dlq_testenv::node::{Network, Node};
 use dlq_testenv::plane::ControlPlane;
 
 #[derive(Parser)]
@@ -20,12 +22,54 @@ struct Args {
     /// Stop when standard input reaches EOF (the parent died or closed it).
     #[arg(long)]
     until_stdin_closes: bool,
+    /// Also start a real node: kubelet, containerd, kube-proxy, CNI (needs root).
+    #[arg(long)]
+    node: bool,
+}
+
+/// The plane, and the node when asked for; the node goes first on stop (it lives in the
+/// plane's dir).
+fn start(with_node: bool) -> anyhow::Result<(ControlPlane, Option<Node>)> {
+    if !with_node {
+        let plane = ControlPlane::start().context("starting the local control plane")?;
+        return Ok((plane, None));
+    }
+    let network = Network::create().context("creating the node's bridge")?;
+    let plane =
+        ControlPlane::start_at(network.address()).context("starting the local control plane")?;
+    let node = Node::start(&plane, network).context("starting the node")?;
+    Ok((plane, Some(node)))
+}
+
+async fn until_stopped(until_stdin_closes: bool) -> anyhow::Result<()> {
+    // A plain thread, not spawn_blocking: the runtime would wait for a blocked read at exit.
+    let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
+    if until_stdin_closes {
+        std::thread::spawn(move || {
+            let mut sink = [0u8; 256];
+            let mut stdin = std::io::stdin();
+            while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+            let _ = closed_tx.send(());
+        });
+    }
+    let stdin_closed = async {
+        if closed_rx.await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+        _ = stdin_closed => {}
+    }
+    Ok(())
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let mut plane = ControlPlane::start().context("starting the local control plane")?;
+    let (mut plane, mut node) = start(args.node)?;
     let kubeconfig = match &args.kubeconfig_out {
         Some(path) => {
             plane.export_kubeconfig(path)?;
@@ -39,26 +83,16 @@ async fn main() -> anyhow::Result<()> {
     }
     println!("server={}", plane.server);
     println!("dir={}", plane.dir().display());
+    if let Some(node) = &node {
+        println!("containerd={}", node.socket().display());
+        println!("node_ready_secs={:.1}", node.timings.ready.as_secs_f64());
+    }
     println!("KUBECONFIG={}", kubeconfig.display());
     println!("ready");
 
-    let stdin_closed = async {
-        if args.until_stdin_closes {
-            let _ = tokio::task::spawn_blocking(|| {
-                let mut sink = [0u8; 256];
-                let mut stdin = std::io::stdin();
-                while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
-            })
-            .await;
-        } else {
-            std::future::pending::<()>().await;
-        }
-    };
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-        _ = stdin_closed => {}
+    until_stopped(args.until_stdin_closes).await?;
+    if let Some(node) = &mut node {
+        node.stop();
     }
     plane.stop();
     if let Some(pid_file) = &args.pid_file {

@@ -1,5 +1,6 @@
 //! redis-server.
 
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::Duration;
@@ -8,6 +9,8 @@ use std::time::Duration;
 /// process dies).
 pub struct Redis {
     pub port: u16,
+    /// The address it listens on: loopback, or a test node's address that pods reach.
+    pub host: IpAddr,
     child: Option<Child>,
     dir: PathBuf,
     /// Append-only file, fsync per write: what it acknowledged survives a SIGKILL.
@@ -19,6 +22,11 @@ impl Redis {
         Self::start_with(false)
     }
 
+    /// One listening on `host` (a local address, e.g. a test node's, so that pods reach it).
+    pub fn start_on(host: IpAddr) -> Redis {
+        Self::start_at(host, false)
+    }
+
     /// One whose acknowledged writes survive [`Redis::stop`] + [`Redis::restart`] (AOF with
     /// `appendfsync always`), for the chaos harness's broker restarts.
     pub fn start_durable() -> Redis {
@@ -26,12 +34,17 @@ impl Redis {
     }
 
     fn start_with(durable: bool) -> Redis {
+        Self::start_at(IpAddr::V4(Ipv4Addr::LOCALHOST), durable)
+    }
+
+    fn start_at(host: IpAddr, durable: bool) -> Redis {
         let port = super::port();
         let dir = std::env::temp_dir().join(format!("dlq-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir)
             .unwrap_or_else(|e| panic!("creating the redis dir {}: {e}", dir.display()));
         let mut r = Redis {
             port,
+            host,
             child: None,
             dir,
             durable,
@@ -41,7 +54,10 @@ impl Redis {
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        format!(
+            "redis://{}/",
+            std::net::SocketAddr::new(self.host, self.port)
+        )
     }
 
     /// Starts (again) on the same port.
@@ -52,6 +68,9 @@ impl Redis {
                 "redis-server not found: run scripts/ensure-deps.sh (apt-get install redis-server)"
             )
         });
+        // Redis refuses non-loopback clients without a password ("protected mode"); a test
+        // node's address is local to this machine, its pods are the clients.
+        let protected = if self.host.is_loopback() { "yes" } else { "no" };
         let aof: &[&str] = if self.durable {
             &["--appendonly", "yes", "--appendfsync", "always"]
         } else {
@@ -59,8 +78,13 @@ impl Redis {
         };
         let child = crate::plane::spawn_guarded(
             Command::new(bin)
-                .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", ""])
+                .args([
+                    "--port",
+                    &self.port.to_string(),
+                    "--bind",
+                    &self.host.to_string(),
+                ])
+                .args(["--save", "", "--protected-mode", protected])
                 .args(aof)
                 .arg("--dir")
                 .arg(&self.dir),
@@ -69,7 +93,7 @@ impl Redis {
         .unwrap_or_else(|e| panic!("starting redis-server: {e}"));
         self.child = Some(child);
         for _ in 0..100 {
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+            if std::net::TcpStream::connect((self.host, self.port)).is_ok() {
                 return;
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -100,6 +124,16 @@ impl Redis {
             .query_async(&mut c)
             .await
             .unwrap_or_else(|e| panic!("LRANGE {key}: {e}"))
+    }
+
+    /// HLEN of `key`.
+    pub async fn hash_len(&self, key: &str) -> usize {
+        let mut c = self.conn().await;
+        redis::cmd("HLEN")
+            .arg(key)
+            .query_async(&mut c)
+            .await
+            .unwrap_or_else(|e| panic!("HLEN {key}: {e}"))
     }
 }
 

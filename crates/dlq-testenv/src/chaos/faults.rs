@@ -9,19 +9,20 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
 use kube::api::Api;
 
-use super::proxy::CutProxy;
+use super::proxy::{Cut, Toxiproxy};
 use super::{Rng, Spawner, lock};
 use crate::Operator;
 use crate::brokers::{Rabbit, Redis};
 use crate::plane::ControlPlane;
 
 /// Every kind of fault, in the order a run first covers them.
-pub const KINDS: [&str; 7] = [
+pub const KINDS: [&str; 8] = [
     "operator_sigkill",
     "leader_pause",
     "apiserver_restart",
     "redis_restart",
     "broker_cut",
+    "broker_partition",
     "etcd_restart",
     "rabbitmq_restart",
 ];
@@ -36,7 +37,7 @@ pub struct Targets {
     pub ns: String,
     pub redis: Arc<Mutex<Redis>>,
     pub rabbit: Arc<Rabbit>,
-    pub proxy: CutProxy,
+    pub proxy: Toxiproxy,
     pub operators: Arc<Mutex<Vec<Operator>>>,
     /// Where killed operators' logs are kept (for the panic count and for people).
     pub logs: PathBuf,
@@ -124,13 +125,18 @@ impl Targets {
                     .await;
                 restarted.unwrap_or_else(|e| panic!("restarting rabbitmq: {e}"));
             }
-            "broker_cut" => {
-                self.proxy.set_cut(true);
-                sleep_ms(rng, 2000, 8000).await;
-                self.proxy.set_cut(false);
-            }
+            "broker_cut" => self.cut_link(Cut::Refuse, rng).await,
+            "broker_partition" => self.cut_link(Cut::BlackHole, rng).await,
             other => panic!("unknown fault kind {other}"),
         }
+    }
+
+    /// Cuts the operator's link to Redis for 2-8 s, then restores it.
+    async fn cut_link(&self, cut: Cut, rng: &mut Rng) {
+        let failed = |e| panic!("toxiproxy {cut:?}: {e}");
+        self.proxy.cut(cut).await.unwrap_or_else(failed);
+        sleep_ms(rng, 2000, 8000).await;
+        self.proxy.restore(cut).await.unwrap_or_else(failed);
     }
 
     /// A control-plane restart, off the async threads (it waits for /readyz).

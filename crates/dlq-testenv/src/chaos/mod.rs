@@ -1,7 +1,7 @@
 //! `make chaos`: the whole system under faults at once, checked against its invariants.
 //!
 //! One run owns its control plane (so it can restart kube-apiserver and etcd), a durable
-//! redis-server behind a TCP proxy it can cut, a RabbitMQ node, and two operator replicas
+//! redis-server behind toxiproxy (a link it can cut or black-hole), a RabbitMQ node, and two operator replicas
 //! with leader election. Producers dead-letter jobs into both brokers while humans decide
 //! (kubectl dlq, GitOps server-side apply, the `--queue --rate` replay) and seeded faults hit
 //! every component. Then it waits for the system to settle and checks, from the brokers'
@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 pub use self::faults::KINDS;
 pub use self::history::History;
-pub use self::proxy::CutProxy;
+pub use self::proxy::{Cut, Toxiproxy};
 pub use self::report::Report;
 
 /// The size and seed of a run.
@@ -118,7 +118,8 @@ pub fn schedule(n: usize, kinds: &[&'static str], rng: &mut Rng) -> Vec<&'static
         ("leader_pause", 1),
         ("apiserver_restart", 3),
         ("redis_restart", 3),
-        ("broker_cut", 3),
+        ("broker_cut", 2),
+        ("broker_partition", 2),
         ("etcd_restart", 2),
         ("rabbitmq_restart", 1),
     ]

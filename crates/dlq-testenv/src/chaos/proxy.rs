@@ -1,52 +1,138 @@
-//! A TCP proxy that can cut the link between the operator and a broker: a real network fault
-//! (open connections are closed, new ones are refused) at a moment the harness chooses.
+//! The link between the operator and a broker, through a real TCP fault proxy: Shopify's
+//! toxiproxy (built from its Go module by `tools/build.sh toxiproxy`), driven by its HTTP API
+//! on loopback. Two cuts, chosen by the run's seed:
+//! - refuse: the proxy is disabled, open connections are closed and new ones refused (a
+//!   broker that went away);
+//! - black hole: a `timeout` toxic with no timeout, so bytes stop flowing on open and new
+//!   connections and nothing is closed (a partition: the nastier one for clients).
 
-use std::io;
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::process::{Child, Command};
 
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
-/// Forwards `127.0.0.1:port` to an upstream loopback port until cut.
-pub struct CutProxy {
+use crate::plane::{TestenvError, free_port, spawn_guarded, tool_dirs};
+
+/// The proxy's name in toxiproxy.
+const NAME: &str = "broker";
+
+/// How a link is cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cut {
+    Refuse,
+    BlackHole,
+}
+
+/// A toxiproxy server forwarding `127.0.0.1:port` to an upstream loopback port; killed on drop.
+pub struct Toxiproxy {
     /// Where clients connect (the Secret's URL points here).
     pub port: u16,
-    cut: Arc<watch::Sender<bool>>,
+    api: u16,
+    child: Child,
 }
 
-impl CutProxy {
-    /// Starts forwarding to `127.0.0.1:upstream`; the task lives as long as the runtime.
-    pub async fn start(upstream: u16) -> io::Result<CutProxy> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let port = listener.local_addr()?.port();
-        let (tx, _) = watch::channel(false);
-        let cut = Arc::new(tx);
-        let accept_cut = cut.clone();
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                if *accept_cut.borrow() {
-                    drop(client); // refused while cut: the client sees a reset
-                    continue;
-                }
-                tokio::spawn(forward(client, upstream, accept_cut.subscribe()));
+impl Toxiproxy {
+    /// Starts the server (logging into `log_dir`) and its one proxy to `127.0.0.1:upstream`.
+    pub async fn start(upstream: u16, log_dir: PathBuf) -> Result<Toxiproxy, TestenvError> {
+        let bin = tool_dirs(&["toxiproxy"])?
+            .into_iter()
+            .map(|d| d.join("toxiproxy-server"))
+            .find(|p| p.is_file())
+            .ok_or_else(|| TestenvError::Setup("toxiproxy-server not built".into()))?;
+        let (api, port) = (free_port()?, free_port()?);
+        let _ = std::fs::create_dir_all(&log_dir);
+        let child = spawn_guarded(
+            Command::new(bin).args(["-host", "127.0.0.1", "-port", &api.to_string()]),
+            &log_dir.join("toxiproxy.log"),
+        )?;
+        let proxy = Toxiproxy { port, api, child };
+        proxy.wait_api().await?;
+        let body = format!(
+            r#"{{"name":"{NAME}","listen":"127.0.0.1:{port}","upstream":"127.0.0.1:{upstream}","enabled":true}}"#
+        );
+        proxy.call("POST", "/proxies", &body).await?;
+        Ok(proxy)
+    }
+
+    /// Cuts the link the way `cut` says.
+    pub async fn cut(&self, cut: Cut) -> Result<(), TestenvError> {
+        match cut {
+            Cut::Refuse => self.set_enabled(false).await,
+            Cut::BlackHole => {
+                let toxic = r#"{"name":"blackhole","type":"timeout","stream":"downstream","toxicity":1.0,"attributes":{"timeout":0}}"#;
+                self.call("POST", &format!("/proxies/{NAME}/toxics"), toxic)
+                    .await
+                    .map(drop)
             }
-        });
-        Ok(CutProxy { port, cut })
+        }
     }
 
-    /// Cuts (closing every open connection) or restores the link.
-    pub fn set_cut(&self, cut: bool) {
-        self.cut.send_replace(cut);
+    /// Restores the link after either cut.
+    pub async fn restore(&self, cut: Cut) -> Result<(), TestenvError> {
+        match cut {
+            Cut::Refuse => self.set_enabled(true).await,
+            Cut::BlackHole => self
+                .call("DELETE", &format!("/proxies/{NAME}/toxics/blackhole"), "")
+                .await
+                .map(drop),
+        }
+    }
+
+    async fn set_enabled(&self, enabled: bool) -> Result<(), TestenvError> {
+        let body = format!(r#"{{"enabled":{enabled}}}"#);
+        self.call("POST", &format!("/proxies/{NAME}"), &body)
+            .await
+            .map(drop)
+    }
+
+    async fn wait_api(&self) -> Result<(), TestenvError> {
+        for _ in 0..100 {
+            if self.call("GET", "/version", "").await.is_ok() {
+                return Ok(());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        Err(TestenvError::Setup(format!(
+            "toxiproxy's API on 127.0.0.1:{} did not answer within 10 s",
+            self.api
+        )))
+    }
+
+    /// One HTTP/1.0 request to the API; the response body when the status is 2xx.
+    async fn call(&self, method: &str, path: &str, body: &str) -> Result<String, TestenvError> {
+        let failed =
+            |what: String| TestenvError::Setup(format!("toxiproxy {method} {path}: {what}"));
+        let mut s = TcpStream::connect(("127.0.0.1", self.api))
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let request = format!(
+            "{method} {path} HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(request.as_bytes())
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let status = out.split_whitespace().nth(1).unwrap_or_default();
+        let body = out
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b)
+            .unwrap_or_default();
+        if status.starts_with('2') {
+            Ok(body.to_string())
+        } else {
+            Err(failed(format!("answered {status}: {body}")))
+        }
     }
 }
 
-/// One connection, both ways, until either side closes or the link is cut.
-async fn forward(mut client: TcpStream, upstream: u16, mut cut: watch::Receiver<bool>) {
-    let Ok(mut server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
-        return;
-    };
-    tokio::select! {
-        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
-        _ = cut.wait_for(|c| *c) => {}
+impl Drop for Toxiproxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

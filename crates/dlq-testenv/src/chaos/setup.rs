@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 use super::faults::Targets;
 use super::history::History;
-use super::proxy::CutProxy;
+use super::proxy::Toxiproxy;
 use super::report::{Report, count_panics};
 use super::workload::{self, Brokers, DecideCtx};
 use super::{ChaosConfig, Rng, Spawner, lock};
@@ -38,7 +38,8 @@ async fn admin_client(plane: &Mutex<ControlPlane>) -> Client {
     Client::try_from(config).expect("a client for the chaos plane")
 }
 
-/// The RabbitMQ side: a work queue `<ns>.orders` whose dead letters go to `<ns>.dlq`. The
+/// The RabbitMQ side: a work queue `<ns>.orders` whose dead letters go to `<ns>.dlq`, all
+/// quorum queues. The
 /// producers' messages expire at once (per-message TTL 0); a redriven job goes back to its
 /// origin (exchange and routing key from x-death) without the expiration, so it stays in
 /// `<ns>.orders`, where the harness reads it. `<ns>.jobs` is the queue's configured target,
@@ -53,12 +54,25 @@ async fn amqp_topology(rabbit: &Rabbit, ns: &str) -> (String, String, String, St
     );
     declare_exchange(&ch, &shop, ExchangeKind::Direct).await;
     declare_exchange(&ch, &dlx, ExchangeKind::Fanout).await;
-    let mut args = FieldTable::default();
-    let dlx_name = AMQPValue::LongString(LongString::from(dlx.as_bytes()));
-    args.insert(ShortString::from("x-dead-letter-exchange"), dlx_name);
+    // Quorum queues with at-least-once dead-lettering: RabbitMQ's default (at-most-once)
+    // may drop a message it is dead-lettering when the node restarts, a loss no consumer of
+    // the dead-letter queue could prevent. This is what docs/backends.md tells users to set.
+    let text = |v: &str| AMQPValue::LongString(LongString::from(v.as_bytes()));
+    let quorum = || {
+        let mut args = FieldTable::default();
+        args.insert(ShortString::from("x-queue-type"), text("quorum"));
+        args
+    };
+    let mut args = quorum();
+    args.insert(ShortString::from("x-dead-letter-exchange"), text(&dlx));
+    args.insert(
+        ShortString::from("x-dead-letter-strategy"),
+        text("at-least-once"),
+    );
+    args.insert(ShortString::from("x-overflow"), text("reject-publish"));
     declare_queue(&ch, &orders, args).await;
-    declare_queue(&ch, &dlq, FieldTable::default()).await;
-    declare_queue(&ch, &jobs, FieldTable::default()).await;
+    declare_queue(&ch, &dlq, quorum()).await;
+    declare_queue(&ch, &jobs, quorum()).await;
     let bind = |q: String, x: String, key: &'static str| {
         let ch = ch.clone();
         async move {
@@ -95,9 +109,9 @@ impl Env {
             .run(|| (Redis::start_durable(), Rabbit::start()))
             .await
             .unwrap_or_else(|e| panic!("starting the brokers: {e}"));
-        let proxy = CutProxy::start(redis.port)
+        let proxy = Toxiproxy::start(redis.port, cfg.out.clone())
             .await
-            .expect("starting the broker cut proxy");
+            .unwrap_or_else(|e| panic!("starting toxiproxy: {e}"));
         let (shop, dlq, orders, jobs) = amqp_topology(&rabbit, &ns).await;
         let proxied = format!("redis://127.0.0.1:{}/", proxy.port);
         crate::create_secret(&client, &ns, "redis", "url", &proxied).await;

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use dlq_core::api::{DeadLetter, Phase};
 use kube::api::{Api, Patch, PatchParams};
-use lapin::options::{BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions};
+use lapin::options::{
+    BasicAckOptions, BasicGetOptions, BasicPublishOptions, BasicRejectOptions, ConfirmSelectOptions,
+};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use serde_json::json;
 use tokio::sync::watch;
@@ -110,6 +112,15 @@ pub async fn produce_amqp(b: Brokers, n: usize, per_sec: f64) -> Vec<String> {
     ids
 }
 
+/// A producer's message (published with TTL 0) as opposed to a redriven job, which the
+/// operator republishes without the expiration.
+fn is_original(props: &BasicProperties) -> bool {
+    props
+        .expiration()
+        .as_ref()
+        .is_some_and(|e| e.as_str() == "0")
+}
+
 /// A channel (with publisher confirms when asked), or None while the broker is down.
 async fn amqp_channel(url: &str, confirms: bool) -> Option<(Connection, lapin::Channel)> {
     let conn = Connection::connect(url, ConnectionProperties::default())
@@ -172,6 +183,13 @@ pub async fn consume_amqp(b: Brokers, history: History, stop: watch::Receiver<bo
             .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: false })
             .await
         {
+            Ok(Some(m)) if is_original(&m.delivery.properties) => {
+                // A quorum queue applies TTL 0 only at the head of the queue, so a get can
+                // catch a producer's message before it expires: reject it, which dead-letters
+                // it (at least once) as a consumer giving up would. It is not a redrive.
+                let reject = BasicRejectOptions { requeue: false };
+                let _ = m.delivery.acker.reject(reject).await;
+            }
             Ok(Some(m)) => {
                 let job = String::from_utf8_lossy(&m.delivery.data).to_string();
                 let key = fxhash(&job);

@@ -1,6 +1,7 @@
-//! Bulk replay from the page, through the runbook (`runbook::run_replay`): the filter's dry-run
+//! Bulk replay from the page, as a DeadLetterReplay pinned to the reviewed records
+//! (`runbook::run_replay`, the same as `kubectl dlq redrive --queue`): the filter's dry-run
 //! count first, the count typed to confirm above a threshold, a rate, live progress, and Stop
-//! (which withdraws the decisions not carried out yet, as the runbook's stop conditions do).
+//! (the replay's `spec.stop`: the operator withdraws the decisions not carried out yet).
 
 use std::sync::{Arc, Mutex};
 

@@ -1,0 +1,306 @@
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::api::{DeadLetterSpec, DeadLetterStatus, Job};
+use Outcome::*;
+
+fn at(secs: i64) -> Timestamp {
+    Timestamp::from_second(secs).expect("timestamp")
+}
+
+fn record(name: &str, failed: i64, created: i64) -> DeadLetter {
+    let mut r = DeadLetter::new(
+        name,
+        DeadLetterSpec {
+            queue: "relayer".into(),
+            cycle: 1,
+            job: Job {
+                id: name.into(),
+                payload: Some("{}".into()),
+                ..Job::default()
+            },
+            intent: None,
+            deliveries: 3,
+            reason: "timeout talking to the node".into(),
+            failure_kind: FailureKind::Transient,
+            service_version: Some("relayer@1.4.2".into()),
+            failed_at: Time(at(failed)),
+            action: None,
+            by: None,
+            note: None,
+        },
+    );
+    r.metadata.generation = Some(1);
+    r.metadata.creation_timestamp = Some(Time(at(created)));
+    r
+}
+
+fn signed_by(mut r: DeadLetter, replay: &str, phase: Phase) -> DeadLetter {
+    r.spec.action = Some(Action::Redrive);
+    r.spec.by = Some("carol".into());
+    r.metadata.labels = Some(BTreeMap::from([(LABEL_REPLAY.into(), replay.into())]));
+    r.metadata.annotations = Some(BTreeMap::from([(
+        ANNOTATION_REPLAY_UID.into(),
+        format!("uid-{replay}"),
+    )]));
+    r.status = Some(DeadLetterStatus {
+        phase: Some(phase),
+        ..Default::default()
+    });
+    r
+}
+
+fn spec(selector: ReplaySelector) -> DeadLetterReplaySpec {
+    DeadLetterReplaySpec {
+        queue: "relayer".into(),
+        selector: Some(selector),
+        action: None,
+        rate: Some("20/s".into()),
+        max: None,
+        stop_when: None,
+        dry_run: None,
+        by: "carol".into(),
+        note: Some("INC-1234".into()),
+        settle_seconds: None,
+        stop: None,
+    }
+}
+
+#[test]
+fn selection_takes_parked_undecided_matching_records_oldest_failure_first() {
+    let mut other_queue = record("d", 1, 1);
+    other_queue.spec.queue = "billing".into();
+    let mut invalid = record("e", 1, 1);
+    invalid.spec.failure_kind = FailureKind::Invalid;
+    let records = vec![
+        record("b", 30, 1),
+        record("a", 20, 1),
+        signed_by(record("c", 10, 1), "other", Phase::Parked),
+        other_queue,
+        invalid,
+        record("late", 5, 100),
+    ];
+    let sel = ReplaySelector {
+        failure_kind: Some(FailureKind::Transient),
+        reason_contains: Some("timeout".into()),
+        ..ReplaySelector::default()
+    };
+    let names = |v: Vec<&DeadLetter>| -> Vec<String> {
+        v.iter()
+            .map(|r| r.metadata.name.clone().unwrap_or_default())
+            .collect()
+    };
+    assert_eq!(
+        names(select(&records, "relayer", &sel, None, None)),
+        ["late", "a", "b"]
+    );
+    assert_eq!(
+        names(select(&records, "relayer", &sel, Some(at(50)), None)),
+        ["a", "b"],
+        "records parked after the start are not taken"
+    );
+    assert_eq!(
+        names(select(&records, "relayer", &sel, None, Some(1))),
+        ["late"]
+    );
+    let by_name = ReplaySelector {
+        names: vec!["b".into(), "gone".into()],
+        ..ReplaySelector::default()
+    };
+    assert_eq!(
+        names(select(&records, "relayer", &by_name, None, None)),
+        ["b"]
+    );
+}
+
+#[test]
+fn selector_time_and_version_bounds() {
+    let r = record("a", 100, 1);
+    let sel = |since: Option<i64>, until: Option<i64>, version: Option<&str>| ReplaySelector {
+        since: since.map(|s| Time(at(s))),
+        until: until.map(|s| Time(at(s))),
+        service_version: version.map(str::to_string),
+        ..ReplaySelector::default()
+    };
+    assert!(sel(Some(100), Some(101), None).matches(&r));
+    assert!(!sel(Some(101), None, None).matches(&r));
+    assert!(
+        !sel(None, Some(100), None).matches(&r),
+        "until is exclusive"
+    );
+    assert!(sel(None, None, Some("relayer@1.4.2")).matches(&r));
+    assert!(!sel(None, None, Some("relayer@1.4.3")).matches(&r));
+    assert_eq!(
+        sel(Some(100), None, Some("v")).describe("relayer"),
+        "queue=relayer,since=1970-01-01T00:01:40Z,serviceVersion=v"
+    );
+}
+
+#[test]
+fn observation_counts_this_replays_records_in_decision_order() {
+    let mut failing = signed_by(record("b", 20, 1), "inc", Phase::Parked);
+    failing.status.get_or_insert_default().conditions =
+        vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+            type_: "Requeued".into(),
+            status: "False".into(),
+            reason: "BrokerUnreachable".into(),
+            message: String::new(),
+            observed_generation: Some(1),
+            last_transition_time: Time(at(1)),
+        }];
+    let mut withdrawn = signed_by(record("d", 40, 1), "inc", Phase::Parked);
+    withdrawn.spec.action = None;
+    let records = vec![
+        signed_by(record("c", 30, 1), "inc", Phase::Parked),
+        failing,
+        signed_by(record("a", 10, 1), "inc", Phase::Redriven),
+        signed_by(record("x", 10, 1), "other", Phase::Redriven),
+        withdrawn,
+        record("new", 1, 60),
+    ];
+    let mut recreated = signed_by(record("y", 10, 1), "inc", Phase::Redriven);
+    recreated.metadata.annotations = None;
+    let records = [records, vec![recreated]].concat();
+    let inc = ReplayRef {
+        name: "inc",
+        uid: "uid-inc",
+    };
+    let o = observe(&records, inc, at(50), &["e".into(), "c".into()]);
+    assert_eq!(o.outcomes, [Redriven, Failing, Pending, Withdrawn, Pending]);
+    assert_eq!(o.new_parked, 1);
+    let mut status = DeadLetterReplayStatus {
+        decided: 9,
+        ..Default::default()
+    };
+    counts(&mut status, &o);
+    assert_eq!(
+        (
+            status.decided,
+            status.redriven,
+            status.failed,
+            status.withdrawn
+        ),
+        (9, 1, 1, 1),
+        "decided never goes down"
+    );
+}
+
+#[test]
+fn stop_bounds() {
+    let b = spec(ReplaySelector::default()).bounds();
+    assert_eq!((b.failure_ratio, b.window, b.new_parked), (0.2, 20, 10));
+    let mut o = Observed {
+        outcomes: [vec![Redriven; 16], vec![Failing; 4]].concat(),
+        new_parked: 10,
+    };
+    assert_eq!(o.stop_reason(&b), None, "4/20 = 20% is within the bound");
+    o.outcomes.push(Failing);
+    assert!(
+        o.stop_reason(&b)
+            .is_some_and(|s| s.starts_with("requeue failure ratio 25%")),
+        "5 of the last 20"
+    );
+    o.outcomes.clear();
+    o.new_parked = 11;
+    assert!(
+        o.stop_reason(&b)
+            .is_some_and(|s| s.contains("11 new records"))
+    );
+}
+
+#[test]
+fn ratio_needs_a_full_window_of_settled_outcomes() {
+    assert_eq!(failure_ratio(&[Failing, Pending], 2), None);
+    assert_eq!(failure_ratio(&[Redriven, Failing, Pending], 2), Some(0.5));
+    assert_eq!(
+        failure_ratio(&[Failing, Failing, Redriven, Dropped], 2),
+        Some(0.0),
+        "recent window only"
+    );
+    assert_eq!(failure_ratio(&[Failing, Withdrawn], 2), None);
+}
+
+#[test]
+fn the_pace_starts_at_once_and_bursts_at_most_two_seconds() {
+    let s = Duration::from_secs_f64;
+    assert_eq!(
+        budget(20.0, s(0.0), 0),
+        1,
+        "the first decision goes at once"
+    );
+    assert_eq!(budget(20.0, s(0.5), 1), 10);
+    assert_eq!(budget(20.0, s(0.5), 11), 0);
+    assert_eq!(
+        budget(20.0, s(600.0), 11),
+        40,
+        "after a restart: two seconds' worth"
+    );
+    assert_eq!(budget(0.5, s(3.0), 1), 1);
+    assert_eq!(step(50.0), s(0.1));
+    assert_eq!(step(0.5), s(1.0));
+}
+
+#[test]
+fn rates_and_defaults() {
+    assert_eq!(parse_rate("20/s"), Ok(20.0));
+    assert_eq!(parse_rate("0.5"), Ok(0.5));
+    assert!(parse_rate("0/s").is_err());
+    assert!(parse_rate("fast").is_err());
+    let mut s = spec(ReplaySelector::default());
+    assert_eq!(s.rate(), 20.0);
+    s.rate = None;
+    assert_eq!(s.rate(), DEFAULT_RATE);
+    assert_eq!(s.action(), Action::Redrive);
+    assert_eq!(s.settle(), DEFAULT_SETTLE);
+    assert_eq!(s.decision_note("inc-1234"), "replay inc-1234: INC-1234");
+    assert_eq!(
+        FailureKind::from_label("TRANSIENT"),
+        Some(FailureKind::Transient)
+    );
+    assert_eq!(FailureKind::from_label("flaky"), None);
+}
+
+#[test]
+fn summary_and_progress_read_like_the_runbook() {
+    let replay = DeadLetterReplay::new("inc", spec(ReplaySelector::default()));
+    let status = DeadLetterReplayStatus {
+        selected: 300,
+        decided: 300,
+        redriven: 300,
+        achieved_rate: Some(49.8),
+        ..Default::default()
+    };
+    assert_eq!(
+        summary(&replay, &status, 6.0),
+        "replay queue=relayer by carol: selected 300, decided 300, redriven 300, failing 0, withdrawn 0, skipped 0, new parkings 0; 300 decisions in 6.0s (49.8/s); completed"
+    );
+    let stopped = DeadLetterReplayStatus {
+        stop_reason: Some("stopped by spec.stop".into()),
+        ..status.clone()
+    };
+    assert!(summary(&replay, &stopped, 6.0).ends_with("; stopped: stopped by spec.stop"));
+    let half = DeadLetterReplayStatus {
+        decided: 150,
+        ..status
+    };
+    assert!(progress_line(&half).starts_with("[###############...............] 150/300 decided"));
+}
+
+#[test]
+fn frozen_fields_rule_names_every_field_but_stop() {
+    let rule = frozen_fields_equal("self.spec", "oldSelf.spec");
+    assert!(rule.contains("self.spec.dryRun == oldSelf.spec.dryRun"));
+    assert!(!rule.contains("stop =="));
+    let fields = serde_json::to_value(spec(ReplaySelector::default())).expect("json");
+    let mut names: Vec<&str> = fields
+        .as_object()
+        .expect("object")
+        .keys()
+        .map(String::as_str)
+        .filter(|k| *k != "stop")
+        .collect();
+    names.sort();
+    for f in names {
+        assert!(FROZEN_FIELDS.contains(&f), "{f} is not frozen");
+    }
+}

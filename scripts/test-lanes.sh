@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Runs the workspace's test binaries: the in-process ones (unit, reconciler, property tests) one
+# after another, then the integration binaries of tests/ in TEST_LANES parallel lanes. Those
+# spend most of their time waiting on real servers (apiserver, brokers, a browser), so two lanes
+# on two cores roughly halve the wall time without starving any test. Each binary's output goes
+# to target/test-logs/<binary>.log and is printed when it fails.
+#
+#   scripts/test-lanes.sh <cargo test args...>     (TEST_LANES=1 for one lane)
+set -uo pipefail
+lanes=${TEST_LANES:-2}
+logs=target/test-logs
+rm -rf "$logs"; mkdir -p "$logs"
+
+# Build every test binary and learn its path and kind (lib/bin/example or test).
+cargo test "$@" --no-run --message-format=json-render-diagnostics >"$logs/build.json" \
+  || { echo "test-lanes: building the tests failed" >&2; exit 101; }
+mapfile -t entries < <(python3 - "$logs/build.json" <<'EOF'
+import json, sys
+for line in open(sys.argv[1]):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        kind = "integration" if m["target"]["kind"] == ["test"] else "inprocess"
+        name = m["target"]["name"] if kind == "integration" else m["target"]["name"] + "." + m["target"]["kind"][0]
+        # Run where cargo test would: the package's directory.
+        print(kind, name, m["manifest_path"].rsplit("/", 1)[0], m["executable"])
+EOF
+)
+
+# Seconds each slow binary took in a warm run here: the longest go first (LPT scheduling).
+weight() {
+  case $1 in
+    chaos) echo 170 ;; sqs) echo 80 ;; kafka) echo 75 ;; redrive) echo 58 ;; chart_node) echo 50 ;;
+    alerts|amqp|chart_rbac|nats) echo 50 ;; gitops|cli) echo 30 ;; leader|park|ui|http_target) echo 22 ;;
+    *) echo 12 ;;
+  esac
+}
+
+run_one() { # name dir exe -> appends "name rc seconds" to the results file
+  local name=$1 dir=$2 exe=$3 start=$SECONDS rc
+  (cd "$dir" && "$exe") >"$logs/$name.log" 2>&1; rc=$?
+  echo "$name $rc $((SECONDS - start))" >>"$logs/results"
+  if [ "$rc" -ne 0 ]; then
+    echo "---- $name FAILED (rc $rc); its output:"; cat "$logs/$name.log"; echo "---- end of $name"
+  else
+    echo "test-lanes: $name ok ($((SECONDS - start))s): $(grep -E '^test result' "$logs/$name.log" | tail -1)"
+  fi
+}
+
+start=$SECONDS
+for e in "${entries[@]}"; do
+  read -r kind name dir exe <<<"$e"
+  [ "$kind" = inprocess ] && run_one "$name" "$dir" "$exe"
+done
+
+# Integration binaries, heaviest first, each to the least loaded lane.
+declare -a load lane_items
+for ((i = 0; i < lanes; i++)); do load[i]=0; lane_items[i]=""; done
+while read -r w name dir exe; do
+  best=0
+  for ((i = 1; i < lanes; i++)); do [ "${load[i]}" -lt "${load[best]}" ] && best=$i; done
+  load[best]=$((load[best] + w)); lane_items[best]+="$name=$dir=$exe "
+done < <(for e in "${entries[@]}"; do
+  read -r kind name dir exe <<<"$e"
+  [ "$kind" = integration ] && echo "$(weight "$name") $name $dir $exe"
+done | sort -rn)
+
+pids=()
+for ((i = 0; i < lanes; i++)); do
+  ( for item in ${lane_items[i]}; do IFS== read -r n d x <<<"$item"; run_one "$n" "$d" "$x"; done ) &
+  pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p"; done
+
+failed=$(awk '$2 != 0 {print $1}' "$logs/results")
+passed=$(cat "$logs"/*.log | awk '/^test result/ {for (i = 1; i < NF; i++) if ($(i+1) ~ /^passed/) n += $i} END {print n + 0}')
+echo "test-lanes: $(wc -l <"$logs/results") binaries, ${passed:-0} tests passed, $((SECONDS - start))s in $lanes lanes; slowest:"
+sort -k3 -rn "$logs/results" | head -5 | sed 's/^/  /'
+if [ -n "$failed" ]; then
+  echo "test-lanes: FAILED: $failed (logs in $logs/)"; exit 101
+fi

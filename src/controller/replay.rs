@@ -1,0 +1,599 @@
+//! The DeadLetterReplay controller (leader only): carries out a replay with the runbook's
+//! rules. Each reconcile is one step: observe the queue's records (the cache), stop if a bound
+//! or `spec.stop` says so (withdrawing what was not carried out), else sign as many selected
+//! records as the pace allows (compare-and-swap, signed with the replay's `by`, labelled with
+//! the replay) and look again shortly. The DeadLetter reconciler carries each decision out.
+//!
+//! Progress is in the cluster: a restarted or new leader finds the decided records by their
+//! label, and a decided record no longer matches the selection, so it is never decided twice.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+use tokio::sync::Mutex;
+
+use dlq_core::api::{DeadLetter, Phase};
+use dlq_core::conditions::{self, Cond};
+use dlq_core::events::{EventPlan, action, reason};
+use dlq_core::replay::{
+    self, DeadLetterReplay, DeadLetterReplayStatus, Observed, Outcome, ReplayPhase, ReplayRef,
+};
+
+use super::Context;
+use super::apiserver::{Signature, is_conflict, reference};
+
+/// Signatures in flight at once within one step.
+const SIGN_CONCURRENCY: usize = 64;
+/// CAS attempts on one record before it is skipped.
+const ATTEMPTS: usize = 5;
+/// How often a dry run recounts its selection.
+const DRY_RUN_RESYNC: Duration = Duration::from_secs(30);
+/// How often a replay whose queue is missing looks again.
+const PENDING_RETRY: Duration = Duration::from_secs(10);
+/// How often a running replay writes its progress (phase changes are written at once).
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+/// How long a step waits for the record cache's first listing.
+const CACHE_WAIT: Duration = Duration::from_secs(1);
+/// How often a replay waiting for outcomes looks again.
+const SETTLE_POLL: Duration = Duration::from_millis(500);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error("DeadLetterReplay has no namespace")]
+    NoNamespace,
+    #[error("reading DeadLetter {name}: {source}")]
+    Read {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("signing DeadLetter {name}: {source}")]
+    Sign {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("writing the status of DeadLetterReplay {name}: {source}")]
+    WriteStatus {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl ReplayError {
+    pub fn category(&self) -> &'static str {
+        match self {
+            ReplayError::NoNamespace => "InvalidObject",
+            _ => "KubeApi",
+        }
+    }
+}
+
+type Result<T, E = ReplayError> = std::result::Result<T, E>;
+
+/// What this process knows of a running replay beyond the cache: the status it last wrote
+/// (the cache may not show it yet) and the records it signed.
+#[derive(Default, Clone)]
+struct Memory {
+    status: Option<DeadLetterReplayStatus>,
+    /// When `status` was written: progress is written at most every [`PROGRESS_EVERY`].
+    written_at: Option<Instant>,
+    signed: Vec<String>,
+    first: Option<Instant>,
+    last: Option<Instant>,
+}
+
+/// The replay controller's context: the operator's, plus each replay's [`Memory`] by uid.
+pub struct Replays {
+    pub ctx: Arc<Context>,
+    memory: Mutex<HashMap<String, Memory>>,
+}
+
+impl Replays {
+    pub fn new(ctx: Arc<Context>) -> Self {
+        Replays {
+            ctx,
+            memory: Mutex::default(),
+        }
+    }
+}
+
+/// One replay, as this step sees it.
+struct Run<'a> {
+    ctx: &'a Context,
+    replay: &'a DeadLetterReplay,
+    ns: String,
+    name: String,
+    /// The queue's records from the cache.
+    records: Vec<Arc<DeadLetter>>,
+    mem: Memory,
+    status: DeadLetterReplayStatus,
+}
+
+pub async fn reconcile(
+    replay: Arc<DeadLetterReplay>,
+    replays: Arc<Replays>,
+) -> Result<Action, crate::Error> {
+    let ns = replay.namespace().ok_or(ReplayError::NoNamespace)?;
+    let uid = replay.uid().unwrap_or_default();
+    let mem = replays
+        .memory
+        .lock()
+        .await
+        .get(&uid)
+        .cloned()
+        .unwrap_or_default();
+    let status = mem
+        .status
+        .clone()
+        .or_else(|| replay.status.clone())
+        .unwrap_or_default();
+    if status.phase.is_some_and(ReplayPhase::is_final) {
+        replays.memory.lock().await.remove(&uid);
+        return Ok(Action::await_change());
+    }
+    let ctx = &replays.ctx;
+    if !cache_ready(ctx).await {
+        // Right after start-up the record cache may still be filling: a selection taken now
+        // would be empty.
+        return Ok(Action::requeue(CACHE_WAIT));
+    }
+    let mut run = Run {
+        records: queue_records(ctx, &ns, &replay.spec.queue),
+        name: replay.name_any(),
+        ns,
+        ctx,
+        replay: &replay,
+        mem,
+        status,
+    };
+    let action = step(&mut run).await?;
+    let mut memory = replays.memory.lock().await;
+    if run.status.phase.is_some_and(ReplayPhase::is_final) {
+        memory.remove(&uid);
+    } else {
+        memory.insert(uid, run.mem);
+    }
+    Ok(action)
+}
+
+/// Whether the record cache has listed everything once (waits a little for it).
+async fn cache_ready(ctx: &Context) -> bool {
+    tokio::time::timeout(CACHE_WAIT, ctx.records.wait_until_ready())
+        .await
+        .is_ok_and(|r| r.is_ok())
+}
+
+/// The queue's records in `ns`, from the cache.
+fn queue_records(ctx: &Context, ns: &str, queue: &str) -> Vec<Arc<DeadLetter>> {
+    ctx.records
+        .state()
+        .into_iter()
+        .filter(|r| r.metadata.namespace.as_deref() == Some(ns) && r.spec.queue == queue)
+        .collect()
+}
+
+async fn step(run: &mut Run<'_>) -> Result<Action> {
+    if run.ctx.queue(&run.ns, &run.replay.spec.queue).is_none() {
+        return pending(run).await;
+    }
+    if run.replay.spec.dry_run() && run.status.started_at.is_none() {
+        return dry_run(run).await;
+    }
+    let started = match &run.status.started_at {
+        Some(t) => t.0,
+        None => start(run).await?,
+    };
+    let observed = replay::observe(
+        run.records.iter().map(|r| r.as_ref()),
+        run.replay_ref(),
+        started,
+        &run.mem.signed,
+    );
+    replay::counts(&mut run.status, &observed);
+    let stop = if run.replay.spec.stop_requested() {
+        Some("stopped on request (spec.stop)".to_string())
+    } else {
+        observed.stop_reason(&run.replay.spec.bounds())
+    };
+    if let Some(why) = stop {
+        return finish(run, &observed, Some(why)).await;
+    }
+    decide(run, started, &observed).await
+}
+
+/// The queue does not exist (yet): say so and look again.
+async fn pending(run: &mut Run<'_>) -> Result<Action> {
+    let message = format!(
+        "DeadLetterQueue {} does not exist in this namespace; the replay starts once it does",
+        run.replay.spec.queue
+    );
+    set_phase(
+        run,
+        ReplayPhase::Pending,
+        conditions::reason::QUEUE_NOT_FOUND,
+        &message,
+    );
+    write(run).await?;
+    Ok(Action::requeue(PENDING_RETRY))
+}
+
+/// `dryRun: true`: the selection as it is now, counted and named; nothing decided.
+async fn dry_run(run: &mut Run<'_>) -> Result<Action> {
+    let spec = &run.replay.spec;
+    let selected = replay::select(
+        run.records.iter().map(|r| r.as_ref()),
+        &spec.queue,
+        &spec.selector(),
+        None,
+        spec.max(),
+    );
+    run.status.selected = i64::try_from(selected.len()).unwrap_or(i64::MAX);
+    run.status.first_names = selected
+        .iter()
+        .take(replay::FIRST_NAMES)
+        .map(|r| r.name_any())
+        .collect();
+    let message = format!(
+        "{} records would be decided; set dryRun: false to run",
+        selected.len()
+    );
+    set_phase(run, ReplayPhase::DryRun, "DryRun", &message);
+    write(run).await?;
+    Ok(Action::requeue(DRY_RUN_RESYNC))
+}
+
+/// The run starts now: the selection is frozen to the records that exist now.
+async fn start(run: &mut Run<'_>) -> Result<Timestamp> {
+    let now = Timestamp::now();
+    let spec = &run.replay.spec;
+    let selected = replay::select(
+        run.records.iter().map(|r| r.as_ref()),
+        &spec.queue,
+        &spec.selector(),
+        Some(now),
+        spec.max(),
+    );
+    let count = selected.len();
+    let message = format!("deciding {count} records at {}/s", spec.rate());
+    tracing::info!(namespace = %run.ns, replay = %run.name, queue = %spec.queue, selected = count, cached = run.records.len(), all = run.ctx.records.state().len(), by = %spec.by, "replay started");
+    run.status.selected = i64::try_from(count).unwrap_or(i64::MAX);
+    run.status.started_at = Some(Time(now));
+    set_phase(run, ReplayPhase::Running, "Running", &message);
+    write(run).await?;
+    // The first decision's progress is written at once, not a throttle period later.
+    run.mem.written_at = None;
+    Ok(now)
+}
+
+/// Signs the next records the pace allows; when none are left, waits for outcomes.
+async fn decide(run: &mut Run<'_>, started: Timestamp, observed: &Observed) -> Result<Action> {
+    let spec = &run.replay.spec;
+    let decided = usize::try_from(run.status.decided).unwrap_or(0);
+    let quota = spec.max().map_or(usize::MAX, |m| m.saturating_sub(decided));
+    let candidates: Vec<DeadLetter> = replay::select(
+        run.records.iter().map(|r| r.as_ref()),
+        &spec.queue,
+        &spec.selector(),
+        Some(started),
+        None,
+    )
+    .into_iter()
+    .filter(|r| !run.mem.signed.contains(&r.name_any()))
+    .take(quota)
+    .cloned()
+    .collect();
+    if candidates.is_empty() {
+        return settle(run, observed).await;
+    }
+    let elapsed = Duration::try_from(Timestamp::now().duration_since(started)).unwrap_or_default();
+    let n = replay::budget(spec.rate(), elapsed, decided);
+    if n > 0 && run.ctx.settings.leadership.holds() {
+        let clock = Instant::now();
+        let batch = &candidates[..n.min(candidates.len())];
+        if let Some(refusal) = sign_batch(run, batch).await? {
+            return finish(run, observed, Some(refusal)).await;
+        }
+        tracing::debug!(replay = %run.name, signed = batch.len(), took_ms = clock.elapsed().as_millis() as u64, "replay step");
+    }
+    if run
+        .mem
+        .written_at
+        .is_none_or(|t| t.elapsed() >= PROGRESS_EVERY)
+    {
+        write(run).await?;
+    }
+    Ok(Action::requeue(replay::step(spec.rate())))
+}
+
+/// Signs `batch` concurrently; remembers what was signed. A refusal by the apiserver (an
+/// admission policy, RBAC) ends the replay with its words.
+async fn sign_batch(run: &mut Run<'_>, batch: &[DeadLetter]) -> Result<Option<String>> {
+    let spec = &run.replay.spec;
+    let note = spec.decision_note(&run.name);
+    let signature = Signature {
+        action: spec.action(),
+        by: &spec.by,
+        note: &note,
+        replay: &run.name,
+        replay_uid: run.replay.metadata.uid.as_deref().unwrap_or_default(),
+    };
+    let selector = spec.selector();
+    let (ctx, ns) = (run.ctx, run.ns.as_str());
+    let signing: Vec<BoxFuture<'_, (String, Result<Signed>)>> = batch
+        .iter()
+        .map(|r| {
+            let (signature, selector) = (&signature, &selector);
+            async move { (r.name_any(), sign(ctx, ns, r, signature, selector).await) }.boxed()
+        })
+        .collect();
+    let results: Vec<(String, Result<Signed>)> = futures::stream::iter(signing)
+        .buffer_unordered(SIGN_CONCURRENCY)
+        .collect()
+        .await;
+    let mut refusal = None;
+    for (name, result) in results {
+        match result? {
+            Signed::Yes => {
+                let now = Instant::now();
+                run.mem.first.get_or_insert(now);
+                run.mem.last = Some(now);
+                run.mem.signed.push(name);
+            }
+            Signed::Skipped => {}
+            Signed::Refused(why) => refusal = Some(why),
+        }
+    }
+    let signed = i64::try_from(run.mem.signed.len()).unwrap_or(i64::MAX);
+    run.status.decided = run.status.decided.max(signed);
+    Ok(refusal)
+}
+
+enum Signed {
+    Yes,
+    /// Changed since selected and no longer matching (resolved, decided by someone else).
+    Skipped,
+    Refused(String),
+}
+
+/// Signs one record with a compare-and-swap; on 409 re-reads and signs again if it still
+/// matches.
+async fn sign(
+    ctx: &Context,
+    ns: &str,
+    record: &DeadLetter,
+    signature: &Signature<'_>,
+    selector: &replay::ReplaySelector,
+) -> Result<Signed> {
+    let name = record.name_any();
+    let mut current = record.clone();
+    for _ in 0..ATTEMPTS {
+        match ctx.apiserver.sign_record(&current, signature).await {
+            Ok(()) => return Ok(Signed::Yes),
+            Err(e) if is_conflict(&e) => {
+                let fresh = ctx.apiserver.get_record(ns, &name).await;
+                match fresh.map_err(|source| ReplayError::Read {
+                    name: name.clone(),
+                    source,
+                })? {
+                    Some(fresh) if selector.matches(&fresh) => current = fresh,
+                    _ => return Ok(Signed::Skipped),
+                }
+            }
+            // Resolved or decided meanwhile: the CRD refuses the change.
+            Err(kube::Error::Api(s)) if s.code == 422 => return Ok(Signed::Skipped),
+            Err(kube::Error::Api(s)) if s.code == 403 => {
+                return Ok(Signed::Refused(format!(
+                    "the apiserver refused to sign {name}: {}",
+                    s.message
+                )));
+            }
+            Err(source) => return Err(ReplayError::Sign { name, source }),
+        }
+    }
+    Ok(Signed::Skipped)
+}
+
+/// Nothing left to decide: complete once every decision is carried out or the settle time
+/// passed (the records keep their decisions; the DeadLetter reconciler goes on retrying).
+async fn settle(run: &mut Run<'_>, observed: &Observed) -> Result<Action> {
+    let now = Timestamp::now();
+    let decided_at = run.status.decided_at.get_or_insert(Time(now)).0;
+    let waited = Duration::try_from(now.duration_since(decided_at)).unwrap_or_default();
+    let pending = observed.count(Outcome::Pending) + observed.count(Outcome::Failing);
+    if pending == 0 || waited >= run.replay.spec.settle() {
+        return finish(run, observed, None).await;
+    }
+    write(run).await?;
+    Ok(Action::requeue(SETTLE_POLL))
+}
+
+/// Ends the run: on a stop, withdraws the decisions not carried out yet; then the final
+/// status, and the decision record (an Event on the queue and on the replay).
+async fn finish(run: &mut Run<'_>, observed: &Observed, stop: Option<String>) -> Result<Action> {
+    let now = Timestamp::now();
+    if stop.is_some() {
+        let withdrawn = withdraw_undone(run).await?;
+        run.status.withdrawn += i64::try_from(withdrawn).unwrap_or(0);
+    }
+    let failing = observed.count(Outcome::Failing);
+    let status = &mut run.status;
+    status.failed = i64::try_from(failing).unwrap_or(0);
+    status.decided_at.get_or_insert(Time(now));
+    status.finished_at = Some(Time(now));
+    status.skipped = (status.selected - status.decided).max(0);
+    let secs = decide_secs(&run.mem, status);
+    status.achieved_rate = Some(achieved_rate(&run.mem, status, secs));
+    status.stop_reason = stop.clone();
+    let phase = match &stop {
+        Some(_) => ReplayPhase::Stopped,
+        None => ReplayPhase::Completed,
+    };
+    let summary = replay::summary(run.replay, &run.status, secs);
+    run.status.summary = Some(summary.clone());
+    set_phase(
+        run,
+        phase,
+        phase.as_str(),
+        stop.as_deref().unwrap_or("completed"),
+    );
+    write(run).await?;
+    tracing::info!(namespace = %run.ns, replay = %run.name, phase = phase.as_str(), summary = %summary, "replay ended");
+    record(run, stop.is_some(), &summary).await;
+    Ok(Action::await_change())
+}
+
+/// Takes back this replay's decisions that were not carried out (re-read, still Parked with a
+/// decision and our label), so those records stay Parked. How many were taken back.
+async fn withdraw_undone(run: &Run<'_>) -> Result<usize> {
+    let mut names: Vec<String> = run
+        .records
+        .iter()
+        .filter(|r| ours(run, r))
+        .filter(|r| matches!(replay::outcome_of(r), Outcome::Pending | Outcome::Failing))
+        .map(|r| r.name_any())
+        .collect();
+    names.extend(run.mem.signed.iter().cloned());
+    names.sort();
+    names.dedup();
+    let mut withdrawn = 0;
+    for name in names {
+        if withdraw(run, &name).await? {
+            withdrawn += 1;
+        }
+    }
+    Ok(withdrawn)
+}
+
+/// Whether this replay signed `r`.
+fn ours(run: &Run<'_>, r: &DeadLetter) -> bool {
+    replay::decided_by(r, run.replay_ref())
+}
+
+impl Run<'_> {
+    fn replay_ref(&self) -> ReplayRef<'_> {
+        ReplayRef {
+            name: &self.name,
+            uid: self.replay.metadata.uid.as_deref().unwrap_or_default(),
+        }
+    }
+}
+
+/// Withdraws one decision, re-reading on conflict (the record reconciler may be writing a
+/// condition). False when there is nothing of ours to take back.
+async fn withdraw(run: &Run<'_>, name: &str) -> Result<bool> {
+    for _ in 0..ATTEMPTS {
+        let read = run.ctx.apiserver.get_record(&run.ns, name).await;
+        let Some(r) = read.map_err(|source| ReplayError::Read {
+            name: name.to_string(),
+            source,
+        })?
+        else {
+            return Ok(false);
+        };
+        if r.phase() != Phase::Parked || r.spec.action.is_none() || !ours(run, &r) {
+            return Ok(false);
+        }
+        match run.ctx.apiserver.withdraw_record(&r).await {
+            Ok(()) => return Ok(true),
+            Err(e) if is_conflict(&e) => continue,
+            Err(source) => {
+                return Err(ReplayError::Sign {
+                    name: name.to_string(),
+                    source,
+                });
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// Seconds spent deciding: measured by this process when it made every decision, else from
+/// the status times.
+fn decide_secs(mem: &Memory, status: &DeadLetterReplayStatus) -> f64 {
+    match (mem.first, mem.last) {
+        (Some(first), Some(last)) if mem.signed.len() as i64 == status.decided => {
+            last.duration_since(first).as_secs_f64()
+        }
+        _ => match (&status.started_at, &status.decided_at) {
+            (Some(s), Some(d)) => d.0.duration_since(s.0).as_secs_f64().max(0.0),
+            _ => 0.0,
+        },
+    }
+}
+
+/// Decisions per second: the gaps between decisions (the first goes at once), rounded to 0.1.
+fn achieved_rate(mem: &Memory, status: &DeadLetterReplayStatus, secs: f64) -> f64 {
+    let gaps = if mem.signed.len() as i64 == status.decided {
+        status.decided - 1
+    } else {
+        status.decided
+    };
+    if gaps <= 0 || secs <= 0.0 {
+        return 0.0;
+    }
+    (gaps as f64 / secs * 10.0).round() / 10.0
+}
+
+fn set_phase(run: &mut Run<'_>, phase: ReplayPhase, reason: &str, message: &str) {
+    let generation = run.replay.metadata.generation;
+    let status = &mut run.status;
+    status.phase = Some(phase);
+    status.observed_generation = generation;
+    conditions::set(
+        &mut status.conditions,
+        Cond {
+            type_: conditions::READY,
+            status: phase != ReplayPhase::Pending,
+            reason,
+            message,
+        },
+        generation,
+        &Time(Timestamp::now()),
+    );
+}
+
+/// Writes the status when it changed since this process last wrote it.
+async fn write(run: &mut Run<'_>) -> Result<()> {
+    if run.mem.status.as_ref() == Some(&run.status) {
+        return Ok(());
+    }
+    run.ctx
+        .apiserver
+        .write_replay_status(run.replay, &run.status)
+        .await
+        .map_err(|source| ReplayError::WriteStatus {
+            name: run.name.clone(),
+            source,
+        })?;
+    run.mem.status = Some(run.status.clone());
+    run.mem.written_at = Some(Instant::now());
+    Ok(())
+}
+
+/// The decision record's Event on the queue (as the CLI runbook wrote it); the replay's own
+/// status is the permanent one.
+async fn record(run: &Run<'_>, stopped: bool, summary: &str) {
+    let plan = if stopped {
+        EventPlan::warning(reason::REPLAY_STOPPED, action::REPLAY, summary)
+    } else {
+        EventPlan::normal(reason::REPLAY, action::REPLAY, summary)
+    };
+    if let Some(queue) = run.ctx.queue(&run.ns, &run.replay.spec.queue) {
+        run.ctx
+            .apiserver
+            .publish(reference(queue.as_ref()), &plan)
+            .await;
+    }
+}
+
+#[cfg(test)]
+mod tests;
