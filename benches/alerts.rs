@@ -109,7 +109,7 @@ async fn steady_posts(n: usize, window: Duration) -> (f64, f64, f64) {
         &ns,
         "redis://127.0.0.1:1/",
         list_target(),
-        json!({}),
+        json!({"maxParked": n}),
     )
     .await;
     let _op = Operator::start_with(&ns, &[&format!("--alertmanager-url={}", sink.url(""))], &[]);

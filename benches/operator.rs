@@ -4,7 +4,13 @@
 //! Prints one table and writes the same figures to `target/bench/results.json`.
 //! `BENCH_N` (records per throughput run, default 2000) and `BENCH_C` (concurrency, default 16)
 //! override the sizes; `BENCH_SCALE` (default "500,2000,8000") and `BENCH_MEMORY` (default
-//! "0,1000,10000") the scaling and memory points.
+//! "0,1000,10000") the scaling and memory points; `BENCH_STORM` (default "10000,5000":
+//! messages, maxParked), `BENCH_CAPACITY` (default "1024,65536": payload bytes, over
+//! `BENCH_CAPACITY_N` = 1000 records each) and `BENCH_RECORDS` (default off; e.g. 100000, with
+//! `BENCH_RECORDS_REDRIVE` = 10000) the points of `scale`.
+
+#[path = "operator/scale.rs"]
+mod scale;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -606,7 +612,107 @@ async fn main() -> anyhow::Result<()> {
     }
     json.insert("memory".into(), json!(mem));
 
-    // 5. Scaling of redrive throughput.
+    // 5. Parking storm into a queue with a hard maxParked.
+    let storm_sizes = env_list("BENCH_STORM", "10000,5000");
+    if let [messages, max] = storm_sizes[..] {
+        let s = scale::storm(&mut b, messages, max).await?;
+        let ceiling = json
+            .get("park")
+            .and_then(|p| p["ceiling_per_s"].as_f64())
+            .unwrap_or(0.0);
+        eprintln!(
+            "storm: {messages} messages, maxParked {max}: {:.0}/s, {} records, {} left in the broker, {} rejected, Full={}, {} QueueFull Events",
+            s.rate, s.records, s.in_broker, s.rejected, s.full, s.events
+        );
+        rows.push((
+            format!("storm {messages} -> maxParked {max} (records/s)"),
+            format!("{:.0}", s.rate),
+            format!("{ceiling:.0}"),
+            format!("{:.0}%", 100.0 * s.rate / ceiling),
+        ));
+        rows.push((
+            "storm: records / in broker / rejected".into(),
+            format!("{} / {} / {}", s.records, s.in_broker, s.rejected),
+            "-".into(),
+            "-".into(),
+        ));
+        json.insert("storm".into(), json!({"messages": messages, "max_parked": max, "records_per_s": s.rate, "ceiling_per_s": ceiling, "ratio": s.rate / ceiling, "records": s.records, "in_broker": s.in_broker, "rejected": s.rejected, "full_condition": s.full, "queue_full_events": s.events}));
+    }
+
+    // 6. etcd bytes per record.
+    let mut cap = Vec::new();
+    let cap_n = env_usize("BENCH_CAPACITY_N", 1000);
+    for payload in env_list("BENCH_CAPACITY", "1024,65536") {
+        let per = scale::etcd_per_record(&mut b, cap_n, payload).await?;
+        eprintln!("capacity: {payload} B payload: {per:.0} B of etcd per record");
+        rows.push((
+            format!("etcd bytes per record, {payload} B payload"),
+            format!("{per:.0}"),
+            "-".into(),
+            "-".into(),
+        ));
+        cap.push(json!({"payload_bytes": payload, "records": cap_n, "etcd_bytes_per_record": per}));
+    }
+    json.insert("capacity".into(), json!(cap));
+
+    // 7. The 100,000-record point (opt-in).
+    for n in env_list("BENCH_RECORDS_ONLY_CLI", "") {
+        for (what, ms, lines) in scale::cli_at_scale(&mut b, n).await? {
+            eprintln!("records {n}: {what}: {ms:.0} ms, {lines} lines");
+            rows.push((
+                format!("{n}: {what} (ms)"),
+                format!("{ms:.0}"),
+                format!("{lines} lines"),
+                "-".into(),
+            ));
+        }
+    }
+    for n in env_list("BENCH_RECORDS", "") {
+        let redrive = env_usize("BENCH_RECORDS_REDRIVE", 10_000);
+        let s = scale::hundred_thousand(&mut b, n, redrive).await?;
+        eprintln!(
+            "records {n}: marked in {:.0}s, RSS peak {:.1} MiB, restart->first reconcile {:.1}s, ls {:.0} ms ({} lines), stats {:.0} ms, redrive {redrive} at {:.0}/s",
+            s.marked_secs,
+            s.peak_mib,
+            s.restart_secs,
+            s.ls_ms,
+            s.ls_rows,
+            s.stats_ms,
+            s.redrive_rate
+        );
+        let cells = [
+            (
+                format!("{n} x 1 KiB: operator RSS (MiB)"),
+                format!("{:.1} peak", s.peak_mib),
+            ),
+            (
+                format!("{n} x 1 KiB: all marked Parked (s)"),
+                format!("{:.0}", s.marked_secs),
+            ),
+            (
+                format!("{n}: restart -> first reconcile (s)"),
+                format!("{:.1}", s.restart_secs),
+            ),
+            (
+                format!("{n}: kubectl dlq ls --queue, page (ms)"),
+                format!("{:.0}", s.ls_ms),
+            ),
+            (
+                format!("{n}: kubectl dlq stats (ms)"),
+                format!("{:.0}", s.stats_ms),
+            ),
+            (
+                format!("{n}: redrive {redrive} (records/s)"),
+                format!("{:.0}", s.redrive_rate),
+            ),
+        ];
+        for (a, v) in cells {
+            rows.push((a, v, "-".into(), "-".into()));
+        }
+        json.insert("records".into(), json!({"n": n, "marked_s": s.marked_secs, "operator_peak_mib": s.peak_mib, "operator_rss_mib": s.rss_mib, "restart_first_reconcile_s": s.restart_secs, "ls_ms": s.ls_ms, "ls_lines": s.ls_rows, "stats_ms": s.stats_ms, "redrive": redrive, "redrive_per_s": s.redrive_rate}));
+    }
+
+    // 8. Scaling of redrive throughput.
     let mut scale = Vec::new();
     for s in env_list("BENCH_SCALE", "500,2000,8000") {
         let rate = redrive_run(&mut b, s).await?;

@@ -349,6 +349,8 @@ fn assert_user_roles(docs: &[Value]) {
                 &["get", "list", "watch", "create", "patch"]
             ),
             queues_read,
+            // the reservation under maxParked: a compare-and-swap on the queue's status
+            grant("dlq.dev", "deadletterqueues/status", &[], &["get", "patch"]),
         ]
         .into_iter()
         .collect()

@@ -144,7 +144,13 @@ pi_0002/settle  #3  parked  needs_review  -   no luck after 3 deliveries
         by_name.stdout
     );
 
-    let stats = dlq(&ns, &["stats"]);
+    // stats reads the queue's counters, which the operator keeps.
+    let _op = Operator::start(&ns);
+    let stats = eventually(60, "the operator to count per failure kind", || async {
+        let out = dlq(&ns, &["stats"]);
+        (out.stdout.lines().count() == 3).then_some(out)
+    })
+    .await;
     let lines: Vec<&str> = stats.stdout.lines().collect();
     assert_eq!(
         lines[0].split_whitespace().collect::<Vec<_>>(),
@@ -159,6 +165,107 @@ pi_0002/settle  #3  parked  needs_review  -   no luck after 3 deliveries
     assert_eq!(rows.len(), 2);
     assert_eq!(&rows[0][..5], ["relayer", "invalid", "1", "0", "0"]);
     assert_eq!(&rows[1][..5], ["relayer", "transient", "1", "0", "0"]);
+}
+
+#[tokio::test]
+async fn ls_reads_a_page_at_a_time_with_selectors_on_the_server() {
+    let (client, ns) = setup("cli-page").await;
+    create_queue(
+        &client,
+        &ns,
+        "redis://127.0.0.1:1/",
+        list_target(),
+        json!({}),
+    )
+    .await;
+    create_other_queue_record(&client, &ns).await;
+    for i in 0..7 {
+        let s = Spec {
+            id: &format!("job_{i}/settle"),
+            kind: FailureKind::Transient,
+            reason: "gave up",
+            version: "relayer@1.4.2",
+            failed_at: "2026-11-29T10:00:00Z",
+            state: "created",
+        };
+        park_spec(&client, &ns, &s).await;
+    }
+    let first = dlq(&ns, &["ls", "--queue", "relayer", "--limit", "3"]);
+    assert!(first.ok, "{}", first.stderr);
+    assert_eq!(
+        first.stdout.lines().count(),
+        4,
+        "header + 3:\n{}",
+        first.stdout
+    );
+    let token = first
+        .stderr
+        .split("--continue ")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .unwrap_or_else(|| panic!("a continue token: {}", first.stderr))
+        .to_string();
+    let rest = dlq(
+        &ns,
+        &[
+            "ls",
+            "--queue",
+            "relayer",
+            "--limit",
+            "0",
+            "--continue",
+            &token,
+            "--no-headers",
+        ],
+    );
+    assert!(rest.ok, "{}", rest.stderr);
+    assert_eq!(
+        rest.stdout.lines().count(),
+        4,
+        "the other 4:\n{}",
+        rest.stdout
+    );
+    let all = format!("{}{}", first.stdout, rest.stdout);
+    for i in 0..7 {
+        assert!(all.contains(&format!("job_{i}/settle")), "{all}");
+    }
+    assert!(
+        !all.contains("other/1"),
+        "the queue selector is applied: {all}"
+    );
+    // The phase selector runs on the server too: unmarked and Parked records are Parked.
+    let parked = dlq(
+        &ns,
+        &["ls", "--phase", "parked", "--no-headers", "--limit", "0"],
+    );
+    assert_eq!(parked.stdout.lines().count(), 8, "{}", parked.stdout);
+    let redriven = dlq(&ns, &["ls", "--phase", "Redriven"]);
+    assert!(
+        redriven.ok && redriven.stdout.is_empty(),
+        "{}",
+        redriven.stdout
+    );
+}
+
+/// One record of a second queue `other`, which `ls --queue relayer` must not show.
+async fn create_other_queue_record(client: &Client, ns: &str) {
+    dlq_testenv::create_dlq(
+        client,
+        ns,
+        "other",
+        json!({"target": {"redis": list_target()}}),
+    )
+    .await;
+    let mut r = ParkRequest::new(
+        "other",
+        Job {
+            id: "other/1".into(),
+            payload: Some("{}".into()),
+            ..Job::default()
+        },
+    );
+    r.reason = "gave up".into();
+    park(client.clone(), ns, r).await.unwrap();
 }
 
 #[tokio::test]

@@ -4,7 +4,7 @@
 //! (`dlq_core::plan::expired`), probe the target, build the status and gauges
 //! (`dlq_core::plan::queue_status`), write.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use jiff::Timestamp;
@@ -12,10 +12,12 @@ use kube::ResourceExt;
 use kube::runtime::controller::Action;
 
 use dlq_core::api::{DeadLetter, DeadLetterQueue};
+use dlq_core::capacity;
 use dlq_core::conditions::reason;
 use dlq_core::plan::{self, Readiness};
 
 use super::Context;
+use super::apiserver::reference;
 
 /// Why a DeadLetterQueue reconcile failed.
 #[derive(Debug, thiserror::Error)]
@@ -46,15 +48,21 @@ pub async fn reconcile(
 ) -> Result<Action, crate::Error> {
     let ns = queue.namespace().ok_or(QueueError::NoNamespace)?;
     let name = queue.name_any();
+    // Counting from a store that has not listed yet would under-count, and the count settles
+    // reservations: maxParked would no longer hold.
+    if ctx.records.wait_until_ready().await.is_err() {
+        return Ok(Action::requeue(ctx.settings.queue_resync));
+    }
     let records = records_of(&ctx, &ns, &name);
     let now = Timestamp::now();
+    let settled = settled(&queue, &records, now);
     let deleted = retain(&ctx, &queue, &records, now).await;
     let live = records
         .iter()
         .filter(|r| !deleted.contains(&r.name_any()))
         .map(|r| r.as_ref());
     let counts = plan::count(live);
-    let plan = plan::queue_status(&queue, counts, readiness(&ctx, &queue).await, now);
+    let plan = plan::queue_status(&queue, counts, settled, readiness(&ctx, &queue).await, now);
     for change in &plan.metrics {
         ctx.metrics.apply(change);
     }
@@ -62,7 +70,31 @@ pub async fn reconcile(
         .write_queue_status(&queue, &plan.status)
         .await
         .map_err(|source| QueueError::WriteStatus { name, source })?;
+    for event in &plan.events {
+        ctx.apiserver
+            .publish(reference(queue.as_ref()), event)
+            .await;
+    }
     Ok(Action::requeue(ctx.settings.queue_resync))
+}
+
+/// The queue's reservations that `records` (one snapshot of the store, the one counted)
+/// settle: see `dlq_core::capacity`.
+fn settled(queue: &DeadLetterQueue, records: &[Arc<DeadLetter>], now: Timestamp) -> Vec<String> {
+    let Some(reservations) = queue.status.as_ref().map(|s| &s.reservations) else {
+        return Vec::new();
+    };
+    if reservations.is_empty() {
+        return Vec::new();
+    }
+    let created: HashMap<String, i64> = records
+        .iter()
+        .map(|r| {
+            let at = r.metadata.creation_timestamp.as_ref();
+            (r.name_any(), at.map_or(i64::MAX, |t| t.0.as_second()))
+        })
+        .collect();
+    capacity::settled(reservations, |n| created.get(n).copied(), now.as_second())
 }
 
 /// The queue's records, from the store.

@@ -65,6 +65,9 @@ impl SourceError {
     }
 }
 
+/// Longest wait of a source whose queue is full before it tries to park again.
+const FULL_RECHECK: Duration = Duration::from_secs(2);
+
 /// How often the supervisor also checks for sources that ended by themselves.
 const RESYNC: Duration = Duration::from_secs(30);
 
@@ -284,6 +287,16 @@ impl ParkInto {
         loop {
             match self.park(req.clone()).await {
                 Ok(_) => return Ok(()),
+                Err(e @ ParkError::MaxParked { .. }) => {
+                    // Backpressure, not a failure: the queue's Full condition and QueueFull
+                    // Event say so once. Look again soon, so parking resumes shortly after
+                    // records are resolved.
+                    attempt = attempt.saturating_add(1);
+                    let wait = dlq_core::decide::backoff(attempt, FULL_RECHECK);
+                    tracing::debug!(namespace = %self.namespace(), queue = %self.queue(), job = %req.job.id, error = %e, retry_in = ?wait, "queue full; the dead message stays {where_it_stays}");
+                    waiting().await;
+                    tokio::time::sleep(wait).await;
+                }
                 Err(e) if e.is_transient() => {
                     attempt = attempt.saturating_add(1);
                     let wait = dlq_core::decide::backoff(attempt, Duration::from_secs(30));

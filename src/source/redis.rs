@@ -23,8 +23,9 @@ use dlq_core::envelope::request_for;
 use super::{ParkInto, SourceError};
 use crate::target::redis::RedisConn;
 
-/// Parks in flight at once per bridge.
-const CONCURRENCY: usize = 8;
+/// Parks in flight at once per bridge (as for NATS and SQS): parkings waiting together share
+/// one reservation under maxParked, so more in flight means fewer queue writes per record.
+const CONCURRENCY: usize = 16;
 
 /// Moves one element from the processing list into the inflight hash under a fresh id; nil
 /// when the element is no longer in the list. KEYS: processing, inflight, counter.

@@ -2,6 +2,7 @@
 //! [`park`] (create a record once, with its cycle) and [`events`] (publish an
 //! [`dlq_core::events::EventPlan`]).
 
+pub mod admission;
 pub mod events;
 pub mod park;
 

@@ -14,7 +14,11 @@ use kube::api::{ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 
 use dlq_core::api::{self, DeadLetter, DeadLetterQueue, Phase};
-use dlq_core::park::{Cycle, FirstTry, first_try, job_key, new_record, next_cycle, validate};
+use dlq_core::park::{
+    Cycle, FirstTry, first_try, job_key, new_record, next_cycle, record_name, validate,
+};
+
+use crate::admission::{Admissions, AdmitError};
 pub use dlq_core::park::{KnownCycle, ParkInvalid, ParkRequest};
 
 /// Field manager of every record the parker creates.
@@ -63,6 +67,8 @@ pub enum ParkError {
     },
     #[error("job {0} kept changing while parking (parked and resolved concurrently); try again")]
     Busy(String),
+    #[error("reserving a place under maxParked: {0}")]
+    Admission(String),
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
 }
@@ -83,13 +89,16 @@ pub struct Parker {
     /// The DeadLetterQueues this parker read in the last [`QUEUE_READ_REUSE`]: a producer that
     /// parks a storm of jobs would otherwise read the same queue once per job.
     queues: Arc<Mutex<QueueReads>>,
+    /// Reservations under `maxParked`, batched per queue across the process's parkers.
+    admissions: Admissions,
 }
 
 /// (namespace, name) → when read, and what.
 type QueueReads = HashMap<(String, String), (Instant, DeadLetterQueue)>;
 
-/// How long [`Parker::park`] reuses a DeadLetterQueue it read (its existence and `maxParked`
-/// counters are at most this stale; the create stays the guard against doubles).
+/// How long [`Parker::park`] reuses a DeadLetterQueue it read (its existence; the admission
+/// under `maxParked` re-reads it when it proves stale, and the create stays the guard against
+/// doubles).
 const QUEUE_READ_REUSE: Duration = Duration::from_secs(1);
 
 impl Parker {
@@ -97,6 +106,7 @@ impl Parker {
         Parker {
             client,
             queues: Arc::default(),
+            admissions: Admissions::shared(),
         }
     }
 
@@ -173,8 +183,7 @@ impl Parker {
                 }
             }
             FirstTry::Create(cycle) => {
-                check_capacity(queue, &req)?;
-                if let Some(outcome) = self.create(&records, &req, cycle).await? {
+                if let Some(outcome) = self.admit_and_create(queue, &records, &req, cycle).await? {
                     return Ok(outcome);
                 }
             }
@@ -213,8 +222,7 @@ impl Parker {
                 }
                 Cycle::Next(cycle) => cycle,
             };
-            check_capacity(queue, req)?;
-            if let Some(outcome) = self.create(records, req, cycle).await? {
+            if let Some(outcome) = self.admit_and_create(queue, records, req, cycle).await? {
                 return Ok(outcome);
             }
         }
@@ -238,6 +246,41 @@ impl Parker {
             lp = lp.match_any();
         }
         Ok(records.list(&lp).await?.items)
+    }
+
+    /// Reserves the record's name under the queue's `maxParked` (`dlq_core::capacity`), then
+    /// creates it, unless the reservation is older than
+    /// [`dlq_core::capacity::CREATE_WITHIN_SECS`] by then (the operator may already have
+    /// released it): the caller tries again.
+    async fn admit_and_create(
+        &self,
+        queue: &DeadLetterQueue,
+        records: &Api<DeadLetter>,
+        req: &ParkRequest,
+        cycle: i32,
+    ) -> Result<Option<ParkOutcome>, ParkError> {
+        let name = record_name(&req.queue, &req.job.id, cycle);
+        let admitted_at = Instant::now();
+        self.admissions
+            .admit(&self.client, queue, &name)
+            .await
+            .map_err(|e| match e {
+                AdmitError::Full { in_use, limit } => ParkError::MaxParked {
+                    queue: req.queue.clone(),
+                    parked: in_use,
+                    limit,
+                },
+                AdmitError::Gone => ParkError::UnknownQueue {
+                    namespace: queue.namespace().unwrap_or_default(),
+                    queue: req.queue.clone(),
+                },
+                AdmitError::Kube(why) => ParkError::Admission(why),
+            })?;
+        let within = Duration::from_secs(dlq_core::capacity::CREATE_WITHIN_SECS.unsigned_abs());
+        if admitted_at.elapsed() > within {
+            return Err(ParkError::Busy(req.job.id.clone()));
+        }
+        self.create(records, req, cycle).await
     }
 
     /// Creates `cycle`. None when that cycle already exists but is no longer Parked (the list
@@ -269,20 +312,6 @@ impl Parker {
             Err(e) => Err(e.into()),
         }
     }
-}
-
-/// `maxParked` as the queue's last counted status says.
-fn check_capacity(queue: &DeadLetterQueue, req: &ParkRequest) -> Result<(), ParkError> {
-    let parked = queue.status.as_ref().map_or(0, |s| s.parked);
-    let limit = queue.spec.max_parked();
-    if parked >= limit {
-        return Err(ParkError::MaxParked {
-            queue: req.queue.clone(),
-            parked,
-            limit,
-        });
-    }
-    Ok(())
 }
 
 /// Parks one job: see [`Parker::park`].

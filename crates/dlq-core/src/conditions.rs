@@ -8,6 +8,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 pub const READY: &str = "Ready";
 /// `Requeued`: whether the broker confirmed the redriven job (False while requeue fails).
 pub const REQUEUED: &str = "Requeued";
+/// `Full`: on a queue, whether its Parked records (and parkings admitted but not yet counted)
+/// reached `maxParked`, so new parkings are refused and sources leave messages in the broker.
+pub const FULL: &str = "Full";
 
 /// Fixed condition reasons. Failure reasons come from the target's error category.
 pub mod reason {
@@ -17,6 +20,8 @@ pub mod reason {
     pub const TARGET_REACHABLE: &str = "TargetReachable";
     pub const QUEUE_NOT_FOUND: &str = "QueueNotFound";
     pub const KUBE_API: &str = "KubeApi";
+    pub const MAX_PARKED_REACHED: &str = "MaxParkedReached";
+    pub const BELOW_MAX_PARKED: &str = "BelowMaxParked";
 }
 
 /// Longest condition message we write (the API limit is 32 KiB; we keep status small).

@@ -18,6 +18,8 @@ pub mod reason {
     pub const REPLAY_STOPPED: &str = "ReplayStopped";
     /// A dead message that can never be a record, kept in the broker's rejected list/queue.
     pub const REJECTED: &str = "Rejected";
+    /// A queue reached its maxParked: parkings wait (in the broker) until records resolve.
+    pub const QUEUE_FULL: &str = "QueueFull";
     /// Alertmanager has not accepted the per-record alerts for a while.
     pub const ALERTS_UNDELIVERABLE: &str = "AlertsUndeliverable";
 }

@@ -19,6 +19,7 @@ pub use kube_derive::KubeSchema;
 
 pub mod alert;
 pub mod api;
+pub mod capacity;
 pub mod conditions;
 pub mod decide;
 pub mod duration;

@@ -6,13 +6,15 @@
 //! happen once per transition (the `Parked` Event, the resolution counters) are in
 //! [`Write::then`]: carried out only when the write won.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::api::{
-    DeadLetter, DeadLetterQueue, DeadLetterQueueStatus, DeadLetterStatus, FailureKind, Phase,
+    DeadLetter, DeadLetterQueue, DeadLetterQueueStatus, DeadLetterStatus, FailureKind, KindCounts,
+    Phase,
 };
 use crate::conditions::{self, Cond, reason};
 use crate::events::{self, EventPlan};
@@ -44,6 +46,36 @@ pub struct Counts {
     pub redriven: i64,
     pub dropped: i64,
     pub oldest_parked_at: Option<Timestamp>,
+    /// The same per failure kind (`Transient`, `Invalid`); empty inside a kind's own counts.
+    pub kinds: BTreeMap<&'static str, Counts>,
+}
+
+impl Counts {
+    fn add(&mut self, r: &DeadLetter) {
+        match r.phase() {
+            Phase::Parked => {
+                self.parked += 1;
+                let parked_at = r.metadata.creation_timestamp.as_ref().map(|t| t.0);
+                if let Some(at) = parked_at
+                    && self.oldest_parked_at.is_none_or(|o| at < o)
+                {
+                    self.oldest_parked_at = Some(at);
+                }
+            }
+            Phase::Redriven => self.redriven += 1,
+            Phase::Dropped => self.dropped += 1,
+        }
+    }
+
+    /// As the queue's status holds one kind.
+    fn kind_status(&self) -> KindCounts {
+        KindCounts {
+            parked: self.parked,
+            redriven: self.redriven,
+            dropped: self.dropped,
+            oldest_parked_at: self.oldest_parked_at.map(Time),
+        }
+    }
 }
 
 /// A change to the operator's metrics.
@@ -374,20 +406,15 @@ pub fn lost_race(fresh: &DeadLetter, phase: Phase) -> Effects {
 /// Tallies records of one queue.
 pub fn count<'a>(records: impl IntoIterator<Item = &'a DeadLetter>) -> Counts {
     let mut c = Counts::default();
+    for kind in FailureKind::ALL {
+        c.kinds.insert(kind.as_str(), Counts::default());
+    }
     for r in records {
-        match r.phase() {
-            Phase::Parked => {
-                c.parked += 1;
-                let parked_at = r.metadata.creation_timestamp.as_ref().map(|t| t.0);
-                if let Some(at) = parked_at
-                    && c.oldest_parked_at.is_none_or(|o| at < o)
-                {
-                    c.oldest_parked_at = Some(at);
-                }
-            }
-            Phase::Redriven => c.redriven += 1,
-            Phase::Dropped => c.dropped += 1,
-        }
+        c.add(r);
+        c.kinds
+            .entry(r.spec.failure_kind.as_str())
+            .or_default()
+            .add(r);
     }
     c
 }
@@ -429,8 +456,10 @@ pub struct Readiness {
     pub target: String,
 }
 
-/// A queue's status write. Unlike a record's, every field is sent: `oldestParkedAt: null`
-/// clears it once nothing is parked.
+/// A queue's status write, sent as a merge patch without a resourceVersion (parkers write
+/// `reservations` concurrently). Unlike a record's, every field is sent: `oldestParkedAt: null`
+/// clears it once nothing is parked; `reservations` holds only the names to remove (as null),
+/// so reservations added meanwhile survive.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct QueueStatusWrite {
@@ -441,26 +470,32 @@ pub struct QueueStatusWrite {
     pub target: String,
     pub observed_generation: Option<i64>,
     pub conditions: Vec<Condition>,
+    pub failure_kinds: BTreeMap<String, KindCounts>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub reservations: BTreeMap<String, Option<i64>>,
 }
 
-/// The plan of one DeadLetterQueue reconcile: its status and its gauges.
+/// The plan of one DeadLetterQueue reconcile: its status, its gauges, and the Event when it
+/// becomes full.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QueuePlan {
     pub status: QueueStatusWrite,
     pub metrics: Vec<MetricChange>,
+    pub events: Vec<EventPlan>,
 }
 
-/// The status and gauges of `queue`, given its live records' `counts` and its target's
+/// The status and gauges of `queue`, given its live records' `counts`, the reservations those
+/// counts settle (`dlq_core::capacity::settled`, from the same snapshot) and its target's
 /// `readiness`.
 pub fn queue_status(
     queue: &DeadLetterQueue,
     counts: Counts,
+    settled: Vec<String>,
     readiness: Readiness,
     now: Timestamp,
 ) -> QueuePlan {
-    let mut conds = queue
-        .status
-        .as_ref()
+    let status = queue.status.as_ref();
+    let mut conds = status
         .map(|s: &DeadLetterQueueStatus| s.conditions.clone())
         .unwrap_or_default();
     conditions::set(
@@ -473,6 +508,15 @@ pub fn queue_status(
         },
         queue.metadata.generation,
         &Time(now),
+    );
+    let reserved = status
+        .map_or(0, |s| s.reservations.len())
+        .saturating_sub(settled.len());
+    let events = fullness(
+        queue,
+        &mut conds,
+        counts.parked + i64::try_from(reserved).unwrap_or(0),
+        now,
     );
     let oldest_parked_age_secs = counts
         .oldest_parked_at
@@ -493,8 +537,60 @@ pub fn queue_status(
             target: readiness.target,
             observed_generation: queue.metadata.generation,
             conditions: conds,
+            failure_kinds: counts
+                .kinds
+                .iter()
+                .map(|(k, c)| (k.to_string(), c.kind_status()))
+                .collect(),
+            reservations: settled.into_iter().map(|n| (n, None)).collect(),
         },
         metrics,
+        events,
+    }
+}
+
+/// Sets the `Full` condition from the slots `in_use` (parked + reservations left); a queue that
+/// becomes full gets a Warning Event `QueueFull` once per transition.
+fn fullness(
+    queue: &DeadLetterQueue,
+    conds: &mut Vec<Condition>,
+    in_use: i64,
+    now: Timestamp,
+) -> Vec<EventPlan> {
+    let limit = queue.spec.max_parked();
+    let full = in_use >= limit;
+    let was_full = conditions::find(conds, conditions::FULL).is_some_and(|c| c.status == "True");
+    let name = queue.metadata.name.as_deref().unwrap_or_default();
+    let message = if full {
+        format!(
+            "{in_use} parked (or being parked) of maxParked {limit}: new dead messages stay in the broker until records are resolved"
+        )
+    } else {
+        format!("{in_use} parked (or being parked) of maxParked {limit}")
+    };
+    conditions::set(
+        conds,
+        Cond {
+            type_: conditions::FULL,
+            status: full,
+            reason: if full {
+                reason::MAX_PARKED_REACHED
+            } else {
+                reason::BELOW_MAX_PARKED
+            },
+            message: &message,
+        },
+        queue.metadata.generation,
+        &Time(now),
+    );
+    if full && !was_full {
+        vec![EventPlan::warning(
+            events::reason::QUEUE_FULL,
+            events::action::PARK,
+            format!("queue {name} is full: {message}"),
+        )]
+    } else {
+        Vec::new()
     }
 }
 
@@ -689,7 +785,9 @@ mod tests {
         let c = count(rs.iter());
         assert_eq!((c.parked, c.redriven, c.dropped), (2, 1, 1));
         assert_eq!(c.oldest_parked_at, Some(at(100)));
-        assert_eq!(count([].iter()), Counts::default());
+        assert_eq!(c.kinds["Transient"].parked, 2);
+        assert_eq!(c.kinds["Invalid"], Counts::default());
+        assert_eq!(count([].iter()).parked, 0);
     }
 
     #[test]
@@ -731,6 +829,7 @@ mod tests {
                 redriven: 3,
                 ..Counts::default()
             },
+            Vec::new(),
             Readiness {
                 ready: false,
                 reason: "BrokerUnreachable",
@@ -750,5 +849,60 @@ mod tests {
                 ..
             }]
         ));
+    }
+
+    #[test]
+    fn a_queue_reaching_max_parked_is_full_once_and_settled_reservations_are_removed() {
+        let mut queue = DeadLetterQueue::new("relayer", Default::default());
+        queue.spec.max_parked = Some(3);
+        queue.status = Some(DeadLetterQueueStatus {
+            reservations: [("a", 1), ("b", 1)]
+                .into_iter()
+                .map(|(n, t)| (n.to_string(), t))
+                .collect(),
+            ..Default::default()
+        });
+        let ready = || Readiness {
+            ready: true,
+            reason: "TargetReachable",
+            message: "ok".into(),
+            target: String::new(),
+        };
+        let counts = Counts {
+            parked: 2,
+            ..Counts::default()
+        };
+        // 2 counted + "b" still reserved = 3: full.
+        let plan = queue_status(&queue, counts.clone(), vec!["a".into()], ready(), at(100));
+        let json = serde_json::to_value(&plan.status).expect("json");
+        assert_eq!(json["reservations"], serde_json::json!({"a": null}));
+        let full = conditions::find(&plan.status.conditions, conditions::FULL).expect("Full");
+        assert_eq!(
+            (full.status.as_str(), full.reason.as_str()),
+            ("True", "MaxParkedReached")
+        );
+        assert_eq!(plan.events.len(), 1);
+        assert_eq!(plan.events[0].reason, "QueueFull");
+        assert!(
+            plan.events[0].note.contains("stay in the broker"),
+            "{}",
+            plan.events[0].note
+        );
+        // Still full on the next pass: no second Event.
+        if let Some(s) = queue.status.as_mut() {
+            s.conditions = plan.status.conditions.clone();
+        }
+        let again = queue_status(&queue, counts, vec!["a".into()], ready(), at(101));
+        assert!(again.events.is_empty());
+        // Records resolved: not full.
+        let freed = queue_status(
+            &queue,
+            Counts::default(),
+            vec!["a".into(), "b".into()],
+            ready(),
+            at(102),
+        );
+        let full = conditions::find(&freed.status.conditions, conditions::FULL).expect("Full");
+        assert_eq!(full.status, "False");
     }
 }

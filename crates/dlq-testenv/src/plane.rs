@@ -517,6 +517,11 @@ impl ControlPlane {
     }
 
     /// The kube-apiserver's process id (to measure its memory).
+    /// etcd's client URL (`http://127.0.0.1:<port>`; its `/metrics` tells the database size).
+    pub fn etcd_url(&self) -> &str {
+        &self.ports.0
+    }
+
     pub fn apiserver_pid(&self) -> u32 {
         self.apiserver.id()
     }

@@ -1,13 +1,13 @@
 //! `ls`, `show`, `stats`: what is parked and why, at a glance.
 
-use std::collections::BTreeMap;
-
 use clap::{Args, ValueEnum};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 
-use dlq_core::api::{DeadLetter, Job, LABEL_FAILURE_KIND, LABEL_QUEUE, Phase};
+use dlq_core::api::{
+    DeadLetter, DeadLetterQueue, Job, KindCounts, LABEL_FAILURE_KIND, LABEL_QUEUE, Phase,
+};
 
 use crate::cli::{CliError, Global, connect};
 use crate::lookup;
@@ -33,6 +33,12 @@ pub struct LsArgs {
     /// Omit the header line.
     #[arg(long)]
     pub no_headers: bool,
+    /// At most this many records (0: all, still read a page at a time).
+    #[arg(long, default_value_t = 500)]
+    pub limit: usize,
+    /// Go on where an earlier `--limit` stopped (the token it printed).
+    #[arg(long = "continue", value_name = "TOKEN")]
+    pub continue_token: Option<String>,
 }
 
 /// `--phase` in any case, as people type it.
@@ -132,33 +138,97 @@ pub fn row(r: &DeadLetter, with_ns: bool) -> Vec<String> {
     row
 }
 
-/// `ls`: one row per record (cycle), or the records themselves with `-o json|yaml`.
+/// Most records asked of the apiserver per request: the first rows print after one page.
+const PAGE: u32 = 500;
+
+/// `ls`: one row per record (cycle), or the records themselves with `-o json|yaml`. Queue and
+/// phase are selected by the apiserver (label and field selectors) and the list is read a page
+/// at a time, each printed as it arrives; `--limit` stops early and prints how to continue.
 pub async fn ls(g: &Global, args: LsArgs) -> Result<(), CliError> {
     let (client, ns) = connect(g).await?;
-    let mut items = records(&client, &ns, g.all_namespaces, args.queue.as_deref(), None).await?;
-    if let Some(p) = args.phase {
-        items.retain(|r| r.phase() == p);
-    }
-    match args.output {
-        Output::Json | Output::Yaml => print_list(&items, args.output),
-        Output::Table => {
-            let mut rows = Vec::new();
-            if !args.no_headers {
-                let mut h: Vec<String> = Vec::new();
-                if g.all_namespaces {
-                    h.push("NAMESPACE".into());
-                }
-                h.extend(["JOB", "#", "PHASE", "INTENT", "BY", "REASON"].map(String::from));
-                rows.push(h);
-            }
-            rows.extend(items.iter().map(|r| row(r, g.all_namespaces)));
-            if items.is_empty() {
-                eprintln!("no records");
-            } else {
-                print!("{}", table(&rows));
-            }
-            Ok(())
+    let api: Api<DeadLetter> = if g.all_namespaces {
+        Api::all(client.clone())
+    } else {
+        Api::namespaced(client.clone(), &ns)
+    };
+    let mut lp = ls_params(&args);
+    let mut shown = 0usize;
+    let mut collected = Vec::new();
+    loop {
+        let want = if args.limit == 0 {
+            PAGE
+        } else {
+            u32::try_from(args.limit - shown).unwrap_or(PAGE).min(PAGE)
+        };
+        let page = api.list(&lp.clone().limit(want)).await?;
+        let next = page.metadata.continue_.clone().filter(|c| !c.is_empty());
+        let mut items = page.items;
+        sort(&mut items);
+        shown += items.len();
+        match args.output {
+            Output::Table => print_rows(g, &args, &items, shown == items.len()),
+            Output::Json | Output::Yaml => collected.extend(items),
         }
+        let Some(token) = next else { break };
+        if args.limit != 0 && shown >= args.limit {
+            eprintln!(
+                "more records: add --continue {token} for the next {}",
+                args.limit
+            );
+            break;
+        }
+        lp.continue_token = Some(token);
+    }
+    if args.output != Output::Table {
+        return print_list(&collected, args.output);
+    }
+    if shown == 0 {
+        eprintln!("no records");
+    }
+    Ok(())
+}
+
+/// The apiserver's side of `ls`: the queue as a label selector, the phase as a field selector
+/// (records not yet marked by the operator have no phase and count as Parked).
+fn ls_params(args: &LsArgs) -> ListParams {
+    let mut lp = ListParams::default();
+    if let Some(q) = &args.queue {
+        lp = lp.labels(&format!("{LABEL_QUEUE}={q}"));
+    }
+    if let Some(p) = args.phase {
+        lp = lp.fields(&match p {
+            Phase::Parked => "status.phase!=Redriven,status.phase!=Dropped".to_string(),
+            other => format!("status.phase={}", other.as_str()),
+        });
+    }
+    lp.continue_token = args.continue_token.clone();
+    lp
+}
+
+fn sort(items: &mut [DeadLetter]) {
+    items.sort_by(|a, b| {
+        (a.namespace(), &a.spec.job.id, a.spec.cycle).cmp(&(
+            b.namespace(),
+            &b.spec.job.id,
+            b.spec.cycle,
+        ))
+    });
+}
+
+/// One page of `ls` as table rows; the header above the first.
+fn print_rows(g: &Global, args: &LsArgs, items: &[DeadLetter], first: bool) {
+    let mut rows = Vec::new();
+    if first && !args.no_headers && !items.is_empty() {
+        let mut h: Vec<String> = Vec::new();
+        if g.all_namespaces {
+            h.push("NAMESPACE".into());
+        }
+        h.extend(["JOB", "#", "PHASE", "INTENT", "BY", "REASON"].map(String::from));
+        rows.push(h);
+    }
+    rows.extend(items.iter().map(|r| row(r, g.all_namespaces)));
+    if !rows.is_empty() {
+        print!("{}", table(&rows));
     }
 }
 
@@ -320,39 +390,17 @@ pub struct StatsArgs {
     pub queue: Option<String>,
 }
 
-#[derive(Default)]
-struct Tally {
-    parked: u64,
-    redriven: u64,
-    dropped: u64,
-    oldest: Option<jiff::Timestamp>,
-}
-
 /// `stats`: counts per queue and failure kind, with the age of the oldest parked record (the
-/// one an alert would be about).
+/// one an alert would be about). Read from the queues' status counters, which the operator
+/// keeps, so it costs one small list however many records there are.
 pub async fn stats(g: &Global, args: StatsArgs) -> Result<(), CliError> {
     let (client, ns) = connect(g).await?;
-    let items = records(&client, &ns, g.all_namespaces, args.queue.as_deref(), None).await?;
-    let mut by: BTreeMap<(String, String, String), Tally> = BTreeMap::new();
-    for r in &items {
-        let key = (
-            r.namespace().unwrap_or_default(),
-            r.spec.queue.clone(),
-            r.spec.failure_kind.label().to_string(),
-        );
-        let t = by.entry(key).or_default();
-        match r.phase() {
-            Phase::Parked => {
-                t.parked += 1;
-                let at = r.metadata.creation_timestamp.as_ref().map(|t| t.0);
-                if let Some(at) = at {
-                    t.oldest = Some(t.oldest.map_or(at, |o| o.min(at)));
-                }
-            }
-            Phase::Redriven => t.redriven += 1,
-            Phase::Dropped => t.dropped += 1,
-        }
-    }
+    let api: Api<DeadLetterQueue> = if g.all_namespaces {
+        Api::all(client.clone())
+    } else {
+        Api::namespaced(client.clone(), &ns)
+    };
+    let queues = api.list(&ListParams::default()).await?.items;
     let now = jiff::Timestamp::now();
     let mut rows = vec![Vec::new()];
     if g.all_namespaces {
@@ -369,28 +417,63 @@ pub async fn stats(g: &Global, args: StatsArgs) -> Result<(), CliError> {
         ]
         .map(String::from),
     );
-    for ((namespace, queue, kind), t) in &by {
-        let mut row = Vec::new();
-        if g.all_namespaces {
-            row.push(namespace.clone());
+    for q in queues
+        .iter()
+        .filter(|q| args.queue.as_ref().is_none_or(|want| *want == q.name_any()))
+    {
+        for (kind, c) in kind_counts(q) {
+            let mut row = Vec::new();
+            if g.all_namespaces {
+                row.push(q.namespace().unwrap_or_default());
+            }
+            row.extend([
+                q.name_any(),
+                kind,
+                c.parked.to_string(),
+                c.redriven.to_string(),
+                c.dropped.to_string(),
+                c.oldest_parked_at
+                    .map_or("-".into(), |o| human_age(now.duration_since(o.0).as_secs())),
+            ]);
+            rows.push(row);
         }
-        row.extend([
-            queue.clone(),
-            kind.clone(),
-            t.parked.to_string(),
-            t.redriven.to_string(),
-            t.dropped.to_string(),
-            t.oldest
-                .map_or("-".into(), |o| human_age(now.duration_since(o).as_secs())),
-        ]);
-        rows.push(row);
     }
-    if by.is_empty() {
+    if rows.len() == 1 {
         eprintln!("no records");
     } else {
         print!("{}", table(&rows));
     }
     Ok(())
+}
+
+/// A queue's counters per failure kind (lower case, as labels spell it), kinds without any
+/// record left out; a queue the operator has not counted per kind yet shows its totals as `-`.
+fn kind_counts(q: &DeadLetterQueue) -> Vec<(String, KindCounts)> {
+    let Some(s) = &q.status else {
+        return Vec::new();
+    };
+    if s.failure_kinds.is_empty() {
+        let total = KindCounts {
+            parked: s.parked,
+            redriven: s.redriven,
+            dropped: s.dropped,
+            oldest_parked_at: s.oldest_parked_at.clone(),
+        };
+        let any = total.parked + total.redriven + total.dropped > 0;
+        return if any {
+            vec![("-".into(), total)]
+        } else {
+            Vec::new()
+        };
+    }
+    let mut kinds: Vec<(String, KindCounts)> = s
+        .failure_kinds
+        .iter()
+        .filter(|(_, c)| c.parked + c.redriven + c.dropped > 0)
+        .map(|(k, c)| (k.to_ascii_lowercase(), c.clone()))
+        .collect();
+    kinds.sort_by(|a, b| a.0.cmp(&b.0));
+    kinds
 }
 
 /// `42s`, `5m`, `3h`, `2d`: the way kubectl shows ages.

@@ -1,0 +1,301 @@
+//! Issue 15's storm, capacity and scale points: a parking storm into a queue with a hard
+//! `maxParked` (`BENCH_STORM`, "messages,maxParked"), etcd bytes per record
+//! (`BENCH_CAPACITY`, payload sizes), and the 100,000-record point (`BENCH_RECORDS`, opt-in:
+//! operator RSS, restart → first reconcile, `ls`/`stats` latency, redrive of 10,000).
+
+use std::io::{Read, Write};
+
+use dlq_core::api::DeadLetterQueue;
+use dlq_core::conditions;
+
+use super::*;
+
+/// A namespace whose queue `relayer` has `patch` merged into its spec (on top of the Redis
+/// target `bench:<ns>`).
+pub async fn namespace_with(
+    b: &mut Bench,
+    prefix: &str,
+    patch: serde_json::Value,
+) -> anyhow::Result<String> {
+    let ns = b.namespace(prefix).await?;
+    Api::<DeadLetterQueue>::namespaced(b.client.clone(), &ns)
+        .patch(
+            "relayer",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": patch })),
+        )
+        .await?;
+    Ok(ns)
+}
+
+/// What a storm left behind.
+pub struct Storm {
+    pub rate: f64,
+    pub records: usize,
+    pub in_broker: usize,
+    pub rejected: usize,
+    pub full: bool,
+    pub events: usize,
+}
+
+/// `messages` envelopes on a Redis dead list, a queue with `max_parked`: the operator's source
+/// parks until the queue is full. Rate from the first to the last record.
+pub async fn storm(b: &mut Bench, messages: usize, max_parked: usize) -> anyhow::Result<Storm> {
+    let ns = namespace_with(
+        b,
+        "storm",
+        json!({"maxParked": max_parked, "source": {"redis": {"list": "dead"}}}),
+    )
+    .await?;
+    let mut redis = redis::Client::open(b.redis_url.as_str())?
+        .get_multiplexed_async_connection()
+        .await?;
+    for chunk in (0..messages).collect::<Vec<_>>().chunks(1000) {
+        let mut pipe = redis::pipe();
+        for i in chunk {
+            let env = json!({"id": format!("storm/{i:06}"), "payload": "x".repeat(64)});
+            pipe.cmd("LPUSH").arg("dead").arg(env.to_string());
+        }
+        let _: () = pipe.query_async(&mut redis).await?;
+    }
+    let (_op, _) = b.operator(&ns)?;
+    let api: Api<DeadLetter> = Api::namespaced(b.client.clone(), &ns);
+    let count = || async {
+        api.list_metadata(&ListParams::default())
+            .await
+            .map(|l| l.items.len())
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(900);
+    let mut first = None;
+    loop {
+        let n = count().await;
+        if n > 0 && first.is_none() {
+            first = Some((Instant::now(), n));
+        }
+        if n >= max_parked || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (t0, n0) = first.context("no record parked")?;
+    let rate = (max_parked - n0) as f64 / t0.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let records = count().await;
+    let inflight: usize = redis::cmd("HLEN")
+        .arg("dead:inflight")
+        .query_async(&mut redis)
+        .await
+        .unwrap_or(0);
+    let in_broker = list_len(&mut redis, "dead").await
+        + list_len(&mut redis, "dead:processing").await
+        + inflight;
+    let rejected = list_len(&mut redis, "dead:rejected").await;
+    let queue = Api::<DeadLetterQueue>::namespaced(b.client.clone(), &ns)
+        .get("relayer")
+        .await?;
+    let full = queue
+        .status
+        .as_ref()
+        .and_then(|s| conditions::find(&s.conditions, conditions::FULL))
+        .is_some_and(|c| c.status == "True");
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(b.client.clone(), &ns)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("QueueFull"))
+        .count();
+    api.delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .ok();
+    Ok(Storm {
+        rate,
+        records,
+        in_broker,
+        rejected,
+        full,
+        events,
+    })
+}
+
+/// etcd's `etcd_mvcc_db_total_size_in_use_in_bytes`.
+fn etcd_bytes(plane: &ControlPlane) -> anyhow::Result<f64> {
+    let addr = plane.etcd_url().trim_start_matches("http://").to_string();
+    let mut s = std::net::TcpStream::connect(&addr)?;
+    s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())?;
+    let mut body = String::new();
+    s.read_to_string(&mut body)?;
+    body.lines()
+        .find(|l| l.starts_with("etcd_mvcc_db_total_size_in_use_in_bytes "))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .context("etcd_mvcc_db_total_size_in_use_in_bytes not in etcd's /metrics")
+}
+
+/// Bytes of etcd per record of `payload` bytes: `n` plain records created (each one revision,
+/// as parked before the operator marks it), the in-use database size before and after.
+pub async fn etcd_per_record(b: &mut Bench, n: usize, payload: usize) -> anyhow::Result<f64> {
+    let ns = b.namespace("capacity").await?;
+    let before = etcd_bytes(&b.plane)?;
+    create_plain(&b.client, &ns, n, b.c, payload).await?;
+    let after = etcd_bytes(&b.plane)?;
+    Api::<DeadLetter>::namespaced(b.client.clone(), &ns)
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .ok();
+    Ok((after - before) / n as f64)
+}
+
+/// Wall time of one `kubectl dlq` command against the bench's control plane.
+fn time_cli(b: &Bench, ns: &str, args: &[&str]) -> anyhow::Result<(f64, usize)> {
+    time_bin(&release_bin("kubectl-dlq")?, b, ns, args)
+}
+
+/// Wall time of `bin` (a `kubectl-dlq`) with `args`, and the lines it printed.
+fn time_bin(bin: &Path, b: &Bench, ns: &str, args: &[&str]) -> anyhow::Result<(f64, usize)> {
+    let start = Instant::now();
+    let out = Command::new(bin)
+        .arg("--kubeconfig")
+        .arg(&b.plane.kubeconfig)
+        .args(["-n", ns])
+        .args(args)
+        .output()?;
+    let ms = start.elapsed().as_secs_f64() * 1000.0;
+    if !out.status.success() {
+        bail!(
+            "kubectl dlq {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok((ms, out.stdout.iter().filter(|c| **c == b'\n').count()))
+}
+
+/// `ls --queue` and `stats` over `n` records without an operator (`BENCH_RECORDS_ONLY_CLI`):
+/// the queue's counters written as the operator would. With `BENCH_KUBECTL_DLQ_BEFORE` (a
+/// `kubectl-dlq` built from an earlier commit) the same commands of that binary too.
+pub async fn cli_at_scale(b: &mut Bench, n: usize) -> anyhow::Result<Vec<(String, f64, usize)>> {
+    let ns = namespace_with(b, "cli-scale", json!({"maxParked": n * 2})).await?;
+    create_plain(&b.client, &ns, n, b.c, 1024).await?;
+    Api::<DeadLetterQueue>::namespaced(b.client.clone(), &ns)
+        .patch_status(
+            "relayer",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"status": {"parked": n, "failureKinds": {"Transient": {"parked": n}}}}),
+            ),
+        )
+        .await?;
+    let mut out = Vec::new();
+    let mut bins = vec![("after".to_string(), release_bin("kubectl-dlq")?)];
+    if let Some(before) = std::env::var_os("BENCH_KUBECTL_DLQ_BEFORE") {
+        bins.push(("before".to_string(), PathBuf::from(before)));
+    }
+    for (which, bin) in bins {
+        for args in [&["ls", "--queue", "relayer"][..], &["stats"][..]] {
+            let (ms, lines) = time_bin(&bin, b, &ns, args)?;
+            out.push((
+                format!("{which}: kubectl dlq {}", args.join(" ")),
+                ms,
+                lines,
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// The 100,000-record point.
+pub struct Scale {
+    pub marked_secs: f64,
+    pub peak_mib: f64,
+    pub rss_mib: f64,
+    pub restart_secs: f64,
+    pub ls_ms: f64,
+    pub ls_rows: usize,
+    pub stats_ms: f64,
+    pub redrive_rate: f64,
+}
+
+/// `n` records of 1 KiB in one queue: the operator marks them, is restarted, `ls` and `stats`
+/// are timed, and 10,000 are redriven.
+pub async fn hundred_thousand(b: &mut Bench, n: usize, redrive: usize) -> anyhow::Result<Scale> {
+    let ns = namespace_with(b, "scale", json!({"maxParked": n * 2})).await?;
+    create_plain(&b.client, &ns, n, b.c, 1024).await?;
+    eprintln!("scale: {n} records created");
+    let queues: Api<DeadLetterQueue> = Api::namespaced(b.client.clone(), &ns);
+    let parked = || async {
+        queues
+            .get("relayer")
+            .await
+            .ok()
+            .and_then(|q| q.status)
+            .map_or(0, |s| s.parked)
+    };
+    let start = Instant::now();
+    let (op, pid) = b.operator(&ns)?;
+    let api: Api<DeadLetter> = Api::namespaced(b.client.clone(), &ns);
+    // Every record marked: none left without a phase.
+    loop {
+        let unmarked = api
+            .list_metadata(
+                &ListParams::default()
+                    .fields("status.phase!=Parked")
+                    .limit(1),
+            )
+            .await?
+            .items
+            .len();
+        if unmarked == 0 && parked().await == n as i64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let marked_secs = start.elapsed().as_secs_f64();
+    let (peak_mib, rss_mib) = rss_mib(pid);
+    drop(op);
+
+    // Restart → first reconcile: a decision made as the operator starts, until it is resolved.
+    let first = record_name("relayer", &format!("bench/{:06}", 0), 1);
+    let start = Instant::now();
+    let (_op, _) = b.operator(&ns)?;
+    api.patch(
+        &first,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"action": "drop", "by": "bench"}})),
+    )
+    .await?;
+    while api.get(&first).await?.phase() != Phase::Dropped {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let restart_secs = start.elapsed().as_secs_f64();
+
+    let (ls_ms, ls_rows) = time_cli(b, &ns, &["ls", "--queue", "relayer"])?;
+    let (stats_ms, _) = time_cli(b, &ns, &["stats"])?;
+
+    let names: Vec<String> = (1..=redrive)
+        .map(|i| record_name("relayer", &format!("bench/{i:06}"), 1))
+        .collect();
+    let mut redis = redis::Client::open(b.redis_url.as_str())?
+        .get_multiplexed_async_connection()
+        .await?;
+    let key = format!("bench:{ns}");
+    let start = Instant::now();
+    decide_all(&api, &names, b.c).await?;
+    while list_len(&mut redis, &key).await < redrive {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if start.elapsed() > Duration::from_secs(1800) {
+            bail!("redrive of {redrive} did not finish in 30 minutes");
+        }
+    }
+    let redrive_rate = redrive as f64 / start.elapsed().as_secs_f64();
+    Ok(Scale {
+        marked_secs,
+        peak_mib,
+        rss_mib,
+        restart_secs,
+        ls_ms,
+        ls_rows,
+        stats_ms,
+        redrive_rate,
+    })
+}
