@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use dlq_client::park::{ParkRequest, Parker};
 use dlq_core::api::Job;
 use dlq_testenv::brokers::{Alertmanager, HttpSink};
-use dlq_testenv::{Operator, create_queue, list_target, setup};
+use dlq_testenv::{Operator, create_offline_queue, create_queue, list_target, setup};
 use futures::StreamExt;
 use serde_json::json;
 
@@ -60,14 +60,7 @@ fn seen(am: &Alertmanager) -> (Vec<String>, Vec<String>) {
 async fn latency(n: usize) -> ((f64, f64), (f64, f64)) {
     let (client, ns) = setup("bench-alert-latency").await;
     let am = Alertmanager::start();
-    create_queue(
-        &client,
-        &ns,
-        "redis://127.0.0.1:1/",
-        list_target(),
-        json!({}),
-    )
-    .await;
+    create_offline_queue(&client, &ns).await;
     let _op = Operator::start_with(&ns, &[&format!("--alertmanager-url={}", am.url())], &[]);
     let parker = Parker::new(client.clone());
     let mut parked: HashMap<String, Instant> = HashMap::new();

@@ -10,8 +10,8 @@ use dlq_client::park::{ParkRequest, Parker};
 use dlq_core::api::{Action, DeadLetter, IntentSnapshot, Job, Phase};
 use dlq_testenv::brokers::{Alertmanager, Redis};
 use dlq_testenv::{
-    Operator, create_dlq, create_queue, decide, events_for, eventually, list_target, report, setup,
-    wait_phase,
+    Operator, create_dlq, create_offline_queue, create_queue, decide, events_for, eventually,
+    list_target, report, setup, wait_phase,
 };
 use futures::StreamExt;
 use kube::api::Api;
@@ -171,14 +171,7 @@ async fn a_storm_pages_once_per_queue() {
     const PER_QUEUE: usize = 75;
     let (client, ns) = setup("alerts-storm").await;
     let am = Alertmanager::start();
-    create_queue(
-        &client,
-        &ns,
-        "redis://127.0.0.1:1/",
-        list_target(),
-        json!({}),
-    )
-    .await;
+    create_offline_queue(&client, &ns).await;
     create_dlq(
         &client,
         &ns,
@@ -237,14 +230,7 @@ async fn a_storm_pages_once_per_queue() {
 async fn a_standby_keeps_alerts_firing_when_the_leader_dies() {
     let (client, ns) = setup("alerts-leader").await;
     let am = Alertmanager::start();
-    create_queue(
-        &client,
-        &ns,
-        "redis://127.0.0.1:1/",
-        list_target(),
-        json!({}),
-    )
-    .await;
+    create_offline_queue(&client, &ns).await;
     let mut args = operator_args(&am, "60s");
     args.extend([
         "--leader-election=true".into(),

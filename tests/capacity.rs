@@ -9,7 +9,10 @@ use dlq_client::park::{ParkError, ParkRequest, Parker};
 use dlq_core::api::{Action, DeadLetter, DeadLetterQueue, Job, Phase};
 use dlq_core::conditions;
 use dlq_testenv::brokers::Redis;
-use dlq_testenv::{Operator, create_queue, decide, events_for, eventually, list_target, setup};
+use dlq_testenv::{
+    Operator, create_offline_queue, create_queue, decide, events_for, eventually, list_target,
+    setup, setup_redis_queue,
+};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use serde_json::json;
@@ -178,13 +181,8 @@ async fn push_dead(redis: &Redis, list: &str, n: usize) {
 
 #[tokio::test]
 async fn a_full_queue_leaves_dead_messages_in_redis_and_parks_them_as_records_resolve() {
-    let (client, ns) = setup("cap-storm").await;
-    let redis = Redis::start();
-    create_queue(
-        &client,
-        &ns,
-        &redis.url(),
-        list_target(),
+    let (client, ns, redis) = setup_redis_queue(
+        "cap-storm",
         json!({"maxParked": 20, "source": {"redis": {"list": "relayer:dead"}}}),
     )
     .await;
@@ -245,14 +243,7 @@ async fn a_full_queue_leaves_dead_messages_in_redis_and_parks_them_as_records_re
 #[tokio::test]
 async fn a_queue_without_max_parked_gets_the_safe_default() {
     let (client, ns) = setup("cap-default").await;
-    create_queue(
-        &client,
-        &ns,
-        "redis://127.0.0.1:1/",
-        list_target(),
-        json!({}),
-    )
-    .await;
+    create_offline_queue(&client, &ns).await;
     let q = Api::<DeadLetterQueue>::namespaced(client, &ns)
         .get("relayer")
         .await

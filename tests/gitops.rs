@@ -11,10 +11,9 @@ use std::time::{Duration, Instant};
 use dlq_client::park::{ParkRequest, park};
 use dlq_core::api::{DeadLetter, DeadLetterQueue, FailureKind, Job, Phase};
 use dlq_core::replay::{DeadLetterReplay, ReplayPhase};
-use dlq_testenv::brokers::Redis;
 use dlq_testenv::chart::{apply, of_kinds, release, render, scratch_dir};
 use dlq_testenv::flux::{self, Flux};
-use dlq_testenv::{LIST, Operator, create_queue, eventually, list_target, setup};
+use dlq_testenv::{LIST, Operator, eventually, setup_redis_queue};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -166,16 +165,8 @@ fn kubectl_get_dlr(ns: &str) -> String {
 #[tokio::test]
 async fn decisions_committed_to_git_are_applied_by_flux_and_carried_out_signed() {
     let started = Instant::now();
-    let (client, ns) = setup("gitops").await;
-    let redis = Redis::start();
-    create_queue(
-        &client,
-        &ns,
-        &redis.url(),
-        list_target(),
-        json!({"retention": {"resolvedFor": "1s"}}),
-    )
-    .await;
+    let (client, ns, redis) =
+        setup_redis_queue("gitops", json!({"retention": {"resolvedFor": "1s"}})).await;
     let single = park_one(&client, &ns, "pi_0001/settle", "payer had not signed").await;
     for i in 0..5 {
         park_one(

@@ -9,7 +9,8 @@ use dlq_client::park::{ParkError, ParkOutcome, ParkRequest, Parker, park};
 use dlq_core::api::{Action, DeadLetter, DeadLetterQueue, FailureKind, IntentSnapshot, Job, Phase};
 use dlq_testenv::brokers::Redis;
 use dlq_testenv::{
-    LIST, Operator, create_queue, decide, events_for, eventually, list_target, setup, wait_phase,
+    LIST, Operator, create_offline_queue, create_queue, decide, events_for, eventually,
+    list_target, setup, setup_redis_queue, wait_phase,
 };
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -126,14 +127,7 @@ async fn park_dedupes_while_parked_and_starts_a_new_cycle_after_resolution() {
 #[tokio::test]
 async fn fifty_concurrent_parkers_make_one_record() {
     let (client, ns) = setup("race-park").await;
-    create_queue(
-        &client,
-        &ns,
-        "redis://127.0.0.1:1/",
-        list_target(),
-        json!({}),
-    )
-    .await;
+    create_offline_queue(&client, &ns).await;
     let parker = Parker::new(client.clone());
     let outcomes = futures::future::join_all((0..50).map(|_| {
         let parker = parker.clone();
@@ -237,14 +231,7 @@ async fn bad_input_is_refused_with_a_clear_message() {
 #[tokio::test]
 async fn kubectl_dlq_park_prints_the_record_and_fails_on_bad_input() {
     let (client, ns) = setup("cli-park").await;
-    create_queue(
-        &client,
-        &ns,
-        "redis://127.0.0.1:1/",
-        list_target(),
-        json!({}),
-    )
-    .await;
+    create_offline_queue(&client, &ns).await;
     let plane = dlq_testenv::plane();
     let dir = std::env::temp_dir().join(format!("dlq-cli-{ns}"));
     std::fs::create_dir_all(&dir).unwrap();
@@ -384,16 +371,8 @@ async fn gitops_server_side_apply_of_a_decision_does_not_conflict_with_the_parke
 /// A namespace with queue `relayer` whose source is the dead list `relayer:dead` of a fresh
 /// redis-server (also its target).
 async fn redis_source_queue(name: &str) -> (kube::Client, String, Redis) {
-    let (client, ns) = setup(name).await;
-    let redis = Redis::start();
-    create_queue(
-        &client,
-        &ns,
-        &redis.url(),
-        list_target(),
-        json!({"source": {"redis": {"list": "relayer:dead"}}}),
-    )
-    .await;
+    let (client, ns, redis) =
+        setup_redis_queue(name, json!({"source": {"redis": {"list": "relayer:dead"}}})).await;
     (client, ns, redis)
 }
 

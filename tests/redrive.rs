@@ -4,7 +4,7 @@ use dlq_core::api::{Action, DeadLetter, DeadLetterQueue, IntentSnapshot, Phase};
 use dlq_testenv::brokers::Redis;
 use dlq_testenv::{
     LIST, Operator, assert_requeue_failing_then_recovers, condition, create_queue, decide,
-    events_for, eventually, list_target, setup, wait_phase,
+    events_for, eventually, list_target, setup, setup_redis_queue, wait_phase,
 };
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
@@ -100,16 +100,8 @@ async fn redrive_puts_the_identical_bytes_on_the_list() {
 
 #[tokio::test]
 async fn drop_resolves_without_enqueueing_and_retention_spares_parked() {
-    let (client, ns) = setup("drop").await;
-    let redis = Redis::start();
-    create_queue(
-        &client,
-        &ns,
-        &redis.url(),
-        list_target(),
-        json!({"retention": {"resolvedFor": "2s"}}),
-    )
-    .await;
+    let (client, ns, redis) =
+        setup_redis_queue("drop", json!({"retention": {"resolvedFor": "2s"}})).await;
     let op = Operator::start(&ns);
     let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
 

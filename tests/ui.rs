@@ -9,7 +9,10 @@ use dlq_client::park::{ParkRequest, park};
 use dlq_core::api::{Action, DeadLetter, FailureKind, IntentSnapshot, Job, Phase};
 use dlq_testenv::brokers::Redis;
 use dlq_testenv::browser::{Browser, Locator};
-use dlq_testenv::{Operator, create_queue, decide, eventually, list_target, setup, wait_phase};
+use dlq_testenv::{
+    Operator, create_offline_queue, create_queue, decide, eventually, list_target, setup,
+    wait_phase,
+};
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -350,14 +353,7 @@ async fn a_stale_selection_is_refused(
 #[tokio::test]
 async fn viewer_sees_no_buttons_and_a_forged_post_is_refused() {
     let (client, ns) = setup("ui-view").await;
-    create_queue(
-        &client,
-        &ns,
-        "redis://127.0.0.1:1/",
-        list_target(),
-        json!({}),
-    )
-    .await;
+    create_offline_queue(&client, &ns).await;
     let name = park_one(
         &client,
         &ns,

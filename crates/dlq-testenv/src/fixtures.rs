@@ -32,6 +32,24 @@ pub async fn create_queue(
     create_dlq(client, ns, "relayer", spec).await;
 }
 
+/// A fresh namespace ([`setup`](crate::setup) `name`), a fresh redis-server and queue
+/// `relayer` redriving onto its [`LIST`], with `extra` merged into the queue's spec.
+pub async fn setup_redis_queue(
+    name: &str,
+    extra: serde_json::Value,
+) -> (Client, String, crate::brokers::Redis) {
+    let (client, ns) = crate::setup(name).await;
+    let redis = crate::brokers::Redis::start();
+    create_queue(&client, &ns, &redis.url(), list_target(), extra).await;
+    (client, ns, redis)
+}
+
+/// Queue `relayer` as [`create_queue`] makes it, with a Redis nothing listens on: for tests of
+/// parking, the CLI and the apiserver's rules, where no job ever reaches a broker.
+pub async fn create_offline_queue(client: &Client, ns: &str) {
+    create_queue(client, ns, "redis://127.0.0.1:1/", list_target(), json!({})).await;
+}
+
 /// The Redis target onto [`LIST`], with the URL from the Secret of [`create_queue`].
 pub fn list_target() -> serde_json::Value {
     json!({"urlSecretRef": {"name": "redis", "key": "url"}, "list": LIST})

@@ -39,8 +39,8 @@ use std::time::Duration;
 
 pub use cluster::{CRDS, Plane, apply_crds, install_crds, namespace, node_plane, plane, setup};
 pub use fixtures::{
-    LIST, condition, create_dlq, create_queue, create_secret, decide, events_for, list_target,
-    record, redrive_many, wait_phase, wait_ready,
+    LIST, condition, create_dlq, create_offline_queue, create_queue, create_secret, decide,
+    events_for, list_target, record, redrive_many, setup_redis_queue, wait_phase, wait_ready,
 };
 pub use operator::Operator;
 pub use outage::{Outage, assert_requeue_failing_then_recovers};
