@@ -57,7 +57,7 @@ async fn run_once(
         "redis",
     )
     .await?;
-    // One connection blocks in BLMOVE; the other carries LREM/LPUSH for finished elements.
+    // One connection blocks in BLMOVE; the other claims elements and acknowledges them.
     let puller = RedisConn::new(&url).map_err(SourceError::broker("connecting to redis"))?;
     let acker = Arc::new(RedisConn::new(&url).map_err(SourceError::broker("connecting to redis"))?);
     let dead = source.list.clone();
