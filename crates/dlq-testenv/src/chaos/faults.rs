@@ -82,6 +82,9 @@ impl Targets {
             op.kill();
             keep_log(&op.log, &self.logs, &op.name);
         }
+        for (i, log) in self.rabbit.logs().iter().enumerate() {
+            keep_log(log, &self.logs, &format!("rabbitmq-{i}"));
+        }
     }
 
     /// The replica holding the Lease now, if the apiserver answers and it is one of ours.
@@ -180,6 +183,9 @@ impl Targets {
         for mut op in ops.drain(..) {
             op.kill();
             keep_log(&op.log, &self.logs, &op.name);
+        }
+        for (i, log) in self.rabbit.logs().iter().enumerate() {
+            keep_log(log, &self.logs, &format!("rabbitmq-{i}"));
         }
     }
 }

@@ -44,6 +44,9 @@ pub struct Report {
     pub panics: u64,
     pub redriven: u64,
     pub dropped: u64,
+    /// Messages still in each broker queue at the end (dead lists, dead-letter queues,
+    /// targets), to tell a message the operator never saw from one it lost.
+    pub broker_leftovers: BTreeMap<String, u64>,
     /// Up to five job ids per failed invariant, to start an investigation from.
     pub examples: BTreeMap<String, Vec<String>>,
     pub duration_secs: f64,
@@ -180,6 +183,9 @@ impl Report {
         }
         for (k, n) in &self.duplicate_enqueues {
             rows.push((format!("  after {k}"), n.to_string()));
+        }
+        for (q, n) in &self.broker_leftovers {
+            rows.push((format!("left in {q}"), n.to_string()));
         }
         rows.push(("duration".into(), format!("{:.0}s", self.duration_secs)));
         let mut out = String::from("| figure | value |\n|---|---:|\n");

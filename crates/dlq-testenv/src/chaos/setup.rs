@@ -113,6 +113,12 @@ impl Env {
             .await
             .unwrap_or_else(|e| panic!("starting toxiproxy: {e}"));
         let (shop, dlq, orders, jobs) = amqp_topology(&rabbit, &ns).await;
+        let rabbit = Arc::new(rabbit);
+        let node = rabbit.clone();
+        spawner
+            .run(move || node.checkpoint())
+            .await
+            .unwrap_or_else(|e| panic!("checkpointing rabbitmq: {e}"));
         let proxied = format!("redis://127.0.0.1:{}/", proxy.port);
         crate::create_secret(&client, &ns, "redis", "url", &proxied).await;
         crate::create_secret(&client, &ns, "amqp", "url", &rabbit.url()).await;
@@ -121,11 +127,12 @@ impl Env {
             "source": {"redis": {"list": workload::REDIS_DEAD}}})).await;
         crate::create_dlq(&client, &ns, "orders", json!({
             "target": {"amqp": {"urlSecretRef": {"name": "amqp", "key": "url"}, "exchange": "", "routingKey": jobs}},
-            "source": {"amqp": {"queue": dlq}}})).await;
+            "source": {"amqp": {"queue": dlq.clone()}}})).await;
         let brokers = Brokers {
             redis_url: redis.url(),
             amqp_url: rabbit.url(),
             shop,
+            dead: dlq,
             jobs: vec![orders, jobs.clone()],
         };
         let targets = Targets {
@@ -133,7 +140,7 @@ impl Env {
             client: client.clone(),
             ns: ns.clone(),
             redis: Arc::new(Mutex::new(redis)),
-            rabbit: Arc::new(rabbit),
+            rabbit,
             proxy,
             operators: Arc::default(),
             logs: cfg.out.join("logs"),
@@ -222,9 +229,11 @@ impl Env {
             let _ = c.await;
         }
         watch_task.abort();
+        let leftovers = workload::leftovers(&self.brokers).await;
         self.targets.stop_all();
         let mut report = Report::compute(&produced, &finals, &self.history);
         report.seed = cfg.seed;
+        report.broker_leftovers = leftovers;
         report.panics = count_panics(&self.targets.logs);
         report.duration_secs = started.elapsed().as_secs_f64();
         report

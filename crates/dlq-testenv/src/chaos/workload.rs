@@ -2,7 +2,7 @@
 //! deciding (kubectl dlq redrive/drop, GitOps server-side apply, the `--queue --rate` replay),
 //! and consumers reading every job that comes back on a target.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -10,8 +10,10 @@ use std::time::Duration;
 use dlq_core::api::{DeadLetter, Phase};
 use kube::api::{Api, Patch, PatchParams};
 use lapin::options::{
-    BasicAckOptions, BasicGetOptions, BasicPublishOptions, BasicRejectOptions, ConfirmSelectOptions,
+    BasicAckOptions, BasicGetOptions, BasicPublishOptions, BasicRejectOptions,
+    ConfirmSelectOptions, QueueDeclareOptions,
 };
+use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use serde_json::json;
 use tokio::sync::watch;
@@ -30,6 +32,8 @@ pub struct Brokers {
     pub amqp_url: String,
     /// The exchange whose queue dead-letters every message at once (TTL 0).
     pub shop: String,
+    /// The dead-letter queue the operator's AMQP source reads.
+    pub dead: String,
     /// Where redriven AMQP jobs land: their origin queue, and the queue's configured target.
     pub jobs: Vec<String>,
 }
@@ -88,18 +92,22 @@ pub async fn produce_amqp(b: Brokers, n: usize, per_sec: f64) -> Vec<String> {
                     .with_message_id(id.as_str().into())
                     .with_expiration("0".into())
                     .with_delivery_mode(2);
-                let sent = ch
-                    .basic_publish(
-                        b.shop.as_str().into(),
-                        "orders.created".into(),
-                        BasicPublishOptions::default(),
-                        id.as_bytes(),
-                        props,
-                    )
-                    .await;
-                if let Ok(confirm) = sent
-                    && confirm.await.is_ok_and(|c| c.is_ack())
-                {
+                let confirmed = within(async {
+                    let confirm = ch
+                        .basic_publish(
+                            b.shop.as_str().into(),
+                            "orders.created".into(),
+                            BasicPublishOptions::default(),
+                            id.as_bytes(),
+                            props,
+                        )
+                        .await
+                        .ok()?;
+                    confirm.await.ok()
+                })
+                .await
+                .flatten();
+                if confirmed.is_some_and(|c| c.is_ack()) {
                     break;
                 }
             }
@@ -123,16 +131,29 @@ fn is_original(props: &BasicProperties) -> bool {
 
 /// A channel (with publisher confirms when asked), or None while the broker is down.
 async fn amqp_channel(url: &str, confirms: bool) -> Option<(Connection, lapin::Channel)> {
-    let conn = Connection::connect(url, ConnectionProperties::default())
-        .await
-        .ok()?;
-    let ch = conn.create_channel().await.ok()?;
-    if confirms {
-        ch.confirm_select(ConfirmSelectOptions::default())
+    within(async {
+        let conn = Connection::connect(url, ConnectionProperties::default())
             .await
             .ok()?;
-    }
-    Some((conn, ch))
+        let ch = conn.create_channel().await.ok()?;
+        if confirms {
+            ch.confirm_select(ConfirmSelectOptions::default())
+                .await
+                .ok()?;
+        }
+        Some((conn, ch))
+    })
+    .await
+    .flatten()
+}
+
+/// How long a harness AMQP call may take. lapin can wait forever for the reply of a call made
+/// just before the broker died, and a stuck consumer would leave TTL-0 messages unexpired in
+/// a quorum queue (which expires them only at its head, when a consumer asks).
+const AMQP_CALL: Duration = Duration::from_secs(5);
+
+async fn within<T>(f: impl std::future::Future<Output = T>) -> Option<T> {
+    tokio::time::timeout(AMQP_CALL, f).await.ok()
 }
 
 /// Reads every job the operator puts back on the Redis target, until `stop`.
@@ -179,30 +200,70 @@ pub async fn consume_amqp(b: Brokers, history: History, stop: watch::Receiver<bo
         };
         let queue = &b.jobs[turn % b.jobs.len()];
         turn += 1;
-        match ch
-            .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: false })
-            .await
-        {
-            Ok(Some(m)) if is_original(&m.delivery.properties) => {
+        let got = within(ch.basic_get(queue.as_str().into(), BasicGetOptions { no_ack: false }));
+        match got.await {
+            Some(Ok(Some(m))) if is_original(&m.delivery.properties) => {
                 // A quorum queue applies TTL 0 only at the head of the queue, so a get can
                 // catch a producer's message before it expires: reject it, which dead-letters
                 // it (at least once) as a consumer giving up would. It is not a redrive.
                 let reject = BasicRejectOptions { requeue: false };
-                let _ = m.delivery.acker.reject(reject).await;
+                if !matches!(within(m.delivery.acker.reject(reject)).await, Some(Ok(_))) {
+                    conn = None;
+                }
             }
-            Ok(Some(m)) => {
+            Some(Ok(Some(m))) => {
                 let job = String::from_utf8_lossy(&m.delivery.data).to_string();
                 let key = fxhash(&job);
                 if !(m.delivery.redelivered && seen.contains(&key)) {
                     history.arrived(&job);
                     seen.insert(key);
                 }
-                let _ = m.delivery.acker.ack(BasicAckOptions::default()).await;
+                let acked = within(m.delivery.acker.ack(BasicAckOptions::default())).await;
+                if !matches!(acked, Some(Ok(_))) {
+                    conn = None;
+                }
             }
-            Ok(None) => tokio::time::sleep(Duration::from_millis(200)).await,
-            Err(_) => conn = None,
+            Some(Ok(None)) => tokio::time::sleep(Duration::from_millis(200)).await,
+            // An error or no answer in time: start over on a new connection.
+            Some(Err(_)) | None => conn = None,
         }
     }
+}
+
+/// Messages left in every broker queue of the run: the dead list and its in-flight hash, the
+/// dead-letter queue, the targets.
+pub async fn leftovers(b: &Brokers) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    if let Ok(client) = redis::Client::open(b.redis_url.as_str())
+        && let Ok(mut c) = client.get_multiplexed_async_connection().await
+    {
+        for (cmd, key) in [
+            ("LLEN", REDIS_DEAD.to_string()),
+            ("LLEN", format!("{REDIS_DEAD}:processing")),
+            ("HLEN", format!("{REDIS_DEAD}:inflight")),
+            ("LLEN", format!("{REDIS_DEAD}:rejected")),
+            ("LLEN", REDIS_JOBS.to_string()),
+        ] {
+            let n: Option<u64> = redis::cmd(cmd).arg(&key).query_async(&mut c).await.ok();
+            out.insert(key, n.unwrap_or(u64::MAX));
+        }
+    }
+    if let Some((_conn, ch)) = amqp_channel(&b.amqp_url, false).await {
+        let passive = QueueDeclareOptions {
+            passive: true,
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        for q in std::iter::once(b.dead.as_str()).chain(b.jobs.iter().map(String::as_str)) {
+            let declared = within(ch.queue_declare(q.into(), passive, FieldTable::default()));
+            let n = match declared.await {
+                Some(Ok(d)) => u64::from(d.message_count()),
+                _ => u64::MAX,
+            };
+            out.insert(q.to_string(), n);
+        }
+    }
+    out
 }
 
 fn fxhash(s: &str) -> u64 {
