@@ -125,14 +125,14 @@ async fn max_parked_holds_under_concurrent_parkers_and_the_cli() {
     let all = api.list(&ListParams::default()).await.expect("list").items;
     assert_eq!(all.len(), 40, "exactly 40 records exist");
 
-    // The operator says so: condition, Event, and the reservations settle into its count.
+    // The operator says so: condition, Event, and the blocks of slots settle into its count.
     eventually(
         30,
-        "the queue to be Full with its reservations counted",
+        "the queue to be Full with its blocks counted",
         || async {
             let q = queues.get("relayer").await.ok()?;
             let s = q.status.as_ref()?;
-            (s.parked == 40 && s.reservations.is_empty()).then_some(())
+            (s.parked == 40 && s.blocks.is_empty() && s.reservations.is_empty()).then_some(())
         },
     )
     .await;
@@ -238,6 +238,70 @@ async fn a_full_queue_leaves_dead_messages_in_redis_and_parks_them_as_records_re
     })
     .await;
     assert!(redis.list("relayer:dead:rejected").await.is_empty());
+}
+
+/// A storm from one process takes its slots in growing blocks: a few queue writes for hundreds
+/// of records, not one each. No operator runs, so nothing is settled and the blocks stay in
+/// the status to be looked at.
+#[tokio::test]
+async fn a_parking_storm_takes_slots_in_a_few_growing_blocks() {
+    let (client, ns) = setup("cap-blocks").await;
+    create_offline_queue(&client, &ns).await;
+    let parker = Parker::new(client.clone());
+    let results = futures::future::join_all((0..300).map(|i| {
+        let (parker, ns) = (parker.clone(), ns.clone());
+        async move { parker.park(&ns, request(&format!("storm/{i}"))).await }
+    }))
+    .await;
+    let failed: Vec<String> = results
+        .iter()
+        .filter_map(|r| r.as_ref().err().map(ToString::to_string))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(3)]
+    );
+    assert!(results.iter().all(|r| r.as_ref().is_ok_and(|o| o.is_new())));
+    let q = Api::<DeadLetterQueue>::namespaced(client.clone(), &ns)
+        .get("relayer")
+        .await
+        .expect("queue");
+    let blocks = q.status.expect("status").blocks;
+    let slots: i64 = blocks.values().map(|b| b.size).sum();
+    assert!(
+        blocks.len() <= 20 && (300..300 + dlq_core::capacity::MAX_BLOCK).contains(&slots),
+        "{} blocks, {slots} slots: {blocks:?}",
+        blocks.len()
+    );
+    assert!(
+        blocks
+            .values()
+            .any(|b| b.size == dlq_core::capacity::MAX_BLOCK)
+    );
+    // Every record names its block, and no block holds more records than slots.
+    let records = Api::<DeadLetter>::namespaced(client, &ns)
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items;
+    let mut per_block = std::collections::BTreeMap::<String, i64>::new();
+    for r in &records {
+        let block = r
+            .annotations()
+            .get("dlq.dev/slot-block")
+            .expect("block")
+            .clone();
+        *per_block.entry(block).or_default() += 1;
+    }
+    for (id, n) in per_block {
+        assert!(n <= blocks[&id].size, "block {id}: {n} records");
+    }
+    dlq_testenv::report(&format!(
+        "capacity: 300 parkings took {} blocks ({slots} slots)",
+        blocks.len()
+    ));
 }
 
 #[tokio::test]

@@ -78,23 +78,53 @@ pub async fn reconcile(
     Ok(Action::requeue(ctx.settings.queue_resync))
 }
 
-/// The queue's reservations that `records` (one snapshot of the store, the one counted)
-/// settle: see `dlq_core::capacity`.
-fn settled(queue: &DeadLetterQueue, records: &[Arc<DeadLetter>], now: Timestamp) -> Vec<String> {
-    let Some(reservations) = queue.status.as_ref().map(|s| &s.reservations) else {
-        return Vec::new();
+/// The queue's reservations and blocks that `records` (one snapshot of the store, the one
+/// counted) settle: see `dlq_core::capacity`.
+fn settled(
+    queue: &DeadLetterQueue,
+    records: &[Arc<DeadLetter>],
+    now: Timestamp,
+) -> capacity::Settlement {
+    let Some(status) = queue.status.as_ref() else {
+        return capacity::Settlement::default();
     };
-    if reservations.is_empty() {
-        return Vec::new();
+    let mut out = capacity::Settlement::default();
+    if !status.reservations.is_empty() {
+        let created: HashMap<String, i64> = records
+            .iter()
+            .map(|r| {
+                let at = r.metadata.creation_timestamp.as_ref();
+                (r.name_any(), at.map_or(i64::MAX, |t| t.0.as_second()))
+            })
+            .collect();
+        out.names = capacity::settled(
+            &status.reservations,
+            |n| created.get(n).copied(),
+            now.as_second(),
+        );
     }
-    let created: HashMap<String, i64> = records
-        .iter()
-        .map(|r| {
-            let at = r.metadata.creation_timestamp.as_ref();
-            (r.name_any(), at.map_or(i64::MAX, |t| t.0.as_second()))
-        })
-        .collect();
-    capacity::settled(reservations, |n| created.get(n).copied(), now.as_second())
+    if !status.blocks.is_empty() {
+        let mut seen: HashMap<&str, i64> = HashMap::new();
+        for block in records.iter().filter_map(|r| slot_block(r)) {
+            *seen.entry(block).or_default() += 1;
+        }
+        out.blocks = capacity::settle_blocks(
+            &status.blocks,
+            |id| seen.get(id).copied().unwrap_or(0),
+            now.as_second(),
+        );
+    }
+    out
+}
+
+/// The block of slots a record was parked in.
+fn slot_block(record: &DeadLetter) -> Option<&str> {
+    record
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(dlq_core::api::ANNOTATION_SLOT_BLOCK)
+        .map(String::as_str)
 }
 
 /// The queue's records, from the store.

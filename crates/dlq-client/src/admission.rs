@@ -1,11 +1,12 @@
 //! The parker's side of the hard `maxParked` (the rules are `dlq_core::capacity`): before a
-//! record is created its name is reserved in the DeadLetterQueue's status by a
-//! compare-and-swap. Parkings of one queue waiting in this process at the same moment share
-//! one compare-and-swap (a batch), so a parking storm costs one queue write per batch.
+//! record is created, a slot for it is taken from a block of slots granted in the
+//! DeadLetterQueue's status by a compare-and-swap. Parkings of one queue waiting in this
+//! process at the same moment share one compare-and-swap, and a storm's blocks grow so that
+//! most parkings take a slot without writing the queue at all.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
@@ -13,7 +14,7 @@ use serde_json::json;
 use tokio::sync::oneshot;
 
 use dlq_core::api::DeadLetterQueue;
-use dlq_core::capacity::{self, Admission};
+use dlq_core::capacity::{self, Grant};
 
 /// Why a reservation was not made.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -26,18 +27,52 @@ pub enum AdmitError {
     Kube(String),
 }
 
-type Reply = oneshot::Sender<Result<(), AdmitError>>;
+/// A slot under `maxParked`: the id of the block it belongs to, which the record carries in
+/// its `dlq.dev/slot-block` annotation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slot {
+    pub block: String,
+}
+
+type Reply = oneshot::Sender<Result<Slot, AdmitError>>;
+
+/// The slots left in the block this process holds for one queue.
+struct Held {
+    id: String,
+    size: i64,
+    left: i64,
+    /// Asked for at (before the compare-and-swap was sent).
+    asked: Instant,
+}
+
+impl Held {
+    fn usable(&self) -> bool {
+        self.left > 0 && self.asked.elapsed() < BLOCK_USE
+    }
+
+    fn take(&mut self) -> Option<Slot> {
+        if !self.usable() {
+            return None;
+        }
+        self.left -= 1;
+        Some(Slot {
+            block: self.id.clone(),
+        })
+    }
+}
 
 /// One queue's batching point.
 #[derive(Default)]
 struct Gate {
-    /// Names waiting for the next compare-and-swap.
-    pending: Mutex<Vec<(String, Reply)>>,
+    /// Parkings waiting for the next compare-and-swap.
+    pending: Mutex<Vec<Reply>>,
+    /// The block being spent, and whether the one before it was used up quickly.
+    held: Mutex<Option<Held>>,
     /// Held during a compare-and-swap; the queue as last read or written by it.
     last: tokio::sync::Mutex<Option<DeadLetterQueue>>,
 }
 
-/// Reserves record names under their queue's `maxParked`.
+/// Grants slots under their queue's `maxParked`.
 #[derive(Clone, Default)]
 pub struct Admissions {
     gates: Arc<Mutex<Gates>>,
@@ -46,8 +81,8 @@ pub struct Admissions {
 /// (namespace, queue) → its gate.
 type Gates = HashMap<(String, String), Arc<Gate>>;
 
-/// The process's admissions: every [`crate::Parker`] of a process batches through the same
-/// gates, so a producer calling `park()` once per job from many tasks contends with other
+/// The process's admissions: every [`crate::Parker`] of a process shares the same gates and
+/// blocks, so a producer calling `park()` once per job from many tasks contends with other
 /// processes only, never with itself.
 static SHARED: std::sync::LazyLock<Admissions> = std::sync::LazyLock::new(Admissions::default);
 
@@ -60,6 +95,12 @@ impl Admissions {
 /// Most compare-and-swap attempts per batch before giving up (each 409 waits a little and
 /// re-reads the queue).
 const ATTEMPTS: u32 = 40;
+
+/// How long after asking a block's slots are spent (`capacity::BLOCK_USE_SECS`).
+const BLOCK_USE: Duration = Duration::from_secs(capacity::BLOCK_USE_SECS.unsigned_abs());
+
+/// A block used up within this long after it was asked for makes the next one twice as big.
+const QUICKLY: Duration = Duration::from_secs(2);
 
 /// A random wait before attempt `attempt + 1`: up to 5 ms × 2^attempt, at most 400 ms.
 fn jitter(attempt: u32) -> Duration {
@@ -76,21 +117,42 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A block id unique across processes: this process's random part and a counter.
+fn block_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static PROCESS: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.finish()
+    });
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{:012x}-{}",
+        *PROCESS & 0xffff_ffff_ffff,
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
 impl Admissions {
-    /// Reserves `name` in `queue` (a recent view of it: a stale one costs a 409 and a read).
+    /// Takes a slot in `queue` (a recent view of it: a stale one costs a 409 and a read): from
+    /// the block this process holds, or from a new block granted by one compare-and-swap for
+    /// every parking waiting at that moment.
     pub async fn admit(
         &self,
         client: &Client,
         queue: &DeadLetterQueue,
-        name: &str,
-    ) -> Result<(), AdmitError> {
+    ) -> Result<Slot, AdmitError> {
         let key = (queue.namespace().unwrap_or_default(), queue.name_any());
         let gate = lock(&self.gates).entry(key).or_default().clone();
+        if let Some(slot) = lock(&gate.held).as_mut().and_then(Held::take) {
+            return Ok(slot);
+        }
         let (tx, mut rx) = oneshot::channel();
-        lock(&gate.pending).push((name.to_string(), tx));
-        // Either an earlier holder of the lock takes our name into its batch and answers, or
-        // we get the lock and write everything queued meanwhile ourselves. Waiting for the
-        // lock after being answered would queue behind the next batch's write.
+        lock(&gate.pending).push(tx);
+        // Either an earlier holder of the lock answers us, or we get the lock and serve
+        // everything queued meanwhile ourselves. Waiting for the lock after being answered
+        // would queue behind the next batch's write.
         let last = tokio::select! {
             biased;
             answered = &mut rx => return answered.unwrap_or_else(|_| Err(dropped())),
@@ -98,13 +160,93 @@ impl Admissions {
         };
         let mut last = last;
         let batch = std::mem::take(&mut *lock(&gate.pending));
-        if !batch.is_empty() {
-            let names: Vec<String> = batch.iter().map(|(n, _)| n.clone()).collect();
-            let result = reserve(client, &mut last, queue, &names).await;
-            answer(batch, result);
+        let mut batch = serve_from_held(&gate, batch);
+        // One block per round; more rounds when the parkings waiting outnumber the largest
+        // block, until they are served or the queue is full.
+        while !batch.is_empty() {
+            let want = {
+                let held = lock(&gate.held);
+                let before = held.as_ref().map(|h| (h.size, h.asked.elapsed() < QUICKLY));
+                capacity::next_block_size(batch.len(), before)
+            };
+            let asked = Instant::now();
+            let id = block_id();
+            match reserve(client, &mut last, queue, &id, want).await {
+                Ok(granted) => {
+                    batch = hand_out(&gate, batch, &id, granted, asked);
+                    if granted.size < want {
+                        refuse(batch, granted);
+                        break;
+                    }
+                }
+                Err(e) => {
+                    answer_all(batch, Err(e));
+                    break;
+                }
+            }
         }
         drop(last);
         rx.await.unwrap_or_else(|_| Err(dropped()))
+    }
+}
+
+/// Answers what the held block still covers; returns the rest.
+fn serve_from_held(gate: &Gate, batch: Vec<Reply>) -> Vec<Reply> {
+    let mut held = lock(&gate.held);
+    let mut rest = Vec::new();
+    for reply in batch {
+        match held.as_mut().and_then(Held::take) {
+            Some(slot) => {
+                let _ = reply.send(Ok(slot));
+            }
+            None => rest.push(reply),
+        }
+    }
+    rest
+}
+
+/// Gives waiting parkings their slots of a new block and keeps what is left of it for the
+/// next ones; returns the parkings it did not cover.
+fn hand_out(
+    gate: &Gate,
+    mut batch: Vec<Reply>,
+    id: &str,
+    granted: Grant,
+    asked: Instant,
+) -> Vec<Reply> {
+    let covered = usize::try_from(granted.size).unwrap_or(0).min(batch.len());
+    let rest = batch.split_off(covered);
+    for reply in batch {
+        // A parker that stopped waiting (its task was aborted) needs no answer.
+        let _ = reply.send(Ok(Slot {
+            block: id.to_string(),
+        }));
+    }
+    if granted.size > 0 {
+        *lock(&gate.held) = Some(Held {
+            id: id.to_string(),
+            size: granted.size,
+            left: granted.size - i64::try_from(covered).unwrap_or(0),
+            asked,
+        });
+    }
+    rest
+}
+
+/// The queue is full: every parking still waiting is refused.
+fn refuse(batch: Vec<Reply>, granted: Grant) {
+    answer_all(
+        batch,
+        Err(AdmitError::Full {
+            in_use: granted.in_use,
+            limit: granted.limit,
+        }),
+    );
+}
+
+fn answer_all(batch: Vec<Reply>, result: Result<Slot, AdmitError>) {
+    for reply in batch {
+        let _ = reply.send(result.clone());
     }
 }
 
@@ -112,49 +254,35 @@ fn dropped() -> AdmitError {
     AdmitError::Kube("admission dropped".into())
 }
 
-/// Sends each waiting parker its part of the batch's outcome.
-fn answer(batch: Vec<(String, Reply)>, result: Result<Admission, AdmitError>) {
-    for (name, reply) in batch {
-        let r = match &result {
-            Ok(a) if a.admitted.contains(&name) => Ok(()),
-            Ok(a) => Err(AdmitError::Full {
-                in_use: a.in_use,
-                limit: a.limit,
-            }),
-            Err(e) => Err(e.clone()),
-        };
-        // A parker that stopped waiting (its task was aborted) needs no answer.
-        let _ = reply.send(r);
-    }
-}
-
-/// One compare-and-swap admitting what fits of `names`, starting from the freshest view at
-/// hand; re-reads on a conflict, and once before refusing on a view that may be stale.
+/// One compare-and-swap adding block `id` with what fits of `want` slots, starting from the
+/// freshest view at hand; re-reads on a conflict, and once before refusing on a view that may
+/// be stale.
 async fn reserve(
     client: &Client,
     last: &mut Option<DeadLetterQueue>,
     given: &DeadLetterQueue,
-    names: &[String],
-) -> Result<Admission, AdmitError> {
+    id: &str,
+    want: i64,
+) -> Result<Grant, AdmitError> {
     let api: Api<DeadLetterQueue> =
         Api::namespaced(client.clone(), &given.namespace().unwrap_or_default());
     let mut current = last.take().unwrap_or_else(|| given.clone());
     let mut fresh = false;
     for attempt in 0..ATTEMPTS {
-        let admission = capacity::admit(current.status.as_ref(), current.spec.max_parked(), names);
-        if !admission.refused.is_empty() && !fresh {
+        let granted = capacity::grant(current.status.as_ref(), current.spec.max_parked(), want);
+        if granted.size < want && !fresh {
             current = read(&api, &given.name_any()).await?;
             fresh = true;
             continue;
         }
-        if admission.admitted.is_empty() {
+        if granted.size == 0 {
             *last = Some(current);
-            return Ok(admission);
+            return Ok(granted);
         }
-        match write(&api, &current, &admission).await {
+        match write(&api, &current, id, granted.size).await {
             Ok(updated) => {
                 *last = Some(updated);
-                return Ok(admission);
+                return Ok(granted);
             }
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 // Another process won this round: wait a random moment so contenders spread
@@ -179,22 +307,18 @@ async fn read(api: &Api<DeadLetterQueue>, name: &str) -> Result<DeadLetterQueue,
         .ok_or(AdmitError::Gone)
 }
 
-/// The compare-and-swap: the admitted names into `status.reservations`, guarded by the
-/// resourceVersion of the view they were counted against.
+/// The compare-and-swap: block `id` of `size` slots into `status.blocks`, guarded by the
+/// resourceVersion of the view it was counted against.
 async fn write(
     api: &Api<DeadLetterQueue>,
     current: &DeadLetterQueue,
-    admission: &Admission,
+    id: &str,
+    size: i64,
 ) -> Result<DeadLetterQueue, kube::Error> {
     let now = jiff::Timestamp::now().as_second();
-    let reservations: serde_json::Map<String, serde_json::Value> = admission
-        .admitted
-        .iter()
-        .map(|n| (n.clone(), json!(now)))
-        .collect();
     let patch = json!({
         "metadata": {"resourceVersion": current.resource_version()},
-        "status": {"reservations": reservations},
+        "status": {"blocks": {id: {"size": size, "at": now}}},
     });
     let pp = PatchParams {
         field_manager: Some(crate::park::PARKER.into()),

@@ -14,11 +14,9 @@ use kube::api::{ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 
 use dlq_core::api::{self, DeadLetter, DeadLetterQueue, Phase};
-use dlq_core::park::{
-    Cycle, FirstTry, first_try, job_key, new_record, next_cycle, record_name, validate,
-};
+use dlq_core::park::{Cycle, FirstTry, first_try, job_key, new_record, next_cycle, validate};
 
-use crate::admission::{Admissions, AdmitError};
+use crate::admission::{Admissions, AdmitError, Slot};
 pub use dlq_core::park::{KnownCycle, ParkInvalid, ParkRequest};
 
 /// Field manager of every record the parker creates.
@@ -248,10 +246,9 @@ impl Parker {
         Ok(records.list(&lp).await?.items)
     }
 
-    /// Reserves the record's name under the queue's `maxParked` (`dlq_core::capacity`), then
-    /// creates it, unless the reservation is older than
-    /// [`dlq_core::capacity::CREATE_WITHIN_SECS`] by then (the operator may already have
-    /// released it): the caller tries again.
+    /// Takes a slot under the queue's `maxParked` (`dlq_core::capacity`), then creates the
+    /// record in it, unless the slot is older than [`dlq_core::capacity::CREATE_WITHIN_SECS`]
+    /// by then (the operator may already have released its block): the caller tries again.
     async fn admit_and_create(
         &self,
         queue: &DeadLetterQueue,
@@ -259,10 +256,10 @@ impl Parker {
         req: &ParkRequest,
         cycle: i32,
     ) -> Result<Option<ParkOutcome>, ParkError> {
-        let name = record_name(&req.queue, &req.job.id, cycle);
         let admitted_at = Instant::now();
-        self.admissions
-            .admit(&self.client, queue, &name)
+        let slot = self
+            .admissions
+            .admit(&self.client, queue)
             .await
             .map_err(|e| match e {
                 AdmitError::Full { in_use, limit } => ParkError::MaxParked {
@@ -280,7 +277,7 @@ impl Parker {
         if admitted_at.elapsed() > within {
             return Err(ParkError::Busy(req.job.id.clone()));
         }
-        self.create(records, req, cycle).await
+        self.create(records, req, cycle, &slot).await
     }
 
     /// Creates `cycle`. None when that cycle already exists but is no longer Parked (the list
@@ -290,8 +287,14 @@ impl Parker {
         records: &Api<DeadLetter>,
         req: &ParkRequest,
         cycle: i32,
+        slot: &Slot,
     ) -> Result<Option<ParkOutcome>, ParkError> {
-        let record = new_record(req, cycle);
+        let mut record = new_record(req, cycle);
+        record
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(api::ANNOTATION_SLOT_BLOCK.into(), slot.block.clone());
         let name = record.name_any();
         let pp = PostParams {
             field_manager: Some(PARKER.into()),

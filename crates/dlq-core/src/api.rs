@@ -27,6 +27,9 @@ pub const LABEL_JOB_KEY: &str = "dlq.dev/job-key";
 /// Annotation with the broker's identity of the dead message a source parked (see
 /// `park::ParkRequest::message`).
 pub const ANNOTATION_SOURCE_MESSAGE: &str = "dlq.dev/source-message";
+/// Annotation with the id of the block of slots (`DeadLetterQueueStatus::blocks`) a record was
+/// parked in.
+pub const ANNOTATION_SLOT_BLOCK: &str = "dlq.dev/slot-block";
 /// Longest source message identity kept; longer ones are hashed.
 pub const MAX_SOURCE_MESSAGE_LEN: usize = 253;
 
@@ -723,6 +726,31 @@ pub struct DeadLetterQueueStatus {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend("x-kubernetes-map-type" = "atomic"))]
     pub reservations: BTreeMap<String, i64>,
+    /// Blocks of slots under `maxParked` granted to parker processes, by block id: a parking
+    /// storm reserves many slots in one compare-and-swap and spends them without writing the
+    /// queue again. Records parked in a block carry its id in the annotation
+    /// `dlq.dev/slot-block`; the operator counts them and removes the block once every slot is
+    /// seen or it is too old to be used (see `dlq_core::capacity`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("x-kubernetes-map-type" = "atomic"))]
+    pub blocks: BTreeMap<String, SlotBlock>,
+}
+
+/// A block of slots one parker process holds (see `DeadLetterQueueStatus::blocks`).
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SlotBlock {
+    /// Slots granted.
+    #[serde(default)]
+    pub size: i64,
+    /// When granted (Unix seconds, the parker's clock).
+    #[serde(default)]
+    pub at: i64,
+    /// Records of the block the operator has counted (they are in `parked` or resolved).
+    #[serde(default)]
+    pub counted: i64,
 }
 
 /// One failure kind's records of a queue, as the operator last counted them.

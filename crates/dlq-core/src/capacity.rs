@@ -1,79 +1,148 @@
 //! `maxParked` as a hard limit, for parkers in any number of processes.
 //!
-//! The serialisation point is the DeadLetterQueue's status: a parker admits a new record by a
-//! compare-and-swap (a merge patch carrying the status's resourceVersion) that adds the record's
-//! name to `status.reservations`, and only creates the record once that write won. The operator
-//! counts Parked records from its watch and, in the same status write, removes the
-//! reservations of records its count already includes. So at every moment
+//! The serialisation point is the DeadLetterQueue's status: a parker takes slots by a
+//! compare-and-swap (a merge patch carrying the status's resourceVersion) that adds a **block**
+//! of slots to `status.blocks`, and only creates records in it once that write won. Each
+//! record of a block carries the block's id (annotation `dlq.dev/slot-block`). The operator
+//! counts Parked records from its watch and, in the same status write, records how many of
+//! each block's records that snapshot holds (`counted`). So at every moment
 //!
 //! ```text
-//! Parked records in etcd  <=  status.parked + |status.reservations|  <=  maxParked
+//! Parked records in etcd  <=  status.parked + sum(size - counted)  <=  maxParked
 //! ```
 //!
-//! because a record exists only after its reservation was written, and a reservation is
-//! removed only together with a count that includes its record (both from one snapshot of the
-//! watch, which is a prefix of the apiserver's history: it may over-count records resolved a
-//! moment ago, never under-count). Parkers batch: one compare-and-swap admits every parking
-//! waiting in that process, so a storm costs one queue write per batch, not per record.
+//! because a record exists only in a block written before it, a block's uncounted slots cover
+//! its records the snapshot does not hold yet, and `counted` only moves together with a count
+//! that includes those records (both from one snapshot of the watch, a prefix of the
+//! apiserver's history). A block is removed once all its slots are counted, or once it is too
+//! old to be used ([`RESERVATION_TTL_SECS`]): a parker spends a block's slots only within
+//! [`BLOCK_USE_SECS`] of asking for it and creates within [`CREATE_WITHIN_SECS`] of taking a
+//! slot.
 //!
-//! Reservations of parkers that died before creating are removed after [`RESERVATION_TTL_SECS`];
-//! a parker never creates later than [`CREATE_WITHIN_SECS`] after its admission, so an expired
-//! reservation can no longer turn into a record. Without a running operator nothing is
-//! counted: reservations pile up and parking stops at `maxParked` (the safe side).
+//! Blocks are sized by demand: the parkings waiting in a process when it asks (one for a single
+//! `kubectl dlq park`), doubled while a storm keeps using them up, at most [`MAX_BLOCK`], never
+//! more than what is free. Near the limit a block is exactly the parkings waiting, so the limit
+//! is reached exactly; slots a process took but did not use stay counted until the block
+//! expires (the safe side).
+//!
+//! `status.reservations` (one slot per record name) is the older form; the operator still
+//! settles it for parkers of earlier versions. Without a running operator nothing is counted:
+//! blocks pile up and parking stops at `maxParked` (the safe side).
 
 use std::collections::BTreeMap;
 
-use crate::api::DeadLetterQueueStatus;
+use crate::api::{DeadLetterQueueStatus, SlotBlock};
 
-/// How long a reservation the operator has not seen a record for is kept.
+/// How long a reservation or block the operator has not seen every record of is kept.
 pub const RESERVATION_TTL_SECS: i64 = 300;
-/// A parker creates a record at most this long after its admission; later it asks again.
+/// A parker creates a record at most this long after taking its slot; later it asks again.
 pub const CREATE_WITHIN_SECS: i64 = 60;
+/// A parker takes slots from a block at most this long after asking for it.
+pub const BLOCK_USE_SECS: i64 = 10;
+/// The largest block one compare-and-swap grants.
+pub const MAX_BLOCK: i64 = 64;
 /// Clock skew tolerated between a parker (admission time) and the apiserver
 /// (`creationTimestamp`) when matching a record to its reservation.
 const SKEW_SECS: i64 = 60;
 
-/// Slots in use: the operator's last count plus the parkings admitted since.
+/// Slots in use: the operator's last count plus the slots reserved since.
 pub fn in_use(status: Option<&DeadLetterQueueStatus>) -> i64 {
     status.map_or(0, |s| {
         s.parked
             .saturating_add(i64::try_from(s.reservations.len()).unwrap_or(i64::MAX))
+            .saturating_add(s.blocks.values().map(uncounted).sum())
     })
 }
 
-/// What one compare-and-swap decides for a batch of parkings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Admission {
-    /// Names to write into `status.reservations` (then create).
-    pub admitted: Vec<String>,
-    /// Names that do not fit: the queue is full.
-    pub refused: Vec<String>,
-    /// Slots in use before this batch.
+/// A block's slots whose records the operator has not counted yet.
+pub fn uncounted(block: &SlotBlock) -> i64 {
+    block.size.saturating_sub(block.counted).max(0)
+}
+
+/// What one compare-and-swap grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    /// Slots in the new block (0: the queue is full).
+    pub size: i64,
+    /// Slots in use before it.
     pub in_use: i64,
     /// The queue's `maxParked`.
     pub limit: i64,
 }
 
-/// Which of `names` fit under `limit`, in order. A name already reserved (a retry) is admitted
-/// again without taking a second slot.
-pub fn admit(status: Option<&DeadLetterQueueStatus>, limit: i64, names: &[String]) -> Admission {
+/// A block for `want` parkings (at most [`MAX_BLOCK`], at most what is free under `limit`).
+pub fn grant(status: Option<&DeadLetterQueueStatus>, limit: i64, want: i64) -> Grant {
     let used = in_use(status);
-    let mut free = limit.saturating_sub(used);
-    let mut out = Admission {
-        admitted: Vec::new(),
-        refused: Vec::new(),
+    let free = limit.saturating_sub(used).max(0);
+    Grant {
+        size: want.clamp(0, MAX_BLOCK).min(free),
         in_use: used,
         limit,
+    }
+}
+
+/// The size of a process's next block: the parkings waiting now, or twice the last block when
+/// it was used up within a second or two (a storm), up to [`MAX_BLOCK`].
+pub fn next_block_size(waiting: usize, last: Option<(i64, bool)>) -> i64 {
+    let waiting = i64::try_from(waiting).unwrap_or(MAX_BLOCK).max(1);
+    let ramp = match last {
+        Some((size, used_up_quickly)) if used_up_quickly => size.saturating_mul(2),
+        _ => 1,
     };
-    for name in names {
-        let known = status.is_some_and(|s| s.reservations.contains_key(name));
-        if known || out.admitted.contains(name) {
-            out.admitted.push(name.clone());
-        } else if free > 0 {
-            free -= 1;
-            out.admitted.push(name.clone());
-        } else {
-            out.refused.push(name.clone());
+    waiting.max(ramp).min(MAX_BLOCK)
+}
+
+/// What the operator writes for one block: its new `counted`, or None to remove it.
+pub type BlockSettlement = Option<i64>;
+
+/// Everything one operator status write settles, from the snapshot it counted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Settlement {
+    /// Reservations (by record name) to remove.
+    pub names: Vec<String>,
+    /// Blocks to update or remove.
+    pub blocks: BTreeMap<String, BlockSettlement>,
+}
+
+impl Settlement {
+    /// Slots still in use after this settlement, besides the counted records.
+    pub fn left(&self, status: Option<&DeadLetterQueueStatus>) -> i64 {
+        let Some(s) = status else { return 0 };
+        let names = s.reservations.len().saturating_sub(self.names.len());
+        let blocks: i64 = s
+            .blocks
+            .iter()
+            .map(|(id, b)| match self.blocks.get(id) {
+                Some(None) => 0,
+                Some(Some(counted)) => uncounted(&SlotBlock {
+                    counted: *counted,
+                    ..*b
+                }),
+                None => uncounted(b),
+            })
+            .sum();
+        i64::try_from(names)
+            .unwrap_or(i64::MAX)
+            .saturating_add(blocks)
+    }
+}
+
+/// The operator's changes to `blocks`, given how many records of each block the snapshot it
+/// counted holds (`seen`, any phase). A block is removed when every slot is seen or when it is
+/// older than [`RESERVATION_TTL_SECS`]; otherwise its `counted` grows to what is seen (never
+/// shrinks: a record seen once was counted, even if retention deleted it since).
+pub fn settle_blocks(
+    blocks: &BTreeMap<String, SlotBlock>,
+    seen: impl Fn(&str) -> i64,
+    now: i64,
+) -> BTreeMap<String, BlockSettlement> {
+    let mut out = BTreeMap::new();
+    for (id, block) in blocks {
+        let seen = seen(id).max(block.counted);
+        if seen >= block.size || now.saturating_sub(block.at) > RESERVATION_TTL_SECS {
+            out.insert(id.clone(), None);
+        } else if seen > block.counted {
+            out.insert(id.clone(), Some(seen));
         }
     }
     out
@@ -115,28 +184,75 @@ mod tests {
         n.iter().map(|s| s.to_string()).collect()
     }
 
-    #[test]
-    fn admits_up_to_the_limit_counting_reservations() {
-        let s = status(3, &["a"]);
-        let a = admit(Some(&s), 6, &names(&["b", "c", "d"]));
-        assert_eq!(a.in_use, 4);
-        assert_eq!(a.admitted, names(&["b", "c"]));
-        assert_eq!(a.refused, names(&["d"]));
+    fn block(size: i64, at: i64, counted: i64) -> SlotBlock {
+        SlotBlock { size, at, counted }
     }
 
     #[test]
-    fn a_retry_of_a_reserved_name_takes_no_second_slot() {
-        let s = status(1, &["a"]);
-        let a = admit(Some(&s), 2, &names(&["a", "a"]));
-        assert_eq!((a.admitted.len(), a.refused.len()), (2, 0));
-        let full = admit(Some(&s), 2, &names(&["b"]));
-        assert_eq!(full.refused, names(&["b"]));
+    fn in_use_counts_parked_reservations_and_uncounted_block_slots() {
+        let mut s = status(3, &["a"]);
+        s.blocks.insert("p-1".into(), block(10, 100, 4));
+        // A block the operator counted past its size (a retry) takes nothing.
+        s.blocks.insert("p-2".into(), block(2, 100, 3));
+        assert_eq!(in_use(Some(&s)), 3 + 1 + 6);
     }
 
     #[test]
-    fn a_queue_without_status_starts_empty() {
-        let a = admit(None, 1, &names(&["a", "b"]));
-        assert_eq!((a.admitted, a.refused), (names(&["a"]), names(&["b"])));
+    fn a_grant_is_what_is_wanted_up_to_what_is_free() {
+        let mut s = status(3, &["a"]);
+        s.blocks.insert("p-1".into(), block(2, 100, 0));
+        assert_eq!(
+            grant(Some(&s), 10, 3),
+            Grant {
+                size: 3,
+                in_use: 6,
+                limit: 10
+            }
+        );
+        assert_eq!(grant(Some(&s), 10, 9).size, 4);
+        assert_eq!(grant(Some(&s), 6, 1).size, 0);
+        assert_eq!(grant(None, 1000, 500).size, MAX_BLOCK);
+        // An over-full queue (maxParked lowered) grants nothing, never a negative block.
+        assert_eq!(grant(Some(&s), 2, 1).size, 0);
+    }
+
+    #[test]
+    fn blocks_grow_only_while_a_storm_uses_them_up() {
+        assert_eq!(next_block_size(1, None), 1);
+        assert_eq!(next_block_size(5, None), 5);
+        assert_eq!(next_block_size(1, Some((4, true))), 8);
+        assert_eq!(next_block_size(1, Some((4, false))), 1);
+        assert_eq!(next_block_size(1, Some((MAX_BLOCK, true))), MAX_BLOCK);
+        assert_eq!(next_block_size(500, None), MAX_BLOCK);
+    }
+
+    #[test]
+    fn blocks_settle_when_every_slot_is_seen_or_they_expire() {
+        let blocks: BTreeMap<String, SlotBlock> = [
+            ("full", block(3, 100, 1)),
+            ("part", block(5, 100, 1)),
+            ("same", block(5, 100, 2)),
+            ("old", block(5, 10, 0)),
+            ("shrunk", block(5, 100, 4)),
+        ]
+        .into_iter()
+        .map(|(n, b)| (n.to_string(), b))
+        .collect();
+        let seen = |id: &str| match id {
+            "full" => 3,
+            "part" => 2,
+            "same" => 2,
+            // Retention deleted some: counted never goes back.
+            "shrunk" => 1,
+            _ => 0,
+        };
+        let out = settle_blocks(&blocks, seen, 400);
+        let want: BTreeMap<String, BlockSettlement> =
+            [("full", None), ("part", Some(2)), ("old", None)]
+                .into_iter()
+                .map(|(n, b)| (n.to_string(), b))
+                .collect();
+        assert_eq!(out, want);
     }
 
     #[test]

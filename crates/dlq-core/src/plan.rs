@@ -16,6 +16,7 @@ use crate::api::{
     DeadLetter, DeadLetterQueue, DeadLetterQueueStatus, DeadLetterStatus, FailureKind, KindCounts,
     Phase,
 };
+use crate::capacity;
 use crate::conditions::{self, Cond, reason};
 use crate::events::{self, EventPlan};
 
@@ -473,6 +474,15 @@ pub struct QueueStatusWrite {
     pub failure_kinds: BTreeMap<String, KindCounts>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub reservations: BTreeMap<String, Option<i64>>,
+    /// Blocks of slots: `{"counted": n}` merged into a block, or null to remove it.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub blocks: BTreeMap<String, Option<BlockCount>>,
+}
+
+/// The part of a block the operator writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct BlockCount {
+    pub counted: i64,
 }
 
 /// The plan of one DeadLetterQueue reconcile: its status, its gauges, and the Event when it
@@ -484,13 +494,13 @@ pub struct QueuePlan {
     pub events: Vec<EventPlan>,
 }
 
-/// The status and gauges of `queue`, given its live records' `counts`, the reservations those
-/// counts settle (`dlq_core::capacity::settled`, from the same snapshot) and its target's
+/// The status and gauges of `queue`, given its live records' `counts`, the reservations and
+/// blocks those counts settle (`dlq_core::capacity`, from the same snapshot) and its target's
 /// `readiness`.
 pub fn queue_status(
     queue: &DeadLetterQueue,
     counts: Counts,
-    settled: Vec<String>,
+    settled: capacity::Settlement,
     readiness: Readiness,
     now: Timestamp,
 ) -> QueuePlan {
@@ -509,15 +519,8 @@ pub fn queue_status(
         queue.metadata.generation,
         &Time(now),
     );
-    let reserved = status
-        .map_or(0, |s| s.reservations.len())
-        .saturating_sub(settled.len());
-    let events = fullness(
-        queue,
-        &mut conds,
-        counts.parked + i64::try_from(reserved).unwrap_or(0),
-        now,
-    );
+    let reserved = settled.left(status);
+    let events = fullness(queue, &mut conds, counts.parked + reserved, now);
     let oldest_parked_age_secs = counts
         .oldest_parked_at
         .map(|at| now.duration_since(at).as_secs().max(0))
@@ -542,7 +545,12 @@ pub fn queue_status(
                 .iter()
                 .map(|(k, c)| (k.to_string(), c.kind_status()))
                 .collect(),
-            reservations: settled.into_iter().map(|n| (n, None)).collect(),
+            reservations: settled.names.into_iter().map(|n| (n, None)).collect(),
+            blocks: settled
+                .blocks
+                .into_iter()
+                .map(|(id, c)| (id, c.map(|counted| BlockCount { counted })))
+                .collect(),
         },
         metrics,
         events,
@@ -829,7 +837,7 @@ mod tests {
                 redriven: 3,
                 ..Counts::default()
             },
-            Vec::new(),
+            capacity::Settlement::default(),
             Readiness {
                 ready: false,
                 reason: "BrokerUnreachable",
@@ -873,7 +881,7 @@ mod tests {
             ..Counts::default()
         };
         // 2 counted + "b" still reserved = 3: full.
-        let plan = queue_status(&queue, counts.clone(), vec!["a".into()], ready(), at(100));
+        let plan = queue_status(&queue, counts.clone(), names(&["a"]), ready(), at(100));
         let json = serde_json::to_value(&plan.status).expect("json");
         assert_eq!(json["reservations"], serde_json::json!({"a": null}));
         let full = conditions::find(&plan.status.conditions, conditions::FULL).expect("Full");
@@ -892,17 +900,67 @@ mod tests {
         if let Some(s) = queue.status.as_mut() {
             s.conditions = plan.status.conditions.clone();
         }
-        let again = queue_status(&queue, counts, vec!["a".into()], ready(), at(101));
+        let again = queue_status(&queue, counts, names(&["a"]), ready(), at(101));
         assert!(again.events.is_empty());
         // Records resolved: not full.
         let freed = queue_status(
             &queue,
             Counts::default(),
-            vec!["a".into(), "b".into()],
+            names(&["a", "b"]),
             ready(),
             at(102),
         );
         let full = conditions::find(&freed.status.conditions, conditions::FULL).expect("Full");
         assert_eq!(full.status, "False");
+    }
+
+    fn names(n: &[&str]) -> capacity::Settlement {
+        capacity::Settlement {
+            names: n.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn uncounted_block_slots_keep_a_queue_full_and_settled_blocks_are_written() {
+        use crate::api::SlotBlock;
+        let mut queue = DeadLetterQueue::new("relayer", Default::default());
+        queue.spec.max_parked = Some(10);
+        let block = |size, counted| SlotBlock {
+            size,
+            at: 100,
+            counted,
+        };
+        queue.status = Some(DeadLetterQueueStatus {
+            blocks: [("p-1", block(8, 0)), ("p-2", block(4, 0))]
+                .into_iter()
+                .map(|(n, b)| (n.to_string(), b))
+                .collect(),
+            ..Default::default()
+        });
+        let ready = Readiness {
+            ready: true,
+            reason: "TargetReachable",
+            message: "ok".into(),
+            target: String::new(),
+        };
+        // 5 of p-1's records counted (parked), p-2 all seen and removed: 5 + 3 = 8 of 10.
+        let settled = capacity::Settlement {
+            names: Vec::new(),
+            blocks: [("p-1".to_string(), Some(5)), ("p-2".to_string(), None)].into(),
+        };
+        let counts = Counts {
+            parked: 5,
+            ..Counts::default()
+        };
+        let plan = queue_status(&queue, counts, settled, ready, at(100));
+        let json = serde_json::to_value(&plan.status).expect("json");
+        assert_eq!(
+            json["blocks"],
+            serde_json::json!({"p-1": {"counted": 5}, "p-2": null})
+        );
+        let full = conditions::find(&plan.status.conditions, conditions::FULL).expect("Full");
+        assert_eq!(full.status, "False");
+        assert!(full.message.starts_with("8 parked"), "{}", full.message);
     }
 }
