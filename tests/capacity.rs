@@ -281,7 +281,7 @@ async fn a_parking_storm_takes_slots_in_a_few_growing_blocks() {
             .any(|b| b.size == dlq_core::capacity::MAX_BLOCK)
     );
     // Every record names its block, and no block holds more records than slots.
-    let records = Api::<DeadLetter>::namespaced(client, &ns)
+    let records = Api::<DeadLetter>::namespaced(client.clone(), &ns)
         .list(&ListParams::default())
         .await
         .expect("list")
@@ -302,6 +302,13 @@ async fn a_parking_storm_takes_slots_in_a_few_growing_blocks() {
         "capacity: 300 parkings took {} blocks ({slots} slots)",
         blocks.len()
     ));
+    // Slots not taken within the block's use window go back: exactly 300 stay counted.
+    let queues = Api::<DeadLetterQueue>::namespaced(client.clone(), &ns);
+    eventually(30, "unused slots given back", || async {
+        let blocks = queues.get("relayer").await.ok()?.status?.blocks;
+        (blocks.values().map(|b| b.size).sum::<i64>() == 300).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]

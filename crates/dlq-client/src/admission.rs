@@ -171,10 +171,12 @@ impl Admissions {
             };
             let asked = Instant::now();
             let id = block_id();
-            match reserve(client, &mut last, queue, &id, want).await {
+            let waiting = i64::try_from(batch.len()).unwrap_or(i64::MAX);
+            match reserve(client, &mut last, queue, &id, waiting, want).await {
                 Ok(granted) => {
-                    batch = hand_out(&gate, batch, &id, granted, asked);
-                    if granted.size < want {
+                    batch = hand_out(client, queue, &gate, batch, &id, granted, asked);
+                    // Fewer slots than parkings waiting: the queue is full.
+                    if granted.size < want.min(waiting) {
                         refuse(batch, granted);
                         break;
                     }
@@ -208,7 +210,9 @@ fn serve_from_held(gate: &Gate, batch: Vec<Reply>) -> Vec<Reply> {
 /// Gives waiting parkings their slots of a new block and keeps what is left of it for the
 /// next ones; returns the parkings it did not cover.
 fn hand_out(
-    gate: &Gate,
+    client: &Client,
+    queue: &DeadLetterQueue,
+    gate: &Arc<Gate>,
     mut batch: Vec<Reply>,
     id: &str,
     granted: Grant,
@@ -223,14 +227,75 @@ fn hand_out(
         }));
     }
     if granted.size > 0 {
-        *lock(&gate.held) = Some(Held {
+        let held = Held {
             id: id.to_string(),
             size: granted.size,
             left: granted.size - i64::try_from(covered).unwrap_or(0),
             asked,
-        });
+        };
+        let replaced = lock(&gate.held).replace(held);
+        let back = GiveBack {
+            client: client.clone(),
+            namespace: queue.namespace().unwrap_or_default(),
+            queue: queue.name_any(),
+        };
+        // An expired block replaced before its give-back ran returns its slots now.
+        if let Some(old) = replaced.filter(|h| h.left > 0) {
+            back.clone().send(old.id, old.size - old.left);
+        }
+        back.after_use(gate.clone(), id.to_string(), asked);
     }
     rest
+}
+
+/// Returns the slots of a block this process did not take, so they do not stay counted until
+/// the block expires (a burst that ends mid-block, or a block larger than its storm).
+#[derive(Clone)]
+struct GiveBack {
+    client: Client,
+    namespace: String,
+    queue: String,
+}
+
+impl GiveBack {
+    /// Once block `id` can no longer be used, shrinks it to the slots taken from it.
+    fn after_use(self, gate: Arc<Gate>, id: String, asked: Instant) {
+        tokio::spawn(async move {
+            tokio::time::sleep(BLOCK_USE.saturating_sub(asked.elapsed())).await;
+            let used = {
+                let mut held = lock(&gate.held);
+                match held.as_mut() {
+                    Some(h) if h.id == id && h.left > 0 => {
+                        // No slot is taken from it after this.
+                        let used = h.size - h.left;
+                        h.left = 0;
+                        used
+                    }
+                    _ => return,
+                }
+            };
+            self.send(id, used);
+        });
+    }
+
+    /// The block's size becomes `used` (a merge patch: shrinking a block is safe whatever
+    /// else changed meanwhile). A failure leaves the slots to the block's expiry.
+    fn send(self, id: String, used: i64) {
+        tokio::spawn(async move {
+            let api: Api<DeadLetterQueue> = Api::namespaced(self.client, &self.namespace);
+            let patch = json!({"status": {"blocks": {id.as_str(): {"size": used}}}});
+            let pp = PatchParams {
+                field_manager: Some(crate::park::PARKER.into()),
+                ..PatchParams::default()
+            };
+            if let Err(e) = api
+                .patch_status(&self.queue, &pp, &Patch::Merge(patch))
+                .await
+            {
+                tracing::debug!(queue = %self.queue, block = %id, error = %e, "giving back unused slots failed; they expire with the block");
+            }
+        });
+    }
 }
 
 /// The queue is full: every parking still waiting is refused.
@@ -262,6 +327,7 @@ async fn reserve(
     last: &mut Option<DeadLetterQueue>,
     given: &DeadLetterQueue,
     id: &str,
+    waiting: i64,
     want: i64,
 ) -> Result<Grant, AdmitError> {
     let api: Api<DeadLetterQueue> =
@@ -269,8 +335,9 @@ async fn reserve(
     let mut current = last.take().unwrap_or_else(|| given.clone());
     let mut fresh = false;
     for attempt in 0..ATTEMPTS {
-        let granted = capacity::grant(current.status.as_ref(), current.spec.max_parked(), want);
-        if granted.size < want && !fresh {
+        let limit = current.spec.max_parked();
+        let granted = capacity::grant(current.status.as_ref(), limit, waiting, want);
+        if granted.size < want.min(waiting) && !fresh {
             current = read(&api, &given.name_any()).await?;
             fresh = true;
             continue;

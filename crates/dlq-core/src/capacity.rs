@@ -40,7 +40,7 @@ pub const CREATE_WITHIN_SECS: i64 = 60;
 /// A parker takes slots from a block at most this long after asking for it.
 pub const BLOCK_USE_SECS: i64 = 10;
 /// The largest block one compare-and-swap grants.
-pub const MAX_BLOCK: i64 = 64;
+pub const MAX_BLOCK: i64 = 256;
 /// Clock skew tolerated between a parker (admission time) and the apiserver
 /// (`creationTimestamp`) when matching a record to its reservation.
 const SKEW_SECS: i64 = 60;
@@ -70,12 +70,15 @@ pub struct Grant {
     pub limit: i64,
 }
 
-/// A block for `want` parkings (at most [`MAX_BLOCK`], at most what is free under `limit`).
-pub fn grant(status: Option<&DeadLetterQueueStatus>, limit: i64, want: i64) -> Grant {
+/// A block of `want` slots for `waiting` parkings: at most [`MAX_BLOCK`], at most what is
+/// free under `limit`, and the slots beyond those waiting (taken ahead for a storm) at most
+/// half of what is free, so that near the limit a block is what is needed now.
+pub fn grant(status: Option<&DeadLetterQueueStatus>, limit: i64, waiting: i64, want: i64) -> Grant {
     let used = in_use(status);
     let free = limit.saturating_sub(used).max(0);
+    let ahead_cap = waiting.max(free / 2);
     Grant {
-        size: want.clamp(0, MAX_BLOCK).min(free),
+        size: want.min(ahead_cap).clamp(0, MAX_BLOCK).min(free),
         in_use: used,
         limit,
     }
@@ -202,18 +205,22 @@ mod tests {
         let mut s = status(3, &["a"]);
         s.blocks.insert("p-1".into(), block(2, 100, 0));
         assert_eq!(
-            grant(Some(&s), 10, 3),
+            grant(Some(&s), 10, 3, 3),
             Grant {
                 size: 3,
                 in_use: 6,
                 limit: 10
             }
         );
-        assert_eq!(grant(Some(&s), 10, 9).size, 4);
-        assert_eq!(grant(Some(&s), 6, 1).size, 0);
-        assert_eq!(grant(None, 1000, 500).size, MAX_BLOCK);
+        assert_eq!(grant(Some(&s), 10, 9, 9).size, 4);
+        assert_eq!(grant(Some(&s), 6, 1, 1).size, 0);
+        assert_eq!(grant(None, 1000, 500, 500).size, MAX_BLOCK);
         // An over-full queue (maxParked lowered) grants nothing, never a negative block.
-        assert_eq!(grant(Some(&s), 2, 1).size, 0);
+        assert_eq!(grant(Some(&s), 2, 1, 1).size, 0);
+        // Slots ahead of demand: at most half of what is free.
+        assert_eq!(grant(None, 1000, 1, 256).size, 256);
+        assert_eq!(grant(None, 100, 1, 256).size, 50);
+        assert_eq!(grant(Some(&s), 10, 1, 64).size, 2);
     }
 
     #[test]
