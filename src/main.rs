@@ -13,6 +13,8 @@ use deadletter::metrics::Metrics;
 use deadletter::server::{self, Probes};
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
 use kube::runtime::events::Reporter;
 
 #[derive(Parser)]
@@ -213,7 +215,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         },
         shutdown.clone(),
     ));
-    let Some(lost) = lead(&args, &client, &identity, &ready, &shutdown).await? else {
+    let Some(Lead { lost, lease }) = lead(&args, &client, &identity, &ready, &shutdown).await?
+    else {
         return Ok(());
     };
     let leadership = follow_lease(&args, &client, &identity);
@@ -241,48 +244,145 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     if lost.clone().now_or_never().is_some() {
         anyhow::bail!("lost leadership");
     }
+    // The controllers have stopped: hand the Lease over now rather than make the standby
+    // wait for it to expire.
+    lease.release().await;
     let _ = server.await;
     Ok(())
 }
 
-/// Leadership: controllers run only while this replica holds the Lease. Waits until it does
-/// and returns a future that resolves when it is lost (losing it ends the process, and the
-/// Deployment restarts it as a standby, which is simpler than tearing down). None when
-/// `shutdown` came first. Without leader election, leadership is never lost.
+/// A leader's term: `lost` resolves when the Lease is lost (losing it ends the process, and the
+/// Deployment restarts it as a standby, which is simpler than tearing down); `lease` gives it
+/// up on a clean shutdown.
+struct Lead {
+    lost: Shutdown,
+    lease: LeaseHandle,
+}
+
+/// Gives the Lease up once the controllers have stopped (a rolling update hands over at once
+/// instead of after the Lease's 15 s).
+struct LeaseHandle {
+    release: Option<tokio::sync::oneshot::Sender<()>>,
+    done: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// How long a clean shutdown waits for the Lease to be released.
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl LeaseHandle {
+    fn none() -> Self {
+        LeaseHandle {
+            release: None,
+            done: None,
+        }
+    }
+
+    async fn release(mut self) {
+        if let Some(tx) = self.release.take() {
+            let _ = tx.send(());
+        }
+        if let Some(done) = self.done.take()
+            && tokio::time::timeout(RELEASE_TIMEOUT, done).await.is_err()
+        {
+            tracing::warn!("releasing the Lease took too long; the standby waits for it to expire");
+        }
+    }
+}
+
+/// Leadership: controllers run only while this replica holds the Lease. Waits until it does.
+/// None when `shutdown` came first. Without leader election, leadership is never lost.
 async fn lead(
     args: &RunArgs,
     client: &kube::Client,
     identity: &str,
     ready: &AtomicBool,
     shutdown: &Shutdown,
-) -> anyhow::Result<Option<Shutdown>> {
+) -> anyhow::Result<Option<Lead>> {
     if !args.leader_election {
-        return Ok(Some(std::future::pending::<()>().boxed().shared()));
+        return Ok(Some(Lead {
+            lost: std::future::pending::<()>().boxed().shared(),
+            lease: LeaseHandle::none(),
+        }));
     }
-    let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &args.lease_name)
-        .with_namespace(&args.lease_namespace)
-        .with_identity(identity)
-        .with_duration(15)
-        .with_grace(5)
-        .build()
-        .await
-        .context("setting up leader election")?;
-    let (mut leader, _task) = manager.watch().await;
-    ready.store(true, Ordering::Relaxed);
-    tracing::info!(lease = %args.lease_name, identity = %identity, "waiting for leadership");
-    tokio::select! {
-        r = leader.wait_for(|held| *held) => { r.context("leader election stopped")?; }
-        _ = shutdown.clone() => return Ok(None),
-    }
-    tracing::info!(identity = %identity, "became leader");
-    Ok(Some(
-        async move {
-            let _ = leader.wait_for(|held| !*held).await;
-            tracing::error!("lost leadership; exiting so a standby takes over");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &args.lease_namespace);
+    let (mut leader, task) = loop {
+        let manager =
+            kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &args.lease_name)
+                .with_namespace(&args.lease_namespace)
+                .with_identity(identity)
+                .with_duration(15)
+                .with_grace(5)
+                .build()
+                .await
+                .context("setting up leader election")?;
+        let (mut leader, task) = manager.watch().await;
+        ready.store(true, Ordering::Relaxed);
+        tracing::info!(lease = %args.lease_name, identity = %identity, "waiting for leadership");
+        // The lease manager sleeps until the holder's term ends; a holder that gave the
+        // Lease up (a clean shutdown) is noticed by polling, and a fresh manager takes it.
+        let released = tokio::select! {
+            r = leader.wait_for(|held| *held) => { r.context("leader election stopped")?; false }
+            () = lease_released(&leases, &args.lease_name) => true,
+            _ = shutdown.clone() => return Ok(None),
+        };
+        if !released {
+            break (leader, task);
         }
-        .boxed()
-        .shared(),
-    ))
+        drop(leader);
+        let _ = task.await;
+    };
+    tracing::info!(identity = %identity, "became leader");
+    let (lost_tx, lost_rx) = tokio::sync::watch::channel(false);
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let done = tokio::spawn(async move {
+        tokio::select! {
+            _ = leader.wait_for(|held| !*held) => {
+                tracing::error!("lost leadership; exiting so a standby takes over");
+                let _ = lost_tx.send(true);
+                return;
+            }
+            _ = released => {}
+        }
+        // The lease manager releases the Lease once its last receiver is gone.
+        drop(leader);
+        match task.await {
+            Ok(Ok(_)) => tracing::info!("released the Lease"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "releasing the Lease failed"),
+            Err(e) => tracing::warn!(error = %e, "the lease manager stopped"),
+        }
+    });
+    let lost = async move {
+        let mut lost_rx = lost_rx;
+        let _ = lost_rx.wait_for(|lost| *lost).await;
+    };
+    Ok(Some(Lead {
+        lost: lost.boxed().shared(),
+        lease: LeaseHandle {
+            release: Some(release),
+            done: Some(done),
+        },
+    }))
+}
+
+/// Resolves once the Lease, after being held by another replica, has no holder (it was given
+/// up). Polls once a second, as the requeue guard does.
+async fn lease_released(leases: &Api<Lease>, name: &str) {
+    let mut held_by_another = false;
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let holder = match leases.get_opt(name).await {
+            Ok(lease) => lease
+                .and_then(|l| l.spec)
+                .and_then(|s| s.holder_identity)
+                .filter(|h| !h.is_empty()),
+            Err(_) => continue,
+        };
+        match holder {
+            Some(_) => held_by_another = true,
+            None if held_by_another => return,
+            None => {}
+        }
+    }
 }
 
 /// The requeue guard of a leader: its term as the Lease says, refreshed every second (see

@@ -69,3 +69,40 @@ async fn a_standby_takes_over_when_the_leader_dies() {
     jobs.sort();
     assert_eq!(jobs, vec![b"one".to_vec(), b"two".to_vec()]);
 }
+
+/// A leader stopped cleanly (SIGTERM, as in a rolling update) gives the Lease up, so the
+/// standby takes over at once instead of after the Lease's 15 s.
+#[tokio::test]
+async fn a_leader_stopped_cleanly_hands_the_lease_over_at_once() {
+    let (client, ns) = setup("leader-term").await;
+    let redis = Redis::start();
+    create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
+    let lease = |op: &Operator| op.logs().contains("became leader");
+    let args = ["--leader-election=true", "--lease-namespace", &ns];
+    let mut a = Operator::start_with(&ns, &args, &[]);
+    eventually(30, "the first replica to lead", || async {
+        lease(&a).then_some(())
+    })
+    .await;
+    let b = Operator::start_with(&ns, &args, &[]);
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert!(!lease(&b), "only one replica leads");
+
+    let stopped = std::time::Instant::now();
+    let status = a.terminate().expect("the leader exits on SIGTERM");
+    assert!(status.success(), "{status:?}\n{}", a.logs());
+    assert!(a.logs().contains("released the Lease"), "{}", a.logs());
+    eventually(30, "the standby to take over", || async {
+        lease(&b).then_some(())
+    })
+    .await;
+    let took = stopped.elapsed();
+    dlq_testenv::report(&format!(
+        "leader: SIGTERM to the standby leading took {:.1}s (Lease 15 s)",
+        took.as_secs_f64()
+    ));
+    assert!(
+        took.as_secs() < 8,
+        "took {took:?}: the Lease was not handed over"
+    );
+}
