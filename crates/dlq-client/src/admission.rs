@@ -41,6 +41,11 @@ struct Held {
     id: String,
     size: i64,
     left: i64,
+    /// Slots taken but handed back unused after the block's use window (a create that found
+    /// the name taken).
+    returned: i64,
+    /// The unused slots were given back: nothing more can change.
+    closed: bool,
     /// Asked for at (before the compare-and-swap was sent).
     asked: Instant,
 }
@@ -48,6 +53,23 @@ struct Held {
 impl Held {
     fn usable(&self) -> bool {
         self.left > 0 && self.asked.elapsed() < BLOCK_USE
+    }
+
+    /// Slots whose records exist or may exist.
+    fn used(&self) -> i64 {
+        self.size - self.left - self.returned
+    }
+
+    /// Unused slots to give back now, and the block closed for good.
+    fn close(&mut self) -> Option<i64> {
+        if self.closed || (self.left == 0 && self.returned == 0) {
+            return None;
+        }
+        let used = self.used();
+        self.left = 0;
+        self.returned = 0;
+        self.closed = true;
+        Some(used)
     }
 
     fn take(&mut self) -> Option<Slot> {
@@ -192,6 +214,26 @@ impl Admissions {
     }
 }
 
+impl Admissions {
+    /// Hands back a slot whose record was certainly not created (the name was taken): the next
+    /// parking takes it, or it is given back with the block's unused slots. A slot of a block
+    /// already given back stays counted until the block expires.
+    pub fn unuse(&self, queue: &DeadLetterQueue, slot: &Slot) {
+        let key = (queue.namespace().unwrap_or_default(), queue.name_any());
+        let Some(gate) = lock(&self.gates).get(&key).cloned() else {
+            return;
+        };
+        let mut held = lock(&gate.held);
+        if let Some(h) = held.as_mut().filter(|h| h.id == slot.block && !h.closed) {
+            if h.asked.elapsed() < BLOCK_USE {
+                h.left += 1;
+            } else {
+                h.returned += 1;
+            }
+        }
+    }
+}
+
 /// Answers what the held block still covers; returns the rest.
 fn serve_from_held(gate: &Gate, batch: Vec<Reply>) -> Vec<Reply> {
     let mut held = lock(&gate.held);
@@ -231,6 +273,8 @@ fn hand_out(
             id: id.to_string(),
             size: granted.size,
             left: granted.size - i64::try_from(covered).unwrap_or(0),
+            returned: 0,
+            closed: false,
             asked,
         };
         let replaced = lock(&gate.held).replace(held);
@@ -240,8 +284,10 @@ fn hand_out(
             queue: queue.name_any(),
         };
         // An expired block replaced before its give-back ran returns its slots now.
-        if let Some(old) = replaced.filter(|h| h.left > 0) {
-            back.clone().send(old.id, old.size - old.left);
+        if let Some(mut old) = replaced
+            && let Some(used) = old.close()
+        {
+            back.clone().send(old.id, used);
         }
         back.after_use(gate.clone(), id.to_string(), asked);
     }
@@ -264,14 +310,10 @@ impl GiveBack {
             tokio::time::sleep(BLOCK_USE.saturating_sub(asked.elapsed())).await;
             let used = {
                 let mut held = lock(&gate.held);
-                match held.as_mut() {
-                    Some(h) if h.id == id && h.left > 0 => {
-                        // No slot is taken from it after this.
-                        let used = h.size - h.left;
-                        h.left = 0;
-                        used
-                    }
-                    _ => return,
+                // No slot is taken from it after this.
+                match held.as_mut().filter(|h| h.id == id).and_then(Held::close) {
+                    Some(used) => used,
+                    None => return,
                 }
             };
             self.send(id, used);

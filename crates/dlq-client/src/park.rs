@@ -144,8 +144,8 @@ impl Parker {
     }
 
     /// Parks into a queue the caller already holds (the operator's sources take it from the
-    /// operator's own store). Without a view of the job's records it lists them first: the
-    /// safe path for parkers outside the operator.
+    /// operator's own store). Without a view of the job's records it creates cycle 1 first
+    /// and lists only when that name is taken (see [`first_try`]).
     pub async fn park_into(
         &self,
         queue: &DeadLetterQueue,
@@ -167,7 +167,6 @@ impl Parker {
         let namespace = queue.namespace().unwrap_or_default();
         let records: Api<DeadLetter> = Api::namespaced(self.client.clone(), &namespace);
         match first_try(&req, known) {
-            FirstTry::List => return self.park_listing(queue, &records, &req, false).await,
             FirstTry::SameMessage(name) => {
                 if let Some(r) = records.get_opt(&name).await? {
                     return Ok(ParkOutcome::SameMessage(Box::new(r)));
@@ -277,7 +276,11 @@ impl Parker {
         if admitted_at.elapsed() > within {
             return Err(ParkError::Busy(req.job.id.clone()));
         }
-        self.create(records, req, cycle, &slot).await
+        let created = self.create(records, req, cycle, &slot).await;
+        if !matches!(created, Ok(Some(ParkOutcome::Parked(_)))) && certainly_not_created(&created) {
+            self.admissions.unuse(queue, &slot);
+        }
+        created
     }
 
     /// Creates `cycle`. None when that cycle already exists but is no longer Parked (the list
@@ -314,6 +317,19 @@ impl Parker {
             },
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+/// Whether a create's outcome proves no record was made (the name was taken, or the apiserver
+/// refused the request): only then may its slot be used again.
+fn certainly_not_created(outcome: &Result<Option<ParkOutcome>, ParkError>) -> bool {
+    match outcome {
+        Ok(None) | Ok(Some(ParkOutcome::AlreadyParked(_))) => true,
+        Ok(Some(_)) => false,
+        Err(ParkError::Kube(kube::Error::Api(s))) => {
+            (400..500).contains(&s.code) && s.code != 408 && s.code != 429
+        }
+        Err(_) => false,
     }
 }
 

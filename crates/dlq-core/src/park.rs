@@ -470,9 +470,6 @@ pub enum FirstTry {
     /// The view holds this Parked record: read it once to confirm before answering
     /// AlreadyParked (it may have been resolved a moment ago).
     Confirm(String),
-    /// No view to trust (an external parker, or a store not yet synced): list the job's
-    /// records first.
-    List,
 }
 
 /// Which cycle to try first, from `known`: the job's records in a view that is a consistent
@@ -481,13 +478,16 @@ pub enum FirstTry {
 /// Why trusting a possibly stale view is safe: records are only added with increasing
 /// cycles and removed by retention, so a view that is behind either misses a newer cycle (the
 /// create of that name then fails with 409 and the caller lists consistently) or still holds
-/// an older one (its next cycle is then at most the real next one, again a 409). The one case
-/// a create cannot catch, cycle 1 deleted by retention while cycle 2 exists, needs the view to
-/// miss cycle 2's creation and see cycle 1 resolved for the whole retention period at once,
-/// which a watch that is seconds behind cannot do; without a view the caller lists.
+/// an older one (its next cycle is then at most the real next one, again a 409).
+///
+/// Without a view (an external parker, a store not yet synced) cycle 1 is created first:
+/// retention deletes a job's cycle 1 only once it is the job's last record
+/// (`plan::expired`), so a free cycle-1 name means the job has no records, and a taken one
+/// is the 409 that sends the caller to list. Only a human deleting cycle 1 by hand while later
+/// cycles exist makes a job start again at cycle 1 (its earlier cycles stay as they are).
 pub fn first_try(req: &ParkRequest, known: Option<&[KnownCycle]>) -> FirstTry {
     let Some(known) = known else {
-        return FirstTry::List;
+        return FirstTry::Create(1);
     };
     let same = || {
         known
@@ -716,8 +716,8 @@ mod tests {
     }
 
     #[test]
-    fn without_a_view_the_parker_lists_first() {
-        assert_eq!(first_try(&req(), None), FirstTry::List);
+    fn without_a_view_the_parker_creates_cycle_one_first() {
+        assert_eq!(first_try(&req(), None), FirstTry::Create(1));
     }
 
     #[test]

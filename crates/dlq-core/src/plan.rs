@@ -421,6 +421,9 @@ pub fn count<'a>(records: impl IntoIterator<Item = &'a DeadLetter>) -> Counts {
 }
 
 /// Resolved records of a queue past its `retention.resolvedFor` at `now`; never a Parked one.
+/// A job's cycle 1 goes last, once it is the job's only record: then "no cycle 1" means "no
+/// records of this job", and a parker without a view of the job can create cycle 1 first
+/// (one request) instead of listing the job's records (two).
 pub fn expired<'a>(
     queue: &DeadLetterQueue,
     records: impl IntoIterator<Item = &'a DeadLetter>,
@@ -434,6 +437,11 @@ pub fn expired<'a>(
     else {
         return Vec::new();
     };
+    let records: Vec<&DeadLetter> = records.into_iter().collect();
+    let mut per_job: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for r in &records {
+        *per_job.entry(r.spec.job.id.as_str()).or_default() += 1;
+    }
     records
         .into_iter()
         .filter(|r| {
@@ -442,7 +450,9 @@ pub fn expired<'a>(
                 .as_ref()
                 .and_then(|s| s.resolved_at.as_ref())
                 .map(|t| t.0);
+            let last_of_job = per_job.get(r.spec.job.id.as_str()) == Some(&1);
             crate::decide::retention_expired(r.phase(), resolved_at, keep, now)
+                && (r.spec.cycle > 1 || last_of_job)
         })
         .collect()
 }
@@ -808,11 +818,14 @@ mod tests {
             }
             r
         };
-        let rs = [
+        let mut rs = [
             resolved(Phase::Redriven, 100),
             resolved(Phase::Dropped, 5000),
             record(Some(Phase::Parked), 0),
         ];
+        for (i, r) in rs.iter_mut().enumerate() {
+            r.spec.job.id = format!("job-{i}");
+        }
         assert!(
             expired(&queue, rs.iter(), at(10_000)).is_empty(),
             "no retention set"
@@ -825,6 +838,30 @@ mod tests {
             .map(|r| r.phase())
             .collect();
         assert_eq!(gone, vec![Phase::Redriven]);
+    }
+
+    #[test]
+    fn retention_deletes_a_jobs_cycle_one_last() {
+        let mut queue = DeadLetterQueue::new("relayer", Default::default());
+        queue.spec.retention = Some(Retention {
+            resolved_for: "1h".into(),
+        });
+        let cycle = |n| {
+            let mut r = record(Some(Phase::Dropped), 0);
+            r.spec.cycle = n;
+            if let Some(s) = r.status.as_mut() {
+                s.resolved_at = Some(Time(at(100)));
+            }
+            r
+        };
+        let both = [cycle(1), cycle(2)];
+        let gone: Vec<i32> = expired(&queue, both.iter(), at(10_000))
+            .into_iter()
+            .map(|r| r.spec.cycle)
+            .collect();
+        assert_eq!(gone, vec![2], "cycle 1 waits for the job's other records");
+        let alone = [cycle(1)];
+        assert_eq!(expired(&queue, alone.iter(), at(10_000)).len(), 1);
     }
 
     #[test]
