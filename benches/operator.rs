@@ -108,7 +108,10 @@ impl Bench {
                     &format!("--watch-namespaces={ns}"),
                 ])
                 .env("KUBECONFIG", &self.plane.kubeconfig)
-                .env("RUST_LOG", "warn"),
+                .env(
+                    "RUST_LOG",
+                    std::env::var("BENCH_OPERATOR_LOG").unwrap_or_else(|_| "warn".into()),
+                ),
             &self.plane.dir().join(format!("operator-{ns}.log")),
         )?;
         let pid = child.id();

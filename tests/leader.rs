@@ -10,21 +10,52 @@ use kube::ResourceExt;
 use kube::api::Api;
 use serde_json::json;
 
-#[tokio::test]
-async fn a_standby_takes_over_when_the_leader_dies() {
-    let (client, ns) = setup("leader").await;
+fn leads(op: &Operator) -> bool {
+    op.logs().contains("became leader")
+}
+
+struct Replicas {
+    client: kube::Client,
+    ns: String,
+    redis: Redis,
+    /// The leader.
+    a: Operator,
+    /// The standby.
+    b: Operator,
+}
+
+/// A queue on a fresh Redis and two replicas with leader election, the first one leading.
+async fn two_replicas(name: &str) -> Replicas {
+    let (client, ns) = setup(name).await;
     let redis = Redis::start();
     create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
-    let lease = |op: &Operator| op.logs().contains("became leader");
     let args = ["--leader-election=true", "--lease-namespace", &ns];
-    let mut a = Operator::start_with(&ns, &args, &[]);
+    let a = Operator::start_with(&ns, &args, &[]);
     eventually(30, "the first replica to lead", || async {
-        lease(&a).then_some(())
+        leads(&a).then_some(())
     })
     .await;
     let b = Operator::start_with(&ns, &args, &[]);
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-    assert!(!lease(&b), "only one replica leads");
+    assert!(!leads(&b), "only one replica leads");
+    Replicas {
+        client,
+        ns,
+        redis,
+        a,
+        b,
+    }
+}
+
+#[tokio::test]
+async fn a_standby_takes_over_when_the_leader_dies() {
+    let Replicas {
+        client,
+        ns,
+        redis,
+        mut a,
+        b,
+    } = two_replicas("leader").await;
 
     let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
     let first = park(
@@ -46,7 +77,7 @@ async fn a_standby_takes_over_when_the_leader_dies() {
 
     a.kill(); // the leader dies without releasing the Lease
     eventually(60, "the standby to take over", || async {
-        lease(&b).then_some(())
+        leads(&b).then_some(())
     })
     .await;
     let second = park(
@@ -74,26 +105,14 @@ async fn a_standby_takes_over_when_the_leader_dies() {
 /// standby takes over at once instead of after the Lease's 15 s.
 #[tokio::test]
 async fn a_leader_stopped_cleanly_hands_the_lease_over_at_once() {
-    let (client, ns) = setup("leader-term").await;
-    let redis = Redis::start();
-    create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
-    let lease = |op: &Operator| op.logs().contains("became leader");
-    let args = ["--leader-election=true", "--lease-namespace", &ns];
-    let mut a = Operator::start_with(&ns, &args, &[]);
-    eventually(30, "the first replica to lead", || async {
-        lease(&a).then_some(())
-    })
-    .await;
-    let b = Operator::start_with(&ns, &args, &[]);
-    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-    assert!(!lease(&b), "only one replica leads");
+    let Replicas { mut a, b, .. } = two_replicas("leader-term").await;
 
     let stopped = std::time::Instant::now();
     let status = a.terminate().expect("the leader exits on SIGTERM");
     assert!(status.success(), "{status:?}\n{}", a.logs());
     assert!(a.logs().contains("released the Lease"), "{}", a.logs());
     eventually(30, "the standby to take over", || async {
-        lease(&b).then_some(())
+        leads(&b).then_some(())
     })
     .await;
     let took = stopped.elapsed();

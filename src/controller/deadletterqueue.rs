@@ -48,12 +48,14 @@ pub async fn reconcile(
 ) -> Result<Action, crate::Error> {
     let ns = queue.namespace().ok_or(QueueError::NoNamespace)?;
     let name = queue.name_any();
+    tracing::debug!(namespace = %ns, queue = %name, "queue reconcile");
     // Counting from a store that has not listed yet would under-count, and the count settles
     // reservations: maxParked would no longer hold.
-    if ctx.records.wait_until_ready().await.is_err() {
-        return Ok(Action::requeue(ctx.settings.queue_resync));
+    if !ctx.cache_ready().await {
+        return Ok(Action::requeue(super::CACHE_WAIT));
     }
     let records = records_of(&ctx, &ns, &name);
+    tracing::debug!(namespace = %ns, queue = %name, records = records.len(), "counting the queue's records");
     let now = Timestamp::now();
     let settled = settled(&queue, &records, now);
     let deleted = retain(&ctx, &queue, &records, now).await;
@@ -62,7 +64,9 @@ pub async fn reconcile(
         .filter(|r| !deleted.contains(&r.name_any()))
         .map(|r| r.as_ref());
     let counts = plan::count(live);
-    let plan = plan::queue_status(&queue, counts, settled, readiness(&ctx, &queue).await, now);
+    let readiness = readiness(&ctx, &queue).await;
+    tracing::debug!(namespace = %ns, queue = %name, ready = readiness.ready, "probed the queue's target");
+    let plan = plan::queue_status(&queue, counts, settled, readiness, now);
     for change in &plan.metrics {
         ctx.metrics.apply(change);
     }

@@ -85,7 +85,21 @@ pub struct Context {
     aggregator: Option<aggregate::Aggregator>,
 }
 
+/// How long a reconcile waits for the record cache's first complete list before it steps aside
+/// and asks to be run again.
+pub const CACHE_WAIT: Duration = Duration::from_secs(1);
+
 impl Context {
+    /// Whether the record cache has listed everything once (waiting at most [`CACHE_WAIT`]).
+    /// A reconcile must not hold its object's slot while waiting: with 20,000 records the
+    /// queue's first reconcile, started before the list was complete, never resumed (its
+    /// counters were never written); asking again each time does.
+    pub async fn cache_ready(&self) -> bool {
+        tokio::time::timeout(CACHE_WAIT, self.records.wait_until_ready())
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
     pub fn new(
         apiserver: Arc<dyn Apiserver>,
         targets: Arc<dyn Targets>,

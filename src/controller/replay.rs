@@ -40,7 +40,6 @@ const PENDING_RETRY: Duration = Duration::from_secs(10);
 /// How often a running replay writes its progress (phase changes are written at once).
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// How long a step waits for the record cache's first listing.
-const CACHE_WAIT: Duration = Duration::from_secs(1);
 /// How often a replay waiting for outcomes looks again.
 const SETTLE_POLL: Duration = Duration::from_millis(500);
 
@@ -141,10 +140,10 @@ pub async fn reconcile(
         return Ok(Action::await_change());
     }
     let ctx = &replays.ctx;
-    if !cache_ready(ctx).await {
+    if !ctx.cache_ready().await {
         // Right after start-up the record cache may still be filling: a selection taken now
         // would be empty.
-        return Ok(Action::requeue(CACHE_WAIT));
+        return Ok(Action::requeue(super::CACHE_WAIT));
     }
     let mut run = Run {
         records: queue_records(ctx, &ns, &replay.spec.queue),
@@ -163,13 +162,6 @@ pub async fn reconcile(
         memory.insert(uid, run.mem);
     }
     Ok(action)
-}
-
-/// Whether the record cache has listed everything once (waits a little for it).
-async fn cache_ready(ctx: &Context) -> bool {
-    tokio::time::timeout(CACHE_WAIT, ctx.records.wait_until_ready())
-        .await
-        .is_ok_and(|r| r.is_ok())
 }
 
 /// The queue's records in `ns`, from the cache.
