@@ -287,7 +287,7 @@ fn hand_out(
         if let Some(mut old) = replaced
             && let Some(used) = old.close()
         {
-            back.clone().send(old.id, used);
+            tokio::spawn(back.clone().send(old.id, used));
         }
         back.after_use(gate.clone(), id.to_string(), asked);
     }
@@ -316,27 +316,25 @@ impl GiveBack {
                     None => return,
                 }
             };
-            self.send(id, used);
+            self.send(id, used).await;
         });
     }
 
     /// The block's size becomes `used` (a merge patch: shrinking a block is safe whatever
     /// else changed meanwhile). A failure leaves the slots to the block's expiry.
-    fn send(self, id: String, used: i64) {
-        tokio::spawn(async move {
-            let api: Api<DeadLetterQueue> = Api::namespaced(self.client, &self.namespace);
-            let patch = json!({"status": {"blocks": {id.as_str(): {"size": used}}}});
-            let pp = PatchParams {
-                field_manager: Some(crate::park::PARKER.into()),
-                ..PatchParams::default()
-            };
-            if let Err(e) = api
-                .patch_status(&self.queue, &pp, &Patch::Merge(patch))
-                .await
-            {
-                tracing::debug!(queue = %self.queue, block = %id, error = %e, "giving back unused slots failed; they expire with the block");
-            }
-        });
+    async fn send(self, id: String, used: i64) {
+        let api: Api<DeadLetterQueue> = Api::namespaced(self.client, &self.namespace);
+        let patch = json!({"status": {"blocks": {id.as_str(): {"size": used}}}});
+        let pp = PatchParams {
+            field_manager: Some(crate::park::PARKER.into()),
+            ..PatchParams::default()
+        };
+        if let Err(e) = api
+            .patch_status(&self.queue, &pp, &Patch::Merge(patch))
+            .await
+        {
+            tracing::debug!(queue = %self.queue, block = %id, error = %e, "giving back unused slots failed; they expire with the block");
+        }
     }
 }
 
