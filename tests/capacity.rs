@@ -275,11 +275,6 @@ async fn a_parking_storm_takes_slots_in_a_few_growing_blocks() {
         "{} blocks, {slots} slots: {blocks:?}",
         blocks.len()
     );
-    assert!(
-        blocks
-            .values()
-            .any(|b| b.size == dlq_core::capacity::MAX_BLOCK)
-    );
     // Every record names its block, and no block holds more records than slots.
     let records = Api::<DeadLetter>::namespaced(client.clone(), &ns)
         .list(&ListParams::default())
@@ -295,9 +290,17 @@ async fn a_parking_storm_takes_slots_in_a_few_growing_blocks() {
             .clone();
         *per_block.entry(block).or_default() += 1;
     }
-    for (id, n) in per_block {
-        assert!(n <= blocks[&id].size, "block {id}: {n} records");
+    for (id, n) in &per_block {
+        assert!(*n <= blocks[id].size, "block {id}: {n} records");
     }
+    // The blocks grew: one of them carried a large part of the storm. (Which sizes remain in
+    // the status depends on whether a block's unused slots were already given back, so the
+    // records per block are what is checked.)
+    let largest = per_block.values().copied().max().unwrap_or(0);
+    assert!(
+        largest >= 64,
+        "largest block holds {largest} records: {per_block:?} / {blocks:?}"
+    );
     dlq_testenv::report(&format!(
         "capacity: 300 parkings took {} blocks ({slots} slots)",
         blocks.len()

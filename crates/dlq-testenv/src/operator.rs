@@ -109,10 +109,17 @@ impl Operator {
         self.child.as_ref().map(Child::id)
     }
 
-    /// Sends `signal` (e.g. `libc::SIGSTOP`) to the process, if it runs.
-    pub fn signal(&self, signal: i32) {
-        if let Some(pid) = self.pid().and_then(|p| i32::try_from(p).ok()) {
-            // SAFETY: a signal to our own child.
+    /// Sends `signal` (e.g. `libc::SIGSTOP`) to the process, if it has not been reaped: once
+    /// reaped, its pid may already belong to another process (another test's broker).
+    pub fn signal(&mut self, signal: i32) {
+        let Some(child) = self.child.as_mut() else {
+            return;
+        };
+        if !matches!(child.try_wait(), Ok(None)) {
+            return;
+        }
+        if let Ok(pid) = i32::try_from(child.id()) {
+            // SAFETY: a signal to our own child, not reaped (a zombie at worst keeps its pid).
             unsafe {
                 libc::kill(pid, signal);
             }

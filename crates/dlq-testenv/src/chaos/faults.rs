@@ -158,12 +158,15 @@ impl Targets {
         let Some(i) = self.leader().await else {
             return;
         };
-        lock(&self.operators)[i].signal(libc::SIGSTOP);
+        if let Some(op) = lock(&self.operators).get_mut(i) {
+            op.signal(libc::SIGSTOP);
+        }
         tokio::time::sleep(PAUSE).await;
         let name = {
-            let ops = lock(&self.operators);
-            ops[i].signal(libc::SIGCONT);
-            ops[i].name.clone()
+            let mut ops = lock(&self.operators);
+            let Some(op) = ops.get_mut(i) else { return };
+            op.signal(libc::SIGCONT);
+            op.name.clone()
         };
         tokio::time::sleep(Duration::from_secs(5)).await;
         let exited = {
