@@ -67,6 +67,7 @@ pub fn tools() -> &'static Tools {
 
 /// A fresh directory under the system temp dir, unique to this process and call.
 pub fn scratch_dir(what: &str) -> PathBuf {
+    crate::paths::sweep_stale_scratch();
     static SEQ: AtomicU32 = AtomicU32::new(0);
     let dir = std::env::temp_dir().join(format!(
         "dlq-chart-{}-{what}-{}",

@@ -129,3 +129,76 @@ mod tests {
         assert!(why.contains("cargo build --workspace --bins"), "{why}");
     }
 }
+
+/// The temp-dir prefixes this crate names `dlq-<kind>-<pid>-…`.
+const SCRATCH_KINDS: &[&str] = &[
+    "alertmanager",
+    "chart",
+    "elasticmq",
+    "kafka",
+    "nats",
+    "operator",
+    "rabbit",
+    "redis",
+    "testenv",
+];
+
+/// Removes, once per process, the temp dirs and logs of test processes that are gone. Brokers
+/// shared through a static are never dropped and a killed bench cleans nothing, so their dirs
+/// would otherwise pile up run after run; the next run tidies them instead.
+pub fn sweep_stale_scratch() {
+    static SWEPT: OnceLock<()> = OnceLock::new();
+    SWEPT.get_or_init(|| {
+        let tmp = std::env::temp_dir();
+        let Ok(entries) = std::fs::read_dir(&tmp) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(pid) = name.to_str().and_then(scratch_owner) else {
+                continue;
+            };
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                let path = entry.path();
+                let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
+            }
+        }
+    });
+}
+
+/// The pid in a scratch name `dlq-<kind>-<pid>-…`, for the kinds this crate makes.
+fn scratch_owner(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix("dlq-")?;
+    let (kind, rest) = rest.split_once('-')?;
+    if !SCRATCH_KINDS.contains(&kind) {
+        return None;
+    }
+    let (pid, _) = rest.split_once('-')?;
+    pid.parse().ok()
+}
+
+#[cfg(test)]
+mod scratch_tests {
+    use super::scratch_owner;
+
+    #[test]
+    fn only_this_crates_scratch_names_have_an_owner() {
+        assert_eq!(scratch_owner("dlq-kafka-31135-36395"), Some(31135));
+        assert_eq!(
+            scratch_owner("dlq-chart-2187-gitops-operator-1"),
+            Some(2187)
+        );
+        assert_eq!(scratch_owner("dlq-operator-77-ns-1.log"), Some(77));
+        assert_eq!(
+            scratch_owner("dlq-testenv-12990-1796093557232646958"),
+            Some(12990)
+        );
+        assert_eq!(
+            scratch_owner("dlq-cli-park-12-3"),
+            None,
+            "the park test's own dirs"
+        );
+        assert_eq!(scratch_owner("dlq-kafka-x-1"), None);
+        assert_eq!(scratch_owner("other-kafka-1-2"), None);
+    }
+}

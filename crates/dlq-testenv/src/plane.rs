@@ -283,6 +283,7 @@ fn write_node_kubeconfigs(dir: &Path, server: &str, pki: &Pki) -> Result<()> {
 
 /// A fresh state dir for one plane: `<tmp>/dlq-testenv-<pid>-<nanos>`.
 fn state_dir() -> PathBuf {
+    crate::paths::sweep_stale_scratch();
     std::env::temp_dir().join(format!(
         "dlq-testenv-{}-{}",
         std::process::id(),

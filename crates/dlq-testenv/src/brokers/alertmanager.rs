@@ -120,5 +120,8 @@ receivers:
 impl Drop for Alertmanager {
     fn drop(&mut self) {
         self.stop();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }

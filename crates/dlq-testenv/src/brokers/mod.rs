@@ -37,6 +37,7 @@ pub fn which(name: &str) -> Option<PathBuf> {
 
 /// A fresh, empty data dir for one broker.
 fn temp_dir(kind: &str, port: u16) -> PathBuf {
+    crate::paths::sweep_stale_scratch();
     let dir = std::env::temp_dir().join(format!("dlq-{kind}-{}-{port}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)
