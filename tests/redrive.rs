@@ -70,6 +70,11 @@ async fn redrive_puts_the_identical_bytes_on_the_list() {
             .contains("redriven by ops"),
         "{ev:?}"
     );
+    assert!(
+        op.logs().contains("initial_state=Streamed"),
+        "this apiserver streams the initial records:\n{}",
+        op.logs()
+    );
     let success = op.metric(
         "dlq_redrives_total",
         &[
@@ -422,5 +427,39 @@ async fn bulk_redrive_events_are_aggregated_per_queue() {
             .iter()
             .all(|e| e.type_.as_deref() == Some("Normal")),
         "only Normal Events are aggregated"
+    );
+}
+
+/// An apiserver that refuses streaming watches (WatchList off, as 1.33 ships it): the operator
+/// asks, lists its records in pages instead, and resolves decisions as usual.
+#[tokio::test]
+async fn without_streaming_watches_the_operator_lists_records_in_pages() {
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+    let plane = dlq_testenv::plane::ControlPlane::start_with_apiserver_args(&[
+        "--feature-gates=WatchList=false",
+    ])
+    .expect("a control plane with WatchList off");
+    let kubeconfig = Kubeconfig::read_from(&plane.kubeconfig).expect("its kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("a client config");
+    let client = kube::Client::try_from(config).expect("a client");
+    // Its own plane: install_crds is once per binary, for the shared one.
+    dlq_testenv::apply_crds(&client, dlq_testenv::CRDS).await;
+    let ns = dlq_testenv::namespace(&client, "paged").await;
+    let redis = Redis::start();
+    create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    park(&api, record("paged-1", "pi_0003/settle", b"paged")).await;
+
+    let op = Operator::start_on(&plane.kubeconfig, &ns, &[], &[]);
+    wait_phase(&api, "paged-1", Phase::Parked, 20).await;
+    decide(&api, "paged-1", Action::Redrive, "ops").await;
+    wait_phase(&api, "paged-1", Phase::Redriven, 20).await;
+    assert_eq!(redis.list(LIST).await, vec![b"paged".to_vec()]);
+    assert!(
+        op.logs().contains("initial_state=Paged"),
+        "the operator says how its cache starts:\n{}",
+        op.logs()
     );
 }

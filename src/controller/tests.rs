@@ -589,18 +589,3 @@ async fn resolution_events_go_through_the_aggregator() {
         "{published:?}"
     );
 }
-
-#[test]
-fn records_are_streamed_where_the_apiserver_serves_watch_lists_by_default() {
-    use super::{InitialState::*, initial_state};
-    assert_eq!(
-        initial_state("1", "33"),
-        Paged,
-        "WatchList off by default in 1.33"
-    );
-    assert_eq!(initial_state("1", "30+"), Paged);
-    assert_eq!(initial_state("1", "34"), Streamed);
-    assert_eq!(initial_state("1", "36+"), Streamed, "GKE/EKS-style minor");
-    assert_eq!(initial_state("2", "0"), Streamed);
-    assert_eq!(initial_state("", ""), Paged, "unknown: the safe way");
-}

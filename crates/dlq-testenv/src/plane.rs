@@ -181,6 +181,8 @@ pub struct ControlPlane {
     ports: (String, u16, u16),
     /// Where kube-apiserver listens and what it advertises for the `kubernetes` Service.
     address: IpAddr,
+    /// Flags added to kube-apiserver's (kept for its restarts).
+    extra_args: Vec<String>,
 }
 
 struct Pki {
@@ -373,6 +375,17 @@ impl ControlPlane {
     /// `address`, which must be a local address: a real node's pods reach it there through the
     /// `kubernetes` Service.
     pub fn start_at(address: IpAddr) -> Result<Self> {
+        Self::start_with(address, &[])
+    }
+
+    /// Like [`ControlPlane::start`], with `extra_args` added to kube-apiserver's flags (e.g.
+    /// `--feature-gates=WatchList=false`, to act as an apiserver without a feature).
+    pub fn start_with_apiserver_args(extra_args: &[&str]) -> Result<Self> {
+        Self::start_with(IpAddr::V4(Ipv4Addr::LOCALHOST), extra_args)
+    }
+
+    fn start_with(address: IpAddr, extra_args: &[&str]) -> Result<Self> {
+        let extra_args: Vec<String> = extra_args.iter().map(ToString::to_string).collect();
         let bin_dirs = tool_dirs(&["kube", "etcd"])?;
         let etcd_bin = find_binary(&bin_dirs, "etcd")?;
         let apiserver_bin = find_binary(&bin_dirs, "kube-apiserver")?;
@@ -391,12 +404,13 @@ impl ControlPlane {
         )?;
         let api_log = dir.join("kube-apiserver.log");
         let apiserver = spawn_guarded(
-            &mut apiserver_command(
+            apiserver_command(
                 &apiserver_bin,
                 &dir.join("pki"),
                 &etcd_url,
                 (address, api_port),
-            ),
+            )
+            .args(&extra_args),
             &api_log,
         )?;
         let server = format!("https://{}", std::net::SocketAddr::new(address, api_port));
@@ -416,6 +430,7 @@ impl ControlPlane {
             bin_dirs,
             ports: (etcd_url, peer_port, api_port),
             address,
+            extra_args,
         };
         // etcd exiting early (port race, bad flag) shows up here rather than as an apiserver hang.
         std::thread::sleep(Duration::from_millis(200));
@@ -474,12 +489,13 @@ impl ControlPlane {
         let log = self.dir.join("kube-apiserver.log");
         let (etcd_url, _, api_port) = self.ports.clone();
         self.apiserver = spawn_guarded(
-            &mut apiserver_command(
+            apiserver_command(
                 &bin,
                 &self.dir.join("pki"),
                 &etcd_url,
                 (self.address, api_port),
-            ),
+            )
+            .args(&self.extra_args),
             &log,
         )?;
         let kubectl = find_binary(&self.bin_dirs, "kubectl")?;
