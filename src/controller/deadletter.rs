@@ -133,6 +133,11 @@ async fn redrive(ctx: &Context, ns: &str, cached: &DeadLetter) -> Result<Action>
             tracing::warn!(name = %record.name_any(), "not requeueing: this replica's lease term ran out");
             return Ok(Action::requeue(Duration::from_secs(1)));
         }
+        if ctx.queue(ns, &record.spec.queue).is_none() && !ctx.queues_ready().await {
+            // The queue cache has not listed yet (records may stream in first): the queue is
+            // not known to be missing. Ask again shortly and write nothing.
+            return Ok(Action::requeue(super::CACHE_WAIT));
+        }
         if let Err(failure) = requeue(ctx, ns, &record).await {
             return Ok(requeue_failed(ctx, &record, failure).await);
         }

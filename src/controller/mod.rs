@@ -101,6 +101,14 @@ impl Context {
             .is_ok_and(|r| r.is_ok())
     }
 
+    /// Whether the queue cache has listed everything once (waiting at most [`CACHE_WAIT`]):
+    /// records can stream in before their queues, and a queue not yet listed is not missing.
+    pub async fn queues_ready(&self) -> bool {
+        tokio::time::timeout(CACHE_WAIT, self.queues.wait_until_ready())
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
     pub fn new(
         apiserver: Arc<dyn Apiserver>,
         targets: Arc<dyn Targets>,

@@ -140,9 +140,9 @@ pub async fn reconcile(
         return Ok(Action::await_change());
     }
     let ctx = &replays.ctx;
-    if !ctx.cache_ready().await {
-        // Right after start-up the record cache may still be filling: a selection taken now
-        // would be empty.
+    if !ctx.cache_ready().await || !ctx.queues_ready().await {
+        // Right after start-up the caches may still be filling: a selection taken now would be
+        // empty, and a queue not listed yet would look missing.
         return Ok(Action::requeue(super::CACHE_WAIT));
     }
     let mut run = Run {

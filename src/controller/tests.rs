@@ -245,14 +245,17 @@ fn record(action: Option<Action>) -> DeadLetter {
     r
 }
 
-fn store_of<K>(objects: &[K]) -> Store<K>
+/// A store as it is after its first list (shared with the replay tests).
+pub(super) fn store_of<K>(objects: &[K]) -> Store<K>
 where
     K: kube::Resource<DynamicType = ()> + Clone + 'static,
 {
     let (store, mut writer) = reflector::store();
+    writer.apply_watcher_event(&watcher::Event::Init);
     for o in objects {
-        writer.apply_watcher_event(&watcher::Event::Apply(o.clone()));
+        writer.apply_watcher_event(&watcher::Event::InitApply(o.clone()));
     }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
     store
 }
 
@@ -422,6 +425,28 @@ async fn a_missing_queue_is_a_requeue_failure_that_says_so() {
     });
     assert_eq!(reason.as_deref(), Some("QueueNotFound"));
     assert_eq!(h.delivered(), 0);
+}
+
+/// Records can stream in before the queues are listed: a queue the cache has not listed yet is
+/// not missing, so nothing is written (no QueueNotFound at every start-up) and it asks again.
+#[tokio::test]
+async fn a_queue_not_listed_yet_is_waited_for_not_reported_missing() {
+    let apiserver = FakeApiserver::holding(&record(Some(Action::Redrive)));
+    let (queues, _writer) = reflector::store::<DeadLetterQueue>();
+    let ctx = Arc::new(Context::new(
+        apiserver.clone(),
+        Arc::new(Arc::<FakeTarget>::default()),
+        store_of(&[apiserver.current()]),
+        queues,
+        Metrics::default(),
+        Settings::default(),
+    ));
+    let action = deadletter::reconcile(Arc::new(apiserver.current()), ctx)
+        .await
+        .expect("reconcile");
+    assert_eq!(action, ReconcileAction::requeue(super::CACHE_WAIT));
+    assert!(apiserver.writes.lock().expect("lock").is_empty());
+    assert!(apiserver.reasons().is_empty(), "no Event");
 }
 
 #[tokio::test]

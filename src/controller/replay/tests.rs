@@ -9,8 +9,6 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::watcher;
 
 use dlq_core::api::{
     Action, DeadLetter, DeadLetterQueue, DeadLetterSpec, DeadLetterStatus, FailureKind, Job, Phase,
@@ -24,6 +22,7 @@ use dlq_core::replay::{
 
 use super::{Replays, reconcile};
 use crate::controller::apiserver::{Apiserver, Signature};
+use crate::controller::tests::store_of;
 use crate::controller::{Context, Settings};
 use crate::metrics::Metrics;
 use crate::target::{Target, TargetError, Targets};
@@ -232,19 +231,6 @@ fn record(name: &str, failed: i64, created: i64) -> DeadLetter {
     r.metadata.creation_timestamp =
         Some(Time(jiff::Timestamp::from_second(created).expect("time")));
     r
-}
-
-fn store_of<K>(objects: &[K]) -> Store<K>
-where
-    K: kube::Resource<DynamicType = ()> + Clone + 'static,
-{
-    let (store, mut writer) = reflector::store();
-    writer.apply_watcher_event(&watcher::Event::Init);
-    for o in objects {
-        writer.apply_watcher_event(&watcher::Event::InitApply(o.clone()));
-    }
-    writer.apply_watcher_event(&watcher::Event::InitDone);
-    store
 }
 
 fn queue() -> DeadLetterQueue {
