@@ -384,7 +384,25 @@ impl ControlPlane {
         Self::start_with(IpAddr::V4(Ipv4Addr::LOCALHOST), extra_args)
     }
 
+    /// Ports are picked free, then bound by etcd and kube-apiserver a moment later; another
+    /// process (a test in the other lane) can take one in between. That start is retried on
+    /// fresh ports, twice at most.
     fn start_with(address: IpAddr, extra_args: &[&str]) -> Result<Self> {
+        let mut attempt = 1;
+        loop {
+            match Self::start_once(address, extra_args) {
+                Err(e) if attempt < 3 && e.to_string().contains("address already in use") => {
+                    eprintln!(
+                        "control plane: a port was taken before it was bound; retrying ({e})"
+                    );
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn start_once(address: IpAddr, extra_args: &[&str]) -> Result<Self> {
         let extra_args: Vec<String> = extra_args.iter().map(ToString::to_string).collect();
         let bin_dirs = tool_dirs(&["kube", "etcd"])?;
         let etcd_bin = find_binary(&bin_dirs, "etcd")?;
