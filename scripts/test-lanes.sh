@@ -79,5 +79,12 @@ passed=$(cat "$logs"/*.log | awk '/^test result/ {for (i = 1; i < NF; i++) if ($
 echo "test-lanes: $(wc -l <"$logs/results") binaries, ${passed:-0} tests passed, $((SECONDS - start))s in $lanes lanes; slowest:"
 sort -k3 -rn "$logs/results" | head -5 | sed 's/^/  /'
 if [ -n "$failed" ]; then
+  # What each failing test said, without backtraces, last: CI shows the end of a long log.
+  for name in $failed; do
+    echo "test-lanes: $name, failing tests:"
+    awk '/^---- .* stdout ----$/ {on = 1; n = 0}
+         /^stack backtrace:/ {on = 0}
+         on && n < 12 {print "  " $0; n++}' "$logs/$name.log"
+  done
   echo "test-lanes: FAILED: $failed (logs in $logs/)"; exit 101
 fi
