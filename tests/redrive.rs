@@ -434,16 +434,11 @@ async fn bulk_redrive_events_are_aggregated_per_queue() {
 /// asks, lists its records in pages instead, and resolves decisions as usual.
 #[tokio::test]
 async fn without_streaming_watches_the_operator_lists_records_in_pages() {
-    use kube::config::{KubeConfigOptions, Kubeconfig};
     let plane = dlq_testenv::plane::ControlPlane::start_with_apiserver_args(&[
         "--feature-gates=WatchList=false",
     ])
     .expect("a control plane with WatchList off");
-    let kubeconfig = Kubeconfig::read_from(&plane.kubeconfig).expect("its kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .expect("a client config");
-    let client = kube::Client::try_from(config).expect("a client");
+    let client = dlq_testenv::admin_client(&plane.kubeconfig).await;
     // Its own plane: install_crds is once per binary, for the shared one.
     dlq_testenv::apply_crds(&client, dlq_testenv::CRDS).await;
     let ns = dlq_testenv::namespace(&client, "paged").await;

@@ -90,23 +90,30 @@ pub struct Context {
 /// and asks to be run again.
 pub const CACHE_WAIT: Duration = Duration::from_secs(1);
 
+/// Whether `store` has had its first complete list, waiting at most [`CACHE_WAIT`].
+async fn listed_once<K>(store: &Store<K>) -> bool
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    tokio::time::timeout(CACHE_WAIT, store.wait_until_ready())
+        .await
+        .is_ok_and(|r| r.is_ok())
+}
+
 impl Context {
     /// Whether the record cache has listed everything once (waiting at most [`CACHE_WAIT`]).
     /// A reconcile must not hold its object's slot while waiting: with 20,000 records the
     /// queue's first reconcile, started before the list was complete, never resumed (its
     /// counters were never written); asking again each time does.
     pub async fn cache_ready(&self) -> bool {
-        tokio::time::timeout(CACHE_WAIT, self.records.wait_until_ready())
-            .await
-            .is_ok_and(|r| r.is_ok())
+        listed_once(&self.records).await
     }
 
     /// Whether the queue cache has listed everything once (waiting at most [`CACHE_WAIT`]):
     /// records can stream in before their queues, and a queue not yet listed is not missing.
     pub async fn queues_ready(&self) -> bool {
-        tokio::time::timeout(CACHE_WAIT, self.queues.wait_until_ready())
-            .await
-            .is_ok_and(|r| r.is_ok())
+        listed_once(&self.queues).await
     }
 
     pub fn new(
@@ -432,23 +439,17 @@ async fn initial_state_for(api: &Api<DeadLetter>) -> InitialState {
         events.try_next().await
     })
     .await;
-    let initial = match answer {
-        Ok(Ok(Some(WatchEvent::Bookmark(_)))) => InitialState::Streamed,
-        Ok(Ok(other)) => {
-            tracing::info!(first = ?other.map(|_| "an event"), "streaming watch answered without a bookmark; listing records in pages");
-            InitialState::Paged
+    let why_paged = match answer {
+        Ok(Ok(Some(WatchEvent::Bookmark(_)))) => {
+            tracing::info!(initial_state = ?InitialState::Streamed, "how the record cache starts");
+            return InitialState::Streamed;
         }
-        Ok(Err(e)) => {
-            tracing::info!(error = %e, "streaming watch refused; listing records in pages");
-            InitialState::Paged
-        }
-        Err(_) => {
-            tracing::info!("streaming watch probe timed out; listing records in pages");
-            InitialState::Paged
-        }
+        Ok(Ok(_)) => "the streaming watch answered without a bookmark".to_string(),
+        Ok(Err(e)) => format!("the streaming watch was refused: {e}"),
+        Err(_) => "the streaming watch probe timed out".to_string(),
     };
-    tracing::info!(initial_state = ?initial, "how the record cache starts");
-    initial
+    tracing::info!(initial_state = ?InitialState::Paged, why = %why_paged, "how the record cache starts");
+    InitialState::Paged
 }
 
 /// The record watch, payloads stripped before they are cached. Every event also feeds the job

@@ -4,7 +4,7 @@
 //! any way (pass, panic, Ctrl-C, SIGKILL) the pipe closes and the plane stops itself.
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -145,15 +145,12 @@ impl Plane {
 
     /// The client configuration of the admin kubeconfig.
     pub async fn config(&self) -> Config {
-        let kc = Kubeconfig::read_from(&self.kubeconfig).expect("reading the admin kubeconfig");
-        Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-            .await
-            .expect("a client config from the admin kubeconfig")
+        admin_config(&self.kubeconfig).await
     }
 
     /// An admin client (group system:masters).
     pub async fn client(&self) -> Client {
-        Client::try_from(self.config().await).expect("an admin client")
+        admin_client(&self.kubeconfig).await
     }
 
     /// A client that impersonates `user` (in `groups`), as `kubectl --as` does.
@@ -166,6 +163,20 @@ impl Plane {
         }
         Client::try_from(config).expect("an impersonating client")
     }
+}
+
+/// The client configuration of the admin kubeconfig at `path` (any plane's, e.g. one a test
+/// or the chaos harness started for itself).
+pub async fn admin_config(path: &Path) -> Config {
+    let kc = Kubeconfig::read_from(path).expect("reading the admin kubeconfig");
+    Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("a client config from the admin kubeconfig")
+}
+
+/// An admin client (group system:masters) from the kubeconfig at `path`.
+pub async fn admin_client(path: &Path) -> Client {
+    Client::try_from(admin_config(path).await).expect("an admin client")
 }
 
 /// A fresh namespace for one test: `<prefix>-<pid>-<n>`.

@@ -37,7 +37,9 @@ pub mod replays;
 use std::io::Write;
 use std::time::Duration;
 
-pub use cluster::{CRDS, Plane, apply_crds, install_crds, namespace, node_plane, plane, setup};
+pub use cluster::{
+    CRDS, Plane, admin_client, apply_crds, install_crds, namespace, node_plane, plane, setup,
+};
 pub use fixtures::{
     LIST, condition, create_dlq, create_offline_queue, create_queue, create_secret, decide,
     events_for, list_target, record, redrive_many, setup_redis_queue, wait_phase, wait_ready,

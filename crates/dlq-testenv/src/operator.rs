@@ -104,11 +104,6 @@ impl Operator {
         metric(&self.http_get("/metrics").unwrap_or_default(), name, labels)
     }
 
-    /// Its process id while it runs (to SIGSTOP/SIGCONT it).
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
-    }
-
     /// Sends `signal` (e.g. `libc::SIGSTOP`) to the process, if it has not been reaped: once
     /// reaped, its pid may already belong to another process (another test's broker).
     pub fn signal(&mut self, signal: i32) {

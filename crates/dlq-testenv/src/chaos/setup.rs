@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 use dlq_core::api::{DeadLetter, Phase};
 use kube::Client;
 use kube::api::{Api, ListParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use lapin::ExchangeKind;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use serde_json::json;
@@ -31,11 +30,7 @@ pub struct Env {
 
 async fn admin_client(plane: &Mutex<ControlPlane>) -> Client {
     let path = lock(plane).kubeconfig.clone();
-    let kc = Kubeconfig::read_from(&path).expect("reading the chaos plane's kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-        .await
-        .expect("a client config for the chaos plane");
-    Client::try_from(config).expect("a client for the chaos plane")
+    crate::cluster::admin_client(&path).await
 }
 
 /// The RabbitMQ side: a work queue `<ns>.orders` whose dead letters go to `<ns>.dlq`, all
