@@ -124,6 +124,44 @@ async fn park_dedupes_while_parked_and_starts_a_new_cycle_after_resolution() {
     assert_eq!(cycles.items.len(), 2, "earlier cycles stay as history");
 }
 
+/// Issue 14 (found by chaos): a source's create was stored but its reply lost in an apiserver
+/// restart, a human dropped the record, then the source's retry came. The retry must answer
+/// with that record, not park the same dead message as cycle 2.
+#[tokio::test]
+async fn a_retried_park_whose_first_reply_was_lost_finds_its_resolved_record() {
+    let (client, ns) = setup("park-retry").await;
+    let redis = Redis::start();
+    create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    // Like an AMQP first delivery: an identity that is a hash, so not matched by itself.
+    let mut delivery = request("order-7", "{}").with_message("amqp:sha256:0f1e");
+    delivery.redelivered = false;
+
+    let stored = park(client.clone(), &ns, delivery.clone()).await.unwrap();
+    assert!(stored.is_new());
+    let name = stored.record().name_any();
+    let _op = Operator::start(&ns);
+    decide(&api, &name, Action::Drop, "alice").await;
+    wait_phase(&api, &name, Phase::Dropped, 20).await;
+
+    let mut retry = delivery.clone();
+    retry.retrying();
+    let outcome = park(client.clone(), &ns, retry).await.unwrap();
+    let ParkOutcome::SameMessage(same) = outcome else {
+        panic!("expected SameMessage, got {outcome:?}")
+    };
+    assert_eq!(same.name_any(), name);
+    assert_eq!(
+        api.list(&ListParams::default()).await.unwrap().items.len(),
+        1
+    );
+
+    // The same bytes delivered afresh (not a retry) are the job dying again.
+    let again = park(client.clone(), &ns, delivery).await.unwrap();
+    assert!(again.is_new());
+    assert_eq!(again.record().spec.cycle, 2);
+}
+
 #[tokio::test]
 async fn fifty_concurrent_parkers_make_one_record() {
     let (client, ns) = setup("race-park").await;

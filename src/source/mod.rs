@@ -283,6 +283,7 @@ impl ParkInto {
         W: Fn() -> Fut,
         Fut: std::future::Future<Output = ()>,
     {
+        let mut req = req.clone();
         let mut attempt = 0u32;
         loop {
             match self.park(req.clone()).await {
@@ -298,6 +299,10 @@ impl ParkInto {
                     tokio::time::sleep(wait).await;
                 }
                 Err(e) if e.is_transient() => {
+                    // The create may have been stored before the error (a reply lost in an
+                    // apiserver restart), and its record resolved before the retry: match
+                    // by message identity from now on, or the retry parks a second cycle.
+                    req.retrying();
                     attempt = attempt.saturating_add(1);
                     let wait = dlq_core::decide::backoff(attempt, Duration::from_secs(30));
                     tracing::warn!(namespace = %self.namespace(), queue = %self.queue(), job = %req.job.id, error = %e, retry_in = ?wait, "parking a dead message failed; it stays {where_it_stays}");

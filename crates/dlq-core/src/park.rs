@@ -29,11 +29,13 @@ pub struct ParkRequest {
     /// even when a human resolved the record meanwhile: without it, that re-read would look
     /// like the job dying again and become a second record.
     pub message: Option<String>,
-    /// Whether the broker may have handed this message out before. Only then does a record
-    /// with the same `message` count as this message's record. Sources whose identities are
-    /// unique forever leave it true ([`ParkRequest::with_message`]); AMQP, whose identity is
-    /// a hash that is only probably unique, sets RabbitMQ's `redelivered` flag, so a first
-    /// delivery can never be taken for an earlier, resolved death.
+    /// Whether this message may already have a record: the broker may have handed it out
+    /// before, or an earlier attempt to park it may have created its record without the reply
+    /// arriving ([`ParkRequest::retrying`]). Only then does a record with the same `message`
+    /// count as this message's record. Sources whose identities are unique forever leave it
+    /// true ([`ParkRequest::with_message`]); AMQP, whose identity is a hash that is only
+    /// probably unique, sets RabbitMQ's `redelivered` flag, so a first delivery can never be
+    /// taken for an earlier, resolved death.
     pub redelivered: bool,
 }
 
@@ -64,6 +66,17 @@ impl ParkRequest {
         });
         self.redelivered = true;
         self
+    }
+
+    /// Marks a request about to be tried again after an attempt whose outcome is unknown (an
+    /// apiserver error may come after the create was stored): its record may exist already,
+    /// and may even have been resolved meanwhile, so from now on a record with the same
+    /// `message` is this message's record and parking it again answers with that record
+    /// instead of starting a new cycle.
+    pub fn retrying(&mut self) {
+        if self.message.is_some() {
+            self.redelivered = true;
+        }
     }
 
     /// The source message identity to match earlier records against, if any.
@@ -700,6 +713,42 @@ mod tests {
         ));
         let again = self::req().with_message("kafka/orders.DLT/0/18");
         assert!(matches!(next_cycle(&again, &[first]), Cycle::Next(2)));
+    }
+
+    #[test]
+    fn a_retry_after_a_lost_reply_finds_its_record_even_once_resolved() {
+        // An AMQP first delivery: its identity is a hash, so it must not match on its own.
+        let mut first_delivery = req().with_message("amqp:sha256:ab12");
+        first_delivery.redelivered = false;
+        let mut created = new_record(&first_delivery, 1);
+        created.status = Some(crate::api::DeadLetterStatus {
+            phase: Some(Phase::Dropped),
+            ..Default::default()
+        });
+        let view = [KnownCycle::of(&created)];
+        assert_eq!(first_try(&first_delivery, Some(&view)), FirstTry::Create(2));
+        assert!(matches!(
+            next_cycle(&first_delivery, std::slice::from_ref(&created)),
+            Cycle::Next(2)
+        ));
+
+        // The create was stored, its reply lost, and a human dropped the record meanwhile:
+        // the retry is the same message, not the job dying again.
+        let mut retry = first_delivery.clone();
+        retry.retrying();
+        assert_eq!(
+            first_try(&retry, Some(&view)),
+            FirstTry::SameMessage(created.metadata.name.clone().unwrap_or_default())
+        );
+        assert!(matches!(
+            next_cycle(&retry, std::slice::from_ref(&created)),
+            Cycle::SameMessage(_)
+        ));
+
+        // Without an identity there is nothing to match: retrying changes nothing.
+        let mut anonymous = req();
+        anonymous.retrying();
+        assert!(!anonymous.redelivered);
     }
 
     #[test]
