@@ -458,3 +458,60 @@ async fn without_streaming_watches_the_operator_lists_records_in_pages() {
         op.logs()
     );
 }
+
+/// Decisions made while the operator was down are carried out at its restart without waiting
+/// for the full record list (a separate watch of decided records), and exactly once even when
+/// both the decisions watch and the full list see them.
+#[tokio::test]
+async fn decisions_waiting_at_restart_are_carried_out_before_the_full_list_and_once() {
+    let (client, ns, redis) = setup_redis_queue("decided", json!({})).await;
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let names: Vec<String> = (0..120).map(|i| format!("waiting-{i}")).collect();
+    futures::future::join_all(names.iter().map(|n| {
+        let payload = n.as_bytes().to_vec();
+        park(&api, record(n, n, &payload))
+    }))
+    .await;
+    let op = Operator::start(&ns);
+    eventually(60, "every record marked Parked", || async {
+        let parked = api
+            .list_metadata(&ListParams::default().fields("status.phase=Parked"))
+            .await
+            .ok()?;
+        (parked.items.len() == names.len()).then_some(())
+    })
+    .await;
+    drop(op);
+
+    // While it is down: three redrives and a drop.
+    for n in &names[..3] {
+        decide(&api, n, Action::Redrive, "ops").await;
+    }
+    decide(&api, &names[3], Action::Drop, "ops").await;
+    // The full record list never arrives: only the decisions watch can carry them out.
+    let held = Operator::start_with(&ns, &[], &[("DLQ_FAILPOINT", "before-record-list")]);
+    for n in &names[..3] {
+        wait_phase(&api, n, Phase::Redriven, 30).await;
+    }
+    wait_phase(&api, &names[3], Phase::Dropped, 30).await;
+    assert!(held.logs().contains("failpoint before-record-list reached"));
+    drop(held);
+
+    // Three more while it is down; a normal start sees them in both watches.
+    for n in &names[4..7] {
+        decide(&api, n, Action::Redrive, "ops").await;
+    }
+    let _op = Operator::start(&ns);
+    for n in &names[4..7] {
+        wait_phase(&api, n, Phase::Redriven, 30).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let mut sent = redis.list(LIST).await;
+    sent.sort();
+    let mut want: Vec<Vec<u8>> = [0, 1, 2, 4, 5, 6]
+        .iter()
+        .map(|i| names[*i].as_bytes().to_vec())
+        .collect();
+    want.sort();
+    assert_eq!(sent, want, "each redriven job enqueued exactly once");
+}

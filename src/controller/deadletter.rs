@@ -56,8 +56,15 @@ impl RecordError {
 
 type Result<T, E = RecordError> = std::result::Result<T, E>;
 
+/// How soon a record another reconcile in this process holds is looked at again.
+const CLAIMED_RETRY: Duration = Duration::from_millis(500);
+
 pub async fn reconcile(dl: Arc<DeadLetter>, ctx: Arc<Context>) -> Result<Action, crate::Error> {
     let ns = dl.namespace().ok_or(RecordError::NoNamespace)?;
+    // The other records controller is on it (see `super::claims`).
+    let Some(_claim) = ctx.claims.claim(&dl.uid().unwrap_or_default()) else {
+        return Ok(Action::requeue(CLAIMED_RETRY));
+    };
     let status_phase = dl.status.as_ref().and_then(|s| s.phase);
     let action = match decide::decide(status_phase, dl.spec.action, dl.spec.by.as_deref()) {
         Decision::Done | Decision::Wait => Action::await_change(),
@@ -113,6 +120,11 @@ async fn refuse(ctx: &Context, dl: &DeadLetter, why: &str) -> Action {
 }
 
 async fn redrive(ctx: &Context, ns: &str, cached: &DeadLetter) -> Result<Action> {
+    let uid = cached.uid().unwrap_or_default();
+    if ctx.claims.is_settled(&uid) {
+        // Resolved here already: this copy is stale, and the watch brings the resolution.
+        return Ok(Action::await_change());
+    }
     let Some(record) = load(ctx, ns, cached).await? else {
         return Ok(Action::await_change());
     };
@@ -149,6 +161,7 @@ async fn redrive(ctx: &Context, ns: &str, cached: &DeadLetter) -> Result<Action>
     // Forget the enqueue only once the record is settled (resolved, lost to a rival, gone): a
     // failed or still-racing status write is retried without enqueueing again.
     if matches!(&action, Ok(a) if *a == Action::await_change()) {
+        ctx.claims.settle(&uid);
         ctx.enqueued.lock().await.remove(&uid);
     }
     action

@@ -4,6 +4,7 @@
 
 pub mod aggregate;
 pub mod apiserver;
+mod claims;
 pub mod deadletter;
 pub mod deadletterqueue;
 pub mod jobs;
@@ -16,7 +17,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use kube::api::{WatchEvent, WatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::Reporter;
@@ -26,7 +27,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::Mutex;
 
-use dlq_core::api::{DeadLetter, DeadLetterQueue};
+use dlq_core::api::{DeadLetter, DeadLetterQueue, Phase};
 use dlq_core::events::EventPlan;
 use dlq_core::plan::{Effects, Then};
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -81,6 +82,9 @@ pub struct Context {
     /// Record uids this process already enqueued whose resolution is not yet written: a retry
     /// after a failed status write must not enqueue a second time.
     enqueued: Mutex<HashSet<String>>,
+    /// Records being reconciled and records resolved by this process, across the two records
+    /// controllers.
+    claims: claims::Claims,
     /// Folds Normal resolution Events per queue during bulk resolutions; None publishes
     /// every Event as planned (the in-process tests).
     aggregator: Option<aggregate::Aggregator>,
@@ -110,6 +114,14 @@ impl Context {
         listed_once(&self.records).await
     }
 
+    /// Whether the record cache has listed everything once, without waiting.
+    pub fn records_listed(&self) -> bool {
+        self.records
+            .wait_until_ready()
+            .now_or_never()
+            .is_some_and(|r| r.is_ok())
+    }
+
     /// Whether the queue cache has listed everything once (waiting at most [`CACHE_WAIT`]):
     /// records can stream in before their queues, and a queue not yet listed is not missing.
     pub async fn queues_ready(&self) -> bool {
@@ -133,6 +145,7 @@ impl Context {
             queues,
             failures: Mutex::default(),
             enqueued: Mutex::default(),
+            claims: claims::Claims::default(),
             aggregator: None,
         }
     }
@@ -221,28 +234,35 @@ pub fn action(then: Then) -> Action {
     }
 }
 
-/// Payloads up to this size stay in the cache, so redriving a small job needs no extra read;
-/// memory stays bounded at about this much per record.
+/// Payloads up to this size stay in the cache while their decision waits to be carried out, so
+/// redriving a small job needs no extra read.
 pub const CACHED_PAYLOAD_MAX: usize = 1024;
 
-/// Drops what the reconcilers never read from a cached record: a payload over
-/// [`CACHED_PAYLOAD_MAX`] (up to 256 KiB per record; read when acting), managed fields (the
-/// whole list: a cleared one kept its allocation, 0.7 KiB a record), and kubectl's
-/// last-applied copy (which would hold the payload again).
+/// Drops what the reconcilers never read from a cached record: the job's bytes (payload and
+/// headers) unless [`keeps_job_bytes`], managed fields (the whole list: a cleared one kept its
+/// allocation, 0.7 KiB a record), and kubectl's last-applied copy (which would hold the
+/// payload again). A record that is decided later arrives again, whole, in the watch event
+/// that carries the decision; one whose bytes were dropped is read when acting.
 pub fn strip(dl: &mut DeadLetter) {
-    let size = dl.spec.job.payload.as_ref().map_or(0, String::len)
-        + dl.spec
-            .job
-            .payload_base64
-            .as_ref()
-            .map_or(0, |b| b.len() / 4 * 3);
-    if size > CACHED_PAYLOAD_MAX {
+    if !keeps_job_bytes(dl) {
         dl.spec.job.payload = None;
         dl.spec.job.payload_base64 = None;
+        dl.spec.job.headers = Default::default();
     }
     dl.metadata.managed_fields = None;
     dl.annotations_mut()
         .remove("kubectl.kubernetes.io/last-applied-configuration");
+}
+
+/// Whether a cached record keeps its job's bytes: only a small job whose decision waits to be
+/// carried out. The many records parked without a decision, or resolved and kept as history,
+/// cost the cache their metadata only (100,000 records of 1 KiB held 605 MiB with every small
+/// payload cached).
+fn keeps_job_bytes(dl: &DeadLetter) -> bool {
+    let job = &dl.spec.job;
+    let size = job.payload.as_ref().map_or(0, String::len)
+        + job.payload_base64.as_ref().map_or(0, |b| b.len() / 4 * 3);
+    dl.spec.action.is_some() && dl.phase() == Phase::Parked && size <= CACHED_PAYLOAD_MAX
 }
 
 fn error_policy<K>(_obj: Arc<K>, err: &Error, ctx: Arc<Context>) -> Action {
@@ -343,14 +363,95 @@ pub async fn run_scope(
         .graceful_shutdown_on(shutdown.clone())
         .run(deadletterqueue::reconcile, error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
+    let decisions_ctl = decisions_controller(
+        &client_for_replays,
+        &namespace,
+        ctx.clone(),
+        cfg.clone(),
+        shutdown.clone(),
+    );
     let replays_ctl = replay_controller(&client_for_replays, &namespace, ctx, cfg, shutdown);
 
     tokio::select! {
         _ = record_watch => {}
         _ = queue_watch => {}
         // Both controllers end after `shutdown`, once in-flight reconciles finished.
-        _ = async { tokio::join!(records_ctl, queues_ctl, sources, alerts, replays_ctl) } => {}
+        _ = async { tokio::join!(records_ctl, decisions_ctl, queues_ctl, sources, alerts, replays_ctl) } => {}
     }
+}
+
+/// Records with a decision not yet carried out: Parked, `spec.action` set (both selectable
+/// fields of the CRD; an unset field selects as "").
+pub const DECIDED: &str = "status.phase=Parked,spec.action!=";
+
+/// Carries out decisions while the full record cache is still listing. A restarted operator
+/// with 100,000 records listed them for 15 s before its first reconcile; decisions waiting to
+/// be carried out are a handful, watched on their own, so they are acted on within a second.
+/// Once the full cache has listed, the records controller sees every decision and this one
+/// stops, letting reconciles in flight finish (the two never act on one record at once: see
+/// [`claims`]).
+fn decisions_controller(
+    client: &Client,
+    namespace: &Option<String>,
+    ctx: Arc<Context>,
+    cfg: kube::runtime::controller::Config,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
+) -> impl std::future::Future<Output = ()> {
+    let records = ctx.records.clone();
+    let stop = async move {
+        tokio::select! {
+            _ = shutdown => {}
+            _ = records.wait_until_ready() => {}
+        }
+    }
+    .shared();
+    let (store, writer) = reflector::store();
+    let listed = store.clone();
+    // kube holds a controller's reconciles until its own store has listed; a stop before that
+    // (the full list came first, or this watch kept failing) would hold its end forever. No
+    // reconcile can have run then, so it ends at once.
+    let never_listed = {
+        let stop = stop.clone();
+        async move {
+            stop.await;
+            if listed
+                .wait_until_ready()
+                .now_or_never()
+                .is_some_and(|r| r.is_ok())
+            {
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    let decided = watcher(
+        api_for::<DeadLetter>(client, namespace),
+        watcher::Config::default().fields(DECIDED).any_semantic(),
+    )
+    .default_backoff()
+    .modify(strip)
+    .reflect(writer)
+    .applied_objects()
+    .predicate_filter(predicates::generation, Default::default());
+    let controller = Controller::for_stream(decided, store)
+        .with_config(cfg)
+        .graceful_shutdown_on(stop)
+        .run(reconcile_until_listed, error_policy, ctx)
+        .for_each(|_| futures::future::ready(()));
+    async move {
+        tokio::select! {
+            _ = controller => {}
+            _ = never_listed => {}
+        }
+    }
+}
+
+/// A decision, carried out here only until the full record cache has listed once.
+async fn reconcile_until_listed(dl: Arc<DeadLetter>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if ctx.records_listed() {
+        return Ok(Action::await_change());
+    }
+    tracing::debug!(name = %dl.name_any(), "carrying out a decision before the record cache has listed");
+    deadletter::reconcile(dl, ctx).await
 }
 
 /// The DeadLetterReplay controller: woken when a replay appears or its spec changes (not by its
@@ -464,7 +565,7 @@ fn watch_records(
         InitialState::Streamed => watcher::Config::default().streaming_lists(),
         InitialState::Paged => watcher::Config::default().any_semantic().page_size(50),
     };
-    watcher(api, config)
+    let watch = watcher(api, config)
         .default_backoff()
         .modify(strip)
         .map(move |event| {
@@ -474,7 +575,12 @@ fn watch_records(
             event
         })
         .reflect_shared(writer)
-        .for_each(|_| futures::future::ready(()))
+        .for_each(|_| futures::future::ready(()));
+    async move {
+        // A test holds the full list back here to show decisions are carried out without it.
+        crate::failpoint::hit("before-record-list").await;
+        watch.await
+    }
 }
 
 /// Records wake their reconciler when first seen and when a human changes the spec (the

@@ -368,6 +368,57 @@ async fn a_redrive_requeues_the_untouched_job_then_resolves() {
     );
 }
 
+#[test]
+fn the_cache_keeps_a_jobs_bytes_only_while_its_decision_waits() {
+    let cached = |mut r: DeadLetter| {
+        super::strip(&mut r);
+        (r.spec.job.has_payload(), r.spec.job.headers.len())
+    };
+    assert_eq!(cached(record(None)), (false, 0), "parked, undecided");
+    assert_eq!(cached(record(Some(Action::Redrive))), (true, 1), "decided");
+    let mut resolved = record(Some(Action::Redrive));
+    resolved.status = Some(DeadLetterStatus {
+        phase: Some(Phase::Redriven),
+        ..Default::default()
+    });
+    assert_eq!(cached(resolved), (false, 0), "history");
+    let mut big = record(Some(Action::Redrive));
+    big.spec.job.payload = Some("x".repeat(super::CACHED_PAYLOAD_MAX + 1));
+    assert_eq!(cached(big), (false, 0), "over the cached size");
+}
+
+#[tokio::test]
+async fn a_redrive_from_a_stripped_cached_copy_sends_the_whole_job() {
+    let h = Harness::new(&record(Some(Action::Redrive)), &[queue()]);
+    // The cache stripped the record while it waited; the decision's event was not seen yet.
+    let mut cached = record(None);
+    super::strip(&mut cached);
+    cached.spec.action = Some(Action::Redrive);
+    cached.spec.by = Some("ops".into());
+    deadletter::reconcile(Arc::new(cached), h.ctx.clone())
+        .await
+        .expect("reconcile");
+    let sent = h.target.received.lock().expect("lock").clone();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].payload, br#"{"intent":"pi_0003"}"#);
+    assert_eq!(sent[0].headers["x-trace"], "abc");
+    assert_eq!(h.phase(), Phase::Redriven);
+}
+
+#[tokio::test]
+async fn a_stale_copy_of_a_record_resolved_here_is_not_enqueued_again() {
+    let decided = record(Some(Action::Redrive));
+    let h = Harness::new(&decided, &[queue()]);
+    h.reconcile().await.expect("reconcile");
+    assert_eq!(h.phase(), Phase::Redriven);
+    // The other records controller's cache still shows it Parked with its decision.
+    let action = deadletter::reconcile(Arc::new(decided), h.ctx.clone())
+        .await
+        .expect("stale reconcile");
+    assert_eq!(action, ReconcileAction::await_change());
+    assert_eq!(h.delivered(), 1, "enqueued once");
+}
+
 #[tokio::test]
 async fn a_drop_resolves_without_enqueueing() {
     let h = Harness::new(&record(Some(Action::Drop)), &[queue()]);

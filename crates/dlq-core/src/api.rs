@@ -53,6 +53,7 @@ pub const MAX_SOURCE_MESSAGE_LEN: usize = 253;
     printcolumn = r#"{"name":"Kind","type":"string","jsonPath":".spec.failureKind","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     selectable = ".status.phase",
+    selectable = ".spec.action",
     validation = kube::core::Rule::new(
         "!has(oldSelf.status) || !has(oldSelf.status.phase) || oldSelf.status.phase == 'Parked' || ((has(self.spec.action) ? self.spec.action : '') == (has(oldSelf.spec.action) ? oldSelf.spec.action : '') && (has(self.spec.by) ? self.spec.by : '') == (has(oldSelf.spec.by) ? oldSelf.spec.by : '') && (has(self.spec.note) ? self.spec.note : '') == (has(oldSelf.spec.note) ? oldSelf.spec.note : ''))"
     ).message(kube::core::Message::Expression(

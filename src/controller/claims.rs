@@ -1,0 +1,105 @@
+//! Which records this process is acting on, and which it has resolved.
+//!
+//! Two controllers reconcile records: the full one, and the decisions-only one that carries out
+//! decisions while the full cache is still listing (see `super::decisions_controller`). kube
+//! runs one reconcile per object at a time within a controller, not across two, and the two
+//! caches can disagree for a moment (the full list is a snapshot taken when it started). So a
+//! record is claimed for the length of a reconcile, and a record this process resolved is
+//! remembered: a resolution is final, so a copy that still shows it Parked is stale and must
+//! not be enqueued again.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// How long a resolution is remembered: far longer than any cache lags behind a write.
+const SETTLED_MEMORY: Duration = Duration::from_secs(15 * 60);
+
+/// Forgetting is checked once per this many resolutions (cheap amortised pruning).
+const PRUNE_EVERY: usize = 1024;
+
+#[derive(Default)]
+pub struct Claims {
+    working: Arc<Mutex<HashSet<String>>>,
+    settled: Mutex<Settled>,
+}
+
+#[derive(Default)]
+struct Settled {
+    at: HashMap<String, Instant>,
+    since_prune: usize,
+}
+
+/// Held for the length of one reconcile of a record; releases the claim when dropped.
+pub struct Claim {
+    working: Arc<Mutex<HashSet<String>>>,
+    uid: String,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        lock(&self.working).remove(&self.uid);
+    }
+}
+
+impl Claims {
+    /// Claims the record `uid`, or None while another reconcile in this process holds it.
+    pub fn claim(&self, uid: &str) -> Option<Claim> {
+        lock(&self.working).insert(uid.to_string()).then(|| Claim {
+            working: self.working.clone(),
+            uid: uid.to_string(),
+        })
+    }
+
+    /// Remembers that the record `uid` is resolved (by this process or a rival).
+    pub fn settle(&self, uid: &str) {
+        let mut settled = lock(&self.settled);
+        settled.at.insert(uid.to_string(), Instant::now());
+        settled.since_prune += 1;
+        if settled.since_prune >= PRUNE_EVERY {
+            settled.since_prune = 0;
+            settled.at.retain(|_, at| at.elapsed() < SETTLED_MEMORY);
+        }
+    }
+
+    /// Whether the record `uid` was resolved within [`SETTLED_MEMORY`].
+    pub fn is_settled(&self, uid: &str) -> bool {
+        lock(&self.settled)
+            .at
+            .get(uid)
+            .is_some_and(|at| at.elapsed() < SETTLED_MEMORY)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding it leaves a plain set behind; keep using it.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_is_claimed_by_one_reconcile_at_a_time() {
+        let claims = Claims::default();
+        let first = claims.claim("uid-1");
+        assert!(first.is_some());
+        assert!(claims.claim("uid-1").is_none(), "held");
+        assert!(claims.claim("uid-2").is_some(), "another record");
+        drop(first);
+        assert!(claims.claim("uid-1").is_some(), "released on drop");
+    }
+
+    #[test]
+    fn resolutions_are_remembered() {
+        let claims = Claims::default();
+        assert!(!claims.is_settled("uid-1"));
+        claims.settle("uid-1");
+        assert!(claims.is_settled("uid-1"));
+        for i in 0..PRUNE_EVERY {
+            claims.settle(&format!("other-{i}"));
+        }
+        assert!(claims.is_settled("uid-1"), "pruning keeps recent ones");
+    }
+}
