@@ -137,7 +137,6 @@ async fn redrive(ctx: &Context, ns: &str, cached: &DeadLetter) -> Result<Action>
         // The decision changed or was carried out meanwhile; the watch brings the new state.
         _ => return Ok(Action::await_change()),
     };
-    let uid = record.uid().unwrap_or_default();
     if !ctx.enqueued.lock().await.contains(&uid) {
         if !ctx.settings.leadership.holds() {
             // Our term on the Lease ran out (paused, or renewals failing): a standby may be

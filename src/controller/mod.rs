@@ -105,6 +105,18 @@ where
         .is_ok_and(|r| r.is_ok())
 }
 
+/// Whether `store` has had its first complete list, without waiting.
+fn listed_now<K>(store: &Store<K>) -> bool
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    store
+        .wait_until_ready()
+        .now_or_never()
+        .is_some_and(|r| r.is_ok())
+}
+
 impl Context {
     /// Whether the record cache has listed everything once (waiting at most [`CACHE_WAIT`]).
     /// A reconcile must not hold its object's slot while waiting: with 20,000 records the
@@ -116,10 +128,7 @@ impl Context {
 
     /// Whether the record cache has listed everything once, without waiting.
     pub fn records_listed(&self) -> bool {
-        self.records
-            .wait_until_ready()
-            .now_or_never()
-            .is_some_and(|r| r.is_ok())
+        listed_now(&self.records)
     }
 
     /// Whether the queue cache has listed everything once (waiting at most [`CACHE_WAIT`]):
@@ -375,7 +384,8 @@ pub async fn run_scope(
     tokio::select! {
         _ = record_watch => {}
         _ = queue_watch => {}
-        // Both controllers end after `shutdown`, once in-flight reconciles finished.
+        // The controllers end after `shutdown`, once in-flight reconciles finished (the
+        // decisions controller already once the full record list has arrived).
         _ = async { tokio::join!(records_ctl, decisions_ctl, queues_ctl, sources, alerts, replays_ctl) } => {}
     }
 }
@@ -414,11 +424,7 @@ fn decisions_controller(
         let stop = stop.clone();
         async move {
             stop.await;
-            if listed
-                .wait_until_ready()
-                .now_or_never()
-                .is_some_and(|r| r.is_ok())
-            {
+            if listed_now(&listed) {
                 std::future::pending::<()>().await;
             }
         }
