@@ -515,3 +515,42 @@ async fn decisions_waiting_at_restart_are_carried_out_before_the_full_list_and_o
     want.sort();
     assert_eq!(sent, want, "each redriven job enqueued exactly once");
 }
+
+/// CRDs older than the operator (installed before `.spec.action` became selectable, and not
+/// upgraded: Helm never upgrades CRDs): the decisions watch is refused, the operator says why
+/// in its log, still stops cleanly, and carries decisions out from the full record list.
+#[tokio::test]
+async fn with_crds_older_than_the_operator_decisions_still_run_and_it_says_why() {
+    let plane = dlq_testenv::plane::ControlPlane::start().expect("a control plane");
+    let client = dlq_testenv::admin_client(&plane.kubeconfig).await;
+    let selectable = "    - jsonPath: .status.phase\n    - jsonPath: .spec.action\n";
+    assert!(
+        dlq_testenv::CRDS.contains(selectable),
+        "the CRDs changed shape"
+    );
+    let old = dlq_testenv::CRDS.replace(selectable, "    - jsonPath: .status.phase\n");
+    dlq_testenv::apply_crds(&client, &old).await;
+    let ns = dlq_testenv::namespace(&client, "oldcrds").await;
+    let redis = Redis::start();
+    create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    park(&api, record("old-1", "pi_0003/settle", b"old crds")).await;
+
+    // The full list held back: only the decisions watch runs, and the apiserver refuses it.
+    let env = [("DLQ_FAILPOINT", "before-record-list")];
+    let mut held = Operator::start_on(&plane.kubeconfig, &ns, &[], &env);
+    eventually(
+        30,
+        "the operator says why its decisions watch fails",
+        || async { held.logs().contains("is the CRD up to date").then_some(()) },
+    )
+    .await;
+    let status = held.terminate().expect("the operator exits on SIGTERM");
+    assert!(status.success(), "{status:?}\n{}", held.logs());
+
+    let _op = Operator::start_on(&plane.kubeconfig, &ns, &[], &[]);
+    wait_phase(&api, "old-1", Phase::Parked, 20).await;
+    decide(&api, "old-1", Action::Redrive, "ops").await;
+    wait_phase(&api, "old-1", Phase::Redriven, 20).await;
+    assert_eq!(redis.list(LIST).await, vec![b"old crds".to_vec()]);
+}

@@ -117,6 +117,31 @@ where
         .is_some_and(|r| r.is_ok())
 }
 
+/// Runs a kube controller until it ends, or at `stop` when its store has never listed: kube
+/// holds a controller's reconciles (and so its graceful shutdown) until its own store has
+/// listed, so a list that never completes (the CRD missing, RBAC denied, an apiserver that
+/// stays down) would otherwise hold a SIGTERM until the kubelet's SIGKILL. No reconcile can
+/// have run then, so nothing is cut short.
+async fn until_stopped<K>(
+    controller: impl std::future::Future<Output = ()>,
+    store: Store<K>,
+    stop: impl std::future::Future<Output = ()>,
+) where
+    K: Resource + Clone + 'static,
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    let never_listed = async move {
+        stop.await;
+        if listed_now(&store) {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        _ = controller => {}
+        _ = never_listed => {}
+    }
+}
+
 impl Context {
     /// Whether the record cache has listed everything once (waiting at most [`CACHE_WAIT`]).
     /// A reconcile must not hold its object's slot while waiting: with 20,000 records the
@@ -344,11 +369,15 @@ pub async fn run_scope(
     );
     let alerts = alert_sender(&settings, alert_changes, &ctx, shutdown.clone());
     let cfg = kube::runtime::controller::Config::default().concurrency(settings.concurrency);
-    let records_ctl = Controller::for_shared_stream(spec_changes(record_events.clone()), records)
-        .with_config(cfg.clone())
-        .graceful_shutdown_on(shutdown.clone())
-        .run(deadletter::reconcile, error_policy, ctx.clone())
-        .for_each(|_| futures::future::ready(()));
+    let records_ctl = until_stopped(
+        Controller::for_shared_stream(spec_changes(record_events.clone()), records.clone())
+            .with_config(cfg.clone())
+            .graceful_shutdown_on(shutdown.clone())
+            .run(deadletter::reconcile, error_policy, ctx.clone())
+            .for_each(|_| futures::future::ready(())),
+        records,
+        shutdown.clone(),
+    );
     let client_for_replays = client.clone();
     let sources = crate::source::supervise(
         crate::source::Shared {
@@ -358,12 +387,13 @@ pub async fn run_scope(
             jobs,
             apiserver: ctx.apiserver.clone(),
             metrics: ctx.metrics.clone(),
+            leadership: settings.leadership.clone(),
         },
         queue_changes,
         targets,
         shutdown.clone(),
     );
-    let queues_ctl = Controller::for_shared_stream(queue_events, queues)
+    let queues_ctl = Controller::for_shared_stream(queue_events, queues.clone())
         .with_config(cfg.clone().debounce(Duration::from_millis(500)))
         .watches_shared_stream(record_events, |dl: Arc<DeadLetter>| {
             let ns = dl.namespace()?;
@@ -372,6 +402,7 @@ pub async fn run_scope(
         .graceful_shutdown_on(shutdown.clone())
         .run(deadletterqueue::reconcile, error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
+    let queues_ctl = until_stopped(queues_ctl, queues, shutdown.clone());
     let decisions_ctl = decisions_controller(
         &client_for_replays,
         &namespace,
@@ -416,39 +447,29 @@ fn decisions_controller(
     }
     .shared();
     let (store, writer) = reflector::store();
-    let listed = store.clone();
-    // kube holds a controller's reconciles until its own store has listed; a stop before that
-    // (the full list came first, or this watch kept failing) would hold its end forever. No
-    // reconcile can have run then, so it ends at once.
-    let never_listed = {
-        let stop = stop.clone();
-        async move {
-            stop.await;
-            if listed_now(&listed) {
-                std::future::pending::<()>().await;
-            }
-        }
-    };
     let decided = watcher(
         api_for::<DeadLetter>(client, namespace),
         watcher::Config::default().fields(DECIDED).any_semantic(),
     )
     .default_backoff()
+    .inspect(|event| {
+        if let Err(e) = event {
+            // An operator newer than its CRDs meets this first: the field selector needs
+            // `.spec.action` among the CRD's selectableFields (the operator works on without
+            // it; waiting decisions then wait for the full record list).
+            tracing::warn!(error = %e, selector = DECIDED, "the watch of decided records failed; is the CRD up to date (`.spec.action` selectable)?");
+        }
+    })
     .modify(strip)
     .reflect(writer)
     .applied_objects()
     .predicate_filter(predicates::generation, Default::default());
-    let controller = Controller::for_stream(decided, store)
+    let controller = Controller::for_stream(decided, store.clone())
         .with_config(cfg)
-        .graceful_shutdown_on(stop)
+        .graceful_shutdown_on(stop.clone())
         .run(reconcile_until_listed, error_policy, ctx)
         .for_each(|_| futures::future::ready(()));
-    async move {
-        tokio::select! {
-            _ = controller => {}
-            _ = never_listed => {}
-        }
-    }
+    until_stopped(controller, store, stop)
 }
 
 /// A decision, carried out here only until the full record cache has listed once.
@@ -478,15 +499,16 @@ fn replay_controller(
     .reflect(writer)
     .applied_objects()
     .predicate_filter(predicates::generation, Default::default());
-    Controller::for_stream(replays, store)
+    let controller = Controller::for_stream(replays, store.clone())
         .with_config(cfg)
-        .graceful_shutdown_on(shutdown)
+        .graceful_shutdown_on(shutdown.clone())
         .run(
             replay::reconcile,
             |obj, err, replays: Arc<replay::Replays>| error_policy(obj, err, replays.ctx.clone()),
             Arc::new(replay::Replays::new(ctx)),
         )
-        .for_each(|_| futures::future::ready(()))
+        .for_each(|_| futures::future::ready(()));
+    until_stopped(controller, store, shutdown)
 }
 
 /// The per-record alert sender, or nothing when alerts are off.

@@ -301,6 +301,7 @@ async fn run_once(
         rejected: format!("{}.rejected", source.queue),
         url,
         conn,
+        channel: ch.clone(),
     });
     while let Some(delivery) = consumer.next().await {
         let delivery = delivery.map_err(|e| SourceError::broker("RabbitMQ")(classify(&e)))?;
@@ -319,6 +320,8 @@ struct Bridge {
     /// Held so the consumer's connection lives as long as any handler.
     #[allow(dead_code)]
     conn: Arc<Connection>,
+    /// The channel the deliveries came on: once it is closed, RabbitMQ has requeued them.
+    channel: lapin::Channel,
 }
 
 impl Bridge {
@@ -327,6 +330,12 @@ impl Bridge {
         req.redelivered = delivery.redelivered;
         let job = req.job.id.clone();
         let (ns, queue) = (self.into.namespace(), self.into.queue());
+        if !self.channel.status().connected() {
+            // RabbitMQ requeued it when the channel closed and hands it out again flagged
+            // redelivered; parking this stale copy as a first delivery could race that one.
+            tracing::debug!(namespace = %ns, queue = %queue, job = %job, "channel closed before parking; RabbitMQ delivers the message again");
+            return;
+        }
         let parked = match self.into.dispose(req, &delivery.data) {
             Ok(req) => {
                 self.into

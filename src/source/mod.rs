@@ -30,6 +30,7 @@ use dlq_core::park::{Disposition, dispose, job_key};
 
 use crate::controller::apiserver::{Apiserver, reference};
 use crate::controller::jobs::JobIndex;
+use crate::controller::leadership::Leadership;
 use crate::metrics::Metrics;
 use crate::secret::{SecretError, read_secret};
 use crate::target::cache::TargetCache;
@@ -68,6 +69,9 @@ impl SourceError {
 /// Longest wait of a source whose queue is full before it tries to park again.
 const FULL_RECHECK: Duration = Duration::from_secs(2);
 
+/// How often a source whose replica's term ran out looks whether it was renewed.
+const TERM_RECHECK: Duration = Duration::from_secs(1);
+
 /// How often the supervisor also checks for sources that ended by themselves.
 const RESYNC: Duration = Duration::from_secs(30);
 
@@ -86,6 +90,8 @@ pub struct Shared {
     pub jobs: JobIndex,
     pub apiserver: Arc<dyn Apiserver>,
     pub metrics: Metrics,
+    /// This replica's term on the Lease: a source parks only while it holds.
+    pub leadership: Leadership,
 }
 
 /// Runs sources for every DeadLetterQueue with a `source` in `shared.queues`, following
@@ -286,6 +292,17 @@ impl ParkInto {
         let mut req = req.clone();
         let mut attempt = 0u32;
         loop {
+            if !self.shared.leadership.holds() {
+                // A replica that was paused past its term wakes up with messages in hand that
+                // the broker has meanwhile handed to the new leader, whose records may even be
+                // resolved by now: park nothing until the term is renewed, and then only as a
+                // re-read of the message (matched by its identity), never as a new death.
+                req.retrying();
+                tracing::debug!(namespace = %self.namespace(), queue = %self.queue(), job = %req.job.id, "this replica's term on the Lease ran out; the dead message stays {where_it_stays}");
+                waiting().await;
+                tokio::time::sleep(TERM_RECHECK).await;
+                continue;
+            }
             match self.park(req.clone()).await {
                 Ok(_) => return Ok(()),
                 Err(e @ ParkError::MaxParked { .. }) => {
@@ -358,5 +375,89 @@ where
             }
         }
         tokio::time::sleep(wait).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use dlq_core::api::Job;
+    use kube::runtime::events::Reporter;
+    use kube::runtime::{reflector, watcher};
+
+    use super::*;
+    use crate::controller::apiserver::KubeApiserver;
+
+    /// A replica whose term on the Lease ran out (a leader paused past it) parks nothing, not
+    /// even a first try: the broker may have handed the same message to the new leader, whose
+    /// record of it may be resolved by now. It parks again once the term is renewed.
+    #[tokio::test]
+    async fn a_source_parks_nothing_while_its_replica_has_no_term() {
+        // An "apiserver" that only counts the connections made to it.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let connections = Arc::new(AtomicUsize::new(0));
+        let seen = connections.clone();
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                seen.fetch_add(1, Ordering::SeqCst);
+                drop(socket);
+            }
+        });
+        let url = format!("http://{addr}").parse().expect("url");
+        let client = Client::try_from(kube::Config::new(url)).expect("client");
+        let mut queue = DeadLetterQueue::new("relayer", Default::default());
+        queue.metadata.namespace = Some("payments".into());
+        let (queues, mut writer) = reflector::store();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitApply(queue));
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        let leadership = Leadership::not_yet();
+        let into = ParkInto {
+            shared: Shared {
+                parker: Parker::new(client.clone()),
+                queues,
+                jobs: JobIndex::default(),
+                apiserver: Arc::new(KubeApiserver::new(client.clone(), Reporter::from("t"))),
+                metrics: Metrics::default(),
+                leadership: leadership.clone(),
+                client,
+            },
+            key: ObjectRef::new("relayer").within("payments"),
+        };
+        let job = Job {
+            id: "pi_0003/settle".into(),
+            payload: Some("{}".into()),
+            ..Job::default()
+        };
+        let req = ParkRequest::new("relayer", job).with_message("relayer:dead#1".to_string());
+        let parking = tokio::spawn(async move {
+            let _ = into
+                .park_until_settled(&req, "in the broker", || async {})
+                .await;
+        });
+
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(
+            connections.load(Ordering::SeqCst),
+            0,
+            "parked without a term"
+        );
+        let now = jiff::Timestamp::now().as_millisecond();
+        leadership.renewed(now, Duration::from_secs(15));
+        for _ in 0..50 {
+            if connections.load(Ordering::SeqCst) > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(
+            connections.load(Ordering::SeqCst) > 0,
+            "parking resumes once the term is renewed"
+        );
+        parking.abort();
     }
 }

@@ -187,6 +187,9 @@ impl Report {
         for (q, n) in &self.broker_leftovers {
             rows.push((format!("left in {q}"), n.to_string()));
         }
+        for (what, ids) in &self.examples {
+            rows.push((format!("e.g. {what}"), ids.join(" ")));
+        }
         rows.push(("duration".into(), format!("{:.0}s", self.duration_secs)));
         let mut out = String::from("| figure | value |\n|---|---:|\n");
         for (k, v) in rows {
