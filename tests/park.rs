@@ -553,6 +553,67 @@ async fn redis_bridge_re_reading_an_element_after_a_crash_finds_its_resolved_rec
     assert_eq!(redis.hash_len("relayer:dead:inflight").await, 0);
 }
 
+/// What another process left behind after this one started (a leader that lost its Lease
+/// while parking, a puller of a failed run): an element moved to the processing list and one
+/// claimed into the inflight hash, both orphaned while the bridge runs. Its sweep parks each
+/// once, with the id it has (the claimed one keeps its record identity), and drains both.
+#[tokio::test]
+async fn redis_bridge_sweeps_up_elements_another_process_left_behind() {
+    let (client, ns, redis) = redis_source_queue("sweep").await;
+    let _op = Operator::start(&ns);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    // The bridge is running: its startup recovery has already looked at both places.
+    push_dead(&redis, "relayer:dead", 1).await;
+    eventually(30, "the bridge parks a fresh element", || async {
+        let n = api.list(&ListParams::default()).await.ok()?.items.len();
+        (n == 2).then_some(())
+    })
+    .await;
+    let envelope =
+        |id: &str| json!({"id": id, "payload": "{}", "reason": "left behind"}).to_string();
+    let mut c = redis.conn().await;
+    let _: () = redis::pipe()
+        .cmd("LPUSH")
+        .arg("relayer:dead:processing")
+        .arg(envelope("moved/1"))
+        .cmd("HSET")
+        .arg("relayer:dead:inflight")
+        .arg("1.2-99")
+        .arg(envelope("claimed/1"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let records = eventually(60, "both orphans parked", || async {
+        let items = api.list(&ListParams::default()).await.ok()?.items;
+        (items.len() == 4).then_some(items)
+    })
+    .await;
+    eventually(30, "both places drained", || async {
+        let processing = redis.list("relayer:dead:processing").await.len();
+        let inflight = redis.hash_len("relayer:dead:inflight").await;
+        (processing + inflight == 0).then_some(())
+    })
+    .await;
+    let claimed = records
+        .iter()
+        .find(|r| r.spec.job.id == "claimed/1")
+        .expect("the claimed orphan's record");
+    assert_eq!(
+        claimed
+            .annotations()
+            .get("dlq.dev/source-message")
+            .map(String::as_str),
+        Some("relayer:dead#1.2-99"),
+        "parked with the id it was claimed under"
+    );
+    assert!(records.iter().any(|r| r.spec.job.id == "moved/1"));
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert_eq!(
+        api.list(&ListParams::default()).await.unwrap().items.len(),
+        4
+    );
+}
+
 /// Issue 19: what is not an envelope, and envelopes that fail validation, become Invalid
 /// records of their exact bytes; only what can never be a record goes to `:rejected`, counted
 /// and announced.

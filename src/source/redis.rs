@@ -6,12 +6,17 @@
 //! element whose record exists, even one a human resolved meanwhile, is recognised as the same
 //! dead message, not a new death of the job.
 //!
+//! While running it also sweeps both places every [`SWEEP`]: what another process left there
+//! after this one started (a replica that lost its Lease while parking, a puller of a run that
+//! failed) and is still there one sweep later, unhandled here, is re-parked the same way.
+//!
 //! Elements are JSON envelopes (see README, "Dead-list envelope"). Anything else, and any
 //! envelope that fails validation, is parked as an Invalid record holding the exact bytes. An
 //! element that cannot be a record at all (over the payload limit) is moved to
 //! `<list>:rejected`, never deleted, and counted and announced.
 
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use kube::Client;
@@ -26,6 +31,9 @@ use crate::target::redis::RedisConn;
 /// Parks in flight at once per bridge (as for NATS and SQS): parkings waiting together share
 /// one reservation under maxParked, so more in flight means fewer queue writes per record.
 const CONCURRENCY: usize = 16;
+
+/// How often a running bridge looks for elements nobody is parking (see the module doc).
+const SWEEP: Duration = Duration::from_secs(10);
 
 /// Moves one element from the processing list into the inflight hash under a fresh id; nil
 /// when the element is no longer in the list. KEYS: processing, inflight, counter.
@@ -70,10 +78,19 @@ async fn run_once(
         processing: processing.clone(),
         rejected: format!("{dead}:rejected"),
         dead: dead.clone(),
+        handling: Mutex::default(),
     });
     ctx.recover().await?;
     tracing::debug!(namespace = %ns, queue = %name, list = %dead, "redis source draining");
+    tokio::select! {
+        pulled = pull(&ctx, &puller) => pulled,
+        swept = ctx.sweep() => swept,
+    }
+}
 
+/// Moves dead elements to the processing list one by one, claims each and parks it.
+async fn pull(ctx: &Arc<Bridge>, puller: &RedisConn) -> Result<(), SourceError> {
+    let (dead, processing) = (&ctx.dead, &ctx.processing);
     let slots = Arc::new(Semaphore::new(CONCURRENCY));
     loop {
         let permit = slots
@@ -84,8 +101,8 @@ async fn run_once(
         let raw: Option<Vec<u8>> = puller
             .query(
                 redis::cmd("BLMOVE")
-                    .arg(&dead)
-                    .arg(&processing)
+                    .arg(dead)
+                    .arg(processing)
                     .arg("RIGHT")
                     .arg("LEFT")
                     .arg(1),
@@ -114,6 +131,8 @@ struct Bridge {
     inflight: String,
     counter: String,
     rejected: String,
+    /// Ids of the inflight elements this process is parking now (the sweep leaves them be).
+    handling: Mutex<HashSet<String>>,
 }
 
 impl Bridge {
@@ -128,11 +147,7 @@ impl Bridge {
         for raw in &unclaimed {
             self.claim(raw).await?;
         }
-        let claimed: std::collections::BTreeMap<String, Vec<u8>> = self
-            .acker
-            .query(redis::cmd("HGETALL").arg(&self.inflight))
-            .await
-            .map_err(SourceError::broker(format!("reading {}", self.inflight)))?;
+        let claimed = self.claimed().await?;
         if !claimed.is_empty() {
             tracing::info!(namespace = %self.into.namespace(), queue = %self.into.queue(), count = claimed.len(), inflight = %self.inflight, "re-parking elements a previous run did not acknowledge");
         }
@@ -140,6 +155,54 @@ impl Bridge {
             self.handle(id, raw).await;
         }
         Ok(())
+    }
+
+    /// Every claimed, unacknowledged element by id.
+    async fn claimed(&self) -> Result<BTreeMap<String, Vec<u8>>, SourceError> {
+        self.acker
+            .query(redis::cmd("HGETALL").arg(&self.inflight))
+            .await
+            .map_err(SourceError::broker(format!("reading {}", self.inflight)))
+    }
+
+    /// Re-parks, every [`SWEEP`], what was left by others since the start: elements in the
+    /// processing list or the inflight hash at two sweeps in a row and not being parked here
+    /// (an element moved a moment ago is claimed and parked within one sweep). Re-parking is
+    /// safe even if another process still parks it: the id finds the same record.
+    async fn sweep(&self) -> Result<(), SourceError> {
+        let mut suspects: HashSet<String> = HashSet::new();
+        loop {
+            tokio::time::sleep(SWEEP).await;
+            let unclaimed: Vec<Vec<u8>> = self
+                .acker
+                .query(redis::cmd("LRANGE").arg(&self.processing).arg(0).arg(-1))
+                .await
+                .map_err(SourceError::broker(format!("reading {}", self.processing)))?;
+            let mut seen: HashSet<String> = unclaimed.iter().map(|raw| fingerprint(raw)).collect();
+            for raw in unclaimed
+                .iter()
+                .filter(|r| suspects.contains(&fingerprint(r)))
+            {
+                self.claim(raw).await?;
+            }
+            for (id, raw) in self.claimed().await? {
+                if self.lock_handling().contains(&id) {
+                    continue;
+                }
+                if suspects.contains(&id) {
+                    tracing::info!(namespace = %self.into.namespace(), queue = %self.into.queue(), id = %id, inflight = %self.inflight, "re-parking an element another run left unacknowledged");
+                    self.handle(id, raw).await;
+                } else {
+                    seen.insert(id);
+                }
+            }
+            suspects = seen;
+        }
+    }
+
+    fn lock_handling(&self) -> MutexGuard<'_, HashSet<String>> {
+        // A panic while holding it leaves a plain set behind; keep using it.
+        self.handling.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Gives an element of the processing list its id (see [`CLAIM`]).
@@ -164,6 +227,12 @@ impl Bridge {
     /// Parks one claimed element, retrying until it is a record (or provably never can be),
     /// then acknowledges it by removing it from the inflight hash.
     async fn handle(&self, id: String, raw: Vec<u8>) {
+        self.lock_handling().insert(id.clone());
+        self.park_and_ack(&id, raw).await;
+        self.lock_handling().remove(&id);
+    }
+
+    async fn park_and_ack(&self, id: &str, raw: Vec<u8>) {
         let req = request_for(self.into.queue(), &raw).with_message(format!("{}#{id}", self.dead));
         let parked = match self.into.dispose(req, &raw) {
             Ok(req) => {
@@ -187,7 +256,7 @@ impl Bridge {
         }
         crate::failpoint::hit("redis-before-ack").await;
         let _ = self
-            .ack(redis::cmd("HDEL").arg(&self.inflight).arg(&id))
+            .ack(redis::cmd("HDEL").arg(&self.inflight).arg(id))
             .await;
     }
 
@@ -206,4 +275,10 @@ impl Bridge {
         }
         Err(())
     }
+}
+
+/// A processing-list element, by its bytes' digest (elements may be large).
+fn fingerprint(raw: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(raw))
 }
