@@ -10,8 +10,8 @@ use serde_json::json;
 
 use dlq_core::api::{Action, DeadLetter, Phase};
 
-use crate::cli::{CliError, Global, connect};
 use crate::lookup;
+use crate::session::{CliError, Global, connect};
 
 #[derive(Args, Debug)]
 pub struct DropArgs {

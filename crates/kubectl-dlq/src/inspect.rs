@@ -9,8 +9,8 @@ use dlq_core::api::{
     DeadLetter, DeadLetterQueue, Job, KindCounts, LABEL_FAILURE_KIND, LABEL_QUEUE, Phase,
 };
 
-use crate::cli::{CliError, Global, connect};
 use crate::lookup;
+use crate::session::{CliError, Global, connect};
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
 pub enum Output {

@@ -6,7 +6,7 @@ use kube::{Api, Client};
 use dlq_core::api::{DeadLetter, DeadLetterQueue, LABEL_JOB_KEY, Phase};
 use dlq_core::park::job_key;
 
-use crate::cli::CliError;
+use crate::session::CliError;
 
 /// Every cycle of JOB (a record name or a job id) in `ns`, oldest cycle first.
 pub async fn cycles(client: &Client, ns: &str, job: &str) -> Result<Vec<DeadLetter>, CliError> {

@@ -1,7 +1,8 @@
 //! `kubectl dlq` (a kubectl plugin: put `kubectl-dlq` on PATH): inspect parked jobs, decide
 //! with your own identity, park from scripts.
 //!
-//! [`cli`] holds the flags, the connection and the dispatch; each command group is a sibling
+//! [`cli`] holds the flags and the dispatch; [`session`] the connection and the errors every
+//! command shares (so commands never import the dispatch); each command group is a sibling
 //! module. The CLI's modules are named apart from the core's (`decision`, not `decide`;
 //! `park_cmd`, not `park`) so `dlq_core::decide` and `dlq_core::park` stay unambiguous.
 
@@ -11,13 +12,15 @@ mod inspect;
 mod lookup;
 mod park_cmd;
 mod runbook;
+mod session;
 mod ui;
 
 use std::process::ExitCode;
 
 use clap::Parser;
 
-use cli::{Cli, CliError};
+use cli::Cli;
+use session::CliError;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {

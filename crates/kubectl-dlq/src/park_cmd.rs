@@ -10,7 +10,7 @@ use dlq_client::park::{ParkError, ParkOutcome, ParkRequest, Parker};
 use dlq_core::api::{FailureKind, IntentSnapshot, Job};
 use dlq_core::park::validate;
 
-use crate::cli::{CliError, Global, connect};
+use crate::session::{CliError, Global, connect};
 
 #[derive(Args, Debug)]
 pub struct ParkArgs {

@@ -20,9 +20,9 @@ use dlq_core::replay::{
     self, DeadLetterReplay, DeadLetterReplaySpec, DeadLetterReplayStatus, ReplaySelector, StopWhen,
 };
 
-use crate::cli::{CliError, Global, connect};
 use crate::decision::{Sign, decide_jobs, signer};
 use crate::inspect::{records, row, table};
+use crate::session::{CliError, Global, connect};
 
 #[derive(Args, Debug)]
 pub struct RedriveArgs {

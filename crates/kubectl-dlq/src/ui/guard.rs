@@ -13,7 +13,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::Ui;
-use crate::cli::CliError;
+use crate::session::CliError;
 
 /// No inline script or style, nothing from elsewhere, no framing, forms only to this server.
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \

@@ -29,8 +29,8 @@ use axum::routing::{get, post};
 use clap::Args;
 use kube::Client;
 
-use crate::cli::{CliError, Global, connect};
 use crate::decision::whoami;
+use crate::session::{CliError, Global, connect};
 
 #[derive(Args, Debug)]
 pub struct UiArgs {
