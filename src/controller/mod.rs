@@ -388,6 +388,7 @@ pub async fn run_scope(
             apiserver: ctx.apiserver.clone(),
             metrics: ctx.metrics.clone(),
             leadership: settings.leadership.clone(),
+            in_flight: Default::default(),
         },
         queue_changes,
         targets,

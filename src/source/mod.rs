@@ -8,6 +8,7 @@
 //! and is re-parked (deduplicated) on the next start.
 
 pub mod amqp;
+pub mod in_flight;
 pub mod kafka;
 pub mod nats;
 pub mod redis;
@@ -33,6 +34,7 @@ use crate::controller::jobs::JobIndex;
 use crate::controller::leadership::Leadership;
 use crate::metrics::Metrics;
 use crate::secret::{SecretError, read_secret};
+use crate::source::in_flight::InFlight;
 use crate::target::cache::TargetCache;
 
 /// Why one run of a source ended. It is restarted with backoff.
@@ -92,6 +94,8 @@ pub struct Shared {
     pub metrics: Metrics,
     /// This replica's term on the Lease: a source parks only while it holds.
     pub leadership: Leadership,
+    /// One park at a time per dead message (see [`in_flight`]).
+    pub in_flight: InFlight,
 }
 
 /// Runs sources for every DeadLetterQueue with a `source` in `shared.queues`, following
@@ -290,6 +294,7 @@ impl ParkInto {
         Fut: std::future::Future<Output = ()>,
     {
         let mut req = req.clone();
+        let _turn = self.shared.in_flight.turn(&mut req).await;
         let mut attempt = 0u32;
         loop {
             if !self.shared.leadership.holds() {
@@ -424,6 +429,7 @@ mod tests {
                 apiserver: Arc::new(KubeApiserver::new(client.clone(), Reporter::from("t"))),
                 metrics: Metrics::default(),
                 leadership: leadership.clone(),
+                in_flight: InFlight::default(),
                 client,
             },
             key: ObjectRef::new("relayer").within("payments"),
