@@ -352,6 +352,62 @@ async fn kubectl_dlq_park_prints_the_record_and_fails_on_bad_input() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A producer retrying `kubectl dlq park` after a lost reply, while a human already resolved
+/// the record: with `--message` (the death's own id) the retry answers with that record; the
+/// same job parked without it is a new death, cycle 2.
+#[tokio::test]
+async fn kubectl_dlq_park_with_a_message_id_is_idempotent_across_a_resolution() {
+    let (client, ns, _redis) = setup_redis_queue("cli-message", json!({})).await;
+    let _op = Operator::start(&ns);
+    let plane = dlq_testenv::plane();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(dlq_testenv::bin("kubectl-dlq"))
+            .args([
+                "--kubeconfig",
+                plane.kubeconfig.to_str().unwrap(),
+                "-n",
+                &ns,
+            ])
+            .args([
+                "park",
+                "--queue",
+                "relayer",
+                "--id",
+                "cli/retry",
+                "--payload",
+                "{}",
+            ])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{stderr}");
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let first = run(&["--message", "producer-7f3a"]);
+    assert!(first.contains("(new, cycle 1)"), "{first}");
+    let api: Api<DeadLetter> = Api::namespaced(client, &ns);
+    let name = api.list(&ListParams::default()).await.unwrap().items[0].name_any();
+    decide(&api, &name, Action::Drop, "alice").await;
+    wait_phase(&api, &name, Phase::Dropped, 30).await;
+
+    let retry = run(&["--message", "producer-7f3a"]);
+    assert!(
+        retry.starts_with(&format!("this message already has a record: {name}")),
+        "{retry}"
+    );
+    assert_eq!(
+        api.list(&ListParams::default()).await.unwrap().items.len(),
+        1
+    );
+    let again = run(&[]);
+    assert!(
+        again.contains("(new, cycle 2)"),
+        "a new death without an id: {again}"
+    );
+}
+
 #[tokio::test]
 async fn gitops_server_side_apply_of_a_decision_does_not_conflict_with_the_parker() {
     let (client, ns) = setup("gitops").await;

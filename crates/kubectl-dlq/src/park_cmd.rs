@@ -45,6 +45,12 @@ pub struct ParkArgs {
     /// Consumer version that gave up (e.g. relayer@1.4.2).
     #[arg(long)]
     pub service_version: Option<String>,
+    /// This dead message's own id (one your producer keeps per death, e.g. a broker message
+    /// id). Parking with the same id again, such as a retry after a lost reply, answers with
+    /// that message's record even if it was resolved meanwhile, instead of parking the same
+    /// death as a new cycle.
+    #[arg(long, value_name = "ID")]
+    pub message: Option<String>,
 }
 
 /// `--failure-kind` in any case.
@@ -119,6 +125,11 @@ pub fn request(args: &ParkArgs) -> Result<ParkRequest, CliError> {
         }),
         _ => None,
     };
+    match args.message.as_deref().map(str::trim) {
+        Some("") => return Err(CliError::Usage("--message must not be empty".into())),
+        Some(message) => req = req.with_message(message),
+        None => {}
+    }
     Ok(req)
 }
 
