@@ -266,33 +266,31 @@ async fn bad_input_is_refused_with_a_clear_message() {
     assert!(err.to_string().contains("at its maxParked of 1"), "{err}");
 }
 
+/// Runs `kubectl-dlq -n NS args…` against the shared control plane: (success, stdout, stderr).
+fn kubectl_dlq(ns: &str, args: &[&str]) -> (bool, String, String) {
+    let plane = dlq_testenv::plane();
+    let out = std::process::Command::new(dlq_testenv::bin("kubectl-dlq"))
+        .args(["--kubeconfig", plane.kubeconfig.to_str().unwrap(), "-n", ns])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
 #[tokio::test]
 async fn kubectl_dlq_park_prints_the_record_and_fails_on_bad_input() {
     let (client, ns) = setup("cli-park").await;
     create_offline_queue(&client, &ns).await;
-    let plane = dlq_testenv::plane();
     let dir = std::env::temp_dir().join(format!("dlq-cli-{ns}"));
     std::fs::create_dir_all(&dir).unwrap();
     let body = dir.join("job.bin");
     std::fs::write(&body, b"\x00\x01binary").unwrap();
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new(dlq_testenv::bin("kubectl-dlq"))
-            .args([
-                "--kubeconfig",
-                plane.kubeconfig.to_str().unwrap(),
-                "-n",
-                &ns,
-            ])
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).to_string(),
-            String::from_utf8_lossy(&out.stderr).to_string(),
-        )
-    };
+    let run = |args: &[&str]| kubectl_dlq(&ns, args);
     let payload = format!("@{}", body.display());
     let args = [
         "park",
@@ -359,31 +357,20 @@ async fn kubectl_dlq_park_prints_the_record_and_fails_on_bad_input() {
 async fn kubectl_dlq_park_with_a_message_id_is_idempotent_across_a_resolution() {
     let (client, ns, _redis) = setup_redis_queue("cli-message", json!({})).await;
     let _op = Operator::start(&ns);
-    let plane = dlq_testenv::plane();
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new(dlq_testenv::bin("kubectl-dlq"))
-            .args([
-                "--kubeconfig",
-                plane.kubeconfig.to_str().unwrap(),
-                "-n",
-                &ns,
-            ])
-            .args([
-                "park",
-                "--queue",
-                "relayer",
-                "--id",
-                "cli/retry",
-                "--payload",
-                "{}",
-            ])
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-        assert!(out.status.success(), "{stderr}");
-        String::from_utf8_lossy(&out.stdout).to_string()
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "park",
+            "--queue",
+            "relayer",
+            "--id",
+            "cli/retry",
+            "--payload",
+            "{}",
+        ];
+        args.extend_from_slice(extra);
+        let (ok, out, err) = kubectl_dlq(&ns, &args);
+        assert!(ok, "{err}");
+        out
     };
     let first = run(&["--message", "producer-7f3a"]);
     assert!(first.contains("(new, cycle 1)"), "{first}");
