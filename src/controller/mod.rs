@@ -453,13 +453,15 @@ fn decisions_controller(
         watcher::Config::default().fields(DECIDED).any_semantic(),
     )
     .default_backoff()
-    .inspect(|event| {
-        if let Err(e) = event {
-            // An operator newer than its CRDs meets this first: the field selector needs
-            // `.spec.action` among the CRD's selectableFields (the operator works on without
-            // it; waiting decisions then wait for the full record list).
+    .inspect(|event| match event {
+        // An operator newer than its CRDs meets this: the field selector needs `.spec.action`
+        // among the CRD's selectableFields (the operator works on without it; waiting
+        // decisions then wait for the full record list).
+        Err(e) if e.to_string().contains("field label not supported") => {
             tracing::warn!(error = %e, selector = DECIDED, "the watch of decided records failed; is the CRD up to date (`.spec.action` selectable)?");
         }
+        Err(e) => tracing::debug!(error = %e, "the watch of decided records failed; retrying"),
+        Ok(_) => {}
     })
     .modify(strip)
     .reflect(writer)
