@@ -131,7 +131,9 @@ struct Bridge {
     inflight: String,
     counter: String,
     rejected: String,
-    /// Ids of the inflight elements this process is parking now (the sweep leaves them be).
+    /// Ids of the inflight elements this process is parking or acknowledging now (the sweep
+    /// leaves them be). Wider than `source::in_flight`'s turns, which end with the park: an
+    /// acknowledgement retried through a cut link is not left behind either.
     handling: Mutex<HashSet<String>>,
 }
 
@@ -178,12 +180,14 @@ impl Bridge {
                 .query(redis::cmd("LRANGE").arg(&self.processing).arg(0).arg(-1))
                 .await
                 .map_err(SourceError::broker(format!("reading {}", self.processing)))?;
-            let mut seen: HashSet<String> = unclaimed.iter().map(|raw| fingerprint(raw)).collect();
-            for raw in unclaimed
-                .iter()
-                .filter(|r| suspects.contains(&fingerprint(r)))
-            {
-                self.claim(raw).await?;
+            // Suspects are element digests and inflight ids (the two never look alike).
+            let mut seen: HashSet<String> = HashSet::new();
+            for raw in &unclaimed {
+                let digest = fingerprint(raw);
+                if suspects.contains(&digest) {
+                    self.claim(raw).await?;
+                }
+                seen.insert(digest);
             }
             for (id, raw) in self.claimed().await? {
                 if self.lock_handling().contains(&id) {
