@@ -190,11 +190,11 @@ async fn unroutable_and_missing_exchange_are_failures_not_successes() {
     // A record whose origin names an exchange that does not exist: the channel error is a
     // failure too, and the target keeps working for the next record.
     let mut r = record("gone-1", "gone/1", b"y", &[]);
-    r.spec.job.origin = Some(Origin {
+    r.spec.job.origin = Some(Box::new(Origin {
         exchange: Some(format!("{ns}.no-such-exchange")),
         routing_key: Some("k".into()),
         ..Origin::default()
-    });
+    }));
     api.create(&PostParams::default(), &r).await.unwrap();
     decide(&api, "gone-1", Action::Redrive, "ops").await;
     let r = eventually(30, "Requeued=False for a missing exchange", || async {

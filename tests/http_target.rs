@@ -251,12 +251,12 @@ async fn origin_is_part_of_the_immutable_job() {
     let (client, ns) = setup("origin-rules").await;
     let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
     let mut r = record("o-1", "o/1", b"x", &[]);
-    r.spec.job.origin = Some(dlq_core::api::Origin {
+    r.spec.job.origin = Some(Box::new(dlq_core::api::Origin {
         exchange: Some("shop".into()),
         routing_key: Some("orders.created".into()),
         queue: Some("orders".into()),
         ..Default::default()
-    });
+    }));
     api.create(&PostParams::default(), &r).await.unwrap();
     let patch = json!({"spec": {"job": {"origin": {"exchange": "elsewhere"}}}});
     match api

@@ -12,10 +12,10 @@ use serde_json::json;
 
 fn record(name: &str, job_id: &str, payload: &[u8]) -> DeadLetter {
     let mut r = dlq_testenv::record(name, job_id, payload, &[]);
-    r.spec.intent = Some(IntentSnapshot {
+    r.spec.intent = Some(Box::new(IntentSnapshot {
         id: "pi_0003".into(),
         state: "created".into(),
-    });
+    }));
     r.spec.reason = "no luck after 3 deliveries".into();
     r.spec.service_version = Some("relayer@1.4.2".into());
     r

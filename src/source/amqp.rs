@@ -218,7 +218,7 @@ pub fn request_for(queue: &str, data: &[u8], props: &BasicProperties) -> ParkReq
         queue,
         Job {
             headers: carried.headers,
-            origin,
+            origin: origin.map(Box::new),
             ..Job::from_bytes(id, data)
         },
     );

@@ -90,7 +90,7 @@ pub fn request_for(queue: &str, dead: &Dead) -> ParkRequest {
         queue,
         Job {
             headers,
-            origin,
+            origin: origin.map(Box::new),
             ..Job::from_bytes(dead.job_id(), &dead.value)
         },
     )

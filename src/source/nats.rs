@@ -144,12 +144,12 @@ pub fn request_for(queue: &str, adv: &Advisory, msg: &Stored) -> ParkRequest {
         queue,
         Job {
             headers,
-            origin: Some(Origin {
+            origin: Some(Box::new(Origin {
                 stream: Some(adv.stream.clone()),
                 subject: Some(msg.subject.clone()),
                 sequence: i64::try_from(adv.stream_seq).ok(),
                 ..Origin::default()
-            }),
+            })),
             ..Job::from_bytes(id, &msg.payload)
         },
     )

@@ -114,9 +114,11 @@ pub fn request_for(queue: &str, dead: &Dead) -> ParkRequest {
         queue,
         Job {
             headers,
-            origin: source_arn.clone().map(|arn| Origin {
-                queue_arn: Some(arn),
-                ..Origin::default()
+            origin: source_arn.clone().map(|arn| {
+                Box::new(Origin {
+                    queue_arn: Some(arn),
+                    ..Origin::default()
+                })
             }),
             ..Job::from_bytes(id, dead.body.as_bytes())
         },

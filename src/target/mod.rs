@@ -46,7 +46,7 @@ impl JobMessage {
             id: job.id.clone(),
             payload,
             headers: job.headers.clone(),
-            origin: job.origin.clone(),
+            origin: job.origin.as_deref().cloned(),
             record_uid: None,
         })
     }

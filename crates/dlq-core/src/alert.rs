@@ -318,10 +318,10 @@ mod tests {
                     payload: Some("{}".into()),
                     ..Job::default()
                 },
-                intent: Some(IntentSnapshot {
+                intent: Some(Box::new(IntentSnapshot {
                     id: "pi_0003".into(),
                     state: "created".into(),
-                }),
+                })),
                 deliveries: 3,
                 reason: "no luck".into(),
                 failure_kind: FailureKind::Transient,

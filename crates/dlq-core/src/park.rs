@@ -375,7 +375,7 @@ pub fn new_record(req: &ParkRequest, cycle: i32) -> DeadLetter {
             queue: req.queue.clone(),
             cycle,
             job: req.job.clone(),
-            intent: req.intent.clone(),
+            intent: req.intent.clone().map(Box::new),
             deliveries: req.deliveries,
             reason: bounded_reason(&req.reason),
             failure_kind: req.failure_kind,
