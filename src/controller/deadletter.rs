@@ -65,8 +65,7 @@ pub async fn reconcile(dl: Arc<DeadLetter>, ctx: Arc<Context>) -> Result<Action,
     let Some(_claim) = ctx.claims.claim(&dl.uid().unwrap_or_default()) else {
         return Ok(Action::requeue(CLAIMED_RETRY));
     };
-    let status_phase = dl.status.as_ref().and_then(|s| s.phase);
-    let action = match decide::decide(status_phase, dl.spec.action, dl.spec.by.as_deref()) {
+    let action = match decision(&dl) {
         Decision::Done | Decision::Wait => Action::await_change(),
         Decision::MarkParked => mark_parked(&ctx, &dl).await?,
         Decision::Refuse { reason } => refuse(&ctx, &dl, &reason).await,
@@ -74,6 +73,19 @@ pub async fn reconcile(dl: Arc<DeadLetter>, ctx: Arc<Context>) -> Result<Action,
         Decision::Redrive { .. } => redrive(&ctx, &ns, &dl).await?,
     };
     Ok(action)
+}
+
+/// What the record calls for (pure: `dlq_core::decide`).
+fn decision(dl: &DeadLetter) -> Decision {
+    let status_phase = dl.status.as_ref().and_then(|s| s.phase);
+    decide::decide(status_phase, dl.spec.action, dl.spec.by.as_deref())
+}
+
+/// Whether reconciling `dl` would do anything. A record that waits for a decision, or is
+/// resolved, is not queued at all: a restart with 100,000 parked records queues none of them
+/// (each queued reconcile holds two copies of the record's reference until it runs).
+pub fn has_work(dl: &DeadLetter) -> bool {
+    !matches!(decision(dl), Decision::Done | Decision::Wait)
 }
 
 /// Writes `write.status` as a compare-and-swap; on success carries out what follows it.
@@ -167,7 +179,7 @@ async fn redrive(ctx: &Context, ns: &str, cached: &DeadLetter) -> Result<Action>
 }
 
 /// The record with its payload: the cached copy when small jobs are cached whole (see
-/// [`super::strip`]), else read from the apiserver. A stale cached copy is safe: the status
+/// [`super::cache::strip`]), else read from the apiserver. A stale cached copy is safe: the status
 /// write is a compare-and-swap. None when the record is gone.
 async fn load(ctx: &Context, ns: &str, cached: &DeadLetter) -> Result<Option<DeadLetter>> {
     if cached.spec.job.has_payload() {

@@ -4,12 +4,14 @@
 
 pub mod aggregate;
 pub mod apiserver;
+pub mod cache;
 mod claims;
 pub mod deadletter;
 pub mod deadletterqueue;
 pub mod jobs;
 pub mod leadership;
 pub mod replay;
+mod wakes;
 
 pub use self::leadership::Leadership;
 
@@ -27,7 +29,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::Mutex;
 
-use dlq_core::api::{DeadLetter, DeadLetterQueue, Phase};
+use dlq_core::api::{DeadLetter, DeadLetterQueue};
 use dlq_core::events::EventPlan;
 use dlq_core::plan::{Effects, Then};
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -268,37 +270,6 @@ pub fn action(then: Then) -> Action {
     }
 }
 
-/// Payloads up to this size stay in the cache while their decision waits to be carried out, so
-/// redriving a small job needs no extra read.
-pub const CACHED_PAYLOAD_MAX: usize = 1024;
-
-/// Drops what the reconcilers never read from a cached record: the job's bytes (payload and
-/// headers) unless [`keeps_job_bytes`], managed fields (the whole list: a cleared one kept its
-/// allocation, 0.7 KiB a record), and kubectl's last-applied copy (which would hold the
-/// payload again). A record that is decided later arrives again, whole, in the watch event
-/// that carries the decision; one whose bytes were dropped is read when acting.
-pub fn strip(dl: &mut DeadLetter) {
-    if !keeps_job_bytes(dl) {
-        dl.spec.job.payload = None;
-        dl.spec.job.payload_base64 = None;
-        dl.spec.job.headers = Default::default();
-    }
-    dl.metadata.managed_fields = None;
-    dl.annotations_mut()
-        .remove("kubectl.kubernetes.io/last-applied-configuration");
-}
-
-/// Whether a cached record keeps its job's bytes: only a small job whose decision waits to be
-/// carried out. The many records parked without a decision, or resolved and kept as history,
-/// cost the cache their metadata only (100,000 records of 1 KiB held 605 MiB with every small
-/// payload cached).
-fn keeps_job_bytes(dl: &DeadLetter) -> bool {
-    let job = &dl.spec.job;
-    let size = job.payload.as_ref().map_or(0, String::len)
-        + job.payload_base64.as_ref().map_or(0, |b| b.len() / 4 * 3);
-    dl.spec.action.is_some() && dl.phase() == Phase::Parked && size <= CACHED_PAYLOAD_MAX
-}
-
 fn error_policy<K>(_obj: Arc<K>, err: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics
         .reconcile_errors
@@ -463,7 +434,7 @@ fn decisions_controller(
         Err(e) => tracing::debug!(error = %e, "the watch of decided records failed; retrying"),
         Ok(_) => {}
     })
-    .modify(strip)
+    .modify(cache::strip)
     .reflect(writer)
     .applied_objects()
     .predicate_filter(predicates::generation, Default::default());
@@ -598,13 +569,14 @@ fn watch_records(
     };
     let watch = watcher(api, config)
         .default_backoff()
-        .modify(strip)
+        // The job index reads labels and annotations that the cache then drops.
         .map(move |event| {
             if let Ok(event) = &event {
                 jobs.observe(event);
             }
             event
         })
+        .modify(cache::strip)
         .reflect_shared(writer)
         .for_each(|_| futures::future::ready(()));
     async move {
@@ -614,20 +586,17 @@ fn watch_records(
     }
 }
 
-/// Records wake their reconciler when first seen and when a human changes the spec (the
-/// generation), not on status writes: our own condition writes would otherwise defeat the
-/// requeue backoff, and another replica's resolution leaves nothing to do. kube's predicate
-/// filter forgets records it has not seen for [`GENERATION_MEMORY`].
+/// Records wake their reconciler when first seen and when a human changes the spec (see
+/// [`wakes`]; records not seen for [`GENERATION_MEMORY`] are forgotten), and only when there
+/// is something to do ([`deadletter::has_work`]).
 fn spec_changes(
     records: impl futures::Stream<Item = Arc<DeadLetter>>,
 ) -> impl futures::Stream<Item = Arc<DeadLetter>> {
-    records
-        .map(|dl| Ok::<_, watcher::Error>((*dl).clone()))
-        .predicate_filter(
-            predicates::generation,
-            kube::runtime::PredicateConfig::default().ttl(GENERATION_MEMORY),
-        )
-        .filter_map(|dl| futures::future::ready(dl.ok().map(Arc::new)))
+    let mut seen = wakes::SpecChanges::new(GENERATION_MEMORY);
+    records.filter(move |dl| {
+        let wakes = seen.wakes(dl, std::time::Instant::now()) && deadletter::has_work(dl);
+        futures::future::ready(wakes)
+    })
 }
 
 #[cfg(test)]

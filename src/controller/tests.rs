@@ -371,7 +371,7 @@ async fn a_redrive_requeues_the_untouched_job_then_resolves() {
 #[test]
 fn the_cache_keeps_a_jobs_bytes_only_while_its_decision_waits() {
     let cached = |mut r: DeadLetter| {
-        super::strip(&mut r);
+        super::cache::strip(&mut r);
         (r.spec.job.has_payload(), r.spec.job.headers.len())
     };
     assert_eq!(cached(record(None)), (false, 0), "parked, undecided");
@@ -383,7 +383,7 @@ fn the_cache_keeps_a_jobs_bytes_only_while_its_decision_waits() {
     });
     assert_eq!(cached(resolved), (false, 0), "history");
     let mut big = record(Some(Action::Redrive));
-    big.spec.job.payload = Some("x".repeat(super::CACHED_PAYLOAD_MAX + 1));
+    big.spec.job.payload = Some("x".repeat(super::cache::CACHED_PAYLOAD_MAX + 1));
     assert_eq!(cached(big), (false, 0), "over the cached size");
 }
 
@@ -392,7 +392,7 @@ async fn a_redrive_from_a_stripped_cached_copy_sends_the_whole_job() {
     let h = Harness::new(&record(Some(Action::Redrive)), &[queue()]);
     // The cache stripped the record while it waited; the decision's event was not seen yet.
     let mut cached = record(None);
-    super::strip(&mut cached);
+    super::cache::strip(&mut cached);
     cached.spec.action = Some(Action::Redrive);
     cached.spec.by = Some("ops".into());
     deadletter::reconcile(Arc::new(cached), h.ctx.clone())
@@ -664,4 +664,38 @@ async fn resolution_events_go_through_the_aggregator() {
             .starts_with("2 records of queue relayer redriven"),
         "{published:?}"
     );
+}
+
+/// The records controller's wakes: unmarked and decided records, not the ones that wait for a
+/// human or are resolved, and not a status write.
+#[tokio::test]
+async fn only_records_with_something_to_do_are_queued() {
+    use futures::StreamExt;
+    let named = |name: &str, action: Option<Action>, phase: Option<Phase>| {
+        let mut r = record(action);
+        r.metadata.name = Some(name.into());
+        r.metadata.uid = Some(format!("uid-{name}"));
+        r.status = phase.map(|p| DeadLetterStatus {
+            phase: Some(p),
+            ..Default::default()
+        });
+        Arc::new(r)
+    };
+    let unmarked = named("unmarked", None, None);
+    let mut decided = named("waiting", Some(Action::Drop), Some(Phase::Parked));
+    Arc::make_mut(&mut decided).metadata.generation = Some(2);
+    let events = vec![
+        unmarked.clone(),
+        named("waiting", None, Some(Phase::Parked)),
+        named("resolved", Some(Action::Redrive), Some(Phase::Redriven)),
+        // The operator's own status write on the unmarked record: same generation.
+        named("unmarked", None, Some(Phase::Parked)),
+        // A human decides the waiting one: a new generation.
+        decided,
+    ];
+    let woken: Vec<String> = super::spec_changes(futures::stream::iter(events))
+        .map(|dl| kube::ResourceExt::name_any(dl.as_ref()))
+        .collect()
+        .await;
+    assert_eq!(woken, ["unmarked", "waiting"]);
 }

@@ -1,0 +1,107 @@
+//! What one parked record costs the operator's cache, counted by the allocator: the record as
+//! the apiserver sends it (managed fields, labels, annotations, a condition, a 1 KiB payload)
+//! goes through the job index, `controller::cache::strip` and a reflector store, as the record
+//! watch does. Allocation counts do not depend on the machine's speed, so this is a budget,
+//! not a timing: 100,000 records are 100,000 times this figure.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicIsize, Ordering};
+
+use deadletter::controller::cache;
+use deadletter::controller::jobs::JobIndex;
+use dlq_core::api::DeadLetter;
+use kube::runtime::{reflector, watcher};
+
+/// The system allocator, counting the bytes it holds.
+struct Counting;
+
+static HELD: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: every call is passed on to the system allocator unchanged.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        HELD.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: the caller's contract is the system allocator's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        HELD.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new: usize) -> *mut u8 {
+        HELD.fetch_add(new as isize - layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+const RECORDS: usize = 10_000;
+
+/// Record `i` as a watch event carries it once the operator marked it Parked.
+fn watched(i: usize) -> String {
+    let payload = "x".repeat(1024);
+    let managed = r#"[{"manager":"relayer","operation":"Update","apiVersion":"dlq.dev/v1alpha1","time":"2026-12-01T10:00:00Z","fieldsType":"FieldsV1","fieldsV1":{"f:metadata":{"f:labels":{".":{},"f:dlq.dev/job-key":{},"f:dlq.dev/queue":{}}},"f:spec":{".":{},"f:cycle":{},"f:job":{".":{},"f:id":{},"f:payload":{}},"f:queue":{}}}},{"manager":"deadletter-operator","operation":"Update","apiVersion":"dlq.dev/v1alpha1","time":"2026-12-01T10:00:01Z","fieldsType":"FieldsV1","fieldsV1":{"f:status":{".":{},"f:conditions":{},"f:phase":{}}},"subresource":"status"}]"#;
+    format!(
+        r#"{{"apiVersion":"dlq.dev/v1alpha1","kind":"DeadLetter",
+        "metadata":{{"name":"relayer-order-{i:06}-1-5f3a9c21","namespace":"payments",
+            "uid":"6f1c9a52-1c1e-4d0b-9a43-0d5b6c{i:06}","resourceVersion":"{rv}","generation":1,
+            "creationTimestamp":"2026-12-01T10:00:00Z",
+            "labels":{{"dlq.dev/queue":"relayer","dlq.dev/failure-kind":"transient",
+                "dlq.dev/job-key":"0123456789abcdef0123456789abcdef{i:08}"}},
+            "annotations":{{"dlq.dev/slot-block":"b-17","dlq.dev/source-message":"redis/relayer:dead/{i}"}},
+            "managedFields":{managed}}},
+        "spec":{{"queue":"relayer","cycle":1,"job":{{"id":"order-{i:06}","payload":"{payload}"}},
+            "deliveries":3,"reason":"payment provider timed out","failureKind":"Transient",
+            "failedAt":"2026-12-01T10:00:00Z"}},
+        "status":{{"phase":"Parked","observedGeneration":1,"conditions":[{{"type":"Parked",
+            "status":"True","reason":"Parked","message":"waiting for a decision",
+            "observedGeneration":1,"lastTransitionTime":"2026-12-01T10:00:01Z"}}]}}}}"#,
+        rv = 1_000_000 + i
+    )
+}
+
+/// Bytes the cache holds per record once `RECORDS` records have been listed through it.
+fn held_per_record(strip: fn(&mut DeadLetter)) -> usize {
+    let events: Vec<String> = (0..RECORDS).map(watched).collect();
+    let before = HELD.load(Ordering::Relaxed);
+    let (store, mut writer) = reflector::store::<DeadLetter>();
+    let jobs = JobIndex::default();
+    let mut apply = |event: watcher::Event<DeadLetter>| {
+        jobs.observe(&event);
+        let event = event.modify(strip);
+        writer.apply_watcher_event(&event);
+    };
+    apply(watcher::Event::Init);
+    for text in &events {
+        let record: DeadLetter = serde_json::from_str(text).expect("a record");
+        apply(watcher::Event::InitApply(record));
+    }
+    apply(watcher::Event::InitDone);
+    assert_eq!(store.len(), RECORDS);
+    let held = HELD.load(Ordering::Relaxed) - before;
+    drop((store, jobs));
+    usize::try_from(held).unwrap_or(0) / RECORDS
+}
+
+/// Most of what is left: the record's inline size (720 bytes, 360 of them kube's metadata),
+/// the annotations tree node the slot block keeps (0.5 KiB), the store's key and the job index.
+const BUDGET: usize = 2304;
+
+#[test]
+fn a_parked_record_costs_the_cache_at_most_its_budget() {
+    let whole = held_per_record(|_| {});
+    let cached = held_per_record(cache::strip);
+    println!(
+        "bytes per parked record: {whole} cached whole, {cached} stripped ({}%); DeadLetter inline {}",
+        cached * 100 / whole,
+        std::mem::size_of::<DeadLetter>()
+    );
+    assert!(
+        cached <= BUDGET,
+        "a parked record costs the cache {cached} bytes (budget {BUDGET}): see controller::cache"
+    );
+}
