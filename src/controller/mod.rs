@@ -341,7 +341,14 @@ pub async fn run_scope(
     let alerts = alert_sender(&settings, alert_changes, &ctx, shutdown.clone());
     let cfg = kube::runtime::controller::Config::default().concurrency(settings.concurrency);
     let records_ctl = until_stopped(
-        Controller::for_shared_stream(spec_changes(record_events.clone()), records.clone())
+        // Woken by bare references, not the records themselves: each queued reconcile holds
+        // two copies of its reference, and one taken from a record also copies its uid and
+        // resourceVersion (11 MiB at a start with 100,000 records to mark).
+        Controller::for_shared_stream(futures::stream::pending(), records.clone())
+            .reconcile_on(
+                spec_changes(record_events.clone())
+                    .filter_map(|dl| futures::future::ready(bare_ref(&dl))),
+            )
             .with_config(cfg.clone())
             .graceful_shutdown_on(shutdown.clone())
             .run(deadletter::reconcile, error_policy, ctx.clone())
@@ -391,6 +398,13 @@ pub async fn run_scope(
         // decisions controller already once the full record list has arrived).
         _ = async { tokio::join!(records_ctl, decisions_ctl, queues_ctl, sources, alerts, replays_ctl) } => {}
     }
+}
+
+/// A record's reference without the copies of its uid and resourceVersion.
+fn bare_ref(dl: &DeadLetter) -> Option<ObjectRef<DeadLetter>> {
+    let name = dl.metadata.name.as_deref()?;
+    let ns = dl.metadata.namespace.as_deref()?;
+    Some(ObjectRef::new(name).within(ns))
 }
 
 /// Records with a decision not yet carried out: Parked, `spec.action` set (both selectable
