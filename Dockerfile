@@ -7,8 +7,13 @@ ARG RUST_VERSION=1.95
 
 FROM docker.io/library/rust:${RUST_VERSION}-slim-bookworm AS build
 WORKDIR /src
+# Whole-program optimisation for the shipped binaries only (local release builds stay fast):
+# the operator's code shrinks from 23.5 to 20.5 MB, its idle RSS by 2.5 MiB (most of an idle
+# operator's RSS is its code), and with 10,000 records parked its peak from 48.6 to 46.0 MiB.
 ENV CARGO_TERM_COLOR=never \
-    CARGO_INCREMENTAL=0
+    CARGO_INCREMENTAL=0 \
+    CARGO_PROFILE_RELEASE_LTO=fat \
+    CARGO_PROFILE_RELEASE_CODEGEN_UNITS=1
 # librdkafka (the Kafka backend) is built from the rdkafka crate's bundled C source: it needs make
 # and OpenSSL headers; versions are those of the pinned bookworm base image.
 # hadolint ignore=DL3008
