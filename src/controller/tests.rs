@@ -685,7 +685,7 @@ async fn only_records_with_something_to_do_are_queued() {
     let mut decided = named("waiting", Some(Action::Drop), Some(Phase::Parked));
     Arc::make_mut(&mut decided).metadata.generation = Some(2);
     let events = vec![
-        unmarked.clone(),
+        unmarked,
         named("waiting", None, Some(Phase::Parked)),
         named("resolved", Some(Action::Redrive), Some(Phase::Redriven)),
         // The operator's own status write on the unmarked record: same generation.

@@ -73,15 +73,21 @@ impl SpecChanges {
 /// never share a key), or, for an object without one, a hash of its namespace, name and uid.
 fn key(dl: &DeadLetter) -> u128 {
     let uid = dl.metadata.uid.as_deref().unwrap_or_default();
-    let hex: String = uid.chars().filter(|c| *c != '-').collect();
-    if hex.len() == 32
-        && let Ok(n) = u128::from_str_radix(&hex, 16)
-    {
-        return n;
-    }
-    let mut h = DefaultHasher::new();
-    (&dl.metadata.namespace, &dl.metadata.name, uid).hash(&mut h);
-    u128::from(h.finish())
+    uuid_number(uid).unwrap_or_else(|| {
+        let mut h = DefaultHasher::new();
+        (&dl.metadata.namespace, &dl.metadata.name, uid).hash(&mut h);
+        u128::from(h.finish())
+    })
+}
+
+/// The 32 hex digits of a UUID as one number, read in place (this runs for every record event).
+fn uuid_number(uid: &str) -> Option<u128> {
+    let mut digits = 0;
+    let n = uid.chars().filter(|c| *c != '-').try_fold(0u128, |n, c| {
+        digits += 1;
+        Some((n << 4) | u128::from(c.to_digit(16)?))
+    })?;
+    (digits == 32).then_some(n)
 }
 
 #[cfg(test)]
