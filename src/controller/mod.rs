@@ -10,6 +10,7 @@ pub mod deadletter;
 pub mod deadletterqueue;
 pub mod jobs;
 pub mod leadership;
+pub mod parking_first;
 pub mod replay;
 mod wakes;
 
@@ -90,6 +91,8 @@ pub struct Context {
     /// Folds Normal resolution Events per queue during bulk resolutions; None publishes
     /// every Event as planned (the in-process tests).
     aggregator: Option<aggregate::Aggregator>,
+    /// Marks yield to this process's sources while they park (see [`parking_first`]).
+    pub parking_first: parking_first::ParkingFirst,
 }
 
 /// How long a reconcile waits for the record cache's first complete list before it steps aside
@@ -183,6 +186,7 @@ impl Context {
             enqueued: Mutex::default(),
             claims: claims::Claims::default(),
             aggregator: None,
+            parking_first: parking_first::ParkingFirst::default(),
         }
     }
 
@@ -367,6 +371,7 @@ pub async fn run_scope(
             metrics: ctx.metrics.clone(),
             leadership: settings.leadership.clone(),
             in_flight: Default::default(),
+            parking_first: ctx.parking_first.clone(),
         },
         queue_changes,
         targets,

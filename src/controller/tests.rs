@@ -343,6 +343,36 @@ async fn a_new_record_is_marked_parked_announced_and_counted_once() {
     assert_eq!(h.metric(parked), 1.0);
 }
 
+/// While a source parks, a new record's mark waits for its turn behind another mark, and a
+/// signed decision does not wait at all (see `parking_first`).
+#[tokio::test]
+async fn while_sources_park_marks_take_turns_and_decisions_do_not_wait() {
+    let h = Harness::new(&record(None), &[queue()]);
+    let parking = h.ctx.parking_first.parking();
+    let other_mark = h.ctx.parking_first.mark_turn().await;
+    let mut mark = Box::pin(h.reconcile());
+    assert!((&mut mark).now_or_never().is_none(), "the mark waits");
+    assert!(h.apiserver.writes.lock().expect("lock").is_empty());
+    drop(other_mark);
+    tokio::time::timeout(Duration::from_secs(5), mark)
+        .await
+        .expect("the mark goes once the other is done")
+        .expect("reconcile");
+    assert_eq!(h.phase(), Phase::Parked);
+    assert_eq!(h.apiserver.reasons(), ["Parked"]);
+    drop(parking);
+
+    let d = Harness::new(&record(Some(Action::Redrive)), &[queue()]);
+    let _parking = d.ctx.parking_first.parking();
+    let _other_mark = d.ctx.parking_first.mark_turn().await;
+    tokio::time::timeout(Duration::from_secs(5), d.reconcile())
+        .await
+        .expect("a decision does not wait for marks")
+        .expect("reconcile");
+    assert_eq!(d.phase(), Phase::Redriven);
+    assert_eq!(d.delivered(), 1);
+}
+
 #[tokio::test]
 async fn a_redrive_requeues_the_untouched_job_then_resolves() {
     let h = Harness::new(&record(Some(Action::Redrive)), &[queue()]);

@@ -32,6 +32,7 @@ use dlq_core::park::{Disposition, dispose, job_key};
 use crate::controller::apiserver::{Apiserver, reference};
 use crate::controller::jobs::JobIndex;
 use crate::controller::leadership::Leadership;
+use crate::controller::parking_first::ParkingFirst;
 use crate::metrics::Metrics;
 use crate::secret::{SecretError, read_secret};
 use crate::source::in_flight::InFlight;
@@ -96,6 +97,8 @@ pub struct Shared {
     pub leadership: Leadership,
     /// One park at a time per dead message (see [`in_flight`]).
     pub in_flight: InFlight,
+    /// Parks in flight, which the records controller's marks yield to.
+    pub parking_first: ParkingFirst,
 }
 
 /// Runs sources for every DeadLetterQueue with a `source` in `shared.queues`, following
@@ -226,6 +229,7 @@ impl ParkInto {
     /// Parks once, choosing the cycle from the operator's own records (a create, and a
     /// consistent list only when that create meets a record the watch had not yet shown).
     pub async fn park(&self, req: ParkRequest) -> Result<ParkOutcome, ParkError> {
+        let _parking = self.shared.parking_first.parking();
         let queue = self
             .shared
             .queues
@@ -430,6 +434,7 @@ mod tests {
                 metrics: Metrics::default(),
                 leadership: leadership.clone(),
                 in_flight: InFlight::default(),
+                parking_first: ParkingFirst::default(),
                 client,
             },
             key: ObjectRef::new("relayer").within("payments"),
