@@ -29,6 +29,9 @@ const KEPT_ANNOTATIONS: [&str; 2] = [ANNOTATION_REPLAY_UID, ANNOTATION_SLOT_BLOC
 /// - labels and annotations but [`KEPT_LABELS`] and [`KEPT_ANNOTATIONS`] (each map is a
 ///   0.5 KiB tree node however few entries it holds; kubectl's last-applied copy would hold
 ///   the payload again);
+/// - the conditions of a record with nothing to do (waiting for a decision, or resolved) but
+///   a failing one (status False, which alerts read): conditions are read only to write the
+///   next status, which only a record with work gets (0.2 KiB a record);
 /// - the spare room of the conditions list (a list deserialised from JSON grows to four
 ///   entries, 0.4 KiB more than the one a parked record has).
 ///
@@ -44,7 +47,11 @@ pub fn strip(dl: &mut DeadLetter) {
     meta.managed_fields = None;
     meta.labels = keep(meta.labels.take(), &KEPT_LABELS);
     meta.annotations = keep(meta.annotations.take(), &KEPT_ANNOTATIONS);
+    let has_work = super::deadletter::has_work(dl);
     if let Some(status) = dl.status.as_mut() {
+        if !has_work {
+            status.conditions.retain(|c| c.status == "False");
+        }
         status.conditions.shrink_to_fit();
     }
 }
@@ -124,9 +131,52 @@ mod tests {
         assert!(!r.labels().contains_key(LABEL_JOB_KEY));
     }
 
+    /// Conditions as the watch brings them (a list of unknown length grows in steps).
+    fn with_conditions(r: &mut DeadLetter, conditions: &[(&str, &str)]) {
+        let list: Vec<serde_json::Value> = conditions
+            .iter()
+            .map(|(type_, status)| {
+                serde_json::json!({"type": type_, "status": status, "reason": "R",
+                    "message": "m", "lastTransitionTime": "2026-12-01T10:00:00Z"})
+            })
+            .collect();
+        let json = serde_json::json!({"phase": "Parked", "conditions": list});
+        r.status = serde_json::from_value(json).ok();
+    }
+
+    fn kept_conditions(r: DeadLetter) -> Vec<String> {
+        let status = r.status.unwrap_or_default();
+        status.conditions.into_iter().map(|c| c.type_).collect()
+    }
+
+    #[test]
+    fn a_record_waiting_for_a_decision_keeps_only_a_failing_condition() {
+        let mut r = parked();
+        with_conditions(&mut r, &[("Ready", "True")]);
+        strip(&mut r);
+        assert!(kept_conditions(r).is_empty());
+
+        let mut r = parked();
+        with_conditions(&mut r, &[("Ready", "True"), ("Requeued", "False")]);
+        strip(&mut r);
+        assert_eq!(kept_conditions(r), ["Requeued"]);
+    }
+
+    #[test]
+    fn a_decided_record_keeps_every_condition_for_its_next_status_write() {
+        let mut r = parked();
+        r.spec.action = Some(dlq_core::api::Action::Redrive);
+        r.spec.by = Some("ops".into());
+        with_conditions(&mut r, &[("Ready", "True"), ("Requeued", "False")]);
+        strip(&mut r);
+        assert_eq!(kept_conditions(r), ["Ready", "Requeued"]);
+    }
+
     #[test]
     fn the_conditions_list_holds_no_spare_room() {
         let mut r = parked();
+        r.spec.action = Some(dlq_core::api::Action::Drop);
+        r.spec.by = Some("ops".into());
         // Read from text, as the watch does: a list of unknown length grows in steps.
         let json = r#"{"phase": "Parked", "conditions": [{"type": "Parked", "status": "True",
             "reason": "Parked", "message": "waiting", "lastTransitionTime": "2026-12-01T10:00:00Z"}]}"#;
