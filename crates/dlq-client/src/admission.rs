@@ -194,7 +194,9 @@ impl Admissions {
             let asked = Instant::now();
             let id = block_id();
             let waiting = i64::try_from(batch.len()).unwrap_or(i64::MAX);
-            match reserve(client, &mut last, queue, &id, waiting, want).await {
+            let reserved = reserve(client, &mut last, queue, &id, waiting, want).await;
+            tracing::debug!(queue = %queue.name_any(), block = %id, waiting, want, granted = ?reserved.as_ref().map(|g| g.size), ms = asked.elapsed().as_millis(), "block of slots");
+            match reserved {
                 Ok(granted) => {
                     batch = hand_out(client, queue, &gate, batch, &id, granted, asked);
                     // Fewer slots than parkings waiting: the queue is full.
@@ -392,6 +394,7 @@ async fn reserve(
                 return Ok(granted);
             }
             Err(kube::Error::Api(s)) if s.code == 409 => {
+                tracing::debug!(queue = %given.name_any(), block = %id, attempt, "block of slots: conflict");
                 // Another process won this round: wait a random moment so contenders spread
                 // out instead of colliding again.
                 tokio::time::sleep(jitter(attempt)).await;
