@@ -293,20 +293,15 @@ async fn create_plain(
     Ok(n as f64 / start.elapsed().as_secs_f64())
 }
 
-async fn decide_all(api: &Api<DeadLetter>, names: &[String], c: usize) -> anyhow::Result<()> {
+/// Runs `write` on each of `names`, `c` at a time; the first error, if any.
+async fn each_name<F, Fut>(names: &[String], c: usize, write: F) -> anyhow::Result<()>
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = Result<DeadLetter, kube::Error>>,
+{
     let results: Vec<Result<DeadLetter, kube::Error>> =
         futures::stream::iter(names.iter().cloned())
-            .map(|name| {
-                let api = api.clone();
-                async move {
-                    api.patch(
-                        &name,
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({"spec": {"action": "redrive", "by": "bench"}})),
-                    )
-                    .await
-                }
-            })
+            .map(write)
             .buffer_unordered(c)
             .collect()
             .await;
@@ -314,6 +309,22 @@ async fn decide_all(api: &Api<DeadLetter>, names: &[String], c: usize) -> anyhow
         r?;
     }
     Ok(())
+}
+
+/// The decision patch a human's bulk redrive makes.
+fn redrive_decision() -> Patch<serde_json::Value> {
+    Patch::Merge(json!({"spec": {"action": "redrive", "by": "bench"}}))
+}
+
+async fn decide_all(api: &Api<DeadLetter>, names: &[String], c: usize) -> anyhow::Result<()> {
+    each_name(names, c, |name| {
+        let api = api.clone();
+        async move {
+            api.patch(&name, &PatchParams::default(), &redrive_decision())
+                .await
+        }
+    })
+    .await
 }
 
 async fn list_len(redis: &mut redis::aio::MultiplexedConnection, key: &str) -> usize {
@@ -394,33 +405,17 @@ async fn redrive_ceiling(b: &mut Bench, n: usize) -> anyhow::Result<f64> {
 /// each of `names`, `c` at a time: records/s.
 async fn redrive_writes(api: &Api<DeadLetter>, names: &[String], c: usize) -> anyhow::Result<f64> {
     let start = Instant::now();
-    let results: Vec<Result<DeadLetter, kube::Error>> =
-        futures::stream::iter(names.iter().cloned())
-            .map(|name| {
-                let api = api.clone();
-                async move {
-                    api.patch(
-                        &name,
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({"spec": {"action": "redrive", "by": "bench"}})),
-                    )
-                    .await?;
-                    api.patch_status(
-                        &name,
-                        &PatchParams::default(),
-                        &Patch::Merge(
-                            json!({"status": {"phase": "Redriven", "resolvedBy": "bench"}}),
-                        ),
-                    )
-                    .await
-                }
-            })
-            .buffer_unordered(c)
-            .collect()
-            .await;
-    for r in results {
-        r?;
-    }
+    each_name(names, c, |name| {
+        let api = api.clone();
+        async move {
+            api.patch(&name, &PatchParams::default(), &redrive_decision())
+                .await?;
+            let status = json!({"status": {"phase": "Redriven", "resolvedBy": "bench"}});
+            api.patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
+                .await
+        }
+    })
+    .await?;
     Ok(names.len() as f64 / start.elapsed().as_secs_f64())
 }
 
