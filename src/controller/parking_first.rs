@@ -1,5 +1,6 @@
-//! Parking first: while this process's sources are parking dead messages, the records
-//! controller marks new records Parked one at a time instead of 32 at once.
+//! Parking first: while this process's sources are busy parking dead messages (a backlog, not
+//! a trickle), the records controller marks new records Parked one at a time instead of 32 at
+//! once.
 //!
 //! A parked record costs the apiserver three writes: the source's create, the operator's mark
 //! (`phase: Parked` and its condition) and the `Parked` Warning Event. In a storm all three
@@ -15,8 +16,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
-/// Marks allowed at once while sources park.
+/// Marks allowed at once while sources are busy.
 const MARKS_WHILE_PARKING: usize = 1;
+
+/// Parks in flight from which sources count as busy: a source draining a backlog keeps 16 or
+/// 32 in flight; a steady trickle, even of hundreds a second, a few. Gating marks on any park
+/// in flight would let marks fall behind a moderate, endless stream.
+pub const BUSY: usize = 8;
 
 /// Shared by the sources (which hold a [`Parking`] per park) and the records controller (which
 /// takes a [`ParkingFirst::mark_turn`] before each mark).
@@ -28,7 +34,7 @@ pub struct ParkingFirst {
 struct Inner {
     /// Parks in flight in this process.
     parking: AtomicUsize,
-    /// Woken when the last park in flight ends.
+    /// Woken when the parks in flight drop below [`BUSY`].
     idle: Notify,
     marks: Arc<Semaphore>,
 }
@@ -52,7 +58,7 @@ pub struct Parking {
 
 impl Drop for Parking {
     fn drop(&mut self) {
-        if self.inner.parking.fetch_sub(1, Ordering::SeqCst) == 1 {
+        if self.inner.parking.fetch_sub(1, Ordering::SeqCst) == BUSY {
             self.inner.idle.notify_waiters();
         }
     }
@@ -70,13 +76,13 @@ impl ParkingFirst {
         }
     }
 
-    /// Whether some source is parking right now.
-    pub fn is_parking(&self) -> bool {
-        self.inner.parking.load(Ordering::SeqCst) > 0
+    /// Whether sources are busy parking right now ([`BUSY`] or more parks in flight).
+    pub fn is_busy(&self) -> bool {
+        self.inner.parking.load(Ordering::SeqCst) >= BUSY
     }
 
-    /// Waits until a mark may go: at once when nothing parks, else for one of the few permits
-    /// or for parking to end, whichever comes first. Hold the turn for the whole mark (its
+    /// Waits until a mark may go: at once unless sources are busy, else for one of the few
+    /// permits or for them to be busy no more, whichever comes first. Hold the turn for the whole mark (its
     /// status write and Event).
     pub async fn mark_turn(&self) -> MarkTurn {
         loop {
@@ -84,7 +90,7 @@ impl ParkingFirst {
             let mut idle = std::pin::pin!(idle);
             // Registered before the check, so an end of parking between the two still wakes us.
             idle.as_mut().enable();
-            if !self.is_parking() {
+            if !self.is_busy() {
                 return None;
             }
             tokio::select! {
@@ -101,20 +107,39 @@ mod tests {
 
     use super::*;
 
-    #[tokio::test]
-    async fn marks_go_at_once_when_nothing_parks() {
-        let first = ParkingFirst::default();
-        let turns: Vec<MarkTurn> = (0..40)
-            .map(|_| first.mark_turn().now_or_never())
-            .map(|t| t.expect("at once"))
-            .collect();
-        assert!(turns.iter().all(Option::is_none), "no permit is taken");
+    /// Enough parks in flight to count as busy.
+    fn busy(first: &ParkingFirst) -> Vec<Parking> {
+        (0..BUSY).map(|_| first.parking()).collect()
+    }
+
+    /// `n` marks asked for at once: each must go without waiting.
+    fn at_once(first: &ParkingFirst, n: usize) -> Vec<MarkTurn> {
+        (0..n)
+            .map(|_| first.mark_turn().now_or_never().expect("at once"))
+            .collect()
     }
 
     #[tokio::test]
-    async fn while_a_source_parks_marks_take_turns() {
+    async fn marks_go_at_once_when_nothing_parks() {
         let first = ParkingFirst::default();
-        let parking = first.parking();
+        assert!(
+            at_once(&first, 40).iter().all(Option::is_none),
+            "no permit is taken"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_trickle_of_parks_does_not_hold_marks_back() {
+        let first = ParkingFirst::default();
+        let few: Vec<Parking> = (0..BUSY - 1).map(|_| first.parking()).collect();
+        assert!(at_once(&first, 40).iter().all(Option::is_none));
+        drop(few);
+    }
+
+    #[tokio::test]
+    async fn while_sources_are_busy_marks_take_turns() {
+        let first = ParkingFirst::default();
+        let parking = busy(&first);
         let turn = first
             .mark_turn()
             .now_or_never()
@@ -128,9 +153,9 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn marks_waiting_go_together_when_parking_ends() {
+    async fn marks_waiting_go_together_when_sources_are_busy_no_more() {
         let first = ParkingFirst::default();
-        let parking = first.parking();
+        let mut parking = busy(&first);
         let held = first.mark_turn().await;
         let waiting: Vec<_> = (0..5)
             .map(|_| {
@@ -145,13 +170,14 @@ mod tests {
         }
         assert!(
             waiting.iter().all(|w| !w.is_finished()),
-            "they wait while it parks"
+            "they wait while sources are busy"
         );
-        drop(parking);
+        parking.pop();
         for w in waiting {
             assert!(w.await.expect("task"), "each goes without a permit");
         }
         drop(held);
-        assert!(!first.is_parking());
+        assert!(!first.is_busy());
+        drop(parking);
     }
 }

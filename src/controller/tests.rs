@@ -343,12 +343,13 @@ async fn a_new_record_is_marked_parked_announced_and_counted_once() {
     assert_eq!(h.metric(parked), 1.0);
 }
 
-/// While a source parks, a new record's mark waits for its turn behind another mark, and a
-/// signed decision does not wait at all (see `parking_first`).
+/// While sources are busy parking, a new record's mark waits for its turn behind another mark,
+/// and a signed decision does not wait at all (see `parking_first`).
 #[tokio::test]
 async fn while_sources_park_marks_take_turns_and_decisions_do_not_wait() {
     let h = Harness::new(&record(None), &[queue()]);
-    let parking = h.ctx.parking_first.parking();
+    let busy = super::parking_first::BUSY;
+    let parking: Vec<_> = (0..busy).map(|_| h.ctx.parking_first.parking()).collect();
     let other_mark = h.ctx.parking_first.mark_turn().await;
     let mut mark = Box::pin(h.reconcile());
     assert!((&mut mark).now_or_never().is_none(), "the mark waits");
@@ -363,7 +364,7 @@ async fn while_sources_park_marks_take_turns_and_decisions_do_not_wait() {
     drop(parking);
 
     let d = Harness::new(&record(Some(Action::Redrive)), &[queue()]);
-    let _parking = d.ctx.parking_first.parking();
+    let _parking: Vec<_> = (0..busy).map(|_| d.ctx.parking_first.parking()).collect();
     let _other_mark = d.ctx.parking_first.mark_turn().await;
     tokio::time::timeout(Duration::from_secs(5), d.reconcile())
         .await
