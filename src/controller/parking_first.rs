@@ -8,7 +8,7 @@
 //! ceiling. Of the three only the create gets the message out of the broker (which may be
 //! bounded or expiring); an unmarked record is already counted against `maxParked`, listed by
 //! `kubectl dlq ls` and alerted on (readers take a record without a phase as Parked). So marks
-//! yield to parking while it lasts and catch up after it; one mark at a time keeps them
+//! yield to busy sources and catch up after; one mark at a time keeps them
 //! moving through a storm that never ends. Signed decisions (redrive, drop) never wait here.
 
 use std::sync::Arc;
@@ -64,7 +64,8 @@ impl Drop for Parking {
     }
 }
 
-/// A mark's turn. `Some` holds one of the few permits of a storm; `None` when nothing parks.
+/// A mark's turn. `Some` holds one of the few permits of a storm; `None` when sources are not
+/// busy.
 pub type MarkTurn = Option<OwnedSemaphorePermit>;
 
 impl ParkingFirst {
@@ -82,13 +83,14 @@ impl ParkingFirst {
     }
 
     /// Waits until a mark may go: at once unless sources are busy, else for one of the few
-    /// permits or for them to be busy no more, whichever comes first. Hold the turn for the whole mark (its
-    /// status write and Event).
+    /// permits or for them to be busy no more, whichever comes first. Hold the turn for the
+    /// whole mark (its status write and Event).
     pub async fn mark_turn(&self) -> MarkTurn {
         loop {
             let idle = self.inner.idle.notified();
             let mut idle = std::pin::pin!(idle);
-            // Registered before the check, so an end of parking between the two still wakes us.
+            // Registered before the check, so the sources ceasing to be busy between the two
+            // still wakes us.
             idle.as_mut().enable();
             if !self.is_busy() {
                 return None;

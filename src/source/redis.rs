@@ -119,16 +119,16 @@ async fn pull(ctx: &Arc<Bridge>, puller: &RedisConn) -> Result<(), SourceError> 
         let mut permits = free_slots(&slots).await?;
         let taken = ctx.take(permits.len()).await?;
         if taken.is_empty() {
-            let Some((id, raw)) = ctx.wait_for_one(puller).await? else {
-                continue;
-            };
-            let permit = permits.pop();
-            spawn_handle(ctx, id, raw, permit);
+            if let (Some((id, raw)), Some(permit)) =
+                (ctx.wait_for_one(puller).await?, permits.pop())
+            {
+                spawn_handle(ctx, id, raw, permit);
+            }
             continue;
         }
         // Slots left over (fewer elements than free slots) are dropped, so freed.
         for ((id, raw), permit) in taken.into_iter().zip(permits) {
-            spawn_handle(ctx, id, raw, Some(permit));
+            spawn_handle(ctx, id, raw, permit);
         }
     }
 }
@@ -148,7 +148,7 @@ async fn free_slots(slots: &Arc<Semaphore>) -> Result<Vec<OwnedSemaphorePermit>,
 }
 
 /// Parks and acknowledges one claimed element in its own task, holding its slot until done.
-fn spawn_handle(ctx: &Arc<Bridge>, id: String, raw: Vec<u8>, permit: Option<OwnedSemaphorePermit>) {
+fn spawn_handle(ctx: &Arc<Bridge>, id: String, raw: Vec<u8>, permit: OwnedSemaphorePermit) {
     let ctx = ctx.clone();
     tokio::spawn(async move {
         ctx.handle(id, raw).await;
