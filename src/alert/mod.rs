@@ -15,17 +15,16 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::{Stream, StreamExt};
 use jiff::{SignedDuration, Timestamp};
-use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::Notify;
 
 use dlq_core::alert::{Current, Links};
-use dlq_core::api::{DeadLetter, DeadLetterQueue};
+use dlq_core::api::DeadLetterQueue;
 use dlq_core::events::{EventPlan, action, reason};
 
 use crate::controller::apiserver::{self, Apiserver};
+use crate::controller::index::RecordIndex;
 use crate::metrics::Metrics;
 pub use client::{AlertError, Alertmanager};
 use ledger::{Key, Ledger};
@@ -75,15 +74,14 @@ struct Env<'a> {
 /// Runs until `shutdown`. Nothing is resolved on the way out: a standby takes over.
 pub async fn run(
     cfg: Arc<Alerting>,
-    records: Store<DeadLetter>,
+    records: RecordIndex,
     queues: Store<DeadLetterQueue>,
-    changes: impl Stream<Item = Arc<DeadLetter>> + Send + 'static,
     apiserver: Arc<dyn Apiserver>,
     metrics: Metrics,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let wake = Arc::new(Notify::new());
-    let drain = tokio::spawn(drain_into(changes, wake.clone()));
+    let drain = tokio::spawn(drain_into(records.changes(), wake.clone()));
     tokio::select! {
         _ = shutdown => {}
         _ = deliver(&cfg, &records, &queues, &wake, &*apiserver, &metrics) => {}
@@ -91,23 +89,23 @@ pub async fn run(
     drain.abort();
 }
 
-/// Turns every store change into a wake-up at once, so the reflector never waits for us.
-async fn drain_into(changes: impl Stream<Item = Arc<DeadLetter>>, wake: Arc<Notify>) {
-    let mut changes = std::pin::pin!(changes);
-    while changes.next().await.is_some() {
+/// Turns changes to the record index into wake-ups.
+async fn drain_into(mut changes: tokio::sync::watch::Receiver<u64>, wake: Arc<Notify>) {
+    while changes.changed().await.is_ok() {
         wake.notify_one();
     }
 }
 
 async fn deliver(
     cfg: &Alerting,
-    records: &Store<DeadLetter>,
+    records: &RecordIndex,
     queues: &Store<DeadLetterQueue>,
     wake: &Notify,
     apiserver: &dyn Apiserver,
     metrics: &Metrics,
 ) {
-    if records.wait_until_ready().await.is_err() || queues.wait_until_ready().await.is_err() {
+    records.wait_listed().await;
+    if queues.wait_until_ready().await.is_err() {
         return;
     }
     tracing::info!(
@@ -234,22 +232,20 @@ struct Scanner {
 impl Scanner {
     fn scan(
         &mut self,
-        records: &Store<DeadLetter>,
+        records: &RecordIndex,
         queues: &Store<DeadLetterQueue>,
         links: &Links,
     ) -> HashMap<Key, Current> {
         let mut next = HashMap::with_capacity(self.cache.len());
         let mut out = HashMap::new();
-        for dl in records.state() {
-            let (Some(uid), Some(ns)) = (dl.uid(), dl.namespace()) else {
-                continue;
-            };
-            let queue = queues.get(&ObjectRef::new(&dl.spec.queue).within(&ns));
+        for summary in records.all() {
+            let queue = queues.get(&ObjectRef::new(&summary.queue).within(&summary.namespace));
             let qgen = queue.as_ref().and_then(|q| q.metadata.generation);
-            let rv = dl.resource_version().unwrap_or_default();
+            let uid = summary.uid.to_string();
+            let rv = summary.resource_version.to_string();
             let alerts = match self.cache.remove(&uid) {
                 Some((r, g, a)) if r == rv && g == qgen => a,
-                _ => dlq_core::alert::current(&dl, queue.as_deref(), links),
+                _ => dlq_core::alert::current(&summary.to_record(), queue.as_deref(), links),
             };
             for a in &alerts {
                 out.insert(a.labels.clone(), a.clone());

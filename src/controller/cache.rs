@@ -1,6 +1,6 @@
-//! The form a record takes in the operator's cache: what the reconcilers, the queue counters,
-//! replays and alerts read, and nothing else. With 100,000 records the cache is most of the
-//! operator's memory, so every field kept here is paid for 100,000 times.
+//! The form a record takes when the operator holds it whole: in the records controller's store
+//! (only records with something to do: see [`super::work`]) and the decided records' store.
+//! Everything else reads the record index's summaries ([`super::index`]).
 //!
 //! What is dropped is never written back: every write to a record is a merge patch of the
 //! fields it changes (see [`super::apiserver`]), so the cached copy never replaces the stored

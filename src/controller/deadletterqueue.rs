@@ -11,10 +11,11 @@ use jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 
-use dlq_core::api::{DeadLetter, DeadLetterQueue};
+use dlq_core::api::DeadLetterQueue;
 use dlq_core::capacity;
 use dlq_core::conditions::reason;
 use dlq_core::plan::{self, Readiness};
+use dlq_core::record::{Facts, Summary};
 
 use super::Context;
 use super::apiserver::reference;
@@ -61,7 +62,7 @@ pub async fn reconcile(
     let deleted = retain(&ctx, &queue, &records, now).await;
     let live = records
         .iter()
-        .filter(|r| !deleted.contains(&r.name_any()))
+        .filter(|r| !deleted.contains(&*r.name))
         .map(|r| r.as_ref());
     let counts = plan::count(live);
     let readiness = readiness(&ctx, &queue).await;
@@ -86,7 +87,7 @@ pub async fn reconcile(
 /// counted) settle: see `dlq_core::capacity`.
 fn settled(
     queue: &DeadLetterQueue,
-    records: &[Arc<DeadLetter>],
+    records: &[Arc<Summary>],
     now: Timestamp,
 ) -> capacity::Settlement {
     let Some(status) = queue.status.as_ref() else {
@@ -97,8 +98,8 @@ fn settled(
         let created: HashMap<String, i64> = records
             .iter()
             .map(|r| {
-                let at = r.metadata.creation_timestamp.as_ref();
-                (r.name_any(), at.map_or(i64::MAX, |t| t.0.as_second()))
+                let at = r.created.map_or(i64::MAX, |t| t.as_second());
+                (r.name.to_string(), at)
             })
             .collect();
         out.names = capacity::settled(
@@ -109,7 +110,7 @@ fn settled(
     }
     if !status.blocks.is_empty() {
         let mut seen: HashMap<&str, i64> = HashMap::new();
-        for block in records.iter().filter_map(|r| slot_block(r)) {
+        for block in records.iter().filter_map(|r| r.slot_block.as_deref()) {
             *seen.entry(block).or_default() += 1;
         }
         out.blocks = capacity::settle_blocks(
@@ -121,23 +122,9 @@ fn settled(
     out
 }
 
-/// The block of slots a record was parked in.
-fn slot_block(record: &DeadLetter) -> Option<&str> {
-    record
-        .metadata
-        .annotations
-        .as_ref()?
-        .get(dlq_core::api::ANNOTATION_SLOT_BLOCK)
-        .map(String::as_str)
-}
-
-/// The queue's records, from the store.
-fn records_of(ctx: &Context, ns: &str, name: &str) -> Vec<Arc<DeadLetter>> {
-    ctx.records
-        .state()
-        .into_iter()
-        .filter(|r| r.spec.queue == name && r.namespace().as_deref() == Some(ns))
-        .collect()
+/// The queue's records, from the index.
+fn records_of(ctx: &Context, ns: &str, name: &str) -> Vec<Arc<Summary>> {
+    ctx.records.queue(ns, name)
 }
 
 /// Whether the queue's target answers.
@@ -172,20 +159,20 @@ async fn readiness(ctx: &Context, queue: &DeadLetterQueue) -> Readiness {
 async fn retain(
     ctx: &Context,
     queue: &DeadLetterQueue,
-    records: &[Arc<DeadLetter>],
+    records: &[Arc<Summary>],
     now: Timestamp,
 ) -> HashSet<String> {
     let mut deleted = HashSet::new();
     for r in plan::expired(queue, records.iter().map(|r| r.as_ref()), now) {
-        let name = r.name_any();
-        match ctx.apiserver.delete_record(r).await {
+        let name = r.name.to_string();
+        match ctx.apiserver.delete_record(&r.to_record()).await {
             Ok(()) => {
-                tracing::info!(namespace = ?r.namespace(), name = %name, job = %r.spec.job.id, phase = r.phase().as_str(), "retention deleted resolved record");
+                tracing::info!(namespace = %r.namespace, name = %name, job = %r.job_id, phase = r.phase().as_str(), "retention deleted resolved record");
                 deleted.insert(name);
             }
             // Changed or gone meanwhile (the preconditions failed): the next pass decides again.
             Err(e) => {
-                tracing::debug!(namespace = ?r.namespace(), name = %name, error = %e, "retention delete skipped")
+                tracing::debug!(namespace = %r.namespace, name = %name, error = %e, "retention delete skipped")
             }
         }
     }

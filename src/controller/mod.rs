@@ -8,11 +8,12 @@ pub mod cache;
 mod claims;
 pub mod deadletter;
 pub mod deadletterqueue;
+pub mod index;
 pub mod jobs;
 pub mod leadership;
 pub mod parking_first;
 pub mod replay;
-mod wakes;
+pub mod work;
 
 pub use self::leadership::Leadership;
 
@@ -75,8 +76,8 @@ pub struct Context {
     pub targets: Arc<dyn Targets>,
     pub metrics: Metrics,
     pub settings: Settings,
-    /// Records (payloads over 1 KiB stripped) as the watch sees them.
-    pub records: Store<DeadLetter>,
+    /// Every record, as a summary (see [`index`]).
+    pub records: index::RecordIndex,
     /// DeadLetterQueues as the watch sees them: the only way the operator reads them.
     pub queues: Store<DeadLetterQueue>,
     /// Consecutive requeue failures per record (by uid), for backoff. Entries of records that
@@ -153,12 +154,14 @@ impl Context {
     /// queue's first reconcile, started before the list was complete, never resumed (its
     /// counters were never written); asking again each time does.
     pub async fn cache_ready(&self) -> bool {
-        listed_once(&self.records).await
+        tokio::time::timeout(CACHE_WAIT, self.records.wait_listed())
+            .await
+            .is_ok()
     }
 
     /// Whether the record cache has listed everything once, without waiting.
     pub fn records_listed(&self) -> bool {
-        listed_now(&self.records)
+        self.records.listed()
     }
 
     /// Whether the queue cache has listed everything once (waiting at most [`CACHE_WAIT`]):
@@ -170,7 +173,7 @@ impl Context {
     pub fn new(
         apiserver: Arc<dyn Apiserver>,
         targets: Arc<dyn Targets>,
-        records: Store<DeadLetter>,
+        records: index::RecordIndex,
         queues: Store<DeadLetterQueue>,
         metrics: Metrics,
         settings: Settings,
@@ -250,7 +253,10 @@ impl Context {
     /// Counts one more consecutive requeue failure of `record`.
     async fn note_failure(&self, record: &DeadLetter) -> u32 {
         let mut map = self.failures.lock().await;
-        map.retain(|_, (r, _)| self.records.get(r).is_some());
+        map.retain(|_, (r, _)| {
+            let ns = r.namespace.as_deref().unwrap_or_default();
+            self.records.get(ns, &r.name).is_some()
+        });
         let entry = map
             .entry(record.uid().unwrap_or_default())
             .or_insert_with(|| (ObjectRef::from_obj(record), 0));
@@ -285,9 +291,6 @@ fn error_policy<K>(_obj: Arc<K>, err: &Error, ctx: Arc<Context>) -> Action {
     Action::requeue(Duration::from_secs(5))
 }
 
-/// How long the generation filter remembers a record it has not seen change.
-const GENERATION_MEMORY: Duration = Duration::from_secs(15 * 60);
-
 /// Runs both controllers and the sources over `namespace` (all namespaces when None) until
 /// `shutdown` resolves.
 pub async fn run_scope(
@@ -298,28 +301,26 @@ pub async fn run_scope(
     settings: Settings,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
 ) {
-    let (records, record_writer) = reflector::store_shared(1024);
+    let records = index::RecordIndex::default();
+    // The records controller's store: only records with something to do (see [`work`]).
+    let (work, work_writer) = reflector::store();
+    let (record_wakes, woken_records) = futures::channel::mpsc::unbounded();
+    let (queue_wakes, woken_queues) = futures::channel::mpsc::unbounded();
     let (queues, queue_writer) = reflector::store_shared(256);
-    let (Some(record_events), Some(queue_events), Some(queue_changes)) = (
-        record_writer.subscribe(),
-        queue_writer.subscribe(),
-        queue_writer.subscribe(),
-    ) else {
-        tracing::error!("cannot subscribe to the stores");
+    let (Some(queue_events), Some(queue_changes)) =
+        (queue_writer.subscribe(), queue_writer.subscribe())
+    else {
+        tracing::error!("cannot subscribe to the queue store");
         return;
     };
-    // Subscribed before the watch starts, so the alert sender sees every record.
-    let alert_changes = settings
-        .alerts
-        .as_ref()
-        .and_then(|_| record_writer.subscribe());
     let jobs = jobs::JobIndex::default();
     let initial = initial_state_for(&api_for(&client, &namespace)).await;
     let record_watch = watch_records(
         api_for(&client, &namespace),
         initial,
-        record_writer,
         jobs.clone(),
+        records.clone(),
+        work::Feeder::new(work_writer, records.clone(), record_wakes, queue_wakes),
     );
     let queue_watch = watcher(
         api_for(&client, &namespace),
@@ -342,22 +343,17 @@ pub async fn run_scope(
         )
         .with_aggregator(aggregate::Aggregator::spawn(apiserver)),
     );
-    let alerts = alert_sender(&settings, alert_changes, &ctx, shutdown.clone());
+    let alerts = alert_sender(&settings, &ctx, shutdown.clone());
     let cfg = kube::runtime::controller::Config::default().concurrency(settings.concurrency);
     let records_ctl = until_stopped(
-        // Woken by bare references, not the records themselves: each queued reconcile holds
-        // two copies of its reference, and one taken from a record also copies its uid and
-        // resourceVersion (11 MiB at a start with 100,000 records to mark).
-        Controller::for_shared_stream(futures::stream::pending(), records.clone())
-            .reconcile_on(
-                spec_changes(record_events.clone())
-                    .filter_map(|dl| futures::future::ready(bare_ref(&dl))),
-            )
+        // Woken by bare references from the feeder, for the records it holds.
+        Controller::for_shared_stream(futures::stream::pending(), work.clone())
+            .reconcile_on(woken_records)
             .with_config(cfg.clone())
             .graceful_shutdown_on(shutdown.clone())
             .run(deadletter::reconcile, error_policy, ctx.clone())
             .for_each(|_| futures::future::ready(())),
-        records,
+        work,
         shutdown.clone(),
     );
     let client_for_replays = client.clone();
@@ -379,10 +375,7 @@ pub async fn run_scope(
     );
     let queues_ctl = Controller::for_shared_stream(queue_events, queues.clone())
         .with_config(cfg.clone().debounce(Duration::from_millis(500)))
-        .watches_shared_stream(record_events, |dl: Arc<DeadLetter>| {
-            let ns = dl.namespace()?;
-            Some(ObjectRef::<DeadLetterQueue>::new(&dl.spec.queue).within(&ns))
-        })
+        .reconcile_on(woken_queues)
         .graceful_shutdown_on(shutdown.clone())
         .run(deadletterqueue::reconcile, error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
@@ -403,13 +396,6 @@ pub async fn run_scope(
         // decisions controller already once the full record list has arrived).
         _ = async { tokio::join!(records_ctl, decisions_ctl, queues_ctl, sources, alerts, replays_ctl) } => {}
     }
-}
-
-/// A record's reference without the copies of its uid and resourceVersion.
-fn bare_ref(dl: &DeadLetter) -> Option<ObjectRef<DeadLetter>> {
-    let name = dl.metadata.name.as_deref()?;
-    let ns = dl.metadata.namespace.as_deref()?;
-    Some(ObjectRef::new(name).within(ns))
 }
 
 /// Records with a decision not yet carried out: Parked, `spec.action` set (both selectable
@@ -433,7 +419,7 @@ fn decisions_controller(
     let stop = async move {
         tokio::select! {
             _ = shutdown => {}
-            _ = records.wait_until_ready() => {}
+            _ = records.wait_listed() => {}
         }
     }
     .shared();
@@ -507,23 +493,21 @@ fn replay_controller(
 /// The per-record alert sender, or nothing when alerts are off.
 fn alert_sender(
     settings: &Settings,
-    changes: Option<reflector::ReflectHandle<DeadLetter>>,
     ctx: &Arc<Context>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> futures::future::BoxFuture<'static, ()> {
     use futures::FutureExt;
-    match (settings.alerts.clone(), changes) {
-        (Some(cfg), Some(changes)) => crate::alert::run(
+    match settings.alerts.clone() {
+        Some(cfg) => crate::alert::run(
             cfg,
             ctx.records.clone(),
             ctx.queues.clone(),
-            changes,
             ctx.apiserver.clone(),
             ctx.metrics.clone(),
             shutdown,
         )
         .boxed(),
-        _ => futures::future::ready(()).boxed(),
+        None => futures::future::ready(()).boxed(),
     }
 }
 
@@ -574,48 +558,42 @@ async fn initial_state_for(api: &Api<DeadLetter>) -> InitialState {
     InitialState::Paged
 }
 
-/// The record watch, payloads stripped before they are cached. Every event also feeds the job
-/// index the sources park with.
+/// The record watch. Every event goes to the job index the sources park with, the record
+/// index, and the feeder of the records controller, in that order.
 fn watch_records(
     api: Api<DeadLetter>,
     initial: InitialState,
-    writer: reflector::store::Writer<DeadLetter>,
     jobs: jobs::JobIndex,
+    records: index::RecordIndex,
+    mut feeder: work::Feeder,
 ) -> impl std::future::Future<Output = ()> {
     let config = match initial {
         InitialState::Streamed => watcher::Config::default().streaming_lists(),
         InitialState::Paged => watcher::Config::default().any_semantic().page_size(50),
     };
-    let watch = watcher(api, config)
-        .default_backoff()
-        // The job index reads labels and annotations that the cache then drops.
-        .map(move |event| {
-            if let Ok(event) = &event {
-                jobs.observe(event);
+    let events = watcher(api, config).default_backoff().map(Some);
+    // Without any event, records whose marks keep failing still free their room in time.
+    let ticks = futures::stream::unfold((), |()| async {
+        tokio::time::sleep(work::MARK_STALE / 3).await;
+        Some((None, ()))
+    });
+    let watch = futures::stream::select(events, ticks).for_each(move |event| {
+        match event {
+            Some(Ok(event)) => {
+                jobs.observe(&event);
+                records.observe(&event);
+                feeder.observe(event);
             }
-            event
-        })
-        .modify(cache::strip)
-        .reflect_shared(writer)
-        .for_each(|_| futures::future::ready(()));
+            Some(Err(_)) => {}
+            None => feeder.fill(),
+        }
+        futures::future::ready(())
+    });
     async move {
         // A test holds the full list back here to show decisions are carried out without it.
         crate::failpoint::hit("before-record-list").await;
         watch.await
     }
-}
-
-/// Records wake their reconciler when first seen and when a human changes the spec (see
-/// [`wakes`]; records not seen for [`GENERATION_MEMORY`] are forgotten), and only when there
-/// is something to do ([`deadletter::has_work`]).
-fn spec_changes(
-    records: impl futures::Stream<Item = Arc<DeadLetter>>,
-) -> impl futures::Stream<Item = Arc<DeadLetter>> {
-    let mut seen = wakes::SpecChanges::new(GENERATION_MEMORY);
-    records.filter(move |dl| {
-        let wakes = seen.wakes(dl, std::time::Instant::now()) && deadletter::has_work(dl);
-        futures::future::ready(wakes)
-    })
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ use tokio::sync::Mutex;
 use dlq_core::api::{DeadLetter, Phase};
 use dlq_core::conditions::{self, Cond};
 use dlq_core::events::{EventPlan, action, reason};
+use dlq_core::record::{Facts, Summary};
 use dlq_core::replay::{
     self, DeadLetterReplay, DeadLetterReplayStatus, Observed, Outcome, ReplayPhase, ReplayRef,
 };
@@ -112,7 +113,7 @@ struct Run<'a> {
     ns: String,
     name: String,
     /// The queue's records from the cache.
-    records: Vec<Arc<DeadLetter>>,
+    records: Vec<Arc<Summary>>,
     mem: Memory,
     status: DeadLetterReplayStatus,
 }
@@ -164,13 +165,9 @@ pub async fn reconcile(
     Ok(action)
 }
 
-/// The queue's records in `ns`, from the cache.
-fn queue_records(ctx: &Context, ns: &str, queue: &str) -> Vec<Arc<DeadLetter>> {
-    ctx.records
-        .state()
-        .into_iter()
-        .filter(|r| r.metadata.namespace.as_deref() == Some(ns) && r.spec.queue == queue)
-        .collect()
+/// The queue's records in `ns`, from the index.
+fn queue_records(ctx: &Context, ns: &str, queue: &str) -> Vec<Arc<Summary>> {
+    ctx.records.queue(ns, queue)
 }
 
 async fn step(run: &mut Run<'_>) -> Result<Action> {
@@ -232,7 +229,7 @@ async fn dry_run(run: &mut Run<'_>) -> Result<Action> {
     run.status.first_names = selected
         .iter()
         .take(replay::FIRST_NAMES)
-        .map(|r| r.name_any())
+        .map(|r| r.name.to_string())
         .collect();
     let message = format!(
         "{} records would be decided; set dryRun: false to run",
@@ -256,7 +253,7 @@ async fn start(run: &mut Run<'_>) -> Result<Timestamp> {
     );
     let count = selected.len();
     let message = format!("deciding {count} records at {}/s", spec.rate());
-    tracing::info!(namespace = %run.ns, replay = %run.name, queue = %spec.queue, selected = count, cached = run.records.len(), all = run.ctx.records.state().len(), by = %spec.by, "replay started");
+    tracing::info!(namespace = %run.ns, replay = %run.name, queue = %spec.queue, selected = count, cached = run.records.len(), all = run.ctx.records.len(), by = %spec.by, "replay started");
     run.status.selected = i64::try_from(count).unwrap_or(i64::MAX);
     run.status.started_at = Some(Time(now));
     set_phase(run, ReplayPhase::Running, "Running", &message);
@@ -279,9 +276,9 @@ async fn decide(run: &mut Run<'_>, started: Timestamp, observed: &Observed) -> R
         None,
     )
     .into_iter()
-    .filter(|r| !run.mem.signed.contains(&r.name_any()))
+    .filter(|r| !run.mem.signed.iter().any(|n| *n == *r.name))
     .take(quota)
-    .cloned()
+    .map(|r| r.to_record())
     .collect();
     if candidates.is_empty() {
         return settle(run, observed).await;
@@ -449,9 +446,14 @@ async fn withdraw_undone(run: &Run<'_>) -> Result<usize> {
     let mut names: Vec<String> = run
         .records
         .iter()
-        .filter(|r| ours(run, r))
-        .filter(|r| matches!(replay::outcome_of(r), Outcome::Pending | Outcome::Failing))
-        .map(|r| r.name_any())
+        .filter(|r| ours(run, r.as_ref()))
+        .filter(|r| {
+            matches!(
+                replay::outcome_of(r.as_ref()),
+                Outcome::Pending | Outcome::Failing
+            )
+        })
+        .map(|r| r.name.to_string())
         .collect();
     names.extend(run.mem.signed.iter().cloned());
     names.sort();
@@ -466,7 +468,7 @@ async fn withdraw_undone(run: &Run<'_>) -> Result<usize> {
 }
 
 /// Whether this replay signed `r`.
-fn ours(run: &Run<'_>, r: &DeadLetter) -> bool {
+fn ours(run: &Run<'_>, r: &impl Facts) -> bool {
     replay::decided_by(r, run.replay_ref())
 }
 

@@ -285,7 +285,7 @@ impl Harness {
         let ctx = Arc::new(Context::new(
             apiserver.clone(),
             Arc::new(target.clone()),
-            store_of(&[apiserver.current()]),
+            super::index::RecordIndex::listed_with(&[apiserver.current()]),
             store_of(queues),
             Metrics::default(),
             Settings::default(),
@@ -518,7 +518,7 @@ async fn a_queue_not_listed_yet_is_waited_for_not_reported_missing() {
     let ctx = Arc::new(Context::new(
         apiserver.clone(),
         Arc::new(Arc::<FakeTarget>::default()),
-        store_of(&[apiserver.current()]),
+        super::index::RecordIndex::listed_with(&[apiserver.current()]),
         queues,
         Metrics::default(),
         Settings::default(),
@@ -633,7 +633,7 @@ async fn a_leader_whose_lease_term_ran_out_enqueues_nothing() {
     let ctx = Arc::new(Context::new(
         apiserver.clone(),
         Arc::new(target.clone()),
-        store_of(&[apiserver.current()]),
+        super::index::RecordIndex::listed_with(&[apiserver.current()]),
         store_of(&[queue()]),
         Metrics::default(),
         settings,
@@ -670,7 +670,7 @@ async fn resolution_events_go_through_the_aggregator() {
         Context::new(
             apiserver.clone(),
             Arc::new(target.clone()),
-            store_of(&[apiserver.current()]),
+            super::index::RecordIndex::listed_with(&[apiserver.current()]),
             store_of(&[queue()]),
             Metrics::default(),
             Settings::default(),
@@ -710,11 +710,11 @@ async fn only_records_with_something_to_do_are_queued() {
             phase: Some(p),
             ..Default::default()
         });
-        Arc::new(r)
+        r
     };
     let unmarked = named("unmarked", None, None);
     let mut decided = named("waiting", Some(Action::Drop), Some(Phase::Parked));
-    Arc::make_mut(&mut decided).metadata.generation = Some(2);
+    decided.metadata.generation = Some(2);
     let events = vec![
         unmarked,
         named("waiting", None, Some(Phase::Parked)),
@@ -724,9 +724,19 @@ async fn only_records_with_something_to_do_are_queued() {
         // A human decides the waiting one: a new generation.
         decided,
     ];
-    let woken: Vec<String> = super::spec_changes(futures::stream::iter(events))
-        .map(|dl| kube::ResourceExt::name_any(dl.as_ref()))
-        .collect()
-        .await;
+    let (_store, writer) = reflector::store();
+    let (wakes, woken) = futures::channel::mpsc::unbounded();
+    let (queue_wakes, _queues) = futures::channel::mpsc::unbounded();
+    let index = super::index::RecordIndex::default();
+    let mut feeder = super::work::Feeder::new(writer, index.clone(), wakes, queue_wakes);
+    for event in [watcher::Event::Init, watcher::Event::InitDone]
+        .into_iter()
+        .chain(events.into_iter().map(watcher::Event::Apply))
+    {
+        index.observe(&event);
+        feeder.observe(event);
+    }
+    drop(feeder);
+    let woken: Vec<String> = woken.map(|r| r.name).collect().await;
     assert_eq!(woken, ["unmarked", "waiting"]);
 }

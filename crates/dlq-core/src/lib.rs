@@ -28,4 +28,5 @@ pub mod events;
 pub mod headers;
 pub mod park;
 pub mod plan;
+pub mod record;
 pub mod replay;

@@ -19,6 +19,7 @@ use crate::api::{
 use crate::capacity;
 use crate::conditions::{self, Cond, reason};
 use crate::events::{self, EventPlan};
+use crate::record::Facts;
 
 /// Outcome of a redrive as `dlq_redrives_total{result}` counts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -52,12 +53,11 @@ pub struct Counts {
 }
 
 impl Counts {
-    fn add(&mut self, r: &DeadLetter) {
+    fn add(&mut self, r: &impl Facts) {
         match r.phase() {
             Phase::Parked => {
                 self.parked += 1;
-                let parked_at = r.metadata.creation_timestamp.as_ref().map(|t| t.0);
-                if let Some(at) = parked_at
+                if let Some(at) = r.created()
                     && self.oldest_parked_at.is_none_or(|o| at < o)
                 {
                     self.oldest_parked_at = Some(at);
@@ -405,17 +405,14 @@ pub fn lost_race(fresh: &DeadLetter, phase: Phase) -> Effects {
 }
 
 /// Tallies records of one queue.
-pub fn count<'a>(records: impl IntoIterator<Item = &'a DeadLetter>) -> Counts {
+pub fn count<'a, R: Facts + 'a>(records: impl IntoIterator<Item = &'a R>) -> Counts {
     let mut c = Counts::default();
     for kind in FailureKind::ALL {
         c.kinds.insert(kind.as_str(), Counts::default());
     }
     for r in records {
         c.add(r);
-        c.kinds
-            .entry(r.spec.failure_kind.as_str())
-            .or_default()
-            .add(r);
+        c.kinds.entry(r.failure_kind().as_str()).or_default().add(r);
     }
     c
 }
@@ -424,11 +421,11 @@ pub fn count<'a>(records: impl IntoIterator<Item = &'a DeadLetter>) -> Counts {
 /// A job's cycle 1 goes last, once it is the job's only record: then "no cycle 1" means "no
 /// records of this job", and a parker without a view of the job can create cycle 1 first
 /// (one request) instead of listing the job's records (two).
-pub fn expired<'a>(
+pub fn expired<'a, R: Facts + 'a>(
     queue: &DeadLetterQueue,
-    records: impl IntoIterator<Item = &'a DeadLetter>,
+    records: impl IntoIterator<Item = &'a R>,
     now: Timestamp,
-) -> Vec<&'a DeadLetter> {
+) -> Vec<&'a R> {
     let Some(keep) = queue
         .spec
         .retention
@@ -437,22 +434,17 @@ pub fn expired<'a>(
     else {
         return Vec::new();
     };
-    let records: Vec<&DeadLetter> = records.into_iter().collect();
+    let records: Vec<&R> = records.into_iter().collect();
     let mut per_job: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
     for r in &records {
-        *per_job.entry(r.spec.job.id.as_str()).or_default() += 1;
+        *per_job.entry(r.job_id()).or_default() += 1;
     }
     records
         .into_iter()
         .filter(|r| {
-            let resolved_at = r
-                .status
-                .as_ref()
-                .and_then(|s| s.resolved_at.as_ref())
-                .map(|t| t.0);
-            let last_of_job = per_job.get(r.spec.job.id.as_str()) == Some(&1);
-            crate::decide::retention_expired(r.phase(), resolved_at, keep, now)
-                && (r.spec.cycle > 1 || last_of_job)
+            let last_of_job = per_job.get(r.job_id()) == Some(&1);
+            crate::decide::retention_expired(r.phase(), r.resolved_at(), keep, now)
+                && (r.cycle() > 1 || last_of_job)
         })
         .collect()
 }
@@ -805,7 +797,7 @@ mod tests {
         assert_eq!(c.oldest_parked_at, Some(at(100)));
         assert_eq!(c.kinds["Transient"].parked, 2);
         assert_eq!(c.kinds["Invalid"], Counts::default());
-        assert_eq!(count([].iter()).parked, 0);
+        assert_eq!(count::<DeadLetter>([].iter()).parked, 0);
     }
 
     #[test]

@@ -14,8 +14,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube_derive::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use crate::api::{Action, DeadLetter, FailureKind, Phase};
+use crate::api::{Action, FailureKind, Phase};
 use crate::conditions::truncate;
+use crate::record::Facts;
 
 /// Label on every record a replay signed: the replay's name.
 pub const LABEL_REPLAY: &str = "dlq.dev/replay";
@@ -31,15 +32,8 @@ pub struct ReplayRef<'a> {
 }
 
 /// Whether `r` was signed by this replay.
-pub fn decided_by(r: &DeadLetter, replay: ReplayRef<'_>) -> bool {
-    fn get<'m>(
-        m: &'m Option<std::collections::BTreeMap<String, String>>,
-        k: &str,
-    ) -> Option<&'m str> {
-        m.as_ref().and_then(|m| m.get(k)).map(String::as_str)
-    }
-    get(&r.metadata.labels, LABEL_REPLAY) == Some(replay.name)
-        && get(&r.metadata.annotations, ANNOTATION_REPLAY_UID) == Some(replay.uid)
+pub fn decided_by(r: &impl Facts, replay: ReplayRef<'_>) -> bool {
+    r.signed_by_replay() == (Some(replay.name), Some(replay.uid))
 }
 /// Pace when `spec.rate` is not set.
 pub const DEFAULT_RATE: f64 = 10.0;
@@ -321,25 +315,24 @@ impl FailureKind {
 
 impl ReplaySelector {
     /// Whether a record is one a replay takes: Parked, undecided, facts matching.
-    pub fn matches(&self, r: &DeadLetter) -> bool {
-        r.phase() == Phase::Parked && r.spec.action.is_none() && self.matches_facts(r)
+    pub fn matches(&self, r: &impl Facts) -> bool {
+        r.phase() == Phase::Parked && r.action().is_none() && self.matches_facts(r)
     }
 
     /// Whether a record's immutable facts (and name) match, whatever its phase.
-    pub fn matches_facts(&self, r: &DeadLetter) -> bool {
-        let s = &r.spec;
-        let name = r.metadata.name.as_deref().unwrap_or_default();
-        self.failure_kind.is_none_or(|k| s.failure_kind == k)
+    pub fn matches_facts(&self, r: &impl Facts) -> bool {
+        let name = r.name();
+        self.failure_kind.is_none_or(|k| r.failure_kind() == k)
             && self
                 .reason_contains
                 .as_ref()
-                .is_none_or(|t| s.reason.contains(t.as_str()))
-            && self.since.as_ref().is_none_or(|t| s.failed_at.0 >= t.0)
-            && self.until.as_ref().is_none_or(|t| s.failed_at.0 < t.0)
+                .is_none_or(|t| r.reason().contains(t.as_str()))
+            && self.since.as_ref().is_none_or(|t| r.failed_at() >= t.0)
+            && self.until.as_ref().is_none_or(|t| r.failed_at() < t.0)
             && self
                 .service_version
                 .as_ref()
-                .is_none_or(|v| s.service_version.as_ref() == Some(v))
+                .is_none_or(|v| r.service_version() == Some(v.as_str()))
             && (self.names.is_empty() || self.names.iter().any(|n| n == name))
     }
 
@@ -442,29 +435,23 @@ impl DeadLetterReplaySpec {
 
 /// The records of a queue a replay takes, oldest failure first, at most `max`. With `started`,
 /// only records that existed when the run started: the selection does not grow during a run.
-pub fn select<'a>(
-    records: impl IntoIterator<Item = &'a DeadLetter>,
+pub fn select<'a, R: Facts + 'a>(
+    records: impl IntoIterator<Item = &'a R>,
     queue: &str,
     selector: &ReplaySelector,
     started: Option<Timestamp>,
     max: Option<usize>,
-) -> Vec<&'a DeadLetter> {
-    let mut out: Vec<&DeadLetter> = records
+) -> Vec<&'a R> {
+    let mut out: Vec<&R> = records
         .into_iter()
-        .filter(|r| r.spec.queue == queue && selector.matches(r))
-        .filter(|r| started.is_none_or(|s| created(r).is_some_and(|c| c <= s)))
+        .filter(|r| r.queue() == queue && selector.matches(*r))
+        .filter(|r| started.is_none_or(|s| r.created().is_some_and(|c| c <= s)))
         .collect();
-    out.sort_by(|a, b| {
-        (a.spec.failed_at.0, &a.metadata.name).cmp(&(b.spec.failed_at.0, &b.metadata.name))
-    });
+    out.sort_by(|a, b| (a.failed_at(), a.name()).cmp(&(b.failed_at(), b.name())));
     if let Some(max) = max {
         out.truncate(max);
     }
     out
-}
-
-fn created(r: &DeadLetter) -> Option<Timestamp> {
-    r.metadata.creation_timestamp.as_ref().map(|t| t.0)
 }
 
 /// Where one decided record stands.
@@ -481,18 +468,13 @@ pub enum Outcome {
 }
 
 /// A decided record's outcome, from its phase, action and `Requeued` condition.
-pub fn outcome_of(r: &DeadLetter) -> Outcome {
+pub fn outcome_of(r: &impl Facts) -> Outcome {
     match r.phase() {
         Phase::Redriven => Outcome::Redriven,
         Phase::Dropped => Outcome::Dropped,
-        Phase::Parked if r.spec.action.is_none() => Outcome::Withdrawn,
+        Phase::Parked if r.action().is_none() => Outcome::Withdrawn,
         Phase::Parked => {
-            let failing = r.status.iter().flat_map(|s| &s.conditions).any(|c| {
-                c.type_ == crate::conditions::REQUEUED
-                    && c.status == "False"
-                    && c.observed_generation >= r.metadata.generation
-            });
-            if failing {
+            if r.requeue_failing() {
                 Outcome::Failing
             } else {
                 Outcome::Pending
@@ -556,29 +538,27 @@ impl Observed {
 /// Observes a replay from its queue's records: the ones it signed (plus
 /// `just_signed`, names signed that the records' view does not show yet, counted Pending) and
 /// the parkings since `started`.
-pub fn observe<'a>(
-    queue_records: impl IntoIterator<Item = &'a DeadLetter>,
+pub fn observe<'a, R: Facts + 'a>(
+    queue_records: impl IntoIterator<Item = &'a R>,
     replay: ReplayRef<'_>,
     started: Timestamp,
     just_signed: &[String],
 ) -> Observed {
-    let mut mine: Vec<&DeadLetter> = Vec::new();
+    let mut mine: Vec<&R> = Vec::new();
     let mut new_parked = 0;
     for r in queue_records {
-        if created(r).is_some_and(|c| c > started) {
+        if r.created().is_some_and(|c| c > started) {
             new_parked += 1;
         }
         if decided_by(r, replay) {
             mine.push(r);
         }
     }
-    mine.sort_by(|a, b| {
-        (a.spec.failed_at.0, &a.metadata.name).cmp(&(b.spec.failed_at.0, &b.metadata.name))
-    });
-    let mut outcomes: Vec<Outcome> = mine.iter().map(|r| outcome_of(r)).collect();
+    mine.sort_by(|a, b| (a.failed_at(), a.name()).cmp(&(b.failed_at(), b.name())));
+    let mut outcomes: Vec<Outcome> = mine.iter().map(|r| outcome_of(*r)).collect();
     let unseen = just_signed
         .iter()
-        .filter(|n| !mine.iter().any(|r| r.metadata.name.as_ref() == Some(*n)))
+        .filter(|n| !mine.iter().any(|r| r.name() == n.as_str()))
         .count();
     outcomes.extend(std::iter::repeat_n(Outcome::Pending, unseen));
     Observed {

@@ -282,7 +282,7 @@ fn process(fake: &Arc<Fake>) -> Arc<Replays> {
     let ctx = Context::new(
         fake.clone(),
         Arc::new(NoTargets),
-        store_of(&fake.all()),
+        crate::controller::index::RecordIndex::listed_with(&fake.all()),
         store_of(&[queue()]),
         Metrics::default(),
         Settings::default(),
@@ -423,7 +423,7 @@ async fn a_missing_queue_keeps_the_replay_pending() {
     let ctx = Context::new(
         fake.clone(),
         Arc::new(NoTargets),
-        store_of(&fake.all()),
+        crate::controller::index::RecordIndex::listed_with(&fake.all()),
         store_of::<DeadLetterQueue>(&[]),
         Metrics::default(),
         Settings::default(),

@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::api::{DeadLetterSpec, DeadLetterStatus, Job};
+use crate::api::{DeadLetter, DeadLetterSpec, DeadLetterStatus, Job};
 use Outcome::*;
 
 fn at(secs: i64) -> Timestamp {

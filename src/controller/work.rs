@@ -1,0 +1,509 @@
+//! Feeds the records controller: holds whole (stripped: [`super::cache::strip`]) only the
+//! records with something to do, and wakes the controller for them.
+//!
+//! - A record with a decision to carry out is held at once: decisions never wait.
+//! - A record whose only work is its first mark is held while fewer than [`MARK_WINDOW`] such
+//!   records are; the others wait in arrival order, as summaries in the index, and are held
+//!   (rebuilt from their summary) as marks complete. An operator started over 100,000 unmarked
+//!   records held all of them whole (and a queued reconcile each) until marked. A record held
+//!   for [`MARK_STALE`] without being marked (its mark keeps failing) stops counting, so a
+//!   few records that cannot be marked never hold the others back.
+//! - A record with nothing to do (waiting for a decision, resolved) is not held.
+//!
+//! It also wakes each queue's counter when one of its records changes.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::channel::mpsc::UnboundedSender;
+use kube::runtime::reflector::{ObjectRef, store::Writer};
+use kube::runtime::watcher::Event;
+
+use dlq_core::api::{DeadLetter, DeadLetterQueue};
+
+use super::index::RecordIndex;
+
+/// Records held for their first mark at once, at most: enough to keep the records
+/// controller's 32 reconciles busy while the watch brings back the marks that free room.
+pub const MARK_WINDOW: usize = 512;
+/// How long a record held for its mark counts against [`MARK_WINDOW`].
+pub const MARK_STALE: Duration = Duration::from_secs(30);
+
+/// (namespace, name).
+type Key = (Arc<str>, Box<str>);
+
+/// What a record calls for, as the feeder sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Work {
+    None,
+    /// Only its first mark.
+    Mark,
+    /// A decision (or an unsigned one to refuse).
+    Decision,
+}
+
+fn work_of(dl: &DeadLetter) -> Work {
+    if !super::deadletter::has_work(dl) {
+        Work::None
+    } else if dl.spec.action.is_none() && dl.status.as_ref().is_none_or(|s| s.phase.is_none()) {
+        Work::Mark
+    } else {
+        Work::Decision
+    }
+}
+
+/// A record in the controller's store.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    generation: Option<i64>,
+    /// Held only for its mark, and counted against the window (not stale yet).
+    mark_only: bool,
+    since: Instant,
+}
+
+/// The held records and the ones waiting for room, as of one view of the records.
+#[derive(Default)]
+struct Window {
+    held: HashMap<Key, Held>,
+    /// How many of `held` are there only for their mark.
+    marking: usize,
+    waiting: VecDeque<Key>,
+}
+
+impl Window {
+    fn hold(&mut self, key: Key, held: Held) -> Option<Held> {
+        let before = self.held.insert(key, held);
+        self.marking += usize::from(held.mark_only);
+        self.marking -= usize::from(before.is_some_and(|b| b.mark_only));
+        before
+    }
+
+    fn release(&mut self, key: &Key) -> bool {
+        match self.held.remove(key) {
+            Some(b) => {
+                self.marking -= usize::from(b.mark_only);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether another record may be held for its mark. When the window is full, records
+    /// held longer than [`MARK_STALE`] stop counting.
+    fn has_room(&mut self) -> bool {
+        if self.marking >= MARK_WINDOW {
+            let now = Instant::now();
+            for held in self.held.values_mut() {
+                if held.mark_only && now.duration_since(held.since) >= MARK_STALE {
+                    held.mark_only = false;
+                    self.marking -= 1;
+                }
+            }
+        }
+        self.marking < MARK_WINDOW
+    }
+}
+
+/// Sends the controllers their wakes; owns the records controller's store.
+pub struct Feeder {
+    store: Writer<DeadLetter>,
+    index: RecordIndex,
+    records: UnboundedSender<ObjectRef<DeadLetter>>,
+    queues: UnboundedSender<ObjectRef<DeadLetterQueue>>,
+    live: Window,
+    /// The window being rebuilt by a list in progress.
+    listing: Option<Window>,
+    /// Queues whose records a list in progress brought (woken once it completes).
+    listed_queues: HashSet<(String, String)>,
+    namespaces: HashMap<String, Arc<str>>,
+}
+
+impl Feeder {
+    pub fn new(
+        store: Writer<DeadLetter>,
+        index: RecordIndex,
+        records: UnboundedSender<ObjectRef<DeadLetter>>,
+        queues: UnboundedSender<ObjectRef<DeadLetterQueue>>,
+    ) -> Self {
+        Feeder {
+            store,
+            index,
+            records,
+            queues,
+            live: Window::default(),
+            listing: None,
+            listed_queues: HashSet::new(),
+            namespaces: HashMap::new(),
+        }
+    }
+
+    fn key(&mut self, dl: &DeadLetter) -> Option<Key> {
+        let ns = dl.metadata.namespace.as_deref()?;
+        let name = dl.metadata.name.as_deref()?;
+        let ns = match self.namespaces.get(ns) {
+            Some(shared) => shared.clone(),
+            None => {
+                let shared: Arc<str> = Arc::from(ns);
+                self.namespaces.insert(ns.to_string(), shared.clone());
+                shared
+            }
+        };
+        Some((ns, Box::from(name)))
+    }
+
+    /// Applies one watch event, after the index has (the index is read to rebuild records
+    /// that waited for room).
+    pub fn observe(&mut self, event: Event<DeadLetter>) {
+        match event {
+            Event::Init => {
+                self.listing = Some(Window::default());
+                self.listed_queues.clear();
+                self.store.apply_watcher_event(&Event::Init);
+            }
+            Event::InitApply(dl) => self.listed(dl),
+            Event::InitDone => {
+                self.store.apply_watcher_event(&Event::InitDone);
+                if let Some(window) = self.listing.take() {
+                    self.live = window;
+                }
+                for (ns, queue) in std::mem::take(&mut self.listed_queues) {
+                    self.wake_queue(&ns, &queue);
+                }
+                self.fill();
+            }
+            Event::Apply(dl) => self.applied(dl),
+            Event::Delete(dl) => self.deleted(dl),
+        }
+    }
+
+    /// A record of a list in progress.
+    fn listed(&mut self, mut dl: DeadLetter) {
+        let Some(key) = self.key(&dl) else { return };
+        self.listed_queues
+            .insert((key.0.to_string(), dl.spec.queue.clone()));
+        let Some(window) = self.listing.as_mut() else {
+            return;
+        };
+        let mark_only = match work_of(&dl) {
+            Work::None => return,
+            Work::Mark if !window.has_room() => {
+                window.waiting.push_back(key);
+                return;
+            }
+            Work::Mark => true,
+            Work::Decision => false,
+        };
+        let held = Held {
+            generation: dl.metadata.generation,
+            mark_only,
+            since: Instant::now(),
+        };
+        window.hold(key.clone(), held);
+        let wakes = self
+            .live
+            .held
+            .get(&key)
+            .is_none_or(|b| b.generation != held.generation);
+        super::cache::strip(&mut dl);
+        self.store.apply_watcher_event(&Event::InitApply(dl));
+        if wakes {
+            self.wake(&key);
+        }
+    }
+
+    fn applied(&mut self, dl: DeadLetter) {
+        let Some(key) = self.key(&dl) else { return };
+        self.wake_queue(&key.0, &dl.spec.queue);
+        let work = work_of(&dl);
+        let mark_only = match work {
+            Work::None => {
+                if self.live.release(&key) {
+                    self.store.apply_watcher_event(&Event::Delete(dl));
+                    self.fill();
+                }
+                return;
+            }
+            Work::Mark if !self.live.held.contains_key(&key) && !self.live.has_room() => {
+                self.live.waiting.push_back(key);
+                return;
+            }
+            Work::Mark => true,
+            Work::Decision => false,
+        };
+        self.hold(key, dl, mark_only);
+        if work == Work::Decision {
+            // A record that was held only for its mark may have left room.
+            self.fill();
+        }
+    }
+
+    /// Holds `dl` in the store; wakes the controller when it is new there or its spec changed.
+    fn hold(&mut self, key: Key, mut dl: DeadLetter, mark_only: bool) {
+        let before = self.live.held.get(&key).copied();
+        let held = Held {
+            generation: dl.metadata.generation,
+            // A record already held keeps its place, stale or not.
+            mark_only: before.map_or(mark_only, |b| b.mark_only && mark_only),
+            since: before.map_or_else(Instant::now, |b| b.since),
+        };
+        self.live.hold(key.clone(), held);
+        super::cache::strip(&mut dl);
+        self.store.apply_watcher_event(&Event::Apply(dl));
+        if before.is_none_or(|b| b.generation != held.generation) {
+            self.wake(&key);
+        }
+    }
+
+    fn deleted(&mut self, dl: DeadLetter) {
+        let Some(key) = self.key(&dl) else { return };
+        self.wake_queue(&key.0, &dl.spec.queue);
+        if self.live.release(&key) {
+            self.store.apply_watcher_event(&Event::Delete(dl));
+            self.fill();
+        }
+    }
+
+    /// Holds waiting records, oldest first, while there is room. A waiting record marked,
+    /// decided or deleted meanwhile is skipped: its own event said so. Also called on a timer,
+    /// so records whose marks keep failing free their room without any event.
+    pub fn fill(&mut self) {
+        while self.live.has_room() {
+            let Some(key) = self.live.waiting.pop_front() else {
+                return;
+            };
+            if self.live.held.contains_key(&key) {
+                continue;
+            }
+            let Some(summary) = self.index.get(&key.0, &key.1) else {
+                continue;
+            };
+            if summary.status_phase.is_some() || summary.action.is_some() {
+                continue;
+            }
+            self.hold(key, summary.to_record(), true);
+        }
+    }
+
+    fn wake(&self, key: &Key) {
+        let _ = self
+            .records
+            .unbounded_send(ObjectRef::new(&key.1).within(&key.0));
+    }
+
+    fn wake_queue(&self, ns: &str, queue: &str) {
+        let _ = self.queues.unbounded_send(ObjectRef::new(queue).within(ns));
+    }
+
+    #[cfg(test)]
+    fn counts(&self) -> (usize, usize, usize) {
+        (
+            self.live.held.len(),
+            self.live.marking,
+            self.live.waiting.len(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dlq_core::api::{Action, DeadLetterStatus, Job, Phase};
+    use dlq_core::park::{ParkRequest, new_record};
+    use futures::StreamExt;
+    use futures::channel::mpsc::{UnboundedReceiver, unbounded};
+    use kube::runtime::reflector::{self, Store};
+
+    fn record(i: usize) -> DeadLetter {
+        let req = ParkRequest::new(
+            "relayer",
+            Job {
+                id: format!("order-{i}"),
+                payload: Some("{}".into()),
+                ..Job::default()
+            },
+        );
+        let mut r = new_record(&req, 1);
+        r.metadata.namespace = Some("payments".into());
+        r.metadata.uid = Some(format!("uid-{i}"));
+        r.metadata.generation = Some(1);
+        r
+    }
+
+    fn marked(mut r: DeadLetter) -> DeadLetter {
+        r.status = Some(DeadLetterStatus {
+            phase: Some(Phase::Parked),
+            ..Default::default()
+        });
+        r
+    }
+
+    fn decided(mut r: DeadLetter) -> DeadLetter {
+        r.spec.action = Some(Action::Redrive);
+        r.spec.by = Some("ops".into());
+        r.metadata.generation = Some(2);
+        r
+    }
+
+    struct Rig {
+        feeder: Feeder,
+        index: RecordIndex,
+        store: Store<DeadLetter>,
+        wakes: UnboundedReceiver<ObjectRef<DeadLetter>>,
+        _queues: UnboundedReceiver<ObjectRef<DeadLetterQueue>>,
+    }
+
+    impl Rig {
+        fn new() -> Self {
+            let (store, writer) = reflector::store();
+            let (tx, wakes) = unbounded();
+            let (qtx, queues) = unbounded();
+            let index = RecordIndex::default();
+            Rig {
+                feeder: Feeder::new(writer, index.clone(), tx, qtx),
+                index,
+                store,
+                wakes,
+                _queues: queues,
+            }
+        }
+
+        fn event(&mut self, event: Event<DeadLetter>) {
+            self.index.observe(&event);
+            self.feeder.observe(event);
+        }
+
+        fn list(&mut self, records: impl IntoIterator<Item = DeadLetter>) {
+            self.event(Event::Init);
+            for r in records {
+                self.event(Event::InitApply(r));
+            }
+            self.event(Event::InitDone);
+        }
+
+        fn woken(&mut self) -> Vec<String> {
+            let mut names = Vec::new();
+            while let Some(Some(r)) = self.wakes.next().now_or_never() {
+                names.push(r.name);
+            }
+            names
+        }
+    }
+
+    use futures::FutureExt;
+
+    #[test]
+    fn unmarked_records_beyond_the_window_wait_and_are_held_as_marks_complete() {
+        let mut rig = Rig::new();
+        let n = MARK_WINDOW + 3;
+        rig.list((0..n).map(record));
+        assert_eq!(rig.feeder.counts(), (MARK_WINDOW, MARK_WINDOW, 3));
+        assert_eq!(
+            rig.store.len(),
+            MARK_WINDOW,
+            "only the window is held whole"
+        );
+        assert_eq!(rig.woken().len(), MARK_WINDOW);
+
+        // Two marks come back: two waiting records take their place, rebuilt from the index.
+        rig.event(Event::Apply(marked(record(0))));
+        rig.event(Event::Apply(marked(record(1))));
+        assert_eq!(rig.feeder.counts(), (MARK_WINDOW, MARK_WINDOW, 1));
+        let woken = rig.woken();
+        assert_eq!(woken.len(), 2);
+        let next = rig
+            .store
+            .get(&ObjectRef::new(&woken[0]).within("payments"))
+            .expect("held");
+        assert_eq!(
+            next.metadata.uid.as_deref(),
+            Some(&*format!("uid-{MARK_WINDOW}"))
+        );
+        assert!(next.status.is_none(), "held to be marked");
+    }
+
+    #[test]
+    fn a_decision_is_held_at_once_even_when_the_window_is_full() {
+        let mut rig = Rig::new();
+        rig.list((0..MARK_WINDOW).map(record));
+        rig.woken();
+        let d = decided(marked(record(MARK_WINDOW + 7)));
+        rig.event(Event::Apply(d.clone()));
+        assert_eq!(rig.woken(), [d.metadata.name.clone().unwrap_or_default()]);
+        assert_eq!(rig.store.len(), MARK_WINDOW + 1);
+        // Resolved: released, nothing left waiting to fill with.
+        let mut done = d;
+        done.status = Some(DeadLetterStatus {
+            phase: Some(Phase::Redriven),
+            ..Default::default()
+        });
+        rig.event(Event::Apply(done));
+        assert_eq!(rig.store.len(), MARK_WINDOW);
+        assert!(rig.woken().is_empty());
+    }
+
+    #[test]
+    fn status_writes_wake_nothing_and_a_new_generation_wakes_once() {
+        let mut rig = Rig::new();
+        rig.list([decided(marked(record(1)))]);
+        assert_eq!(rig.woken().len(), 1);
+        let mut failing = decided(marked(record(1)));
+        failing.metadata.resource_version = Some("9".into());
+        rig.event(Event::Apply(failing));
+        assert!(rig.woken().is_empty(), "a status write (same generation)");
+        let mut again = decided(marked(record(1)));
+        again.metadata.generation = Some(3);
+        rig.event(Event::Apply(again));
+        assert_eq!(rig.woken().len(), 1);
+    }
+
+    #[test]
+    fn a_relist_wakes_only_what_changed_and_drops_what_is_done() {
+        let mut rig = Rig::new();
+        rig.list([decided(marked(record(1))), record(2)]);
+        assert_eq!(rig.woken().len(), 2);
+        rig.list([decided(marked(record(1))), marked(record(2)), record(3)]);
+        assert_eq!(
+            rig.woken(),
+            [record(3).metadata.name.clone().unwrap_or_default()]
+        );
+        assert_eq!(rig.store.len(), 2);
+        assert_eq!(rig.feeder.counts(), (2, 1, 0));
+    }
+
+    #[test]
+    fn records_waiting_and_then_deleted_or_decided_are_not_held_twice() {
+        let mut rig = Rig::new();
+        rig.list((0..MARK_WINDOW + 2).map(record));
+        rig.woken();
+        // The first waiting one is deleted, the second decided (held at once).
+        rig.event(Event::Delete(record(MARK_WINDOW)));
+        let d = decided(record(MARK_WINDOW + 1));
+        rig.event(Event::Apply(d));
+        assert_eq!(rig.woken().len(), 1);
+        rig.event(Event::Apply(marked(record(0))));
+        assert!(rig.woken().is_empty(), "nothing left waiting");
+        assert_eq!(rig.feeder.counts(), (MARK_WINDOW, MARK_WINDOW - 1, 0));
+    }
+
+    #[test]
+    fn records_whose_marks_keep_failing_stop_holding_the_window() {
+        let mut rig = Rig::new();
+        rig.list((0..MARK_WINDOW + 2).map(record));
+        rig.woken();
+        rig.feeder.fill();
+        assert!(rig.woken().is_empty(), "the window is full of fresh marks");
+        let long_ago = Instant::now() - MARK_STALE;
+        for held in rig.feeder.live.held.values_mut() {
+            held.since = long_ago;
+        }
+        rig.feeder.fill();
+        assert_eq!(rig.woken().len(), 2, "the waiting records are held");
+        assert_eq!(
+            rig.store.len(),
+            MARK_WINDOW + 2,
+            "the stale ones are still held, and retried"
+        );
+        assert_eq!(rig.feeder.counts(), (MARK_WINDOW + 2, 2, 0));
+    }
+}
