@@ -15,8 +15,8 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 
 use crate::api::{
-    ANNOTATION_SLOT_BLOCK, Action, DeadLetter, DeadLetterSpec, DeadLetterStatus, FailureKind, Job,
-    Phase,
+    ANNOTATION_SLOT_BLOCK, Action, DeadLetter, DeadLetterSpec, DeadLetterStatus, FailureKind,
+    IntentSnapshot, Job, Phase,
 };
 use crate::replay::{ANNOTATION_REPLAY_UID, LABEL_REPLAY};
 
@@ -162,6 +162,8 @@ pub struct Summary {
     pub failure_kind: FailureKind,
     pub failed_at: Timestamp,
     pub service_version: Option<Box<str>>,
+    /// The business state when it failed (alerts describe it).
+    pub intent: Option<Box<IntentSnapshot>>,
     pub action: Option<Action>,
     /// `status.phase`: None until the operator marks it.
     pub status_phase: Option<Phase>,
@@ -205,6 +207,7 @@ impl Summary {
             failure_kind: spec.failure_kind,
             failed_at: spec.failed_at.0,
             service_version: spec.service_version.as_deref().map(boxed),
+            intent: spec.intent.clone(),
             action: spec.action,
             status_phase: status.and_then(|s| s.phase),
             resolved_at: dl.resolved_at(),
@@ -267,7 +270,7 @@ impl Summary {
                     id: self.job_id.to_string(),
                     ..Job::default()
                 },
-                intent: None,
+                intent: self.intent.clone(),
                 deliveries: self.deliveries,
                 reason: self.reason.to_string(),
                 failure_kind: self.failure_kind,
@@ -350,6 +353,11 @@ mod tests {
         r.metadata.resource_version = Some("42".into());
         r.metadata.generation = Some(2);
         r.metadata.creation_timestamp = Some(Time(Timestamp::from_second(1_000).expect("ts")));
+        r.spec.intent = Some(Box::new(IntentSnapshot {
+            id: "order-1".into(),
+            state: "paid".into(),
+        }));
+        r.spec.service_version = Some("v2".into());
         r.metadata
             .annotations
             .get_or_insert_default()
@@ -384,6 +392,15 @@ mod tests {
         same_facts(&r, &s);
         let rebuilt = s.to_record();
         same_facts(&r, &rebuilt);
+        let links = crate::alert::Links::default();
+        let alerts = crate::alert::current(&r, None, &links);
+        assert!(!alerts.is_empty());
+        assert!(alerts[0].annotations["description"].contains("order-1 was paid"));
+        assert_eq!(
+            alerts,
+            crate::alert::current(&rebuilt, None, &links),
+            "the same alerts, intent snapshot included"
+        );
         assert_eq!(rebuilt.metadata.uid.as_deref(), Some("uid-1"));
         assert_eq!(rebuilt.metadata.resource_version.as_deref(), Some("42"));
         assert_eq!(rebuilt.metadata.generation, Some(2));
