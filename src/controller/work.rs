@@ -69,6 +69,9 @@ struct Window {
     /// How many of `held` are there only for their mark.
     marking: usize,
     waiting: VecDeque<Key>,
+    /// When held records were last checked for staleness (at most once a second: a full
+    /// window is asked for room at every event of a backlog).
+    checked: Option<Instant>,
 }
 
 impl Window {
@@ -92,8 +95,12 @@ impl Window {
     /// Whether another record may be held for its mark. When the window is full, records
     /// held longer than [`MARK_STALE`] stop counting.
     fn has_room(&mut self) -> bool {
-        if self.marking >= MARK_WINDOW {
-            let now = Instant::now();
+        let now = Instant::now();
+        let due = self
+            .checked
+            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1));
+        if self.marking >= MARK_WINDOW && due {
+            self.checked = Some(now);
             for held in self.held.values_mut() {
                 if held.mark_only && now.duration_since(held.since) >= MARK_STALE {
                     held.mark_only = false;
@@ -497,6 +504,7 @@ mod tests {
         for held in rig.feeder.live.held.values_mut() {
             held.since = long_ago;
         }
+        rig.feeder.live.checked = None;
         rig.feeder.fill();
         assert_eq!(rig.woken().len(), 2, "the waiting records are held");
         assert_eq!(
