@@ -145,12 +145,15 @@ impl Rabbit {
         self.wait_accepting_logins();
     }
 
-    /// The port opens a moment before the broker accepts logins.
+    /// The port opens a moment before the broker accepts logins; on a loaded 2-core machine
+    /// (the other test lane busy) its boot steps took more than 30 s once, so this waits as
+    /// long as for the port, and says why when it gives up.
     fn wait_accepting_logins(&self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + Duration::from_secs(90);
         let url = self.url();
+        let mut last_error = String::new();
         while Instant::now() < deadline {
-            let ok = std::thread::scope(|s| {
+            let attempt = std::thread::scope(|s| {
                 s.spawn(|| {
                     tokio::runtime::Builder::new_current_thread()
                         .enable_all()
@@ -159,18 +162,23 @@ impl Rabbit {
                         .block_on(async {
                             lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
                                 .await
-                                .is_ok()
+                                .map(|_| ())
+                                .map_err(|e| e.to_string())
                         })
                 })
                 .join()
-                .unwrap_or(false)
+                .unwrap_or_else(|_| Err("the login probe panicked".into()))
             });
-            if ok {
-                return;
+            match attempt {
+                Ok(()) => return,
+                Err(e) => last_error = e,
             }
             std::thread::sleep(Duration::from_millis(200));
         }
-        panic!("rabbitmq-server did not accept AMQP connections");
+        panic!(
+            "rabbitmq-server did not accept AMQP connections within 90s (last error: {last_error}); log:\n{}",
+            std::fs::read_to_string(self.dir.join("rabbitmq.log")).unwrap_or_default()
+        );
     }
 
     /// Stops the node cleanly and starts it again, so that everything declared so far survives
