@@ -95,12 +95,9 @@ fn settled(
     };
     let mut out = capacity::Settlement::default();
     if !status.reservations.is_empty() {
-        let created: HashMap<String, i64> = records
+        let created: HashMap<&str, i64> = records
             .iter()
-            .map(|r| {
-                let at = r.created.map_or(i64::MAX, |t| t.as_second());
-                (r.name.to_string(), at)
-            })
+            .map(|r| (&*r.name, r.created.map_or(i64::MAX, |t| t.as_second())))
             .collect();
         out.names = capacity::settled(
             &status.reservations,

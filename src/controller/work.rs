@@ -21,6 +21,7 @@ use kube::runtime::reflector::{ObjectRef, store::Writer};
 use kube::runtime::watcher::Event;
 
 use dlq_core::api::{DeadLetter, DeadLetterQueue};
+use dlq_core::record::Interner;
 
 use super::index::RecordIndex;
 
@@ -121,9 +122,9 @@ pub struct Feeder {
     live: Window,
     /// The window being rebuilt by a list in progress.
     listing: Option<Window>,
-    /// Queues whose records a list in progress brought (woken once it completes).
-    listed_queues: HashSet<(String, String)>,
-    namespaces: HashMap<String, Arc<str>>,
+    /// Queues whose records a list in progress brought, by namespace (woken once it completes).
+    listed_queues: HashMap<Arc<str>, HashSet<String>>,
+    namespaces: Interner,
 }
 
 impl Feeder {
@@ -140,23 +141,15 @@ impl Feeder {
             queues,
             live: Window::default(),
             listing: None,
-            listed_queues: HashSet::new(),
-            namespaces: HashMap::new(),
+            listed_queues: HashMap::new(),
+            namespaces: Interner::default(),
         }
     }
 
     fn key(&mut self, dl: &DeadLetter) -> Option<Key> {
         let ns = dl.metadata.namespace.as_deref()?;
         let name = dl.metadata.name.as_deref()?;
-        let ns = match self.namespaces.get(ns) {
-            Some(shared) => shared.clone(),
-            None => {
-                let shared: Arc<str> = Arc::from(ns);
-                self.namespaces.insert(ns.to_string(), shared.clone());
-                shared
-            }
-        };
-        Some((ns, Box::from(name)))
+        Some((self.namespaces.get(ns), Box::from(name)))
     }
 
     /// Applies one watch event, after the index has (the index is read to rebuild records
@@ -174,8 +167,10 @@ impl Feeder {
                 if let Some(window) = self.listing.take() {
                     self.live = window;
                 }
-                for (ns, queue) in std::mem::take(&mut self.listed_queues) {
-                    self.wake_queue(&ns, &queue);
+                for (ns, queues) in std::mem::take(&mut self.listed_queues) {
+                    for queue in queues {
+                        self.wake_queue(&ns, &queue);
+                    }
                 }
                 self.fill();
             }
@@ -187,8 +182,10 @@ impl Feeder {
     /// A record of a list in progress.
     fn listed(&mut self, mut dl: DeadLetter) {
         let Some(key) = self.key(&dl) else { return };
-        self.listed_queues
-            .insert((key.0.to_string(), dl.spec.queue.clone()));
+        let queues = self.listed_queues.entry(key.0.clone()).or_default();
+        if !queues.contains(&dl.spec.queue) {
+            queues.insert(dl.spec.queue.clone());
+        }
         let Some(window) = self.listing.as_mut() else {
             return;
         };

@@ -119,8 +119,10 @@ async fn pull(ctx: &Arc<Bridge>, puller: &RedisConn) -> Result<(), SourceError> 
         let mut permits = free_slots(&slots).await?;
         let taken = ctx.take(permits.len()).await?;
         if taken.is_empty() {
-            if let (Some((id, raw)), Some(permit)) =
-                (ctx.wait_for_one(puller).await?, permits.pop())
+            // The slot is taken before the element (free_slots holds at least one), so a
+            // claimed element always has one.
+            if let Some(permit) = permits.pop()
+                && let Some((id, raw)) = ctx.wait_for_one(puller).await?
             {
                 spawn_handle(ctx, id, raw, permit);
             }
