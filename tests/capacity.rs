@@ -271,7 +271,8 @@ async fn a_parking_storm_takes_slots_in_a_few_growing_blocks() {
     let blocks = q.status.expect("status").blocks;
     let slots: i64 = blocks.values().map(|b| b.size).sum();
     assert!(
-        blocks.len() <= 20 && (300..300 + dlq_core::capacity::MAX_BLOCK).contains(&slots),
+        // At most the block being spent and the one asked for ahead beyond the 300.
+        blocks.len() <= 20 && (300..300 + 2 * dlq_core::capacity::MAX_BLOCK).contains(&slots),
         "{} blocks, {slots} slots: {blocks:?}",
         blocks.len()
     );

@@ -2,7 +2,8 @@
 //! record is created, a slot for it is taken from a block of slots granted in the
 //! DeadLetterQueue's status by a compare-and-swap. Parkings of one queue waiting in this
 //! process at the same moment share one compare-and-swap, and a storm's blocks grow so that
-//! most parkings take a slot without writing the queue at all.
+//! most parkings take a slot without writing the queue at all. While a storm spends a block,
+//! the next one is asked for in the background, so parkings do not wait for that write either.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -83,13 +84,68 @@ impl Held {
     }
 }
 
+/// The blocks this process holds for one queue.
+#[derive(Default)]
+struct Blocks {
+    /// The block being spent.
+    current: Option<Held>,
+    /// The block asked for ahead while a storm spends `current`; spent once that one is.
+    next: Option<Held>,
+    /// A background compare-and-swap for `next` is under way.
+    refilling: bool,
+}
+
+/// A block taken out of use before its use window ended, with the slots it hands back.
+struct Retired {
+    id: String,
+    used: i64,
+}
+
+impl Blocks {
+    /// A slot from the current block, or from the next one once the current is spent; also
+    /// the current block when it was replaced with unused slots to give back.
+    fn take(&mut self) -> (Option<Slot>, Option<Retired>) {
+        if let Some(slot) = self.current.as_mut().and_then(Held::take) {
+            return (Some(slot), None);
+        }
+        let Some(next) = self.next.take() else {
+            return (None, None);
+        };
+        let retired = self.current.replace(next).and_then(|mut old| {
+            let id = old.id.clone();
+            old.close().map(|used| Retired { id, used })
+        });
+        (self.current.as_mut().and_then(Held::take), retired)
+    }
+
+    /// The block with id `id`, current or next, while it is still open.
+    fn open(&mut self, id: &str) -> Option<&mut Held> {
+        [self.current.as_mut(), self.next.as_mut()]
+            .into_iter()
+            .flatten()
+            .find(|h| h.id == id && !h.closed)
+    }
+
+    /// The size of the block to ask for ahead, when one should be: the current block is half
+    /// spent within [`QUICKLY`] of asking (a storm), no next block is held or being asked for.
+    fn refill_due(&self) -> Option<i64> {
+        let current = self.current.as_ref()?;
+        let due = !self.refilling
+            && self.next.is_none()
+            && current.size >= REFILL_FROM
+            && current.left.saturating_mul(2) <= current.size
+            && current.asked.elapsed() < QUICKLY;
+        due.then(|| capacity::next_block_size(1, Some((current.size, true))))
+    }
+}
+
 /// One queue's batching point.
 #[derive(Default)]
 struct Gate {
     /// Parkings waiting for the next compare-and-swap.
     pending: Mutex<Vec<Reply>>,
-    /// The block being spent, and whether the one before it was used up quickly.
-    held: Mutex<Option<Held>>,
+    /// The blocks being spent.
+    held: Mutex<Blocks>,
     /// Held during a compare-and-swap; the queue as last read or written by it.
     last: tokio::sync::Mutex<Option<DeadLetterQueue>>,
 }
@@ -123,6 +179,10 @@ const BLOCK_USE: Duration = Duration::from_secs(capacity::BLOCK_USE_SECS.unsigne
 
 /// A block used up within this long after it was asked for makes the next one twice as big.
 const QUICKLY: Duration = Duration::from_secs(2);
+
+/// The smallest block whose successor is asked for ahead: a single `kubectl dlq park` or a
+/// trickle never takes slots it may not use.
+const REFILL_FROM: i64 = 8;
 
 /// A random wait before attempt `attempt + 1`: up to 5 ms × 2^attempt, at most 400 ms.
 fn jitter(attempt: u32) -> Duration {
@@ -167,7 +227,7 @@ impl Admissions {
     ) -> Result<Slot, AdmitError> {
         let key = (queue.namespace().unwrap_or_default(), queue.name_any());
         let gate = lock(&self.gates).entry(key).or_default().clone();
-        if let Some(slot) = lock(&gate.held).as_mut().and_then(Held::take) {
+        if let Some(slot) = take(client, queue, &gate) {
             return Ok(slot);
         }
         let (tx, mut rx) = oneshot::channel();
@@ -182,13 +242,16 @@ impl Admissions {
         };
         let mut last = last;
         let batch = std::mem::take(&mut *lock(&gate.pending));
-        let mut batch = serve_from_held(&gate, batch);
+        let mut batch = serve_from_held(client, queue, &gate, batch);
         // One block per round; more rounds when the parkings waiting outnumber the largest
         // block, until they are served or the queue is full.
         while !batch.is_empty() {
             let want = {
                 let held = lock(&gate.held);
-                let before = held.as_ref().map(|h| (h.size, h.asked.elapsed() < QUICKLY));
+                let before = held
+                    .current
+                    .as_ref()
+                    .map(|h| (h.size, h.asked.elapsed() < QUICKLY));
                 capacity::next_block_size(batch.len(), before)
             };
             let asked = Instant::now();
@@ -226,7 +289,7 @@ impl Admissions {
             return;
         };
         let mut held = lock(&gate.held);
-        if let Some(h) = held.as_mut().filter(|h| h.id == slot.block && !h.closed) {
+        if let Some(h) = held.open(&slot.block) {
             if h.asked.elapsed() < BLOCK_USE {
                 h.left += 1;
             } else {
@@ -236,12 +299,42 @@ impl Admissions {
     }
 }
 
-/// Answers what the held block still covers; returns the rest.
-fn serve_from_held(gate: &Gate, batch: Vec<Reply>) -> Vec<Reply> {
-    let mut held = lock(&gate.held);
+/// A slot from the blocks held, if any: gives back what a replaced block did not use, and
+/// asks for the next block ahead when a storm is spending the current one.
+fn take(client: &Client, queue: &DeadLetterQueue, gate: &Arc<Gate>) -> Option<Slot> {
+    let (slot, retired, refill) = {
+        let mut held = lock(&gate.held);
+        let (slot, retired) = held.take();
+        let refill = held.refill_due();
+        if refill.is_some() {
+            held.refilling = true;
+        }
+        (slot, retired, refill)
+    };
+    if let Some(Retired { id, used }) = retired {
+        tokio::spawn(GiveBack::of(client, queue).send(id, used));
+    }
+    if let Some(want) = refill {
+        tokio::spawn(refill_ahead(
+            client.clone(),
+            queue.clone(),
+            gate.clone(),
+            want,
+        ));
+    }
+    slot
+}
+
+/// Answers what the held blocks still cover; returns the rest.
+fn serve_from_held(
+    client: &Client,
+    queue: &DeadLetterQueue,
+    gate: &Arc<Gate>,
+    batch: Vec<Reply>,
+) -> Vec<Reply> {
     let mut rest = Vec::new();
     for reply in batch {
-        match held.as_mut().and_then(Held::take) {
+        match take(client, queue, gate) {
             Some(slot) => {
                 let _ = reply.send(Ok(slot));
             }
@@ -249,6 +342,38 @@ fn serve_from_held(gate: &Gate, batch: Vec<Reply>) -> Vec<Reply> {
         }
     }
     rest
+}
+
+/// Asks for the block after the current one while parkings still take slots from it: one
+/// compare-and-swap in the background (it waits behind a batch's, sharing `gate.last`), so
+/// a storm does not stall every time a block is spent. A full queue or a failure grants
+/// nothing; the parkings then ask for themselves when the current block is spent.
+async fn refill_ahead(client: Client, queue: DeadLetterQueue, gate: Arc<Gate>, want: i64) {
+    let mut last = gate.last.lock().await;
+    // A batch may have been served meanwhile, with a block of its own.
+    let still_due = {
+        let held = lock(&gate.held);
+        held.next.is_none() && held.current.as_ref().is_some_and(|h| h.left > 0)
+    };
+    if still_due {
+        let (id, asked) = (block_id(), Instant::now());
+        let reserved = reserve(&client, &mut last, &queue, &id, 0, want).await;
+        tracing::debug!(queue = %queue.name_any(), block = %id, want, granted = ?reserved.as_ref().map(|g| g.size), ms = asked.elapsed().as_millis(), "block of slots, asked ahead");
+        if let Ok(granted) = reserved
+            && granted.size > 0
+        {
+            lock(&gate.held).next = Some(Held {
+                id: id.clone(),
+                size: granted.size,
+                left: granted.size,
+                returned: 0,
+                closed: false,
+                asked,
+            });
+            GiveBack::of(&client, &queue).after_use(gate.clone(), id, asked);
+        }
+    }
+    lock(&gate.held).refilling = false;
 }
 
 /// Gives waiting parkings their slots of a new block and keeps what is left of it for the
@@ -279,12 +404,8 @@ fn hand_out(
             closed: false,
             asked,
         };
-        let replaced = lock(&gate.held).replace(held);
-        let back = GiveBack {
-            client: client.clone(),
-            namespace: queue.namespace().unwrap_or_default(),
-            queue: queue.name_any(),
-        };
+        let replaced = lock(&gate.held).current.replace(held);
+        let back = GiveBack::of(client, queue);
         // An expired block replaced before its give-back ran returns its slots now.
         if let Some(mut old) = replaced
             && let Some(used) = old.close()
@@ -306,6 +427,14 @@ struct GiveBack {
 }
 
 impl GiveBack {
+    fn of(client: &Client, queue: &DeadLetterQueue) -> Self {
+        GiveBack {
+            client: client.clone(),
+            namespace: queue.namespace().unwrap_or_default(),
+            queue: queue.name_any(),
+        }
+    }
+
     /// Once block `id` can no longer be used, shrinks it to the slots taken from it.
     fn after_use(self, gate: Arc<Gate>, id: String, asked: Instant) {
         tokio::spawn(async move {
@@ -313,7 +442,7 @@ impl GiveBack {
             let used = {
                 let mut held = lock(&gate.held);
                 // No slot is taken from it after this.
-                match held.as_mut().filter(|h| h.id == id).and_then(Held::close) {
+                match held.open(&id).and_then(Held::close) {
                     Some(used) => used,
                     None => return,
                 }
@@ -436,4 +565,85 @@ async fn write(
     };
     api.patch_status(&current.name_any(), &pp, &Patch::Merge(patch))
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held(id: &str, size: i64, left: i64, asked: Instant) -> Held {
+        Held {
+            id: id.into(),
+            size,
+            left,
+            returned: 0,
+            closed: false,
+            asked,
+        }
+    }
+
+    #[test]
+    fn the_next_block_is_spent_once_the_current_one_is() {
+        let now = Instant::now();
+        let mut blocks = Blocks {
+            current: Some(held("a", 2, 1, now)),
+            next: Some(held("b", 4, 4, now)),
+            refilling: false,
+        };
+        let taken: Vec<String> = (0..5)
+            .map(|_| blocks.take().0.expect("a slot").block)
+            .collect();
+        assert_eq!(taken, ["a", "b", "b", "b", "b"]);
+        assert_eq!(blocks.take().0, None, "both spent");
+    }
+
+    #[test]
+    fn a_current_block_past_its_use_window_gives_back_what_it_did_not_use() {
+        let long_ago = Instant::now() - BLOCK_USE - Duration::from_secs(1);
+        let mut blocks = Blocks {
+            current: Some(held("old", 10, 6, long_ago)),
+            next: Some(held("new", 4, 4, Instant::now())),
+            refilling: false,
+        };
+        let (slot, retired) = blocks.take();
+        assert_eq!(slot.map(|s| s.block).as_deref(), Some("new"));
+        let retired = retired.expect("the old block retires");
+        assert_eq!((retired.id.as_str(), retired.used), ("old", 4));
+        assert!(
+            blocks.open("old").is_none(),
+            "nothing more is taken from it"
+        );
+    }
+
+    #[test]
+    fn the_next_block_is_asked_for_when_a_storm_has_spent_half_the_current_one() {
+        let now = Instant::now();
+        let mut blocks = Blocks {
+            current: Some(held("a", 64, 33, now)),
+            ..Blocks::default()
+        };
+        assert_eq!(blocks.refill_due(), None, "more than half left");
+        blocks.current = Some(held("a", 64, 32, now));
+        assert_eq!(blocks.refill_due(), Some(128), "twice the current block");
+        blocks.refilling = true;
+        assert_eq!(blocks.refill_due(), None, "one refill at a time");
+        blocks.refilling = false;
+        blocks.next = Some(held("b", 128, 128, now));
+        assert_eq!(blocks.refill_due(), None, "one block ahead at most");
+    }
+
+    #[test]
+    fn a_trickle_or_a_single_park_never_takes_slots_ahead() {
+        let slow = Instant::now() - QUICKLY - Duration::from_millis(1);
+        let trickle = Blocks {
+            current: Some(held("a", 64, 1, slow)),
+            ..Blocks::default()
+        };
+        assert_eq!(trickle.refill_due(), None, "spent slowly");
+        let single = Blocks {
+            current: Some(held("a", 1, 0, Instant::now())),
+            ..Blocks::default()
+        };
+        assert_eq!(single.refill_due(), None, "too small to ask ahead");
+    }
 }
