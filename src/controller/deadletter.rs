@@ -111,7 +111,8 @@ async fn write(ctx: &Context, record: &DeadLetter, write: &Write) -> Result<bool
 /// First sight of a record: mark it Parked, counted and announced once (the CAS has one winner).
 /// While sources are busy parking, marks take turns (see [`super::parking_first`]).
 async fn mark_parked(ctx: &Context, dl: &DeadLetter) -> Result<Action> {
-    let _turn = ctx.parking_first.mark_turn().await;
+    let turn = ctx.parking_first.mark_turn().await;
+    tracing::debug!(name = %dl.name_any(), while_parking = turn.is_some(), "marking Parked");
     if write(ctx, dl, &plan::mark_parked(dl, Timestamp::now())).await? {
         Ok(Action::await_change())
     } else {

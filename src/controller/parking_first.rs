@@ -8,8 +8,17 @@
 //! ceiling. Of the three only the create gets the message out of the broker (which may be
 //! bounded or expiring); an unmarked record is already counted against `maxParked`, listed by
 //! `kubectl dlq ls` and alerted on (readers take a record without a phase as Parked). So marks
-//! yield to busy sources and catch up after; one mark at a time keeps them
-//! moving through a storm that never ends. Signed decisions (redrive, drop) never wait here.
+//! yield to busy sources and catch up after; one mark at a time, at most one every
+//! [`MARK_EVERY`], keeps them moving through a storm that never ends (a storm ends at the
+//! queue's `maxParked` anyway, and then marks go at full concurrency). Signed decisions
+//! (redrive, drop) never wait here.
+//!
+//! The pace comes from a profile of the bench's storm: one mark at a time still made about
+//! 40 marks a second, each a status patch, a Warning Event and their watch events, about a
+//! tenth of the apiserver's CPU per parked record. And sources count as busy until they have
+//! been below [`BUSY`] for [`QUIET`]: on a starved machine a storm's parks in flight dip for a
+//! moment now and then (many answers arriving at once before the source takes more), and
+//! every dip used to release all the waiting marks at once, 64 of them in a second.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,6 +27,12 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 /// Marks allowed at once while sources are busy.
 const MARKS_WHILE_PARKING: usize = 1;
+
+/// While sources are busy, a mark starts at most this often.
+pub const MARK_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// How long sources stay busy after their parks in flight fell below [`BUSY`].
+pub const QUIET: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Parks in flight from which sources count as busy: a source draining a backlog keeps 16 or
 /// 32 in flight; a steady trickle, even of hundreds a second, a few. Gating marks on any park
@@ -37,6 +52,10 @@ struct Inner {
     /// Woken when the parks in flight drop below [`BUSY`].
     idle: Notify,
     marks: Arc<Semaphore>,
+    /// When the next mark may start while sources are busy.
+    next_mark: std::sync::Mutex<tokio::time::Instant>,
+    /// When the parks in flight last fell below [`BUSY`].
+    quiet_since: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 impl Default for ParkingFirst {
@@ -46,6 +65,8 @@ impl Default for ParkingFirst {
                 parking: AtomicUsize::new(0),
                 idle: Notify::new(),
                 marks: Arc::new(Semaphore::new(MARKS_WHILE_PARKING)),
+                next_mark: std::sync::Mutex::new(tokio::time::Instant::now()),
+                quiet_since: std::sync::Mutex::new(None),
             }),
         }
     }
@@ -59,9 +80,24 @@ pub struct Parking {
 impl Drop for Parking {
     fn drop(&mut self) {
         if self.inner.parking.fetch_sub(1, Ordering::SeqCst) == BUSY {
+            *lock(&self.inner.quiet_since) = Some(tokio::time::Instant::now());
             self.inner.idle.notify_waiters();
         }
     }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding it leaves a plain value behind; keep using it.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether marks must wait for sources.
+enum Busy {
+    /// Parks in flight are [`BUSY`] or more: until woken by them falling below.
+    Parking,
+    /// Below [`BUSY`] since less than [`QUIET`]: until this moment.
+    Until(tokio::time::Instant),
+    No,
 }
 
 /// A mark's turn. `Some` holds one of the few permits of a storm; `None` when sources are not
@@ -82,9 +118,20 @@ impl ParkingFirst {
         self.inner.parking.load(Ordering::SeqCst) >= BUSY
     }
 
+    fn busy(&self) -> Busy {
+        if self.is_busy() {
+            return Busy::Parking;
+        }
+        match *lock(&self.inner.quiet_since) {
+            Some(since) if since.elapsed() < QUIET => Busy::Until(since + QUIET),
+            _ => Busy::No,
+        }
+    }
+
     /// Waits until a mark may go: at once unless sources are busy, else for one of the few
-    /// permits or for them to be busy no more, whichever comes first. Hold the turn for the
-    /// whole mark (its status write and Event).
+    /// permits and its start at the storm's pace ([`MARK_EVERY`]), or for the sources to be
+    /// busy no more, whichever comes first. Hold the turn for the whole mark (its status
+    /// write and Event).
     pub async fn mark_turn(&self) -> MarkTurn {
         loop {
             let idle = self.inner.idle.notified();
@@ -92,19 +139,43 @@ impl ParkingFirst {
             // Registered before the check, so the sources ceasing to be busy between the two
             // still wakes us.
             idle.as_mut().enable();
-            if !self.is_busy() {
-                return None;
-            }
+            let until = match self.busy() {
+                Busy::No => return None,
+                Busy::Parking => None,
+                Busy::Until(at) => Some(at),
+            };
+            let quiet = async {
+                match until {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let paced = async {
+                let permit = self.inner.marks.clone().acquire_owned().await.ok()?;
+                let at = *self.lock_next();
+                if at > tokio::time::Instant::now() {
+                    tokio::time::sleep_until(at).await;
+                }
+                *self.lock_next() = tokio::time::Instant::now() + MARK_EVERY;
+                Some(permit)
+            };
             tokio::select! {
-                permit = self.inner.marks.clone().acquire_owned() => return permit.ok(),
+                turn = paced => return turn,
                 _ = idle => {}
+                _ = quiet => {}
             }
         }
+    }
+
+    fn lock_next(&self) -> std::sync::MutexGuard<'_, tokio::time::Instant> {
+        lock(&self.inner.next_mark)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use futures::FutureExt;
 
     use super::*;
@@ -154,7 +225,58 @@ mod tests {
         drop(parking);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
+    async fn while_sources_are_busy_marks_start_at_most_every_mark_every() {
+        let first = ParkingFirst::default();
+        let parking = busy(&first);
+        let start = tokio::time::Instant::now();
+        let mut started = Vec::new();
+        for _ in 0..4 {
+            let turn = first.mark_turn().await;
+            assert!(turn.is_some());
+            started.push(start.elapsed());
+        }
+        assert_eq!(
+            started,
+            [0, 1, 2, 3].map(|i| MARK_EVERY * i),
+            "one mark per MARK_EVERY"
+        );
+        drop(parking);
+        tokio::time::sleep(QUIET).await;
+        let before = tokio::time::Instant::now();
+        assert!(first.mark_turn().await.is_none(), "no pace once not busy");
+        assert_eq!(before.elapsed(), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dip_in_parks_does_not_release_the_waiting_marks() {
+        let first = ParkingFirst::default();
+        let mut parking = busy(&first);
+        let held = first.mark_turn().await;
+        let waiting = tokio::spawn({
+            let first = first.clone();
+            async move {
+                let start = tokio::time::Instant::now();
+                let turn = first.mark_turn().await;
+                (turn.is_none(), start.elapsed())
+            }
+        });
+        // A dip below BUSY for a moment, then busy again.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        parking.pop();
+        tokio::time::sleep(QUIET / 2).await;
+        parking.push(first.parking());
+        tokio::time::sleep(QUIET).await;
+        assert!(!waiting.is_finished(), "the dip did not release it");
+        // Sources stop for good: after QUIET the mark goes, without a permit.
+        drop(parking);
+        let (free, waited) = waiting.await.expect("task");
+        assert!(free, "it goes without a permit");
+        assert!(waited >= QUIET * 2 + QUIET / 2, "waited {waited:?}");
+        drop(held);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn marks_waiting_go_together_when_sources_are_busy_no_more() {
         let first = ParkingFirst::default();
         let mut parking = busy(&first);
