@@ -7,8 +7,11 @@
 //! "0,1000,10000") the scaling and memory points; `BENCH_STORM` (default "10000,5000":
 //! messages, maxParked), `BENCH_CAPACITY` (default "1024,65536": payload bytes, over
 //! `BENCH_CAPACITY_N` = 1000 records each) and `BENCH_RECORDS` (default off; e.g. 100000, with
-//! `BENCH_RECORDS_REDRIVE` = 10000) the points of `scale`.
+//! `BENCH_RECORDS_REDRIVE` = 10000) the points of `scale`. `BENCH_PROFILE=1` adds, per phase,
+//! the CPU each process spent and the apiserver requests made per record (see `profile`).
 
+#[path = "operator/profile.rs"]
+mod profile;
 #[path = "operator/scale.rs"]
 mod scale;
 
@@ -155,35 +158,19 @@ fn request(i: usize, payload_bytes: usize) -> ParkRequest {
     r
 }
 
-/// The object a plain client creates for the ceiling: the same record park() would write.
-fn plain_record(i: usize, payload_bytes: usize) -> DeadLetter {
-    let req = request(i, payload_bytes);
-    let mut r = DeadLetter::new(
-        &record_name("relayer", &req.job.id, 1),
-        dlq_core::api::DeadLetterSpec {
-            queue: "relayer".into(),
-            cycle: 1,
-            job: req.job.clone(),
-            intent: None,
-            deliveries: 3,
-            reason: "bench".into(),
-            failure_kind: dlq_core::api::FailureKind::Transient,
-            service_version: None,
-            failed_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
-            action: None,
-            by: None,
-            note: None,
-        },
-    );
-    r.metadata.labels = Some(
-        [
-            ("dlq.dev/queue".to_string(), "relayer".to_string()),
-            (
-                "dlq.dev/job-key".to_string(),
-                job_key("relayer", &req.job.id),
-            ),
-        ]
-        .into(),
+/// The object a plain client creates for a ceiling: the record park() writes, its slot-block
+/// annotation included, and for a source's storm (`from_source`) the source message it came
+/// from. The ceiling then creates the same bytes as the operator, and a ratio measures the
+/// operator's work (its watch, admissions, marks), not the shape of the record.
+fn plain_record(i: usize, payload_bytes: usize, from_source: bool) -> DeadLetter {
+    let mut req = request(i, payload_bytes);
+    if from_source {
+        req = req.with_message(format!("dead#{}", i + 1));
+    }
+    let mut r = dlq_core::park::new_record(&req, 1);
+    r.metadata.annotations.get_or_insert_default().insert(
+        dlq_core::api::ANNOTATION_SLOT_BLOCK.into(),
+        "0123456789ab-0".into(),
     );
     r
 }
@@ -274,13 +261,30 @@ async fn create_plain(
     c: usize,
     payload: usize,
 ) -> anyhow::Result<f64> {
+    create_records(client, ns, n, c, payload, false).await
+}
+
+/// `n` records of [`plain_record`] created `c` at a time, as the parker creates them (same
+/// field manager): records/s.
+async fn create_records(
+    client: &Client,
+    ns: &str,
+    n: usize,
+    c: usize,
+    payload: usize,
+    from_source: bool,
+) -> anyhow::Result<f64> {
     let api: Api<DeadLetter> = Api::namespaced(client.clone(), ns);
     let start = Instant::now();
     let results: Vec<Result<DeadLetter, kube::Error>> = futures::stream::iter(0..n)
         .map(|i| {
             let api = api.clone();
             async move {
-                api.create(&PostParams::default(), &plain_record(i, payload))
+                let pp = PostParams {
+                    field_manager: Some(dlq_client::park::PARKER.into()),
+                    ..PostParams::default()
+                };
+                api.create(&pp, &plain_record(i, payload, from_source))
                     .await
             }
         })
@@ -291,6 +295,126 @@ async fn create_plain(
         r?;
     }
     Ok(n as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Deletes a phase's records once it is measured, and waits until they are gone: every
+/// throughput phase then meets an apiserver holding the same objects. (Left in place, each
+/// phase's records grew the apiserver's watch cache and heap for the phases after it: a
+/// profile showed its garbage collector's share of CPU rising from 12% to 17% over the run,
+/// and a plain create costing 13% more CPU by the storm than in the first phase, where the
+/// park ceiling was measured.)
+async fn clear(client: &Client, ns: &str) -> anyhow::Result<()> {
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), ns);
+    api.delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !api
+        .list_metadata(&ListParams::default().limit(1))
+        .await?
+        .items
+        .is_empty()
+    {
+        if Instant::now() > deadline {
+            bail!("the records of {ns} were not deleted within 2 minutes");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// Throughput measured in rounds: the apiserver's cost per request drifts over a run (a
+/// profile showed a plain create costing up to a quarter more apiserver CPU later in the run
+/// than in its first phase, and two ceilings measured a minute apart differing by a tenth), so
+/// a ceiling measured once at the start is not what a later operator run is up against. Each
+/// comparison runs its kinds `BENCH_ROUNDS` times in rotating order, and each kind's rate is
+/// its records over its seconds across the rounds.
+#[derive(Default)]
+struct Rounds {
+    /// kind → (records, seconds, each round's rate)
+    kinds: std::collections::BTreeMap<&'static str, (f64, f64, Vec<f64>)>,
+}
+
+impl Rounds {
+    fn add(&mut self, kind: &'static str, n: usize, rate: f64) {
+        let e = self.kinds.entry(kind).or_default();
+        e.0 += n as f64;
+        e.1 += n as f64 / rate;
+        e.2.push(rate);
+    }
+
+    fn rate(&self, kind: &str) -> f64 {
+        self.kinds.get(kind).map_or(0.0, |(n, secs, _)| n / secs)
+    }
+
+    fn each(&self) -> String {
+        self.kinds
+            .iter()
+            .map(|(kind, (_, _, rates))| {
+                let rates: Vec<String> = rates.iter().map(|r| format!("{r:.0}")).collect();
+                format!("{kind} {}", rates.join("/"))
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    fn json(&self) -> serde_json::Value {
+        self.kinds
+            .iter()
+            .map(|(kind, (_, _, rates))| (kind.to_string(), json!(rates)))
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    }
+}
+
+/// The three ways records are created in the park comparison.
+#[derive(Clone, Copy)]
+enum ParkKind {
+    Ceiling,
+    Sources,
+    External,
+}
+
+impl ParkKind {
+    const ALL: [ParkKind; 3] = [ParkKind::Ceiling, ParkKind::Sources, ParkKind::External];
+
+    fn name(self) -> &'static str {
+        match self {
+            ParkKind::Ceiling => "ceiling",
+            ParkKind::Sources => "sources",
+            ParkKind::External => "external",
+        }
+    }
+}
+
+/// One park measurement in a namespace of its own, cleared after: records/s.
+async fn park_phase(b: &mut Bench, kind: ParkKind, n: usize, c: usize) -> anyhow::Result<f64> {
+    let ns = b.namespace(&format!("park-{}", kind.name())).await?;
+    let before = profile::Sample::take(&b.plane, None);
+    let rate = match kind {
+        ParkKind::Ceiling => create_plain(&b.client, &ns, n, c, 64).await?,
+        ParkKind::Sources => park_sourced(&b.client, &ns, n, c, 64).await?,
+        ParkKind::External => park_all(&b.client, &ns, n, c, 64).await?,
+    };
+    if let Some(s) = &before {
+        s.report(&format!("park, {}", kind.name()), &b.plane, None, n);
+    }
+    clear(&b.client, &ns).await?;
+    Ok(rate)
+}
+
+/// Plain creates at each concurrency of `concs`, each in a namespace of its own, cleared after.
+async fn storm_ceilings(b: &mut Bench, n: usize, concs: [usize; 2]) -> anyhow::Result<[f64; 2]> {
+    let mut rates = [0.0; 2];
+    for (rate, conc) in rates.iter_mut().zip(concs) {
+        let ns = b.namespace("ceiling-storm").await?;
+        let before = profile::Sample::take(&b.plane, None);
+        *rate = create_records(&b.client, &ns, n, conc, 64, true).await?;
+        if let Some(s) = &before {
+            s.report(&format!("storm ceiling, C={conc}"), &b.plane, None, n);
+        }
+        clear(&b.client, &ns).await?;
+    }
+    Ok(rates)
 }
 
 /// Runs `write` on each of `names`, `c` at a time; the first error, if any.
@@ -340,7 +464,7 @@ async fn list_len(redis: &mut redis::aio::MultiplexedConnection, key: &str) -> u
 async fn redrive_run(b: &mut Bench, n: usize) -> anyhow::Result<f64> {
     let ns = b.namespace("redrive").await?;
     create_plain(&b.client, &ns, n, b.c, 64).await?;
-    let (_op, _) = b.operator(&ns)?;
+    let (_op, pid) = b.operator(&ns)?;
     let api: Api<DeadLetter> = Api::namespaced(b.client.clone(), &ns);
     // Wait for the operator to have marked them Parked: the run measures redrive only.
     loop {
@@ -360,6 +484,7 @@ async fn redrive_run(b: &mut Bench, n: usize) -> anyhow::Result<f64> {
         .get_multiplexed_async_connection()
         .await?;
     let key = format!("bench:{ns}");
+    let before = profile::Sample::take(&b.plane, Some(pid));
     let start = Instant::now();
     decide_all(&api, &names, b.c).await?;
     loop {
@@ -375,6 +500,9 @@ async fn redrive_run(b: &mut Bench, n: usize) -> anyhow::Result<f64> {
         }
     }
     let rate = n as f64 / start.elapsed().as_secs_f64();
+    if let Some(before) = before {
+        before.report("redrive", &b.plane, Some(pid), n);
+    }
     Api::<Namespace>::all(b.client.clone())
         .delete(&ns, &DeleteParams::default())
         .await
@@ -394,7 +522,11 @@ async fn redrive_ceiling(b: &mut Bench, n: usize) -> anyhow::Result<f64> {
     let names: Vec<String> = (0..n)
         .map(|i| record_name("relayer", &format!("bench/{i:06}"), 1))
         .collect();
+    let before = profile::Sample::take(&b.plane, None);
     let rate = redrive_writes(&api, &names, b.c).await?;
+    if let Some(before) = before {
+        before.report("redrive ceiling", &b.plane, None, n);
+    }
     api.delete_collection(&DeleteParams::default(), &ListParams::default())
         .await
         .ok();
@@ -503,6 +635,13 @@ async fn memory(b: &mut Bench, n: usize) -> anyhow::Result<(f64, f64, f64)> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // BENCH_LOG (a tracing filter, e.g. `dlq_client=debug`): what the in-process parkers do.
+    if let Ok(filter) = std::env::var("BENCH_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let n = env_usize("BENCH_N", 2000);
     let c = env_usize("BENCH_C", 16);
     let operator_bin = release_bin("deadletter-operator")?;
@@ -542,6 +681,7 @@ async fn main() -> anyhow::Result<()> {
         ]),
         &plane.dir().join("redis.log"),
     )?);
+    profile::also("redis", _redis.0.id());
     std::thread::sleep(Duration::from_millis(300));
     let mut config = Config::from_custom_kubeconfig(
         Kubeconfig::read_from(&plane.kubeconfig)?,
@@ -562,14 +702,26 @@ async fn main() -> anyhow::Result<()> {
     let mut rows: Vec<(String, String, String, String)> = Vec::new();
     let mut json = serde_json::Map::new();
 
-    // 1. Park vs plain create: the operator's sources (job index), then an external parker.
-    let ns = b.namespace("ceiling-create").await?;
-    let ceiling = create_plain(&client, &ns, n, c, 64).await?;
-    let ns = b.namespace("park").await?;
-    let parked = park_sourced(&client, &ns, n, c, 64).await?;
-    let ns = b.namespace("park-external").await?;
-    let external = park_all(&client, &ns, n, c, 64).await?;
-    eprintln!("park: {parked:.0}/s (external {external:.0}/s) vs create {ceiling:.0}/s");
+    // 1. Park vs plain create: the operator's sources (job index) and an external parker,
+    // in rounds that rotate the order (see `Rounds`).
+    let rounds = env_usize("BENCH_ROUNDS", 3).max(1);
+    let mut park = Rounds::default();
+    for round in 0..rounds {
+        for i in 0..3 {
+            let kind = ParkKind::ALL[(round + i) % 3];
+            let rate = park_phase(&mut b, kind, n, c).await?;
+            park.add(kind.name(), n, rate);
+        }
+    }
+    let (ceiling, parked, external) = (
+        park.rate("ceiling"),
+        park.rate("sources"),
+        park.rate("external"),
+    );
+    eprintln!(
+        "park: {parked:.0}/s (external {external:.0}/s) vs create {ceiling:.0}/s over {rounds} rounds: {}",
+        park.each()
+    );
     rows.push((
         "park, operator's sources (records/s)".into(),
         format!("{parked:.0}"),
@@ -582,20 +734,32 @@ async fn main() -> anyhow::Result<()> {
         format!("{ceiling:.0}"),
         format!("{:.0}%", 100.0 * external / ceiling),
     ));
-    json.insert("park".into(), json!({"n": n, "c": c, "records_per_s": parked, "ceiling_per_s": ceiling, "ratio": parked / ceiling}));
-    json.insert("park_external".into(), json!({"n": n, "c": c, "records_per_s": external, "ceiling_per_s": ceiling, "ratio": external / ceiling}));
+    json.insert("park".into(), json!({"n": n, "c": c, "rounds": rounds, "records_per_s": parked, "ceiling_per_s": ceiling, "ratio": parked / ceiling, "each": park.json()}));
+    json.insert("park_external".into(), json!({"n": n, "c": c, "rounds": rounds, "records_per_s": external, "ceiling_per_s": ceiling, "ratio": external / ceiling}));
 
-    // 2. Redrive vs the same writes from a plain client.
-    let ceiling = redrive_ceiling(&mut b, n).await?;
-    let redriven = redrive_run(&mut b, n).await?;
-    eprintln!("redrive: {redriven:.0}/s vs writes {ceiling:.0}/s");
+    // 2. Redrive vs the same writes from a plain client, in rounds that alternate the order.
+    let mut redrive = Rounds::default();
+    for round in 0..rounds {
+        for operator_first in [round % 2 == 1, round % 2 == 0] {
+            if operator_first {
+                redrive.add("operator", n, redrive_run(&mut b, n).await?);
+            } else {
+                redrive.add("ceiling", n, redrive_ceiling(&mut b, n).await?);
+            }
+        }
+    }
+    let (ceiling, redriven) = (redrive.rate("ceiling"), redrive.rate("operator"));
+    eprintln!(
+        "redrive: {redriven:.0}/s vs writes {ceiling:.0}/s over {rounds} rounds: {}",
+        redrive.each()
+    );
     rows.push((
         "redrive (records/s)".into(),
         format!("{redriven:.0}"),
         format!("{ceiling:.0}"),
         format!("{:.0}%", 100.0 * redriven / ceiling),
     ));
-    json.insert("redrive".into(), json!({"n": n, "c": c, "records_per_s": redriven, "ceiling_per_s": ceiling, "ratio": redriven / ceiling}));
+    json.insert("redrive".into(), json!({"n": n, "c": c, "rounds": rounds, "records_per_s": redriven, "ceiling_per_s": ceiling, "ratio": redriven / ceiling, "each": redrive.json()}));
 
     // 3. Latency: decision -> job on the list, idle system.
     let (p50, p99, max) = latency(&mut b, 200).await?;
@@ -631,20 +795,26 @@ async fn main() -> anyhow::Result<()> {
     // 5. Parking storm into a queue with a hard maxParked.
     let storm_sizes = env_list("BENCH_STORM", "10000,5000");
     if let [messages, max] = storm_sizes[..] {
-        // The ceiling at the Redis source's own concurrency too, and the better of the two: a
+        // The ceiling right before and right after the storm (its mean, against drift), at
+        // the bench's concurrency and at the Redis source's own, and the better of the two: a
         // source with more parks in flight than BENCH_C must not be compared with less.
         let c_source = deadletter::source::redis::CONCURRENCY;
-        let ns = b.namespace("ceiling-storm").await?;
-        let at_source_c = create_plain(&b.client, &ns, n, c_source, 64).await?;
-        let at_bench_c = json
+        // As many records as the storm makes: the apiserver's cost per create grows with the
+        // objects it holds (its garbage collector walks them all).
+        let before = storm_ceilings(&mut b, max, [c, c_source]).await?;
+        let s = scale::storm(&mut b, messages, max).await?;
+        let after = storm_ceilings(&mut b, max, [c, c_source]).await?;
+        let at_bench_c = (before[0] + after[0]) / 2.0;
+        let at_source_c = (before[1] + after[1]) / 2.0;
+        let ceiling = at_bench_c.max(at_source_c);
+        let first_park_ceiling = json
             .get("park")
             .and_then(|p| p["ceiling_per_s"].as_f64())
             .unwrap_or(0.0);
-        let ceiling = at_bench_c.max(at_source_c);
         eprintln!(
-            "storm ceiling: create {at_bench_c:.0}/s at C={c}, {at_source_c:.0}/s at C={c_source}"
+            "storm ceiling: create {at_bench_c:.0}/s at C={c} ({:.0} before, {:.0} after), {at_source_c:.0}/s at C={c_source} ({:.0}, {:.0}); the park row's: {first_park_ceiling:.0}/s",
+            before[0], after[0], before[1], after[1]
         );
-        let s = scale::storm(&mut b, messages, max).await?;
         eprintln!(
             "storm: {messages} messages, maxParked {max}: {:.0}/s, {} records, {} left in the broker, {} rejected, Full={}, {} QueueFull Events",
             s.rate, s.records, s.in_broker, s.rejected, s.full, s.events
@@ -667,7 +837,7 @@ async fn main() -> anyhow::Result<()> {
             "-".into(),
             "-".into(),
         ));
-        json.insert("storm".into(), json!({"messages": messages, "max_parked": max, "records_per_s": s.rate, "ceiling_per_s": ceiling, "ratio": s.rate / ceiling, "ceiling_at_bench_c": at_bench_c, "ceiling_at_source_c": at_source_c, "source_c": c_source, "all_marked_s": s.all_marked_s, "records": s.records, "in_broker": s.in_broker, "rejected": s.rejected, "full_condition": s.full, "queue_full_events": s.events}));
+        json.insert("storm".into(), json!({"messages": messages, "max_parked": max, "records_per_s": s.rate, "ceiling_per_s": ceiling, "ratio": s.rate / ceiling, "ceiling_at_bench_c": at_bench_c, "ceiling_at_source_c": at_source_c, "ceilings_before": before, "ceilings_after": after, "park_row_ceiling_per_s": first_park_ceiling, "ratio_to_park_row_ceiling": s.rate / first_park_ceiling, "source_c": c_source, "all_marked_s": s.all_marked_s, "records": s.records, "in_broker": s.in_broker, "rejected": s.rejected, "full_condition": s.full, "queue_full_events": s.events}));
     }
 
     // 6. etcd bytes per record.

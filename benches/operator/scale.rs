@@ -62,7 +62,8 @@ pub async fn storm(b: &mut Bench, messages: usize, max_parked: usize) -> anyhow:
         let _: () = pipe.query_async(&mut redis).await?;
     }
     let api: Api<DeadLetter> = Api::namespaced(b.client.clone(), &ns);
-    let (_op, _) = b.operator(&ns)?;
+    let before = super::profile::Sample::take(&b.plane, None);
+    let (_op, pid) = b.operator(&ns)?;
     // How many records exist, from a one-item page (its remainingItemCount).
     let count = || async {
         api.list_metadata(&ListParams::default().limit(1))
@@ -90,6 +91,9 @@ pub async fn storm(b: &mut Bench, messages: usize, max_parked: usize) -> anyhow:
     }
     let (t0, n0) = first.context("no record parked")?;
     let rate = (max_parked - n0) as f64 / t0.elapsed().as_secs_f64();
+    if let Some(before) = before {
+        before.report("storm", &b.plane, Some(pid), max_parked);
+    }
     // Unmarked records select as `status.phase=` (an unset field selects as ""): one-item
     // pages until none is left.
     let unmarked = ListParams::default().fields("status.phase=").limit(1);

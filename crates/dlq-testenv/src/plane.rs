@@ -561,6 +561,11 @@ impl ControlPlane {
         self.apiserver.id()
     }
 
+    /// etcd's process id (to measure the CPU a bench phase cost it).
+    pub fn etcd_pid(&self) -> u32 {
+        self.etcd.id()
+    }
+
     /// The temp dir holding the data, certs and logs.
     pub fn dir(&self) -> &Path {
         &self.dir

@@ -1,0 +1,130 @@
+//! `BENCH_PROFILE=1`: what a phase cost each process (CPU time) and the apiserver (requests by
+//! verb and resource), per record, printed beside the table so that an operator run can be
+//! compared with its ceiling request by request: where a ratio is lost, not only how much.
+
+use std::collections::BTreeMap;
+
+use dlq_testenv::plane::ControlPlane;
+
+pub fn enabled() -> bool {
+    std::env::var_os("BENCH_PROFILE").is_some()
+}
+
+/// Other processes whose CPU each sample reads (the bench's Redis).
+static ALSO: std::sync::Mutex<Vec<(&'static str, u32)>> = std::sync::Mutex::new(Vec::new());
+
+/// Adds a process to every sample from now on.
+pub fn also(who: &'static str, pid: u32) {
+    ALSO.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((who, pid));
+}
+
+/// Counters at one moment.
+pub struct Sample {
+    cpu: Vec<(&'static str, f64)>,
+    requests: BTreeMap<String, f64>,
+}
+
+/// CPU seconds (user + system) a process has used; 0 once it is gone.
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command name (which may hold spaces) start at the state, field 3;
+    // utime and stime are fields 14 and 15, in clock ticks of 1/100 s on Linux.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// `apiserver_request_total` summed over codes except 409, which is kept apart, keyed by
+/// "VERB resource[/subresource]".
+fn requests(plane: &ControlPlane) -> BTreeMap<String, f64> {
+    let out = plane
+        .kubectl()
+        .ok()
+        .and_then(|mut k| k.args(["get", "--raw", "/metrics"]).output().ok())
+        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+        .unwrap_or_default();
+    let mut by = BTreeMap::new();
+    for line in out
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+    {
+        let Some((labels, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let label = |k: &str| {
+            labels
+                .split_once(&format!("{k}=\""))
+                .and_then(|(_, rest)| rest.split_once('"'))
+                .map_or("", |(v, _)| v)
+        };
+        let mut key = format!("{} {}", label("verb"), label("resource"));
+        if !label("subresource").is_empty() {
+            key = format!("{key}/{}", label("subresource"));
+        }
+        if label("code") == "409" {
+            key.push_str(" (409)");
+        }
+        *by.entry(key).or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
+    }
+    by
+}
+
+impl Sample {
+    pub fn take(plane: &ControlPlane, operator: Option<u32>) -> Option<Sample> {
+        if !enabled() {
+            return None;
+        }
+        let mut cpu = vec![
+            ("apiserver", cpu_secs(plane.apiserver_pid())),
+            ("etcd", cpu_secs(plane.etcd_pid())),
+            ("bench", cpu_secs(std::process::id())),
+        ];
+        if let Some(pid) = operator {
+            cpu.push(("operator", cpu_secs(pid)));
+        }
+        for (who, pid) in ALSO.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            cpu.push((who, cpu_secs(*pid)));
+        }
+        Some(Sample {
+            cpu,
+            requests: requests(plane),
+        })
+    }
+
+    /// Prints what happened since `self`, per record of `n`.
+    pub fn report(&self, label: &str, plane: &ControlPlane, operator: Option<u32>, n: usize) {
+        let Some(now) = Sample::take(plane, operator) else {
+            return;
+        };
+        let n = n.max(1) as f64;
+        let cpu: Vec<String> = now
+            .cpu
+            .iter()
+            .map(|(who, secs)| {
+                let before = self.cpu.iter().find(|(w, _)| w == who).map_or(0.0, |c| c.1);
+                format!("{who} {:.2}", 1000.0 * (secs - before) / n)
+            })
+            .collect();
+        let requests: Vec<String> = now
+            .requests
+            .iter()
+            .filter_map(|(key, count)| {
+                let made = count - self.requests.get(key).copied().unwrap_or(0.0);
+                (made >= 1.0).then(|| format!("{key} {:.3} ({made})", made / n))
+            })
+            .collect();
+        eprintln!(
+            "profile {label}: CPU ms/record: {}; requests/record (all): {}",
+            cpu.join(", "),
+            requests.join(", ")
+        );
+    }
+}
