@@ -158,6 +158,14 @@ fn request(i: usize, payload_bytes: usize) -> ParkRequest {
     r
 }
 
+/// Create parameters of the parker (its field manager), for plain creates of its records.
+fn as_parker() -> PostParams {
+    PostParams {
+        field_manager: Some(dlq_client::park::PARKER.into()),
+        ..PostParams::default()
+    }
+}
+
 /// The object a plain client creates for a ceiling: the record park() writes, its slot-block
 /// annotation included, and for a source's storm (`from_source`) the source message it came
 /// from. The ceiling then creates the same bytes as the operator, and a ratio measures the
@@ -236,20 +244,17 @@ async fn park_sourced(
         .await?;
     let parker = Parker::new(client.clone());
     let api: Api<DeadLetter> = Api::namespaced(client.clone(), ns);
-    let pp = PostParams {
-        field_manager: Some(dlq_client::park::PARKER.into()),
-        ..PostParams::default()
-    };
+    let pp = as_parker();
     let start = Instant::now();
     let results: Vec<anyhow::Result<()>> = futures::stream::iter(0..n)
         .map(|i| {
             let (parker, jobs, queue, api, pp) = (parker.clone(), jobs.clone(), &queue, &api, &pp);
             async move {
-                let req = request(i, payload);
-                let known = jobs.cycles(ns, &job_key(&req.queue, &req.job.id));
                 if plain {
                     api.create(pp, &plain_record(i, payload, false)).await?;
                 } else {
+                    let req = request(i, payload);
+                    let known = jobs.cycles(ns, &job_key(&req.queue, &req.job.id));
                     parker.park_known(queue, req, known.as_deref()).await?;
                 }
                 Ok(())
@@ -287,18 +292,12 @@ async fn create_records(
     from_source: bool,
 ) -> anyhow::Result<f64> {
     let api: Api<DeadLetter> = Api::namespaced(client.clone(), ns);
+    let pp = as_parker();
     let start = Instant::now();
     let results: Vec<Result<DeadLetter, kube::Error>> = futures::stream::iter(0..n)
         .map(|i| {
-            let api = api.clone();
-            async move {
-                let pp = PostParams {
-                    field_manager: Some(dlq_client::park::PARKER.into()),
-                    ..PostParams::default()
-                };
-                api.create(&pp, &plain_record(i, payload, from_source))
-                    .await
-            }
+            let (api, pp) = (&api, &pp);
+            async move { api.create(pp, &plain_record(i, payload, from_source)).await }
         })
         .buffer_unordered(c)
         .collect()

@@ -153,26 +153,22 @@ async fn in_redis(redis: &mut redis::aio::MultiplexedConnection) -> usize {
 
 /// etcd's `etcd_mvcc_db_total_size_in_use_in_bytes`.
 fn etcd_bytes(plane: &ControlPlane) -> anyhow::Result<f64> {
-    let addr = plane.etcd_url().trim_start_matches("http://").to_string();
-    let mut s = std::net::TcpStream::connect(&addr)?;
-    s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())?;
-    let mut body = String::new();
-    s.read_to_string(&mut body)?;
-    body.lines()
+    etcd_http(plane, "GET", "/metrics", "")?
+        .lines()
         .find(|l| l.starts_with("etcd_mvcc_db_total_size_in_use_in_bytes "))
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse().ok())
         .context("etcd_mvcc_db_total_size_in_use_in_bytes not in etcd's /metrics")
 }
 
-/// One request to etcd's JSON gateway: the answer's body.
-fn etcd_post(plane: &ControlPlane, path: &str, body: &serde_json::Value) -> anyhow::Result<String> {
+/// One HTTP/1.0 request to etcd's client URL (its metrics, or its JSON gateway): the body of
+/// the answer.
+fn etcd_http(plane: &ControlPlane, method: &str, path: &str, body: &str) -> anyhow::Result<String> {
     let addr = plane.etcd_url().trim_start_matches("http://").to_string();
     let mut s = std::net::TcpStream::connect(&addr)?;
-    let body = body.to_string();
     s.write_all(
         format!(
-            "POST {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         )
         .as_bytes(),
@@ -182,6 +178,11 @@ fn etcd_post(plane: &ControlPlane, path: &str, body: &serde_json::Value) -> anyh
     Ok(answer
         .split_once("\r\n\r\n")
         .map_or(String::new(), |(_, b)| b.to_string()))
+}
+
+/// A request to etcd's JSON gateway.
+fn etcd_post(plane: &ControlPlane, path: &str, body: &serde_json::Value) -> anyhow::Result<String> {
+    etcd_http(plane, "POST", path, &body.to_string())
 }
 
 /// Compacts etcd to its current revision and defragments it, so its in-use size holds live

@@ -152,11 +152,11 @@ impl ParkingFirst {
             };
             let paced = async {
                 let permit = self.inner.marks.clone().acquire_owned().await.ok()?;
-                let at = *self.lock_next();
+                let at = *lock(&self.inner.next_mark);
                 if at > tokio::time::Instant::now() {
                     tokio::time::sleep_until(at).await;
                 }
-                *self.lock_next() = tokio::time::Instant::now() + MARK_EVERY;
+                *lock(&self.inner.next_mark) = tokio::time::Instant::now() + MARK_EVERY;
                 Some(permit)
             };
             tokio::select! {
@@ -165,10 +165,6 @@ impl ParkingFirst {
                 _ = quiet => {}
             }
         }
-    }
-
-    fn lock_next(&self) -> std::sync::MutexGuard<'_, tokio::time::Instant> {
-        lock(&self.inner.next_mark)
     }
 }
 

@@ -52,6 +52,18 @@ struct Held {
 }
 
 impl Held {
+    /// Block `id` of `size` slots granted at `asked`, `taken` of them already handed out.
+    fn granted(id: &str, size: i64, taken: i64, asked: Instant) -> Held {
+        Held {
+            id: id.to_string(),
+            size,
+            left: size - taken,
+            returned: 0,
+            closed: false,
+            asked,
+        }
+    }
+
     fn usable(&self) -> bool {
         self.left > 0 && self.asked.elapsed() < BLOCK_USE
     }
@@ -111,11 +123,17 @@ impl Blocks {
         let Some(next) = self.next.take() else {
             return (None, None);
         };
-        let retired = self.current.replace(next).and_then(|mut old| {
+        let retired = self.replace_current(next);
+        (self.current.as_mut().and_then(Held::take), retired)
+    }
+
+    /// Makes `held` the block being spent; the one it replaces, closed, when it had unused
+    /// slots to give back (it expired before its give-back ran, or was not spent).
+    fn replace_current(&mut self, held: Held) -> Option<Retired> {
+        self.current.replace(held).and_then(|mut old| {
             let id = old.id.clone();
             old.close().map(|used| Retired { id, used })
-        });
-        (self.current.as_mut().and_then(Held::take), retired)
+        })
     }
 
     /// The block with id `id`, current or next, while it is still open.
@@ -362,14 +380,7 @@ async fn refill_ahead(client: Client, queue: DeadLetterQueue, gate: Arc<Gate>, w
         if let Ok(granted) = reserved
             && granted.size > 0
         {
-            lock(&gate.held).next = Some(Held {
-                id: id.clone(),
-                size: granted.size,
-                left: granted.size,
-                returned: 0,
-                closed: false,
-                asked,
-            });
+            lock(&gate.held).next = Some(Held::granted(&id, granted.size, 0, asked));
             GiveBack::of(&client, &queue).after_use(gate.clone(), id, asked);
         }
     }
@@ -396,21 +407,12 @@ fn hand_out(
         }));
     }
     if granted.size > 0 {
-        let held = Held {
-            id: id.to_string(),
-            size: granted.size,
-            left: granted.size - i64::try_from(covered).unwrap_or(0),
-            returned: 0,
-            closed: false,
-            asked,
-        };
-        let replaced = lock(&gate.held).current.replace(held);
+        let taken = i64::try_from(covered).unwrap_or(0);
+        let held = Held::granted(id, granted.size, taken, asked);
+        let retired = lock(&gate.held).replace_current(held);
         let back = GiveBack::of(client, queue);
-        // An expired block replaced before its give-back ran returns its slots now.
-        if let Some(mut old) = replaced
-            && let Some(used) = old.close()
-        {
-            tokio::spawn(back.clone().send(old.id, used));
+        if let Some(Retired { id, used }) = retired {
+            tokio::spawn(back.clone().send(id, used));
         }
         back.after_use(gate.clone(), id.to_string(), asked);
     }
@@ -572,14 +574,7 @@ mod tests {
     use super::*;
 
     fn held(id: &str, size: i64, left: i64, asked: Instant) -> Held {
-        Held {
-            id: id.into(),
-            size,
-            left,
-            returned: 0,
-            closed: false,
-            asked,
-        }
+        Held::granted(id, size, size - left, asked)
     }
 
     #[test]
