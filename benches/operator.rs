@@ -2,13 +2,16 @@
 //! on one machine (these machines are noisy, so only ratios from the same run are quoted).
 //!
 //! Prints one table and writes the same figures to `target/bench/results.json`.
-//! `BENCH_N` (records per throughput run, default 2000) and `BENCH_C` (concurrency, default 16)
-//! override the sizes; `BENCH_SCALE` (default "500,2000,8000") and `BENCH_MEMORY` (default
-//! "0,1000,10000") the scaling and memory points; `BENCH_STORM` (default "10000,5000":
-//! messages, maxParked), `BENCH_CAPACITY` (default "1024,65536": payload bytes, over
-//! `BENCH_CAPACITY_N` = 1000 records each) and `BENCH_RECORDS` (default off; e.g. 100000, with
-//! `BENCH_RECORDS_REDRIVE` = 10000) the points of `scale`. `BENCH_PROFILE=1` adds, per phase,
-//! the CPU each process spent and the apiserver requests made per record (see `profile`).
+//! `BENCH_N` (records per throughput run, default 2000; park phases create `BENCH_PARK_N`,
+//! default 3 N) and `BENCH_C` (concurrency, default 16) override the sizes, `BENCH_ROUNDS`
+//! (default 4) the rounds of the park and redrive comparisons; `BENCH_SCALE` (default
+//! "500,2000,8000") and `BENCH_MEMORY` (default "0,1000,10000") the scaling and memory points;
+//! `BENCH_STORM` (default "10000,5000": messages, maxParked), `BENCH_CAPACITY` (default
+//! "1024,65536": payload bytes, over `BENCH_CAPACITY_N` = 1000 records each) and
+//! `BENCH_RECORDS` (default off; e.g. 100000, with `BENCH_RECORDS_REDRIVE` = 10000) the points
+//! of `scale`. `BENCH_PROFILE=1` adds, per phase, the CPU each process spent and the apiserver
+//! requests made per record, and `BENCH_PPROF=DIR` an apiserver CPU profile of each park phase
+//! (see `profile`).
 
 #[path = "operator/profile.rs"]
 mod profile;
@@ -30,6 +33,10 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 use serde_json::json;
+
+/// Default rounds: as many as the park comparison has kinds, so that each kind runs once in
+/// every position of a round (and redrive's two kinds each go first in half of them).
+const ROUNDS: usize = 4;
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -405,10 +412,13 @@ impl ParkKind {
     }
 }
 
+const _: () = assert!(ROUNDS == ParkKind::ALL.len());
+
 /// One park measurement in a namespace of its own, cleared after: records/s.
 async fn park_phase(b: &mut Bench, kind: ParkKind, n: usize, c: usize) -> anyhow::Result<f64> {
     let ns = b.namespace(&format!("park-{}", kind.name())).await?;
     let before = profile::Sample::take(&b.plane, None);
+    let pprof = profile::pprof(&b.plane, &format!("park-{}", kind.name()));
     let rate = match kind {
         ParkKind::Ceiling => create_plain(&b.client, &ns, n, c, 64).await?,
         ParkKind::CeilingWatched => park_sourced(&b.client, &ns, n, c, 64, true).await?,
@@ -417,6 +427,9 @@ async fn park_phase(b: &mut Bench, kind: ParkKind, n: usize, c: usize) -> anyhow
     };
     if let Some(s) = &before {
         s.report(&format!("park, {}", kind.name()), &b.plane, None, n);
+    }
+    if let Some(p) = pprof {
+        let _ = tokio::task::spawn_blocking(move || p.join()).await;
     }
     clear(&b.client, &ns).await?;
     Ok(rate)
@@ -722,15 +735,28 @@ async fn main() -> anyhow::Result<()> {
     let mut rows: Vec<(String, String, String, String)> = Vec::new();
     let mut json = serde_json::Map::new();
 
+    // Park phases take 3 s at N = 2,000 and their rates wander by a tenth from round to round
+    // (the machine's load, the apiserver's garbage collector): 3 N records each average more.
+    let park_n = env_usize("BENCH_PARK_N", 3 * n);
+    // 0. Warm-up, not counted: the first phase of a run meets a fresh apiserver (an empty
+    // watch cache, a small heap), where a create cost it 1.91 ms of CPU against 2.3-2.4 ms
+    // in the phases after; only the kind that happened to go first gained from it.
+    let warm_up = park_phase(&mut b, ParkKind::Ceiling, park_n, c).await?;
+    eprintln!("warm-up (not counted): plain creates {warm_up:.0}/s");
+    json.insert(
+        "warm_up".into(),
+        json!({"n": park_n, "c": c, "ceiling_per_s": warm_up}),
+    );
+
     // 1. Park vs plain create: the operator's sources (job index) and an external parker,
     // in rounds that rotate the order (see `Rounds`).
-    let rounds = env_usize("BENCH_ROUNDS", 3).max(1);
+    let rounds = env_usize("BENCH_ROUNDS", ROUNDS).max(1);
     let mut park = Rounds::default();
     for round in 0..rounds {
         for i in 0..ParkKind::ALL.len() {
             let kind = ParkKind::ALL[(round + i) % ParkKind::ALL.len()];
-            let rate = park_phase(&mut b, kind, n, c).await?;
-            park.add(kind.name(), n, rate);
+            let rate = park_phase(&mut b, kind, park_n, c).await?;
+            park.add(kind.name(), park_n, rate);
         }
     }
     let (ceiling, parked, external, watched) = (
@@ -769,8 +795,8 @@ async fn main() -> anyhow::Result<()> {
         format!("{watched:.0}"),
         format!("{:.0}%", 100.0 * parked / watched),
     ));
-    json.insert("park".into(), json!({"n": n, "c": c, "rounds": rounds, "records_per_s": parked, "ceiling_per_s": ceiling, "ratio": parked / ceiling, "ceiling_under_watch_per_s": watched, "ratio_to_ceiling_under_watch": parked / watched, "each": park.json()}));
-    json.insert("park_external".into(), json!({"n": n, "c": c, "rounds": rounds, "records_per_s": external, "ceiling_per_s": ceiling, "ratio": external / ceiling}));
+    json.insert("park".into(), json!({"n": park_n, "c": c, "rounds": rounds, "records_per_s": parked, "ceiling_per_s": ceiling, "ratio": parked / ceiling, "ceiling_under_watch_per_s": watched, "ratio_to_ceiling_under_watch": parked / watched, "each": park.json()}));
+    json.insert("park_external".into(), json!({"n": park_n, "c": c, "rounds": rounds, "records_per_s": external, "ceiling_per_s": ceiling, "ratio": external / ceiling}));
 
     // 2. Redrive vs the same writes from a plain client, in rounds that alternate the order.
     let mut redrive = Rounds::default();

@@ -128,3 +128,30 @@ impl Sample {
         );
     }
 }
+
+/// `BENCH_PPROF=DIR`: a CPU profile of the apiserver (`/debug/pprof/profile`) taken during a
+/// phase, from 0.5 s after it starts for `BENCH_PPROF_SECS` (default 3), written to
+/// `DIR/<label>-<n>.pb.gz` for `go tool pprof` (e.g. `-top -diff_base` of two phases). The
+/// handle ends when the profile is written; a phase shorter than the profile waits for it.
+pub fn pprof(plane: &ControlPlane, label: &str) -> Option<std::thread::JoinHandle<()>> {
+    static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let dir = std::path::PathBuf::from(std::env::var_os("BENCH_PPROF")?);
+    let secs = std::env::var("BENCH_PPROF_SECS").unwrap_or_else(|_| "3".into());
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = dir.join(format!("{label}-{seq}.pb.gz"));
+    let mut kubectl = plane.kubectl().ok()?;
+    kubectl.args([
+        "get",
+        "--raw",
+        &format!("/debug/pprof/profile?seconds={secs}"),
+    ]);
+    Some(std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let written = std::fs::create_dir_all(&dir)
+            .and_then(|()| kubectl.output())
+            .and_then(|out| std::fs::write(&path, out.stdout));
+        if let Err(e) = written {
+            eprintln!("pprof {}: {e}", path.display());
+        }
+    }))
+}
