@@ -11,7 +11,8 @@
 //! `BENCH_RECORDS` (default off; e.g. 100000, with `BENCH_RECORDS_REDRIVE` = 10000) the points
 //! of `scale`. `BENCH_PROFILE=1` adds, per phase, the CPU each process spent and the apiserver
 //! requests made per record, and `BENCH_PPROF=DIR` an apiserver CPU profile of each park phase
-//! (see `profile`).
+//! (see `profile`). `BENCH_PHASES` runs only the phases it names, `BENCH_OPERATOR_ENV` gives
+//! the operator extra environment.
 
 #[path = "operator/profile.rs"]
 mod profile;
@@ -43,6 +44,32 @@ fn env_usize(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// `BENCH_OPERATOR_ENV` ("K=V,K=V"): extra environment for the operator only, e.g. to try a
+/// runtime setting without changing the bench's own.
+fn operator_env() -> Vec<(String, String)> {
+    std::env::var("BENCH_OPERATOR_ENV")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect()
+}
+
+/// Whether `BENCH_PHASES` (a comma list; default: every phase) names `phase`: park, redrive,
+/// latency, memory, storm, capacity, records, scale. For investigating one phase at a time.
+fn wanted(phase: &str) -> bool {
+    std::env::var("BENCH_PHASES").map_or(true, |list| list.split(',').any(|p| p.trim() == phase))
+}
+
+/// `env_list(name, default)` for a phase `BENCH_PHASES` leaves out: empty.
+fn phase_list(phase: &str, name: &str, default: &str) -> Vec<usize> {
+    if wanted(phase) {
+        env_list(name, default)
+    } else {
+        Vec::new()
+    }
 }
 
 fn env_list(name: &str, default: &str) -> Vec<usize> {
@@ -121,7 +148,8 @@ impl Bench {
                 .env(
                     "RUST_LOG",
                     std::env::var("BENCH_OPERATOR_LOG").unwrap_or_else(|_| "warn".into()),
-                ),
+                )
+                .envs(operator_env()),
             &self.plane.dir().join(format!("operator-{ns}.log")),
         )?;
         let pid = child.id();
@@ -735,110 +763,116 @@ async fn main() -> anyhow::Result<()> {
     let mut rows: Vec<(String, String, String, String)> = Vec::new();
     let mut json = serde_json::Map::new();
 
-    // Park phases take 3 s at N = 2,000 and their rates wander by a tenth from round to round
-    // (the machine's load, the apiserver's garbage collector): 3 N records each average more.
-    let park_n = env_usize("BENCH_PARK_N", 3 * n);
-    // 0. Warm-up, not counted: the first phase of a run meets a fresh apiserver (an empty
-    // watch cache, a small heap), where a create cost it 1.91 ms of CPU against 2.3-2.4 ms
-    // in the phases after; only the kind that happened to go first gained from it.
-    let warm_up = park_phase(&mut b, ParkKind::Ceiling, park_n, c).await?;
-    eprintln!("warm-up (not counted): plain creates {warm_up:.0}/s");
-    json.insert(
-        "warm_up".into(),
-        json!({"n": park_n, "c": c, "ceiling_per_s": warm_up}),
-    );
-
-    // 1. Park vs plain create: the operator's sources (job index) and an external parker,
-    // in rounds that rotate the order (see `Rounds`).
     let rounds = env_usize("BENCH_ROUNDS", ROUNDS).max(1);
-    let mut park = Rounds::default();
-    for round in 0..rounds {
-        for i in 0..ParkKind::ALL.len() {
-            let kind = ParkKind::ALL[(round + i) % ParkKind::ALL.len()];
-            let rate = park_phase(&mut b, kind, park_n, c).await?;
-            park.add(kind.name(), park_n, rate);
-        }
-    }
-    let (ceiling, parked, external, watched) = (
-        park.rate("ceiling"),
-        park.rate("sources"),
-        park.rate("external"),
-        park.rate("ceiling-watched"),
-    );
-    eprintln!(
-        "park: {parked:.0}/s (external {external:.0}/s) vs create {ceiling:.0}/s over {rounds} rounds: {}",
-        park.each()
-    );
-    rows.push((
-        "park, operator's sources (records/s)".into(),
-        format!("{parked:.0}"),
-        format!("{ceiling:.0}"),
-        format!("{:.0}%", 100.0 * parked / ceiling),
-    ));
-    rows.push((
-        "park, external park() / CLI (records/s)".into(),
-        format!("{external:.0}"),
-        format!("{ceiling:.0}"),
-        format!("{:.0}%", 100.0 * external / ceiling),
-    ));
-    // Diagnostic: what the sources' watch alone costs the ceiling, and the sources against
-    // that (the parker's own cost: admissions, the job index).
-    rows.push((
-        "park ceiling with the watch (records/s)".into(),
-        format!("{watched:.0}"),
-        format!("{ceiling:.0}"),
-        format!("{:.0}%", 100.0 * watched / ceiling),
-    ));
-    rows.push((
-        "park, sources vs ceiling with watch".into(),
-        format!("{parked:.0}"),
-        format!("{watched:.0}"),
-        format!("{:.0}%", 100.0 * parked / watched),
-    ));
-    json.insert("park".into(), json!({"n": park_n, "c": c, "rounds": rounds, "records_per_s": parked, "ceiling_per_s": ceiling, "ratio": parked / ceiling, "ceiling_under_watch_per_s": watched, "ratio_to_ceiling_under_watch": parked / watched, "each": park.json()}));
-    json.insert("park_external".into(), json!({"n": park_n, "c": c, "rounds": rounds, "records_per_s": external, "ceiling_per_s": ceiling, "ratio": external / ceiling}));
+    if wanted("park") {
+        // Park phases take 3 s at N = 2,000 and their rates wander by a tenth from round to round
+        // (the machine's load, the apiserver's garbage collector): 3 N records each average more.
+        let park_n = env_usize("BENCH_PARK_N", 3 * n);
+        // 0. Warm-up, not counted: the first phase of a run meets a fresh apiserver (an empty
+        // watch cache, a small heap), where a create cost it 1.91 ms of CPU against 2.3-2.4 ms
+        // in the phases after; only the kind that happened to go first gained from it.
+        let warm_up = park_phase(&mut b, ParkKind::Ceiling, park_n, c).await?;
+        eprintln!("warm-up (not counted): plain creates {warm_up:.0}/s");
+        json.insert(
+            "warm_up".into(),
+            json!({"n": park_n, "c": c, "ceiling_per_s": warm_up}),
+        );
 
-    // 2. Redrive vs the same writes from a plain client, in rounds that alternate the order.
-    let mut redrive = Rounds::default();
-    for round in 0..rounds {
-        for operator_first in [round % 2 == 1, round % 2 == 0] {
-            if operator_first {
-                redrive.add("operator", n, redrive_run(&mut b, n).await?);
-            } else {
-                redrive.add("ceiling", n, redrive_ceiling(&mut b, n).await?);
+        // 1. Park vs plain create: the operator's sources (job index) and an external parker,
+        // in rounds that rotate the order (see `Rounds`).
+        let mut park = Rounds::default();
+        for round in 0..rounds {
+            for i in 0..ParkKind::ALL.len() {
+                let kind = ParkKind::ALL[(round + i) % ParkKind::ALL.len()];
+                let rate = park_phase(&mut b, kind, park_n, c).await?;
+                park.add(kind.name(), park_n, rate);
             }
         }
+        let (ceiling, parked, external, watched) = (
+            park.rate("ceiling"),
+            park.rate("sources"),
+            park.rate("external"),
+            park.rate("ceiling-watched"),
+        );
+        eprintln!(
+            "park: {parked:.0}/s (external {external:.0}/s) vs create {ceiling:.0}/s over {rounds} rounds: {}",
+            park.each()
+        );
+        rows.push((
+            "park, operator's sources (records/s)".into(),
+            format!("{parked:.0}"),
+            format!("{ceiling:.0}"),
+            format!("{:.0}%", 100.0 * parked / ceiling),
+        ));
+        rows.push((
+            "park, external park() / CLI (records/s)".into(),
+            format!("{external:.0}"),
+            format!("{ceiling:.0}"),
+            format!("{:.0}%", 100.0 * external / ceiling),
+        ));
+        // Diagnostic: what the sources' watch alone costs the ceiling, and the sources against
+        // that (the parker's own cost: admissions, the job index).
+        rows.push((
+            "park ceiling with the watch (records/s)".into(),
+            format!("{watched:.0}"),
+            format!("{ceiling:.0}"),
+            format!("{:.0}%", 100.0 * watched / ceiling),
+        ));
+        rows.push((
+            "park, sources vs ceiling with watch".into(),
+            format!("{parked:.0}"),
+            format!("{watched:.0}"),
+            format!("{:.0}%", 100.0 * parked / watched),
+        ));
+        json.insert("park".into(), json!({"n": park_n, "c": c, "rounds": rounds, "records_per_s": parked, "ceiling_per_s": ceiling, "ratio": parked / ceiling, "ceiling_under_watch_per_s": watched, "ratio_to_ceiling_under_watch": parked / watched, "each": park.json()}));
+        json.insert("park_external".into(), json!({"n": park_n, "c": c, "rounds": rounds, "records_per_s": external, "ceiling_per_s": ceiling, "ratio": external / ceiling}));
     }
-    let (ceiling, redriven) = (redrive.rate("ceiling"), redrive.rate("operator"));
-    eprintln!(
-        "redrive: {redriven:.0}/s vs writes {ceiling:.0}/s over {rounds} rounds: {}",
-        redrive.each()
-    );
-    rows.push((
-        "redrive (records/s)".into(),
-        format!("{redriven:.0}"),
-        format!("{ceiling:.0}"),
-        format!("{:.0}%", 100.0 * redriven / ceiling),
-    ));
-    json.insert("redrive".into(), json!({"n": n, "c": c, "rounds": rounds, "records_per_s": redriven, "ceiling_per_s": ceiling, "ratio": redriven / ceiling, "each": redrive.json()}));
 
-    // 3. Latency: decision -> job on the list, idle system.
-    let (p50, p99, max) = latency(&mut b, 200).await?;
-    eprintln!("latency: p50 {p50:.1} ms p99 {p99:.1} ms max {max:.1} ms");
-    rows.push((
-        "latency decision->list p50/p99/max (ms)".into(),
-        format!("{p50:.1}/{p99:.1}/{max:.1}"),
-        "-".into(),
-        "-".into(),
-    ));
-    json.insert(
-        "latency_ms".into(),
-        json!({"samples": 200, "p50": p50, "p99": p99, "max": max}),
-    );
+    if wanted("redrive") {
+        // 2. Redrive vs the same writes from a plain client, in rounds that alternate the order.
+        let mut redrive = Rounds::default();
+        for round in 0..rounds {
+            for operator_first in [round % 2 == 1, round % 2 == 0] {
+                if operator_first {
+                    redrive.add("operator", n, redrive_run(&mut b, n).await?);
+                } else {
+                    redrive.add("ceiling", n, redrive_ceiling(&mut b, n).await?);
+                }
+            }
+        }
+        let (ceiling, redriven) = (redrive.rate("ceiling"), redrive.rate("operator"));
+        eprintln!(
+            "redrive: {redriven:.0}/s vs writes {ceiling:.0}/s over {rounds} rounds: {}",
+            redrive.each()
+        );
+        rows.push((
+            "redrive (records/s)".into(),
+            format!("{redriven:.0}"),
+            format!("{ceiling:.0}"),
+            format!("{:.0}%", 100.0 * redriven / ceiling),
+        ));
+        json.insert("redrive".into(), json!({"n": n, "c": c, "rounds": rounds, "records_per_s": redriven, "ceiling_per_s": ceiling, "ratio": redriven / ceiling, "each": redrive.json()}));
+    }
+
+    if wanted("latency") {
+        // 3. Latency: decision -> job on the list, idle system.
+        let (p50, p99, max) = latency(&mut b, 200).await?;
+        eprintln!("latency: p50 {p50:.1} ms p99 {p99:.1} ms max {max:.1} ms");
+        rows.push((
+            "latency decision->list p50/p99/max (ms)".into(),
+            format!("{p50:.1}/{p99:.1}/{max:.1}"),
+            "-".into(),
+            "-".into(),
+        ));
+        json.insert(
+            "latency_ms".into(),
+            json!({"samples": 200, "p50": p50, "p99": p99, "max": max}),
+        );
+    }
 
     // 4. Memory with 64 KiB payloads.
     let mut mem = Vec::new();
-    for m in env_list("BENCH_MEMORY", "0,1000,10000") {
+    for m in phase_list("memory", "BENCH_MEMORY", "0,1000,10000") {
         let (peak, now, apiserver) = memory(&mut b, m).await?;
         eprintln!(
             "memory: {m} x 64 KiB parked: operator peak {peak:.1} MiB (now {now:.1}), apiserver {apiserver:.0} MiB"
@@ -854,7 +888,7 @@ async fn main() -> anyhow::Result<()> {
     json.insert("memory".into(), json!(mem));
 
     // 5. Parking storm into a queue with a hard maxParked.
-    let storm_sizes = env_list("BENCH_STORM", "10000,5000");
+    let storm_sizes = phase_list("storm", "BENCH_STORM", "10000,5000");
     if let [messages, max] = storm_sizes[..] {
         // The ceiling right before and right after the storm (its mean, against drift), at
         // the bench's concurrency and at the Redis source's own, and the better of the two: a
@@ -904,7 +938,7 @@ async fn main() -> anyhow::Result<()> {
     // 6. etcd bytes per record.
     let mut cap = Vec::new();
     let cap_n = env_usize("BENCH_CAPACITY_N", 1000);
-    for payload in env_list("BENCH_CAPACITY", "1024,65536") {
+    for payload in phase_list("capacity", "BENCH_CAPACITY", "1024,65536") {
         let per = scale::etcd_per_record(&mut b, cap_n, payload).await?;
         eprintln!("capacity: {payload} B payload: {per:.0} B of etcd per record");
         rows.push((
@@ -918,7 +952,7 @@ async fn main() -> anyhow::Result<()> {
     json.insert("capacity".into(), json!(cap));
 
     // 7. The 100,000-record point (opt-in).
-    for n in env_list("BENCH_RECORDS_ONLY_CLI", "") {
+    for n in phase_list("records", "BENCH_RECORDS_ONLY_CLI", "") {
         for (what, ms, lines) in scale::cli_at_scale(&mut b, n).await? {
             eprintln!("records {n}: {what}: {ms:.0} ms, {lines} lines");
             rows.push((
@@ -929,7 +963,7 @@ async fn main() -> anyhow::Result<()> {
             ));
         }
     }
-    for n in env_list("BENCH_RECORDS", "") {
+    for n in phase_list("records", "BENCH_RECORDS", "") {
         let redrive = env_usize("BENCH_RECORDS_REDRIVE", 10_000);
         let s = scale::hundred_thousand(&mut b, n, redrive).await?;
         eprintln!(
@@ -991,7 +1025,7 @@ async fn main() -> anyhow::Result<()> {
 
     // 8. Scaling of redrive throughput.
     let mut scale = Vec::new();
-    for s in env_list("BENCH_SCALE", "500,2000,8000") {
+    for s in phase_list("scale", "BENCH_SCALE", "500,2000,8000") {
         let rate = redrive_run(&mut b, s).await?;
         eprintln!("scaling: redrive N={s}: {rate:.0}/s");
         rows.push((
