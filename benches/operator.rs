@@ -35,6 +35,16 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 use serde_json::json;
 
+/// A table row: a rate, the ceiling it is compared with, and the ratio.
+fn ratio_row(label: &str, rate: f64, ceiling: f64) -> (String, String, String, String) {
+    (
+        label.to_string(),
+        format!("{rate:.0}"),
+        format!("{ceiling:.0}"),
+        format!("{:.0}%", 100.0 * rate / ceiling),
+    )
+}
+
 /// Default rounds: as many as the park comparison has kinds, so that each kind runs once in
 /// every position of a round (and redrive's two kinds each go first in half of them).
 const ROUNDS: usize = 4;
@@ -798,31 +808,27 @@ async fn main() -> anyhow::Result<()> {
             "park: {parked:.0}/s (external {external:.0}/s) vs create {ceiling:.0}/s over {rounds} rounds: {}",
             park.each()
         );
-        rows.push((
-            "park, operator's sources (records/s)".into(),
-            format!("{parked:.0}"),
-            format!("{ceiling:.0}"),
-            format!("{:.0}%", 100.0 * parked / ceiling),
+        rows.push(ratio_row(
+            "park, operator's sources (records/s)",
+            parked,
+            ceiling,
         ));
-        rows.push((
-            "park, external park() / CLI (records/s)".into(),
-            format!("{external:.0}"),
-            format!("{ceiling:.0}"),
-            format!("{:.0}%", 100.0 * external / ceiling),
+        rows.push(ratio_row(
+            "park, external park() / CLI (records/s)",
+            external,
+            ceiling,
         ));
         // Diagnostic: what the sources' watch alone costs the ceiling, and the sources against
         // that (the parker's own cost: admissions, the job index).
-        rows.push((
-            "park ceiling with the watch (records/s)".into(),
-            format!("{watched:.0}"),
-            format!("{ceiling:.0}"),
-            format!("{:.0}%", 100.0 * watched / ceiling),
+        rows.push(ratio_row(
+            "park ceiling with the watch (records/s)",
+            watched,
+            ceiling,
         ));
-        rows.push((
-            "park, sources vs ceiling with watch".into(),
-            format!("{parked:.0}"),
-            format!("{watched:.0}"),
-            format!("{:.0}%", 100.0 * parked / watched),
+        rows.push(ratio_row(
+            "park, sources vs ceiling with watch",
+            parked,
+            watched,
         ));
         json.insert("park".into(), json!({"n": park_n, "c": c, "rounds": rounds, "records_per_s": parked, "ceiling_per_s": ceiling, "ratio": parked / ceiling, "ceiling_under_watch_per_s": watched, "ratio_to_ceiling_under_watch": parked / watched, "each": park.json()}));
         json.insert("park_external".into(), json!({"n": park_n, "c": c, "rounds": rounds, "records_per_s": external, "ceiling_per_s": ceiling, "ratio": external / ceiling}));
@@ -845,12 +851,7 @@ async fn main() -> anyhow::Result<()> {
             "redrive: {redriven:.0}/s vs writes {ceiling:.0}/s over {rounds} rounds: {}",
             redrive.each()
         );
-        rows.push((
-            "redrive (records/s)".into(),
-            format!("{redriven:.0}"),
-            format!("{ceiling:.0}"),
-            format!("{:.0}%", 100.0 * redriven / ceiling),
-        ));
+        rows.push(ratio_row("redrive (records/s)", redriven, ceiling));
         json.insert("redrive".into(), json!({"n": n, "c": c, "rounds": rounds, "records_per_s": redriven, "ceiling_per_s": ceiling, "ratio": redriven / ceiling, "each": redrive.json()}));
     }
 
@@ -914,11 +915,10 @@ async fn main() -> anyhow::Result<()> {
             "storm: {messages} messages, maxParked {max}: {:.0}/s, {} records, {} left in the broker, {} rejected, Full={}, {} QueueFull Events",
             s.rate, s.records, s.in_broker, s.rejected, s.full, s.events
         );
-        rows.push((
-            format!("storm {messages} -> maxParked {max} (records/s)"),
-            format!("{:.0}", s.rate),
-            format!("{ceiling:.0}"),
-            format!("{:.0}%", 100.0 * s.rate / ceiling),
+        rows.push(ratio_row(
+            &format!("storm {messages} -> maxParked {max} (records/s)"),
+            s.rate,
+            ceiling,
         ));
         rows.push((
             "storm: first record -> all marked Parked (s)".into(),
@@ -1004,11 +1004,10 @@ async fn main() -> anyhow::Result<()> {
         // Linear cost: the same ratio to the ceiling as the headline redrive (N = BENCH_N),
         // the ceiling measured at this scale (the apiserver itself is slower with n records).
         let ratio = s.redrive_rate / s.redrive_ceiling;
-        rows.push((
-            format!("{n}: redrive {redrive} (records/s)"),
-            format!("{:.0}", s.redrive_rate),
-            format!("{:.0}", s.redrive_ceiling),
-            format!("{:.0}%", 100.0 * ratio),
+        rows.push(ratio_row(
+            &format!("{n}: redrive {redrive} (records/s)"),
+            s.redrive_rate,
+            s.redrive_ceiling,
         ));
         let headline = json
             .get("redrive")
