@@ -574,11 +574,9 @@ async fn redrive_run(b: &mut Bench, n: usize) -> anyhow::Result<f64> {
     if let Some(before) = before {
         before.report("redrive", &b.plane, Some(pid), n);
     }
+    clear(&b.client, &ns).await?;
     Api::<Namespace>::all(b.client.clone())
         .delete(&ns, &DeleteParams::default())
-        .await
-        .ok();
-    api.delete_collection(&DeleteParams::default(), &ListParams::default())
         .await
         .ok();
     Ok(rate)
@@ -598,9 +596,7 @@ async fn redrive_ceiling(b: &mut Bench, n: usize) -> anyhow::Result<f64> {
     if let Some(before) = before {
         before.report("redrive ceiling", &b.plane, None, n);
     }
-    api.delete_collection(&DeleteParams::default(), &ListParams::default())
-        .await
-        .ok();
+    clear(&b.client, &ns).await?;
     Ok(rate)
 }
 

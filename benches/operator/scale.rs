@@ -120,9 +120,7 @@ pub async fn storm(b: &mut Bench, messages: usize, max_parked: usize) -> anyhow:
         .iter()
         .filter(|e| e.reason.as_deref() == Some("QueueFull"))
         .count();
-    api.delete_collection(&DeleteParams::default(), &ListParams::default())
-        .await
-        .ok();
+    clear(&b.client, &ns).await?;
     Ok(Storm {
         rate,
         all_marked_s,
@@ -214,10 +212,7 @@ pub async fn etcd_per_record(b: &mut Bench, n: usize, payload: usize) -> anyhow:
     let before = etcd_bytes(&b.plane)?;
     create_plain(&b.client, &ns, n, b.c, payload).await?;
     let after = etcd_bytes(&b.plane)?;
-    Api::<DeadLetter>::namespaced(b.client.clone(), &ns)
-        .delete_collection(&DeleteParams::default(), &ListParams::default())
-        .await
-        .ok();
+    clear(&b.client, &ns).await?;
     Ok((after - before) / n as f64)
 }
 
