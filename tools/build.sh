@@ -12,8 +12,9 @@
 # `flux` builds Flux's source-controller and kustomize-controller from their Go modules, and
 # `gitserver` (tools/flux/gitserver: `git http-backend` on loopback), for tests/gitops.rs;
 # Flux's CRDs, from the same modules, go to the directory's `crds/` beside `bin/`.
+# `actionlint` lints .github/workflows (scripts/workflows-check.sh).
 #
-#   tools/build.sh kube|etcd|helm|promtool|toxiproxy|cni|pause|elasticmq|kafka|flux [...]
+#   tools/build.sh kube|etcd|helm|promtool|toxiproxy|cni|pause|elasticmq|kafka|flux|actionlint [...]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${DLQ_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/deadletter-operator/tools}
@@ -105,6 +106,9 @@ build() {
       pkgs=("$m/main/bridge" "$m/ipam/host-local" "$m/main/loopback" "$m/meta/portmap") ;;
     flux)
       pkgs=(github.com/fluxcd/source-controller github.com/fluxcd/kustomize-controller ./gitserver) ;;
+    actionlint)
+      ldflags+=" -X github.com/rhysd/actionlint.version=$version"
+      pkgs=(github.com/rhysd/actionlint/cmd/actionlint) ;;
   esac
   local dest="$out/bin/"
   # etcd's and toxiproxy's main packages would both be named "server" by go.
@@ -116,5 +120,5 @@ build() {
   echo "$out/bin"
 }
 
-[ $# -gt 0 ] || { echo "usage: tools/build.sh kube|etcd|helm|promtool|toxiproxy|cni|pause|elasticmq|kafka|flux ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: tools/build.sh kube|etcd|helm|promtool|toxiproxy|cni|pause|elasticmq|kafka|flux|actionlint ..." >&2; exit 2; }
 for t in "$@"; do build "$t"; done
