@@ -78,24 +78,14 @@ fn alerts_tested(tests: &[PathBuf]) -> (BTreeSet<String>, BTreeSet<String>) {
     (fires, quiet)
 }
 
-/// Runbooks: the anchors of every heading in the README and docs/.
+/// Runbooks: the anchors of every heading in docs/runbooks.md, where `runbook_url` points.
 fn runbook_anchors() -> BTreeSet<String> {
-    let root = workspace_root();
-    let mut anchors = BTreeSet::new();
-    let mut markdown = vec![root.join("README.md")];
-    if let Ok(dir) = std::fs::read_dir(root.join("docs")) {
-        markdown.extend(dir.filter_map(|e| e.ok().map(|e| e.path())));
-    }
-    for file in markdown {
-        if let Ok(text) = std::fs::read_to_string(&file) {
-            for line in text.lines() {
-                if let Some(heading) = line.strip_prefix('#') {
-                    anchors.insert(anchor(heading.trim_start_matches('#')));
-                }
-            }
-        }
-    }
-    anchors
+    let text = std::fs::read_to_string(workspace_root().join("docs/runbooks.md"))
+        .expect("docs/runbooks.md");
+    text.lines()
+        .filter_map(|line| line.strip_prefix('#'))
+        .map(|heading| anchor(heading.trim_start_matches('#')))
+        .collect()
 }
 
 /// One alerting rule: tiered severity, a summary, a runbook that exists, and promtool cases
@@ -120,12 +110,14 @@ fn assert_alert_rule<'a>(
     let slug = format!("alert-{}", alert.to_lowercase());
     assert_eq!(
         r["annotations"]["runbook_url"],
-        format!("https://github.com/deadletter-operator/deadletter-operator#{slug}"),
+        format!(
+            "https://github.com/deadletter-operator/deadletter-operator/blob/main/docs/runbooks.md#{slug}"
+        ),
         "{alert}"
     );
     assert!(
         anchors.contains(&slug),
-        "{alert}: no runbook heading `Alert: {alert}` in README.md or docs/"
+        "{alert}: no runbook heading `Alert: {alert}` in docs/runbooks.md"
     );
     assert!(
         fires.contains(alert),
