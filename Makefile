@@ -23,9 +23,9 @@ bench:
 	RUST_BACKTRACE=0 $(CARGO) bench -p deadletter-operator --bench operator
 	RUST_BACKTRACE=0 $(CARGO) bench -p deadletter-operator --bench alerts
 
-## every check CI runs: rustfmt, clippy -D warnings, CRDs up to date, dependency rules, all tests
-## (in-process reconciler tests, then real apiserver + brokers)
-test: tools fmt-check clippy crds-check deps-check
+## every check CI runs: rustfmt, clippy -D warnings, CRDs up to date, dependency rules, the docs'
+## links, all tests (in-process reconciler tests, then real apiserver + brokers)
+test: tools fmt-check clippy crds-check deps-check docs-check
 	@# The tests run the workspace's binaries (operator, kubectl-dlq, dlq-testenv) and the demo
 	@# example, which `cargo test` alone does not build.
 	$(CARGO) build --workspace --features $(TEST_FEATURES) --bins --examples
@@ -42,6 +42,12 @@ clippy:
 ## test infrastructure (rcgen) stays out of the operator and the plugin
 deps-check:
 	@bash scripts/deps-check.sh
+
+.PHONY: docs-check
+## every relative link and #anchor in README.md, CHANGELOG.md, docs/ and charts/, and the chart's
+## runbook URLs (external links only checked for form: no network)
+docs-check:
+	@bash scripts/docs-check.sh
 
 ## regenerate crds/ from the Rust types
 crds:
