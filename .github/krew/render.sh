@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Renders the krew plugin manifest template (dlq.yaml beside this script) for one release and
+# prints it: {{TAG}} and {{REPOSITORY}} become the arguments, each {{SHA256_<os>_<arch>}} the
+# sha256 of kubectl-dlq_<tag>_<os>_<arch>.tar.gz read from the sum files (`sha256sum` or
+# `shasum -a 256` lines). Fails on a sum missing or given twice, or on any placeholder left.
+#
+#   .github/krew/render.sh TAG OWNER/REPO SUMFILE... > dlq.yaml
+set -euo pipefail
+[ $# -ge 3 ] || { echo "usage: render.sh TAG OWNER/REPO SUMFILE..." >&2; exit 2; }
+tag=$1 repo=$2
+shift 2
+template=$(dirname "$0")/dlq.yaml
+
+# krew wants the version as v<semver>.
+[[ $tag =~ ^v[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$ ]] \
+  || { echo "render.sh: '$tag' is not v<semver>" >&2; exit 1; }
+[[ $repo =~ ^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$ ]] \
+  || { echo "render.sh: '$repo' is not OWNER/REPO" >&2; exit 1; }
+
+sums=$(cat "$@")
+out=$(sed -e '/^#/d' -e "s|{{TAG}}|$tag|g" -e "s|{{REPOSITORY}}|$repo|g" "$template")
+mapfile -t keys < <(grep -o '{{SHA256_[a-z0-9]*_[a-z0-9]*}}' <<<"$out" | sort -u)
+[ ${#keys[@]} -gt 0 ] || { echo "render.sh: no {{SHA256_<os>_<arch>}} in $template" >&2; exit 1; }
+for key in "${keys[@]}"; do
+  platform=${key#'{{SHA256_'}
+  platform=${platform%'}}'}
+  archive=kubectl-dlq_${tag}_${platform}.tar.gz
+  sum=$(awk -v a="$archive" '$2 == a || $2 == "*" a { print $1 }' <<<"$sums")
+  [[ $sum =~ ^[0-9a-f]{64}$ ]] \
+    || { echo "render.sh: no single sha256 for $archive in $*" >&2; exit 1; }
+  out=${out//"$key"/$sum}
+done
+if grep -n '{{' <<<"$out" >&2; then
+  echo "render.sh: placeholders left (above)" >&2
+  exit 1
+fi
+printf '%s\n' "$out"
