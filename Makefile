@@ -24,8 +24,8 @@ bench:
 	RUST_BACKTRACE=0 $(CARGO) bench -p deadletter-operator --bench alerts
 
 ## every check CI runs: rustfmt, clippy -D warnings, CRDs up to date, dependency rules, the docs'
-## links, all tests (in-process reconciler tests, then real apiserver + brokers)
-test: tools fmt-check clippy crds-check deps-check docs-check
+## links, the GitHub workflows, all tests (in-process reconciler tests, then real apiserver + brokers)
+test: tools fmt-check clippy crds-check deps-check docs-check workflows-check
 	@# The tests run the workspace's binaries (operator, kubectl-dlq, dlq-testenv) and the demo
 	@# example, which `cargo test` alone does not build.
 	$(CARGO) build --workspace --features $(TEST_FEATURES) --bins --examples
@@ -49,6 +49,12 @@ deps-check:
 docs-check:
 	@bash scripts/docs-check.sh
 
+.PHONY: workflows-check
+## .github/workflows linted by actionlint + shellcheck (after a known-bad workflow must fail), actions
+## pinned to commits, the krew manifest template against the platforms release.yml builds
+workflows-check:
+	@bash scripts/workflows-check.sh
+
 ## regenerate crds/ from the Rust types
 crds:
 	$(CARGO) run -q -p deadletter-operator --bin deadletter-operator -- crds > crds/dlq.dev.yaml
@@ -61,9 +67,9 @@ crds-check:
 
 ## build the test tooling (kube-apiserver, kubelet, kube-proxy, kubectl, etcd, helm, promtool, CNI
 ## plugins, pause, toxiproxy; ElasticMQ and Kafka; Flux's source- and kustomize-controller and a
-## loopback git server for the GitOps tests) into the cache
+## loopback git server for the GitOps tests; actionlint for the workflows) into the cache
 tools:
-	@bash tools/build.sh kube etcd helm promtool toxiproxy cni pause elasticmq kafka flux >/dev/null
+	@bash tools/build.sh kube etcd helm promtool toxiproxy cni pause elasticmq kafka flux actionlint >/dev/null
 
 ## start a local control plane for a human; prints the KUBECONFIG to export. NODE=1 adds a real
 ## node (kubelet, containerd, kube-proxy; needs root): see README "A real node"
