@@ -266,7 +266,7 @@ async fn park_sourced(
     payload: usize,
     plain: bool,
 ) -> anyhow::Result<f64> {
-    use deadletter::controller::jobs::JobIndex;
+    use deadletter::state::jobs::JobIndex;
     use kube::runtime::{WatchStreamExt, watcher};
     let jobs = JobIndex::default();
     let records: Api<DeadLetter> = Api::namespaced(client.clone(), ns);

@@ -3,7 +3,9 @@
 # dependency trees:
 # - dlq-core holds no kube client, HTTP stack, async runtime or broker client;
 # - the operator and kubectl-dlq carry no test infrastructure (rcgen: certificates for the
-#   local control plane), and kubectl-dlq does not depend on the operator.
+#   local control plane), and kubectl-dlq does not depend on the operator;
+# - inside the operator crate, module arrows run one way (scripts/module-arrows.sh), and
+#   docs/architecture.md has one row per module (scripts/architecture-check.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fail=0
@@ -20,4 +22,26 @@ check dlq-core 'kube|kube-client|kube-runtime|hyper|hyper-util|tower|tokio|redis
 check deadletter-operator 'rcgen|dlq-testenv' 'test infrastructure'
 check kubectl-dlq 'rcgen|dlq-testenv|deadletter-operator' 'the plugin depends on the core, not the controller'
 [ $fail = 0 ] && echo "deps-check: dlq-core is pure; no test infrastructure in the operator or the plugin"
+
+# The operator crate's module arrows, and a proof that the check catches an upward one; the
+# architecture's module table in step with the code.
+bash scripts/module-arrows.sh || fail=1
+bash scripts/architecture-check.sh || fail=1
+probe=$(mktemp -d)
+trap 'rm -rf "$probe"' EXIT
+cp -r src "$probe/src"
+sed -i '1i use crate::run::Process;' "$probe/src/state/jobs.rs"
+if bash scripts/module-arrows.sh "$probe" >/dev/null 2>&1; then
+  echo "deps-check: scripts/module-arrows.sh did not catch an arrow from state up to run" >&2
+  fail=1
+fi
+mkdir -p "$probe/docs" "$probe/crates/dlq-core" "$probe/crates/dlq-client"
+cp docs/architecture.md "$probe/docs/"
+cp -r crates/dlq-core/src "$probe/crates/dlq-core/src"
+cp -r crates/dlq-client/src "$probe/crates/dlq-client/src"
+touch "$probe/src/state/undocumented.rs"
+if bash scripts/architecture-check.sh "$probe" >/dev/null 2>&1; then
+  echo "deps-check: scripts/architecture-check.sh did not catch a module without a row" >&2
+  fail=1
+fi
 exit $fail

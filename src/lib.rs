@@ -2,20 +2,21 @@
 //! that a human redrives or drops, once, with a signed decision.
 //!
 //! The decisions and their effects are computed purely in `dlq_core` (see
-//! docs/architecture.md); this crate carries them out: [`controller`] (watches, one store per
-//! kind, compare-and-swap writes), [`target`] (where redrive puts a job back, one file per
-//! backend), [`source`] (collecting a broker's dead messages into records), [`metrics`] and
-//! [`server`].
+//! docs/architecture.md); this crate carries them out, in layers whose arrows run one way
+//! (`make deps-check`): [`run`] wires the process; beneath it [`reconcile`] (the reconcilers),
+//! [`source`] (collecting a broker's dead messages into records) and [`alert`] (per-record
+//! alerts) stand side by side; beneath those, [`state`] (what they share) and [`target`] (where
+//! redrive puts a job back, one file per backend); [`metrics`], [`server`], [`secret`],
+//! [`https`] and [`failpoint`] at the bottom.
 
 pub mod alert;
-pub mod controller;
-pub mod error;
 pub mod failpoint;
 pub mod https;
 pub mod metrics;
+pub mod reconcile;
+pub mod run;
 pub mod secret;
 pub mod server;
 pub mod source;
+pub mod state;
 pub mod target;
-
-pub use error::{Error, Result};

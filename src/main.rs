@@ -9,9 +9,11 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use deadletter::alert::{Alerting, Alertmanager};
-use deadletter::controller::{self, Leadership, Settings};
 use deadletter::metrics::Metrics;
+use deadletter::reconcile::Settings;
+use deadletter::run::{self, Process};
 use deadletter::server::{self, Probes};
+use deadletter::state::leadership::Leadership;
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -107,7 +109,7 @@ struct AlertArgs {
     #[arg(
         long,
         env = "DLQ_ALERT_RUNBOOK_BASE_URL",
-        default_value = "https://github.com/deadletter-operator/deadletter-operator"
+        default_value = "https://github.com/deadletter-operator/deadletter-operator/blob/main/docs/runbooks.md"
     )]
     alert_runbook_base_url: String,
 }
@@ -241,18 +243,20 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         controller: "deadletter-operator".into(),
         instance: Some(identity),
     };
-    let mut settings = settings(&args, alerts);
+    let mut settings = settings(&args);
     settings.leadership = leadership;
-    futures::future::join_all(scopes.into_iter().map(|ns| {
-        controller::run_scope(
-            client.clone(),
-            ns,
-            metrics.clone(),
-            reporter.clone(),
-            settings.clone(),
-            stop.clone(),
-        )
-    }))
+    let process = Process {
+        client: client.clone(),
+        metrics: metrics.clone(),
+        reporter,
+        settings,
+        alerts,
+    };
+    futures::future::join_all(
+        scopes
+            .into_iter()
+            .map(|ns| run::run_scope(process.clone(), ns, stop.clone())),
+    )
     .await;
     if lost.clone().now_or_never().is_some() {
         anyhow::bail!("lost leadership");
@@ -399,7 +403,7 @@ async fn lease_released(leases: &Api<Lease>, name: &str) {
 }
 
 /// The requeue guard of a leader: its term as the Lease says, refreshed every second (see
-/// `controller::Leadership`). Without leader election it never runs out.
+/// `deadletter::state::leadership::Leadership`). Without leader election it never runs out.
 fn follow_lease(args: &RunArgs, client: &kube::Client, identity: &str) -> Leadership {
     if !args.leader_election {
         return Leadership::always();
@@ -441,9 +445,8 @@ fn scopes(watch_namespaces: &[String]) -> Vec<Option<String>> {
     }
 }
 
-fn settings(args: &RunArgs, alerts: Option<Arc<Alerting>>) -> Settings {
+fn settings(args: &RunArgs) -> Settings {
     Settings {
-        alerts,
         backoff_cap: Duration::from_secs(args.backoff_cap_seconds.max(1)),
         concurrency: args.concurrency.max(1),
         ..Settings::default()

@@ -7,9 +7,9 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
 
-use deadletter::controller::index::RecordIndex;
-use deadletter::controller::jobs::JobIndex;
-use deadletter::controller::work::Feeder;
+use deadletter::run::feeder::Feeder;
+use deadletter::state::jobs::JobIndex;
+use deadletter::state::records::RecordIndex;
 use dlq_core::api::DeadLetter;
 use kube::runtime::{reflector, watcher};
 
@@ -138,6 +138,6 @@ fn a_parked_record_costs_the_operator_at_most_its_budget() {
     );
     assert!(
         kept <= BUDGET,
-        "a parked record costs the operator {kept} bytes (budget {BUDGET}): see controller::index"
+        "a parked record costs the operator {kept} bytes (budget {BUDGET}): see state::records"
     );
 }

@@ -23,9 +23,9 @@ use dlq_core::alert::{Current, Links};
 use dlq_core::api::DeadLetterQueue;
 use dlq_core::events::{EventPlan, action, reason};
 
-use crate::controller::apiserver::{self, Apiserver};
-use crate::controller::index::RecordIndex;
 use crate::metrics::Metrics;
+use crate::state::apiserver::{self, Apiserver};
+use crate::state::records::RecordIndex;
 pub use client::{AlertError, Alertmanager};
 use ledger::{Key, Ledger};
 

@@ -339,7 +339,7 @@ impl Bridge {
         let parked = match self.into.dispose(req, &delivery.data) {
             Ok(req) => {
                 self.into
-                    .park_until_settled(&req, "unacked in RabbitMQ", || async {})
+                    .park_until_known(&req, "unacked in RabbitMQ", || async {})
                     .await
             }
             Err(e) => Err(e),

@@ -211,7 +211,7 @@ async fn handle(
     let req = request_for(into.queue(), dead);
     let parked = match into.dispose(req, &dead.value) {
         Ok(req) => {
-            into.park_until_settled(
+            into.park_until_known(
                 &req,
                 "in the dead-letter topic (offset not committed)",
                 || std::future::ready(()),

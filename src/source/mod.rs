@@ -29,13 +29,13 @@ use dlq_core::api::{DeadLetterQueue, SecretKeyRef};
 use dlq_core::events::{self, EventPlan};
 use dlq_core::park::{Disposition, dispose, job_key};
 
-use crate::controller::apiserver::{Apiserver, reference};
-use crate::controller::jobs::JobIndex;
-use crate::controller::leadership::Leadership;
-use crate::controller::parking_first::ParkingFirst;
 use crate::metrics::Metrics;
 use crate::secret::{SecretError, read_secret};
 use crate::source::in_flight::InFlight;
+use crate::state::apiserver::{Apiserver, reference};
+use crate::state::jobs::JobIndex;
+use crate::state::leadership::Leadership;
+use crate::state::parking_first::ParkingFirst;
 use crate::target::cache::TargetCache;
 
 /// Why one run of a source ended. It is restarted with backoff.
@@ -287,7 +287,7 @@ impl ParkInto {
     /// backoff; `waiting` runs before each wait (to tell the broker the message is still being
     /// worked on) and the message stays in the broker meanwhile. Returns an error only for a
     /// request that can never be a record.
-    pub async fn park_until_settled<W, Fut>(
+    pub async fn park_until_known<W, Fut>(
         &self,
         req: &ParkRequest,
         where_it_stays: &str,
@@ -396,7 +396,7 @@ mod tests {
     use kube::runtime::{reflector, watcher};
 
     use super::*;
-    use crate::controller::apiserver::KubeApiserver;
+    use crate::state::apiserver::KubeApiserver;
 
     /// A replica whose term on the Lease ran out (a leader paused past it) parks nothing, not
     /// even a first try: the broker may have handed the same message to the new leader, whose
@@ -447,7 +447,7 @@ mod tests {
         let req = ParkRequest::new("relayer", job).with_message("relayer:dead#1".to_string());
         let parking = tokio::spawn(async move {
             let _ = into
-                .park_until_settled(&req, "in the broker", || async {})
+                .park_until_known(&req, "in the broker", || async {})
                 .await;
         });
 

@@ -311,7 +311,7 @@ impl Bridge {
         let parked = match self.into.dispose(req, &msg.payload) {
             Ok(req) => {
                 self.into
-                    .park_until_settled(&req, "in the stream", || async {
+                    .park_until_known(&req, "in the stream", || async {
                         let _ = m.ack_with(AckKind::Progress).await;
                     })
                     .await

@@ -1,9 +1,9 @@
 //! Redis source bridge: consumers LPUSH dead jobs onto a list; the bridge moves each one into
 //! the hash `<list>:inflight` under an id Redis gives it (server time + a counter), parks it
 //! with that id as its source message identity, and only then HDELs it. While the list has a
-//! backlog one atomic script moves as many elements as there are free parking slots ([`TAKE`]);
-//! when it is empty the bridge blocks in BLMOVE onto `<list>:processing` and then claims that
-//! element into the hash ([`CLAIM`]). On start it first re-parks whatever a crash left in
+//! backlog one atomic script moves as many elements as there are free parking slots ([`TAKE_BATCH`]);
+//! when it is empty the bridge blocks in BLMOVE onto `<list>:processing` and then takes that
+//! element into the hash ([`TAKE_ONE`]). On start it first re-parks whatever a crash left in
 //! `<list>:processing` and `<list>:inflight`. The id is what makes that safe: a re-parked
 //! element whose record exists, even one a human resolved meanwhile, is recognised as the same
 //! dead message, not a new death of the job.
@@ -12,7 +12,7 @@
 //! after this one started (a replica that lost its Lease while parking, a puller of a run that
 //! failed) and is still there one sweep later, unhandled here, is re-parked the same way.
 //!
-//! Elements are JSON envelopes (see README, "Dead-list envelope"). Anything else, and any
+//! Elements are JSON envelopes (see docs/backends.md, "Source: the dead-list envelope"). Anything else, and any
 //! envelope that fails validation, is parked as an Invalid record holding the exact bytes. An
 //! element that cannot be a record at all (over the payload limit) is moved to
 //! `<list>:rejected`, never deleted, and counted and announced.
@@ -42,7 +42,7 @@ const SWEEP: Duration = Duration::from_secs(10);
 
 /// Moves one element from the processing list into the inflight hash under a fresh id; nil
 /// when the element is no longer in the list. KEYS: processing, inflight, counter.
-const CLAIM: &str = r"
+const TAKE_ONE: &str = r"
 if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return false end
 local t = redis.call('TIME')
 local id = t[1] .. '.' .. t[2] .. '-' .. redis.call('INCR', KEYS[3])
@@ -54,7 +54,7 @@ return id
 /// a fresh id, in one atomic step; returns id, element, id, element, ... (empty when the list
 /// is). KEYS: dead, inflight, counter. One round trip per batch instead of two per element:
 /// a storm was drained at the pace of those round trips.
-const TAKE: &str = r"
+const TAKE_BATCH: &str = r"
 local out = {}
 for i = 1, tonumber(ARGV[1]) do
   local raw = redis.call('RPOP', KEYS[1])
@@ -88,7 +88,7 @@ async fn run_once(
         "redis",
     )
     .await?;
-    // One connection blocks in BLMOVE; the other claims elements and acknowledges them.
+    // One connection blocks in BLMOVE; the other takes elements and acknowledges them.
     let puller = RedisConn::new(&url).map_err(SourceError::broker("connecting to redis"))?;
     let acker = Arc::new(RedisConn::new(&url).map_err(SourceError::broker("connecting to redis"))?);
     let dead = source.list.clone();
@@ -120,7 +120,7 @@ async fn pull(ctx: &Arc<Bridge>, puller: &RedisConn) -> Result<(), SourceError> 
         let taken = ctx.take(permits.len()).await?;
         if taken.is_empty() {
             // The slot is taken before the element (free_slots holds at least one), so a
-            // claimed element always has one.
+            // taken element always has one.
             if let Some(permit) = permits.pop()
                 && let Some((id, raw)) = ctx.wait_for_one(puller).await?
             {
@@ -149,7 +149,7 @@ async fn free_slots(slots: &Arc<Semaphore>) -> Result<Vec<OwnedSemaphorePermit>,
     Ok(permits)
 }
 
-/// Parks and acknowledges one claimed element in its own task, holding its slot until done.
+/// Parks and acknowledges one taken element in its own task, holding its slot until done.
 fn spawn_handle(ctx: &Arc<Bridge>, id: String, raw: Vec<u8>, permit: OwnedSemaphorePermit) {
     let ctx = ctx.clone();
     tokio::spawn(async move {
@@ -174,29 +174,29 @@ struct Bridge {
 }
 
 impl Bridge {
-    /// Re-parks what a previous run left: elements moved but never claimed, then claimed but
+    /// Re-parks what a previous run left: elements moved but never taken, then taken but
     /// never acknowledged (those keep their ids, so records made before the crash are found).
     async fn recover(&self) -> Result<(), SourceError> {
-        let unclaimed: Vec<Vec<u8>> = self
+        let untaken: Vec<Vec<u8>> = self
             .acker
             .query(redis::cmd("LRANGE").arg(&self.processing).arg(0).arg(-1))
             .await
             .map_err(SourceError::broker(format!("reading {}", self.processing)))?;
-        for raw in &unclaimed {
-            self.claim(raw).await?;
+        for raw in &untaken {
+            self.take_one(raw).await?;
         }
-        let claimed = self.claimed().await?;
-        if !claimed.is_empty() {
-            tracing::info!(namespace = %self.into.namespace(), queue = %self.into.queue(), count = claimed.len(), inflight = %self.inflight, "re-parking elements a previous run did not acknowledge");
+        let taken = self.taken().await?;
+        if !taken.is_empty() {
+            tracing::info!(namespace = %self.into.namespace(), queue = %self.into.queue(), count = taken.len(), inflight = %self.inflight, "re-parking elements a previous run did not acknowledge");
         }
-        for (id, raw) in claimed {
+        for (id, raw) in taken {
             self.handle(id, raw).await;
         }
         Ok(())
     }
 
-    /// Every claimed, unacknowledged element by id.
-    async fn claimed(&self) -> Result<BTreeMap<String, Vec<u8>>, SourceError> {
+    /// Every taken, unacknowledged element by id.
+    async fn taken(&self) -> Result<BTreeMap<String, Vec<u8>>, SourceError> {
         self.acker
             .query(redis::cmd("HGETALL").arg(&self.inflight))
             .await
@@ -205,27 +205,27 @@ impl Bridge {
 
     /// Re-parks, every [`SWEEP`], what was left by others since the start: elements in the
     /// processing list or the inflight hash at two sweeps in a row and not being parked here
-    /// (an element moved a moment ago is claimed and parked within one sweep). Re-parking is
+    /// (an element moved a moment ago is taken and parked within one sweep). Re-parking is
     /// safe even if another process still parks it: the id finds the same record.
     async fn sweep(&self) -> Result<(), SourceError> {
         let mut suspects: HashSet<String> = HashSet::new();
         loop {
             tokio::time::sleep(SWEEP).await;
-            let unclaimed: Vec<Vec<u8>> = self
+            let untaken: Vec<Vec<u8>> = self
                 .acker
                 .query(redis::cmd("LRANGE").arg(&self.processing).arg(0).arg(-1))
                 .await
                 .map_err(SourceError::broker(format!("reading {}", self.processing)))?;
             // Suspects are element digests and inflight ids (the two never look alike).
             let mut seen: HashSet<String> = HashSet::new();
-            for raw in &unclaimed {
+            for raw in &untaken {
                 let digest = fingerprint(raw);
                 if suspects.contains(&digest) {
-                    self.claim(raw).await?;
+                    self.take_one(raw).await?;
                 }
                 seen.insert(digest);
             }
-            for (id, raw) in self.claimed().await? {
+            for (id, raw) in self.taken().await? {
                 if self.lock_handling().contains(&id) {
                     continue;
                 }
@@ -246,13 +246,13 @@ impl Bridge {
     }
 
     /// Up to `n` elements moved from the dead list into the inflight hash, with their ids
-    /// (see [`TAKE`]).
+    /// (see [`TAKE_BATCH`]).
     async fn take(&self, n: usize) -> Result<Vec<(String, Vec<u8>)>, SourceError> {
         let flat: Vec<Vec<u8>> = self
             .acker
             .query(
                 redis::cmd("EVAL")
-                    .arg(TAKE)
+                    .arg(TAKE_BATCH)
                     .arg(3)
                     .arg(&self.dead)
                     .arg(&self.inflight)
@@ -275,8 +275,8 @@ impl Bridge {
     }
 
     /// Blocks (one second at most) until an element arrives on the empty dead list, moves it
-    /// to the processing list and claims it. None when nothing came, or the element was
-    /// claimed by someone else.
+    /// to the processing list and takes it. None when nothing came, or the element was
+    /// taken by someone else.
     async fn wait_for_one(
         &self,
         puller: &RedisConn,
@@ -293,16 +293,16 @@ impl Bridge {
             .await
             .map_err(SourceError::broker(format!("BLMOVE from {}", self.dead)))?;
         let Some(raw) = raw else { return Ok(None) };
-        // Until claimed the element waits in the processing list for the next start.
-        Ok(self.claim(&raw).await?.map(|id| (id, raw)))
+        // Until taken the element waits in the processing list for the next start.
+        Ok(self.take_one(&raw).await?.map(|id| (id, raw)))
     }
 
-    /// Gives an element of the processing list its id (see [`CLAIM`]).
-    async fn claim(&self, raw: &[u8]) -> Result<Option<String>, SourceError> {
+    /// Gives an element of the processing list its id (see [`TAKE_ONE`]).
+    async fn take_one(&self, raw: &[u8]) -> Result<Option<String>, SourceError> {
         self.acker
             .query(
                 redis::cmd("EVAL")
-                    .arg(CLAIM)
+                    .arg(TAKE_ONE)
                     .arg(3)
                     .arg(&self.processing)
                     .arg(&self.inflight)
@@ -316,7 +316,7 @@ impl Bridge {
             )))
     }
 
-    /// Parks one claimed element, retrying until it is a record (or provably never can be),
+    /// Parks one taken element, retrying until it is a record (or provably never can be),
     /// then acknowledges it by removing it from the inflight hash.
     async fn handle(&self, id: String, raw: Vec<u8>) {
         self.lock_handling().insert(id.clone());
@@ -329,9 +329,7 @@ impl Bridge {
         let parked = match self.into.dispose(req, &raw) {
             Ok(req) => {
                 let stays = format!("in {}", self.inflight);
-                self.into
-                    .park_until_settled(&req, &stays, || async {})
-                    .await
+                self.into.park_until_known(&req, &stays, || async {}).await
             }
             Err(e) => Err(e),
         };

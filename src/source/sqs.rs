@@ -266,7 +266,7 @@ impl Bridge {
         let parked = match self.into.dispose(req, dead.body.as_bytes()) {
             Ok(req) => {
                 self.into
-                    .park_until_settled(&req, "in the SQS queue (kept invisible meanwhile)", || {
+                    .park_until_known(&req, "in the SQS queue (kept invisible meanwhile)", || {
                         self.extend(&receipt, VISIBILITY_WHILE_RETRYING)
                     })
                     .await

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
 
-use crate::api::{Action, Phase};
+use crate::api::{Action, DeadLetter, Phase};
 
 /// What the reconciler should do next with one record (its effects are built by [`crate::plan`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +41,19 @@ pub fn decide(phase: Option<Phase>, action: Option<Action>, by: Option<&str>) ->
         (None, None) => Decision::MarkParked,
         (Some(Phase::Parked), None) => Decision::Wait,
     }
+}
+
+/// What `record` calls for, from its status phase and its decision.
+pub fn for_record(record: &DeadLetter) -> Decision {
+    let phase = record.status.as_ref().and_then(|s| s.phase);
+    decide(phase, record.spec.action, record.spec.by.as_deref())
+}
+
+/// Whether reconciling `record` would do anything. A record that waits for a decision, or is
+/// resolved, is not queued at all: a restart with 100,000 parked records queues none of them
+/// (each queued reconcile holds two copies of the record's reference until it runs).
+pub fn has_work(record: &DeadLetter) -> bool {
+    !matches!(for_record(record), Decision::Done | Decision::Wait)
 }
 
 /// After a status write lost its compare-and-swap, what the fresh record tells us to do.

@@ -18,7 +18,7 @@ use dlq_core::plan::{self, Readiness};
 use dlq_core::record::{Facts, Summary};
 
 use super::Context;
-use super::apiserver::reference;
+use crate::state::apiserver::reference;
 
 /// Why a DeadLetterQueue reconcile failed.
 #[derive(Debug, thiserror::Error)]
@@ -46,7 +46,7 @@ impl QueueError {
 pub async fn reconcile(
     queue: Arc<DeadLetterQueue>,
     ctx: Arc<Context>,
-) -> Result<Action, crate::Error> {
+) -> Result<Action, super::Error> {
     let ns = queue.namespace().ok_or(QueueError::NoNamespace)?;
     let name = queue.name_any();
     tracing::debug!(namespace = %ns, queue = %name, "queue reconcile");

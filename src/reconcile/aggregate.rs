@@ -1,11 +1,11 @@
 //! Aggregates Normal resolution Events per (namespace, queue, reason) during bulk
 //! resolutions, as client-go's event aggregator does: the first Event of a quiet queue goes
-//! out at once about its record; while resolutions keep coming, each [`WINDOW`] publishes one
+//! out at once about its record; while resolutions keep coming, each [`PERIOD`] publishes one
 //! Event about the queue with the count and the names instead of one write per record (a
 //! redrive otherwise costs an Event write on top of its status compare-and-swap). Warnings
 //! never pass through here (`dlq_core::events::aggregatable`).
 //!
-//! Events are a view, the records' status is the truth: a crash loses at most one window of
+//! Events are a view, the records' status is the truth: a crash loses at most one period of
 //! summaries, never a resolution.
 
 use std::collections::HashMap;
@@ -17,10 +17,10 @@ use tokio::sync::mpsc;
 
 use dlq_core::events::{EventPlan, summary};
 
-use super::apiserver::Apiserver;
+use crate::state::apiserver::Apiserver;
 
 /// How long resolutions of one queue are gathered into one Event.
-pub const WINDOW: Duration = Duration::from_secs(1);
+pub const PERIOD: Duration = Duration::from_secs(1);
 
 /// One aggregatable Event about a record.
 #[derive(Debug)]
@@ -37,7 +37,7 @@ pub struct Pending {
 
 type Key = (String, String, &'static str);
 
-/// Where [`crate::controller::Context::carry_out`] sends aggregatable Events.
+/// Where [`super::Context::carry_out`] sends aggregatable Events.
 #[derive(Clone)]
 pub struct Aggregator {
     tx: mpsc::UnboundedSender<Pending>,
@@ -47,7 +47,7 @@ impl Aggregator {
     /// Starts the aggregating task; it ends (after a last flush) when every handle is dropped.
     pub fn spawn(apiserver: Arc<dyn Apiserver>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(apiserver, rx, WINDOW));
+        tokio::spawn(run(apiserver, rx, PERIOD));
         Aggregator { tx }
     }
 
@@ -58,15 +58,15 @@ impl Aggregator {
     }
 }
 
-/// The task: open windows per key; an Event for a key without an open window is published at
-/// once and opens one; each tick flushes what the windows gathered and closes quiet ones.
+/// The task: open periods per key; an Event for a key without an open period is published at
+/// once and opens one; each tick flushes what the periods gathered and closes quiet ones.
 pub async fn run(
     apiserver: Arc<dyn Apiserver>,
     mut rx: mpsc::UnboundedReceiver<Pending>,
-    window: Duration,
+    period: Duration,
 ) {
     let mut open: HashMap<Key, Vec<Pending>> = HashMap::new();
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + window, window);
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -90,7 +90,7 @@ pub async fn run(
     tracing::debug!("event aggregator stopped");
 }
 
-/// Publishes each window's gathering: a single Event as it was, several as one summary.
+/// Publishes each period's gathering: a single Event as it was, several as one summary.
 async fn flush(apiserver: &dyn Apiserver, open: &mut HashMap<Key, Vec<Pending>>) {
     let keys: Vec<Key> = open.keys().cloned().collect();
     for key in keys {
@@ -196,12 +196,12 @@ mod tests {
     async fn a_bulk_resolution_becomes_one_event_per_window() {
         let api = Arc::new(Published::default());
         let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(run(api.clone(), rx, WINDOW));
+        let task = tokio::spawn(run(api.clone(), rx, PERIOD));
         for i in 0..200 {
             let _ = tx.send(pending("relayer", &format!("r{i}"), redriven()));
         }
         let _ = tx.send(pending("other", "o1", redriven()));
-        tokio::time::sleep(WINDOW * 3).await;
+        tokio::time::sleep(PERIOD * 3).await;
         drop(tx);
         let _ = task.await;
         let published = api.0.lock().map(|p| p.clone()).unwrap_or_default();
@@ -227,12 +227,12 @@ mod tests {
     async fn a_lone_resolution_keeps_its_own_event() {
         let api = Arc::new(Published::default());
         let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(run(api.clone(), rx, WINDOW));
+        let task = tokio::spawn(run(api.clone(), rx, PERIOD));
         let _ = tx.send(pending("relayer", "a", redriven()));
-        tokio::time::sleep(WINDOW * 3).await;
-        // The window closed: the next one is published at once too.
+        tokio::time::sleep(PERIOD * 3).await;
+        // The period closed: the next one is published at once too.
         let _ = tx.send(pending("relayer", "b", redriven()));
-        tokio::time::sleep(WINDOW / 2).await;
+        tokio::time::sleep(PERIOD / 2).await;
         let _ = tx.send(pending("relayer", "c", redriven()));
         drop(tx);
         let _ = task.await;

@@ -1,7 +1,7 @@
 //! Which records this process is acting on, and which it has resolved.
 //!
 //! Two controllers reconcile records: the full one, and the decisions-only one that carries out
-//! decisions while the full cache is still listing (see `super::decisions_controller`). kube
+//! decisions while the full cache is still listing (see `crate::run`'s decisions controller). kube
 //! runs one reconcile per object at a time within a controller, not across two, and the two
 //! caches can disagree for a moment (the full list is a snapshot taken when it started). So a
 //! record is claimed for the length of a reconcile, and a record this process resolved is
@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// How long a resolution is remembered: far longer than any cache lags behind a write.
-const SETTLED_MEMORY: Duration = Duration::from_secs(15 * 60);
+const RESOLVED_MEMORY: Duration = Duration::from_secs(15 * 60);
 
 /// Forgetting is checked once per this many resolutions (cheap amortised pruning).
 const PRUNE_EVERY: usize = 1024;
@@ -21,11 +21,11 @@ const PRUNE_EVERY: usize = 1024;
 #[derive(Default)]
 pub struct Claims {
     working: Arc<Mutex<HashSet<String>>>,
-    settled: Mutex<Settled>,
+    resolved: Mutex<Resolved>,
 }
 
 #[derive(Default)]
-struct Settled {
+struct Resolved {
     at: HashMap<String, Instant>,
     since_prune: usize,
 }
@@ -52,22 +52,22 @@ impl Claims {
     }
 
     /// Remembers that the record `uid` is resolved (by this process or a rival).
-    pub fn settle(&self, uid: &str) {
-        let mut settled = lock(&self.settled);
-        settled.at.insert(uid.to_string(), Instant::now());
-        settled.since_prune += 1;
-        if settled.since_prune >= PRUNE_EVERY {
-            settled.since_prune = 0;
-            settled.at.retain(|_, at| at.elapsed() < SETTLED_MEMORY);
+    pub fn remember_resolved(&self, uid: &str) {
+        let mut resolved = lock(&self.resolved);
+        resolved.at.insert(uid.to_string(), Instant::now());
+        resolved.since_prune += 1;
+        if resolved.since_prune >= PRUNE_EVERY {
+            resolved.since_prune = 0;
+            resolved.at.retain(|_, at| at.elapsed() < RESOLVED_MEMORY);
         }
     }
 
-    /// Whether the record `uid` was resolved within [`SETTLED_MEMORY`].
-    pub fn is_settled(&self, uid: &str) -> bool {
-        lock(&self.settled)
+    /// Whether the record `uid` was resolved within [`RESOLVED_MEMORY`].
+    pub fn resolved_here(&self, uid: &str) -> bool {
+        lock(&self.resolved)
             .at
             .get(uid)
-            .is_some_and(|at| at.elapsed() < SETTLED_MEMORY)
+            .is_some_and(|at| at.elapsed() < RESOLVED_MEMORY)
     }
 }
 
@@ -94,12 +94,12 @@ mod tests {
     #[test]
     fn resolutions_are_remembered() {
         let claims = Claims::default();
-        assert!(!claims.is_settled("uid-1"));
-        claims.settle("uid-1");
-        assert!(claims.is_settled("uid-1"));
+        assert!(!claims.resolved_here("uid-1"));
+        claims.remember_resolved("uid-1");
+        assert!(claims.resolved_here("uid-1"));
         for i in 0..PRUNE_EVERY {
-            claims.settle(&format!("other-{i}"));
+            claims.remember_resolved(&format!("other-{i}"));
         }
-        assert!(claims.is_settled("uid-1"), "pruning keeps recent ones");
+        assert!(claims.resolved_here("uid-1"), "pruning keeps recent ones");
     }
 }

@@ -18,7 +18,7 @@ use dlq_core::decide::{self, AfterConflict, Decision};
 use dlq_core::plan::{self, RequeueFailure, Write};
 
 use super::Context;
-use super::apiserver::is_conflict;
+use crate::state::apiserver::is_conflict;
 use crate::target::{JobMessage, TargetError};
 
 /// Attempts at writing a resolution before handing the record back to the work queue.
@@ -59,13 +59,13 @@ type Result<T, E = RecordError> = std::result::Result<T, E>;
 /// How soon a record another reconcile in this process holds is looked at again.
 const CLAIMED_RETRY: Duration = Duration::from_millis(500);
 
-pub async fn reconcile(dl: Arc<DeadLetter>, ctx: Arc<Context>) -> Result<Action, crate::Error> {
+pub async fn reconcile(dl: Arc<DeadLetter>, ctx: Arc<Context>) -> Result<Action, super::Error> {
     let ns = dl.namespace().ok_or(RecordError::NoNamespace)?;
     // The other records controller is on it (see `super::claims`).
     let Some(_claim) = ctx.claims.claim(&dl.uid().unwrap_or_default()) else {
         return Ok(Action::requeue(CLAIMED_RETRY));
     };
-    let action = match decision(&dl) {
+    let action = match decide::for_record(&dl) {
         Decision::Done | Decision::Wait => Action::await_change(),
         Decision::MarkParked => mark_parked(&ctx, &dl).await?,
         Decision::Refuse { reason } => refuse(&ctx, &dl, &reason).await,
@@ -73,19 +73,6 @@ pub async fn reconcile(dl: Arc<DeadLetter>, ctx: Arc<Context>) -> Result<Action,
         Decision::Redrive { .. } => redrive(&ctx, &ns, &dl).await?,
     };
     Ok(action)
-}
-
-/// What the record calls for (pure: `dlq_core::decide`).
-fn decision(dl: &DeadLetter) -> Decision {
-    let status_phase = dl.status.as_ref().and_then(|s| s.phase);
-    decide::decide(status_phase, dl.spec.action, dl.spec.by.as_deref())
-}
-
-/// Whether reconciling `dl` would do anything. A record that waits for a decision, or is
-/// resolved, is not queued at all: a restart with 100,000 parked records queues none of them
-/// (each queued reconcile holds two copies of the record's reference until it runs).
-pub fn has_work(dl: &DeadLetter) -> bool {
-    !matches!(decision(dl), Decision::Done | Decision::Wait)
 }
 
 /// Writes `write.status` as a compare-and-swap; on success carries out what follows it.
@@ -109,7 +96,7 @@ async fn write(ctx: &Context, record: &DeadLetter, write: &Write) -> Result<bool
 }
 
 /// First sight of a record: mark it Parked, counted and announced once (the CAS has one winner).
-/// While sources are busy parking, marks take turns (see [`super::parking_first`]).
+/// While sources are busy parking, marks take turns (see [`crate::state::parking_first`]).
 async fn mark_parked(ctx: &Context, dl: &DeadLetter) -> Result<Action> {
     let turn = ctx.parking_first.mark_turn().await;
     tracing::debug!(name = %dl.name_any(), while_parking = turn.is_some(), "marking Parked");
@@ -136,7 +123,7 @@ async fn refuse(ctx: &Context, dl: &DeadLetter, why: &str) -> Action {
 
 async fn redrive(ctx: &Context, ns: &str, cached: &DeadLetter) -> Result<Action> {
     let uid = cached.uid().unwrap_or_default();
-    if ctx.claims.is_settled(&uid) {
+    if ctx.claims.resolved_here(&uid) {
         // Resolved here already: this copy is stale, and the watch brings the resolution.
         return Ok(Action::await_change());
     }
@@ -172,17 +159,17 @@ async fn redrive(ctx: &Context, ns: &str, cached: &DeadLetter) -> Result<Action>
         crate::failpoint::hit("after-requeue").await;
     }
     let action = resolve(ctx, record, Phase::Redriven, &by).await;
-    // Forget the enqueue only once the record is settled (resolved, lost to a rival, gone): a
+    // Forget the enqueue only once the record is done with (resolved, lost to a rival, gone): a
     // failed or still-racing status write is retried without enqueueing again.
     if matches!(&action, Ok(a) if *a == Action::await_change()) {
-        ctx.claims.settle(&uid);
+        ctx.claims.remember_resolved(&uid);
         ctx.enqueued.lock().await.remove(&uid);
     }
     action
 }
 
 /// The record with its payload: the cached copy when small jobs are cached whole (see
-/// [`super::cache::strip`]), else read from the apiserver. A stale cached copy is safe: the status
+/// [`crate::run::held::strip`]), else read from the apiserver. A stale cached copy is safe: the status
 /// write is a compare-and-swap. None when the record is gone.
 async fn load(ctx: &Context, ns: &str, cached: &DeadLetter) -> Result<Option<DeadLetter>> {
     if cached.spec.job.has_payload() {

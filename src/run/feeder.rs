@@ -1,4 +1,4 @@
-//! Feeds the records controller: holds whole (stripped: [`super::cache::strip`]) only the
+//! Feeds the records controller: holds whole (stripped: [`super::held::strip`]) only the
 //! records with something to do, and wakes the controller for them.
 //!
 //! - A record with a decision to carry out is held at once: decisions never wait.
@@ -23,7 +23,7 @@ use kube::runtime::watcher::Event;
 use dlq_core::api::{DeadLetter, DeadLetterQueue};
 use dlq_core::record::Interner;
 
-use super::index::RecordIndex;
+use crate::state::records::RecordIndex;
 
 /// Records held for their first mark at once, at most: enough to keep the records
 /// controller's 32 reconciles busy while the watch brings back the marks that free room.
@@ -45,7 +45,7 @@ enum Work {
 }
 
 fn work_of(dl: &DeadLetter) -> Work {
-    if !super::deadletter::has_work(dl) {
+    if !dlq_core::decide::has_work(dl) {
         Work::None
     } else if dl.spec.action.is_none() && dl.status.as_ref().is_none_or(|s| s.phase.is_none()) {
         Work::Mark
@@ -209,7 +209,7 @@ impl Feeder {
             .held
             .get(&key)
             .is_none_or(|b| b.generation != held.generation);
-        super::cache::strip(&mut dl);
+        super::held::strip(&mut dl);
         self.store.apply_watcher_event(&Event::InitApply(dl));
         if wakes {
             self.wake(&key);
@@ -252,7 +252,7 @@ impl Feeder {
             since: before.map_or_else(Instant::now, |b| b.since),
         };
         self.live.hold(key.clone(), held);
-        super::cache::strip(&mut dl);
+        super::held::strip(&mut dl);
         self.store.apply_watcher_event(&Event::Apply(dl));
         if before.is_none_or(|b| b.generation != held.generation) {
             self.wake(&key);

@@ -1,11 +1,11 @@
 //! The form a record takes when the operator holds it whole: in the records controller's store
-//! (only records with something to do: see [`super::work`]) and the decided records' store.
-//! Everything else reads the record index's summaries ([`super::index`]).
+//! (only records with something to do: see [`super::feeder`]) and the decided records' store.
+//! Everything else reads the record index's summaries ([`crate::state::records`]).
 //!
 //! What is dropped is never written back: every write to a record is a merge patch of the
-//! fields it changes (see [`super::apiserver`]), so the cached copy never replaces the stored
+//! fields it changes (see [`crate::state::apiserver`]), so the cached copy never replaces the stored
 //! one. A reconciler that needs a dropped field reads the record (see
-//! [`super::deadletter`]).
+//! [`crate::reconcile::record`]).
 
 use std::collections::BTreeMap;
 
@@ -47,7 +47,7 @@ pub fn strip(dl: &mut DeadLetter) {
     meta.managed_fields = None;
     meta.labels = keep(meta.labels.take(), &KEPT_LABELS);
     meta.annotations = keep(meta.annotations.take(), &KEPT_ANNOTATIONS);
-    let has_work = super::deadletter::has_work(dl);
+    let has_work = dlq_core::decide::has_work(dl);
     if let Some(status) = dl.status.as_mut() {
         if !has_work {
             status.conditions.retain(|c| c.status == "False");

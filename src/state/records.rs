@@ -1,5 +1,5 @@
 //! The operator's view of every record, as summaries (`dlq_core::record::Summary`): what the
-//! queue counters, retention, replays, alerts and the records feeder ([`super::work`]) read.
+//! queue counters, retention, replays, alerts and the records feeder ([`crate::run::feeder`]) read.
 //!
 //! Fed from the record watch, like the job index. With 100,000 records a whole-record cache
 //! held 2 KiB a record (RSS 227 MiB); a summary is a fraction of that. Records with something

@@ -1,9 +1,9 @@
 //! The operator's reconcile error: one enum per reconciler step set, each with a category that
 //! becomes the `kind` label of `dlq_reconcile_errors_total`.
 
-use crate::controller::deadletter::RecordError;
-use crate::controller::deadletterqueue::QueueError;
-use crate::controller::replay::ReplayError;
+use super::queue::QueueError;
+use super::record::RecordError;
+use super::replay::ReplayError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -21,9 +21,9 @@ use dlq_core::conditions;
 use dlq_core::events::EventPlan;
 use dlq_core::plan::QueueStatusWrite;
 
-use super::apiserver::Apiserver;
-use super::{Context, Settings, deadletter};
+use super::{Context, Settings, record};
 use crate::metrics::Metrics;
+use crate::state::apiserver::Apiserver;
 use crate::target::{JobMessage, Target, TargetError, Targets};
 
 const NS: &str = "payments";
@@ -285,7 +285,7 @@ impl Harness {
         let ctx = Arc::new(Context::new(
             apiserver.clone(),
             Arc::new(target.clone()),
-            super::index::RecordIndex::listed_with(&[apiserver.current()]),
+            crate::state::records::RecordIndex::listed_with(&[apiserver.current()]),
             store_of(queues),
             Metrics::default(),
             Settings::default(),
@@ -297,8 +297,8 @@ impl Harness {
         }
     }
 
-    async fn reconcile(&self) -> Result<ReconcileAction, crate::Error> {
-        deadletter::reconcile(Arc::new(self.apiserver.current()), self.ctx.clone()).await
+    async fn reconcile(&self) -> Result<ReconcileAction, super::Error> {
+        record::reconcile(Arc::new(self.apiserver.current()), self.ctx.clone()).await
     }
 
     fn phase(&self) -> Phase {
@@ -348,7 +348,7 @@ async fn a_new_record_is_marked_parked_announced_and_counted_once() {
 #[tokio::test]
 async fn while_sources_park_marks_take_turns_and_decisions_do_not_wait() {
     let h = Harness::new(&record(None), &[queue()]);
-    let busy = super::parking_first::BUSY;
+    let busy = crate::state::parking_first::BUSY;
     let parking: Vec<_> = (0..busy).map(|_| h.ctx.parking_first.parking()).collect();
     let other_mark = h.ctx.parking_first.mark_turn().await;
     let mut mark = Box::pin(h.reconcile());
@@ -402,7 +402,7 @@ async fn a_redrive_requeues_the_untouched_job_then_resolves() {
 #[test]
 fn the_cache_keeps_a_jobs_bytes_only_while_its_decision_waits() {
     let cached = |mut r: DeadLetter| {
-        super::cache::strip(&mut r);
+        crate::run::held::strip(&mut r);
         (r.spec.job.has_payload(), r.spec.job.headers.len())
     };
     assert_eq!(cached(record(None)), (false, 0), "parked, undecided");
@@ -414,7 +414,7 @@ fn the_cache_keeps_a_jobs_bytes_only_while_its_decision_waits() {
     });
     assert_eq!(cached(resolved), (false, 0), "history");
     let mut big = record(Some(Action::Redrive));
-    big.spec.job.payload = Some("x".repeat(super::cache::CACHED_PAYLOAD_MAX + 1));
+    big.spec.job.payload = Some("x".repeat(crate::run::held::CACHED_PAYLOAD_MAX + 1));
     assert_eq!(cached(big), (false, 0), "over the cached size");
 }
 
@@ -423,10 +423,10 @@ async fn a_redrive_from_a_stripped_cached_copy_sends_the_whole_job() {
     let h = Harness::new(&record(Some(Action::Redrive)), &[queue()]);
     // The cache stripped the record while it waited; the decision's event was not seen yet.
     let mut cached = record(None);
-    super::cache::strip(&mut cached);
+    crate::run::held::strip(&mut cached);
     cached.spec.action = Some(Action::Redrive);
     cached.spec.by = Some("ops".into());
-    deadletter::reconcile(Arc::new(cached), h.ctx.clone())
+    record::reconcile(Arc::new(cached), h.ctx.clone())
         .await
         .expect("reconcile");
     let sent = h.target.received.lock().expect("lock").clone();
@@ -443,7 +443,7 @@ async fn a_stale_copy_of_a_record_resolved_here_is_not_enqueued_again() {
     h.reconcile().await.expect("reconcile");
     assert_eq!(h.phase(), Phase::Redriven);
     // The other records controller's cache still shows it Parked with its decision.
-    let action = deadletter::reconcile(Arc::new(decided), h.ctx.clone())
+    let action = record::reconcile(Arc::new(decided), h.ctx.clone())
         .await
         .expect("stale reconcile");
     assert_eq!(action, ReconcileAction::await_change());
@@ -518,12 +518,12 @@ async fn a_queue_not_listed_yet_is_waited_for_not_reported_missing() {
     let ctx = Arc::new(Context::new(
         apiserver.clone(),
         Arc::new(Arc::<FakeTarget>::default()),
-        super::index::RecordIndex::listed_with(&[apiserver.current()]),
+        crate::state::records::RecordIndex::listed_with(&[apiserver.current()]),
         queues,
         Metrics::default(),
         Settings::default(),
     ));
-    let action = deadletter::reconcile(Arc::new(apiserver.current()), ctx)
+    let action = record::reconcile(Arc::new(apiserver.current()), ctx)
         .await
         .expect("reconcile");
     assert_eq!(action, ReconcileAction::requeue(super::CACHE_WAIT));
@@ -625,7 +625,7 @@ async fn an_unsigned_decision_is_refused_on_the_record() {
 async fn a_leader_whose_lease_term_ran_out_enqueues_nothing() {
     let apiserver = FakeApiserver::holding(&record(Some(Action::Redrive)));
     let target: Arc<FakeTarget> = Arc::default();
-    let leadership = super::Leadership::not_yet();
+    let leadership = crate::state::leadership::Leadership::not_yet();
     let settings = Settings {
         leadership: leadership.clone(),
         ..Settings::default()
@@ -633,7 +633,7 @@ async fn a_leader_whose_lease_term_ran_out_enqueues_nothing() {
     let ctx = Arc::new(Context::new(
         apiserver.clone(),
         Arc::new(target.clone()),
-        super::index::RecordIndex::listed_with(&[apiserver.current()]),
+        crate::state::records::RecordIndex::listed_with(&[apiserver.current()]),
         store_of(&[queue()]),
         Metrics::default(),
         settings,
@@ -670,7 +670,7 @@ async fn resolution_events_go_through_the_aggregator() {
         Context::new(
             apiserver.clone(),
             Arc::new(target.clone()),
-            super::index::RecordIndex::listed_with(&[apiserver.current()]),
+            crate::state::records::RecordIndex::listed_with(&[apiserver.current()]),
             store_of(&[queue()]),
             Metrics::default(),
             Settings::default(),
@@ -727,8 +727,8 @@ async fn only_records_with_something_to_do_are_queued() {
     let (_store, writer) = reflector::store();
     let (wakes, woken) = futures::channel::mpsc::unbounded();
     let (queue_wakes, _queues) = futures::channel::mpsc::unbounded();
-    let index = super::index::RecordIndex::default();
-    let mut feeder = super::work::Feeder::new(writer, index.clone(), wakes, queue_wakes);
+    let index = crate::state::records::RecordIndex::default();
+    let mut feeder = crate::run::feeder::Feeder::new(writer, index.clone(), wakes, queue_wakes);
     for event in [watcher::Event::Init, watcher::Event::InitDone]
         .into_iter()
         .chain(events.into_iter().map(watcher::Event::Apply))

@@ -21,10 +21,10 @@ use dlq_core::replay::{
 };
 
 use super::{Replays, reconcile};
-use crate::controller::apiserver::{Apiserver, Signature};
-use crate::controller::tests::store_of;
-use crate::controller::{Context, Settings};
 use crate::metrics::Metrics;
+use crate::reconcile::tests::store_of;
+use crate::reconcile::{Context, Settings};
+use crate::state::apiserver::{Apiserver, Signature};
 use crate::target::{Target, TargetError, Targets};
 
 const NS: &str = "payments";
@@ -282,7 +282,7 @@ fn process(fake: &Arc<Fake>) -> Arc<Replays> {
     let ctx = Context::new(
         fake.clone(),
         Arc::new(NoTargets),
-        crate::controller::index::RecordIndex::listed_with(&fake.all()),
+        crate::state::records::RecordIndex::listed_with(&fake.all()),
         store_of(&[queue()]),
         Metrics::default(),
         Settings::default(),
@@ -423,7 +423,7 @@ async fn a_missing_queue_keeps_the_replay_pending() {
     let ctx = Context::new(
         fake.clone(),
         Arc::new(NoTargets),
-        crate::controller::index::RecordIndex::listed_with(&fake.all()),
+        crate::state::records::RecordIndex::listed_with(&fake.all()),
         store_of::<DeadLetterQueue>(&[]),
         Metrics::default(),
         Settings::default(),

@@ -28,7 +28,7 @@ use dlq_core::replay::{
 };
 
 use super::Context;
-use super::apiserver::{Signature, is_conflict, reference};
+use crate::state::apiserver::{Signature, is_conflict, reference};
 
 /// Signatures in flight at once within one step.
 const SIGN_CONCURRENCY: usize = 64;
@@ -121,7 +121,7 @@ struct Run<'a> {
 pub async fn reconcile(
     replay: Arc<DeadLetterReplay>,
     replays: Arc<Replays>,
-) -> Result<Action, crate::Error> {
+) -> Result<Action, super::Error> {
     let ns = replay.namespace().ok_or(ReplayError::NoNamespace)?;
     let uid = replay.uid().unwrap_or_default();
     let mem = replays

@@ -1,0 +1,247 @@
+//! The reconcilers: a signed decision on a record carried out once ([`record`]), a queue's
+//! counters, readiness and retention ([`queue`]), a runbook paced step by step ([`replay`]).
+//! They share a [`Context`], constructible in tests with a fake apiserver and fake targets, and
+//! one error type ([`Error`]); the process wiring that runs them is [`crate::run`].
+
+pub mod aggregate;
+mod claims;
+pub mod error;
+pub mod queue;
+pub mod record;
+pub mod replay;
+
+pub use error::{Error, Result};
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Resource, ResourceExt};
+use tokio::sync::Mutex;
+
+use dlq_core::api::{DeadLetter, DeadLetterQueue};
+use dlq_core::events::EventPlan;
+use dlq_core::plan::{Effects, Then};
+use k8s_openapi::api::core::v1::ObjectReference;
+
+use crate::metrics::Metrics;
+use crate::state::apiserver::{self, Apiserver};
+use crate::state::leadership::Leadership;
+use crate::state::parking_first;
+use crate::state::records::RecordIndex;
+use crate::target::Targets;
+
+/// Tunables of the reconcilers.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Longest wait between requeue attempts while a broker is down.
+    pub backoff_cap: Duration,
+    /// How often queues refresh counters, readiness and retention without a trigger.
+    pub queue_resync: Duration,
+    /// Concurrent reconciles per controller.
+    pub concurrency: u16,
+    /// This replica's term on the Lease: no requeue once it ran out (a paused leader).
+    pub leadership: Leadership,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            backoff_cap: Duration::from_secs(60),
+            queue_resync: Duration::from_secs(30),
+            concurrency: 32,
+            leadership: Leadership::always(),
+        }
+    }
+}
+
+/// Everything a reconcile needs; built from parts so tests construct it with a fake
+/// [`Apiserver`] and fake [`Targets`] and call the reconcilers in-process.
+pub struct Context {
+    pub apiserver: Arc<dyn Apiserver>,
+    pub targets: Arc<dyn Targets>,
+    pub metrics: Metrics,
+    pub settings: Settings,
+    /// Every record, as a summary (see [`index`]).
+    pub records: RecordIndex,
+    /// DeadLetterQueues as the watch sees them: the only way the operator reads them.
+    pub queues: Store<DeadLetterQueue>,
+    /// Consecutive requeue failures per record (by uid), for backoff. Entries of records that
+    /// are gone are pruned on the next failure.
+    failures: Mutex<HashMap<String, (ObjectRef<DeadLetter>, u32)>>,
+    /// Record uids this process already enqueued whose resolution is not yet written: a retry
+    /// after a failed status write must not enqueue a second time.
+    enqueued: Mutex<HashSet<String>>,
+    /// Records being reconciled and records resolved by this process, across the two records
+    /// controllers.
+    claims: claims::Claims,
+    /// Folds Normal resolution Events per queue during bulk resolutions; None publishes
+    /// every Event as planned (the in-process tests).
+    aggregator: Option<aggregate::Aggregator>,
+    /// Marks yield to this process's sources while they park (see [`parking_first`]).
+    pub parking_first: parking_first::ParkingFirst,
+}
+
+/// How long a reconcile waits for the record cache's first complete list before it steps aside
+/// and asks to be run again.
+pub const CACHE_WAIT: Duration = Duration::from_secs(1);
+
+/// Whether `store` has had its first complete list, waiting at most [`CACHE_WAIT`].
+async fn listed_once<K>(store: &Store<K>) -> bool
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    tokio::time::timeout(CACHE_WAIT, store.wait_until_ready())
+        .await
+        .is_ok_and(|r| r.is_ok())
+}
+
+impl Context {
+    /// Whether the record cache has listed everything once (waiting at most [`CACHE_WAIT`]).
+    /// A reconcile must not hold its object's slot while waiting: with 20,000 records the
+    /// queue's first reconcile, started before the list was complete, never resumed (its
+    /// counters were never written); asking again each time does.
+    pub async fn cache_ready(&self) -> bool {
+        tokio::time::timeout(CACHE_WAIT, self.records.wait_listed())
+            .await
+            .is_ok()
+    }
+
+    /// Whether the record cache has listed everything once, without waiting.
+    pub fn records_listed(&self) -> bool {
+        self.records.listed()
+    }
+
+    /// Whether the queue cache has listed everything once (waiting at most [`CACHE_WAIT`]):
+    /// records can stream in before their queues, and a queue not yet listed is not missing.
+    pub async fn queues_ready(&self) -> bool {
+        listed_once(&self.queues).await
+    }
+
+    pub fn new(
+        apiserver: Arc<dyn Apiserver>,
+        targets: Arc<dyn Targets>,
+        records: RecordIndex,
+        queues: Store<DeadLetterQueue>,
+        metrics: Metrics,
+        settings: Settings,
+    ) -> Self {
+        Context {
+            apiserver,
+            targets,
+            metrics,
+            settings,
+            records,
+            queues,
+            failures: Mutex::default(),
+            enqueued: Mutex::default(),
+            claims: claims::Claims::default(),
+            aggregator: None,
+            parking_first: parking_first::ParkingFirst::default(),
+        }
+    }
+
+    /// Sends aggregatable Events through `aggregator` (see [`aggregate`]).
+    pub fn with_aggregator(mut self, aggregator: aggregate::Aggregator) -> Self {
+        self.aggregator = Some(aggregator);
+        self
+    }
+
+    /// Publishes the Events and applies the metric changes of a plan about `obj`. Normal
+    /// resolution Events go through the aggregator when there is one.
+    pub async fn carry_out(&self, obj: &DeadLetter, effects: &Effects) {
+        for change in &effects.metrics {
+            self.metrics.apply(change);
+        }
+        for event in &effects.events {
+            let regarding = apiserver::reference(obj);
+            match (&self.aggregator, self.pending(obj, &regarding, event)) {
+                (Some(aggregator), Some(pending)) => {
+                    if let Err(p) = aggregator.send(pending) {
+                        tracing::warn!("event aggregator gone; publishing directly");
+                        self.apiserver.publish(p.regarding, &p.plan).await;
+                    }
+                }
+                _ => self.apiserver.publish(regarding, event).await,
+            }
+        }
+    }
+
+    /// `event` as the aggregator takes it, when it may be aggregated: a Normal resolution
+    /// Event about a record.
+    fn pending(
+        &self,
+        obj: &DeadLetter,
+        regarding: &ObjectReference,
+        event: &EventPlan,
+    ) -> Option<aggregate::Pending> {
+        if !dlq_core::events::aggregatable(event) {
+            return None;
+        }
+        let meta = obj.meta();
+        let queue = obj.spec.queue.clone();
+        let namespace = meta.namespace.clone()?;
+        Some(aggregate::Pending {
+            queue_ref: self
+                .queue(&namespace, &queue)
+                .map(|q| apiserver::reference(q.as_ref())),
+            namespace,
+            queue,
+            name: meta.name.clone().unwrap_or_default(),
+            regarding: regarding.clone(),
+            plan: event.clone(),
+        })
+    }
+
+    /// The queue `name` in `namespace`, from the store.
+    pub fn queue(&self, namespace: &str, name: &str) -> Option<Arc<DeadLetterQueue>> {
+        self.queues.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    /// Counts one more consecutive requeue failure of `record`.
+    async fn note_failure(&self, record: &DeadLetter) -> u32 {
+        let mut map = self.failures.lock().await;
+        map.retain(|_, (r, _)| {
+            let ns = r.namespace.as_deref().unwrap_or_default();
+            self.records.get(ns, &r.name).is_some()
+        });
+        let entry = map
+            .entry(record.uid().unwrap_or_default())
+            .or_insert_with(|| (ObjectRef::from_obj(record), 0));
+        entry.1 = entry.1.saturating_add(1);
+        entry.1
+    }
+
+    async fn clear_failures(&self, record: &DeadLetter) {
+        self.failures
+            .lock()
+            .await
+            .remove(&record.uid().unwrap_or_default());
+    }
+}
+
+/// The controller's form of a plan's follow-up.
+pub fn action(then: Then) -> Action {
+    match then {
+        Then::AwaitChange => Action::await_change(),
+        Then::RequeueAfter(d) => Action::requeue(d),
+    }
+}
+
+/// Counts a failed reconcile by its category and tries again in 5 s.
+pub(crate) fn error_policy<K>(_obj: Arc<K>, err: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics
+        .reconcile_errors
+        .get_or_create(&crate::metrics::ErrorLabels {
+            kind: err.category().into(),
+        })
+        .inc();
+    tracing::warn!(error = %err, kind = err.category(), "reconcile failed");
+    Action::requeue(Duration::from_secs(5))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,9 @@
+//! What the reconcilers, the sources and the alert sender share, below all of them: the job
+//! index sources park with, the record index everyone reads, this replica's leadership, the
+//! one writer to the apiserver, and the parking priority between sources and marks.
+
+pub mod apiserver;
+pub mod jobs;
+pub mod leadership;
+pub mod parking_first;
+pub mod records;
