@@ -152,7 +152,7 @@ async fn wait_replay(
     .await
 }
 
-/// `kubectl get dlr -n NS -o wide`, as the README shows it.
+/// `kubectl get dlr -n NS -o wide`, as docs/operations.md shows it.
 fn kubectl_get_dlr(ns: &str) -> String {
     let out = dlq_testenv::plane()
         .kubectl()

@@ -338,7 +338,7 @@ pub struct DeadLetterQueueSpec {
     pub retention: Option<Retention>,
     /// A hard limit: at most this many Parked records (and admitted parkings not yet counted).
     /// Beyond it parkings are refused and sources leave dead messages in their broker until
-    /// records are resolved. Defaults to 5000 (see the README's capacity guidance).
+    /// records are resolved. Defaults to 5000 (see docs/operations.md, "Capacity").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1), default = "default_max_parked")]
     pub max_parked: Option<i64>,
@@ -348,7 +348,7 @@ pub struct DeadLetterQueueSpec {
 }
 
 /// Default for `maxParked`: at 64 KiB payloads about 330 MiB of etcd (68 KB a record,
-/// measured), a sixth of etcd's default 2 GiB quota; at 1 KiB about 10 MiB (README,
+/// measured), a sixth of etcd's default 2 GiB quota; at 1 KiB about 10 MiB (docs/operations.md,
 /// "Capacity"). The schema sets it, so a queue created without one shows it.
 pub const DEFAULT_MAX_PARKED: i64 = 5_000;
 
@@ -630,7 +630,7 @@ pub struct SourceSpec {
     pub kafka: Option<KafkaSourceSpec>,
 }
 
-/// Drain a Redis list that consumers push dead jobs onto (see README "Dead-list envelope").
+/// Drain a Redis list that consumers push dead jobs onto (see docs/backends.md, "Source: the dead-list envelope").
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct RedisSourceSpec {

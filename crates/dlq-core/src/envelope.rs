@@ -1,5 +1,6 @@
-//! The dead-list envelope: the JSON object a consumer pushes onto a dead list (see README,
-//! "Dead-list envelope"), and how one element becomes a park request.
+//! The dead-list envelope: the JSON object a consumer pushes onto a dead list (see
+//! docs/backends.md, "Source: the dead-list envelope"), and how one element becomes a park
+//! request.
 //!
 //! Only a JSON object with known fields is an envelope: serde would otherwise read a JSON array
 //! as the fields in order (`["an","array"]` as job `an` with payload `array`), and a typo such
