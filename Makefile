@@ -72,7 +72,8 @@ tools:
 	@bash tools/build.sh kube etcd helm promtool toxiproxy cni pause elasticmq kafka flux actionlint >/dev/null
 
 ## start a local control plane for a human; prints the KUBECONFIG to export. NODE=1 adds a real
-## node (kubelet, containerd, kube-proxy; needs root): see README "A real node"
+## node (kubelet, containerd, kube-proxy; needs root): see docs/development.md. Its state (kubeconfig,
+## log, the node's containerd socket) goes to DLQ_CLUSTER_DIR, default target/cluster
 cluster:
 	@NODE=$(NODE) bash scripts/cluster.sh up
 
@@ -107,10 +108,11 @@ image:
 
 .PHONY: image-local
 ## the operator image without a Docker daemon (release binaries, the Dockerfile's final stage),
-## imported into the node of `make cluster NODE=1` when one runs; the last line is the image ref
+## imported into the node of `make cluster NODE=1` when one runs (the cluster at DLQ_CLUSTER_DIR,
+## default target/cluster, as for `make cluster`); the last line is the image ref
 image-local:
 	@$(CARGO) build -q --release --locked -p deadletter-operator -p kubectl-dlq
 	@$(CARGO) build -q -p dlq-testenv --bin dlq-image
-	@sock=target/cluster/containerd; \
+	@sock=$${DLQ_CLUSTER_DIR:-$(CURDIR)/target/cluster}/containerd; \
 	  target/debug/dlq-image --bin-dir target/release --out target/image/deadletter-operator.tar \
 	    $$( [ -s $$sock ] && echo --load-into $$(cat $$sock) )
