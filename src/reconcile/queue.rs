@@ -51,7 +51,7 @@ pub async fn reconcile(
     let name = queue.name_any();
     tracing::debug!(namespace = %ns, queue = %name, "queue reconcile");
     // Counting from a store that has not listed yet would under-count, and the count settles
-    // reservations: maxParked would no longer hold.
+    // blocks of slots: maxParked would no longer hold.
     if !ctx.cache_ready().await {
         return Ok(Action::requeue(super::CACHE_WAIT));
     }
@@ -83,40 +83,27 @@ pub async fn reconcile(
     Ok(Action::requeue(ctx.settings.queue_resync))
 }
 
-/// The queue's reservations and blocks that `records` (one snapshot of the store, the one
-/// counted) settle: see `dlq_core::capacity`.
+/// The queue's blocks of slots that `records` (one snapshot of the store, the one counted)
+/// settle: see `dlq_core::capacity`.
 fn settled(
     queue: &DeadLetterQueue,
     records: &[Arc<Summary>],
     now: Timestamp,
 ) -> capacity::Settlement {
-    let Some(status) = queue.status.as_ref() else {
+    let Some(status) = queue.status.as_ref().filter(|s| !s.blocks.is_empty()) else {
         return capacity::Settlement::default();
     };
-    let mut out = capacity::Settlement::default();
-    if !status.reservations.is_empty() {
-        let created: HashMap<&str, i64> = records
-            .iter()
-            .map(|r| (&*r.name, r.created.map_or(i64::MAX, |t| t.as_second())))
-            .collect();
-        out.names = capacity::settled(
-            &status.reservations,
-            |n| created.get(n).copied(),
-            now.as_second(),
-        );
+    let mut seen: HashMap<&str, i64> = HashMap::new();
+    for block in records.iter().filter_map(|r| r.slot_block.as_deref()) {
+        *seen.entry(block).or_default() += 1;
     }
-    if !status.blocks.is_empty() {
-        let mut seen: HashMap<&str, i64> = HashMap::new();
-        for block in records.iter().filter_map(|r| r.slot_block.as_deref()) {
-            *seen.entry(block).or_default() += 1;
-        }
-        out.blocks = capacity::settle_blocks(
+    capacity::Settlement {
+        blocks: capacity::settle_blocks(
             &status.blocks,
             |id| seen.get(id).copied().unwrap_or(0),
             now.as_second(),
-        );
+        ),
     }
-    out
 }
 
 /// The queue's records, from the index.

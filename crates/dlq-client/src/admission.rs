@@ -17,7 +17,7 @@ use tokio::sync::oneshot;
 use dlq_core::api::DeadLetterQueue;
 use dlq_core::capacity::{self, Grant};
 
-/// Why a reservation was not made.
+/// Why no slot was granted.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum AdmitError {
     #[error("queue is full: {in_use} of maxParked {limit}")]
@@ -37,8 +37,8 @@ pub struct Slot {
 
 type Reply = oneshot::Sender<Result<Slot, AdmitError>>;
 
-/// The slots left in the block this process holds for one queue.
-struct Held {
+/// One block of slots granted to this process for a queue, being spent.
+struct Block {
     id: String,
     size: i64,
     left: i64,
@@ -51,10 +51,10 @@ struct Held {
     asked: Instant,
 }
 
-impl Held {
+impl Block {
     /// Block `id` of `size` slots granted at `asked`, `taken` of them already handed out.
-    fn granted(id: &str, size: i64, taken: i64, asked: Instant) -> Held {
-        Held {
+    fn granted(id: &str, size: i64, taken: i64, asked: Instant) -> Block {
+        Block {
             id: id.to_string(),
             size,
             left: size - taken,
@@ -96,13 +96,13 @@ impl Held {
     }
 }
 
-/// The blocks this process holds for one queue.
+/// The blocks this process was granted for one queue.
 #[derive(Default)]
 struct Blocks {
     /// The block being spent.
-    current: Option<Held>,
+    current: Option<Block>,
     /// The block asked for ahead while a storm spends `current`; spent once that one is.
-    next: Option<Held>,
+    next: Option<Block>,
     /// A background compare-and-swap for `next` is under way.
     refilling: bool,
 }
@@ -117,27 +117,27 @@ impl Blocks {
     /// A slot from the current block, or from the next one once the current is spent; also
     /// the current block when it was replaced with unused slots to give back.
     fn take(&mut self) -> (Option<Slot>, Option<Retired>) {
-        if let Some(slot) = self.current.as_mut().and_then(Held::take) {
+        if let Some(slot) = self.current.as_mut().and_then(Block::take) {
             return (Some(slot), None);
         }
         let Some(next) = self.next.take() else {
             return (None, None);
         };
         let retired = self.replace_current(next);
-        (self.current.as_mut().and_then(Held::take), retired)
+        (self.current.as_mut().and_then(Block::take), retired)
     }
 
-    /// Makes `held` the block being spent; the one it replaces, closed, when it had unused
+    /// Makes `block` the one being spent; the one it replaces, closed, when it had unused
     /// slots to give back (it expired before its give-back ran, or was not spent).
-    fn replace_current(&mut self, held: Held) -> Option<Retired> {
-        self.current.replace(held).and_then(|mut old| {
+    fn replace_current(&mut self, block: Block) -> Option<Retired> {
+        self.current.replace(block).and_then(|mut old| {
             let id = old.id.clone();
             old.close().map(|used| Retired { id, used })
         })
     }
 
     /// The block with id `id`, current or next, while it is still open.
-    fn open(&mut self, id: &str) -> Option<&mut Held> {
+    fn open(&mut self, id: &str) -> Option<&mut Block> {
         [self.current.as_mut(), self.next.as_mut()]
             .into_iter()
             .flatten()
@@ -145,7 +145,7 @@ impl Blocks {
     }
 
     /// The size of the block to ask for ahead, when one should be: the current block is half
-    /// spent within [`QUICKLY`] of asking (a storm), no next block is held or being asked for.
+    /// spent within [`QUICKLY`] of asking (a storm), no next block is granted or being asked for.
     fn refill_due(&self) -> Option<i64> {
         let current = self.current.as_ref()?;
         let due = !self.refilling
@@ -163,8 +163,8 @@ struct Gate {
     /// Parkings waiting for the next compare-and-swap.
     pending: Mutex<Vec<Reply>>,
     /// The blocks being spent.
-    held: Mutex<Blocks>,
-    /// Held during a compare-and-swap; the queue as last read or written by it.
+    blocks: Mutex<Blocks>,
+    /// Locked during a compare-and-swap; the queue as last read or written by it.
     last: tokio::sync::Mutex<Option<DeadLetterQueue>>,
 }
 
@@ -236,8 +236,8 @@ fn block_id() -> String {
 
 impl Admissions {
     /// Takes a slot in `queue` (a recent view of it: a stale one costs a 409 and a read): from
-    /// the block this process holds, or from a new block granted by one compare-and-swap for
-    /// every parking waiting at that moment.
+    /// the block this process is spending, or from a new block granted by one compare-and-swap
+    /// for every parking waiting at that moment.
     pub async fn admit(
         &self,
         client: &Client,
@@ -260,13 +260,13 @@ impl Admissions {
         };
         let mut last = last;
         let batch = std::mem::take(&mut *lock(&gate.pending));
-        let mut batch = serve_from_held(client, queue, &gate, batch);
+        let mut batch = serve_from_blocks(client, queue, &gate, batch);
         // One block per round; more rounds when the parkings waiting outnumber the largest
         // block, until they are served or the queue is full.
         while !batch.is_empty() {
             let want = {
-                let held = lock(&gate.held);
-                let before = held
+                let blocks = lock(&gate.blocks);
+                let before = blocks
                     .current
                     .as_ref()
                     .map(|h| (h.size, h.asked.elapsed() < QUICKLY));
@@ -306,8 +306,8 @@ impl Admissions {
         let Some(gate) = lock(&self.gates).get(&key).cloned() else {
             return;
         };
-        let mut held = lock(&gate.held);
-        if let Some(h) = held.open(&slot.block) {
+        let mut blocks = lock(&gate.blocks);
+        if let Some(h) = blocks.open(&slot.block) {
             if h.asked.elapsed() < BLOCK_USE {
                 h.left += 1;
             } else {
@@ -317,15 +317,15 @@ impl Admissions {
     }
 }
 
-/// A slot from the blocks held, if any: gives back what a replaced block did not use, and
+/// A slot from this process's blocks, if any: gives back what a replaced block did not use, and
 /// asks for the next block ahead when a storm is spending the current one.
 fn take(client: &Client, queue: &DeadLetterQueue, gate: &Arc<Gate>) -> Option<Slot> {
     let (slot, retired, refill) = {
-        let mut held = lock(&gate.held);
-        let (slot, retired) = held.take();
-        let refill = held.refill_due();
+        let mut blocks = lock(&gate.blocks);
+        let (slot, retired) = blocks.take();
+        let refill = blocks.refill_due();
         if refill.is_some() {
-            held.refilling = true;
+            blocks.refilling = true;
         }
         (slot, retired, refill)
     };
@@ -343,8 +343,8 @@ fn take(client: &Client, queue: &DeadLetterQueue, gate: &Arc<Gate>) -> Option<Sl
     slot
 }
 
-/// Answers what the held blocks still cover; returns the rest.
-fn serve_from_held(
+/// Answers what this process's blocks still cover; returns the rest.
+fn serve_from_blocks(
     client: &Client,
     queue: &DeadLetterQueue,
     gate: &Arc<Gate>,
@@ -370,8 +370,8 @@ async fn refill_ahead(client: Client, queue: DeadLetterQueue, gate: Arc<Gate>, w
     let mut last = gate.last.lock().await;
     // A batch may have been served meanwhile, with a block of its own.
     let still_due = {
-        let held = lock(&gate.held);
-        held.next.is_none() && held.current.as_ref().is_some_and(|h| h.left > 0)
+        let blocks = lock(&gate.blocks);
+        blocks.next.is_none() && blocks.current.as_ref().is_some_and(|b| b.left > 0)
     };
     if still_due {
         let (id, asked) = (block_id(), Instant::now());
@@ -380,11 +380,11 @@ async fn refill_ahead(client: Client, queue: DeadLetterQueue, gate: Arc<Gate>, w
         if let Ok(granted) = reserved
             && granted.size > 0
         {
-            lock(&gate.held).next = Some(Held::granted(&id, granted.size, 0, asked));
+            lock(&gate.blocks).next = Some(Block::granted(&id, granted.size, 0, asked));
             GiveBack::of(&client, &queue).after_use(gate.clone(), id, asked);
         }
     }
-    lock(&gate.held).refilling = false;
+    lock(&gate.blocks).refilling = false;
 }
 
 /// Gives waiting parkings their slots of a new block and keeps what is left of it for the
@@ -408,8 +408,8 @@ fn hand_out(
     }
     if granted.size > 0 {
         let taken = i64::try_from(covered).unwrap_or(0);
-        let held = Held::granted(id, granted.size, taken, asked);
-        let retired = lock(&gate.held).replace_current(held);
+        let block = Block::granted(id, granted.size, taken, asked);
+        let retired = lock(&gate.blocks).replace_current(block);
         let back = GiveBack::of(client, queue);
         if let Some(Retired { id, used }) = retired {
             tokio::spawn(back.clone().send(id, used));
@@ -442,9 +442,9 @@ impl GiveBack {
         tokio::spawn(async move {
             tokio::time::sleep(BLOCK_USE.saturating_sub(asked.elapsed())).await;
             let used = {
-                let mut held = lock(&gate.held);
+                let mut blocks = lock(&gate.blocks);
                 // No slot is taken from it after this.
-                match held.open(&id).and_then(Held::close) {
+                match blocks.open(&id).and_then(Block::close) {
                     Some(used) => used,
                     None => return,
                 }
@@ -573,16 +573,16 @@ async fn write(
 mod tests {
     use super::*;
 
-    fn held(id: &str, size: i64, left: i64, asked: Instant) -> Held {
-        Held::granted(id, size, size - left, asked)
+    fn block(id: &str, size: i64, left: i64, asked: Instant) -> Block {
+        Block::granted(id, size, size - left, asked)
     }
 
     #[test]
     fn the_next_block_is_spent_once_the_current_one_is() {
         let now = Instant::now();
         let mut blocks = Blocks {
-            current: Some(held("a", 2, 1, now)),
-            next: Some(held("b", 4, 4, now)),
+            current: Some(block("a", 2, 1, now)),
+            next: Some(block("b", 4, 4, now)),
             refilling: false,
         };
         let taken: Vec<String> = (0..5)
@@ -596,8 +596,8 @@ mod tests {
     fn a_current_block_past_its_use_window_gives_back_what_it_did_not_use() {
         let long_ago = Instant::now() - BLOCK_USE - Duration::from_secs(1);
         let mut blocks = Blocks {
-            current: Some(held("old", 10, 6, long_ago)),
-            next: Some(held("new", 4, 4, Instant::now())),
+            current: Some(block("old", 10, 6, long_ago)),
+            next: Some(block("new", 4, 4, Instant::now())),
             refilling: false,
         };
         let (slot, retired) = blocks.take();
@@ -614,16 +614,16 @@ mod tests {
     fn the_next_block_is_asked_for_when_a_storm_has_spent_half_the_current_one() {
         let now = Instant::now();
         let mut blocks = Blocks {
-            current: Some(held("a", 64, 33, now)),
+            current: Some(block("a", 64, 33, now)),
             ..Blocks::default()
         };
         assert_eq!(blocks.refill_due(), None, "more than half left");
-        blocks.current = Some(held("a", 64, 32, now));
+        blocks.current = Some(block("a", 64, 32, now));
         assert_eq!(blocks.refill_due(), Some(128), "twice the current block");
         blocks.refilling = true;
         assert_eq!(blocks.refill_due(), None, "one refill at a time");
         blocks.refilling = false;
-        blocks.next = Some(held("b", 128, 128, now));
+        blocks.next = Some(block("b", 128, 128, now));
         assert_eq!(blocks.refill_due(), None, "one block ahead at most");
     }
 
@@ -631,12 +631,12 @@ mod tests {
     fn a_trickle_or_a_single_park_never_takes_slots_ahead() {
         let slow = Instant::now() - QUICKLY - Duration::from_millis(1);
         let trickle = Blocks {
-            current: Some(held("a", 64, 1, slow)),
+            current: Some(block("a", 64, 1, slow)),
             ..Blocks::default()
         };
         assert_eq!(trickle.refill_due(), None, "spent slowly");
         let single = Blocks {
-            current: Some(held("a", 1, 0, Instant::now())),
+            current: Some(block("a", 1, 0, Instant::now())),
             ..Blocks::default()
         };
         assert_eq!(single.refill_due(), None, "too small to ask ahead");

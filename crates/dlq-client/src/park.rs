@@ -87,7 +87,7 @@ pub struct Parker {
     /// The DeadLetterQueues this parker read in the last [`QUEUE_READ_REUSE`]: a producer that
     /// parks a storm of jobs would otherwise read the same queue once per job.
     queues: Arc<Mutex<QueueReads>>,
-    /// Reservations under `maxParked`, batched per queue across the process's parkers.
+    /// Slots under `maxParked`, granted in blocks per queue shared by the process's parkers.
     admissions: Admissions,
 }
 

@@ -721,19 +721,13 @@ pub struct DeadLetterQueueStatus {
     /// The same counters per failure kind (`Transient`, `Invalid`), for `kubectl dlq stats`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub failure_kinds: BTreeMap<String, KindCounts>,
-    /// Parkings admitted under `maxParked` whose record the operator has not counted yet:
-    /// record name → when admitted (Unix seconds). Parkers add to it with a compare-and-swap
-    /// on this status; the operator removes what it counted (see `dlq_core::capacity`).
-    // Atomic for field management: per-key managedFields entries made every write of a storm
-    // slower (600 parkings: 14.8 KB of managedFields, 6.8 s; atomic: 0.5 KB, 4.7 s).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(extend("x-kubernetes-map-type" = "atomic"))]
-    pub reservations: BTreeMap<String, i64>,
     /// Blocks of slots under `maxParked` granted to parker processes, by block id: a parking
     /// storm reserves many slots in one compare-and-swap and spends them without writing the
     /// queue again. Records parked in a block carry its id in the annotation
     /// `dlq.dev/slot-block`; the operator counts them and removes the block once every slot is
     /// seen or it is too old to be used (see `dlq_core::capacity`).
+    // Atomic for field management: per-key managedFields entries made every write of a storm
+    // slower (600 parkings: 14.8 KB of managedFields, 6.8 s; atomic: 0.5 KB, 4.7 s).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend("x-kubernetes-map-type" = "atomic"))]
     pub blocks: BTreeMap<String, SlotBlock>,

@@ -15,7 +15,7 @@
 //! its records the snapshot does not hold yet, and `counted` only moves together with a count
 //! that includes those records (both from one snapshot of the watch, a prefix of the
 //! apiserver's history). A block is removed once all its slots are counted, or once it is too
-//! old to be used ([`RESERVATION_TTL_SECS`]): a parker spends a block's slots only within
+//! old to be used ([`BLOCK_TTL_SECS`]): a parker spends a block's slots only within
 //! [`BLOCK_USE_SECS`] of asking for it and creates within [`CREATE_WITHIN_SECS`] of taking a
 //! slot.
 //!
@@ -25,31 +25,26 @@
 //! is reached exactly; slots a process took but did not use stay counted until the block
 //! expires (the safe side).
 //!
-//! `status.reservations` (one slot per record name) is the older form; the operator still
-//! settles it for parkers of earlier versions. Without a running operator nothing is counted:
-//! blocks pile up and parking stops at `maxParked` (the safe side).
+//! Without a running operator nothing is counted: blocks pile up and parking stops at
+//! `maxParked` (the safe side).
 
 use std::collections::BTreeMap;
 
 use crate::api::{DeadLetterQueueStatus, SlotBlock};
 
-/// How long a reservation or block the operator has not seen every record of is kept.
-pub const RESERVATION_TTL_SECS: i64 = 300;
+/// How long a block the operator has not seen every record of is kept.
+pub const BLOCK_TTL_SECS: i64 = 300;
 /// A parker creates a record at most this long after taking its slot; later it asks again.
 pub const CREATE_WITHIN_SECS: i64 = 60;
 /// A parker takes slots from a block at most this long after asking for it.
 pub const BLOCK_USE_SECS: i64 = 10;
 /// The largest block one compare-and-swap grants.
 pub const MAX_BLOCK: i64 = 256;
-/// Clock skew tolerated between a parker (admission time) and the apiserver
-/// (`creationTimestamp`) when matching a record to its reservation.
-const SKEW_SECS: i64 = 60;
 
-/// Slots in use: the operator's last count plus the slots reserved since.
+/// Slots in use: the operator's last count plus the block slots granted since.
 pub fn in_use(status: Option<&DeadLetterQueueStatus>) -> i64 {
     status.map_or(0, |s| {
         s.parked
-            .saturating_add(i64::try_from(s.reservations.len()).unwrap_or(i64::MAX))
             .saturating_add(s.blocks.values().map(uncounted).sum())
     })
 }
@@ -101,8 +96,6 @@ pub type BlockSettlement = Option<i64>;
 /// Everything one operator status write settles, from the snapshot it counted.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Settlement {
-    /// Reservations (by record name) to remove.
-    pub names: Vec<String>,
     /// Blocks to update or remove.
     pub blocks: BTreeMap<String, BlockSettlement>,
 }
@@ -111,9 +104,7 @@ impl Settlement {
     /// Slots still in use after this settlement, besides the counted records.
     pub fn left(&self, status: Option<&DeadLetterQueueStatus>) -> i64 {
         let Some(s) = status else { return 0 };
-        let names = s.reservations.len().saturating_sub(self.names.len());
-        let blocks: i64 = s
-            .blocks
+        s.blocks
             .iter()
             .map(|(id, b)| match self.blocks.get(id) {
                 Some(None) => 0,
@@ -123,16 +114,13 @@ impl Settlement {
                 }),
                 None => uncounted(b),
             })
-            .sum();
-        i64::try_from(names)
-            .unwrap_or(i64::MAX)
-            .saturating_add(blocks)
+            .sum()
     }
 }
 
 /// The operator's changes to `blocks`, given how many records of each block the snapshot it
 /// counted holds (`seen`, any phase). A block is removed when every slot is seen or when it is
-/// older than [`RESERVATION_TTL_SECS`]; otherwise its `counted` grows to what is seen (never
+/// older than [`BLOCK_TTL_SECS`]; otherwise its `counted` grows to what is seen (never
 /// shrinks: a record seen once was counted, even if retention deleted it since).
 pub fn settle_blocks(
     blocks: &BTreeMap<String, SlotBlock>,
@@ -142,7 +130,7 @@ pub fn settle_blocks(
     let mut out = BTreeMap::new();
     for (id, block) in blocks {
         let seen = seen(id).max(block.counted);
-        if seen >= block.size || now.saturating_sub(block.at) > RESERVATION_TTL_SECS {
+        if seen >= block.size || now.saturating_sub(block.at) > BLOCK_TTL_SECS {
             out.insert(id.clone(), None);
         } else if seen > block.counted {
             out.insert(id.clone(), Some(seen));
@@ -151,40 +139,15 @@ pub fn settle_blocks(
     out
 }
 
-/// The reservations the operator removes in its status write: those whose record is in the
-/// same snapshot it counted (`created` gives a record's creationTimestamp in Unix seconds, or
-/// None when the snapshot does not hold it), and those older than [`RESERVATION_TTL_SECS`].
-/// A record older than its reservation (a name reused after retention deleted every cycle of
-/// a job, seen in a stale snapshot) does not settle it.
-pub fn settled(
-    reservations: &BTreeMap<String, i64>,
-    created: impl Fn(&str) -> Option<i64>,
-    now: i64,
-) -> Vec<String> {
-    reservations
-        .iter()
-        .filter(|(name, at)| {
-            now.saturating_sub(**at) > RESERVATION_TTL_SECS
-                || created(name).is_some_and(|c| c >= at.saturating_sub(SKEW_SECS))
-        })
-        .map(|(name, _)| name.clone())
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn status(parked: i64, reserved: &[&str]) -> DeadLetterQueueStatus {
+    fn status(parked: i64) -> DeadLetterQueueStatus {
         DeadLetterQueueStatus {
             parked,
-            reservations: reserved.iter().map(|n| (n.to_string(), 100)).collect(),
             ..Default::default()
         }
-    }
-
-    fn names(n: &[&str]) -> Vec<String> {
-        n.iter().map(|s| s.to_string()).collect()
     }
 
     fn block(size: i64, at: i64, counted: i64) -> SlotBlock {
@@ -192,17 +155,17 @@ mod tests {
     }
 
     #[test]
-    fn in_use_counts_parked_reservations_and_uncounted_block_slots() {
-        let mut s = status(3, &["a"]);
+    fn in_use_counts_parked_and_uncounted_block_slots() {
+        let mut s = status(3);
         s.blocks.insert("p-1".into(), block(10, 100, 4));
         // A block the operator counted past its size (a retry) takes nothing.
         s.blocks.insert("p-2".into(), block(2, 100, 3));
-        assert_eq!(in_use(Some(&s)), 3 + 1 + 6);
+        assert_eq!(in_use(Some(&s)), 3 + 6);
     }
 
     #[test]
     fn a_grant_is_what_is_wanted_up_to_what_is_free() {
-        let mut s = status(3, &["a"]);
+        let mut s = status(4);
         s.blocks.insert("p-1".into(), block(2, 100, 0));
         assert_eq!(
             grant(Some(&s), 10, 3, 3),
@@ -260,22 +223,5 @@ mod tests {
                 .map(|(n, b)| (n.to_string(), b))
                 .collect();
         assert_eq!(out, want);
-    }
-
-    #[test]
-    fn counted_and_expired_reservations_settle_others_stay() {
-        let r: BTreeMap<String, i64> =
-            [("seen", 100), ("unseen", 100), ("old", 10), ("reused", 500)]
-                .into_iter()
-                .map(|(n, t)| (n.to_string(), t))
-                .collect();
-        let created = |n: &str| match n {
-            "seen" => Some(101),
-            "reused" => Some(50),
-            _ => None,
-        };
-        let mut gone = settled(&r, created, 400);
-        gone.sort();
-        assert_eq!(gone, names(&["old", "seen"]));
     }
 }

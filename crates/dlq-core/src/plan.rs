@@ -459,10 +459,10 @@ pub struct Readiness {
     pub target: String,
 }
 
-/// A queue's status write, sent as a merge patch without a resourceVersion (parkers write
-/// `reservations` concurrently). Unlike a record's, every field is sent: `oldestParkedAt: null`
-/// clears it once nothing is parked; `reservations` holds only the names to remove (as null),
-/// so reservations added meanwhile survive.
+/// A queue's status write, sent as a merge patch without a resourceVersion (parkers add
+/// `blocks` concurrently). Unlike a record's, every field is sent: `oldestParkedAt: null`
+/// clears it once nothing is parked; `blocks` holds only the blocks it settles, so blocks
+/// added meanwhile survive.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct QueueStatusWrite {
@@ -474,8 +474,6 @@ pub struct QueueStatusWrite {
     pub observed_generation: Option<i64>,
     pub conditions: Vec<Condition>,
     pub failure_kinds: BTreeMap<String, KindCounts>,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub reservations: BTreeMap<String, Option<i64>>,
     /// Blocks of slots: `{"counted": n}` merged into a block, or null to remove it.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub blocks: BTreeMap<String, Option<BlockCount>>,
@@ -496,8 +494,8 @@ pub struct QueuePlan {
     pub events: Vec<EventPlan>,
 }
 
-/// The status and gauges of `queue`, given its live records' `counts`, the reservations and
-/// blocks those counts settle (`dlq_core::capacity`, from the same snapshot) and its target's
+/// The status and gauges of `queue`, given its live records' `counts`, the blocks those
+/// counts settle (`dlq_core::capacity`, from the same snapshot) and its target's
 /// `readiness`.
 pub fn queue_status(
     queue: &DeadLetterQueue,
@@ -547,7 +545,6 @@ pub fn queue_status(
                 .iter()
                 .map(|(k, c)| (k.to_string(), c.kind_status()))
                 .collect(),
-            reservations: settled.names.into_iter().map(|n| (n, None)).collect(),
             blocks: settled
                 .blocks
                 .into_iter()
@@ -559,7 +556,7 @@ pub fn queue_status(
     }
 }
 
-/// Sets the `Full` condition from the slots `in_use` (parked + reservations left); a queue that
+/// Sets the `Full` condition from the slots `in_use` (parked + block slots left); a queue that
 /// becomes full gets a Warning Event `QueueFull` once per transition.
 fn fullness(
     queue: &DeadLetterQueue,
@@ -889,13 +886,19 @@ mod tests {
     }
 
     #[test]
-    fn a_queue_reaching_max_parked_is_full_once_and_settled_reservations_are_removed() {
+    fn a_queue_reaching_max_parked_is_full_once_and_settled_blocks_are_removed() {
+        use crate::api::SlotBlock;
         let mut queue = DeadLetterQueue::new("relayer", Default::default());
         queue.spec.max_parked = Some(3);
+        let one = SlotBlock {
+            size: 1,
+            at: 1,
+            counted: 0,
+        };
         queue.status = Some(DeadLetterQueueStatus {
-            reservations: [("a", 1), ("b", 1)]
+            blocks: [("a", one), ("b", one)]
                 .into_iter()
-                .map(|(n, t)| (n.to_string(), t))
+                .map(|(n, b)| (n.to_string(), b))
                 .collect(),
             ..Default::default()
         });
@@ -909,10 +912,11 @@ mod tests {
             parked: 2,
             ..Counts::default()
         };
-        // 2 counted + "b" still reserved = 3: full.
-        let plan = queue_status(&queue, counts.clone(), names(&["a"]), ready(), at(100));
+        // 2 counted + "b"'s slot still uncounted = 3: full.
+        let plan = queue_status(&queue, counts.clone(), removed(&["a"]), ready(), at(100));
         let json = serde_json::to_value(&plan.status).expect("json");
-        assert_eq!(json["reservations"], serde_json::json!({"a": null}));
+        assert_eq!(json["blocks"], serde_json::json!({"a": null}));
+        assert!(json.get("reservations").is_none());
         let full = conditions::find(&plan.status.conditions, conditions::FULL).expect("Full");
         assert_eq!(
             (full.status.as_str(), full.reason.as_str()),
@@ -929,13 +933,13 @@ mod tests {
         if let Some(s) = queue.status.as_mut() {
             s.conditions = plan.status.conditions.clone();
         }
-        let again = queue_status(&queue, counts, names(&["a"]), ready(), at(101));
+        let again = queue_status(&queue, counts, removed(&["a"]), ready(), at(101));
         assert!(again.events.is_empty());
         // Records resolved: not full.
         let freed = queue_status(
             &queue,
             Counts::default(),
-            names(&["a", "b"]),
+            removed(&["a", "b"]),
             ready(),
             at(102),
         );
@@ -943,10 +947,10 @@ mod tests {
         assert_eq!(full.status, "False");
     }
 
-    fn names(n: &[&str]) -> capacity::Settlement {
+    /// A settlement removing the blocks `ids`.
+    fn removed(ids: &[&str]) -> capacity::Settlement {
         capacity::Settlement {
-            names: n.iter().map(|s| s.to_string()).collect(),
-            ..Default::default()
+            blocks: ids.iter().map(|id| (id.to_string(), None)).collect(),
         }
     }
 
@@ -975,7 +979,6 @@ mod tests {
         };
         // 5 of p-1's records counted (parked), p-2 all seen and removed: 5 + 3 = 8 of 10.
         let settled = capacity::Settlement {
-            names: Vec::new(),
             blocks: [("p-1".to_string(), Some(5)), ("p-2".to_string(), None)].into(),
         };
         let counts = Counts {
