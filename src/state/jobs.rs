@@ -114,21 +114,12 @@ impl JobIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dlq_core::api::{Job, Phase};
-    use dlq_core::park::{ParkRequest, job_key, new_record};
+    use dlq_core::api::Phase;
+    use dlq_core::park::job_key;
+    use dlq_core::testing::RecordBuilder;
 
     fn record(id: &str, cycle: i32) -> DeadLetter {
-        let req = ParkRequest::new(
-            "relayer",
-            Job {
-                id: id.into(),
-                payload: Some("{}".into()),
-                ..Job::default()
-            },
-        );
-        let mut r = new_record(&req, cycle);
-        r.metadata.namespace = Some("payments".into());
-        r
+        RecordBuilder::job(id).cycle(cycle).build()
     }
 
     #[test]

@@ -192,22 +192,12 @@ impl RecordIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dlq_core::api::{Job, Phase};
-    use dlq_core::park::{ParkRequest, new_record};
+    use dlq_core::api::Phase;
     use dlq_core::record::Facts;
+    use dlq_core::testing::RecordBuilder;
 
     fn record(id: &str, queue: &str) -> DeadLetter {
-        let req = ParkRequest::new(
-            queue,
-            Job {
-                id: id.into(),
-                payload: Some("{}".into()),
-                ..Job::default()
-            },
-        );
-        let mut r = new_record(&req, 1);
-        r.metadata.namespace = Some("payments".into());
-        r
+        RecordBuilder::job(id).queue(queue).build()
     }
 
     #[test]

@@ -299,50 +299,19 @@ fn truncate(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{DeadLetterQueueSpec, DeadLetterSpec, DeadLetterStatus, IntentSnapshot, Job};
+    use crate::api::DeadLetterQueueSpec;
+    use crate::testing::{RecordBuilder, at};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-    use kube_core::ObjectMeta;
-
-    fn at(secs: i64) -> Timestamp {
-        Timestamp::from_second(secs).unwrap()
-    }
 
     fn record(phase: Phase) -> DeadLetter {
-        let mut dl = DeadLetter::new(
-            "pi-0003-settle-5d41402a-1",
-            DeadLetterSpec {
-                queue: "relayer".into(),
-                cycle: 1,
-                job: Job {
-                    id: "pi_0003/settle".into(),
-                    payload: Some("{}".into()),
-                    ..Job::default()
-                },
-                intent: Some(Box::new(IntentSnapshot {
-                    id: "pi_0003".into(),
-                    state: "created".into(),
-                })),
-                deliveries: 3,
-                reason: "no luck".into(),
-                failure_kind: FailureKind::Transient,
-                service_version: Some("relayer@1.4.2".into()),
-                failed_at: Time(at(100)),
-                action: None,
-                by: None,
-                note: None,
-            },
-        );
-        dl.metadata = ObjectMeta {
-            name: Some("pi-0003-settle-5d41402a-1".into()),
-            namespace: Some("payments".into()),
-            creation_timestamp: Some(Time(at(1000))),
-            ..ObjectMeta::default()
-        };
-        dl.status = Some(DeadLetterStatus {
-            phase: Some(phase),
-            ..DeadLetterStatus::default()
-        });
-        dl
+        RecordBuilder::job("pi_0003/settle")
+            .named("pi-0003-settle-5d41402a-1")
+            .intent("pi_0003", "created")
+            .service_version("relayer@1.4.2")
+            .failed_at(at(100))
+            .created(at(1000))
+            .phase(phase)
+            .build()
     }
 
     fn queue(alerts: AlertSettings) -> DeadLetterQueue {

@@ -30,3 +30,5 @@ pub mod park;
 pub mod plan;
 pub mod record;
 pub mod replay;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;

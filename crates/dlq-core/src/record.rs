@@ -335,34 +335,20 @@ impl Facts for Summary {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::park::{ParkRequest, new_record};
 
     fn record() -> DeadLetter {
-        let mut req = ParkRequest::new(
-            "relayer",
-            Job {
-                id: "order-1".into(),
-                payload: Some("{\"secret\":1}".into()),
-                ..Job::default()
-            },
-        );
-        req.message = Some("redis/relayer:dead/7".into());
-        let mut r = new_record(&req, 2);
-        r.metadata.namespace = Some("payments".into());
-        r.metadata.uid = Some("uid-1".into());
-        r.metadata.resource_version = Some("42".into());
-        r.metadata.generation = Some(2);
-        r.metadata.creation_timestamp = Some(Time(Timestamp::from_second(1_000).expect("ts")));
-        r.spec.intent = Some(Box::new(IntentSnapshot {
-            id: "order-1".into(),
-            state: "paid".into(),
-        }));
-        r.spec.service_version = Some("v2".into());
-        r.metadata
-            .annotations
-            .get_or_insert_default()
-            .insert(ANNOTATION_SLOT_BLOCK.into(), "b-1".into());
-        r
+        crate::testing::RecordBuilder::job("order-1")
+            .payload("{\"secret\":1}")
+            .message("redis/relayer:dead/7")
+            .cycle(2)
+            .uid("uid-1")
+            .resource_version("42")
+            .generation(2)
+            .created(crate::testing::at(1_000))
+            .intent("order-1", "paid")
+            .service_version("v2")
+            .annotation(ANNOTATION_SLOT_BLOCK, "b-1")
+            .build()
     }
 
     /// Every fact reads the same from the record and from its summary, and from the record

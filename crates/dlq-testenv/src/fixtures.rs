@@ -2,10 +2,10 @@
 
 use std::time::Instant;
 
-use dlq_core::api::{Action, DeadLetter, DeadLetterQueue, DeadLetterSpec, FailureKind, Job, Phase};
+use dlq_core::api::{Action, DeadLetter, DeadLetterQueue, Phase};
+use dlq_core::testing::RecordBuilder;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -80,32 +80,26 @@ pub async fn create_dlq(client: &Client, ns: &str, name: &str, spec: serde_json:
         .unwrap_or_else(|e| panic!("creating DeadLetterQueue {name}: {e}"));
 }
 
-/// A record of queue `relayer` as a parker would create it: `payload` as UTF-8 text when it
-/// is, else base64.
+/// A record `name` of job `id` on queue `relayer` as a parker would create it (see
+/// `dlq_core::testing::RecordBuilder`), failed now: `payload` as UTF-8 text when it is, else
+/// base64.
 pub fn record(name: &str, id: &str, payload: &[u8], headers: &[(&str, &str)]) -> DeadLetter {
-    DeadLetter::new(
-        name,
-        DeadLetterSpec {
-            queue: "relayer".into(),
-            cycle: 1,
-            job: Job {
-                headers: headers
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-                ..Job::from_bytes(id, payload)
-            },
-            intent: None,
-            deliveries: 3,
-            reason: "no luck".into(),
-            failure_kind: FailureKind::Transient,
-            service_version: None,
-            failed_at: Time(jiff::Timestamp::now()),
-            action: None,
-            by: None,
-            note: None,
-        },
+    unplaced(
+        RecordBuilder::job(id)
+            .named(name)
+            .payload(payload)
+            .headers(headers)
+            .failed_at(jiff::Timestamp::now()),
     )
+}
+
+/// `builder`'s record as a test creates it: in the namespace of the `Api` it is created
+/// through, its generation the apiserver's to set.
+pub fn unplaced(builder: RecordBuilder) -> DeadLetter {
+    let mut r = builder.build();
+    r.metadata.namespace = None;
+    r.metadata.generation = None;
+    r
 }
 
 /// Signs a decision on record `name` as `by`.

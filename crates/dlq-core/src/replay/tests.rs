@@ -1,38 +1,18 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::api::{DeadLetter, DeadLetterSpec, DeadLetterStatus, Job};
+use crate::api::{DeadLetter, DeadLetterStatus};
+use crate::testing::at;
 use Outcome::*;
 
-fn at(secs: i64) -> Timestamp {
-    Timestamp::from_second(secs).expect("timestamp")
-}
-
 fn record(name: &str, failed: i64, created: i64) -> DeadLetter {
-    let mut r = DeadLetter::new(
-        name,
-        DeadLetterSpec {
-            queue: "relayer".into(),
-            cycle: 1,
-            job: Job {
-                id: name.into(),
-                payload: Some("{}".into()),
-                ..Job::default()
-            },
-            intent: None,
-            deliveries: 3,
-            reason: "timeout talking to the node".into(),
-            failure_kind: FailureKind::Transient,
-            service_version: Some("relayer@1.4.2".into()),
-            failed_at: Time(at(failed)),
-            action: None,
-            by: None,
-            note: None,
-        },
-    );
-    r.metadata.generation = Some(1);
-    r.metadata.creation_timestamp = Some(Time(at(created)));
-    r
+    crate::testing::RecordBuilder::job(name)
+        .named(name)
+        .reason("timeout talking to the node")
+        .service_version("relayer@1.4.2")
+        .failed_at(at(failed))
+        .created(at(created))
+        .build()
 }
 
 fn signed_by(mut r: DeadLetter, replay: &str, phase: Phase) -> DeadLetter {
