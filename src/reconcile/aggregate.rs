@@ -122,56 +122,8 @@ async fn flush(apiserver: &dyn Apiserver, open: &mut HashMap<Key, Vec<Pending>>)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dlq_core::api::{DeadLetter, DeadLetterQueue, DeadLetterStatus};
+    use crate::state::apiserver::fake::FakeApiserver;
     use dlq_core::events::{EventType, action, reason};
-    use dlq_core::plan::QueueStatusWrite;
-    use futures::FutureExt;
-    use futures::future::BoxFuture;
-    use std::sync::Mutex;
-
-    /// Records what was published; every other request is unused here.
-    #[derive(Default)]
-    struct Published(Mutex<Vec<(Option<String>, EventPlan)>>);
-
-    impl Apiserver for Published {
-        fn get_record<'a>(
-            &'a self,
-            _: &'a str,
-            _: &'a str,
-        ) -> BoxFuture<'a, Result<Option<DeadLetter>, kube::Error>> {
-            async { Ok(None) }.boxed()
-        }
-        fn write_record_status<'a>(
-            &'a self,
-            _: &'a DeadLetter,
-            _: &'a DeadLetterStatus,
-        ) -> BoxFuture<'a, Result<(), kube::Error>> {
-            async { Ok(()) }.boxed()
-        }
-        fn write_queue_status<'a>(
-            &'a self,
-            _: &'a DeadLetterQueue,
-            _: &'a QueueStatusWrite,
-        ) -> BoxFuture<'a, Result<(), kube::Error>> {
-            async { Ok(()) }.boxed()
-        }
-        fn delete_record<'a>(
-            &'a self,
-            _: &'a DeadLetter,
-        ) -> BoxFuture<'a, Result<(), kube::Error>> {
-            async { Ok(()) }.boxed()
-        }
-        fn publish<'a>(
-            &'a self,
-            regarding: ObjectReference,
-            event: &'a EventPlan,
-        ) -> BoxFuture<'a, ()> {
-            if let Ok(mut p) = self.0.lock() {
-                p.push((regarding.name, event.clone()));
-            }
-            async {}.boxed()
-        }
-    }
 
     fn pending(queue: &str, name: &str, plan: EventPlan) -> Pending {
         let named = |n: &str| ObjectReference {
@@ -194,7 +146,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_bulk_resolution_becomes_one_event_per_window() {
-        let api = Arc::new(Published::default());
+        let api = Arc::new(FakeApiserver::default());
         let (tx, rx) = mpsc::unbounded_channel();
         let task = tokio::spawn(run(api.clone(), rx, PERIOD));
         for i in 0..200 {
@@ -204,7 +156,7 @@ mod tests {
         tokio::time::sleep(PERIOD * 3).await;
         drop(tx);
         let _ = task.await;
-        let published = api.0.lock().map(|p| p.clone()).unwrap_or_default();
+        let published = api.published();
         // r0 and o1 at once about their records; r1..r199 as one summary about the queue.
         assert_eq!(published.len(), 3, "{published:?}");
         assert_eq!(published[0].0.as_deref(), Some("r0"));
@@ -225,7 +177,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_lone_resolution_keeps_its_own_event() {
-        let api = Arc::new(Published::default());
+        let api = Arc::new(FakeApiserver::default());
         let (tx, rx) = mpsc::unbounded_channel();
         let task = tokio::spawn(run(api.clone(), rx, PERIOD));
         let _ = tx.send(pending("relayer", "a", redriven()));
@@ -236,11 +188,7 @@ mod tests {
         let _ = tx.send(pending("relayer", "c", redriven()));
         drop(tx);
         let _ = task.await;
-        let names: Vec<Option<String>> = api
-            .0
-            .lock()
-            .map(|p| p.iter().map(|(n, _)| n.clone()).collect())
-            .unwrap_or_default();
+        let names: Vec<Option<String>> = api.published().into_iter().map(|(n, _)| n).collect();
         assert_eq!(
             names,
             vec![Some("a".into()), Some("b".into()), Some("c".into())]

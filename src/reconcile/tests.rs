@@ -1,188 +1,45 @@
-//! The reconcilers driven in-process: a fake apiserver (resourceVersions, 409s, a failing
-//! write) and a fake target make conflicts, lost races, requeue failures and crashes
-//! deterministic, without sleeps. The real-apiserver tests live in `tests/`.
+//! The reconcilers driven in-process: the fake apiserver (`state::apiserver::fake`:
+//! resourceVersions, 409s, a failing write) and a fake target make conflicts, lost races,
+//! requeue failures and crashes deterministic, without sleeps. The real-apiserver tests live in
+//! `tests/`.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::controller::Action as ReconcileAction;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 
-use dlq_core::api::{
-    Action, DeadLetter, DeadLetterQueue, DeadLetterSpec, DeadLetterStatus, FailureKind, Job, Phase,
-};
+use dlq_core::api::{Action, DeadLetter, DeadLetterQueue, DeadLetterStatus, Phase};
 use dlq_core::conditions;
-use dlq_core::events::EventPlan;
-use dlq_core::plan::QueueStatusWrite;
+use dlq_core::testing::RecordBuilder;
 
 use super::{Context, Settings, record};
 use crate::metrics::Metrics;
-use crate::state::apiserver::Apiserver;
+use crate::state::apiserver::fake::FakeApiserver;
 use crate::target::{JobMessage, Target, TargetError, Targets};
 
 const NS: &str = "payments";
 const NAME: &str = "pi-0003-settle-5d41402a-1";
 
-/// An apiserver holding one record, with optimistic concurrency like the real one.
+/// A broker that records what it was given, or refuses (requeues and probes) while `down`.
 #[derive(Default)]
-struct FakeApiserver {
-    record: Mutex<Option<DeadLetter>>,
-    version: AtomicU64,
-    /// Status writes that reached the server (successful ones).
-    writes: Mutex<Vec<DeadLetterStatus>>,
-    events: Mutex<Vec<EventPlan>>,
-    /// Before the next status write, someone else resolves the record as this (by "alice").
-    race: Mutex<Option<Phase>>,
-    /// The next N status writes find the version bumped by an unrelated write (still Parked).
-    bumps: AtomicU32,
-    /// The next status write fails with a 500 (as if the apiserver went away).
-    fail_next_write: AtomicBool,
+pub(super) struct FakeTarget {
+    pub(super) received: Mutex<Vec<JobMessage>>,
+    pub(super) down: AtomicBool,
 }
 
-fn api_error(code: u16) -> kube::Error {
-    kube::Error::Api(
-        kube::core::Status::failure(
-            "fake",
-            if code == 409 {
-                "Conflict"
-            } else {
-                "InternalError"
-            },
-        )
-        .with_code(code)
-        .boxed(),
-    )
-}
-
-impl FakeApiserver {
-    fn holding(record: &DeadLetter) -> Arc<Self> {
-        let fake = FakeApiserver::default();
-        let mut r = record.clone();
-        r.metadata.resource_version = Some("1".into());
-        fake.version.store(1, Ordering::SeqCst);
-        *fake.record.lock().expect("lock") = Some(r);
-        Arc::new(fake)
-    }
-
-    fn current(&self) -> DeadLetter {
-        self.record.lock().expect("lock").clone().expect("record")
-    }
-
-    fn bump(&self, record: &mut DeadLetter) {
-        let v = self.version.fetch_add(1, Ordering::SeqCst) + 1;
-        record.metadata.resource_version = Some(v.to_string());
-    }
-
-    fn reasons(&self) -> Vec<&'static str> {
-        self.events
-            .lock()
-            .expect("lock")
-            .iter()
-            .map(|e| e.reason)
-            .collect()
-    }
-
-    /// What a rival resolver or an unrelated writer did just before our write.
-    fn interfere(&self, stored: &mut DeadLetter) {
-        if let Some(phase) = self.race.lock().expect("lock").take() {
-            let status = stored.status.get_or_insert_default();
-            status.phase = Some(phase);
-            status.resolved_by = Some("alice".into());
-            self.bump(stored);
-        } else if self.bumps.load(Ordering::SeqCst) > 0 {
-            self.bumps.fetch_sub(1, Ordering::SeqCst);
-            self.bump(stored);
+impl FakeTarget {
+    fn refusal(&self) -> Result<(), TargetError> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(TargetError::Unreachable("connection refused".into()));
         }
+        Ok(())
     }
-}
-
-/// Applies a merge patch of `status` onto `into`, as the apiserver does.
-fn merge(into: &mut DeadLetterStatus, status: &DeadLetterStatus) {
-    if status.phase.is_some() {
-        into.phase = status.phase;
-    }
-    if status.resolved_by.is_some() {
-        into.resolved_by = status.resolved_by.clone();
-    }
-    if status.resolved_at.is_some() {
-        into.resolved_at = status.resolved_at.clone();
-    }
-    if status.observed_generation.is_some() {
-        into.observed_generation = status.observed_generation;
-    }
-    if !status.conditions.is_empty() {
-        into.conditions = status.conditions.clone();
-    }
-}
-
-impl Apiserver for FakeApiserver {
-    fn get_record<'a>(
-        &'a self,
-        _namespace: &'a str,
-        _name: &'a str,
-    ) -> BoxFuture<'a, Result<Option<DeadLetter>, kube::Error>> {
-        async move { Ok(self.record.lock().expect("lock").clone()) }.boxed()
-    }
-
-    fn write_record_status<'a>(
-        &'a self,
-        record: &'a DeadLetter,
-        status: &'a DeadLetterStatus,
-    ) -> BoxFuture<'a, Result<(), kube::Error>> {
-        async move {
-            if self.fail_next_write.swap(false, Ordering::SeqCst) {
-                return Err(api_error(500));
-            }
-            let mut guard = self.record.lock().expect("lock");
-            let stored = guard.as_mut().expect("record");
-            self.interfere(stored);
-            if stored.metadata.resource_version != record.metadata.resource_version {
-                return Err(api_error(409));
-            }
-            merge(stored.status.get_or_insert_default(), status);
-            self.bump(stored);
-            self.writes.lock().expect("lock").push(status.clone());
-            Ok(())
-        }
-        .boxed()
-    }
-
-    fn write_queue_status<'a>(
-        &'a self,
-        _queue: &'a DeadLetterQueue,
-        _status: &'a QueueStatusWrite,
-    ) -> BoxFuture<'a, Result<(), kube::Error>> {
-        async { Ok(()) }.boxed()
-    }
-
-    fn delete_record<'a>(
-        &'a self,
-        _record: &'a DeadLetter,
-    ) -> BoxFuture<'a, Result<(), kube::Error>> {
-        async { Ok(()) }.boxed()
-    }
-
-    fn publish<'a>(
-        &'a self,
-        _regarding: ObjectReference,
-        event: &'a EventPlan,
-    ) -> BoxFuture<'a, ()> {
-        self.events.lock().expect("lock").push(event.clone());
-        async {}.boxed()
-    }
-}
-
-/// A broker that records what it was given, or refuses while `down`.
-#[derive(Default)]
-struct FakeTarget {
-    received: Mutex<Vec<JobMessage>>,
-    down: AtomicBool,
 }
 
 impl Target for FakeTarget {
@@ -192,17 +49,18 @@ impl Target for FakeTarget {
 
     fn requeue<'a>(&'a self, job: &'a JobMessage) -> BoxFuture<'a, Result<(), TargetError>> {
         async move {
-            if self.down.load(Ordering::SeqCst) {
-                return Err(TargetError::Unreachable("connection refused".into()));
-            }
-            self.received.lock().expect("lock").push(job.clone());
+            self.refusal()?;
+            self.received
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(job.clone());
             Ok(())
         }
         .boxed()
     }
 
     fn probe(&self) -> BoxFuture<'_, Result<(), TargetError>> {
-        async { Ok(()) }.boxed()
+        async move { self.refusal() }.boxed()
     }
 }
 
@@ -216,33 +74,19 @@ impl Targets for Arc<FakeTarget> {
     }
 }
 
+/// The one record of these tests: job `pi_0003/settle`, with a header, decided by "ops" when
+/// `action` is given.
 fn record(action: Option<Action>) -> DeadLetter {
-    let mut r = DeadLetter::new(
-        NAME,
-        DeadLetterSpec {
-            queue: "relayer".into(),
-            cycle: 1,
-            job: Job {
-                id: "pi_0003/settle".into(),
-                payload: Some(r#"{"intent":"pi_0003"}"#.into()),
-                headers: [("x-trace".to_string(), "abc".to_string())].into(),
-                ..Job::default()
-            },
-            intent: None,
-            deliveries: 3,
-            reason: "no luck after 3 deliveries".into(),
-            failure_kind: FailureKind::Transient,
-            service_version: None,
-            failed_at: Time(jiff::Timestamp::UNIX_EPOCH),
-            action,
-            by: action.map(|_| "ops".to_string()),
-            note: None,
-        },
-    );
-    r.metadata.namespace = Some(NS.into());
-    r.metadata.uid = Some("uid-1".into());
-    r.metadata.generation = Some(1);
-    r
+    let r = RecordBuilder::job("pi_0003/settle")
+        .named(NAME)
+        .payload(r#"{"intent":"pi_0003"}"#)
+        .header("x-trace", "abc")
+        .reason("no luck after 3 deliveries")
+        .uid("uid-1");
+    match action {
+        Some(action) => r.decided(action, "ops").build(),
+        None => r.build(),
+    }
 }
 
 /// A store as it is after its first list (shared with the replay tests).
@@ -265,6 +109,31 @@ fn queue() -> DeadLetterQueue {
     q
 }
 
+/// A fresh operator process (empty memory) over `apiserver`'s records, `target` and `queues`.
+pub(super) fn context(
+    apiserver: &Arc<FakeApiserver>,
+    target: &Arc<FakeTarget>,
+    queues: &[DeadLetterQueue],
+    settings: Settings,
+) -> Arc<Context> {
+    Arc::new(Context::new(
+        apiserver.clone(),
+        Arc::new(target.clone()),
+        crate::state::records::RecordIndex::listed_with(&apiserver.all()),
+        store_of(queues),
+        Metrics::default(),
+        settings,
+    ))
+}
+
+/// A metric's value from the process's `/metrics` text (0 when absent).
+fn metric(ctx: &Context, series: &str) -> f64 {
+    let text = ctx.metrics.encode();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
 struct Harness {
     apiserver: Arc<FakeApiserver>,
     target: Arc<FakeTarget>,
@@ -273,7 +142,11 @@ struct Harness {
 
 impl Harness {
     fn new(record: &DeadLetter, queues: &[DeadLetterQueue]) -> Self {
-        Self::with(FakeApiserver::holding(record), Arc::default(), queues)
+        Self::with(
+            FakeApiserver::holding([record.clone()]),
+            Arc::default(),
+            queues,
+        )
     }
 
     /// A fresh operator process (empty memory) over the same apiserver and broker.
@@ -282,14 +155,7 @@ impl Harness {
         target: Arc<FakeTarget>,
         queues: &[DeadLetterQueue],
     ) -> Self {
-        let ctx = Arc::new(Context::new(
-            apiserver.clone(),
-            Arc::new(target.clone()),
-            crate::state::records::RecordIndex::listed_with(&[apiserver.current()]),
-            store_of(queues),
-            Metrics::default(),
-            Settings::default(),
-        ));
+        let ctx = context(&apiserver, &target, queues, Settings::default());
         Harness {
             apiserver,
             target,
@@ -305,15 +171,20 @@ impl Harness {
         self.apiserver.current().phase()
     }
 
+    fn sent(&self) -> Vec<JobMessage> {
+        self.target
+            .received
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     fn delivered(&self) -> usize {
-        self.target.received.lock().expect("lock").len()
+        self.sent().len()
     }
 
     fn metric(&self, series: &str) -> f64 {
-        let text = self.ctx.metrics.encode();
-        text.lines()
-            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-            .unwrap_or(0.0)
+        metric(&self.ctx, series)
     }
 }
 
@@ -333,7 +204,7 @@ async fn a_new_record_is_marked_parked_announced_and_counted_once() {
     );
     assert_eq!(h.phase(), Phase::Parked);
     assert_eq!(h.apiserver.reasons(), ["Parked"]);
-    assert!(h.apiserver.events.lock().expect("lock")[0].once);
+    assert!(h.apiserver.events()[0].once);
     let parked =
         r#"dlq_parked_total{namespace="payments",queue="relayer",failure_kind="transient"}"#;
     assert_eq!(h.metric(parked), 1.0);
@@ -353,7 +224,7 @@ async fn while_sources_park_marks_take_turns_and_decisions_do_not_wait() {
     let other_mark = h.ctx.parking_first.mark_turn().await;
     let mut mark = Box::pin(h.reconcile());
     assert!((&mut mark).now_or_never().is_none(), "the mark waits");
-    assert!(h.apiserver.writes.lock().expect("lock").is_empty());
+    assert!(h.apiserver.writes().is_empty());
     drop(other_mark);
     tokio::time::timeout(Duration::from_secs(5), mark)
         .await
@@ -378,7 +249,7 @@ async fn while_sources_park_marks_take_turns_and_decisions_do_not_wait() {
 async fn a_redrive_requeues_the_untouched_job_then_resolves() {
     let h = Harness::new(&record(Some(Action::Redrive)), &[queue()]);
     h.reconcile().await.expect("reconcile");
-    let sent = h.target.received.lock().expect("lock").clone();
+    let sent = h.sent();
     assert_eq!(sent.len(), 1);
     assert_eq!(sent[0].payload, br#"{"intent":"pi_0003"}"#);
     assert_eq!(sent[0].headers["x-trace"], "abc");
@@ -429,7 +300,7 @@ async fn a_redrive_from_a_stripped_cached_copy_sends_the_whole_job() {
     record::reconcile(Arc::new(cached), h.ctx.clone())
         .await
         .expect("reconcile");
-    let sent = h.target.received.lock().expect("lock").clone();
+    let sent = h.sent();
     assert_eq!(sent.len(), 1);
     assert_eq!(sent[0].payload, br#"{"intent":"pi_0003"}"#);
     assert_eq!(sent[0].headers["x-trace"], "abc");
@@ -476,12 +347,12 @@ async fn a_failing_broker_keeps_the_record_parked_and_backs_off() {
         (requeued.status.as_str(), requeued.reason.as_str()),
         ("False", "BrokerUnreachable")
     );
-    let writes = h.apiserver.writes.lock().expect("lock").len();
+    let writes = h.apiserver.writes().len();
 
     let second = h.reconcile().await.expect("reconcile");
     assert_eq!(second, ReconcileAction::requeue(Duration::from_secs(2)));
     assert_eq!(
-        h.apiserver.writes.lock().expect("lock").len(),
+        h.apiserver.writes().len(),
         writes,
         "unchanged condition not rewritten"
     );
@@ -513,12 +384,12 @@ async fn a_missing_queue_is_a_requeue_failure_that_says_so() {
 /// not missing, so nothing is written (no QueueNotFound at every start-up) and it asks again.
 #[tokio::test]
 async fn a_queue_not_listed_yet_is_waited_for_not_reported_missing() {
-    let apiserver = FakeApiserver::holding(&record(Some(Action::Redrive)));
+    let apiserver = FakeApiserver::holding([record(Some(Action::Redrive))]);
     let (queues, _writer) = reflector::store::<DeadLetterQueue>();
     let ctx = Arc::new(Context::new(
         apiserver.clone(),
         Arc::new(Arc::<FakeTarget>::default()),
-        crate::state::records::RecordIndex::listed_with(&[apiserver.current()]),
+        crate::state::records::RecordIndex::listed_with(&apiserver.all()),
         queues,
         Metrics::default(),
         Settings::default(),
@@ -527,7 +398,7 @@ async fn a_queue_not_listed_yet_is_waited_for_not_reported_missing() {
         .await
         .expect("reconcile");
     assert_eq!(action, ReconcileAction::requeue(super::CACHE_WAIT));
-    assert!(apiserver.writes.lock().expect("lock").is_empty());
+    assert!(apiserver.writes().is_empty());
     assert!(apiserver.reasons().is_empty(), "no Event");
 }
 
@@ -545,7 +416,7 @@ async fn a_conflict_while_still_parked_rewrites_without_enqueueing_again() {
 #[tokio::test]
 async fn a_lost_race_stops_counts_a_conflict_and_names_the_winner() {
     let h = Harness::new(&record(Some(Action::Redrive)), &[queue()]);
-    *h.apiserver.race.lock().expect("lock") = Some(Phase::Dropped);
+    *h.apiserver.race.lock().unwrap_or_else(|p| p.into_inner()) = Some(Phase::Dropped);
     h.reconcile().await.expect("reconcile");
     let now = h.apiserver.current();
     assert_eq!(
@@ -558,7 +429,7 @@ async fn a_lost_race_stops_counts_a_conflict_and_names_the_winner() {
         Some("alice")
     );
     assert_eq!(h.apiserver.reasons(), ["ResolveConflict"]);
-    let note = h.apiserver.events.lock().expect("lock")[0].note.clone();
+    let note = h.apiserver.events()[0].note.clone();
     assert_eq!(
         note,
         "already dropped by alice; this resolver (redriven) lost the race"
@@ -597,7 +468,7 @@ async fn a_crash_between_requeue_and_status_write_delivers_at_most_once_more() {
         2,
         "one more delivery of the same job, never a lost one"
     );
-    let sent = restarted.target.received.lock().expect("lock").clone();
+    let sent = restarted.sent();
     assert_eq!(sent[0], sent[1]);
 }
 
@@ -623,21 +494,14 @@ async fn an_unsigned_decision_is_refused_on_the_record() {
 /// nothing until its term is renewed (a standby may be redriving the same record meanwhile).
 #[tokio::test]
 async fn a_leader_whose_lease_term_ran_out_enqueues_nothing() {
-    let apiserver = FakeApiserver::holding(&record(Some(Action::Redrive)));
+    let apiserver = FakeApiserver::holding([record(Some(Action::Redrive))]);
     let target: Arc<FakeTarget> = Arc::default();
     let leadership = crate::state::leadership::Leadership::not_yet();
     let settings = Settings {
         leadership: leadership.clone(),
         ..Settings::default()
     };
-    let ctx = Arc::new(Context::new(
-        apiserver.clone(),
-        Arc::new(target.clone()),
-        crate::state::records::RecordIndex::listed_with(&[apiserver.current()]),
-        store_of(&[queue()]),
-        Metrics::default(),
-        settings,
-    ));
+    let ctx = context(&apiserver, &target, &[queue()], settings);
     let h = Harness {
         apiserver,
         target,
@@ -664,13 +528,13 @@ async fn a_leader_whose_lease_term_ran_out_enqueues_nothing() {
 /// the rest of the window as one summary.
 #[tokio::test]
 async fn resolution_events_go_through_the_aggregator() {
-    let apiserver = FakeApiserver::holding(&record(Some(Action::Redrive)));
+    let apiserver = FakeApiserver::holding([record(Some(Action::Redrive))]);
     let target: Arc<FakeTarget> = Arc::default();
     let ctx = Arc::new(
         Context::new(
             apiserver.clone(),
             Arc::new(target.clone()),
-            crate::state::records::RecordIndex::listed_with(&[apiserver.current()]),
+            crate::state::records::RecordIndex::listed_with(&apiserver.all()),
             store_of(&[queue()]),
             Metrics::default(),
             Settings::default(),
@@ -683,11 +547,7 @@ async fn resolution_events_go_through_the_aggregator() {
         ctx.carry_out(&dl, &effects).await;
     }
     tokio::time::sleep(Duration::from_millis(1300)).await;
-    let published = apiserver
-        .events
-        .lock()
-        .map(|e| e.clone())
-        .unwrap_or_default();
+    let published = apiserver.events();
     assert_eq!(published.len(), 2, "{published:?}");
     assert!(
         published[1]
@@ -739,4 +599,213 @@ async fn only_records_with_something_to_do_are_queued() {
     drop(feeder);
     let woken: Vec<String> = woken.map(|r| r.name).collect().await;
     assert_eq!(woken, ["unmarked", "waiting"]);
+}
+
+// The queue reconciler: counters, readiness, `Full` and retention, from the record index.
+
+/// Queue `relayer` of at most `max_parked` records, whose resolved records go after an hour.
+fn limited_queue(max_parked: i64) -> DeadLetterQueue {
+    let mut q = DeadLetterQueue::new(
+        "relayer",
+        dlq_core::api::DeadLetterQueueSpec {
+            max_parked: Some(max_parked),
+            retention: Some(dlq_core::api::Retention {
+                resolved_for: "1h".into(),
+            }),
+            ..Default::default()
+        },
+    );
+    q.metadata.namespace = Some(NS.into());
+    q.metadata.generation = Some(4);
+    q
+}
+
+/// One record of job `job`, stored `ago` seconds before `now`.
+fn queued(job: &str, kind: dlq_core::api::FailureKind, now: i64, ago: i64) -> RecordBuilder {
+    RecordBuilder::job(job)
+        .named(job)
+        .uid(&format!("uid-{job}"))
+        .failure_kind(kind)
+        .created(dlq_core::testing::at(now - ago))
+}
+
+/// A queue's records in every state retention and the counters tell apart, `now` in seconds.
+fn queue_records(now: i64) -> Vec<DeadLetter> {
+    use dlq_core::api::FailureKind::{Invalid, Transient};
+    let at = |ago: i64| dlq_core::testing::at(now - ago);
+    const H: i64 = 3600;
+    vec![
+        // Parked records are never deleted, even one carrying a stale resolvedAt.
+        queued("parked-old", Transient, now, 3 * H)
+            .resolved(Phase::Parked, "nobody", at(2 * H))
+            .build(),
+        queued("parked-invalid", Invalid, now, H)
+            .phase(Phase::Parked)
+            .build(),
+        // Not marked yet: counted as Parked.
+        queued("unmarked", Transient, now, 1800).build(),
+        queued("redriven-old", Transient, now, 4 * H)
+            .resolved(Phase::Redriven, "ops", at(2 * H))
+            .build(),
+        queued("dropped-old", Invalid, now, 4 * H)
+            .resolved(Phase::Dropped, "ops", at(3 * H))
+            .build(),
+        queued("redriven-recent", Transient, now, 4 * H)
+            .resolved(Phase::Redriven, "ops", at(600))
+            .build(),
+        // Cycle 1 of a job whose cycle 2 is parked: it goes last, so it stays.
+        queued("again", Transient, now, 5 * H)
+            .named("again-1")
+            .uid("uid-again-1")
+            .resolved(Phase::Redriven, "ops", at(2 * H))
+            .build(),
+        queued("again", Transient, now, 600)
+            .named("again-2")
+            .uid("uid-again-2")
+            .cycle(2)
+            .phase(Phase::Parked)
+            .build(),
+    ]
+}
+
+#[tokio::test]
+async fn a_queue_reconcile_counts_deletes_expired_resolved_records_and_says_full_once() {
+    let now = jiff::Timestamp::now().as_second();
+    let apiserver = FakeApiserver::holding(queue_records(now));
+    let target: Arc<FakeTarget> = Arc::default();
+    let q = limited_queue(4);
+    let ctx = context(
+        &apiserver,
+        &target,
+        std::slice::from_ref(&q),
+        Settings::default(),
+    );
+
+    let action = super::queue::reconcile(Arc::new(q.clone()), ctx.clone())
+        .await
+        .expect("reconcile");
+    assert_eq!(action, ReconcileAction::requeue(Duration::from_secs(30)));
+
+    let mut deleted = apiserver.deleted();
+    deleted.sort();
+    assert_eq!(deleted, ["dropped-old", "redriven-old"]);
+    assert!(apiserver.get("parked-old").is_some(), "never a Parked one");
+    assert!(
+        apiserver.get("again-1").is_some(),
+        "a job's cycle 1 goes last"
+    );
+
+    let writes = apiserver.queue_writes();
+    assert_eq!(writes.len(), 1);
+    let (name, status) = &writes[0];
+    assert_eq!(name, "relayer");
+    assert_eq!(
+        (status.parked, status.redriven, status.dropped),
+        (4, 2, 0),
+        "the deleted records are not counted"
+    );
+    let at = |ago: i64| {
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            dlq_core::testing::at(now - ago),
+        ))
+    };
+    assert_eq!(status.oldest_parked_at, at(3 * 3600));
+    let transient = &status.failure_kinds["Transient"];
+    assert_eq!(
+        (transient.parked, transient.redriven, transient.dropped),
+        (3, 2, 0)
+    );
+    assert_eq!(transient.oldest_parked_at, at(3 * 3600));
+    let invalid = &status.failure_kinds["Invalid"];
+    assert_eq!(
+        (invalid.parked, invalid.redriven, invalid.dropped),
+        (1, 0, 0)
+    );
+    assert_eq!(invalid.oldest_parked_at, at(3600));
+    assert_eq!(status.target, "fake");
+    assert_eq!(status.observed_generation, Some(4));
+    let ready = conditions::find(&status.conditions, conditions::READY).expect("Ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("True", "TargetReachable")
+    );
+    let full = conditions::find(&status.conditions, conditions::FULL).expect("Full");
+    assert_eq!(
+        (full.status.as_str(), full.reason.as_str()),
+        ("True", "MaxParkedReached")
+    );
+    assert!(full.message.starts_with("4 parked"), "{}", full.message);
+    let published = apiserver.published();
+    assert_eq!(published.len(), 1, "{published:?}");
+    assert_eq!(
+        published[0].0.as_deref(),
+        Some("relayer"),
+        "about the queue"
+    );
+    assert_eq!(published[0].1.reason, "QueueFull");
+    assert_eq!(
+        metric(
+            &ctx,
+            r#"dlq_records{namespace="payments",queue="relayer",phase="Parked"}"#
+        ),
+        4.0
+    );
+
+    // The queue as the watch now sees it, full already; its broker goes away.
+    let mut seen = q.clone();
+    seen.status = Some(dlq_core::api::DeadLetterQueueStatus {
+        conditions: status.conditions.clone(),
+        ..Default::default()
+    });
+    target.down.store(true, Ordering::SeqCst);
+    let ctx = context(
+        &apiserver,
+        &target,
+        std::slice::from_ref(&seen),
+        Settings::default(),
+    );
+    super::queue::reconcile(Arc::new(seen), ctx)
+        .await
+        .expect("reconcile");
+    assert_eq!(apiserver.reasons(), ["QueueFull"], "once per transition");
+    assert_eq!(apiserver.deleted().len(), 2, "nothing more expired");
+    let (_, status) = apiserver.queue_writes().pop().expect("a second write");
+    assert_eq!((status.parked, status.redriven, status.dropped), (4, 2, 0));
+    let ready = conditions::find(&status.conditions, conditions::READY).expect("Ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "BrokerUnreachable")
+    );
+    assert!(
+        ready.message.contains("connection refused"),
+        "{}",
+        ready.message
+    );
+}
+
+#[tokio::test]
+async fn a_queue_below_max_parked_is_not_full_and_without_retention_deletes_nothing() {
+    let now = jiff::Timestamp::now().as_second();
+    let apiserver = FakeApiserver::holding(queue_records(now));
+    let target: Arc<FakeTarget> = Arc::default();
+    let mut q = limited_queue(5);
+    q.spec.retention = None;
+    let ctx = context(
+        &apiserver,
+        &target,
+        std::slice::from_ref(&q),
+        Settings::default(),
+    );
+    super::queue::reconcile(Arc::new(q), ctx)
+        .await
+        .expect("reconcile");
+    assert!(apiserver.deleted().is_empty());
+    let (_, status) = apiserver.queue_writes().pop().expect("a write");
+    assert_eq!((status.parked, status.redriven, status.dropped), (4, 3, 1));
+    let full = conditions::find(&status.conditions, conditions::FULL).expect("Full");
+    assert_eq!(
+        (full.status.as_str(), full.reason.as_str()),
+        ("False", "BelowMaxParked")
+    );
+    assert!(apiserver.reasons().is_empty(), "no QueueFull");
 }

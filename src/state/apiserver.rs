@@ -26,18 +26,6 @@ pub struct Signature<'a> {
     pub replay_uid: &'a str,
 }
 
-/// What a fake that does not exercise replays answers to their requests.
-fn unsupported<'a, T: Send + 'a>(what: &'static str) -> BoxFuture<'a, Result<T, kube::Error>> {
-    async move {
-        Err(kube::Error::Api(
-            kube::core::Status::failure(what, "NotImplemented")
-                .with_code(501)
-                .boxed(),
-        ))
-    }
-    .boxed()
-}
-
 /// Field manager of every status write the operator makes.
 pub const MANAGER: &str = "deadletter-operator";
 
@@ -79,29 +67,23 @@ pub trait Apiserver: Send + Sync {
     /// by the record's resourceVersion: a 409 means it changed since it was read.
     fn sign_record<'a>(
         &'a self,
-        _record: &'a DeadLetter,
-        _signature: &'a Signature<'a>,
-    ) -> BoxFuture<'a, Result<(), kube::Error>> {
-        unsupported("sign_record")
-    }
+        record: &'a DeadLetter,
+        signature: &'a Signature<'a>,
+    ) -> BoxFuture<'a, Result<(), kube::Error>>;
 
     /// Takes a replay's decision back (`action`/`by`/`note` removed), guarded by the record's
     /// resourceVersion; the label stays, so the record counts as withdrawn.
     fn withdraw_record<'a>(
         &'a self,
-        _record: &'a DeadLetter,
-    ) -> BoxFuture<'a, Result<(), kube::Error>> {
-        unsupported("withdraw_record")
-    }
+        record: &'a DeadLetter,
+    ) -> BoxFuture<'a, Result<(), kube::Error>>;
 
     /// Merge-patches a replay's status (only the leader writes it).
     fn write_replay_status<'a>(
         &'a self,
-        _replay: &'a DeadLetterReplay,
-        _status: &'a DeadLetterReplayStatus,
-    ) -> BoxFuture<'a, Result<(), kube::Error>> {
-        unsupported("write_replay_status")
-    }
+        replay: &'a DeadLetterReplay,
+        status: &'a DeadLetterReplayStatus,
+    ) -> BoxFuture<'a, Result<(), kube::Error>>;
 }
 
 /// The real apiserver.
@@ -292,3 +274,6 @@ pub fn reference(obj: &impl Resource<DynamicType = ()>) -> ObjectReference {
 pub fn is_conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409)
 }
+
+#[cfg(test)]
+pub(crate) mod fake;

@@ -1,0 +1,352 @@
+//! The one fake [`Apiserver`] of the in-process tests (tests only): it holds records with
+//! resourceVersions and answers like the real one (compare-and-swap status writes, signatures
+//! and withdrawals, deletes guarded by uid + resourceVersion), remembers every write and Event,
+//! and can be told to interfere: a rival resolution before the next write, unrelated writes
+//! that bump the version, a failing write.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::ObjectReference;
+
+use dlq_core::api::{Action, DeadLetter, DeadLetterQueue, DeadLetterStatus, Phase};
+use dlq_core::events::EventPlan;
+use dlq_core::plan::QueueStatusWrite;
+use dlq_core::replay::{
+    ANNOTATION_REPLAY_UID, DeadLetterReplay, DeadLetterReplayStatus, LABEL_REPLAY,
+};
+
+use super::{Apiserver, Signature};
+
+/// (namespace, name) of a record.
+type Key = (String, String);
+
+fn key_of(record: &DeadLetter) -> Key {
+    (
+        record.metadata.namespace.clone().unwrap_or_default(),
+        record.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+/// A lock that a failed assertion in another test cannot poison.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// An apiserver error with `code` (409 is a Conflict, as the real one says).
+pub fn api_error(code: u16) -> kube::Error {
+    let reason = match code {
+        404 => "NotFound",
+        409 => "Conflict",
+        _ => "InternalError",
+    };
+    kube::Error::Api(
+        kube::core::Status::failure("fake", reason)
+            .with_code(code)
+            .boxed(),
+    )
+}
+
+/// Applies a merge patch of `status` onto `into`, as the apiserver does.
+fn merge(into: &mut DeadLetterStatus, status: &DeadLetterStatus) {
+    if status.phase.is_some() {
+        into.phase = status.phase;
+    }
+    if status.resolved_by.is_some() {
+        into.resolved_by = status.resolved_by.clone();
+    }
+    if status.resolved_at.is_some() {
+        into.resolved_at = status.resolved_at.clone();
+    }
+    if status.observed_generation.is_some() {
+        into.observed_generation = status.observed_generation;
+    }
+    if !status.conditions.is_empty() {
+        into.conditions = status.conditions.clone();
+    }
+}
+
+/// Records by namespace and name, each with a resourceVersion from one counter, and what was
+/// asked of it.
+#[derive(Default)]
+pub struct FakeApiserver {
+    records: Mutex<BTreeMap<Key, DeadLetter>>,
+    version: AtomicU64,
+    /// Record status writes that landed, in order.
+    writes: Mutex<Vec<DeadLetterStatus>>,
+    /// Queue status writes, in order: (queue name, status).
+    queue_writes: Mutex<Vec<(String, QueueStatusWrite)>>,
+    /// Names of the records deleted.
+    deleted: Mutex<Vec<String>>,
+    /// Events published: (the name of what they are about, the Event).
+    events: Mutex<Vec<(Option<String>, EventPlan)>>,
+    /// Names of the records a replay signed successfully, in order.
+    signed: Mutex<Vec<String>>,
+    /// Replay status writes, in order.
+    replay_statuses: Mutex<Vec<DeadLetterReplayStatus>>,
+    /// Before the next record status write, "alice" resolves that record as this phase.
+    pub race: Mutex<Option<Phase>>,
+    /// The next N record status writes find the version bumped by an unrelated write.
+    pub bumps: AtomicU32,
+    /// The next record status write fails with a 500 (as if the apiserver went away).
+    pub fail_next_write: AtomicBool,
+}
+
+impl FakeApiserver {
+    /// An apiserver holding `records`, versioned "1", "2", … in the order given.
+    pub fn holding(records: impl IntoIterator<Item = DeadLetter>) -> Arc<Self> {
+        let fake = FakeApiserver::default();
+        for mut r in records {
+            fake.bump(&mut r);
+            lock(&fake.records).insert(key_of(&r), r);
+        }
+        Arc::new(fake)
+    }
+
+    fn bump(&self, record: &mut DeadLetter) {
+        let v = self.version.fetch_add(1, Ordering::SeqCst) + 1;
+        record.metadata.resource_version = Some(v.to_string());
+    }
+
+    /// Every record it holds, by namespace and name.
+    pub fn all(&self) -> Vec<DeadLetter> {
+        lock(&self.records).values().cloned().collect()
+    }
+
+    /// Record `name` (of any namespace) as it is stored now.
+    pub fn get(&self, name: &str) -> Option<DeadLetter> {
+        lock(&self.records)
+            .values()
+            .find(|r| r.metadata.name.as_deref() == Some(name))
+            .cloned()
+    }
+
+    /// The first record it holds (the tests of one record hold one).
+    pub fn current(&self) -> DeadLetter {
+        lock(&self.records)
+            .values()
+            .next()
+            .cloned()
+            .unwrap_or_else(|| panic!("the fake apiserver holds no record"))
+    }
+
+    /// The record status writes that landed.
+    pub fn writes(&self) -> Vec<DeadLetterStatus> {
+        lock(&self.writes).clone()
+    }
+
+    /// The queue status writes: (queue name, status).
+    pub fn queue_writes(&self) -> Vec<(String, QueueStatusWrite)> {
+        lock(&self.queue_writes).clone()
+    }
+
+    /// Names of the records deleted, in order.
+    pub fn deleted(&self) -> Vec<String> {
+        lock(&self.deleted).clone()
+    }
+
+    /// The Events published, with the name of what each is about.
+    pub fn published(&self) -> Vec<(Option<String>, EventPlan)> {
+        lock(&self.events).clone()
+    }
+
+    /// The Events published.
+    pub fn events(&self) -> Vec<EventPlan> {
+        lock(&self.events).iter().map(|(_, e)| e.clone()).collect()
+    }
+
+    /// The reasons of the Events published, in order.
+    pub fn reasons(&self) -> Vec<&'static str> {
+        lock(&self.events).iter().map(|(_, e)| e.reason).collect()
+    }
+
+    /// Names of the records signed by a replay, in order.
+    pub fn signed(&self) -> Vec<String> {
+        lock(&self.signed).clone()
+    }
+
+    /// The last replay status written.
+    pub fn last_replay_status(&self) -> DeadLetterReplayStatus {
+        lock(&self.replay_statuses)
+            .last()
+            .cloned()
+            .unwrap_or_else(|| panic!("no replay status was written"))
+    }
+
+    /// Resolves every decided record as its decision says, as the record reconciler would.
+    pub fn carry_out_decisions(&self) {
+        let mut records = lock(&self.records);
+        for r in records.values_mut() {
+            let phase = match r.spec.action {
+                Some(Action::Redrive) => Phase::Redriven,
+                Some(Action::Drop) => Phase::Dropped,
+                None => continue,
+            };
+            r.status.get_or_insert_default().phase = Some(phase);
+            self.bump(r);
+        }
+    }
+
+    /// What a rival resolver or an unrelated writer did just before a write to `stored`.
+    fn interfere(&self, stored: &mut DeadLetter) {
+        if let Some(phase) = lock(&self.race).take() {
+            let status = stored.status.get_or_insert_default();
+            status.phase = Some(phase);
+            status.resolved_by = Some("alice".into());
+            self.bump(stored);
+        } else if self
+            .bumps
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            self.bump(stored);
+        }
+    }
+
+    /// Applies `change` to the stored `record` when the caller's resourceVersion is current.
+    fn cas(
+        &self,
+        record: &DeadLetter,
+        change: impl FnOnce(&mut DeadLetter),
+    ) -> Result<(), kube::Error> {
+        let mut records = lock(&self.records);
+        let stored = records
+            .get_mut(&key_of(record))
+            .ok_or_else(|| api_error(404))?;
+        if stored.metadata.resource_version != record.metadata.resource_version {
+            return Err(api_error(409));
+        }
+        change(stored);
+        self.bump(stored);
+        Ok(())
+    }
+}
+
+impl Apiserver for FakeApiserver {
+    fn get_record<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<DeadLetter>, kube::Error>> {
+        let found = lock(&self.records)
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned();
+        async move { Ok(found) }.boxed()
+    }
+
+    fn write_record_status<'a>(
+        &'a self,
+        record: &'a DeadLetter,
+        status: &'a DeadLetterStatus,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        let result = if self.fail_next_write.swap(false, Ordering::SeqCst) {
+            Err(api_error(500))
+        } else {
+            if let Some(stored) = lock(&self.records).get_mut(&key_of(record)) {
+                self.interfere(stored);
+            }
+            self.cas(record, |stored| {
+                merge(stored.status.get_or_insert_default(), status)
+            })
+        };
+        if result.is_ok() {
+            lock(&self.writes).push(status.clone());
+        }
+        async move { result }.boxed()
+    }
+
+    fn write_queue_status<'a>(
+        &'a self,
+        queue: &'a DeadLetterQueue,
+        status: &'a QueueStatusWrite,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        let name = queue.metadata.name.clone().unwrap_or_default();
+        lock(&self.queue_writes).push((name, status.clone()));
+        async { Ok(()) }.boxed()
+    }
+
+    fn delete_record<'a>(
+        &'a self,
+        record: &'a DeadLetter,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        let mut records = lock(&self.records);
+        let key = key_of(record);
+        let result = match records.get(&key) {
+            None => Err(api_error(404)),
+            Some(stored)
+                if record.metadata.uid.is_some() && stored.metadata.uid != record.metadata.uid =>
+            {
+                Err(api_error(409))
+            }
+            Some(stored)
+                if record.metadata.resource_version.is_some()
+                    && stored.metadata.resource_version != record.metadata.resource_version =>
+            {
+                Err(api_error(409))
+            }
+            Some(_) => {
+                records.remove(&key);
+                lock(&self.deleted).push(key.1);
+                Ok(())
+            }
+        };
+        async move { result }.boxed()
+    }
+
+    fn publish<'a>(
+        &'a self,
+        regarding: ObjectReference,
+        event: &'a EventPlan,
+    ) -> BoxFuture<'a, ()> {
+        lock(&self.events).push((regarding.name, event.clone()));
+        async {}.boxed()
+    }
+
+    fn sign_record<'a>(
+        &'a self,
+        record: &'a DeadLetter,
+        signature: &'a Signature<'a>,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        let result = self.cas(record, |r| {
+            r.spec.action = Some(signature.action);
+            r.spec.by = Some(signature.by.to_string());
+            r.spec.note = Some(signature.note.to_string());
+            r.metadata
+                .labels
+                .get_or_insert_default()
+                .insert(LABEL_REPLAY.into(), signature.replay.into());
+            r.metadata
+                .annotations
+                .get_or_insert_default()
+                .insert(ANNOTATION_REPLAY_UID.into(), signature.replay_uid.into());
+        });
+        if result.is_ok() {
+            lock(&self.signed).push(key_of(record).1);
+        }
+        async move { result }.boxed()
+    }
+
+    fn withdraw_record<'a>(
+        &'a self,
+        record: &'a DeadLetter,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        let result = self.cas(record, |r| {
+            r.spec.action = None;
+            r.spec.by = None;
+            r.spec.note = None;
+        });
+        async move { result }.boxed()
+    }
+
+    fn write_replay_status<'a>(
+        &'a self,
+        _replay: &'a DeadLetterReplay,
+        status: &'a DeadLetterReplayStatus,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        lock(&self.replay_statuses).push(status.clone());
+        async { Ok(()) }.boxed()
+    }
+}
