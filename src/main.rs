@@ -10,7 +10,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use deadletter::alert::{Alerting, Alertmanager};
 use deadletter::metrics::Metrics;
-use deadletter::reconcile::Settings;
+use deadletter::reconcile::{Mechanisms, Settings};
 use deadletter::run::{self, Process};
 use deadletter::server::{self, Probes};
 use deadletter::state::leadership::Leadership;
@@ -79,6 +79,10 @@ struct RunArgs {
     backoff_cap_seconds: u64,
     #[command(flatten)]
     alerts: AlertArgs,
+    /// Throughput mechanisms to switch off, comma-separated (`deadletter::reconcile::Mechanisms`):
+    /// only for the bench's A/B of what each buys, so not in `--help`.
+    #[arg(long, env = "DLQ_DISABLE", value_delimiter = ',', hide = true)]
+    disable: Vec<String>,
 }
 
 /// Per-record alerts: on once an Alertmanager URL is given.
@@ -211,6 +215,7 @@ fn termination() -> Shutdown {
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     init_tracing(args.log_format);
+    let mut settings = settings(&args)?;
     let client = kube::Client::try_default()
         .await
         .context("connecting to Kubernetes (KUBECONFIG or in-cluster config)")?;
@@ -243,7 +248,6 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         controller: "deadletter-operator".into(),
         instance: Some(identity),
     };
-    let mut settings = settings(&args);
     settings.leadership = leadership;
     let process = Process {
         client: client.clone(),
@@ -445,12 +449,20 @@ fn scopes(watch_namespaces: &[String]) -> Vec<Option<String>> {
     }
 }
 
-fn settings(args: &RunArgs) -> Settings {
-    Settings {
+fn settings(args: &RunArgs) -> anyhow::Result<Settings> {
+    let mechanisms = Mechanisms::without(&args.disable).context("--disable")?;
+    if mechanisms != Mechanisms::default() {
+        tracing::warn!(
+            ?mechanisms,
+            "throughput mechanisms switched off (--disable)"
+        );
+    }
+    Ok(Settings {
         backoff_cap: Duration::from_secs(args.backoff_cap_seconds.max(1)),
         concurrency: args.concurrency.max(1),
+        mechanisms,
         ..Settings::default()
-    }
+    })
 }
 
 #[tokio::main]

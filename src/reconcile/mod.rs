@@ -44,6 +44,8 @@ pub struct Settings {
     pub concurrency: u16,
     /// This replica's term on the Lease: no requeue once it ran out (a paused leader).
     pub leadership: Leadership,
+    /// The throughput mechanisms switched on (all but in the bench's A/B).
+    pub mechanisms: Mechanisms,
 }
 
 impl Default for Settings {
@@ -53,7 +55,63 @@ impl Default for Settings {
             queue_resync: Duration::from_secs(30),
             concurrency: 32,
             leadership: Leadership::always(),
+            mechanisms: Mechanisms::default(),
         }
+    }
+}
+
+/// Mechanisms that exist only for throughput or memory, each switchable so that the bench can
+/// measure what it buys against the same build without it (`make bench`'s A/B). Every one is
+/// on in production; only the hidden `--disable` flag turns one off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mechanisms {
+    /// Marks yield to this process's busy sources (see [`parking_first`]).
+    pub parking_first: bool,
+    /// The feeder holds at most a window of records for their first mark
+    /// (`crate::run::feeder::MARK_WINDOW`); off, it holds every unmarked record.
+    pub mark_window: bool,
+    /// The sources' parker asks for the next block of slots while a storm spends the current
+    /// one (`dlq_client::park::ParkOptions::ask_ahead`).
+    pub ask_ahead: bool,
+    /// Normal resolution Events folded per queue per period (see [`aggregate`]).
+    pub aggregation: bool,
+}
+
+impl Default for Mechanisms {
+    fn default() -> Self {
+        Mechanisms {
+            parking_first: true,
+            mark_window: true,
+            ask_ahead: true,
+            aggregation: true,
+        }
+    }
+}
+
+/// A name `--disable` does not know.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown mechanism {0:?}: known are {known}", known = Mechanisms::NAMES.join(", "))]
+pub struct UnknownMechanism(String);
+
+impl Mechanisms {
+    /// The names `--disable` takes.
+    pub const NAMES: [&str; 4] = ["parking_first", "mark_window", "ask_ahead", "aggregation"];
+
+    /// Every mechanism on but those `names` lists (blank names are skipped).
+    pub fn without<S: AsRef<str>>(names: &[S]) -> Result<Self, UnknownMechanism> {
+        let mut on = Mechanisms::default();
+        for name in names.iter().map(|n| n.as_ref().trim()) {
+            let switch = match name {
+                "" => continue,
+                "parking_first" => &mut on.parking_first,
+                "mark_window" => &mut on.mark_window,
+                "ask_ahead" => &mut on.ask_ahead,
+                "aggregation" => &mut on.aggregation,
+                other => return Err(UnknownMechanism(other.to_string())),
+            };
+            *switch = false;
+        }
+        Ok(on)
     }
 }
 
@@ -133,14 +191,14 @@ impl Context {
             apiserver,
             targets,
             metrics,
-            settings,
             records,
             queues,
             failures: Mutex::default(),
             enqueued: Mutex::default(),
             claims: claims::Claims::default(),
             aggregator: None,
-            parking_first: parking_first::ParkingFirst::default(),
+            parking_first: parking_first::ParkingFirst::new(settings.mechanisms.parking_first),
+            settings,
         }
     }
 
@@ -245,3 +303,32 @@ pub(crate) fn error_policy<K>(_obj: Arc<K>, err: &Error, ctx: Arc<Context>) -> A
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod mechanisms_tests {
+    use super::Mechanisms;
+
+    #[test]
+    fn disable_names_switch_off_exactly_those_mechanisms() {
+        assert_eq!(
+            Mechanisms::without::<&str>(&[]).expect("none"),
+            Mechanisms::default()
+        );
+        let off = Mechanisms::without(&["parking_first", " aggregation", ""]).expect("known");
+        assert_eq!(
+            off,
+            Mechanisms {
+                parking_first: false,
+                aggregation: false,
+                ..Mechanisms::default()
+            }
+        );
+        for name in Mechanisms::NAMES {
+            assert_ne!(
+                Mechanisms::without(&[name]).expect("known"),
+                Mechanisms::default()
+            );
+        }
+        assert!(Mechanisms::without(&["claims"]).is_err());
+    }
+}

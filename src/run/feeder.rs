@@ -64,8 +64,10 @@ struct Held {
 }
 
 /// The held records and the ones waiting for room, as of one view of the records.
-#[derive(Default)]
 struct Window {
+    /// Records held for their mark at once, at most ([`MARK_WINDOW`]; unbounded when the
+    /// window is switched off).
+    limit: usize,
     held: HashMap<Key, Held>,
     /// How many of `held` are there only for their mark.
     marking: usize,
@@ -76,6 +78,16 @@ struct Window {
 }
 
 impl Window {
+    fn new(limit: usize) -> Self {
+        Window {
+            limit,
+            held: HashMap::new(),
+            marking: 0,
+            waiting: VecDeque::new(),
+            checked: None,
+        }
+    }
+
     fn hold(&mut self, key: Key, held: Held) -> Option<Held> {
         let before = self.held.insert(key, held);
         self.marking += usize::from(held.mark_only);
@@ -100,7 +112,7 @@ impl Window {
         let due = self
             .checked
             .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1));
-        if self.marking >= MARK_WINDOW && due {
+        if self.marking >= self.limit && due {
             self.checked = Some(now);
             for held in self.held.values_mut() {
                 if held.mark_only && now.duration_since(held.since) >= MARK_STALE {
@@ -109,7 +121,7 @@ impl Window {
                 }
             }
         }
-        self.marking < MARK_WINDOW
+        self.marking < self.limit
     }
 }
 
@@ -139,11 +151,18 @@ impl Feeder {
             index,
             records,
             queues,
-            live: Window::default(),
+            live: Window::new(MARK_WINDOW),
             listing: None,
             listed_queues: HashMap::new(),
             namespaces: Interner::default(),
         }
+    }
+
+    /// Without the window of first marks: every unmarked record is held at once (the
+    /// bench's A/B of what the window buys).
+    pub fn without_mark_window(mut self) -> Self {
+        self.live.limit = usize::MAX;
+        self
     }
 
     fn key(&mut self, dl: &DeadLetter) -> Option<Key> {
@@ -157,7 +176,7 @@ impl Feeder {
     pub fn observe(&mut self, event: Event<DeadLetter>) {
         match event {
             Event::Init => {
-                self.listing = Some(Window::default());
+                self.listing = Some(Window::new(self.live.limit));
                 self.listed_queues.clear();
                 self.store.apply_watcher_event(&Event::Init);
             }
@@ -359,12 +378,17 @@ mod tests {
 
     impl Rig {
         fn new() -> Self {
+            Rig::with(std::convert::identity)
+        }
+
+        /// A rig whose feeder is `configure`d.
+        fn with(configure: impl FnOnce(Feeder) -> Feeder) -> Self {
             let (store, writer) = reflector::store();
             let (tx, wakes) = unbounded();
             let (qtx, queues) = unbounded();
             let index = RecordIndex::default();
             Rig {
-                feeder: Feeder::new(writer, index.clone(), tx, qtx),
+                feeder: configure(Feeder::new(writer, index.clone(), tx, qtx)),
                 index,
                 store,
                 wakes,
@@ -424,6 +448,16 @@ mod tests {
             Some(&*format!("uid-{MARK_WINDOW}"))
         );
         assert!(next.status.is_none(), "held to be marked");
+    }
+
+    #[test]
+    fn without_the_window_every_unmarked_record_is_held() {
+        let mut rig = Rig::with(Feeder::without_mark_window);
+        let n = MARK_WINDOW + 3;
+        rig.list((0..n).map(record));
+        assert_eq!(rig.feeder.counts(), (n, n, 0));
+        assert_eq!(rig.store.len(), n);
+        assert_eq!(rig.woken().len(), n);
     }
 
     #[test]

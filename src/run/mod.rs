@@ -107,12 +107,16 @@ pub async fn run_scope(
     };
     let jobs = JobIndex::default();
     let initial = initial_state_for(&api_for(&client, &namespace)).await;
+    let mut feeder = feeder::Feeder::new(work_writer, records.clone(), record_wakes, queue_wakes);
+    if !settings.mechanisms.mark_window {
+        feeder = feeder.without_mark_window();
+    }
     let record_watch = watch_records(
         api_for(&client, &namespace),
         initial,
         jobs.clone(),
         records.clone(),
-        feeder::Feeder::new(work_writer, records.clone(), record_wakes, queue_wakes),
+        feeder,
     );
     let queue_watch = watcher(
         api_for(&client, &namespace),
@@ -124,17 +128,18 @@ pub async fn run_scope(
 
     let targets = Arc::new(TargetCache::new(client.clone()));
     let apiserver: Arc<dyn Apiserver> = Arc::new(KubeApiserver::new(client.clone(), reporter));
-    let ctx = Arc::new(
-        Context::new(
-            apiserver.clone(),
-            targets.clone(),
-            records.clone(),
-            queues.clone(),
-            metrics,
-            settings.clone(),
-        )
-        .with_aggregator(aggregate::Aggregator::spawn(apiserver)),
+    let mut ctx = Context::new(
+        apiserver.clone(),
+        targets.clone(),
+        records.clone(),
+        queues.clone(),
+        metrics,
+        settings.clone(),
     );
+    if settings.mechanisms.aggregation {
+        ctx = ctx.with_aggregator(aggregate::Aggregator::spawn(apiserver));
+    }
+    let ctx = Arc::new(ctx);
     let alerts = alert_sender(alerts, &ctx, shutdown.clone());
     let cfg = Config::default().concurrency(settings.concurrency);
     let records_ctl = until_stopped(
@@ -151,7 +156,12 @@ pub async fn run_scope(
     let client_for_replays = client.clone();
     let sources = crate::source::supervise(
         crate::source::Shared {
-            parker: dlq_client::park::Parker::new(client.clone()),
+            parker: dlq_client::park::Parker::with_options(
+                client.clone(),
+                dlq_client::park::ParkOptions {
+                    ask_ahead: settings.mechanisms.ask_ahead,
+                },
+            ),
             client,
             queues: queues.clone(),
             jobs,

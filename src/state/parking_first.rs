@@ -47,6 +47,8 @@ pub struct ParkingFirst {
 }
 
 struct Inner {
+    /// Off (the bench's A/B), marks never wait.
+    enabled: bool,
     /// Parks in flight in this process.
     parking: AtomicUsize,
     /// Woken when the parks in flight drop below [`BUSY`].
@@ -60,8 +62,16 @@ struct Inner {
 
 impl Default for ParkingFirst {
     fn default() -> Self {
+        ParkingFirst::new(true)
+    }
+}
+
+impl ParkingFirst {
+    /// Marks yield to busy sources when `enabled`; otherwise they never wait.
+    pub fn new(enabled: bool) -> Self {
         ParkingFirst {
             inner: Arc::new(Inner {
+                enabled,
                 parking: AtomicUsize::new(0),
                 idle: Notify::new(),
                 marks: Arc::new(Semaphore::new(MARKS_WHILE_PARKING)),
@@ -115,10 +125,13 @@ impl ParkingFirst {
 
     /// Whether sources are busy parking right now ([`BUSY`] or more parks in flight).
     pub fn is_busy(&self) -> bool {
-        self.inner.parking.load(Ordering::SeqCst) >= BUSY
+        self.inner.enabled && self.inner.parking.load(Ordering::SeqCst) >= BUSY
     }
 
     fn busy(&self) -> Busy {
+        if !self.inner.enabled {
+            return Busy::No;
+        }
         if self.is_busy() {
             return Busy::Parking;
         }
@@ -195,6 +208,16 @@ mod tests {
             at_once(&first, 40).iter().all(Option::is_none),
             "no permit is taken"
         );
+    }
+
+    #[tokio::test]
+    async fn switched_off_marks_never_wait() {
+        let first = ParkingFirst::new(false);
+        let parking = busy(&first);
+        assert!(!first.is_busy());
+        assert!(at_once(&first, 40).iter().all(Option::is_none));
+        drop(parking);
+        assert!(at_once(&first, 1).iter().all(Option::is_none), "nor after");
     }
 
     #[tokio::test]

@@ -169,9 +169,20 @@ struct Gate {
 }
 
 /// Grants slots under their queue's `maxParked`.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Admissions {
     gates: Arc<Mutex<Gates>>,
+    /// Whether this handle asks for the next block ahead while a storm spends the current one.
+    ask_ahead: bool,
+}
+
+impl Default for Admissions {
+    fn default() -> Self {
+        Admissions {
+            gates: Arc::default(),
+            ask_ahead: true,
+        }
+    }
 }
 
 /// (namespace, queue) → its gate.
@@ -185,6 +196,12 @@ static SHARED: std::sync::LazyLock<Admissions> = std::sync::LazyLock::new(Admiss
 impl Admissions {
     pub fn shared() -> Admissions {
         SHARED.clone()
+    }
+
+    /// The same gates, asking ahead or not (`ParkOptions::ask_ahead`).
+    pub fn asking_ahead(mut self, ask_ahead: bool) -> Admissions {
+        self.ask_ahead = ask_ahead;
+        self
     }
 }
 
@@ -245,7 +262,7 @@ impl Admissions {
     ) -> Result<Slot, AdmitError> {
         let key = (queue.namespace().unwrap_or_default(), queue.name_any());
         let gate = lock(&self.gates).entry(key).or_default().clone();
-        if let Some(slot) = take(client, queue, &gate) {
+        if let Some(slot) = take(client, queue, &gate, self.ask_ahead) {
             return Ok(slot);
         }
         let (tx, mut rx) = oneshot::channel();
@@ -260,7 +277,7 @@ impl Admissions {
         };
         let mut last = last;
         let batch = std::mem::take(&mut *lock(&gate.pending));
-        let mut batch = serve_from_blocks(client, queue, &gate, batch);
+        let mut batch = serve_from_blocks(client, queue, &gate, batch, self.ask_ahead);
         // One block per round; more rounds when the parkings waiting outnumber the largest
         // block, until they are served or the queue is full.
         while !batch.is_empty() {
@@ -319,11 +336,16 @@ impl Admissions {
 
 /// A slot from this process's blocks, if any: gives back what a replaced block did not use, and
 /// asks for the next block ahead when a storm is spending the current one.
-fn take(client: &Client, queue: &DeadLetterQueue, gate: &Arc<Gate>) -> Option<Slot> {
+fn take(
+    client: &Client,
+    queue: &DeadLetterQueue,
+    gate: &Arc<Gate>,
+    ask_ahead: bool,
+) -> Option<Slot> {
     let (slot, retired, refill) = {
         let mut blocks = lock(&gate.blocks);
         let (slot, retired) = blocks.take();
-        let refill = blocks.refill_due();
+        let refill = blocks.refill_due().filter(|_| ask_ahead);
         if refill.is_some() {
             blocks.refilling = true;
         }
@@ -349,10 +371,11 @@ fn serve_from_blocks(
     queue: &DeadLetterQueue,
     gate: &Arc<Gate>,
     batch: Vec<Reply>,
+    ask_ahead: bool,
 ) -> Vec<Reply> {
     let mut rest = Vec::new();
     for reply in batch {
-        match take(client, queue, gate) {
+        match take(client, queue, gate, ask_ahead) {
             Some(slot) => {
                 let _ = reply.send(Ok(slot));
             }

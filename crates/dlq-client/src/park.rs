@@ -99,12 +99,30 @@ type QueueReads = HashMap<(String, String), (Instant, DeadLetterQueue)>;
 /// doubles).
 const QUEUE_READ_REUSE: Duration = Duration::from_secs(1);
 
+/// How a [`Parker`] works; the default is what every program wants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParkOptions {
+    /// Ask for the next block of slots under `maxParked` in the background while a storm
+    /// spends the current one. Off only in the bench's A/B of what it buys.
+    pub ask_ahead: bool,
+}
+
+impl Default for ParkOptions {
+    fn default() -> Self {
+        ParkOptions { ask_ahead: true }
+    }
+}
+
 impl Parker {
     pub fn new(client: Client) -> Self {
+        Parker::with_options(client, ParkOptions::default())
+    }
+
+    pub fn with_options(client: Client, options: ParkOptions) -> Self {
         Parker {
             client,
             queues: Arc::default(),
-            admissions: Admissions::shared(),
+            admissions: Admissions::shared().asking_ahead(options.ask_ahead),
         }
     }
 
