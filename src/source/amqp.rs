@@ -353,6 +353,7 @@ impl Bridge {
                 .rejected(&e, delivery.data.len(), &self.rejected)
                 .await;
         }
+        crate::failpoint::hit("amqp-before-ack").await;
         if let Err(e) = delivery.acker.ack(BasicAckOptions::default()).await {
             // The record exists; RabbitMQ will deliver the message again and parking dedupes it.
             tracing::warn!(namespace = %ns, queue = %queue, job = %job, error = %e, "acking a parked message failed");
