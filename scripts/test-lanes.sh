@@ -32,9 +32,9 @@ EOF
 # Seconds each slow binary took in a warm run here: the longest go first (LPT scheduling).
 weight() {
   case $1 in
-    chaos) echo 170 ;; sqs) echo 80 ;; kafka) echo 75 ;; redrive) echo 58 ;; chart_node) echo 50 ;;
-    alerts|amqp|chart_rbac|nats) echo 50 ;; gitops|cli) echo 30 ;; leader|park|ui|http_target) echo 22 ;;
-    *) echo 12 ;;
+    chaos) echo 170 ;; backends) echo 150 ;; redrive) echo 58 ;; chart_node) echo 50 ;;
+    alerts|chart_rbac) echo 50 ;; kafka) echo 35 ;; gitops|cli|sqs|nats) echo 30 ;;
+    leader|park|ui) echo 22 ;; *) echo 12 ;;
   esac
 }
 

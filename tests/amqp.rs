@@ -1,17 +1,16 @@
-//! RabbitMQ against a real rabbitmq-server: the AMQP redrive target (confirms, untouched
-//! payload and properties, broker down and back, unroutable jobs) and the dead-letter queue
-//! source (x-death → deliveries/reason/origin, quorum delivery limits, crash safety).
+//! What only RabbitMQ does, against a real rabbitmq-server: AMQP properties and typed headers
+//! on redrive, unroutable jobs and missing exchanges as failures, the dead-letter queue source
+//! reading `x-death` (deliveries, reason, origin), quorum delivery limits, odd headers and
+//! oversize dead letters. The scenarios every backend passes (park, redrive byte for byte,
+//! broker down, a crash between park and ack, many redrives) are in `tests/backends.rs`.
 
-use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use dlq_core::api::{Action, DeadLetter, FailureKind, Origin, Phase};
-use dlq_testenv::brokers::{
-    Rabbit, declare_exchange, declare_queue, drain, queue_depth, shared_rabbit,
-};
+use dlq_testenv::brokers::{declare_exchange, declare_queue, drain, queue_depth, shared_rabbit};
 use dlq_testenv::{
-    Operator, Outage, assert_requeue_failing_then_recovers, condition, create_dlq, create_secret,
-    decide, events_for, eventually, record, setup, wait_phase,
+    Operator, condition, create_dlq, create_secret, decide, events_for, eventually, record, setup,
+    wait_phase,
 };
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -205,64 +204,6 @@ async fn unroutable_and_missing_exchange_are_failures_not_successes() {
     let (_, reason, message) = condition(&r, "Requeued").unwrap();
     assert_eq!(reason, "BrokerRefused");
     assert!(message.contains("NOT_FOUND"), "{message}");
-}
-
-/// The broker behind an AMQP target whose jobs land on `queue`.
-struct RabbitJobs<'a> {
-    rabbit: &'a Rabbit,
-    queue: &'a str,
-}
-
-impl Outage for RabbitJobs<'_> {
-    fn name(&self) -> &str {
-        "RabbitMQ"
-    }
-
-    fn stop(&mut self) {
-        self.rabbit.stop();
-    }
-
-    async fn restart(&mut self) {
-        self.rabbit.restart();
-        // A hard-killed node may come back without a queue declared moments before the kill;
-        // consumers declare their queues when they reconnect, and so does this one.
-        let (_c, ch) = self.rabbit.channel().await;
-        declare_queue(&ch, self.queue, FieldTable::default()).await;
-    }
-
-    async fn delivered(&mut self) -> Vec<Vec<u8>> {
-        let (_c, ch) = self.rabbit.channel().await;
-        drain(&ch, self.queue)
-            .await
-            .into_iter()
-            .map(|m| m.delivery.data.clone())
-            .collect()
-    }
-}
-
-#[tokio::test]
-async fn broker_down_keeps_records_parked_until_it_returns() {
-    let (client, ns) = setup("amqp-down").await;
-    let rabbit = Rabbit::start();
-    let jobs = "relayer.jobs";
-    {
-        let (_c, ch) = rabbit.channel().await;
-        declare_queue(&ch, jobs, FieldTable::default()).await;
-    }
-    amqp_queue(
-        &client,
-        &ns,
-        &rabbit.url(),
-        json!({"exchange": "", "routingKey": jobs}),
-        None,
-    )
-    .await;
-    let _op = Operator::start(&ns);
-    let mut broker = RabbitJobs {
-        rabbit: &rabbit,
-        queue: jobs,
-    };
-    assert_requeue_failing_then_recovers(&client, &ns, &mut broker, &[("x-n", "1")], 3).await;
 }
 
 /// Topology of a worker queue `<ns>.orders` (bound to `<ns>.shop` with `orders.created`) whose
@@ -557,111 +498,6 @@ async fn a_quorum_queue_delivery_limit_dead_letter_becomes_a_record_and_redrives
         !back.delivery.redelivered,
         "a fresh delivery, not one counted against the old limit"
     );
-}
-
-#[tokio::test]
-async fn source_survives_sigkill_mid_drain_and_parks_every_message_exactly_once() {
-    let (client, ns) = setup("amqp-crash").await;
-    let rabbit = shared_rabbit();
-    let (_conn, ch) = rabbit.channel().await;
-    ch.confirm_select(Default::default()).await.unwrap();
-    // Messages expire at once in the work queue, so RabbitMQ dead-letters all of them.
-    let (shop, _orders, dlq) =
-        dlx_topology(&ch, &ns, vec![("x-message-ttl", AMQPValue::LongInt(0))]).await;
-    amqp_queue(
-        &client,
-        &ns,
-        &rabbit.url(),
-        json!({"exchange": shop, "routingKey": "orders.created"}),
-        Some(json!({"queue": dlq})),
-    )
-    .await;
-    const N: usize = 300;
-    for i in 0..N {
-        let props = BasicProperties::default().with_message_id(format!("m-{i}").into());
-        ch.basic_publish(
-            shop.as_str().into(),
-            "orders.created".into(),
-            BasicPublishOptions::default(),
-            format!("job {i}").as_bytes(),
-            props,
-        )
-        .await
-        .unwrap();
-    }
-    ch.wait_for_confirms().await.unwrap();
-    eventually(30, "all messages dead-lettered", || async {
-        (queue_depth(&ch, &dlq).await as usize == N).then_some(())
-    })
-    .await;
-
-    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
-    let started = Instant::now();
-    let mut op = Operator::start(&ns);
-    eventually(120, "some records", || async {
-        (records(&api).await.len() >= 60).then_some(())
-    })
-    .await;
-    op.kill();
-    let at_kill = records(&api).await.len();
-    let left = queue_depth(&ch, &dlq).await;
-    assert!(at_kill < N, "the kill came mid-drain");
-    let _op = Operator::start(&ns);
-    eventually(180, "every message parked", || async {
-        (records(&api).await.len() >= N && queue_depth(&ch, &dlq).await == 0).then_some(())
-    })
-    .await;
-    let elapsed = started.elapsed();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let items = records(&api).await;
-    assert_eq!(items.len(), N, "none lost, none doubled");
-    let ids: BTreeSet<String> = items.iter().map(|r| r.spec.job.id.clone()).collect();
-    let want: BTreeSet<String> = (0..N).map(|i| format!("m-{i}")).collect();
-    assert_eq!(ids, want);
-    assert!(
-        items
-            .iter()
-            .all(|r| r.spec.reason.starts_with("expired in queue"))
-    );
-    assert_eq!(queue_depth(&ch, &dlq).await, 0);
-    dlq_testenv::report(&format!(
-        "amqp source: {N} dead letters parked in {:.1}s incl. SIGKILL at {at_kill} records ({left} still in the DLQ then) and a restart",
-        elapsed.as_secs_f64()
-    ));
-}
-
-#[tokio::test]
-async fn redrive_rate() {
-    let (client, ns) = setup("amqp-rate").await;
-    let rabbit = shared_rabbit();
-    let (_conn, ch) = rabbit.channel().await;
-    let jobs = format!("{ns}.jobs");
-    declare_queue(&ch, &jobs, FieldTable::default()).await;
-    amqp_queue(
-        &client,
-        &ns,
-        &rabbit.url(),
-        json!({"exchange": "", "routingKey": jobs}),
-        None,
-    )
-    .await;
-    let _op = Operator::start(&ns);
-    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
-    let n = 200;
-    let secs = dlq_testenv::redrive_many(&api, n, |i| {
-        record(
-            &format!("rate-{i}"),
-            &format!("rate/{i}"),
-            format!("job {i}").as_bytes(),
-            &[("x-n", "1")],
-        )
-    })
-    .await;
-    assert_eq!(queue_depth(&ch, &jobs).await as usize, n);
-    dlq_testenv::report(&format!(
-        "redrive rate amqp: {n} records in {secs:.2}s = {:.0} records/s",
-        n as f64 / secs
-    ));
 }
 
 /// Issue 19 through the RabbitMQ source: a header name no record header may have is carried

@@ -1,14 +1,16 @@
-//! The HTTP redrive target against a small HTTP(S) server started by the test: untouched
-//! payload and headers over TLS with a CA and a bearer token from Secrets, endpoint down and
-//! back, non-2xx answers as failures with the status and a cut body.
+//! What only the HTTP redrive target does, against a small HTTP(S) server started by the test:
+//! untouched payload and headers over TLS with a CA and a bearer token from Secrets, non-2xx
+//! answers as failures with the status and a cut body, the apiserver's rules for targets. The
+//! scenarios every backend passes (redrive byte for byte, endpoint down, many redrives) are in
+//! `tests/backends.rs`.
 
 use std::sync::atomic::Ordering;
 
 use dlq_core::api::{Action, DeadLetter, Phase};
 use dlq_testenv::brokers::{HttpSink, TestCa};
 use dlq_testenv::{
-    Operator, assert_requeue_failing_then_recovers, condition, create_dlq, create_secret, decide,
-    events_for, eventually, record, redrive_many, setup, wait_phase, wait_ready,
+    Operator, condition, create_dlq, create_secret, decide, events_for, eventually, record, setup,
+    wait_phase, wait_ready,
 };
 use kube::Client;
 use kube::api::{Api, PostParams};
@@ -93,15 +95,6 @@ async fn redrive_posts_identical_payload_and_headers_over_tls_with_a_bearer_toke
 }
 
 #[tokio::test]
-async fn endpoint_down_keeps_records_parked_until_it_returns() {
-    let (client, ns) = setup("http-down").await;
-    let mut sink = HttpSink::start(None);
-    http_queue(&client, &ns, &sink.url("/jobs"), None, None).await;
-    let _op = Operator::start(&ns);
-    assert_requeue_failing_then_recovers(&client, &ns, &mut sink, &[("x-n", "1")], 3).await;
-}
-
-#[tokio::test]
 async fn a_non_2xx_answer_is_a_failure_with_the_status_and_a_cut_body() {
     let (client, ns) = setup("http-503").await;
     let sink = HttpSink::start(None);
@@ -143,30 +136,6 @@ async fn a_non_2xx_answer_is_a_failure_with_the_status_and_a_cut_body() {
     .await;
     sink.status.store(204, Ordering::SeqCst);
     wait_phase(&api, "busy-1", Phase::Redriven, 30).await;
-}
-
-#[tokio::test]
-async fn redrive_rate() {
-    let (client, ns) = setup("http-rate").await;
-    let sink = HttpSink::start(None);
-    http_queue(&client, &ns, &sink.url("/jobs"), None, None).await;
-    let _op = Operator::start(&ns);
-    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
-    let n = 200;
-    let secs = redrive_many(&api, n, |i| {
-        record(
-            &format!("rate-{i}"),
-            &format!("rate/{i}"),
-            format!("job {i}").as_bytes(),
-            &[("x-n", "1")],
-        )
-    })
-    .await;
-    assert_eq!(sink.posts().len(), n);
-    dlq_testenv::report(&format!(
-        "redrive rate http: {n} records in {secs:.2}s = {:.0} records/s",
-        n as f64 / secs
-    ));
 }
 
 #[tokio::test]

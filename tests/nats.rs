@@ -1,8 +1,8 @@
-//! NATS JetStream against a real nats-server: the redrive target (PubAck, untouched payload and
-//! headers, server down and back, the duplicate window) and the MAX_DELIVERIES source (records
-//! from advisories, crash safety).
+//! What only NATS JetStream does, against a real nats-server: multi-valued headers and
+//! `Nats-Msg-Id` on redrive, the MAX_DELIVERIES source (job ids from `Nats-Msg-Id` or the stream
+//! sequence, the origin subject) and the stream's duplicate window refusing an early redrive.
+//! The scenarios every backend passes are in `tests/backends.rs`.
 
-use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
@@ -10,8 +10,7 @@ use async_nats::jetstream::{self, AckKind};
 use dlq_core::api::{Action, DeadLetter, FailureKind, Phase};
 use dlq_testenv::brokers::Nats;
 use dlq_testenv::{
-    Operator, Outage, assert_requeue_failing_then_recovers, condition, create_dlq, create_secret,
-    decide, events_for, eventually, record, redrive_many, setup, wait_phase,
+    Operator, condition, create_dlq, decide, events_for, eventually, record, setup, wait_phase,
 };
 use futures::StreamExt;
 use kube::ResourceExt;
@@ -141,56 +140,6 @@ async fn redrive_publishes_identical_payload_and_headers_and_waits_for_the_pubac
         .then_some(())
     })
     .await;
-}
-
-/// The server behind a JetStream target whose jobs land in `stream`.
-struct NatsJobs<'a> {
-    nats: &'a Nats,
-    stream: &'a jetstream::stream::Stream,
-}
-
-impl Outage for NatsJobs<'_> {
-    fn name(&self) -> &str {
-        "NATS"
-    }
-
-    fn stop(&mut self) {
-        self.nats.stop();
-    }
-
-    async fn restart(&mut self) {
-        self.nats.restart();
-    }
-
-    async fn delivered(&mut self) -> Vec<Vec<u8>> {
-        let mut got = Vec::new();
-        for seq in 1..=stream_messages(self.stream).await {
-            let m = self.stream.get_raw_message(seq).await;
-            got.push(m.expect("a stored message").payload.to_vec());
-        }
-        got
-    }
-}
-
-#[tokio::test]
-async fn server_down_keeps_records_parked_until_it_returns() {
-    let (client, ns) = setup("nats-down").await;
-    let nats = Nats::start();
-    let stream = create_stream(&nats, Duration::from_secs(120)).await;
-    create_secret(&client, &ns, "nats", "url", &nats.url()).await;
-    create_dlq(
-        &client,
-        &ns,
-        "relayer",
-        json!({"target": {"nats": {"urlSecretRef": {"name": "nats", "key": "url"}, "subject": "jobs.relayer"}}}),
-    )
-    .await;
-    let _op = Operator::start(&ns);
-    let mut broker = NatsJobs {
-        nats: &nats,
-        stream: &stream,
-    };
-    assert_requeue_failing_then_recovers(&client, &ns, &mut broker, &[("x-n", "1")], 3).await;
 }
 
 /// A worker that fails every message it gets: naks until JetStream gives up (MaxDeliver).
@@ -365,114 +314,5 @@ async fn a_message_over_max_deliver_becomes_a_record_and_redrive_respects_the_du
         WINDOW.as_secs(),
         refused_after.as_secs_f64(),
         through_after.as_secs_f64()
-    ));
-}
-
-#[tokio::test]
-async fn source_survives_sigkill_mid_drain_and_parks_every_message_exactly_once() {
-    let (client, ns) = setup("nats-crash").await;
-    let nats = Nats::start();
-    let stream = create_stream(&nats, Duration::from_secs(120)).await;
-    let consumer = worker_consumer(&stream, 1).await;
-    create_dlq(
-        &client,
-        &ns,
-        "relayer",
-        json!({
-            "target": {"nats": {"url": nats.url(), "subject": "jobs.relayer"}},
-            "source": {"nats": {"stream": "JOBS", "consumer": "worker"}}
-        }),
-    )
-    .await;
-    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
-    let started = Instant::now();
-    let mut op = Operator::start(&ns);
-    wait_for_bridge(&nats).await;
-    const N: usize = 300;
-    let js = nats.js().await;
-    let mut acks = Vec::new();
-    for i in 0..N {
-        let mut h = HeaderMap::new();
-        h.insert("Nats-Msg-Id", format!("m-{i}").as_str());
-        acks.push(
-            js.publish_with_headers("jobs.work", h, format!("job {i}").into())
-                .await
-                .unwrap(),
-        );
-    }
-    for a in acks {
-        a.await.unwrap();
-    }
-    let worker = failing_worker(consumer);
-    eventually(120, "some records", || async {
-        (records(&api).await.len() >= 60).then_some(())
-    })
-    .await;
-    op.kill();
-    let at_kill = records(&api).await.len();
-    let in_stream = stream_messages(&stream).await;
-    assert!(at_kill < N, "the kill came mid-drain");
-    let _op = Operator::start(&ns);
-    eventually(
-        180,
-        "every message parked and removed from the stream",
-        || async {
-            (records(&api).await.len() >= N && stream_messages(&stream).await == 0).then_some(())
-        },
-    )
-    .await;
-    let elapsed = started.elapsed();
-    worker.abort();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let items = records(&api).await;
-    assert_eq!(items.len(), N, "none lost, none doubled");
-    let ids: BTreeSet<String> = items.iter().map(|r| r.spec.job.id.clone()).collect();
-    let want: BTreeSet<String> = (0..N).map(|i| format!("m-{i}")).collect();
-    assert_eq!(ids, want);
-    assert!(items.iter().all(|r| r.spec.deliveries == 1));
-    let capture = nats
-        .js()
-        .await
-        .get_stream(deadletter::source::nats::advisory_stream("JOBS", "worker"))
-        .await
-        .unwrap();
-    eventually(30, "every advisory acked", || async {
-        (stream_messages(&capture).await == 0).then_some(())
-    })
-    .await;
-    dlq_testenv::report(&format!(
-        "nats source: {N} dead messages parked in {:.1}s incl. SIGKILL at {at_kill} records ({in_stream} still in the stream then) and a restart",
-        elapsed.as_secs_f64()
-    ));
-}
-
-#[tokio::test]
-async fn redrive_rate() {
-    let (client, ns) = setup("nats-rate").await;
-    let nats = Nats::start();
-    let stream = create_stream(&nats, Duration::from_secs(120)).await;
-    create_dlq(
-        &client,
-        &ns,
-        "relayer",
-        json!({"target": {"nats": {"url": nats.url(), "subject": "jobs.relayer"}}}),
-    )
-    .await;
-    let _op = Operator::start(&ns);
-    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
-    let n = 200;
-    let secs = redrive_many(&api, n, |i| {
-        record(
-            &format!("rate-{i}"),
-            &format!("rate/{i}"),
-            format!("job {i}").as_bytes(),
-            &[("x-n", "1")],
-        )
-    })
-    .await;
-    assert_eq!(stream_messages(&stream).await as usize, n);
-    dlq_testenv::report(&format!(
-        "redrive rate nats jetstream: {n} records in {secs:.2}s = {:.0} records/s",
-        n as f64 / secs
     ));
 }

@@ -1,9 +1,11 @@
-//! Parking against a real apiserver and redis-server: the park API, `kubectl dlq park`, the
-//! Redis source bridge, and a GitOps decision next to the parker's fields.
+//! Parking against a real apiserver and redis-server: the park API, `kubectl dlq park`, what
+//! only the Redis source does (sweeping up what other processes left behind, unusable elements
+//! parked as Invalid or rejected), and a GitOps decision next to the parker's fields. The
+//! scenarios every source passes (park, a crash between park and ack) are in
+//! `tests/backends.rs`.
 
 use std::collections::BTreeSet;
 use std::process::Stdio;
-use std::time::Instant;
 
 use dlq_client::park::{ParkError, ParkOutcome, ParkRequest, Parker, park};
 use dlq_core::api::{Action, DeadLetter, DeadLetterQueue, FailureKind, IntentSnapshot, Job, Phase};
@@ -470,130 +472,6 @@ async fn push_dead(redis: &Redis, list: &str, n: usize) -> Vec<u8> {
     pipe.cmd("LPUSH").arg(list).arg(&garbage[..]);
     let _: () = pipe.query_async(&mut c).await.unwrap();
     garbage
-}
-
-#[tokio::test]
-async fn redis_bridge_parks_every_dead_element_once_even_across_a_crash() {
-    let (client, ns, redis) = redis_source_queue("bridge").await;
-    const N: usize = 500;
-    let garbage = push_dead(&redis, "relayer:dead", N).await;
-    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
-    let count = || async {
-        api.list(&ListParams::default())
-            .await
-            .map(|l| l.items.len())
-            .unwrap_or(0)
-    };
-
-    let started = Instant::now();
-    let mut op = Operator::start(&ns);
-    eventually(60, "the bridge to park some elements", || async {
-        (count().await >= 100).then_some(())
-    })
-    .await;
-    op.kill(); // SIGKILL mid-drain
-    let at_kill = count().await;
-    let _op = Operator::start(&ns);
-    eventually(120, "every dead element parked", || async {
-        (count().await == N + 1).then_some(())
-    })
-    .await;
-    let elapsed = started.elapsed();
-
-    let mut c = redis.conn().await;
-    let (dead, processing): (usize, usize) = redis::pipe()
-        .cmd("LLEN")
-        .arg("relayer:dead")
-        .cmd("LLEN")
-        .arg("relayer:dead:processing")
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    assert_eq!(
-        (dead, processing),
-        (0, 0),
-        "dead and processing lists drained"
-    );
-    assert_eq!(
-        redis.hash_len("relayer:dead:inflight").await,
-        0,
-        "all acknowledged"
-    );
-    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-    let items = api.list(&ListParams::default()).await.unwrap().items;
-    assert_eq!(items.len(), N + 1, "none lost, none doubled");
-    let ids: BTreeSet<&str> = items.iter().map(|r| r.spec.job.id.as_str()).collect();
-    assert_eq!(ids.len(), N + 1);
-    let invalid: Vec<&DeadLetter> = items
-        .iter()
-        .filter(|r| r.spec.failure_kind == FailureKind::Invalid)
-        .collect();
-    assert_eq!(invalid.len(), 1);
-    assert_eq!(
-        invalid[0].spec.job.payload_bytes().unwrap(),
-        garbage,
-        "garbage kept byte for byte"
-    );
-    assert_eq!(invalid[0].labels()["dlq.dev/failure-kind"], "invalid");
-    let sample = items.iter().find(|r| r.spec.job.id == "dead/7").unwrap();
-    assert_eq!(sample.spec.job.payload.as_deref(), Some("{\"n\":7}"));
-    assert_eq!(sample.spec.deliveries, 5);
-    assert_eq!(sample.spec.intent.as_ref().unwrap().id, "pi_7");
-    dlq_testenv::report(&format!(
-        "bridge: {} elements parked in {:.1}s ({:.0} records/s, including one SIGKILL at {at_kill} and a restart)",
-        N + 1,
-        elapsed.as_secs_f64(),
-        (N + 1) as f64 / elapsed.as_secs_f64()
-    ));
-}
-
-/// Chaos found it: a crash between parking an element and acknowledging it, then a human
-/// resolving the record before the bridge ran again, made the re-read element a second record
-/// (cycle 2) of the same dead message. The element's id (the inflight hash) is kept on the
-/// record, so the re-read finds it whatever its phase.
-#[tokio::test]
-async fn redis_bridge_re_reading_an_element_after_a_crash_finds_its_resolved_record() {
-    let (client, ns, redis) = redis_source_queue("reread").await;
-    // The source hangs between park and acknowledgement; the controller keeps working.
-    let mut op = Operator::start_with(&ns, &[], &[("DLQ_FAILPOINT", "redis-before-ack")]);
-    push_dead(&redis, "relayer:dead", 1).await;
-    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
-    let records = eventually(60, "both elements parked", || async {
-        let items = api.list(&ListParams::default()).await.ok()?.items;
-        (items.len() == 2).then_some(items)
-    })
-    .await;
-    for r in &records {
-        let message = r.annotations().get("dlq.dev/source-message").cloned();
-        assert!(
-            message
-                .as_deref()
-                .is_some_and(|m| m.starts_with("relayer:dead#")),
-            "{message:?}"
-        );
-        decide(&api, &r.name_any(), Action::Drop, "alice").await;
-        wait_phase(&api, &r.name_any(), Phase::Dropped, 30).await;
-    }
-    let unacked = redis.hash_len("relayer:dead:inflight").await;
-    assert_eq!(unacked, 2, "both elements still unacknowledged");
-    op.kill();
-
-    let _op = Operator::start(&ns);
-    eventually(60, "the re-read elements acknowledged", || async {
-        (redis.hash_len("relayer:dead:inflight").await == 0).then_some(())
-    })
-    .await;
-    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-    let after = api.list(&ListParams::default()).await.unwrap().items;
-    let names: BTreeSet<String> = after.iter().map(|r| r.name_any()).collect();
-    assert_eq!(
-        after.len(),
-        2,
-        "no second record of the same dead message: {names:?}"
-    );
-    assert!(after.iter().all(|r| r.phase() == Phase::Dropped));
-    assert_eq!(redis.list("relayer:dead:processing").await.len(), 0);
-    assert_eq!(redis.hash_len("relayer:dead:inflight").await, 0);
 }
 
 /// What another process left behind after this one started (a leader that lost its Lease

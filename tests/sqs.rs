@@ -1,27 +1,21 @@
-//! Amazon SQS against ElasticMQ (an SQS-compatible server): dead letters produced by a real
-//! RedrivePolicy (maxReceiveCount) are parked by the source and redriven by the target, for
-//! standard and FIFO queues, with typed message attributes; the server down during redrive;
-//! a SIGKILL of the operator mid-drain.
+//! What only Amazon SQS does, against ElasticMQ (an SQS-compatible server): typed message
+//! attributes (numbers, binary) through park and redrive, FIFO queues keeping the message group
+//! and deduplicating a retried redrive, and the apiserver's rules for SQS URLs. The scenarios
+//! every backend passes are in `tests/backends.rs`.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use aws_sdk_sqs::Client as Sqs;
 use aws_sdk_sqs::primitives::Blob;
-use aws_sdk_sqs::types::{
-    MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName,
-    SendMessageBatchRequestEntry,
-};
+use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
 use deadletter::target::sqs::{AwsKeys, SqsConn, SqsTarget};
 use deadletter::target::{JobMessage, Target};
 use dlq_core::api::{Action, DeadLetter, Phase, SqsTargetSpec};
 use dlq_core::headers::sqs::{ATTRIBUTES_HEADER, GROUP_HEADER};
-use dlq_testenv::brokers::ElasticMq;
 use dlq_testenv::brokers::elasticmq::REGION;
-use dlq_testenv::{
-    Operator, Outage, assert_requeue_failing_then_recovers, create_dlq, decide, eventually, record,
-    redrive_many, setup, wait_phase,
-};
+use dlq_testenv::brokers::{ElasticMq, shared_elasticmq};
+use dlq_testenv::{Operator, create_dlq, decide, eventually, setup, wait_phase};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
 use kube::api::{Api, ListParams, PostParams};
@@ -188,11 +182,12 @@ fn attributes_of(m: &aws_sdk_sqs::types::Message) -> HashMap<String, MessageAttr
 #[tokio::test]
 async fn standard_queue_dead_letters_round_trip_with_typed_attributes() {
     let (client, ns) = setup("sqs-std").await;
-    let mq = ElasticMq::start();
-    let sqs = sqs(&mq).await;
-    create_queue(&sqs, &mq, "jobs-dlq", None).await;
-    create_queue(&sqs, &mq, "jobs", Some(("jobs-dlq", 2))).await;
-    sqs_dlq(&client, &ns, &mq, "jobs", Some("jobs-dlq")).await;
+    let mq = shared_elasticmq();
+    let sqs = sqs(mq).await;
+    let (jobs, dead) = (format!("{ns}-jobs"), format!("{ns}-jobs-dlq"));
+    create_queue(&sqs, mq, &dead, None).await;
+    create_queue(&sqs, mq, &jobs, Some((&dead, 2))).await;
+    sqs_dlq(&client, &ns, mq, &jobs, Some(&dead)).await;
     let _op = Operator::start(&ns);
     let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
 
@@ -206,13 +201,13 @@ async fn standard_queue_dead_letters_round_trip_with_typed_attributes() {
         ),
     ]);
     sqs.send_message()
-        .queue_url(mq.queue_url("jobs"))
+        .queue_url(mq.queue_url(&jobs))
         .message_body(body)
         .set_message_attributes(Some(attrs.clone()))
         .send()
         .await
         .expect("send");
-    fail_everything(&sqs, &mq.queue_url("jobs")).await;
+    fail_everything(&sqs, &mq.queue_url(&jobs)).await;
 
     let r = one_record(&api).await;
     assert_eq!(r.spec.job.payload.as_deref(), Some(body));
@@ -227,21 +222,23 @@ async fn standard_queue_dead_letters_round_trip_with_typed_attributes() {
             .origin
             .as_ref()
             .and_then(|o| o.queue_arn.as_deref()),
-        Some(mq.queue_arn("jobs").as_str())
+        Some(mq.queue_arn(&jobs).as_str())
     );
     assert_eq!(
         r.spec.deliveries, 2,
         "the consumer's receives (maxReceiveCount)"
     );
-    eventually(30, "the dead message deleted from jobs-dlq", || async {
-        (depth(&sqs, &mq.queue_url("jobs-dlq")).await == 0).then_some(())
-    })
+    eventually(
+        30,
+        "the dead message deleted from the dead-letter queue",
+        || async { (depth(&sqs, &mq.queue_url(&dead)).await == 0).then_some(()) },
+    )
     .await;
 
     let name = kube::ResourceExt::name_any(&r);
     decide(&api, &name, Action::Redrive, "ops").await;
     wait_phase(&api, &name, Phase::Redriven, 30).await;
-    let back = drain(&sqs, &mq.queue_url("jobs")).await;
+    let back = drain(&sqs, &mq.queue_url(&jobs)).await;
     assert_eq!(back.len(), 1, "exactly one message back");
     assert_eq!(back[0].body(), Some(body), "byte-identical body");
     assert_eq!(attributes_of(&back[0]), attrs, "the same typed attributes");
@@ -250,23 +247,24 @@ async fn standard_queue_dead_letters_round_trip_with_typed_attributes() {
 #[tokio::test]
 async fn fifo_keeps_the_group_and_a_retried_redrive_is_not_doubled() {
     let (client, ns) = setup("sqs-fifo").await;
-    let mq = ElasticMq::start();
-    let sqs = sqs(&mq).await;
-    create_queue(&sqs, &mq, "jobs-dlq.fifo", None).await;
-    create_queue(&sqs, &mq, "jobs.fifo", Some(("jobs-dlq.fifo", 1))).await;
-    sqs_dlq(&client, &ns, &mq, "jobs.fifo", Some("jobs-dlq.fifo")).await;
+    let mq = shared_elasticmq();
+    let sqs = sqs(mq).await;
+    let (jobs, dead) = (format!("{ns}-jobs.fifo"), format!("{ns}-jobs-dlq.fifo"));
+    create_queue(&sqs, mq, &dead, None).await;
+    create_queue(&sqs, mq, &jobs, Some((&dead, 1))).await;
+    sqs_dlq(&client, &ns, mq, &jobs, Some(&dead)).await;
     let _op = Operator::start(&ns);
     let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
 
     sqs.send_message()
-        .queue_url(mq.queue_url("jobs.fifo"))
+        .queue_url(mq.queue_url(&jobs))
         .message_body("settle pi_0007")
         .message_group_id("payer-7")
         .message_deduplication_id("d-1")
         .send()
         .await
         .expect("send");
-    fail_everything(&sqs, &mq.queue_url("jobs.fifo")).await;
+    fail_everything(&sqs, &mq.queue_url(&jobs)).await;
     let r = one_record(&api).await;
     assert_eq!(
         r.spec.job.headers.get(GROUP_HEADER).map(String::as_str),
@@ -279,7 +277,7 @@ async fn fifo_keeps_the_group_and_a_retried_redrive_is_not_doubled() {
     // The same redrive again (as after a lost answer): same record, same deduplication id.
     let target = SqsTarget::new(
         &SqsTargetSpec {
-            queue_url: mq.queue_url("jobs.fifo"),
+            queue_url: mq.queue_url(&jobs),
             region: Some(REGION.into()),
             endpoint: Some(mq.endpoint()),
             ..SqsTargetSpec::default()
@@ -290,7 +288,7 @@ async fn fifo_keeps_the_group_and_a_retried_redrive_is_not_doubled() {
     job.record_uid = r.metadata.uid.clone();
     target.requeue(&job).await.expect("retried redrive");
 
-    let back = drain(&sqs, &mq.queue_url("jobs.fifo")).await;
+    let back = drain(&sqs, &mq.queue_url(&jobs)).await;
     assert_eq!(back.len(), 1, "the retried redrive was deduplicated");
     assert_eq!(back[0].body(), Some("settle pi_0007"));
     let group = back[0]
@@ -302,135 +300,6 @@ async fn fifo_keeps_the_group_and_a_retried_redrive_is_not_doubled() {
         attributes_of(&back[0]).is_empty(),
         "the group id is not sent as an attribute"
     );
-}
-
-/// ElasticMQ behind the target: restarting it starts empty, so it re-creates `jobs`, as a
-/// consumer's start-up would.
-struct SqsJobs<'a> {
-    mq: &'a ElasticMq,
-}
-
-impl Outage for SqsJobs<'_> {
-    fn name(&self) -> &str {
-        "ElasticMQ"
-    }
-
-    fn stop(&mut self) {
-        self.mq.stop();
-    }
-
-    async fn restart(&mut self) {
-        self.mq.restart();
-        create_queue(&sqs(self.mq).await, self.mq, "jobs", None).await;
-    }
-
-    async fn delivered(&mut self) -> Vec<Vec<u8>> {
-        drain(&sqs(self.mq).await, &self.mq.queue_url("jobs"))
-            .await
-            .into_iter()
-            .map(|m| m.body().unwrap_or_default().as_bytes().to_vec())
-            .collect()
-    }
-}
-
-#[tokio::test]
-async fn server_down_keeps_records_parked_until_it_returns() {
-    let (client, ns) = setup("sqs-down").await;
-    let mq = ElasticMq::start();
-    create_queue(&sqs(&mq).await, &mq, "jobs", None).await;
-    sqs_dlq(&client, &ns, &mq, "jobs", None).await;
-    let _op = Operator::start(&ns);
-    let mut broker = SqsJobs { mq: &mq };
-    assert_requeue_failing_then_recovers(&client, &ns, &mut broker, &[("x-n", "1")], 3).await;
-}
-
-#[tokio::test]
-async fn source_survives_sigkill_mid_drain_and_parks_every_message_exactly_once() {
-    const N: usize = 300;
-    let (client, ns) = setup("sqs-crash").await;
-    let mq = ElasticMq::start();
-    let sqs = sqs(&mq).await;
-    create_queue(&sqs, &mq, "jobs-dlq", None).await;
-    create_queue(&sqs, &mq, "jobs", Some(("jobs-dlq", 1))).await;
-    sqs_dlq(&client, &ns, &mq, "jobs", Some("jobs-dlq")).await;
-    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
-    let started = Instant::now();
-    let mut op = Operator::start(&ns);
-    let mut ids = BTreeSet::new();
-    for chunk in 0..N / 10 {
-        let entries: Vec<SendMessageBatchRequestEntry> = (0..10)
-            .map(|j| {
-                SendMessageBatchRequestEntry::builder()
-                    .id(format!("e{j}"))
-                    .message_body(format!("job {}", chunk * 10 + j))
-                    .build()
-                    .expect("entry")
-            })
-            .collect();
-        let out = sqs
-            .send_message_batch()
-            .queue_url(mq.queue_url("jobs"))
-            .set_entries(Some(entries))
-            .send()
-            .await
-            .expect("send batch");
-        ids.extend(out.successful().iter().map(|s| s.message_id().to_string()));
-    }
-    assert_eq!(ids.len(), N);
-    fail_everything(&sqs, &mq.queue_url("jobs")).await;
-    eventually(120, "some records", || async {
-        (records(&api).await.len() >= 60).then_some(())
-    })
-    .await;
-    op.kill();
-    let at_kill = records(&api).await.len();
-    assert!(at_kill < N, "the kill came mid-drain");
-    let _op = Operator::start(&ns);
-    eventually(
-        150,
-        "every message parked and deleted from jobs-dlq",
-        || async {
-            (records(&api).await.len() >= N && depth(&sqs, &mq.queue_url("jobs-dlq")).await == 0)
-                .then_some(())
-        },
-    )
-    .await;
-    let elapsed = started.elapsed();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let items = records(&api).await;
-    assert_eq!(items.len(), N, "none lost, none doubled");
-    let parked: BTreeSet<String> = items.iter().map(|r| r.spec.job.id.clone()).collect();
-    assert_eq!(parked, ids, "one record per MessageId");
-    dlq_testenv::report(&format!(
-        "sqs source: {N} dead messages parked in {:.1}s incl. SIGKILL at {at_kill} records and a restart",
-        elapsed.as_secs_f64()
-    ));
-}
-
-#[tokio::test]
-async fn redrive_rate() {
-    let (client, ns) = setup("sqs-rate").await;
-    let mq = ElasticMq::start();
-    let sqs = sqs(&mq).await;
-    create_queue(&sqs, &mq, "jobs", None).await;
-    sqs_dlq(&client, &ns, &mq, "jobs", None).await;
-    let _op = Operator::start(&ns);
-    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
-    let n = 200;
-    let secs = redrive_many(&api, n, |i| {
-        record(
-            &format!("rate-{i}"),
-            &format!("rate/{i}"),
-            format!("job {i}").as_bytes(),
-            &[("x-n", "1")],
-        )
-    })
-    .await;
-    assert_eq!(depth(&sqs, &mq.queue_url("jobs")).await as usize, n);
-    dlq_testenv::report(&format!(
-        "redrive rate sqs (ElasticMQ): {n} records in {secs:.2}s = {:.0} records/s",
-        n as f64 / secs
-    ));
 }
 
 #[tokio::test]

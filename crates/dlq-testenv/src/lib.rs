@@ -8,7 +8,9 @@
 //! - [`operator`]: the operator under test as a process ([`Operator`]).
 //! - [`fixtures`]: dlq.dev objects as tests create, decide and wait on them.
 //! - [`brokers`]: redis-server, RabbitMQ, nats-server, ElasticMQ (SQS) and an HTTP(S) sink.
-//! - [`outage`]: the broker-down scenario every redrive backend must pass.
+//! - [`backends`]: each backend behind one trait (its broker, its queue spec, dead messages in,
+//!   what redrive delivered, down and back, its failpoint), for the scenarios every backend
+//!   must pass (`tests/backends.rs`).
 //! - [`chaos`]: `make chaos`: every component faulted during a parking storm, invariants checked.
 //! - [`browser`]: headless Chromium over WebDriver, for the page tests of `kubectl dlq ui`.
 //! - [`chart`]: helm, promtool and rendered-manifest helpers for the packaging tests.
@@ -19,6 +21,7 @@
 //! Binaries of other packages are not visible through `env!("CARGO_BIN_EXE_…")`: build them
 //! first with `cargo build --workspace --bins` (`make test` does).
 
+pub mod backends;
 pub mod brokers;
 pub mod browser;
 pub mod chaos;
@@ -29,7 +32,6 @@ pub mod flux;
 pub mod image;
 pub mod node;
 pub mod operator;
-pub mod outage;
 pub mod paths;
 pub mod plane;
 pub mod replays;
@@ -42,10 +44,10 @@ pub use cluster::{
 };
 pub use fixtures::{
     LIST, condition, create_dlq, create_offline_queue, create_queue, create_secret, decide,
-    events_for, list_target, record, redrive_many, setup_redis_queue, wait_phase, wait_ready,
+    events_for, list_target, record, redrive_many, setup_redis_queue, unplaced, wait_phase,
+    wait_ready,
 };
 pub use operator::Operator;
-pub use outage::{Outage, assert_requeue_failing_then_recovers};
 pub use paths::{bin, workspace_root};
 
 /// A line straight to the process's stderr, past the test harness's capture, so CI logs show

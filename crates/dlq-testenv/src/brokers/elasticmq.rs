@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// The account id ElasticMQ puts in queue URLs and ARNs.
 pub const ACCOUNT: &str = "000000000000";
@@ -17,6 +17,14 @@ pub struct ElasticMq {
     dir: PathBuf,
     classpath: String,
     child: Mutex<Option<Child>>,
+    shared: bool,
+}
+
+/// ElasticMQ shared by every test of one binary (the JVM takes seconds to start); tests isolate
+/// themselves by queue names, and never stop it.
+pub fn shared_elasticmq() -> &'static ElasticMq {
+    static MQ: OnceLock<ElasticMq> = OnceLock::new();
+    MQ.get_or_init(|| ElasticMq::start_with(true))
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -24,7 +32,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl ElasticMq {
+    /// A server for one test (it can be stopped and restarted).
     pub fn start() -> ElasticMq {
+        Self::start_with(false)
+    }
+
+    fn start_with(shared: bool) -> ElasticMq {
         let dirs = crate::plane::tool_dirs(&["elasticmq"])
             .unwrap_or_else(|e| panic!("resolving ElasticMQ: {e}"));
         // With DLQ_TOOLS_BIN set, tool_dirs returns those dirs: one of them must hold lib/.
@@ -57,6 +70,7 @@ aws {{ region = "{REGION}", accountId = "{ACCOUNT}" }}
             classpath: format!("{}/*", lib.display()),
             dir,
             child: Mutex::new(None),
+            shared,
         };
         e.restart();
         e
@@ -85,19 +99,21 @@ aws {{ region = "{REGION}", accountId = "{ACCOUNT}" }}
             panic!("java not found: run scripts/ensure-deps.sh (apt-get install openjdk-17-jre-headless)")
         });
         let log = self.dir.join("elasticmq.log");
-        let child = crate::plane::spawn_guarded(
-            Command::new(java)
-                .arg(format!(
-                    "-Dconfig.file={}",
-                    self.dir.join("elasticmq.conf").display()
-                ))
-                .args(["-Xss1m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"])
-                .arg("-cp")
-                .arg(&self.classpath)
-                .arg("org.elasticmq.server.Main"),
-            &log,
-        )
-        .unwrap_or_else(|e| panic!("starting ElasticMQ: {e}"));
+        let mut cmd = Command::new(java);
+        cmd.arg(format!(
+            "-Dconfig.file={}",
+            self.dir.join("elasticmq.conf").display()
+        ))
+        .args(["-Xss1m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"])
+        .arg("-cp")
+        .arg(&self.classpath)
+        .arg("org.elasticmq.server.Main");
+        let child = if self.shared {
+            super::spawn_detached_from_test(cmd, log.clone())
+        } else {
+            crate::plane::spawn_guarded(&mut cmd, &log)
+                .unwrap_or_else(|e| panic!("starting ElasticMQ: {e}"))
+        };
         *slot = Some(child);
         drop(slot);
         super::wait_listening(self.port, 60, "ElasticMQ", &log);
@@ -105,6 +121,7 @@ aws {{ region = "{REGION}", accountId = "{ACCOUNT}" }}
 
     /// Kills it hard, like a crashed server.
     pub fn stop(&self) {
+        assert!(!self.shared, "the shared ElasticMQ is never stopped");
         super::stop_child(&mut lock(&self.child));
         super::wait_closed(self.port, 10);
     }

@@ -12,7 +12,7 @@ mod rabbit;
 mod redis_server;
 
 pub use self::alertmanager::Alertmanager;
-pub use self::elasticmq::ElasticMq;
+pub use self::elasticmq::{ElasticMq, shared_elasticmq};
 pub use self::http::{HttpSink, Received, TestCa};
 pub use self::kafka::{Kafka, shared_kafka};
 pub use self::nats::Nats;

@@ -1,0 +1,135 @@
+//! Every backend behind one trait, so that a scenario every backend must pass (park from the
+//! source, redrive byte for byte, broker down and back, a crash between park and ack, many
+//! redrives) is written once, in `tests/backends.rs`, and run against each: Redis, RabbitMQ,
+//! NATS JetStream, Kafka, SQS (ElasticMQ) and, as a target only, HTTP.
+//!
+//! A backend owns its broker (a fresh one, or the binary's shared one isolated by names when
+//! the scenario never stops it), the DeadLetterQueue `relayer` that points at it, and the
+//! reading of what redrive delivered. The [`Source`] side adds the dead-letter place a failing
+//! worker fills and the failpoint between a park and its acknowledgement.
+//!
+//! The target address and the origin a source records are one place (the worker's queue,
+//! topic, subject or list), so a parked message redriven back lands where [`Backend::delivered`]
+//! reads, whichever of the two routes it took.
+
+mod amqp;
+mod http;
+mod kafka;
+mod nats;
+mod redis;
+mod sqs;
+
+pub use self::amqp::RabbitBackend;
+pub use self::http::HttpBackend;
+pub use self::kafka::KafkaBackend;
+pub use self::nats::NatsBackend;
+pub use self::redis::RedisBackend;
+pub use self::sqs::SqsBackend;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+
+use kube::Client;
+
+/// Whether a scenario may stop the broker: then the backend starts one of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Broker {
+    /// The binary's shared broker where there is one (isolated by names); never stopped.
+    Shared,
+    /// One for this test alone, which [`Backend::stop`] and [`Backend::restart`] may take down.
+    Own,
+}
+
+/// What redrive put on the broker: the job's bytes and the headers it carries, as a consumer
+/// of that broker reads them (the backend's own bookkeeping left out).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Delivered {
+    pub payload: Vec<u8>,
+    pub headers: BTreeMap<String, String>,
+}
+
+/// A dead message a failing worker left in the dead-letter place, as the broker holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sent {
+    /// The job id its record must have (the broker's id for it where the message has none).
+    pub job_id: String,
+    pub payload: Vec<u8>,
+    /// Every header the message carried (a redrive of its record must bring back exactly these).
+    pub headers: BTreeMap<String, String>,
+}
+
+impl Sent {
+    /// How the message must come back from a redrive.
+    pub fn delivered(&self) -> Delivered {
+        Delivered {
+            payload: self.payload.clone(),
+            headers: self.headers.clone(),
+        }
+    }
+}
+
+/// A redrive target's broker, started for one test in namespace `ns`.
+pub trait Backend: Sized {
+    /// How test names and failures name it.
+    const NAME: &'static str;
+
+    /// Starts the broker (see [`Broker`]) and whatever a worker of it would declare.
+    fn start(ns: &str, broker: Broker) -> impl Future<Output = Self>;
+
+    /// Creates DeadLetterQueue `relayer` in `ns` with this backend's target (and its source, when
+    /// `with_source` and it has one), and the Secrets they name.
+    fn create_queue(
+        &self,
+        client: &Client,
+        ns: &str,
+        with_source: bool,
+    ) -> impl Future<Output = ()>;
+
+    /// The headers a job redriven here carries in the scenarios (none for a Redis list, which
+    /// refuses them).
+    fn headers(&self) -> Vec<(String, String)> {
+        vec![
+            ("x-trace".into(), "t-42".into()),
+            ("x-tenant".into(), "acme".into()),
+        ]
+    }
+
+    /// The bytes of job `i`: binary, unless the broker only takes text.
+    fn payload(&self, i: usize) -> Vec<u8> {
+        let mut bytes: Vec<u8> = (0u8..=255).rev().collect();
+        bytes.extend_from_slice(format!(" job {i}").as_bytes());
+        bytes
+    }
+
+    /// Everything redrive delivered to the target so far, in any order.
+    fn delivered(&self) -> impl Future<Output = Vec<Delivered>>;
+
+    /// Takes the broker down hard, like a crash (only a [`Broker::Own`] one).
+    fn stop(&mut self);
+
+    /// Brings it back, with whatever its workers declare when they reconnect.
+    fn restart(&mut self) -> impl Future<Output = ()>;
+}
+
+/// A backend the operator also collects dead messages from.
+pub trait Source: Backend {
+    /// The failpoint between a parked message and its acknowledgement to the broker.
+    const FAILPOINT: &'static str;
+
+    /// Waits until the operator's source listens (where messages dead before would be missed).
+    fn wait_listening(&self) -> impl Future<Output = ()> {
+        async {}
+    }
+
+    /// Makes `n` messages dead as a failing worker would (job `i` with [`Backend::payload`] and
+    /// [`Backend::headers`]); returns them as the dead-letter place holds them.
+    fn put_dead(&self, n: usize) -> impl Future<Output = Vec<Sent>>;
+
+    /// Dead messages the source has not acknowledged yet (parked or not).
+    fn pending_dead(&self) -> impl Future<Output = usize>;
+}
+
+/// `headers` as owned pairs, for the builders of [`Sent`] and the record fixtures.
+pub fn header_map(headers: &[(String, String)]) -> BTreeMap<String, String> {
+    headers.iter().cloned().collect()
+}
