@@ -9,10 +9,21 @@ TEST_FEATURES := deadletter-operator/failpoints
 all: test
 
 ## the reference scenario end to end: control plane, redis, operator, sample worker
+# Only what the demo runs: kube-apiserver, kubectl and etcd (the control plane's tools), the
+# operator without the Kafka and SQS backends and jemalloc (C builds of minutes; `make test` and
+# the image keep them), kubectl-dlq, and the demo and worker examples.
+DEMO_TOOLS := kube:kube-apiserver,kubectl etcd
+DEMO_CARGO := --no-default-features -p deadletter-operator -p kubectl-dlq \
+  --bin deadletter-operator --bin kubectl-dlq --example demo --example worker
 demo:
-	@bash scripts/ensure-deps.sh
-	@bash tools/build.sh kube etcd >/dev/null
-	@$(CARGO) build -q --workspace --bins --examples
+	@bash scripts/ensure-deps.sh demo
+	@# The Go tools build beside the cargo build, so that each one's downloads and single-threaded
+	@# steps (links) fill the other's idle time; in its own session, so that it stops with a failed
+	@# cargo build or an interrupt instead of running on.
+	@setsid bash tools/build.sh $(DEMO_TOOLS) >/dev/null & tools=$$!; \
+	  trap 'kill -- -$$tools 2>/dev/null; wait; exit 130' INT TERM; \
+	  if ! $(CARGO) build -q $(DEMO_CARGO); then kill -- -$$tools 2>/dev/null; wait; exit 1; fi; \
+	  wait $$tools
 	@RUST_BACKTRACE=0 target/debug/examples/demo
 
 ## benchmarks against the apiserver's own ceiling (release build; BENCH_N / BENCH_C override)

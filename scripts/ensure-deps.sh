@@ -1,7 +1,17 @@
 #!/usr/bin/env bash
-# Installs what `make test` and `make demo` need on a fresh Debian machine, or says exactly
-# what is missing. Idempotent: a machine that has everything is left alone.
+# Installs what `make test` and CI need on a fresh Debian machine (with `demo`: only what
+# `make demo` needs), or says exactly what is missing. Idempotent: a machine that has everything
+# is left alone.
+#
+#   scripts/ensure-deps.sh        everything the test suite and CI need
+#   scripts/ensure-deps.sh demo   only what `make demo` needs: Go, cargo and redis-server
 set -euo pipefail
+
+profile=${1:-all}
+case $profile in
+  all|demo) ;;
+  *) echo "usage: scripts/ensure-deps.sh [demo]" >&2; exit 2 ;;
+esac
 
 missing=()
 command -v go >/dev/null || missing+=("go (Go toolchain >= 1.26: https://go.dev/doc/install)")
@@ -10,10 +20,33 @@ if [ ${#missing[@]} -gt 0 ]; then
   printf 'missing: %s\n' "${missing[@]}" >&2
   exit 1
 fi
-if command -v rustup >/dev/null; then
+# rustfmt and clippy: `make test`'s checks, not the demo's.
+if [ "$profile" = all ] && command -v rustup >/dev/null; then
   for c in rustfmt clippy; do
     rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c"
   done
+fi
+
+# install_pkgs <package>...: apt-get install as root, else say exactly what is missing.
+install_pkgs() {
+  [ $# -gt 0 ] || return 0
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo ">> apt-get install $*"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+  else
+    echo "missing Debian packages: $* (run: sudo apt-get install $*)" >&2
+    exit 1
+  fi
+}
+
+# The demo runs the sample worker against a redis-server of its own (never the system service);
+# its kube-apiserver, kubectl and etcd are built by tools/build.sh.
+if [ "$profile" = demo ]; then
+  pkgs=()
+  command -v redis-server >/dev/null || pkgs+=(redis-server)
+  install_pkgs ${pkgs[@]+"${pkgs[@]}"}
+  exit 0
 fi
 
 # Debian packages for the real brokers the tests start (never a running system service).
@@ -44,16 +77,7 @@ command -v python3 >/dev/null || pkgs+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || pkgs+=(python3-venv)
 # shellcheck: actionlint (scripts/workflows-check.sh) checks the workflows' run: scripts with it
 command -v shellcheck >/dev/null || pkgs+=(shellcheck)
-if [ ${#pkgs[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo ">> apt-get install ${pkgs[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
-  else
-    echo "missing Debian packages: ${pkgs[*]} (run: sudo apt-get install ${pkgs[*]})" >&2
-    exit 1
-  fi
-fi
+install_pkgs ${pkgs[@]+"${pkgs[@]}"}
 
 # The tests run their own RabbitMQ nodes (own epmd, free loopback ports). A system node that the
 # package's postinst may have started as a service is not used and would only compete for the

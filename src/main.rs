@@ -176,7 +176,7 @@ fn init_tracing(format: LogFormat) {
     }
 }
 
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[cfg(all(feature = "jemalloc", target_os = "linux", target_env = "gnu"))]
 #[global_allocator]
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
@@ -185,7 +185,7 @@ static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// to 256 KiB) that `strip` drops right away; with the default decay those freed pages stayed
 /// in RSS (10,000 x 64 KiB parked: 87.2 MiB peak, 82.7 steady; with this, 75.8 and 75.3).
 /// `_RJEM_MALLOC_CONF` in the environment still overrides it.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[cfg(all(feature = "jemalloc", target_os = "linux", target_env = "gnu"))]
 #[allow(non_upper_case_globals)]
 #[unsafe(export_name = "_rjem_malloc_conf")]
 pub static malloc_conf: &[u8; 34] = b"dirty_decay_ms:0,muzzy_decay_ms:0\0";

@@ -14,7 +14,11 @@
 # Flux's CRDs, from the same modules, go to the directory's `crds/` beside `bin/`.
 # `actionlint` lints .github/workflows (scripts/workflows-check.sh).
 #
-#   tools/build.sh kube|etcd|helm|promtool|toxiproxy|cni|pause|elasticmq|kafka|flux|actionlint [...]
+# `kube:<binary>,...` builds only those binaries of the kube set (`make demo` needs only
+# kube-apiserver and kubectl) into the same directory; a later `kube` builds only the missing
+# ones. Each binary gets its own marker there; `.done` means the whole set is built.
+#
+#   tools/build.sh kube[:bin,...]|etcd|helm|promtool|toxiproxy|cni|pause|elasticmq|kafka|flux|actionlint [...]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${DLQ_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/deadletter-operator/tools}
@@ -68,9 +72,23 @@ flux_crds() {
   chmod u+w "$dest"/*.yaml
 }
 
-build() {
-  local tool=$1 dir="$here/$1"
+# The binaries of the kube tool, all from one k8s.io/kubernetes build.
+kube_bins=(kube-apiserver kubectl kube-controller-manager kube-scheduler kubelet kube-proxy)
+
+# Runs in a subshell: the lock on the tool's directory is released when it returns.
+build() (
+  local tool=${1%%:*} only=() b
+  case $1 in
+    kube:*)
+      IFS=, read -r -a only <<< "${1#kube:}"
+      for b in "${only[@]}"; do
+        [[ " ${kube_bins[*]} " == *" $b "* ]] \
+          || { echo "tools/build.sh: '$b' is not a kube binary (${kube_bins[*]})" >&2; exit 2; }
+      done ;;
+    *:*) echo "tools/build.sh: only kube builds a subset of its binaries ('$1')" >&2; exit 2 ;;
+  esac
   case $tool in elasticmq|kafka) build_maven "$tool"; return ;; pause) build_pause; return ;; esac
+  local dir="$here/$tool"
   [ -f "$dir/go.mod" ] || { echo "tools/build.sh: unknown tool '$tool' (no $dir/go.mod)" >&2; exit 2; }
   local version key out
   version=$(cat "$dir/VERSION")
@@ -78,9 +96,24 @@ build() {
   key=$(cat "$dir/go.mod" "$dir/go.sum" $(find "$dir" -name '*.go' | sort) | sha256sum | cut -c1-12)
   out="$cache/$tool/$version-$key"
   if [ -f "$out/.done" ]; then echo "$out/bin"; return; fi
+  # One build per directory at a time (a second caller waits, then finds the binaries built).
+  mkdir -p "$cache/$tool"
+  if command -v flock >/dev/null; then exec 9>"$out.lock"; flock 9; fi
+  if [ -f "$out/.done" ]; then echo "$out/bin"; return; fi
+  # kube: the binaries asked for (all six by default) that are not built yet. Each one built gets
+  # its marker `.built-<binary>`; `.done`, the whole set, only comes with the last of them.
+  local todo=() what=$tool
+  if [ "$tool" = kube ]; then
+    [ ${#only[@]} -gt 0 ] || only=("${kube_bins[@]}")
+    for b in "${only[@]}"; do [ -f "$out/.built-$b" ] || todo+=("$b"); done
+    if [ ${#todo[@]} -eq 0 ]; then echo "$out/bin"; return; fi
+    [ ${#todo[@]} -eq ${#kube_bins[@]} ] || what="${todo[*]} of kube"
+  fi
   need_go
-  echo ">> building $tool $version into $out (first time only; this takes minutes)" >&2
-  rm -rf "$out"; mkdir -p "$out/bin"
+  echo ">> building $what $version into $out (first time only; this takes minutes)" >&2
+  # Binaries already built there (a partial kube) are kept; anything else is a failed build.
+  compgen -G "$out/.built-*" >/dev/null || rm -rf "$out"
+  mkdir -p "$out/bin"
   local start=$SECONDS ldflags="-s -w" pkgs=()
   case $tool in
     kube)
@@ -89,9 +122,7 @@ build() {
         ldflags+=" -X $p.gitVersion=$version -X $p.gitMajor=1 -X $p.gitMinor=$minor"
         ldflags+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
       done
-      pkgs=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl
-        k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
-        k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy) ;;
+      for b in "${todo[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done ;;
     etcd)
       pkgs=(go.etcd.io/etcd/server/v3) ;;
     helm)
@@ -115,10 +146,15 @@ build() {
   case $tool in etcd) dest="$out/bin/etcd" ;; toxiproxy) dest="$out/bin/toxiproxy-server" ;; esac
   (cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$dest" "${pkgs[@]}")
   if [ "$tool" = flux ]; then flux_crds "$dir" "$out/crds"; fi
-  touch "$out/.done"
-  echo ">> built $tool in $((SECONDS - start))s" >&2
+  local complete=1
+  if [ "$tool" = kube ]; then
+    for b in "${todo[@]}"; do touch "$out/.built-$b"; done
+    for b in "${kube_bins[@]}"; do [ -f "$out/.built-$b" ] || complete=; done
+  fi
+  if [ -n "$complete" ]; then touch "$out/.done"; fi
+  echo ">> built $what in $((SECONDS - start))s" >&2
   echo "$out/bin"
-}
+)
 
-[ $# -gt 0 ] || { echo "usage: tools/build.sh kube|etcd|helm|promtool|toxiproxy|cni|pause|elasticmq|kafka|flux|actionlint ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: tools/build.sh kube[:bin,...]|etcd|helm|promtool|toxiproxy|cni|pause|elasticmq|kafka|flux|actionlint ..." >&2; exit 2; }
 for t in "$@"; do build "$t"; done

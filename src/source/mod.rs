@@ -9,9 +9,11 @@
 
 pub mod amqp;
 pub mod in_flight;
+#[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod nats;
 pub mod redis;
+#[cfg(feature = "sqs")]
 pub mod sqs;
 
 use std::collections::HashMap;
@@ -200,13 +202,43 @@ fn start(client: &Client, into: ParkInto, queue: &DeadLetterQueue) -> Option<Joi
         Some(tokio::spawn(nats::run(client, into, queue, src)))
     } else if let Some(src) = source.sqs {
         tracing::info!(namespace = %ns, queue = %name, sqs_queue = %crate::target::redact_url(&src.queue_url), "starting sqs source");
-        Some(tokio::spawn(sqs::run(client, into, queue, src)))
+        #[cfg(feature = "sqs")]
+        let task = tokio::spawn(sqs::run(client, into, queue, src));
+        #[cfg(not(feature = "sqs"))]
+        let task = tokio::spawn(not_built(into, "sqs"));
+        Some(task)
     } else if let Some(src) = source.kafka {
         tracing::info!(namespace = %ns, queue = %name, topics = ?src.topics, "starting kafka source");
-        Some(tokio::spawn(kafka::run(client, into, queue, src)))
+        #[cfg(feature = "kafka")]
+        let task = tokio::spawn(kafka::run(client, into, queue, src));
+        #[cfg(not(feature = "kafka"))]
+        let task = tokio::spawn(not_built(into, "kafka"));
+        Some(task)
     } else {
         None
     }
+}
+
+/// The source of a backend this build left out (cargo feature `kafka` or `sqs`): says so once,
+/// as an error log and a Warning Event on the queue, and then waits (a task that ended would be
+/// restarted, and would say it again, at every resync).
+#[cfg(not(all(feature = "kafka", feature = "sqs")))]
+async fn not_built(into: ParkInto, backend: &'static str) {
+    let why = crate::target::not_built(backend);
+    tracing::error!(namespace = %into.namespace(), queue = %into.queue(), source = backend, "{why}");
+    if let Some(queue) = into.shared.queues.get(&into.key) {
+        let note = format!("source.{backend}: {why}");
+        let event = EventPlan::warning(
+            events::reason::BACKEND_NOT_BUILT,
+            events::action::PARK,
+            note,
+        );
+        into.shared
+            .apiserver
+            .publish(reference(queue.as_ref()), &event)
+            .await;
+    }
+    std::future::pending::<()>().await
 }
 
 /// Where a source parks: its DeadLetterQueue as the operator's store holds it right now (its

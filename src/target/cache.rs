@@ -14,14 +14,22 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use tokio::sync::Mutex;
 
-use dlq_core::api::{AwsCredentialsRef, DeadLetterQueue, KafkaSecurity, SecretKeyRef, TargetSpec};
+#[cfg(feature = "sqs")]
+use dlq_core::api::AwsCredentialsRef;
+#[cfg(feature = "kafka")]
+use dlq_core::api::KafkaSecurity;
+use dlq_core::api::{DeadLetterQueue, SecretKeyRef, TargetSpec};
 
-use crate::secret::{SecretError, read_secret};
+#[cfg(any(feature = "kafka", feature = "sqs"))]
+use crate::secret::SecretError;
+use crate::secret::read_secret;
 use crate::target::amqp::AmqpTarget;
 use crate::target::http::HttpTarget;
+#[cfg(feature = "kafka")]
 use crate::target::kafka::{KafkaConn, KafkaTarget, SaslCredentials};
 use crate::target::nats::NatsTarget;
 use crate::target::redis::{RedisKey, RedisTarget};
+#[cfg(feature = "sqs")]
 use crate::target::sqs::{AwsKeys, SqsTarget};
 use crate::target::{Target, TargetError, Targets};
 
@@ -123,8 +131,10 @@ pub struct TargetSecrets {
     /// HTTP CA bundle (PEM).
     pub ca: Option<String>,
     /// SQS static keys (else the default AWS chain).
+    #[cfg(feature = "sqs")]
     pub aws: Option<AwsKeys>,
     /// Kafka SASL user and password.
+    #[cfg(feature = "kafka")]
     pub sasl: Option<SaslCredentials>,
     versions: Vec<String>,
 }
@@ -158,22 +168,30 @@ pub async fn read_target_secrets(
                 ));
             }
         };
-    } else if let Some(sqs) = &target.sqs {
-        if let Some(r) = &sqs.credentials_secret_ref {
+    } else if let Some(_sqs) = &target.sqs {
+        #[cfg(not(feature = "sqs"))]
+        return Err(TargetError::Config(super::not_built("sqs")));
+        #[cfg(feature = "sqs")]
+        if let Some(r) = &_sqs.credentials_secret_ref {
             let (keys, version) = read_aws_keys(client, namespace, r)
                 .await
                 .map_err(|e| TargetError::Config(e.to_string()))?;
             s.versions.push(version);
             s.aws = Some(keys);
         }
-    } else if let Some(kafka) = &target.kafka {
-        let (sasl, kafka_ca, versions) =
-            read_kafka_secrets(client, namespace, kafka.security.as_ref())
-                .await
-                .map_err(|e| TargetError::Config(e.to_string()))?;
-        s.versions.extend(versions);
-        s.sasl = sasl;
-        ca = kafka_ca;
+    } else if let Some(_kafka) = &target.kafka {
+        #[cfg(not(feature = "kafka"))]
+        return Err(TargetError::Config(super::not_built("kafka")));
+        #[cfg(feature = "kafka")]
+        {
+            let (sasl, kafka_ca, versions) =
+                read_kafka_secrets(client, namespace, _kafka.security.as_ref())
+                    .await
+                    .map_err(|e| TargetError::Config(e.to_string()))?;
+            s.versions.extend(versions);
+            s.sasl = sasl;
+            ca = kafka_ca;
+        }
     } else if let Some(http) = &target.http {
         if let Some(r) = &http.bearer_token_secret_ref {
             token = Some(read(r).await?);
@@ -222,9 +240,19 @@ fn build(target: &TargetSpec, secrets: &TargetSecrets) -> Result<Arc<dyn Target>
             secrets.ca.as_deref(),
         )?));
     }
+    #[cfg(not(feature = "sqs"))]
+    if target.sqs.is_some() {
+        return Err(TargetError::Config(super::not_built("sqs")));
+    }
+    #[cfg(feature = "sqs")]
     if let Some(sqs) = &target.sqs {
         return Ok(Arc::new(SqsTarget::new(sqs, secrets.aws.clone())));
     }
+    #[cfg(not(feature = "kafka"))]
+    if target.kafka.is_some() {
+        return Err(TargetError::Config(super::not_built("kafka")));
+    }
+    #[cfg(feature = "kafka")]
     if let Some(kafka) = &target.kafka {
         let conn = KafkaConn::new(
             &kafka.bootstrap_servers,
@@ -237,12 +265,13 @@ fn build(target: &TargetSpec, secrets: &TargetSecrets) -> Result<Arc<dyn Target>
     Err(TargetError::Config("spec.target names no backend".into()))
 }
 
-/// The Secret's name for [`AwsCredentialsRef`] keys.
+/// The Secret's name for [`AwsCredentialsRef`](dlq_core::api::AwsCredentialsRef) keys.
 pub const AWS_ACCESS_KEY_ID: &str = "AWS_ACCESS_KEY_ID";
 pub const AWS_SECRET_ACCESS_KEY: &str = "AWS_SECRET_ACCESS_KEY";
 pub const AWS_SESSION_TOKEN: &str = "AWS_SESSION_TOKEN";
 
 /// Reads SQS keys from a Secret (the session token is optional), with the Secret's version.
+#[cfg(feature = "sqs")]
 pub async fn read_aws_keys(
     client: &Client,
     namespace: &str,
@@ -275,6 +304,7 @@ pub const KAFKA_USERNAME: &str = "username";
 pub const KAFKA_PASSWORD: &str = "password";
 
 /// Reads the SASL credentials and CA a Kafka connection names, with the Secrets' versions.
+#[cfg(feature = "kafka")]
 pub async fn read_kafka_secrets(
     client: &Client,
     namespace: &str,
@@ -306,4 +336,38 @@ pub async fn read_kafka_secrets(
         None => None,
     };
     Ok((sasl, ca, versions))
+}
+
+#[cfg(all(test, not(all(feature = "kafka", feature = "sqs"))))]
+mod not_built_tests {
+    use super::*;
+
+    /// A build without a backend refuses a target naming it, and says which feature it lacks.
+    #[test]
+    fn a_target_whose_backend_was_not_built_names_the_feature() {
+        let specs = [
+            #[cfg(not(feature = "kafka"))]
+            (
+                "kafka",
+                serde_json::json!({"kafka": {"bootstrapServers": "k:9092", "topic": "t"}}),
+            ),
+            #[cfg(not(feature = "sqs"))]
+            (
+                "sqs",
+                serde_json::json!({"sqs": {"queueUrl": "http://127.0.0.1:9324/1/q"}}),
+            ),
+        ];
+        for (backend, spec) in specs {
+            let spec: TargetSpec = serde_json::from_value(spec).expect("target spec");
+            let err = build(&spec, &TargetSecrets::default())
+                .err()
+                .expect("refused");
+            assert_eq!(err.reason(), "TargetMisconfigured");
+            assert!(
+                err.to_string()
+                    .contains(&format!("cargo feature `{backend}`")),
+                "{err}"
+            );
+        }
+    }
 }

@@ -3,14 +3,18 @@
 //!
 //! One file per backend: [`redis`], [`amqp`] (RabbitMQ), [`nats`] (JetStream or core NATS) and
 //! [`http`] (the consumer's own endpoint), [`sqs`] (Amazon SQS), [`kafka`]; [`cache`] builds them from a queue's spec and Secrets
-//! and keeps their connections. docs/backends.md describes what each one carries.
+//! and keeps their connections. docs/backends.md describes what each one carries. The Kafka and
+//! SQS backends are cargo features (`kafka`, `sqs`, on by default); a build without one answers
+//! a queue naming it with [`not_built`].
 
 pub mod amqp;
 pub mod cache;
 pub mod http;
+#[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod nats;
 pub mod redis;
+#[cfg(feature = "sqs")]
 pub mod sqs;
 
 use std::collections::BTreeMap;
@@ -111,6 +115,16 @@ pub trait Target: Send + Sync {
     fn requeue<'a>(&'a self, job: &'a JobMessage) -> BoxFuture<'a, Result<(), TargetError>>;
     /// Cheap reachability check for the queue's Ready condition.
     fn probe(&self) -> BoxFuture<'_, Result<(), TargetError>>;
+}
+
+/// Why a queue naming `backend` (`kafka`, `sqs`) cannot be served: this operator was built
+/// without that cargo feature.
+#[cfg(not(all(feature = "kafka", feature = "sqs")))]
+pub fn not_built(backend: &str) -> String {
+    format!(
+        "this operator was built without the {backend} backend (cargo feature `{backend}`, on by \
+         default); run a build with it"
+    )
 }
 
 /// `scheme://host[:port]/path` of a URL: no user, password, query or fragment, so it can go

@@ -52,6 +52,10 @@ pub(crate) fn io<T>(context: impl Into<String>, r: std::io::Result<T>) -> Result
     })
 }
 
+/// The `tools/build.sh` arguments of a control plane without a node: kube-apiserver and kubectl
+/// of the kube set (not the node's binaries, so `make demo` builds only these two), and etcd.
+pub const PLANE_TOOLS: &[&str] = &["kube:kube-apiserver,kubectl", "etcd"];
+
 /// Where the Go-built binaries are. `DLQ_TOOLS_BIN` (colon-separated dirs) wins; otherwise
 /// `tools/build.sh` of this checkout (at the workspace root, see
 /// [`find_workspace_root`](crate::paths::find_workspace_root)) builds them into its cache (once)
@@ -404,7 +408,7 @@ impl ControlPlane {
 
     fn start_once(address: IpAddr, extra_args: &[&str]) -> Result<Self> {
         let extra_args: Vec<String> = extra_args.iter().map(ToString::to_string).collect();
-        let bin_dirs = tool_dirs(&["kube", "etcd"])?;
+        let bin_dirs = tool_dirs(PLANE_TOOLS)?;
         let etcd_bin = find_binary(&bin_dirs, "etcd")?;
         let apiserver_bin = find_binary(&bin_dirs, "kube-apiserver")?;
         let kubectl = find_binary(&bin_dirs, "kubectl")?;
