@@ -12,8 +12,11 @@
 //! of `scale`. `BENCH_PROFILE=1` adds, per phase, the CPU each process spent and the apiserver
 //! requests made per record, and `BENCH_PPROF=DIR` an apiserver CPU profile of each park phase
 //! (see `profile`). `BENCH_PHASES` runs only the phases it names, `BENCH_OPERATOR_ENV` gives
-//! the operator extra environment.
+//! the operator extra environment. The `ab` phase measures what each throughput mechanism buys
+//! (`BENCH_AB_N`, `BENCH_AB_ROUNDS`, `BENCH_AB_MEMORY`: see `ab`).
 
+#[path = "operator/ab.rs"]
+mod ab;
 #[path = "operator/profile.rs"]
 mod profile;
 #[path = "operator/scale.rs"]
@@ -24,7 +27,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use dlq_client::park::{ParkRequest, Parker};
+use dlq_client::park::{ParkOptions, ParkRequest, Parker};
 use dlq_core::api::{DeadLetter, Job, Phase};
 use dlq_core::park::{job_key, record_name};
 use dlq_testenv::plane::{self as testenv, ControlPlane};
@@ -68,7 +71,7 @@ fn operator_env() -> Vec<(String, String)> {
 }
 
 /// Whether `BENCH_PHASES` (a comma list; default: every phase) names `phase`: park, redrive,
-/// latency, memory, storm, capacity, records, scale. For investigating one phase at a time.
+/// latency, storm, ab, memory, capacity, records, scale. For investigating one phase at a time.
 fn wanted(phase: &str) -> bool {
     std::env::var("BENCH_PHASES").map_or(true, |list| list.split(',').any(|p| p.trim() == phase))
 }
@@ -145,6 +148,12 @@ impl Bench {
     }
 
     fn operator(&self, ns: &str) -> anyhow::Result<(Guard, u32)> {
+        self.operator_without(ns, &[])
+    }
+
+    /// The operator with the throughput mechanisms `disable` names switched off (its hidden
+    /// `--disable`; see `ab`).
+    fn operator_without(&self, ns: &str, disable: &[&str]) -> anyhow::Result<(Guard, u32)> {
         let port = testenv::free_port()?;
         let child = testenv::spawn_guarded(
             Command::new(&self.operator_bin)
@@ -153,6 +162,7 @@ impl Bench {
                     "--leader-election=false",
                     &format!("--metrics-addr=127.0.0.1:{port}"),
                     &format!("--watch-namespaces={ns}"),
+                    &format!("--disable={}", disable.join(",")),
                 ])
                 .env("KUBECONFIG", &self.plane.kubeconfig)
                 .env(
@@ -265,6 +275,7 @@ async fn park_sourced(
     c: usize,
     payload: usize,
     plain: bool,
+    options: ParkOptions,
 ) -> anyhow::Result<f64> {
     use deadletter::state::jobs::JobIndex;
     use kube::runtime::{WatchStreamExt, watcher};
@@ -287,7 +298,7 @@ async fn park_sourced(
     let queue = Api::<dlq_core::api::DeadLetterQueue>::namespaced(client.clone(), ns)
         .get("relayer")
         .await?;
-    let parker = Parker::new(client.clone());
+    let parker = Parker::with_options(client.clone(), options);
     let api: Api<DeadLetter> = Api::namespaced(client.clone(), ns);
     let pp = as_parker();
     let start = Instant::now();
@@ -459,8 +470,12 @@ async fn park_phase(b: &mut Bench, kind: ParkKind, n: usize, c: usize) -> anyhow
     let pprof = profile::pprof(&b.plane, &format!("park-{}", kind.name()));
     let rate = match kind {
         ParkKind::Ceiling => create_plain(&b.client, &ns, n, c, 64).await?,
-        ParkKind::CeilingWatched => park_sourced(&b.client, &ns, n, c, 64, true).await?,
-        ParkKind::Sources => park_sourced(&b.client, &ns, n, c, 64, false).await?,
+        ParkKind::CeilingWatched => {
+            park_sourced(&b.client, &ns, n, c, 64, true, ParkOptions::default()).await?
+        }
+        ParkKind::Sources => {
+            park_sourced(&b.client, &ns, n, c, 64, false, ParkOptions::default()).await?
+        }
         ParkKind::External => park_all(&b.client, &ns, n, c, 64).await?,
     };
     if let Some(s) = &before {
@@ -533,9 +548,14 @@ async fn list_len(redis: &mut redis::aio::MultiplexedConnection, key: &str) -> u
 /// Operator redrive throughput: all records decided at once; records/s until all are Redriven
 /// and on the list.
 async fn redrive_run(b: &mut Bench, n: usize) -> anyhow::Result<f64> {
+    redrive_without(b, n, &[]).await
+}
+
+/// [`redrive_run`] with an operator whose mechanisms `disable` names are off.
+async fn redrive_without(b: &mut Bench, n: usize, disable: &[&str]) -> anyhow::Result<f64> {
     let ns = b.namespace("redrive").await?;
     create_plain(&b.client, &ns, n, b.c, 64).await?;
-    let (_op, pid) = b.operator(&ns)?;
+    let (_op, pid) = b.operator_without(&ns, disable)?;
     let api: Api<DeadLetter> = Api::namespaced(b.client.clone(), &ns);
     // Wait for the operator to have marked them Parked: the run measures redrive only.
     loop {
@@ -912,10 +932,19 @@ async fn main() -> anyhow::Result<()> {
             "-".into(),
             "-".into(),
         ));
-        json.insert("storm".into(), json!({"messages": messages, "max_parked": max, "records_per_s": s.rate, "ceiling_per_s": ceiling, "ratio": s.rate / ceiling, "ceiling_at_bench_c": at_bench_c, "ceiling_at_source_c": at_source_c, "ceilings_before": before, "ceilings_after": after, "park_row_ceiling_per_s": first_park_ceiling, "ratio_to_park_row_ceiling": s.rate / first_park_ceiling, "source_c": c_source, "all_marked_s": s.all_marked_s, "records": s.records, "in_broker": s.in_broker, "rejected": s.rejected, "full_condition": s.full, "queue_full_events": s.events}));
+        json.insert("storm".into(), json!({"messages": messages, "max_parked": max, "records_per_s": s.rate, "ceiling_per_s": ceiling, "ratio": s.rate / ceiling, "ceiling_at_bench_c": at_bench_c, "ceiling_at_source_c": at_source_c, "ceilings_before": before, "ceilings_after": after, "park_row_ceiling_per_s": first_park_ceiling, "ratio_to_park_row_ceiling": s.rate / first_park_ceiling, "source_c": c_source, "all_marked_s": s.all_marked_s, "operator_peak_mib": s.peak_mib, "records": s.records, "in_broker": s.in_broker, "rejected": s.rejected, "full_condition": s.full, "queue_full_events": s.events}));
     }
 
-    // 5. Memory with 64 KiB payloads, after every throughput phase (see the storm's).
+    // 5. What each throughput mechanism buys: the same build with and without it (see `ab`).
+    // Before the memory points, as the storm.
+    let mut ab_rows = Vec::new();
+    if wanted("ab") {
+        let (rows, ab_json) = ab::run(&mut b).await?;
+        ab_rows = rows;
+        json.insert("ab".into(), ab_json);
+    }
+
+    // 6. Memory with 64 KiB payloads, after every throughput phase (see the storm's).
     let mut mem = Vec::new();
     for m in phase_list("memory", "BENCH_MEMORY", "0,1000,10000") {
         let (peak, now, apiserver) = memory(&mut b, m).await?;
@@ -932,7 +961,7 @@ async fn main() -> anyhow::Result<()> {
     }
     json.insert("memory".into(), json!(mem));
 
-    // 6. etcd bytes per record.
+    // 7. etcd bytes per record.
     let mut cap = Vec::new();
     let cap_n = env_usize("BENCH_CAPACITY_N", 1000);
     for payload in phase_list("capacity", "BENCH_CAPACITY", "1024,65536") {
@@ -948,7 +977,7 @@ async fn main() -> anyhow::Result<()> {
     }
     json.insert("capacity".into(), json!(cap));
 
-    // 7. The 100,000-record point (opt-in).
+    // 8. The 100,000-record point (opt-in).
     for n in phase_list("records", "BENCH_RECORDS_ONLY_CLI", "") {
         for (what, ms, lines) in scale::cli_at_scale(&mut b, n).await? {
             eprintln!("records {n}: {what}: {ms:.0} ms, {lines} lines");
@@ -1019,7 +1048,7 @@ async fn main() -> anyhow::Result<()> {
         json.insert("records".into(), json!({"n": n, "marked_s": s.marked_secs, "operator_peak_mib": s.peak_mib, "operator_rss_mib": s.rss_mib, "restart_first_reconcile_s": s.restart_secs, "ls_ms": s.ls_ms, "ls_lines": s.ls_rows, "stats_ms": s.stats_ms, "redrive": redrive, "redrive_per_s": s.redrive_rate, "redrive_ceiling_per_s": s.redrive_ceiling, "redrive_ratio": ratio, "redrive_ratio_vs_headline": ratio / headline}));
     }
 
-    // 8. Scaling of redrive throughput.
+    // 9. Scaling of redrive throughput.
     let mut scale = Vec::new();
     for s in phase_list("scale", "BENCH_SCALE", "500,2000,8000") {
         let rate = redrive_run(&mut b, s).await?;
@@ -1041,6 +1070,17 @@ async fn main() -> anyhow::Result<()> {
     );
     for (a, b, c, d) in &rows {
         println!("{a:<44}{b:>16}{c:>16}{d:>8}");
+    }
+    if !ab_rows.is_empty() {
+        let load = json["ab"]["loadavg_before"].as_str().unwrap_or_default();
+        println!("\nA/B, the same build with and without each mechanism (load average {load}):");
+        println!(
+            "{:<44}{:>16}{:>16}{:>10}",
+            "mechanism", "with", "without", "points"
+        );
+        for (a, b, c, d) in &ab_rows {
+            println!("{a:<44}{b:>16}{c:>16}{d:>10}");
+        }
     }
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
     std::fs::create_dir_all(&dir)?;
