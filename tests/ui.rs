@@ -489,8 +489,9 @@ async fn replay_from_the_page_dry_runs_stops_then_redrives_through_a_deadletterr
     b.client.goto(&page.url).await.unwrap();
     let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
 
-    // Slowly, then Stop: deciding ends, and nothing is left signed but not carried out.
-    let summary = replay(&b, &page, "1/s", Some("1/6 decided")).await;
+    // Slowly (one decision every 5 s, so a loaded machine still clicks Stop in time), then Stop:
+    // deciding ends, and nothing is left signed but not carried out.
+    let summary = replay(&b, &page, "0.2/s", Some("1/6 decided")).await;
     assert!(
         summary.contains("stopped: stopped on request (spec.stop)"),
         "{summary}"
