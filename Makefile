@@ -19,10 +19,12 @@ demo:
 	@bash scripts/ensure-deps.sh demo
 	@# The Go tools build beside the cargo build, so that each one's downloads and single-threaded
 	@# steps (links) fill the other's idle time; in its own session, so that it stops with a failed
-	@# cargo build or an interrupt instead of running on.
+	@# cargo build or an interrupt instead of running on. One cold build: incremental compilation
+	@# would only add its bookkeeping.
 	@setsid bash tools/build.sh $(DEMO_TOOLS) >/dev/null & tools=$$!; \
 	  trap 'kill -- -$$tools 2>/dev/null; wait; exit 130' INT TERM; \
-	  if ! $(CARGO) build -q $(DEMO_CARGO); then kill -- -$$tools 2>/dev/null; wait; exit 1; fi; \
+	  if ! CARGO_INCREMENTAL=0 $(CARGO) build -q $(DEMO_CARGO); then \
+	    kill -- -$$tools 2>/dev/null; wait; exit 1; fi; \
 	  wait $$tools
 	@RUST_BACKTRACE=0 target/debug/examples/demo
 

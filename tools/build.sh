@@ -144,7 +144,10 @@ build() (
   local dest="$out/bin/"
   # etcd's and toxiproxy's main packages would both be named "server" by go.
   case $tool in etcd) dest="$out/bin/etcd" ;; toxiproxy) dest="$out/bin/toxiproxy-server" ;; esac
-  (cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$dest" "${pkgs[@]}")
+  # The linker drops DWARF anyway (-w): the compiler need not make it (about a tenth of the
+  # compile time; the binaries behave the same).
+  (cd "$dir" && CGO_ENABLED=0 go build -trimpath -gcflags=all=-dwarf=false -ldflags "$ldflags" \
+    -o "$dest" "${pkgs[@]}")
   if [ "$tool" = flux ]; then flux_crds "$dir" "$out/crds"; fi
   local complete=1
   if [ "$tool" = kube ]; then
