@@ -9,10 +9,10 @@ TEST_FEATURES := deadletter-operator/failpoints
 all: test
 
 ## the reference scenario end to end: control plane, redis, operator, sample worker
-# Only what the demo runs: kube-apiserver, kubectl and etcd (the control plane's tools), the
+# Only what the demo runs: kube-apiserver and etcd (the control plane's tools), the
 # operator without the Kafka and SQS backends and jemalloc (C builds of minutes; `make test` and
 # the image keep them), kubectl-dlq, and the demo and worker examples.
-DEMO_TOOLS := kube:kube-apiserver,kubectl etcd
+DEMO_TOOLS := kube:kube-apiserver etcd
 DEMO_CARGO := --no-default-features -p deadletter-operator -p kubectl-dlq \
   --bin deadletter-operator --bin kubectl-dlq --example demo --example worker
 demo:

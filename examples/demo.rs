@@ -74,17 +74,52 @@ fn run(cmd: &mut Command) -> anyhow::Result<(bool, String)> {
     Ok((out.status.success(), text))
 }
 
-fn apply(plane: &ControlPlane, yaml: &str) -> anyhow::Result<()> {
-    let mut child = plane
-        .kubectl()?
-        .args(["apply", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()?;
-    std::io::Write::write_all(child.stdin.as_mut().context("stdin")?, yaml.as_bytes())?;
-    drop(child.stdin.take());
-    if !child.wait()?.success() {
-        bail!("kubectl apply failed");
+/// Server-side applies every document of `yaml` (kinds the demo creates: CRDs, a Namespace, a
+/// Secret, a DeadLetterQueue) as the field manager `demo`.
+async fn apply(client: &Client, yaml: &str) -> anyhow::Result<()> {
+    use kube::api::{DynamicObject, Patch, PatchParams};
+    use kube::discovery::ApiResource;
+    use serde::Deserialize;
+    for doc in serde_yaml::Deserializer::from_str(yaml) {
+        let obj = DynamicObject::deserialize(doc)?;
+        let types = obj
+            .types
+            .clone()
+            .context("a document without apiVersion/kind")?;
+        let (group, version) = types
+            .api_version
+            .split_once('/')
+            .unwrap_or(("", types.api_version.as_str()));
+        let plural = match types.kind.as_str() {
+            "CustomResourceDefinition" => "customresourcedefinitions",
+            "Namespace" => "namespaces",
+            "Secret" => "secrets",
+            "DeadLetterQueue" => "deadletterqueues",
+            other => bail!("the demo does not apply {other}"),
+        };
+        let ar = ApiResource {
+            group: group.into(),
+            version: version.into(),
+            api_version: types.api_version.clone(),
+            kind: types.kind.clone(),
+            plural: plural.into(),
+        };
+        let name = obj
+            .metadata
+            .name
+            .clone()
+            .context("a document without a name")?;
+        let api: Api<DynamicObject> = match obj.metadata.namespace.as_deref() {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+            None => Api::all_with(client.clone(), &ar),
+        };
+        api.patch(
+            &name,
+            &PatchParams::apply("demo").force(),
+            &Patch::Apply(&obj),
+        )
+        .await
+        .with_context(|| format!("applying {} {name}", types.kind))?;
     }
     Ok(())
 }
@@ -141,21 +176,23 @@ impl Binaries {
     }
 }
 
-/// A control plane with the dlq.dev CRDs established.
-fn start_plane() -> anyhow::Result<ControlPlane> {
+/// A control plane with the dlq.dev CRDs established, and a client of it.
+async fn start_plane() -> anyhow::Result<(ControlPlane, Client)> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::runtime::conditions::is_crd_established;
     let plane = ControlPlane::start().context("starting the control plane")?;
-    apply(&plane, include_str!("../crds/dlq.dev.yaml"))?;
-    let (ok, text) = run(plane.kubectl()?.args([
-        "wait",
-        "--for=condition=established",
-        "--timeout=60s",
-        "crd/deadletters.dlq.dev",
-        "crd/deadletterqueues.dlq.dev",
-    ]))?;
-    if !ok {
-        bail!("CRDs not established: {text}");
+    let client = client(&plane.kubeconfig).await?;
+    apply(&client, include_str!("../crds/dlq.dev.yaml")).await?;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for name in ["deadletters.dlq.dev", "deadletterqueues.dlq.dev"] {
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            await_condition(crds.clone(), name, is_crd_established()),
+        )
+        .await
+        .with_context(|| format!("CRD {name} not established within 60 s"))??;
     }
-    Ok(plane)
+    Ok((plane, client))
 }
 
 /// redis-server on a free port, once it answers: the guard, its URL and a connection.
@@ -189,13 +226,14 @@ async fn start_redis(
 }
 
 /// Namespace `payments` with the queue `relayer` redriving onto the list `relayer:jobs`.
-fn create_queue(plane: &ControlPlane, redis_url: &str) -> anyhow::Result<()> {
+async fn create_queue(client: &Client, redis_url: &str) -> anyhow::Result<()> {
     apply(
-        plane,
+        client,
         &format!(
             "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {NS}}}\n---\napiVersion: v1\nkind: Secret\nmetadata: {{name: redis, namespace: {NS}}}\nstringData: {{url: \"{redis_url}\"}}\n---\napiVersion: dlq.dev/v1alpha1\nkind: DeadLetterQueue\nmetadata: {{name: relayer, namespace: {NS}}}\nspec:\n  target:\n    redis: {{urlSecretRef: {{name: redis, key: url}}, list: \"relayer:jobs\"}}\n"
         ),
     )
+    .await
 }
 
 fn start_operator(bin: &Path, kubeconfig: &Path, dir: &Path) -> anyhow::Result<Guard> {
@@ -376,17 +414,17 @@ async fn main() -> anyhow::Result<()> {
     eprintln!(
         "starting a local control plane, redis-server, the operator and the sample worker..."
     );
-    let plane = start_plane()?;
+    let (plane, client) = start_plane().await?;
     let dir = plane.dir().to_path_buf();
     let (_redis, redis_url, mut redis) = start_redis(&bins.redis, &dir).await?;
-    create_queue(&plane, &redis_url)?;
+    create_queue(&client, &redis_url).await?;
     let kubeconfig = plane.kubeconfig.clone();
     let _operator = start_operator(&bins.operator, &kubeconfig, &dir)?;
     let (_worker, worker_lines) = start_worker(&bins.worker, &redis_url)?;
     for j in &JOBS {
         set_intent(&mut redis, j.intent, j.state).await?;
     }
-    let records = Api::namespaced(client(&kubeconfig).await?, NS);
+    let records = Api::namespaced(client, NS);
     let mut demo = Scenario {
         dlq_bin: bins.dlq,
         kubeconfig,

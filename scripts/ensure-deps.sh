@@ -41,7 +41,7 @@ install_pkgs() {
 }
 
 # The demo runs the sample worker against a redis-server of its own (never the system service);
-# its kube-apiserver, kubectl and etcd are built by tools/build.sh.
+# its kube-apiserver and etcd are built by tools/build.sh.
 if [ "$profile" = demo ]; then
   pkgs=()
   command -v redis-server >/dev/null || pkgs+=(redis-server)

@@ -80,7 +80,7 @@ pub fn node_plane() -> &'static Plane {
 fn start_plane(extra: &[&str]) -> Plane {
     let tools: &[&str] = match extra.contains(&"--node") {
         true => &["kube", "etcd", "cni", "pause"],
-        false => crate::plane::PLANE_TOOLS,
+        false => crate::plane::PLANE_TOOLS_WITH_KUBECTL,
     };
     let bin_dirs = crate::plane::tool_dirs(tools)
         .unwrap_or_else(|e| panic!("building the control-plane tools failed: {e}"));

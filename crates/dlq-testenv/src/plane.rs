@@ -52,9 +52,37 @@ pub(crate) fn io<T>(context: impl Into<String>, r: std::io::Result<T>) -> Result
     })
 }
 
-/// The `tools/build.sh` arguments of a control plane without a node: kube-apiserver and kubectl
-/// of the kube set (not the node's binaries, so `make demo` builds only these two), and etcd.
-pub const PLANE_TOOLS: &[&str] = &["kube:kube-apiserver,kubectl", "etcd"];
+/// Whether the apiserver answers `/readyz` with a success, asked as the admin of `kubeconfig`.
+/// A thread of its own with its own runtime: the plane is started and restarted from
+/// synchronous code that may itself run inside a runtime.
+fn answers_readyz(kubeconfig: &Path) -> bool {
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+    let kubeconfig = kubeconfig.to_path_buf();
+    let probe = move || -> Option<()> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .ok()?;
+        rt.block_on(async {
+            let kc = Kubeconfig::read_from(&kubeconfig).ok()?;
+            let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .ok()?;
+            let client = kube::Client::try_from(config).ok()?;
+            let req = http::Request::get("/readyz").body(Vec::new()).ok()?;
+            let answer = tokio::time::timeout(Duration::from_secs(5), client.request_text(req));
+            answer.await.ok()?.ok().map(drop)
+        })
+    };
+    std::thread::spawn(probe).join().ok().flatten().is_some()
+}
+
+/// The `tools/build.sh` arguments of a control plane without a node: kube-apiserver of the kube
+/// set (not kubectl or the node's binaries, so `make demo` builds only it) and etcd.
+pub const PLANE_TOOLS: &[&str] = &["kube:kube-apiserver", "etcd"];
+
+/// The same with kubectl, for a plane people and tests drive with it (`make cluster`).
+pub const PLANE_TOOLS_WITH_KUBECTL: &[&str] = &["kube:kube-apiserver,kubectl", "etcd"];
 
 /// Where the Go-built binaries are. `DLQ_TOOLS_BIN` (colon-separated dirs) wins; otherwise
 /// `tools/build.sh` of this checkout (at the workspace root, see
@@ -179,7 +207,7 @@ pub struct ControlPlane {
     pub kubeconfig: PathBuf,
     /// `https://<address>:<port>` (127.0.0.1 unless started with [`ControlPlane::start_at`])
     pub server: String,
-    /// Dirs holding kube-apiserver, kubectl and etcd.
+    /// Dirs holding kube-apiserver and etcd (and kubectl where it was built).
     pub bin_dirs: Vec<PathBuf>,
     /// etcd's client URL, peer port and kube-apiserver's port: a restart reuses them.
     ports: (String, u16, u16),
@@ -411,7 +439,6 @@ impl ControlPlane {
         let bin_dirs = tool_dirs(PLANE_TOOLS)?;
         let etcd_bin = find_binary(&bin_dirs, "etcd")?;
         let apiserver_bin = find_binary(&bin_dirs, "kube-apiserver")?;
-        let kubectl = find_binary(&bin_dirs, "kubectl")?;
 
         let dir = state_dir();
         let pki = pki(address)?;
@@ -464,14 +491,14 @@ impl ControlPlane {
             plane.stop();
             return Err(err);
         }
-        if let Err(e) = plane.wait_ready(&kubectl, &api_log) {
+        if let Err(e) = plane.wait_ready(&api_log) {
             plane.stop();
             return Err(e);
         }
         Ok(plane)
     }
 
-    fn wait_ready(&mut self, kubectl: &Path, api_log: &Path) -> Result<()> {
+    fn wait_ready(&mut self, api_log: &Path) -> Result<()> {
         let secs = 120;
         let deadline = Instant::now() + Duration::from_secs(secs);
         while Instant::now() < deadline {
@@ -481,15 +508,7 @@ impl ControlPlane {
                     tail(api_log, 30)
                 )));
             }
-            let ok = Command::new(kubectl)
-                .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
-                .args(["get", "--raw", "/readyz"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .map(|s| s.success())
-                .unwrap_or(false);
-            if ok {
+            if answers_readyz(&self.kubeconfig) {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(250));
@@ -520,8 +539,7 @@ impl ControlPlane {
             .args(&self.extra_args),
             &log,
         )?;
-        let kubectl = find_binary(&self.bin_dirs, "kubectl")?;
-        self.wait_ready(&kubectl, &log)
+        self.wait_ready(&log)
     }
 
     /// SIGKILLs etcd and starts it again on the same ports with the same data dir (data kept;
@@ -535,9 +553,8 @@ impl ControlPlane {
             &mut etcd_command(&bin, &self.dir.join("etcd"), &etcd_url, peer_port),
             &self.dir.join("etcd.log"),
         )?;
-        let kubectl = find_binary(&self.bin_dirs, "kubectl")?;
         let log = self.dir.join("kube-apiserver.log");
-        self.wait_ready(&kubectl, &log)
+        self.wait_ready(&log)
     }
 
     /// None while etcd and kube-apiserver both run; else which one exited, with the end of its
@@ -575,9 +592,14 @@ impl ControlPlane {
         &self.dir
     }
 
-    /// A kubectl command bound to this plane's admin kubeconfig.
+    /// A kubectl command bound to this plane's admin kubeconfig; kubectl is built on first use
+    /// when the plane's tools did not include it.
     pub fn kubectl(&self) -> Result<Command> {
-        let mut cmd = Command::new(find_binary(&self.bin_dirs, "kubectl")?);
+        let bin = match find_binary(&self.bin_dirs, "kubectl") {
+            Ok(bin) => bin,
+            Err(_) => find_binary(&tool_dirs(&["kube:kubectl"])?, "kubectl")?,
+        };
+        let mut cmd = Command::new(bin);
         cmd.arg(format!("--kubeconfig={}", self.kubeconfig.display()));
         Ok(cmd)
     }

@@ -14,16 +14,20 @@
 
 mod amqp;
 mod http;
+#[cfg(feature = "kafka")]
 mod kafka;
 mod nats;
 mod redis;
+#[cfg(feature = "sqs")]
 mod sqs;
 
 pub use self::amqp::RabbitBackend;
 pub use self::http::HttpBackend;
+#[cfg(feature = "kafka")]
 pub use self::kafka::KafkaBackend;
 pub use self::nats::NatsBackend;
 pub use self::redis::RedisBackend;
+#[cfg(feature = "sqs")]
 pub use self::sqs::SqsBackend;
 
 use std::collections::BTreeMap;
@@ -84,6 +88,9 @@ pub trait Backend: Sized {
         ns: &str,
         with_source: bool,
     ) -> impl Future<Output = ()>;
+
+    /// How the queue's status names the target (`status.target`: no credentials).
+    fn described(&self) -> String;
 
     /// The headers a job redriven here carries in the scenarios (none for a Redis list, which
     /// refuses them).
