@@ -14,13 +14,13 @@ use dlq_testenv::brokers::shared_kafka;
 use dlq_testenv::{Operator, create_dlq, decide, events_for, eventually, setup, wait_phase};
 use kube::Client;
 use kube::api::{Api, ListParams};
-use rdkafka::ClientConfig;
 use rdkafka::Message;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde_json::json;
 
 type RawHeaders = Vec<(String, Option<Vec<u8>>)>;
@@ -80,25 +80,37 @@ async fn send(
         .unwrap_or_else(|(e, _)| panic!("producing to {topic}: {e}"));
 }
 
-/// Every message of `topic` from the beginning, read until `quiet` passes without a new one.
-async fn read_all(bootstrap: &str, topic: &str, quiet: Duration) -> Vec<OwnedMessage> {
-    let group = format!("reader-{topic}-{}", std::process::id());
+/// Every message of `topic` (one partition) now there: read from the beginning up to its high
+/// watermark, by assignment (no group to join, no waiting for silence).
+async fn read_all(bootstrap: &str, topic: &str) -> Vec<OwnedMessage> {
     let consumer: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
-        .set("group.id", &group)
+        .set("group.id", format!("reader-{topic}"))
         .set("enable.auto.commit", "false")
-        .set("auto.offset.reset", "earliest")
         .create()
         .expect("consumer");
-    consumer.subscribe(&[topic]).expect("subscribe");
+    let (low, high) = consumer
+        .fetch_watermarks(topic, 0, Duration::from_secs(10))
+        .expect("watermarks");
     let mut got = Vec::new();
-    // The first message waits for the group join; after that, `quiet` ends the read.
-    let mut wait = Duration::from_secs(20);
-    while let Ok(Ok(m)) = tokio::time::timeout(wait, consumer.recv()).await {
-        got.push(m.detach());
-        wait = quiet;
+    if high <= low {
+        return got;
     }
-    got
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, Offset::Beginning)
+        .expect("partition 0");
+    consumer.assign(&tpl).expect("assign");
+    loop {
+        let m = tokio::time::timeout(Duration::from_secs(20), consumer.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{topic} has messages up to offset {high} but none came"))
+            .unwrap_or_else(|e| panic!("reading {topic}: {e}"));
+        let offset = m.offset();
+        got.push(m.detach());
+        if offset + 1 >= high {
+            return got;
+        }
+    }
 }
 
 fn headers_of(m: &OwnedMessage) -> RawHeaders {
@@ -218,7 +230,7 @@ async fn spring_dead_letters_round_trip_to_their_origin_topic_byte_for_byte() {
         decide(&api, &name, Action::Redrive, "ops").await;
         wait_phase(&api, &name, Phase::Redriven, 30).await;
     }
-    let back = read_all(&kafka.bootstrap(), &orders, Duration::from_secs(2)).await;
+    let back = read_all(&kafka.bootstrap(), &orders).await;
     assert_eq!(
         back.len(),
         2,
@@ -257,9 +269,7 @@ async fn spring_dead_letters_round_trip_to_their_origin_topic_byte_for_byte() {
         "binary, repeated and null headers"
     );
     assert!(
-        read_all(&kafka.bootstrap(), &fallback, Duration::from_secs(1))
-            .await
-            .is_empty(),
+        read_all(&kafka.bootstrap(), &fallback).await.is_empty(),
         "nothing went to the configured topic"
     );
 }
@@ -283,7 +293,7 @@ async fn a_message_over_the_payload_limit_is_copied_to_the_rejected_topic_with_t
     let items = parked_by_id(&api, 1).await;
     assert_eq!(items.len(), 1, "only the small message is a record");
     assert_eq!(items[0].spec.job.id, format!("kafka-{dlt}-0-1"));
-    let copies = read_all(&kafka.bootstrap(), &rejected, Duration::from_secs(2)).await;
+    let copies = read_all(&kafka.bootstrap(), &rejected).await;
     assert_eq!(copies.len(), 1, "the big message copied once to {rejected}");
     assert_eq!(copies[0].payload(), Some(&big[..]), "byte for byte");
     assert_eq!(copies[0].key(), Some(&b"big"[..]));

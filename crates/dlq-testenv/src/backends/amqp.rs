@@ -105,6 +105,13 @@ impl Backend for RabbitBackend {
         create_dlq(client, ns, "relayer", spec).await;
     }
 
+    fn described(&self) -> String {
+        format!(
+            "amqp exchange (default) key {} (or the record's origin)",
+            self.orders
+        )
+    }
+
     async fn delivered(&self) -> Vec<Delivered> {
         let (_conn, ch) = self.rabbit().channel().await;
         let fresh = drain(&ch, &self.orders).await.into_iter().map(|m| {

@@ -26,6 +26,10 @@ impl Backend for HttpBackend {
         create_dlq(client, ns, "relayer", spec).await;
     }
 
+    fn described(&self) -> String {
+        format!("http POST {}", self.sink.url("/jobs"))
+    }
+
     /// The job's headers are the request's `x-` headers (the rest is HTTP's own).
     async fn delivered(&self) -> Vec<Delivered> {
         self.sink

@@ -139,6 +139,10 @@ impl Backend for KafkaBackend {
         create_dlq(client, ns, "relayer", spec).await;
     }
 
+    fn described(&self) -> String {
+        format!("kafka {} topic {}", self.kafka().bootstrap(), self.topic)
+    }
+
     /// Every message of the worker's topic, read from the start by partition (no group join).
     async fn delivered(&self) -> Vec<Delivered> {
         let (low, high) = self.watermarks(&self.topic);

@@ -90,6 +90,7 @@ impl NatsBackend {
                 .messages()
                 .await
             else {
+                tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             };
             while let Some(Ok(m)) = batch.next().await {
@@ -139,6 +140,10 @@ impl Backend for NatsBackend {
             spec["source"] = json!({"nats": {"stream": STREAM, "consumer": WORKER}});
         }
         create_dlq(client, ns, "relayer", spec).await;
+    }
+
+    fn described(&self) -> String {
+        format!("nats jetstream subject {SUBJECT} (or the record's origin)")
     }
 
     async fn delivered(&self) -> Vec<Delivered> {

@@ -34,6 +34,10 @@ impl Backend for RedisBackend {
         create_queue(client, ns, &self.redis.url(), list_target(), extra).await;
     }
 
+    fn described(&self) -> String {
+        format!("redis list {LIST}")
+    }
+
     /// A list element is the payload alone: a list target refuses jobs with headers.
     fn headers(&self) -> Vec<(String, String)> {
         Vec::new()

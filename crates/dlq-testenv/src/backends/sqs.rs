@@ -158,6 +158,13 @@ impl Backend for SqsBackend {
         create_dlq(client, ns, "relayer", spec).await;
     }
 
+    fn described(&self) -> String {
+        format!(
+            "sqs queue {} (or the record's origin)",
+            self.mq().queue_url(&self.jobs)
+        )
+    }
+
     /// SQS bodies are text (XML characters only).
     fn payload(&self, i: usize) -> Vec<u8> {
         format!("{{\"job\":{i},\"note\":\"é ✓\"}}").into_bytes()
