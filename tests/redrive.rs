@@ -215,6 +215,68 @@ async fn crash_between_requeue_and_status_write_redrives_after_restart() {
     assert_eq!(list.len(), 2, "at worst one more delivery of the same job");
 }
 
+/// Issue 35: the broker confirmed a redrive, then the apiserver went away, so the resolution's
+/// write fails; the operator is stopped during the outage (as losing its Lease stops it). It
+/// writes the resolution once the apiserver is back, before exiting, so neither it nor the
+/// next operator enqueues the job again: one element on the Redis list.
+#[cfg(feature = "failpoints")]
+#[tokio::test]
+async fn an_apiserver_outage_during_the_status_write_enqueues_once() {
+    let mut plane = dlq_testenv::plane::ControlPlane::start().expect("a control plane");
+    let client = dlq_testenv::admin_client(&plane.kubeconfig).await;
+    dlq_testenv::apply_crds(&client, dlq_testenv::CRDS).await;
+    let ns = dlq_testenv::namespace(&client, "outage").await;
+    let redis = Redis::start();
+    create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    // Held 3 s after the broker's confirmation: the apiserver is stopped meanwhile.
+    let env = [("DLQ_FAILPOINT", "after-requeue@3000")];
+    let mut op = Operator::start_on(&plane.kubeconfig, &ns, &[], &env);
+    park(&api, record("outage-1", "outage/1", b"once")).await;
+    wait_phase(&api, "outage-1", Phase::Parked, 20).await;
+    decide(&api, "outage-1", Action::Redrive, "ops").await;
+    eventually(20, "the operator to reach the failpoint", || async {
+        op.logs()
+            .contains("failpoint after-requeue reached")
+            .then_some(())
+    })
+    .await;
+    plane.stop_apiserver();
+    eventually(20, "the resolution's write to fail", || async {
+        op.logs()
+            .contains("writing the status of DeadLetter outage-1")
+            .then_some(())
+    })
+    .await;
+    op.signal(15); // SIGTERM, as Kubernetes stops a pod
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    assert!(
+        op.running(),
+        "still writing what it enqueued\n{}",
+        op.logs()
+    );
+    plane.start_apiserver().expect("the apiserver back");
+    let client = dlq_testenv::admin_client(&plane.kubeconfig).await;
+    let api: Api<DeadLetter> = Api::namespaced(client, &ns);
+    let status = op.terminate().expect("the operator exits");
+    assert!(status.success(), "{status:?}\n{}", op.logs());
+    assert_eq!(
+        api.get("outage-1").await.expect("record").phase(),
+        Phase::Redriven,
+        "resolved by the stopping operator\n{}",
+        op.logs()
+    );
+
+    let next = Operator::start_on(&plane.kubeconfig, &ns, &[], &[]);
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert_eq!(
+        redis.list(LIST).await,
+        vec![b"once".to_vec()],
+        "one enqueue"
+    );
+    assert!(!next.logs().contains("job requeued"), "{}", next.logs());
+}
+
 #[tokio::test]
 async fn two_operators_racing_resolve_each_record_exactly_once() {
     let (client, ns) = setup("race").await;

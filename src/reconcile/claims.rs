@@ -7,6 +7,10 @@
 //! record is claimed for the length of a reconcile, and a record this process resolved is
 //! remembered: a resolution is final, so a copy that still shows it Parked is stale and must
 //! not be enqueued again.
+//!
+//! A redrive whose job a broker confirmed is remembered too, by its key
+//! (`dlq_core::decide::redrive_key`), until its resolution is written: a failed status write
+//! (etcd restarting, the apiserver away) is retried alone, without a second enqueue.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -22,6 +26,14 @@ const PRUNE_EVERY: usize = 1024;
 pub struct Claims {
     working: Arc<Mutex<HashSet<String>>>,
     resolved: Mutex<Resolved>,
+    confirmed: Mutex<HashMap<String, Unwritten>>,
+}
+
+/// A redrive whose job the broker confirmed and whose resolution is not written yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unwritten {
+    pub namespace: String,
+    pub name: String,
 }
 
 #[derive(Default)]
@@ -60,6 +72,29 @@ impl Claims {
             resolved.since_prune = 0;
             resolved.at.retain(|_, at| at.elapsed() < RESOLVED_MEMORY);
         }
+    }
+
+    /// Remembers that a broker confirmed the job of the redrive `key`.
+    pub fn confirm(&self, key: &str, record: Unwritten) {
+        lock(&self.confirmed).insert(key.to_string(), record);
+    }
+
+    /// Whether a broker confirmed the job of the redrive `key` and its resolution is unwritten.
+    pub fn confirmed(&self, key: &str) -> bool {
+        lock(&self.confirmed).contains_key(key)
+    }
+
+    /// The redrive `key` is done with (resolved, lost to a rival, gone): forget its confirmation.
+    pub fn forget_confirmed(&self, key: &str) {
+        lock(&self.confirmed).remove(key);
+    }
+
+    /// Every confirmed redrive whose resolution is still unwritten.
+    pub fn unwritten(&self) -> Vec<(String, Unwritten)> {
+        lock(&self.confirmed)
+            .iter()
+            .map(|(k, u)| (k.clone(), u.clone()))
+            .collect()
     }
 
     /// Whether the record `uid` was resolved within [`RESOLVED_MEMORY`].
@@ -101,5 +136,22 @@ mod tests {
             claims.remember_resolved(&format!("other-{i}"));
         }
         assert!(claims.resolved_here("uid-1"), "pruning keeps recent ones");
+    }
+
+    #[test]
+    fn confirmations_are_remembered_until_forgotten() {
+        let claims = Claims::default();
+        let record = Unwritten {
+            namespace: "ns".into(),
+            name: "r".into(),
+        };
+        assert!(!claims.confirmed("u-1-1"));
+        claims.confirm("u-1-1", record.clone());
+        assert!(claims.confirmed("u-1-1"));
+        assert!(!claims.confirmed("u-1-2"), "another cycle of the job");
+        assert_eq!(claims.unwritten(), [("u-1-1".to_string(), record)]);
+        claims.forget_confirmed("u-1-1");
+        assert!(!claims.confirmed("u-1-1"));
+        assert!(claims.unwritten().is_empty());
     }
 }

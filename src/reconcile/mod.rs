@@ -12,7 +12,7 @@ pub mod replay;
 
 pub use error::{Error, Result};
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -129,11 +129,8 @@ pub struct Context {
     /// Consecutive requeue failures per record (by uid), for backoff. Entries of records that
     /// are gone are pruned on the next failure.
     failures: Mutex<HashMap<String, (ObjectRef<DeadLetter>, u32)>>,
-    /// Record uids this process already enqueued whose resolution is not yet written: a retry
-    /// after a failed status write must not enqueue a second time.
-    enqueued: Mutex<HashSet<String>>,
-    /// Records being reconciled and records resolved by this process, across the two records
-    /// controllers.
+    /// Records being reconciled, records resolved by this process, and redrives a broker
+    /// confirmed whose resolution is not yet written, across the two records controllers.
     claims: claims::Claims,
     /// Folds Normal resolution Events per queue during bulk resolutions; None publishes
     /// every Event as planned (the in-process tests).
@@ -194,7 +191,6 @@ impl Context {
             records,
             queues,
             failures: Mutex::default(),
-            enqueued: Mutex::default(),
             claims: claims::Claims::default(),
             aggregator: None,
             parking_first: parking_first::ParkingFirst::new(settings.mechanisms.parking_first),

@@ -2,8 +2,11 @@
 //!
 //! Steps: decide (pure, `dlq_core::decide`), then for a redrive: load the full record, requeue
 //! on the target, resolve with a compare-and-swap. Redrive order is requeue first, then the
-//! resourceVersion-guarded status write. A crash between the two leaves the record Parked with
-//! its decision, so the next run enqueues again: at worst one more delivery, never a lost job.
+//! resourceVersion-guarded status write. A failed status write is retried alone: the process
+//! remembers the broker's confirmation (`super::claims`), and a process that stops (shutdown,
+//! the Lease lost) first writes what it can of those ([`flush_confirmed`]). A crash between
+//! the two leaves the record Parked with its decision, so the next run enqueues again: at worst
+//! one more delivery, never a lost job.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,10 +17,11 @@ use kube::runtime::controller::Action;
 
 use dlq_core::api::{DeadLetter, Phase};
 use dlq_core::conditions::reason;
-use dlq_core::decide::{self, AfterConflict, Decision};
+use dlq_core::decide::{self, AfterConflict, Decision, RedriveStep};
 use dlq_core::plan::{self, RequeueFailure, Write};
 
 use super::Context;
+use super::claims::Unwritten;
 use crate::state::apiserver::is_conflict;
 use crate::target::{JobMessage, TargetError};
 
@@ -139,33 +143,127 @@ async fn redrive(ctx: &Context, ns: &str, cached: &DeadLetter) -> Result<Action>
         // The decision changed or was carried out meanwhile; the watch brings the new state.
         _ => return Ok(Action::await_change()),
     };
-    if !ctx.enqueued.lock().await.contains(&uid) {
-        if !ctx.settings.leadership.holds() {
-            // Our term on the Lease ran out (paused, or renewals failing): a standby may be
-            // redriving this record now. Enqueue nothing; retry once the term is renewed.
-            tracing::warn!(name = %record.name_any(), "not requeueing: this replica's lease term ran out");
-            return Ok(Action::requeue(Duration::from_secs(1)));
+    let key = decide::redrive_key(&record);
+    match decide::redrive_step(ctx.claims.confirmed(&key)) {
+        RedriveStep::Enqueue => {
+            if let Some(wait) = enqueue(ctx, ns, &record, &key).await {
+                return Ok(wait);
+            }
         }
-        if ctx.queue(ns, &record.spec.queue).is_none() && !ctx.queues_ready().await {
-            // The queue cache has not listed yet (records may stream in first): the queue is
-            // not known to be missing. Ask again shortly and write nothing.
-            return Ok(Action::requeue(super::CACHE_WAIT));
+        RedriveStep::WriteStatus => {
+            tracing::info!(namespace = ns, name = %record.name_any(), job = %record.spec.job.id, "the broker confirmed this redrive before; writing only its resolution");
         }
-        if let Err(failure) = requeue(ctx, ns, &record).await {
-            return Ok(requeue_failed(ctx, &record, failure).await);
-        }
-        ctx.enqueued.lock().await.insert(uid.clone());
-        tracing::info!(namespace = ns, name = %record.name_any(), job = %record.spec.job.id, queue = %record.spec.queue, "job requeued");
-        crate::failpoint::hit("after-requeue").await;
     }
     let action = resolve(ctx, record, Phase::Redriven, &by).await;
-    // Forget the enqueue only once the record is done with (resolved, lost to a rival, gone): a
-    // failed or still-racing status write is retried without enqueueing again.
+    // Forget the confirmation only once the record is done with (resolved, lost to a rival,
+    // gone): a failed or still-racing status write is retried without enqueueing again.
     if matches!(&action, Ok(a) if *a == Action::await_change()) {
         ctx.claims.remember_resolved(&uid);
-        ctx.enqueued.lock().await.remove(&uid);
+        ctx.claims.forget_confirmed(&key);
     }
     action
+}
+
+/// Enqueues the job of the redrive `key` and remembers the broker's confirmation. Some(action)
+/// when nothing was confirmed: the reconcile ends there with that action.
+async fn enqueue(ctx: &Context, ns: &str, record: &DeadLetter, key: &str) -> Option<Action> {
+    if !ctx.settings.leadership.holds() {
+        // Our term on the Lease ran out (paused, or renewals failing): a standby may be
+        // redriving this record now. Enqueue nothing; retry once the term is renewed.
+        tracing::warn!(name = %record.name_any(), "not requeueing: this replica's lease term ran out");
+        return Some(Action::requeue(Duration::from_secs(1)));
+    }
+    if ctx.queue(ns, &record.spec.queue).is_none() && !ctx.queues_ready().await {
+        // The queue cache has not listed yet (records may stream in first): the queue is
+        // not known to be missing. Ask again shortly and write nothing.
+        return Some(Action::requeue(super::CACHE_WAIT));
+    }
+    if let Err(failure) = requeue(ctx, ns, record).await {
+        return Some(requeue_failed(ctx, record, failure).await);
+    }
+    ctx.claims.confirm(
+        key,
+        Unwritten {
+            namespace: ns.to_string(),
+            name: record.name_any(),
+        },
+    );
+    tracing::info!(namespace = ns, name = %record.name_any(), job = %record.spec.job.id, queue = %record.spec.queue, "job requeued");
+    crate::failpoint::hit("after-requeue").await;
+    None
+}
+
+/// How long a process that is stopping (shutdown, or the Lease lost) keeps trying to write the
+/// resolutions of redrives a broker confirmed (see [`flush_confirmed`]).
+pub const FLUSH_WINDOW: Duration = Duration::from_secs(20);
+
+/// Pause between rounds of [`flush_confirmed`].
+const FLUSH_RETRY: Duration = Duration::from_millis(250);
+
+/// Writes the resolutions of the redrives whose job a broker confirmed but whose status write
+/// has not succeeded (etcd or the apiserver away), for at most `window`. A process that exits
+/// with them unwritten (the Lease is lost when the apiserver is away long enough) leaves them
+/// Parked, and the next leader enqueues them again. Safe after the Lease is gone: each write is
+/// a compare-and-swap on a still-Parked record, which a rival's resolution wins.
+pub async fn flush_confirmed(ctx: &Context, window: Duration) {
+    let deadline = Instant::now() + window;
+    loop {
+        let unwritten = ctx.claims.unwritten();
+        if unwritten.is_empty() {
+            return;
+        }
+        for (key, record) in &unwritten {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, flush_one(ctx, key, record)).await {
+                Ok(Ok(true)) => ctx.claims.forget_confirmed(key),
+                Ok(Ok(false)) | Err(_) => {}
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "writing a confirmed redrive's resolution failed; retrying")
+                }
+            }
+        }
+        if Instant::now() >= deadline {
+            let left = ctx.claims.unwritten().len();
+            if left > 0 {
+                tracing::warn!(
+                    left,
+                    "stopping with confirmed redrives unresolved; the next leader enqueues them again"
+                );
+            }
+            return;
+        }
+        tokio::time::sleep(FLUSH_RETRY).await;
+    }
+}
+
+/// Resolves one confirmed redrive from a fresh read. True when it is done with (resolved here
+/// or by a rival, gone, or no longer this redrive).
+async fn flush_one(ctx: &Context, key: &str, unwritten: &Unwritten) -> Result<bool> {
+    let Some(record) = ctx
+        .apiserver
+        .get_record(&unwritten.namespace, &unwritten.name)
+        .await
+        .map_err(|source| RecordError::Read {
+            name: unwritten.name.clone(),
+            source,
+        })?
+    else {
+        return Ok(true);
+    };
+    if decide::redrive_key(&record) != key {
+        return Ok(true);
+    }
+    match decide::for_record(&record) {
+        Decision::Redrive { by } => {
+            let uid = record.uid().unwrap_or_default();
+            let done = resolve(ctx, record, Phase::Redriven, &by).await? == Action::await_change();
+            if done {
+                ctx.claims.remember_resolved(&uid);
+            }
+            Ok(done)
+        }
+        _ => Ok(true),
+    }
 }
 
 /// The record with its payload: the cached copy when small jobs are cached whole (see
@@ -273,7 +371,7 @@ async fn resolve(ctx: &Context, mut record: DeadLetter, phase: Phase, by: &str) 
             }
         }
     }
-    // Still racing after many rounds: hand it back to the queue; the enqueued-set prevents a
-    // second requeue from this process.
+    // Still racing after many rounds: hand it back to the queue; the remembered confirmation
+    // prevents a second requeue from this process.
     Ok(Action::requeue(Duration::from_secs(1)))
 }

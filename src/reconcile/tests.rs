@@ -452,6 +452,75 @@ async fn a_failed_status_write_after_the_requeue_never_requeues_twice_in_one_pro
     assert_eq!(h.delivered(), 1, "the retry only writes the status");
 }
 
+/// Issue 35: etcd restarting (or the apiserver away) fails the resolution's write several
+/// times after the broker confirmed the job; every retry writes only the status.
+#[tokio::test]
+async fn status_writes_failing_many_times_still_enqueue_exactly_once() {
+    let h = Harness::new(&record(Some(Action::Redrive)), &[queue()]);
+    h.apiserver.failing_writes.store(5, Ordering::SeqCst);
+    for attempt in 0..5 {
+        let err = h.reconcile().await.expect_err("the write failed");
+        assert_eq!(err.category(), "KubeApi", "attempt {attempt}");
+        assert_eq!((h.phase(), h.delivered()), (Phase::Parked, 1));
+    }
+    h.reconcile().await.expect("the write goes through");
+    assert_eq!(h.phase(), Phase::Redriven);
+    assert_eq!(h.delivered(), 1, "one enqueue for six attempts");
+    assert_eq!(h.metric(SUCCESS), 1.0);
+    assert!(
+        h.ctx.claims.unwritten().is_empty(),
+        "the confirmation is forgotten once resolved"
+    );
+    h.reconcile().await.expect("a stale wake-up");
+    assert_eq!(h.delivered(), 1);
+}
+
+/// A process that stops (shutdown, or the Lease lost while the apiserver was away) writes the
+/// resolutions of jobs it enqueued before it exits, so the next leader enqueues nothing.
+#[tokio::test]
+async fn a_stopping_process_writes_its_confirmed_resolutions_before_exiting() {
+    let h = Harness::new(&record(Some(Action::Redrive)), &[queue()]);
+    h.apiserver.failing_writes.store(3, Ordering::SeqCst);
+    let _ = h.reconcile().await;
+    assert_eq!((h.phase(), h.delivered()), (Phase::Parked, 1));
+
+    // Two more failures while stopping, then the apiserver answers again.
+    record::flush_confirmed(&h.ctx, Duration::from_secs(10)).await;
+    assert_eq!(h.phase(), Phase::Redriven);
+    assert!(h.ctx.claims.unwritten().is_empty());
+
+    let next_leader = Harness::with(h.apiserver.clone(), h.target.clone(), &[queue()]);
+    next_leader.reconcile().await.expect("reconcile");
+    assert_eq!(next_leader.delivered(), 1, "no second enqueue");
+}
+
+/// The flush is bounded: a process whose apiserver stays away exits after the window with
+/// the record still Parked (the next leader enqueues once more, as after a crash).
+#[tokio::test]
+async fn the_flush_gives_up_after_its_window() {
+    let h = Harness::new(&record(Some(Action::Redrive)), &[queue()]);
+    h.apiserver.failing_writes.store(u32::MAX, Ordering::SeqCst);
+    let _ = h.reconcile().await;
+    let started = std::time::Instant::now();
+    record::flush_confirmed(&h.ctx, Duration::from_millis(600)).await;
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert_eq!(h.phase(), Phase::Parked);
+    assert_eq!(h.ctx.claims.unwritten().len(), 1);
+}
+
+/// A record resolved by a rival meanwhile is forgotten without a write of ours.
+#[tokio::test]
+async fn flushing_a_record_a_rival_resolved_writes_nothing() {
+    let h = Harness::new(&record(Some(Action::Redrive)), &[queue()]);
+    h.apiserver.fail_next_write.store(true, Ordering::SeqCst);
+    let _ = h.reconcile().await;
+    *h.apiserver.race.lock().unwrap_or_else(|p| p.into_inner()) = Some(Phase::Dropped);
+    record::flush_confirmed(&h.ctx, Duration::from_secs(5)).await;
+    assert_eq!(h.phase(), Phase::Dropped, "the rival's resolution stands");
+    assert!(h.ctx.claims.unwritten().is_empty());
+    assert_eq!(h.delivered(), 1);
+}
+
 #[tokio::test]
 async fn a_crash_between_requeue_and_status_write_delivers_at_most_once_more() {
     let h = Harness::new(&record(Some(Action::Redrive)), &[queue()]);

@@ -189,7 +189,8 @@ pub async fn run_scope(
         cfg.clone(),
         shutdown.clone(),
     );
-    let replays_ctl = replay_controller(&client_for_replays, &namespace, ctx, cfg, shutdown);
+    let replays_ctl =
+        replay_controller(&client_for_replays, &namespace, ctx.clone(), cfg, shutdown);
 
     tokio::select! {
         _ = record_watch => {}
@@ -198,6 +199,9 @@ pub async fn run_scope(
         // decisions controller already once the full record list has arrived).
         _ = async { tokio::join!(records_ctl, decisions_ctl, queues_ctl, sources, alerts, replays_ctl) } => {}
     }
+    // Stopping (shutdown, or the Lease lost while the apiserver was away): write the
+    // resolutions of jobs already enqueued, else the next leader enqueues them again.
+    reconcile::record::flush_confirmed(&ctx, reconcile::record::FLUSH_WINDOW).await;
 }
 
 /// Records with a decision not yet carried out: Parked, `spec.action` set (both selectable

@@ -56,6 +56,34 @@ pub fn has_work(record: &DeadLetter) -> bool {
     !matches!(for_record(record), Decision::Done | Decision::Wait)
 }
 
+/// The identity of one record's redrive: the record (its uid) and the job's cycle. Every enqueue
+/// of that redrive carries it as its idempotency key, and a process remembers a broker's
+/// confirmation by it. The generation is left out on purpose: an edit of the spec after the
+/// confirmation (a note, a re-signature) does not ask for a second delivery.
+pub fn redrive_key(record: &DeadLetter) -> String {
+    let uid = record.metadata.uid.as_deref().unwrap_or_default();
+    format!("{uid}-{}", record.spec.cycle)
+}
+
+/// The next step of a redrive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RedriveStep {
+    /// No broker has confirmed this redrive's job yet: enqueue it, then write the resolution.
+    Enqueue,
+    /// A broker confirmed the job already (the resolution's write failed since): write only the
+    /// resolution. Enqueueing again would deliver the job twice without any crash.
+    WriteStatus,
+}
+
+/// What a redrive does, given whether its job's confirmation is remembered (see [`redrive_key`]).
+pub fn redrive_step(confirmed: bool) -> RedriveStep {
+    if confirmed {
+        RedriveStep::WriteStatus
+    } else {
+        RedriveStep::Enqueue
+    }
+}
+
 /// After a status write lost its compare-and-swap, what the fresh record tells us to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AfterConflict {
@@ -146,6 +174,27 @@ mod tests {
                 Decision::Done
             );
         }
+    }
+
+    #[test]
+    fn a_confirmed_redrive_only_writes_its_status() {
+        assert_eq!(redrive_step(false), RedriveStep::Enqueue);
+        assert_eq!(redrive_step(true), RedriveStep::WriteStatus);
+    }
+
+    #[test]
+    fn a_redrive_key_names_the_record_and_its_cycle_not_the_generation() {
+        let mut record = crate::testing::RecordBuilder::job("j").uid("u-1").build();
+        record.spec.cycle = 2;
+        assert_eq!(redrive_key(&record), "u-1-2");
+        record.metadata.generation = Some(7);
+        assert_eq!(
+            redrive_key(&record),
+            "u-1-2",
+            "a spec edit is the same redrive"
+        );
+        record.spec.cycle = 3;
+        assert_ne!(redrive_key(&record), "u-1-2");
     }
 
     #[test]

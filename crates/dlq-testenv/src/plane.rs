@@ -524,8 +524,18 @@ impl ControlPlane {
     /// SIGKILLs kube-apiserver and starts it again on the same port over the same etcd (the
     /// chaos harness's apiserver restart), then waits for `/readyz`.
     pub fn restart_apiserver(&mut self) -> Result<()> {
+        self.stop_apiserver();
+        self.start_apiserver()
+    }
+
+    /// SIGKILLs kube-apiserver and leaves it down (an outage; [`Self::start_apiserver`] ends it).
+    pub fn stop_apiserver(&mut self) {
         let _ = self.apiserver.kill();
         let _ = self.apiserver.wait();
+    }
+
+    /// Starts kube-apiserver again on the same port over the same etcd, then waits for `/readyz`.
+    pub fn start_apiserver(&mut self) -> Result<()> {
         let bin = find_binary(&self.bin_dirs, "kube-apiserver")?;
         let log = self.dir.join("kube-apiserver.log");
         let (etcd_url, _, api_port) = self.ports.clone();

@@ -93,6 +93,8 @@ pub struct FakeApiserver {
     pub bumps: AtomicU32,
     /// The next record status write fails with a 500 (as if the apiserver went away).
     pub fail_next_write: AtomicBool,
+    /// The next N record status writes fail with a 500 (etcd restarting for a while).
+    pub failing_writes: AtomicU32,
 }
 
 impl FakeApiserver {
@@ -242,7 +244,11 @@ impl Apiserver for FakeApiserver {
         record: &'a DeadLetter,
         status: &'a DeadLetterStatus,
     ) -> BoxFuture<'a, Result<(), kube::Error>> {
-        let result = if self.fail_next_write.swap(false, Ordering::SeqCst) {
+        let failing = self
+            .failing_writes
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        let result = if self.fail_next_write.swap(false, Ordering::SeqCst) || failing {
             Err(api_error(500))
         } else {
             if let Some(stored) = lock(&self.records).get_mut(&key_of(record)) {
