@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use dlq_core::api::DEFAULT_IDEMPOTENCY_KEY_HEADER as KEY_HEADER;
 use dlq_core::api::{Action, DeadLetter, FailureKind, Origin, Phase};
 use dlq_testenv::brokers::{declare_exchange, declare_queue, drain, queue_depth, shared_rabbit};
 use dlq_testenv::{
@@ -123,7 +124,12 @@ async fn redrive_publishes_identical_payload_and_properties_with_confirms() {
         "typed headers keep their type"
     );
     assert_eq!(t["x-flag"], AMQPValue::Boolean(true));
-    assert_eq!(t.len(), 3, "no extra headers: {t:?}");
+    assert_eq!(
+        t[KEY_HEADER],
+        s(&dlq_core::decide::redrive_key(&done)),
+        "the idempotency key beside them"
+    );
+    assert_eq!(t.len(), 4, "no other headers: {t:?}");
 
     // The queue's Ready condition is the broker's reachability.
     let queues: Api<dlq_core::api::DeadLetterQueue> = Api::namespaced(client.clone(), &ns);

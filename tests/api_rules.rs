@@ -267,3 +267,46 @@ async fn replay_spec_is_signed_and_frozen_once_running() {
         .await
         .expect("a running replay can be stopped");
 }
+
+/// A queue's `spec.target.idempotencyKeyHeader` is a header name, or empty (no key carried).
+#[tokio::test]
+async fn the_idempotency_key_header_is_a_header_name_or_empty() {
+    let (client, ns) = dlq_testenv::setup("keyheader").await;
+    let api: Api<dlq_core::api::DeadLetterQueue> = Api::namespaced(client, &ns);
+    let cases = [
+        ("Idempotency-Key", true),
+        ("", true),
+        ("x_dedupe.key-2", true),
+        ("two words", false),
+        ("x:key", false),
+    ];
+    for (i, (header, accepted)) in cases.into_iter().enumerate() {
+        let q: dlq_core::api::DeadLetterQueue = serde_json::from_value(json!({
+            "apiVersion": "dlq.dev/v1alpha1", "kind": "DeadLetterQueue",
+            "metadata": {"name": format!("q{i}")},
+            "spec": {"target": {
+                "idempotencyKeyHeader": header,
+                "http": {"url": "https://h/x"}
+            }}
+        }))
+        .unwrap();
+        let result = api.create(&PostParams::default(), &q).await;
+        if accepted {
+            let stored = result.unwrap_or_else(|e| panic!("{header:?} refused: {e}"));
+            assert_eq!(
+                stored.spec.target.idempotency_key_header.as_deref(),
+                Some(header)
+            );
+        } else {
+            let (code, message) = match result {
+                Err(kube::Error::Api(s)) => (s.code, s.message),
+                other => panic!("{header:?}: expected a refusal, got {other:?}"),
+            };
+            assert_eq!(code, 422);
+            assert!(
+                message.contains("idempotencyKeyHeader must be a header name"),
+                "{message}"
+            );
+        }
+    }
+}

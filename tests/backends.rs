@@ -130,11 +130,7 @@ async fn a_dead_message_is_parked_once_and_redriven_back_untouched<B: Source>() 
         wait_phase(&r.api, &name, Phase::Redriven, 60).await;
     }
     let want = sorted(sent.iter().map(|s| s.delivered()).collect());
-    assert_eq!(
-        sorted(r.backend.delivered().await),
-        want,
-        "back untouched, once"
-    );
+    assert_eq!(sorted(r.backend.jobs().await), want, "back untouched, once");
 }
 
 /// A record made by a parker (not from the source) is redriven only once decided, and arrives
@@ -158,7 +154,7 @@ async fn a_record_is_redriven_byte_for_byte_once_decided<B: Backend>() {
     wait_phase(&r.api, "bytes-1", Phase::Parked, 20).await;
     wait_ready(&r.client, &r.ns, "relayer", true, 30).await;
     assert!(
-        r.backend.delivered().await.is_empty(),
+        r.backend.jobs().await.is_empty(),
         "nothing is redriven without a decision"
     );
     decide(&r.api, "bytes-1", Action::Redrive, "ops").await;
@@ -167,10 +163,11 @@ async fn a_record_is_redriven_byte_for_byte_once_decided<B: Backend>() {
         payload,
         headers: headers.into_iter().collect(),
     };
+    let key = B::CARRIES_KEY.then(|| dlq_core::decide::redrive_key(&done));
     assert_eq!(
-        r.backend.delivered().await,
-        vec![want],
-        "exactly one, untouched"
+        r.backend.keyed().await,
+        vec![(want, key)],
+        "exactly one, untouched, its idempotency key beside it"
     );
 
     assert_eq!(
@@ -289,7 +286,7 @@ async fn decided_records_wait_parked_while_the_broker_is_down<B: Backend>() {
         );
     }
     wait_ready(&r.client, &r.ns, "relayer", true, 60).await;
-    let got: Vec<Vec<u8>> = sorted(r.backend.delivered().await)
+    let got: Vec<Vec<u8>> = sorted(r.backend.jobs().await)
         .into_iter()
         .map(|d| d.payload)
         .collect();
@@ -390,8 +387,12 @@ async fn many_records_are_each_redriven_exactly_once<B: Backend>() {
             })
             .collect(),
     );
+    let keyed = r.backend.keyed().await;
+    let keys: std::collections::BTreeSet<_> = keyed.iter().filter_map(|(_, k)| k.clone()).collect();
+    let carrying = if B::CARRIES_KEY { N } else { 0 };
+    assert_eq!(keys.len(), carrying, "one idempotency key per redrive");
     assert_eq!(
-        sorted(r.backend.delivered().await),
+        sorted(keyed.into_iter().map(|(d, _)| d).collect()),
         want,
         "each exactly once"
     );

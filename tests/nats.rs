@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, AckKind};
+use dlq_core::api::DEFAULT_IDEMPOTENCY_KEY_HEADER as KEY_HEADER;
 use dlq_core::api::{Action, DeadLetter, FailureKind, Phase};
 use dlq_testenv::brokers::Nats;
 use dlq_testenv::{
@@ -109,7 +110,7 @@ async fn redrive_publishes_identical_payload_and_headers_and_waits_for_the_pubac
     wait_phase(&api, "bytes-1", Phase::Parked, 20).await;
     assert_eq!(stream_messages(&stream).await, 0);
     decide(&api, "bytes-1", Action::Redrive, "ops").await;
-    wait_phase(&api, "bytes-1", Phase::Redriven, 30).await;
+    let done = wait_phase(&api, "bytes-1", Phase::Redriven, 30).await;
 
     assert_eq!(stream_messages(&stream).await, 1, "exactly one message");
     let (m, headers) = read_seq(&stream, 1).await;
@@ -127,7 +128,14 @@ async fn redrive_publishes_identical_payload_and_headers_and_waits_for_the_pubac
         "multi-valued headers come back as they were"
     );
     assert!(headers.get("nats-multi").is_none());
-    assert_eq!(headers.iter().count(), 3, "no extra headers");
+    let key = dlq_core::decide::redrive_key(&done);
+    assert_eq!(header(&headers, KEY_HEADER), Some(key.as_str()));
+    assert_eq!(
+        header(&headers, "Nats-Msg-Id"),
+        Some(key.as_str()),
+        "JetStream deduplicates by the idempotency key"
+    );
+    assert_eq!(headers.iter().count(), 5, "no other headers");
 
     let queues: Api<dlq_core::api::DeadLetterQueue> = Api::namespaced(client.clone(), &ns);
     eventually(30, "queue Ready=True", || async {

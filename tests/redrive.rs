@@ -154,7 +154,7 @@ async fn stream_target_carries_payload_and_headers() {
     r.spec.job.headers.insert("x-trace".into(), "abc".into());
     park(&api, r).await;
     decide(&api, "st-1", Action::Redrive, "ops").await;
-    wait_phase(&api, "st-1", Phase::Redriven, 20).await;
+    let done = wait_phase(&api, "st-1", Phase::Redriven, 20).await;
     let mut c = redis.conn().await;
     type Fields = Vec<(Vec<u8>, Vec<u8>)>;
     let entries: Vec<(String, Fields)> = redis::cmd("XRANGE")
@@ -173,6 +173,11 @@ async fn stream_target_carries_payload_and_headers() {
     assert!(
         fields.contains(&(b"header:x-trace".to_vec(), b"abc".to_vec())),
         "{fields:?}"
+    );
+    let key = dlq_core::decide::redrive_key(&done).into_bytes();
+    assert!(
+        fields.contains(&(b"header:Idempotency-Key".to_vec(), key)),
+        "the idempotency key beside the job: {fields:?}"
     );
 }
 

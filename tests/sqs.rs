@@ -285,7 +285,7 @@ async fn fifo_keeps_the_group_and_a_retried_redrive_is_not_doubled() {
         Some(keys()),
     );
     let mut job = JobMessage::from_job(&r.spec.job).expect("job");
-    job.record_uid = r.metadata.uid.clone();
+    job.idempotency_key = Some(dlq_core::decide::redrive_key(&r));
     target.requeue(&job).await.expect("retried redrive");
 
     let back = drain(&sqs, &mq.queue_url(&jobs)).await;

@@ -293,7 +293,12 @@ async fn requeue(ctx: &Context, ns: &str, record: &DeadLetter) -> Result<(), Req
         })?;
     let target = ctx.targets.target(&queue).await.map_err(failure)?;
     let mut message = JobMessage::from_job(&record.spec.job).map_err(failure)?;
-    message.record_uid = record.metadata.uid.clone();
+    message.idempotency_key = Some(decide::redrive_key(record));
+    message.key_header = queue
+        .spec
+        .target
+        .idempotency_key_header()
+        .map(str::to_string);
     let started = Instant::now();
     let result = target.requeue(&message).await;
     ctx.metrics

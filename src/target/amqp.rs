@@ -444,7 +444,7 @@ impl Target for AmqpTarget {
 
     fn requeue<'a>(&'a self, job: &'a JobMessage) -> BoxFuture<'a, Result<(), TargetError>> {
         Box::pin(async move {
-            let props = properties_for(&job.headers)?;
+            let props = properties_for(&job.headers_with_key())?;
             let (exchange, routing_key) =
                 address(self.route, job, &self.exchange, &self.routing_key);
             self.conn
@@ -595,7 +595,8 @@ mod tests {
             payload: vec![],
             headers: BTreeMap::new(),
             origin: None,
-            record_uid: None,
+            idempotency_key: None,
+            key_header: None,
         };
         assert_eq!(address(Route::Origin, &job, "ex", "rk"), ("ex", "rk"));
         job.origin = Some(Origin {

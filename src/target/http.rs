@@ -172,7 +172,7 @@ impl Target for HttpTarget {
             let mut req = Request::builder()
                 .method(Method::POST)
                 .uri(self.uri.clone());
-            for (n, v) in request_headers(&job.headers, self.token.is_some())? {
+            for (n, v) in request_headers(&job.headers_with_key(), self.token.is_some())? {
                 req = req.header(n, v);
             }
             if let Some(t) = &self.token {

@@ -141,7 +141,8 @@ impl KafkaTarget {
     }
 
     async fn send(&self, job: &JobMessage) -> Result<(), TargetError> {
-        let (key, headers) = codec::from_headers(&job.headers).map_err(TargetError::Invalid)?;
+        let (key, headers) =
+            codec::from_headers(&job.headers_with_key()).map_err(TargetError::Invalid)?;
         let mut out = OwnedHeaders::new_with_capacity(headers.len());
         for (name, value) in &headers {
             out = out.insert(Header {
@@ -230,7 +231,8 @@ mod tests {
             payload: vec![1, 2],
             headers: Default::default(),
             origin,
-            record_uid: None,
+            idempotency_key: None,
+            key_header: None,
         }
     }
 

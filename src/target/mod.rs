@@ -17,6 +17,7 @@ pub mod redis;
 #[cfg(feature = "sqs")]
 pub mod sqs;
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use futures::future::BoxFuture;
@@ -31,9 +32,14 @@ pub struct JobMessage {
     pub headers: BTreeMap<String, String>,
     /// Where the broker says it was published before it died, when it was collected from one.
     pub origin: Option<Origin>,
-    /// The uid of the record being redriven: keys SQS FIFO deduplication, so every attempt of
-    /// one redrive has the same id and the next cycle of the job a new one.
-    pub record_uid: Option<String>,
+    /// The redrive's idempotency key (`dlq_core::decide::redrive_key`: record uid and cycle):
+    /// the same for every enqueue of one redrive, a new one for the next cycle of the job. It
+    /// keys SQS FIFO deduplication and JetStream's `Nats-Msg-Id` (when the job has none), and
+    /// goes in [`JobMessage::key_header`].
+    pub idempotency_key: Option<String>,
+    /// The header that carries [`JobMessage::idempotency_key`] beside the job's own headers
+    /// (the queue's `spec.target.idempotencyKeyHeader`); None: not carried.
+    pub key_header: Option<String>,
 }
 
 impl JobMessage {
@@ -51,8 +57,24 @@ impl JobMessage {
             payload,
             headers: job.headers.clone(),
             origin: job.origin.as_deref().cloned(),
-            record_uid: None,
+            idempotency_key: None,
+            key_header: None,
         })
+    }
+
+    /// The job's own headers, plus the idempotency key in its header (for targets that carry
+    /// headers). A job that already has a header of that name (any case) keeps its own: the
+    /// job is never altered.
+    pub fn headers_with_key(&self) -> Cow<'_, BTreeMap<String, String>> {
+        let (Some(name), Some(key)) = (&self.key_header, &self.idempotency_key) else {
+            return Cow::Borrowed(&self.headers);
+        };
+        if self.headers.keys().any(|k| k.eq_ignore_ascii_case(name)) {
+            return Cow::Borrowed(&self.headers);
+        }
+        let mut headers = self.headers.clone();
+        headers.insert(name.clone(), key.clone());
+        Cow::Owned(headers)
     }
 }
 
@@ -151,6 +173,38 @@ pub fn redact_url(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn job() -> JobMessage {
+        JobMessage {
+            id: "j".into(),
+            payload: b"p".to_vec(),
+            headers: BTreeMap::from([("x-trace".to_string(), "t".to_string())]),
+            origin: None,
+            idempotency_key: Some("u-1-1".into()),
+            key_header: Some("Idempotency-Key".into()),
+        }
+    }
+
+    #[test]
+    fn the_key_goes_beside_the_jobs_own_headers() {
+        let job = job();
+        let carried = job.headers_with_key();
+        assert_eq!(carried["Idempotency-Key"], "u-1-1");
+        assert_eq!(carried["x-trace"], "t");
+        assert_eq!(carried.len(), 2);
+        assert_eq!(job.headers.len(), 1, "the job itself is unchanged");
+    }
+
+    #[test]
+    fn the_jobs_own_header_of_that_name_wins_and_off_carries_nothing() {
+        let mut own = job();
+        own.headers
+            .insert("idempotency-key".into(), "producer's".into());
+        assert_eq!(*own.headers_with_key(), own.headers);
+        let mut off = job();
+        off.key_header = None;
+        assert_eq!(*off.headers_with_key(), off.headers);
+    }
 
     #[test]
     fn redacted_urls_keep_no_secrets() {

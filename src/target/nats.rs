@@ -18,6 +18,11 @@
 //! - the duplicate is a newer message with the same id (an earlier attempt of this redrive
 //!   whose PubAck was lost): the job is in the stream, so the redrive succeeded.
 //!
+//! A job without a `Nats-Msg-Id` of its own gets the redrive's idempotency key as one: a
+//! second enqueue of the same redrive (its status write failed, the operator was killed before
+//! it) is then dropped by JetStream within the window, and its `duplicate: true` PubAck means
+//! the job is already stored: a success.
+//!
 //! While the client is reconnecting nothing is published: a publish buffered during an outage
 //! would land later, after the redrive had been reported failed and retried.
 
@@ -58,6 +63,27 @@ pub fn nats_headers(headers: &BTreeMap<String, String>) -> Result<HeaderMap, Tar
     Ok(map)
 }
 
+/// JetStream's deduplication header.
+const MSG_ID: &str = "Nats-Msg-Id";
+
+/// The job's own `Nats-Msg-Id`, if it carries one (any case).
+fn own_msg_id(job: &JobMessage) -> Option<&str> {
+    job.headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(MSG_ID))
+        .map(|(_, v)| v.as_str())
+}
+
+/// The `Nats-Msg-Id` a JetStream redrive adds: its idempotency key, when the job has no id of
+/// its own (which it keeps, untouched), so JetStream stores one copy of every enqueue of one
+/// redrive within the stream's duplicate window.
+pub fn redrive_msg_id(job: &JobMessage) -> Option<&str> {
+    match own_msg_id(job) {
+        Some(_) => None,
+        None => job.idempotency_key.as_deref(),
+    }
+}
+
 /// Subject for `job` under `route`.
 pub fn address<'a>(route: Route, job: &'a JobMessage, subject: &'a str) -> &'a str {
     if route == Route::Origin
@@ -74,12 +100,10 @@ pub fn judge_duplicate(
     stream: &str,
     sequence: u64,
 ) -> Result<&'static str, TargetError> {
-    let id = job
-        .headers
-        .iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case("nats-msg-id"))
-        .map(|(_, v)| v.as_str())
-        .unwrap_or("?");
+    let Some(id) = own_msg_id(job) else {
+        // The id was this redrive's idempotency key: an earlier enqueue of it is stored.
+        return Ok("an earlier enqueue of this redrive (same idempotency key) is in the stream");
+    };
     let origin = job.origin.as_ref();
     let same_stream = origin.and_then(|o| o.stream.as_deref()) == Some(stream);
     let origin_seq = origin.and_then(|o| o.sequence);
@@ -190,7 +214,12 @@ impl Target for NatsTarget {
 
     fn requeue<'a>(&'a self, job: &'a JobMessage) -> BoxFuture<'a, Result<(), TargetError>> {
         Box::pin(async move {
-            let headers = nats_headers(&job.headers)?;
+            let mut headers = nats_headers(&job.headers_with_key())?;
+            if self.jet_stream
+                && let Some(key) = redrive_msg_id(job)
+            {
+                headers.insert(MSG_ID, key);
+            }
             let subject = address(self.route, job, &self.subject).to_string();
             let payload = Bytes::copy_from_slice(&job.payload);
             let client = self.conn.get().await?;
@@ -248,7 +277,8 @@ mod tests {
             payload: b"p".to_vec(),
             headers: BTreeMap::from([("Nats-Msg-Id".to_string(), "m1".to_string())]),
             origin,
-            record_uid: None,
+            idempotency_key: None,
+            key_header: None,
         }
     }
 
@@ -283,6 +313,22 @@ mod tests {
         assert!(err.to_string().contains("m1"), "{err}");
         assert!(judge_duplicate(&job(Some(origin)), "JOBS", 9).is_ok());
         assert!(judge_duplicate(&job(None), "JOBS", 9).is_err());
+    }
+
+    #[test]
+    fn a_job_without_an_id_of_its_own_gets_the_redrive_key_and_its_duplicate_is_stored() {
+        let mut own = job(None);
+        own.idempotency_key = Some("u-1-1".into());
+        assert_eq!(redrive_msg_id(&own), None, "the job's own id stays");
+        let mut bare = own.clone();
+        bare.headers.clear();
+        assert_eq!(redrive_msg_id(&bare), Some("u-1-1"));
+        assert!(
+            judge_duplicate(&bare, "JOBS", 3).is_ok(),
+            "an earlier enqueue is stored"
+        );
+        bare.idempotency_key = None;
+        assert_eq!(redrive_msg_id(&bare), None);
     }
 
     #[test]

@@ -132,7 +132,7 @@ pub fn requeue_command(key: &RedisKey, job: &JobMessage) -> Result<redis::Cmd, T
                 .arg("*")
                 .arg(STREAM_PAYLOAD_FIELD)
                 .arg(&job.payload[..]);
-            for (k, v) in &job.headers {
+            for (k, v) in job.headers_with_key().iter() {
                 cmd.arg(format!("{STREAM_HEADER_PREFIX}{k}")).arg(v);
             }
             Ok(cmd)
@@ -178,7 +178,8 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             origin: None,
-            record_uid: None,
+            idempotency_key: None,
+            key_header: None,
         }
     }
 

@@ -162,11 +162,11 @@ impl SqsTarget {
     }
 }
 
-/// The FIFO deduplication id of a redrive: the same for every attempt of one record's redrive
-/// (its uid), different for the next cycle of the same job.
+/// The FIFO deduplication id of a redrive: the same for every enqueue of one redrive (its
+/// idempotency key: record uid and cycle), different for the next cycle of the same job.
 pub fn dedup_id(job: &JobMessage) -> String {
-    let key = match &job.record_uid {
-        Some(uid) => format!("record/{uid}"),
+    let key = match &job.idempotency_key {
+        Some(key) => format!("redrive/{key}"),
         None => format!(
             "job/{}/{}",
             job.id,
@@ -299,7 +299,8 @@ mod tests {
                 queue_arn: Some(a.into()),
                 ..Origin::default()
             }),
-            record_uid: Some("u-1".into()),
+            idempotency_key: Some("u-1".into()),
+            key_header: None,
         }
     }
 
@@ -350,7 +351,7 @@ mod tests {
         assert!(matches!(body_of(&bin), Err(TargetError::Invalid(_))));
         let a = job(None);
         let mut next_cycle = job(None);
-        next_cycle.record_uid = Some("u-2".into());
+        next_cycle.idempotency_key = Some("u-1-2".into());
         assert_eq!(dedup_id(&a), dedup_id(&a.clone()));
         assert_ne!(dedup_id(&a), dedup_id(&next_cycle));
         assert_eq!(dedup_id(&a).len(), 64);

@@ -366,7 +366,16 @@ impl DeadLetterQueueSpec {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = kube::core::Rule::new("[has(self.redis), has(self.amqp), has(self.nats), has(self.http), has(self.sqs), has(self.kafka)].filter(x, x).size() == 1").message("spec.target needs exactly one backend (redis, amqp, nats, http, sqs or kafka)"))]
+#[x_kube(validation = kube::core::Rule::new("!has(self.idempotencyKeyHeader) || self.idempotencyKeyHeader.matches('^[A-Za-z0-9_.-]*$')").message("spec.target.idempotencyKeyHeader must be a header name (letters, digits, '-', '_', '.'), or empty for none"))]
 pub struct TargetSpec {
+    /// The header every redrive adds beside the job's own headers, carrying its idempotency
+    /// key (the record's uid and cycle: the same for every enqueue of one redrive), so a
+    /// consumer can drop a repeated delivery. Unset: `Idempotency-Key`; empty: none. A Redis
+    /// list, which carries no headers, never gets it; a job that already has a header of that
+    /// name keeps its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
+    pub idempotency_key_header: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redis: Option<RedisTargetSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -379,6 +388,20 @@ pub struct TargetSpec {
     pub sqs: Option<SqsTargetSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kafka: Option<KafkaTargetSpec>,
+}
+
+/// The header a redrive's idempotency key goes in when a queue does not name one.
+pub const DEFAULT_IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
+
+impl TargetSpec {
+    /// The header carrying a redrive's idempotency key; None when the queue turned it off.
+    pub fn idempotency_key_header(&self) -> Option<&str> {
+        match self.idempotency_key_header.as_deref() {
+            None => Some(DEFAULT_IDEMPOTENCY_KEY_HEADER),
+            Some("") => None,
+            Some(name) => Some(name),
+        }
+    }
 }
 
 /// LPUSH onto `list` (a BRPOP/BLMOVE consumer sees FIFO order) or XADD onto `stream`.
@@ -790,5 +813,15 @@ mod tests {
         assert_eq!(bin.payload, None);
         assert_eq!(bin.payload_bytes().expect("base64"), raw);
         assert_eq!(Job::from_bytes("c", b"").payload.as_deref(), Some(""));
+    }
+
+    #[test]
+    fn the_idempotency_key_header_has_a_default_and_can_be_turned_off() {
+        let mut target = TargetSpec::default();
+        assert_eq!(target.idempotency_key_header(), Some("Idempotency-Key"));
+        target.idempotency_key_header = Some("X-Dedupe".into());
+        assert_eq!(target.idempotency_key_header(), Some("X-Dedupe"));
+        target.idempotency_key_header = Some(String::new());
+        assert_eq!(target.idempotency_key_header(), None);
     }
 }

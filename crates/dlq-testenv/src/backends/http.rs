@@ -36,11 +36,17 @@ impl Backend for HttpBackend {
             .posts()
             .into_iter()
             .map(|p| Delivered {
+                // The job's headers (x-*) and the idempotency key (HTTP names are any case).
                 headers: p
                     .headers
                     .iter()
-                    .filter(|(k, _)| k.starts_with("x-"))
-                    .cloned()
+                    .filter_map(|(k, v)| match k {
+                        k if k.eq_ignore_ascii_case(super::KEY_HEADER) => {
+                            Some((super::KEY_HEADER.to_string(), v.clone()))
+                        }
+                        k if k.starts_with("x-") => Some((k.clone(), v.clone())),
+                        _ => None,
+                    })
                     .collect(),
                 payload: p.body,
             })

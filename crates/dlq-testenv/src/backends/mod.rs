@@ -108,8 +108,24 @@ pub trait Backend: Sized {
         bytes
     }
 
-    /// Everything redrive delivered to the target so far, in any order.
+    /// Whether a redrive here carries its idempotency key in a header (not on a Redis list,
+    /// which carries no headers, nor on SQS, whose FIFO queues deduplicate by it instead).
+    const CARRIES_KEY: bool = true;
+
+    /// Everything redrive delivered to the target so far, in any order, as a consumer reads it
+    /// (the idempotency key's header included).
     fn delivered(&self) -> impl Future<Output = Vec<Delivered>>;
+
+    /// What redrive delivered, each as its producer made it (see [`split_key`]), with the
+    /// idempotency key the redrive added beside it.
+    fn keyed(&self) -> impl Future<Output = Vec<(Delivered, Option<String>)>> {
+        async { self.delivered().await.into_iter().map(split_key).collect() }
+    }
+
+    /// What redrive delivered, each as its producer made it: the untouched jobs.
+    fn jobs(&self) -> impl Future<Output = Vec<Delivered>> {
+        async { self.keyed().await.into_iter().map(|(d, _)| d).collect() }
+    }
 
     /// Takes the broker down hard, like a crash (only a [`Broker::Own`] one).
     fn stop(&mut self);
@@ -134,6 +150,19 @@ pub trait Source: Backend {
 
     /// Dead messages the source has not acknowledged yet (parked or not).
     fn pending_dead(&self) -> impl Future<Output = usize>;
+}
+
+/// The header a redrive's idempotency key arrives in (a queue's default).
+pub const KEY_HEADER: &str = dlq_core::api::DEFAULT_IDEMPOTENCY_KEY_HEADER;
+
+/// A delivery split into the job as its producer made it and the idempotency key the redrive
+/// added beside it: the [`KEY_HEADER`], and a JetStream `Nats-Msg-Id` that repeats it.
+pub fn split_key(mut d: Delivered) -> (Delivered, Option<String>) {
+    let key = d.headers.remove(KEY_HEADER);
+    if key.is_some() && d.headers.get("Nats-Msg-Id") == key.as_ref() {
+        d.headers.remove("Nats-Msg-Id");
+    }
+    (d, key)
 }
 
 /// `headers` as owned pairs, for the builders of [`Sent`] and the record fixtures.

@@ -18,6 +18,7 @@ pub struct RedisBackend {
 
 impl Backend for RedisBackend {
     const NAME: &'static str = "redis";
+    const CARRIES_KEY: bool = false;
 
     async fn start(_ns: &str, _broker: Broker) -> Self {
         RedisBackend {

@@ -119,6 +119,7 @@ impl SqsBackend {
 
 impl Backend for SqsBackend {
     const NAME: &'static str = "sqs";
+    const CARRIES_KEY: bool = false;
 
     async fn start(ns: &str, broker: Broker) -> Self {
         let node = match broker {
