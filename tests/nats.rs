@@ -324,3 +324,61 @@ async fn a_message_over_max_deliver_becomes_a_record_and_redrive_respects_the_du
         through_after.as_secs_f64()
     ));
 }
+
+/// Issue 35: the operator is killed between the JetStream PubAck and the status write; the
+/// next operator enqueues the job again with the same idempotency key as `Nats-Msg-Id`, and
+/// the stream, inside its duplicate window, keeps one message (the duplicate PubAck is a
+/// success).
+#[cfg(feature = "failpoints")]
+#[tokio::test]
+async fn a_kill_between_the_puback_and_the_status_write_leaves_one_message_in_the_stream() {
+    let (client, ns) = setup("nats-kill").await;
+    let nats = Nats::start();
+    let stream = create_stream(&nats, Duration::from_secs(120)).await;
+    create_dlq(
+        &client,
+        &ns,
+        "relayer",
+        json!({"target": {"nats": {"url": nats.url(), "subject": "jobs.relayer"}}}),
+    )
+    .await;
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let mut op = Operator::start_with(&ns, &[], &[("DLQ_FAILPOINT", "after-requeue")]);
+    api.create(
+        &PostParams::default(),
+        &record("kill-1", "pi_0009/settle", b"once", &[("x-trace", "k")]),
+    )
+    .await
+    .unwrap();
+    wait_phase(&api, "kill-1", Phase::Parked, 20).await;
+    decide(&api, "kill-1", Action::Redrive, "ops").await;
+    eventually(20, "the operator to reach the failpoint", || async {
+        op.logs()
+            .contains("failpoint after-requeue reached")
+            .then_some(())
+    })
+    .await;
+    op.kill();
+    assert_eq!(
+        stream_messages(&stream).await,
+        1,
+        "enqueued before the kill"
+    );
+
+    let next = Operator::start(&ns);
+    let done = wait_phase(&api, "kill-1", Phase::Redriven, 30).await;
+    assert!(
+        next.logs().contains("redrive was a JetStream duplicate"),
+        "the next operator enqueued again and JetStream dropped it:\n{}",
+        next.logs()
+    );
+    assert_eq!(
+        stream_messages(&stream).await,
+        1,
+        "one message in the stream"
+    );
+    let (m, headers) = read_seq(&stream, 1).await;
+    assert_eq!(m.payload.as_ref(), b"once");
+    let key = dlq_core::decide::redrive_key(&done);
+    assert_eq!(header(&headers, "Nats-Msg-Id"), Some(key.as_str()));
+}

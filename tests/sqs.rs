@@ -347,3 +347,45 @@ async fn the_apiserver_refuses_sqs_urls_with_credentials_and_accepts_the_documen
     .await
     .expect("the README's shape is accepted");
 }
+
+/// Issue 35: the operator is killed between SQS's answer and the status write; the next
+/// operator sends the job again with the same `MessageDeduplicationId` (from the idempotency
+/// key), and the FIFO queue delivers one message.
+#[cfg(feature = "failpoints")]
+#[tokio::test]
+async fn a_kill_between_the_send_and_the_status_write_leaves_one_message_in_a_fifo_queue() {
+    let (client, ns) = setup("sqs-kill").await;
+    let mq = shared_elasticmq();
+    let sqs = sqs(mq).await;
+    let jobs = format!("{ns}-jobs.fifo");
+    create_queue(&sqs, mq, &jobs, None).await;
+    sqs_dlq(&client, &ns, mq, &jobs, None).await;
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let mut op = Operator::start_with(&ns, &[], &[("DLQ_FAILPOINT", "after-requeue")]);
+    api.create(
+        &PostParams::default(),
+        &dlq_testenv::record("kill-1", "pi_0011/settle", b"settle pi_0011", &[]),
+    )
+    .await
+    .expect("creating the record");
+    wait_phase(&api, "kill-1", Phase::Parked, 20).await;
+    decide(&api, "kill-1", Action::Redrive, "ops").await;
+    eventually(20, "the operator to reach the failpoint", || async {
+        op.logs()
+            .contains("failpoint after-requeue reached")
+            .then_some(())
+    })
+    .await;
+    op.kill();
+
+    let next = Operator::start(&ns);
+    wait_phase(&api, "kill-1", Phase::Redriven, 30).await;
+    assert!(
+        next.logs().contains("job requeued"),
+        "the next operator sent the job again:\n{}",
+        next.logs()
+    );
+    let back = drain(&sqs, &mq.queue_url(&jobs)).await;
+    assert_eq!(back.len(), 1, "SQS dropped the second send");
+    assert_eq!(back[0].body(), Some("settle pi_0011"));
+}
