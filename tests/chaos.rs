@@ -25,6 +25,12 @@ async fn short_chaos_run_keeps_every_invariant() {
         ("duplicate_resolutions", report.duplicate_resolutions),
         ("status_regressions", report.status_regressions),
         ("panics", report.panics),
+        // Every target carries the idempotency key: a consumer dropping repeated keys sees
+        // each job once (issue 35).
+        (
+            "duplicates_after_dedupe",
+            report.duplicates_after_dedupe_total,
+        ),
     ] {
         assert_eq!(n, 0, "{what}:\n{table}");
     }

@@ -27,12 +27,20 @@ pub struct RecordHistory {
     pub regressions: u32,
 }
 
+/// A job arriving on its target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Arrival {
+    pub at: Instant,
+    /// The redrive's idempotency key, as the consumer found it beside the job.
+    pub key: Option<String>,
+}
+
 /// Shared run history.
 #[derive(Clone, Default)]
 pub struct History {
     records: Arc<Mutex<BTreeMap<String, RecordHistory>>>,
-    /// Job id → the times it arrived on its target.
-    arrivals: Arc<Mutex<HashMap<String, Vec<Instant>>>>,
+    /// Job id → each arrival on its target, in order.
+    arrivals: Arc<Mutex<HashMap<String, Vec<Arrival>>>>,
     /// (start, kind) of every fault injected, in order.
     faults: Arc<Mutex<Vec<(Instant, &'static str)>>>,
 }
@@ -81,15 +89,18 @@ impl History {
         lock(&self.records).clone()
     }
 
-    /// Notes that `job` arrived on its target now.
-    pub fn arrived(&self, job: &str) {
+    /// Notes that `job` arrived on its target now, with the idempotency key beside it.
+    pub fn arrived(&self, job: &str, key: Option<String>) {
         lock(&self.arrivals)
             .entry(job.to_string())
             .or_default()
-            .push(Instant::now());
+            .push(Arrival {
+                at: Instant::now(),
+                key,
+            });
     }
 
-    pub fn arrivals(&self) -> HashMap<String, Vec<Instant>> {
+    pub fn arrivals(&self) -> HashMap<String, Vec<Arrival>> {
         lock(&self.arrivals).clone()
     }
 

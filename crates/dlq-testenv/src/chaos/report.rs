@@ -1,15 +1,16 @@
 //! The run's figures and the invariant checks, as a table and as `report.json`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
 use dlq_core::api::{Action, DeadLetter, Phase};
 use serde::Serialize;
 
-use super::history::History;
+use super::history::{Arrival, History};
 
 /// What one run measured. Zero is the goal for every count but `duplicate_enqueues` (allowed
-/// by "requeue first, then mark": at most the jobs in flight at a fault).
+/// by "requeue first, then mark": at most the jobs in flight at a fault; what a consumer that
+/// drops repeated idempotency keys still sees of them is `duplicates_after_dedupe`, goal 0).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Report {
     pub seed: u64,
@@ -26,6 +27,10 @@ pub struct Report {
     /// Second and later arrivals of a job on its target, by the kind of the last fault before.
     pub duplicate_enqueues: BTreeMap<String, u64>,
     pub duplicate_enqueues_total: u64,
+    /// Those a consumer that drops a repeated idempotency key still receives (a second arrival
+    /// without a key, or with another key), by the kind of the last fault before.
+    pub duplicates_after_dedupe: BTreeMap<String, u64>,
+    pub duplicates_after_dedupe_total: u64,
     /// Jobs that arrived on a target although their record ended Dropped or undecided.
     pub stray_enqueues: u64,
     /// Decided records still Parked at the end.
@@ -107,16 +112,8 @@ impl Report {
                 r.example("stray_enqueues", [d.spec.job.id.as_str()]);
             }
         }
-        for (job, times) in &arrivals {
-            if times.len() > 1 {
-                r.example("duplicate_enqueues", [job.as_str()]);
-            }
-            for t in times.iter().skip(1) {
-                *r.duplicate_enqueues
-                    .entry(history.blame(*t).to_string())
-                    .or_default() += 1;
-                r.duplicate_enqueues_total += 1;
-            }
+        for (job, list) in &arrivals {
+            r.count_duplicates(job, list, history);
         }
         for h in history.records().values() {
             r.status_regressions += u64::from(h.regressions);
@@ -127,6 +124,29 @@ impl Report {
             r.faults_total += 1;
         }
         r
+    }
+
+    /// Counts the second and later arrivals of `job`, and those of them a consumer that drops
+    /// repeated idempotency keys would still take.
+    fn count_duplicates(&mut self, job: &str, arrivals: &[Arrival], history: &History) {
+        if arrivals.len() > 1 {
+            self.example("duplicate_enqueues", [job]);
+        }
+        let mut keys = HashSet::new();
+        for (i, a) in arrivals.iter().enumerate() {
+            let repeated = a.key.as_ref().is_some_and(|k| !keys.insert(k.clone()));
+            if i == 0 {
+                continue;
+            }
+            let kind = history.blame(a.at).to_string();
+            *self.duplicate_enqueues.entry(kind.clone()).or_default() += 1;
+            self.duplicate_enqueues_total += 1;
+            if !repeated {
+                *self.duplicates_after_dedupe.entry(kind).or_default() += 1;
+                self.duplicates_after_dedupe_total += 1;
+                self.example("duplicates_after_dedupe", [job]);
+            }
+        }
     }
 
     fn example<'a>(&mut self, what: &str, ids: impl IntoIterator<Item = &'a str>) {
@@ -184,6 +204,13 @@ impl Report {
         for (k, n) in &self.duplicate_enqueues {
             rows.push((format!("  after {k}"), n.to_string()));
         }
+        rows.push((
+            "duplicates_after_dedupe".into(),
+            self.duplicates_after_dedupe_total.to_string(),
+        ));
+        for (k, n) in &self.duplicates_after_dedupe {
+            rows.push((format!("  after {k}"), n.to_string()));
+        }
         for (q, n) in &self.broker_leftovers {
             rows.push((format!("left in {q}"), n.to_string()));
         }
@@ -218,4 +245,29 @@ pub fn count_panics(dir: &Path) -> u64 {
         .filter_map(|e| std::fs::read_to_string(e.path()).ok())
         .map(|text| text.matches("panicked at").count() as u64)
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_repeated_key_is_a_duplicate_enqueue_but_not_after_dedupe() {
+        let history = History::default();
+        history.fault("etcd_restart");
+        history.arrived("a", Some("u-1-1".into()));
+        history.arrived("a", Some("u-1-1".into()));
+        history.arrived("b", None);
+        history.arrived("b", None);
+        history.arrived("c", Some("u-3-1".into()));
+        history.arrived("c", Some("u-4-1".into()));
+        let r = Report::compute(&[], &[], &history);
+        assert_eq!(r.duplicate_enqueues_total, 3);
+        assert_eq!(r.duplicate_enqueues["etcd_restart"], 3);
+        assert_eq!(r.duplicates_after_dedupe_total, 2, "no key, or another key");
+        assert_eq!(r.duplicates_after_dedupe["etcd_restart"], 2);
+        let mut ids = r.examples["duplicates_after_dedupe"].clone();
+        ids.sort();
+        assert_eq!(ids, ["b", "c"]);
+    }
 }

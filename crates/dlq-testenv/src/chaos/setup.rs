@@ -118,7 +118,7 @@ impl Env {
         crate::create_secret(&client, &ns, "redis", "url", &proxied).await;
         crate::create_secret(&client, &ns, "amqp", "url", &rabbit.url()).await;
         crate::create_dlq(&client, &ns, "relayer", json!({
-            "target": {"redis": {"urlSecretRef": {"name": "redis", "key": "url"}, "list": workload::REDIS_JOBS}},
+            "target": {"redis": {"urlSecretRef": {"name": "redis", "key": "url"}, "stream": workload::REDIS_JOBS}},
             "source": {"redis": {"list": workload::REDIS_DEAD}}})).await;
         crate::create_dlq(&client, &ns, "orders", json!({
             "target": {"amqp": {"urlSecretRef": {"name": "amqp", "key": "url"}, "exchange": "", "routingKey": jobs}},

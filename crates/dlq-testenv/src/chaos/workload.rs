@@ -21,9 +21,17 @@ use tokio::sync::watch;
 use super::Rng;
 use super::history::History;
 
-/// The Redis queue's dead list and target list.
+/// The Redis queue's dead list and target stream (a stream, so the idempotency key travels
+/// beside each job).
 pub const REDIS_DEAD: &str = "relayer:dead";
 pub const REDIS_JOBS: &str = "relayer:jobs";
+
+/// The fields of a redriven job on a Redis stream (`deadletter::target::redis`).
+const STREAM_PAYLOAD: &str = "payload";
+const STREAM_KEY: &str = "header:Idempotency-Key";
+
+/// The idempotency key header of a redrive (the queues' default).
+const KEY_HEADER: &str = dlq_core::api::DEFAULT_IDEMPOTENCY_KEY_HEADER;
 
 /// Where the producers and consumers reach the brokers (directly, never through the proxy).
 #[derive(Clone)]
@@ -156,25 +164,11 @@ async fn within<T>(f: impl std::future::Future<Output = T>) -> Option<T> {
     tokio::time::timeout(AMQP_CALL, f).await.ok()
 }
 
-/// Reads every job the operator puts back on the Redis target, until `stop`.
+/// Reads every job the operator puts back on the Redis target stream (deleting what it read),
+/// until `stop`.
 pub async fn consume_redis(b: Brokers, history: History, mut stop: watch::Receiver<bool>) {
     while !*stop.borrow() {
-        let got: Option<Vec<String>> = async {
-            let client = redis::Client::open(b.redis_url.as_str()).ok()?;
-            let mut c = client.get_multiplexed_async_connection().await.ok()?;
-            redis::cmd("LPOP")
-                .arg(REDIS_JOBS)
-                .arg(500)
-                .query_async::<Option<Vec<String>>>(&mut c)
-                .await
-                .ok()
-        }
-        .await
-        .flatten();
-        let n = got.as_ref().map_or(0, Vec::len);
-        for job in got.unwrap_or_default() {
-            history.arrived(&job);
-        }
+        let n = read_stream(&b.redis_url, &history).await;
         if n == 0 {
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(200)) => {}
@@ -182,6 +176,45 @@ pub async fn consume_redis(b: Brokers, history: History, mut stop: watch::Receiv
             }
         }
     }
+}
+
+/// One entry of the target stream: its id and its fields.
+type StreamEntry = (String, Vec<(String, String)>);
+
+/// Notes up to 500 jobs of the target stream as arrived and deletes them; how many.
+async fn read_stream(url: &str, history: &History) -> usize {
+    let read = async {
+        let client = redis::Client::open(url).ok()?;
+        let mut c = client.get_multiplexed_async_connection().await.ok()?;
+        let entries: Vec<StreamEntry> = redis::cmd("XRANGE")
+            .arg(REDIS_JOBS)
+            .arg("-")
+            .arg("+")
+            .arg("COUNT")
+            .arg(500)
+            .query_async(&mut c)
+            .await
+            .ok()?;
+        Some((c, entries))
+    };
+    let Some((mut c, entries)) = read.await else {
+        return 0;
+    };
+    for (_, fields) in &entries {
+        let field = |name: &str| fields.iter().find(|(k, _)| k == name).map(|(_, v)| v);
+        if let Some(job) = field(STREAM_PAYLOAD) {
+            history.arrived(job, field(STREAM_KEY).cloned());
+        }
+    }
+    if !entries.is_empty() {
+        let mut del = redis::cmd("XDEL");
+        del.arg(REDIS_JOBS);
+        for (id, _) in &entries {
+            del.arg(id);
+        }
+        let _: Result<u64, _> = del.query_async(&mut c).await;
+    }
+    entries.len()
 }
 
 /// Reads every job the operator puts back on the AMQP target (acked after it is noted; a
@@ -215,7 +248,7 @@ pub async fn consume_amqp(b: Brokers, history: History, stop: watch::Receiver<bo
                 let job = String::from_utf8_lossy(&m.delivery.data).to_string();
                 let key = fxhash(&job);
                 if !(m.delivery.redelivered && seen.contains(&key)) {
-                    history.arrived(&job);
+                    history.arrived(&job, idempotency_key(&m.delivery.properties));
                     seen.insert(key);
                 }
                 let acked = within(m.delivery.acker.ack(BasicAckOptions::default())).await;
@@ -227,6 +260,15 @@ pub async fn consume_amqp(b: Brokers, history: History, stop: watch::Receiver<bo
             // An error or no answer in time: start over on a new connection.
             Some(Err(_)) | None => conn = None,
         }
+    }
+}
+
+/// The idempotency key a redrive put beside the job, in its AMQP headers.
+fn idempotency_key(props: &BasicProperties) -> Option<String> {
+    let value = props.headers().as_ref()?.inner().get(KEY_HEADER)?;
+    match value {
+        lapin::types::AMQPValue::LongString(s) => Some(s.to_string()),
+        other => Some(format!("{other:?}")),
     }
 }
 
@@ -242,7 +284,7 @@ pub async fn leftovers(b: &Brokers) -> BTreeMap<String, u64> {
             ("LLEN", format!("{REDIS_DEAD}:processing")),
             ("HLEN", format!("{REDIS_DEAD}:inflight")),
             ("LLEN", format!("{REDIS_DEAD}:rejected")),
-            ("LLEN", REDIS_JOBS.to_string()),
+            ("XLEN", REDIS_JOBS.to_string()),
         ] {
             let n: Option<u64> = redis::cmd(cmd).arg(&key).query_async(&mut c).await.ok();
             out.insert(key, n.unwrap_or(u64::MAX));
