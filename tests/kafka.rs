@@ -64,6 +64,17 @@ async fn send(
     value: &[u8],
     headers: &RawHeaders,
 ) {
+    send_value(p, topic, key, Some(value), headers).await
+}
+
+/// [`send`] of a value that may be null (a tombstone).
+async fn send_value(
+    p: &FutureProducer,
+    topic: &str,
+    key: Option<&[u8]>,
+    value: Option<&[u8]>,
+    headers: &RawHeaders,
+) {
     let mut h = OwnedHeaders::new();
     for (k, v) in headers {
         h = h.insert(Header {
@@ -71,7 +82,10 @@ async fn send(
             value: v.as_deref(),
         });
     }
-    let mut rec: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).payload(value).headers(h);
+    let mut rec: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(h);
+    if let Some(v) = value {
+        rec = rec.payload(v);
+    }
     if let Some(k) = key {
         rec = rec.key(k);
     }
@@ -271,6 +285,52 @@ async fn spring_dead_letters_round_trip_to_their_origin_topic_byte_for_byte() {
     assert!(
         read_all(&kafka.bootstrap(), &fallback).await.is_empty(),
         "nothing went to the configured topic"
+    );
+}
+
+#[tokio::test]
+async fn a_tombstone_is_parked_as_null_and_redriven_as_null_not_empty() {
+    let (client, ns) = setup("kafka-null").await;
+    let kafka = shared_kafka();
+    let (jobs, dlt) = (format!("compacted-{ns}"), format!("compacted-{ns}.DLT"));
+    create_topics(&kafka.bootstrap(), &[&jobs, &dlt]).await;
+    let p = producer(&kafka.bootstrap());
+    let headers = spring_headers(&jobs, 7, "java.lang.IllegalStateException", "no row");
+    send_value(&p, &dlt, Some(b"deleted"), None, &headers).await;
+    send_value(&p, &dlt, Some(b"emptied"), Some(b""), &headers).await;
+    kafka_dlq(&client, &ns, &kafka.bootstrap(), &jobs, Some(&dlt)).await;
+    let _op = Operator::start(&ns);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let items = parked_by_id(&api, 2).await;
+    let (null, empty) = (&items[0].spec.job, &items[1].spec.job);
+    assert_eq!(null.id, format!("kafka-{dlt}-0-0"));
+    assert!(null.payload_null, "the tombstone is recorded as null");
+    assert_eq!((&null.payload, &null.payload_base64), (&None, &None));
+    assert!(!empty.payload_null);
+    assert_eq!(
+        empty.payload.as_deref(),
+        Some(""),
+        "an empty value stays empty"
+    );
+
+    for r in &items {
+        let name = kube::ResourceExt::name_any(r);
+        wait_phase(&api, &name, Phase::Parked, 20).await;
+        decide(&api, &name, Action::Redrive, "ops").await;
+        wait_phase(&api, &name, Phase::Redriven, 30).await;
+    }
+    let back = read_all(&kafka.bootstrap(), &jobs).await;
+    assert_eq!(back.len(), 2);
+    let by_key = |k: &[u8]| {
+        back.iter()
+            .find(|m| m.key() == Some(k))
+            .map(|m| m.payload())
+    };
+    assert_eq!(by_key(b"deleted"), Some(None), "redriven as a tombstone");
+    assert_eq!(
+        by_key(b"emptied"),
+        Some(Some(&b""[..])),
+        "redriven as an empty value"
     );
 }
 

@@ -98,6 +98,8 @@ pub enum ParkInvalid {
     BadQueueName(String),
     #[error("job has both payload and payloadBase64; give exactly one")]
     BothPayloadForms,
+    #[error("job has payloadNull and a payload; a null value has none")]
+    NullWithPayload,
     #[error("job has no payload; give payload (UTF-8) or payloadBase64 (bytes)")]
     NoPayload,
     #[error("payloadBase64 is not valid base64: {0}")]
@@ -131,6 +133,7 @@ impl ParkInvalid {
             ParkInvalid::MissingQueue => "MissingQueue",
             ParkInvalid::BadQueueName(_) => "BadQueueName",
             ParkInvalid::BothPayloadForms => "BothPayloadForms",
+            ParkInvalid::NullWithPayload => "NullWithPayload",
             ParkInvalid::NoPayload => "NoPayload",
             ParkInvalid::BadBase64(_) => "BadBase64",
             ParkInvalid::PayloadTooLarge { .. } => "PayloadTooLarge",
@@ -169,11 +172,15 @@ pub fn dispose(req: ParkRequest, raw: &[u8]) -> Disposition {
             truncate_chars(&req.job.id, 64)
         ),
     );
-    let invalid = ParkRequest {
+    let mut invalid = ParkRequest {
         message: req.message,
         redelivered: req.redelivered,
         ..invalid
     };
+    // A message without a value stays one: its Invalid record says null, not empty.
+    if req.job.payload_null && raw.is_empty() {
+        invalid.job = Job::null_value(invalid.job.id);
+    }
     match validate(&invalid) {
         Ok(()) => Disposition::Park(Box::new(invalid)),
         Err(e) => Disposition::Reject(e),
@@ -237,6 +244,10 @@ fn validate_id(id: &str) -> Result<(), ParkInvalid> {
 /// Exactly one payload form, decodable, within the size limit.
 fn validate_payload(job: &Job) -> Result<(), ParkInvalid> {
     let size = match (&job.payload, &job.payload_base64) {
+        (Some(_), _) | (_, Some(_)) if job.payload_null => {
+            return Err(ParkInvalid::NullWithPayload);
+        }
+        (None, None) if job.payload_null => 0,
         (Some(_), Some(_)) => return Err(ParkInvalid::BothPayloadForms),
         (None, None) => return Err(ParkInvalid::NoPayload),
         (Some(text), None) => text.len(),
@@ -566,6 +577,7 @@ mod tests {
             "both payload and payloadBase64",
         );
         check(&|r| r.job.payload = None, "no payload");
+        check(&|r| r.job.payload_null = true, "payloadNull and a payload");
         check(
             &|r| r.job.payload = Some("x".repeat(api::MAX_PAYLOAD_BYTES + 1)),
             "the limit is 262144 bytes",
@@ -812,5 +824,18 @@ mod tests {
             (2, Phase::Parked, "pi_0003/settle")
         );
         assert_eq!(k.name, record_name("relayer", "pi_0003/settle", 2));
+    }
+
+    #[test]
+    fn a_null_value_is_a_payload_and_stays_null_when_parked_invalid() {
+        let mut r = req();
+        r.job = Job::null_value("tomb");
+        assert_eq!(validate(&r), Ok(()));
+        r.job.headers.insert("x".into(), "a\nb".into());
+        let Disposition::Park(parked) = dispose(r, b"") else {
+            panic!("a null value with a bad header is parked Invalid");
+        };
+        assert_eq!(parked.failure_kind, FailureKind::Invalid);
+        assert!(parked.job.payload_null && parked.job.payload.is_none());
     }
 }
