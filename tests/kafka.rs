@@ -288,6 +288,68 @@ async fn spring_dead_letters_round_trip_to_their_origin_topic_byte_for_byte() {
     );
 }
 
+/// Spring headers the apiserver refuses to hold as an origin (a partition of -1, a topic over
+/// Kafka's 249 characters) once stalled the partition; now the message is an Invalid record of
+/// its exact bytes with the apiserver's words as reason, and the good one behind it parks.
+#[tokio::test]
+async fn forged_dead_letter_headers_become_invalid_records_and_the_partition_moves_on() {
+    let (client, ns) = setup("kafka-forged").await;
+    let kafka = shared_kafka();
+    let (jobs, dlt) = (format!("forged-{ns}"), format!("forged-{ns}.DLT"));
+    create_topics(&kafka.bootstrap(), &[&jobs, &dlt]).await;
+    let p = producer(&kafka.bootstrap());
+    let mut minus_one = spring_headers(&jobs, 3, "java.lang.RuntimeException", "boom");
+    minus_one[1] = h("kafka_dlt-original-partition", &(-1i32).to_be_bytes());
+    minus_one.push(h("trace", b"t-1"));
+    let long_topic = spring_headers(&"t".repeat(300), 4, "java.lang.RuntimeException", "boom");
+    let good = spring_headers(&jobs, 5, "java.lang.RuntimeException", "boom");
+    send(&p, &dlt, Some(b"k0"), b"forged partition", &minus_one).await;
+    send(&p, &dlt, Some(b"k1"), b"forged topic", &long_topic).await;
+    send(&p, &dlt, Some(b"k2"), b"good", &good).await;
+    kafka_dlq(&client, &ns, &kafka.bootstrap(), &jobs, Some(&dlt)).await;
+    let started = std::time::Instant::now();
+    let _op = Operator::start(&ns);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let items = parked_by_id(&api, 3).await;
+    dlq_testenv::report(&format!(
+        "kafka forged headers: 3 messages accounted for in {:.1}s (operator start included)",
+        started.elapsed().as_secs_f64()
+    ));
+    let ids: Vec<&str> = items.iter().map(|r| r.spec.job.id.as_str()).collect();
+    let want: Vec<String> = (0..3).map(|o| format!("kafka-{dlt}-0-{o}")).collect();
+    assert_eq!(
+        ids, want,
+        "each message under its own address, none skipped"
+    );
+    for (r, (payload, refused)) in items
+        .iter()
+        .zip([("forged partition", "partition"), ("forged topic", "topic")])
+    {
+        let spec = &r.spec;
+        assert_eq!(spec.failure_kind, dlq_core::api::FailureKind::Invalid);
+        assert_eq!(spec.job.payload.as_deref(), Some(payload));
+        assert_eq!(spec.job.origin, None, "the refused origin is left out");
+        assert!(
+            spec.reason.contains("apiserver refused") && spec.reason.contains(refused),
+            "{}",
+            spec.reason
+        );
+    }
+    assert_eq!(
+        items[0].spec.job.headers.get("trace").map(String::as_str),
+        Some("t-1"),
+        "the headers it could hold are kept"
+    );
+    assert_eq!(
+        items[2].spec.failure_kind,
+        dlq_core::api::FailureKind::Transient
+    );
+    assert_eq!(
+        items[2].spec.job.origin.as_ref().and_then(|o| o.offset),
+        Some(5)
+    );
+}
+
 #[tokio::test]
 async fn a_tombstone_is_parked_as_null_and_redriven_as_null_not_empty() {
     let (client, ns) = setup("kafka-null").await;

@@ -219,17 +219,14 @@ async fn handle(
     dead: &Dead,
 ) -> Result<(), SourceError> {
     let req = request_for(into.queue(), dead);
-    let parked = match into.dispose(req, dead.bytes()) {
-        Ok(req) => {
-            into.park_until_known(
-                &req,
-                "in the dead-letter topic (offset not committed)",
-                || std::future::ready(()),
-            )
-            .await
-        }
-        Err(e) => Err(e),
-    };
+    let parked = into
+        .park_message(
+            req,
+            dead.bytes(),
+            "in the dead-letter topic (offset not committed)",
+            || std::future::ready(()),
+        )
+        .await;
     let Err(why) = parked else {
         return Ok(());
     };

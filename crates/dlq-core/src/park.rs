@@ -187,6 +187,67 @@ pub fn dispose(req: ParkRequest, raw: &[u8]) -> Disposition {
     }
 }
 
+/// Whether an apiserver answer of HTTP `code` to a create is final: a bad request (400), a
+/// body too large (413) or a refusal by the schema, a CEL rule or an admission policy (422)
+/// answers the same however often it is asked. Everything else (409, 429, 5xx, timeouts, and
+/// 403, which RBAC or the capacity policy may lift) is worth retrying.
+pub fn refusal_is_final(code: u16) -> bool {
+    matches!(code, 400 | 413 | 422)
+}
+
+/// Longest part of the apiserver's words quoted in a reason (reasons hold 1024 characters).
+const MAX_REFUSAL_QUOTE: usize = 640;
+
+/// What a source parks after the apiserver finally refused `req` (with `refusal`, its words),
+/// or None when nothing is left to try and the message must be set aside visibly. `tried` counts
+/// the earlier fallbacks for this message:
+/// 0. an Invalid record of the exact bytes `raw` under the same job id, keeping its headers
+///    (they passed validation) but not what was read from the message's metadata (origin,
+///    intent, service version), whichever of those the apiserver objected to;
+/// 1. an Invalid record of the exact bytes alone, as [`dispose`] makes;
+/// 2. None.
+pub fn after_refusal(
+    req: &ParkRequest,
+    raw: &[u8],
+    refusal: &str,
+    tried: usize,
+) -> Option<ParkRequest> {
+    let quoted = truncate_chars(refusal, MAX_REFUSAL_QUOTE);
+    let mut next = match tried {
+        0 => {
+            let mut next = invalid_request(
+                &req.queue,
+                raw,
+                format!(
+                    "the apiserver refused its record ({quoted}); parked with its exact bytes, its headers and its job id, without its origin, intent or service version"
+                ),
+            );
+            next.job.id = req.job.id.clone();
+            next.job.headers = req.job.headers.clone();
+            next.deliveries = req.deliveries;
+            next.failed_at = req.failed_at;
+            next
+        }
+        1 => invalid_request(
+            &req.queue,
+            raw,
+            format!(
+                "the apiserver refused its record, also without its origin ({quoted}); parked with its exact bytes only"
+            ),
+        ),
+        _ => return None,
+    };
+    if req.job.payload_null && raw.is_empty() {
+        next.job = Job {
+            headers: std::mem::take(&mut next.job.headers),
+            ..Job::null_value(next.job.id)
+        };
+    }
+    next.message = req.message.clone();
+    next.redelivered = req.redelivered;
+    Some(next)
+}
+
 /// An Invalid record of `raw` exactly. Its id comes from the bytes, so re-parking the same
 /// message after a crash deduplicates.
 pub fn invalid_request(queue: &str, raw: &[u8], reason: String) -> ParkRequest {
@@ -837,5 +898,46 @@ mod tests {
         };
         assert_eq!(parked.failure_kind, FailureKind::Invalid);
         assert!(parked.job.payload_null && parked.job.payload.is_none());
+    }
+
+    #[test]
+    fn a_final_refusal_falls_back_to_the_exact_bytes_then_to_nothing() {
+        assert!(refusal_is_final(422) && refusal_is_final(400) && refusal_is_final(413));
+        for code in [403, 404, 409, 429, 500, 503, 504] {
+            assert!(!refusal_is_final(code), "{code} may change");
+        }
+        let mut r = req();
+        r.job.headers.insert("trace".into(), "t-1".into());
+        r.job.origin = Some(Box::new(api::Origin {
+            partition: Some(-1),
+            ..api::Origin::default()
+        }));
+        r.service_version = Some("v1".into());
+        r = r.with_message("kafka:dlt/0/7");
+        let raw = b"\xffraw";
+        let first = after_refusal(&r, raw, "spec.job.origin.partition: Invalid value: -1", 0)
+            .expect("a first fallback");
+        assert_eq!(first.failure_kind, FailureKind::Invalid);
+        assert_eq!(first.job.id, r.job.id);
+        assert_eq!(first.job.payload_bytes().expect("bytes"), raw);
+        assert_eq!(first.job.headers, r.job.headers);
+        assert_eq!(
+            (first.job.origin.as_ref(), first.service_version.as_ref()),
+            (None, None)
+        );
+        assert!(
+            first.reason.contains("Invalid value: -1"),
+            "{}",
+            first.reason
+        );
+        assert_eq!(first.message, r.message);
+        assert_eq!(validate(&first), Ok(()));
+        let second = after_refusal(&first, raw, "still no", 1).expect("a second fallback");
+        assert!(second.job.id.starts_with("invalid-") && second.job.headers.is_empty());
+        assert_eq!(second.message, r.message);
+        assert_eq!(after_refusal(&second, raw, "no", 2), None);
+        let long = "x".repeat(5000);
+        let capped = after_refusal(&r, raw, &long, 0).expect("fallback");
+        assert_eq!(validate(&capped), Ok(()), "a long refusal is cut to fit");
     }
 }
