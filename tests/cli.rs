@@ -670,6 +670,8 @@ struct Bounded {
 
 /// `kubectl dlq ARGS` under a 1 GiB address-space limit (a regression that reads an endless
 /// input fails instead of taking the machine) and a 30 s deadline; its peak RSS from wait4.
+// The child is reaped by wait4, which also gives its peak RSS; Child::wait would not.
+#[allow(clippy::zombie_processes)]
 fn dlq_bounded(ns: &str, args: &[&str], stdin: Stdin) -> Bounded {
     use std::io::{Read, Write};
     use std::os::unix::process::CommandExt;
