@@ -195,7 +195,13 @@ async fn spring_dead_letters_round_trip_to_their_origin_topic_byte_for_byte() {
     let p = producer(&kafka.bootstrap());
     let text_headers = [
         spring_headers(&orders, 41, "java.lang.IllegalStateException", "amount < 0"),
-        vec![h("trace", b"t-1"), h("tenant", b"acme")],
+        vec![
+            h("trace", b"t-1"),
+            h("tenant", b"acme"),
+            // A record cannot hold CR/LF as a header: it travels as bytes, the message stays
+            // what it is (not Invalid, key and headers kept).
+            h("crlf", b"a\r\nInjected: 1"),
+        ],
     ]
     .concat();
     let text_value = "{\"order\":1,\"note\":\"é ✓\"}".as_bytes();
@@ -237,6 +243,11 @@ async fn spring_dead_letters_round_trip_to_their_origin_topic_byte_for_byte() {
         "java.lang.IllegalStateException: amount < 0"
     );
     assert_eq!(bin.spec.reason, "org.example.BadAvro: magic byte");
+    assert_eq!(
+        text.spec.failure_kind,
+        dlq_core::api::FailureKind::Transient
+    );
+    assert!(text.spec.job.headers.contains_key("kafka-key"));
 
     for r in &items {
         let name = kube::ResourceExt::name_any(r);

@@ -164,14 +164,27 @@ pub fn dispose(req: ParkRequest, raw: &[u8]) -> Disposition {
         Ok(()) => return Disposition::Park(Box::new(req)),
         Err(why) => why,
     };
-    let invalid = invalid_request(
+    // The request's headers are the message's own when its payload is the message's bytes
+    // (not an envelope around them): keep them when a record can hold them.
+    let same_bytes = req.job.payload_bytes().is_ok_and(|b| b == raw);
+    let headers = Some(&req.job.headers)
+        .filter(|h| same_bytes && !h.is_empty() && validate_headers(h).is_ok());
+    let kept = match (headers, req.job.headers.is_empty() || !same_bytes) {
+        (Some(_), _) => "its exact bytes and headers",
+        (None, true) => "its exact bytes",
+        (None, false) => "its exact bytes; its headers could not be held and were left out",
+    };
+    let mut invalid = invalid_request(
         &req.queue,
         raw,
         format!(
-            "cannot be parked as job {:?}: {why}; parked with its exact bytes",
+            "cannot be parked as job {:?}: {why}; parked with {kept}",
             truncate_chars(&req.job.id, 64)
         ),
     );
+    if let Some(h) = headers {
+        invalid.job.headers = h.clone();
+    }
     let mut invalid = ParkRequest {
         message: req.message,
         redelivered: req.redelivered,
@@ -387,6 +400,15 @@ fn validate_bounded_text(req: &ParkRequest) -> Result<(), ParkInvalid> {
         }
     }
     Ok(())
+}
+
+/// Whether a record can hold this header as it is: a token name (RFC 7230, at most 256) and a
+/// value without CR, LF or NUL. Codecs carry the others in their raw header (as bytes).
+pub fn header_holdable(name: &str, value: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 256
+        && name.bytes().all(is_tchar)
+        && !value.contains(['\r', '\n', '\0'])
 }
 
 /// RFC 7230 `tchar`.
@@ -939,5 +961,36 @@ mod tests {
         let long = "x".repeat(5000);
         let capped = after_refusal(&r, raw, &long, 0).expect("fallback");
         assert_eq!(validate(&capped), Ok(()), "a long refusal is cut to fit");
+    }
+
+    #[test]
+    fn an_invalid_record_keeps_the_headers_of_its_bytes_and_says_so() {
+        let mut r = req();
+        r.job.id = "x".repeat(300);
+        r.job.headers.insert("trace".into(), "t-1".into());
+        let Disposition::Park(p) = dispose(r.clone(), b"{}") else {
+            panic!("parked");
+        };
+        assert_eq!(p.job.headers.get("trace").map(String::as_str), Some("t-1"));
+        assert!(
+            p.reason.ends_with("its exact bytes and headers"),
+            "{}",
+            p.reason
+        );
+        // An envelope's headers are not those of the bytes parked.
+        let Disposition::Park(p) = dispose(r.clone(), b"{\"envelope\":1}") else {
+            panic!("parked");
+        };
+        assert!(p.job.headers.is_empty() && p.reason.ends_with("its exact bytes"));
+        r.job.headers.insert("bad".into(), "a\nb".into());
+        let Disposition::Park(p) = dispose(r, b"{}") else {
+            panic!("parked");
+        };
+        assert!(p.job.headers.is_empty());
+        assert!(
+            p.reason.contains("headers could not be held"),
+            "{}",
+            p.reason
+        );
     }
 }
