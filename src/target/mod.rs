@@ -190,4 +190,33 @@ mod tests {
         assert_eq!(redact_url("nats://tok@n1:4222"), "nats://n1:4222");
         assert_eq!(redact_url("host:1"), "host:1");
     }
+
+    /// A target that carries what it is given, and says whether it can send no value.
+    struct Carrier(bool);
+
+    impl Target for Carrier {
+        fn describe(&self) -> String {
+            "carrier".into()
+        }
+        fn requeue<'a>(&'a self, _: &'a JobMessage) -> BoxFuture<'a, Result<(), TargetError>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn probe(&self) -> BoxFuture<'_, Result<(), TargetError>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn carries_null_payload(&self) -> bool {
+            self.0
+        }
+    }
+
+    #[test]
+    fn a_null_job_goes_only_to_a_target_that_sends_no_value() {
+        let null = JobMessage::from_job(&Job::null_value("tomb")).expect("a payload, null");
+        assert!(null.null_payload && null.payload.is_empty());
+        assert_eq!(null.check_carried_by(&Carrier(true)), Ok(()));
+        let refused = null.check_carried_by(&Carrier(false)).expect_err("refused");
+        assert_eq!(refused.reason(), "NullNotCarried");
+        let empty = JobMessage::from_job(&Job::from_bytes("e", b"")).expect("empty");
+        assert_eq!(empty.check_carried_by(&Carrier(false)), Ok(()));
+    }
 }
