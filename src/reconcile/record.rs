@@ -196,6 +196,7 @@ async fn requeue(ctx: &Context, ns: &str, record: &DeadLetter) -> Result<(), Req
     let target = ctx.targets.target(&queue).await.map_err(failure)?;
     let mut message = JobMessage::from_job(&record.spec.job).map_err(failure)?;
     message.record_uid = record.metadata.uid.clone();
+    message.check_carried_by(target.as_ref()).map_err(failure)?;
     let started = Instant::now();
     let result = target.requeue(&message).await;
     ctx.metrics
