@@ -125,6 +125,10 @@ async fn parked_facts_are_immutable() {
     }
 }
 
+/// The CRD's one-payload-form rule, in its words.
+const ONE_FORM: &str =
+    "exactly one of spec.job.payload, spec.job.payloadBase64 and spec.job.payloadNull";
+
 #[tokio::test]
 async fn payload_forms_and_sizes_are_bounded() {
     let (_c, api) = setup().await;
@@ -134,9 +138,35 @@ async fn payload_forms_and_sizes_are_bounded() {
             .await,
     );
     assert_eq!(code, 422);
+    assert!(msg.contains(ONE_FORM), "{msg}");
+
+    // A null value (a Kafka tombstone) is a form of its own, never beside a payload.
+    for (name, job) in [
+        (
+            "null-and-text",
+            json!({"id": "j", "payload": "", "payloadNull": true}),
+        ),
+        (
+            "null-and-b64",
+            json!({"id": "j", "payloadBase64": "YQ==", "payloadNull": true}),
+        ),
+    ] {
+        let (code, msg) = refusal(api.create(&PostParams::default(), &record(name, job)).await);
+        assert_eq!(code, 422, "{name}");
+        assert!(msg.contains(ONE_FORM), "{name}: {msg}");
+    }
+    let null = json!({"id": "j", "payloadNull": true});
+    api.create(&PostParams::default(), &record("null", null))
+        .await
+        .expect("a null value alone is a payload");
+    let not_null = json!({"id": "j", "payloadNull": false});
+    let (_, msg) = refusal(
+        api.create(&PostParams::default(), &record("not-null", not_null))
+            .await,
+    );
     assert!(
-        msg.contains("exactly one of spec.job.payload and spec.job.payloadBase64"),
-        "{msg}"
+        msg.contains(ONE_FORM),
+        "payloadNull false is no payload: {msg}"
     );
 
     let neither = json!({"id": "j"});
@@ -144,10 +174,7 @@ async fn payload_forms_and_sizes_are_bounded() {
         api.create(&PostParams::default(), &record("neither", neither))
             .await,
     );
-    assert!(
-        msg.contains("exactly one of spec.job.payload and spec.job.payloadBase64"),
-        "{msg}"
-    );
+    assert!(msg.contains(ONE_FORM), "{msg}");
 
     let big = json!({"id": "j", "payload": "x".repeat(256 * 1024 + 1)});
     let (code, msg) = refusal(

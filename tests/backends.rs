@@ -10,7 +10,10 @@
 //! - a crash between a park and its acknowledgement (the backend's failpoint), with the
 //!   records resolved meanwhile: the re-read messages find their records, none is parked twice;
 //! - 100 records redriven at once, each exactly once, their Events folded per queue (the rate
-//!   is reported).
+//!   is reported);
+//! - a dead message whose record the apiserver refuses for good (a CEL admission policy), then
+//!   one refused even as its exact bytes, then a good one: an Invalid record, a visible
+//!   rejection, a record, within seconds; the source never stalls.
 //!
 //! What only one backend does (AMQP `x-death`, Kafka origin topics and binary keys, SQS FIFO
 //! groups and typed attributes, NATS multi-value headers and the duplicate window, the Redis
@@ -439,6 +442,194 @@ async fn many_records_are_each_redriven_exactly_once<B: Backend>() {
     );
 }
 
+/// `text` as a CEL string literal.
+fn cel_string(text: &str) -> String {
+    let mut out = String::from("\"");
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The text a record of job `i`'s bytes carries: the bytes when UTF-8, else their base64 (a
+/// record of a Redis envelope carries the envelope, which holds that base64).
+fn marker<B: Backend>(b: &B, i: usize) -> String {
+    use base64::Engine;
+    String::from_utf8(b.payload(i))
+        .unwrap_or_else(|e| base64::engine::general_purpose::STANDARD.encode(e.into_bytes()))
+}
+
+/// A ValidatingAdmissionPolicy on `ns` alone that refuses (422 Invalid, a CEL rule) creating a
+/// record that carries job 0's bytes unless it is the operator's fallback after a refusal (its
+/// reason says so), and any record carrying job 1's.
+async fn refuse_poison<B: Backend>(client: &kube::Client, ns: &str, b: &B) -> String {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let carries = |m: &str| {
+        let m = cel_string(m);
+        format!(
+            "((has(object.spec.job.payload) && object.spec.job.payload.contains({m})) || \
+             (has(object.spec.job.payloadBase64) && object.spec.job.payloadBase64.contains({m})))"
+        )
+    };
+    let name = format!("poison-{ns}");
+    let selector = json!({"matchLabels": {"kubernetes.io/metadata.name": ns}});
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "namespaceSelector": selector,
+                "resourceRules": [{"apiGroups": ["dlq.dev"], "apiVersions": ["*"],
+                                   "operations": ["CREATE"], "resources": ["deadletters"]}],
+            },
+            "validations": [{
+                "expression": format!(
+                    "!(!object.spec.reason.contains('apiserver refused') && {}) && !{}",
+                    carries(&marker(b, 0)),
+                    carries(&marker(b, 1))
+                ),
+                "message": "poisoned: refused by the test's policy",
+                "reason": "Invalid",
+            }],
+        },
+    }))
+    .unwrap();
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"],
+                 "matchResources": {"namespaceSelector": selector}},
+    }))
+    .unwrap();
+    let pp = PostParams::default();
+    Api::<ValidatingAdmissionPolicy>::all(client.clone())
+        .create(&pp, &policy)
+        .await
+        .unwrap();
+    Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+        .create(&pp, &binding)
+        .await
+        .unwrap();
+    // The policy takes effect once the apiserver has read it: probe with a dry-run create.
+    let probe: DeadLetter = serde_json::from_value(json!({
+        "metadata": {"name": "probe"},
+        "spec": {"queue": "relayer", "cycle": 1, "deliveries": 0, "reason": "probe",
+                 "failureKind": "Invalid", "failedAt": "2026-12-01T00:00:00Z",
+                 "job": {"id": "probe", "payload": marker(b, 1)}},
+    }))
+    .unwrap();
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), ns);
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    eventually(30, "the test's admission policy in effect", || async {
+        match api.create(&dry, &probe).await {
+            Err(kube::Error::Api(e)) if e.code == 422 && e.message.contains("poisoned") => Some(()),
+            _ => None,
+        }
+    })
+    .await;
+    name
+}
+
+async fn unrefuse(client: &kube::Client, name: &str) {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let dp = kube::api::DeleteParams::default();
+    let _ = Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+        .delete(name, &dp)
+        .await;
+    let _ = Api::<ValidatingAdmissionPolicy>::all(client.clone())
+        .delete(name, &dp)
+        .await;
+}
+
+/// Three dead messages in a row: the apiserver refuses job 0's record (422, a CEL rule) unless
+/// it is the Invalid record of its bytes made after a refusal, and job 1's in any form; job 2 is good. Job 0 becomes an Invalid record of
+/// its exact bytes with the refusal as reason, job 1 is set aside visibly (counted, a Rejected
+/// Event), job 2 is parked: all within seconds, the source never stalls on a refusal.
+async fn a_refused_message_is_accounted_for_and_the_next_one_parks<B: Source>() {
+    let r = rig::<B>("poison", Broker::Shared, true, &[]).await;
+    let policy = refuse_poison(&r.client, &r.ns, &r.backend).await;
+    r.backend.wait_listening().await;
+    let sent = r.backend.put_dead(3).await;
+    // From when the dead-letter place holds them (SQS takes its redrive policy's time).
+    let started = std::time::Instant::now();
+    let rejected = eventually(
+        60,
+        "2 records, 1 Rejected Event, the source caught up",
+        || async {
+            let rejected = events_for(&r.client, &r.ns, "relayer", "Rejected").await;
+            let caught_up = r.backend.pending_dead().await == usize::from(B::KEEPS_REJECTED);
+            (records(&r.api).await.len() >= 2 && !rejected.is_empty() && caught_up)
+                .then_some(rejected)
+        },
+    )
+    .await;
+    let secs = started.elapsed().as_secs_f64();
+    dlq_testenv::report(&format!(
+        "{}: refused, rejected and good message accounted for in {secs:.1}s",
+        B::NAME
+    ));
+    unrefuse(&r.client, &policy).await;
+    // ElasticMQ does not wake a long poll (20 s) for messages its redrive policy moved.
+    assert!(secs < 45.0, "took {secs:.1}s");
+    let items = records(&r.api).await;
+    assert_eq!(items.len(), 2, "job 1 has no record");
+    let of = |s: &dlq_testenv::backends::Sent| items.iter().find(|i| i.spec.job.id == s.job_id);
+    let refused = of(&sent[0]).expect("job 0 is a record under its own job id");
+    let spec = &refused.spec;
+    assert_eq!(spec.failure_kind, dlq_core::api::FailureKind::Invalid);
+    assert!(
+        spec.reason.contains("apiserver refused") && spec.reason.contains("poisoned"),
+        "{}",
+        spec.reason
+    );
+    let text = spec.job.payload.clone().or(spec.job.payload_base64.clone());
+    assert!(
+        text.is_some_and(|t| t.contains(&marker(&r.backend, 0))),
+        "the exact bytes are kept"
+    );
+    for (k, v) in &sent[0].headers {
+        assert_eq!(spec.job.headers.get(k), Some(v), "header {k} kept");
+    }
+    let good = of(&sent[2]).expect("job 2 parked behind the refused ones");
+    assert_eq!(
+        good.spec.job.payload_bytes().ok().as_deref(),
+        Some(&sent[2].payload[..])
+    );
+    assert!(
+        !good.spec.reason.contains("apiserver refused"),
+        "{}",
+        good.spec.reason
+    );
+    let created = |d: &DeadLetter| d.metadata.creation_timestamp.clone().map(|t| t.0);
+    let (first, last) = (created(refused).unwrap(), created(good).unwrap());
+    assert!(
+        (last.as_second() - first.as_second()).abs() <= 5,
+        "the refused message and the good one were parked {first} and {last}: no stall between"
+    );
+    let note = rejected[0].note.clone().unwrap_or_default();
+    assert!(
+        note.contains("poisoned"),
+        "the Rejected Event says why: {note}"
+    );
+    assert_eq!(
+        r.op.metric("dlq_rejected_total", &[("reason", "Refused")]),
+        1.0,
+        "counted as refused"
+    );
+}
+
 /// One test per backend of `$scenario`, named `$scenario::<backend>`.
 macro_rules! run_for {
     ($scenario:ident: $($backend:ident = $ty:ty),+ $(,)?) => {
@@ -496,4 +687,12 @@ run_for!(many_records_are_each_redriven_exactly_once:
     kafka = KafkaBackend,
     sqs = SqsBackend,
     http = HttpBackend,
+);
+
+run_for!(a_refused_message_is_accounted_for_and_the_next_one_parks:
+    redis = RedisBackend,
+    rabbitmq = RabbitBackend,
+    nats = NatsBackend,
+    kafka = KafkaBackend,
+    sqs = SqsBackend,
 );

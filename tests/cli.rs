@@ -651,6 +651,180 @@ async fn replay_stops_on_requeue_failures_and_leaves_the_rest_parked() {
     assert!(stopped.is_some_and(|e| e.type_.as_deref() == Some("Warning")));
 }
 
+/// What `park_bounded` feeds the child's stdin.
+enum Stdin {
+    Null,
+    /// This byte without end, through a pipe, until the child closes it.
+    Endless(u8),
+    Bytes(Vec<u8>),
+}
+
+/// How a bounded `kubectl dlq` run ended.
+struct Bounded {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+    max_rss_kib: i64,
+    secs: f64,
+}
+
+/// `kubectl dlq ARGS` under a 1 GiB address-space limit (a regression that reads an endless
+/// input fails instead of taking the machine) and a 30 s deadline; its peak RSS from wait4.
+// The child is reaped by wait4, which also gives its peak RSS; Child::wait would not.
+#[allow(clippy::zombie_processes)]
+fn dlq_bounded(ns: &str, args: &[&str], stdin: Stdin) -> Bounded {
+    use std::io::{Read, Write};
+    use std::os::unix::process::CommandExt;
+    let plane = dlq_testenv::plane();
+    let mut cmd = Command::new(dlq_testenv::bin("kubectl-dlq"));
+    cmd.args(["--kubeconfig", plane.kubeconfig.to_str().unwrap(), "-n", ns])
+        .args(args)
+        .stdin(match stdin {
+            Stdin::Null => Stdio::null(),
+            _ => Stdio::piped(),
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .env("RUST_BACKTRACE", "0");
+    // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let gib = libc::rlimit {
+                rlim_cur: 1 << 30,
+                rlim_max: 1 << 30,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &gib) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let start = std::time::Instant::now();
+    let mut child = cmd.spawn().unwrap();
+    let feeder = child.stdin.take().map(|mut pipe| {
+        std::thread::spawn(move || match stdin {
+            Stdin::Endless(b) => {
+                let chunk = vec![b; 64 * 1024];
+                // Until the reader closes the pipe (EPIPE: the harness ignores SIGPIPE).
+                while pipe.write_all(&chunk).is_ok() {}
+            }
+            Stdin::Bytes(bytes) => {
+                let _ = pipe.write_all(&bytes);
+            }
+            Stdin::Null => {}
+        })
+    });
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is a valid value for wait4 to fill.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: pid is our own child, not yet reaped; status and usage are valid pointers.
+        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
+        assert!(r >= 0, "wait4: {}", std::io::Error::last_os_error());
+        if r == pid {
+            break;
+        }
+        if start.elapsed() > std::time::Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("kubectl dlq {args:?} still running after 30 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let secs = start.elapsed().as_secs_f64();
+    if let Some(f) = feeder {
+        f.join().unwrap();
+    }
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    Bounded {
+        ok: libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        stdout,
+        stderr,
+        max_rss_kib: usage.ru_maxrss,
+        secs,
+    }
+}
+
+#[tokio::test]
+async fn park_reads_at_most_the_limit_from_endless_inputs() {
+    use dlq_core::api::{MAX_PAYLOAD_BASE64_LEN, MAX_PAYLOAD_BYTES};
+    let (client, ns) = setup("cli-bounded").await;
+    create_offline_queue(&client, &ns).await;
+    let park = ["park", "--queue", "relayer", "--id", "big/settle"];
+    let limit = format!("the limit of {MAX_PAYLOAD_BYTES} bytes");
+    let b64_limit = format!("the limit of {} bytes", MAX_PAYLOAD_BASE64_LEN + 2);
+    let dir = std::env::temp_dir();
+    let at_dir = format!("@{}", dir.display());
+    let refusals: [(&[&str], Stdin, &str); 6] = [
+        (
+            &["--payload", "@/dev/zero"],
+            Stdin::Null,
+            "/dev/zero is a device",
+        ),
+        (&["--payload", &at_dir], Stdin::Null, "is a directory"),
+        (&["--payload", "@-"], Stdin::Endless(b'x'), &limit),
+        (&["--payload", "@/dev/stdin"], Stdin::Endless(0), &limit),
+        (
+            &["--payload-base64", "@-"],
+            Stdin::Endless(b'A'),
+            &b64_limit,
+        ),
+        (
+            &["--payload", "@-"],
+            Stdin::Bytes(vec![b'x'; MAX_PAYLOAD_BYTES + 1]),
+            &limit,
+        ),
+    ];
+    for (flags, stdin, want) in refusals {
+        let args: Vec<&str> = park.iter().chain(flags).copied().collect();
+        let out = dlq_bounded(&ns, &args, stdin);
+        dlq_testenv::report(&format!(
+            "park {flags:?}: {:.2}s, max RSS {} KiB",
+            out.secs, out.max_rss_kib
+        ));
+        assert!(!out.ok, "{flags:?} was accepted: {}", out.stdout);
+        assert!(out.stderr.contains(want), "{flags:?}: {}", out.stderr);
+        assert!(out.secs < 10.0, "{flags:?} took {:.1}s", out.secs);
+        assert!(
+            out.max_rss_kib < 64 * 1024,
+            "{flags:?}: peak RSS {} KiB",
+            out.max_rss_kib
+        );
+    }
+    let api: Api<DeadLetter> = Api::namespaced(client, &ns);
+    assert!(
+        api.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+
+    // Exactly the limit, through the same pipe, parks.
+    let args: Vec<&str> = park.iter().chain(&["--payload", "@-"]).copied().collect();
+    let out = dlq_bounded(&ns, &args, Stdin::Bytes(vec![b'x'; MAX_PAYLOAD_BYTES]));
+    assert!(out.ok, "{}", out.stderr);
+    let items = api.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(items.len(), 1);
+    assert_eq!(
+        items[0].spec.job.payload.as_ref().map(String::len),
+        Some(MAX_PAYLOAD_BYTES)
+    );
+}
+
 #[test]
 fn help_documents_every_verb() {
     let out = Command::new(dlq_testenv::bin("kubectl-dlq"))

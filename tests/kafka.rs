@@ -65,6 +65,17 @@ async fn send(
     value: &[u8],
     headers: &RawHeaders,
 ) {
+    send_value(p, topic, key, Some(value), headers).await
+}
+
+/// [`send`] of a value that may be null (a tombstone).
+async fn send_value(
+    p: &FutureProducer,
+    topic: &str,
+    key: Option<&[u8]>,
+    value: Option<&[u8]>,
+    headers: &RawHeaders,
+) {
     let mut h = OwnedHeaders::new();
     for (k, v) in headers {
         h = h.insert(Header {
@@ -72,7 +83,10 @@ async fn send(
             value: v.as_deref(),
         });
     }
-    let mut rec: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).payload(value).headers(h);
+    let mut rec: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(h);
+    if let Some(v) = value {
+        rec = rec.payload(v);
+    }
     if let Some(k) = key {
         rec = rec.key(k);
     }
@@ -182,7 +196,13 @@ async fn spring_dead_letters_round_trip_to_their_origin_topic_byte_for_byte() {
     let p = producer(&kafka.bootstrap());
     let text_headers = [
         spring_headers(&orders, 41, "java.lang.IllegalStateException", "amount < 0"),
-        vec![h("trace", b"t-1"), h("tenant", b"acme")],
+        vec![
+            h("trace", b"t-1"),
+            h("tenant", b"acme"),
+            // A record cannot hold CR/LF as a header: it travels as bytes, the message stays
+            // what it is (not Invalid, key and headers kept).
+            h("crlf", b"a\r\nInjected: 1"),
+        ],
     ]
     .concat();
     let text_value = "{\"order\":1,\"note\":\"é ✓\"}".as_bytes();
@@ -224,6 +244,11 @@ async fn spring_dead_letters_round_trip_to_their_origin_topic_byte_for_byte() {
         "java.lang.IllegalStateException: amount < 0"
     );
     assert_eq!(bin.spec.reason, "org.example.BadAvro: magic byte");
+    assert_eq!(
+        text.spec.failure_kind,
+        dlq_core::api::FailureKind::Transient
+    );
+    assert!(text.spec.job.headers.contains_key("kafka-key"));
 
     for r in &items {
         let name = kube::ResourceExt::name_any(r);
@@ -284,6 +309,114 @@ async fn spring_dead_letters_round_trip_to_their_origin_topic_byte_for_byte() {
     assert!(
         read_all(&kafka.bootstrap(), &fallback).await.is_empty(),
         "nothing went to the configured topic"
+    );
+}
+
+/// Spring headers the apiserver refuses to hold as an origin (a partition of -1, a topic over
+/// Kafka's 249 characters) once stalled the partition; now the message is an Invalid record of
+/// its exact bytes with the apiserver's words as reason, and the good one behind it parks.
+#[tokio::test]
+async fn forged_dead_letter_headers_become_invalid_records_and_the_partition_moves_on() {
+    let (client, ns) = setup("kafka-forged").await;
+    let kafka = shared_kafka();
+    let (jobs, dlt) = (format!("forged-{ns}"), format!("forged-{ns}.DLT"));
+    create_topics(&kafka.bootstrap(), &[&jobs, &dlt]).await;
+    let p = producer(&kafka.bootstrap());
+    let mut minus_one = spring_headers(&jobs, 3, "java.lang.RuntimeException", "boom");
+    minus_one[1] = h("kafka_dlt-original-partition", &(-1i32).to_be_bytes());
+    minus_one.push(h("trace", b"t-1"));
+    let long_topic = spring_headers(&"t".repeat(300), 4, "java.lang.RuntimeException", "boom");
+    let good = spring_headers(&jobs, 5, "java.lang.RuntimeException", "boom");
+    send(&p, &dlt, Some(b"k0"), b"forged partition", &minus_one).await;
+    send(&p, &dlt, Some(b"k1"), b"forged topic", &long_topic).await;
+    send(&p, &dlt, Some(b"k2"), b"good", &good).await;
+    kafka_dlq(&client, &ns, &kafka.bootstrap(), &jobs, Some(&dlt)).await;
+    let started = std::time::Instant::now();
+    let _op = Operator::start(&ns);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let items = parked_by_id(&api, 3).await;
+    dlq_testenv::report(&format!(
+        "kafka forged headers: 3 messages accounted for in {:.1}s (operator start included)",
+        started.elapsed().as_secs_f64()
+    ));
+    let ids: Vec<&str> = items.iter().map(|r| r.spec.job.id.as_str()).collect();
+    let want: Vec<String> = (0..3).map(|o| format!("kafka-{dlt}-0-{o}")).collect();
+    assert_eq!(
+        ids, want,
+        "each message under its own address, none skipped"
+    );
+    for (r, (payload, refused)) in items
+        .iter()
+        .zip([("forged partition", "partition"), ("forged topic", "topic")])
+    {
+        let spec = &r.spec;
+        assert_eq!(spec.failure_kind, dlq_core::api::FailureKind::Invalid);
+        assert_eq!(spec.job.payload.as_deref(), Some(payload));
+        assert_eq!(spec.job.origin, None, "the refused origin is left out");
+        assert!(
+            spec.reason.contains("apiserver refused") && spec.reason.contains(refused),
+            "{}",
+            spec.reason
+        );
+    }
+    assert_eq!(
+        items[0].spec.job.headers.get("trace").map(String::as_str),
+        Some("t-1"),
+        "the headers it could hold are kept"
+    );
+    assert_eq!(
+        items[2].spec.failure_kind,
+        dlq_core::api::FailureKind::Transient
+    );
+    assert_eq!(
+        items[2].spec.job.origin.as_ref().and_then(|o| o.offset),
+        Some(5)
+    );
+}
+
+#[tokio::test]
+async fn a_tombstone_is_parked_as_null_and_redriven_as_null_not_empty() {
+    let (client, ns) = setup("kafka-null").await;
+    let kafka = shared_kafka();
+    let (jobs, dlt) = (format!("compacted-{ns}"), format!("compacted-{ns}.DLT"));
+    create_topics(&kafka.bootstrap(), &[&jobs, &dlt]).await;
+    let p = producer(&kafka.bootstrap());
+    let headers = spring_headers(&jobs, 7, "java.lang.IllegalStateException", "no row");
+    send_value(&p, &dlt, Some(b"deleted"), None, &headers).await;
+    send_value(&p, &dlt, Some(b"emptied"), Some(b""), &headers).await;
+    kafka_dlq(&client, &ns, &kafka.bootstrap(), &jobs, Some(&dlt)).await;
+    let _op = Operator::start(&ns);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let items = parked_by_id(&api, 2).await;
+    let (null, empty) = (&items[0].spec.job, &items[1].spec.job);
+    assert_eq!(null.id, format!("kafka-{dlt}-0-0"));
+    assert!(null.payload_null, "the tombstone is recorded as null");
+    assert_eq!((&null.payload, &null.payload_base64), (&None, &None));
+    assert!(!empty.payload_null);
+    assert_eq!(
+        empty.payload.as_deref(),
+        Some(""),
+        "an empty value stays empty"
+    );
+
+    for r in &items {
+        let name = kube::ResourceExt::name_any(r);
+        wait_phase(&api, &name, Phase::Parked, 20).await;
+        decide(&api, &name, Action::Redrive, "ops").await;
+        wait_phase(&api, &name, Phase::Redriven, 30).await;
+    }
+    let back = read_all(&kafka.bootstrap(), &jobs).await;
+    assert_eq!(back.len(), 2);
+    let by_key = |k: &[u8]| {
+        back.iter()
+            .find(|m| m.key() == Some(k))
+            .map(|m| m.payload())
+    };
+    assert_eq!(by_key(b"deleted"), Some(None), "redriven as a tombstone");
+    assert_eq!(
+        by_key(b"emptied"),
+        Some(Some(&b""[..])),
+        "redriven as an empty value"
     );
 }
 

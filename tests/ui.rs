@@ -409,6 +409,65 @@ async fn viewer_sees_no_buttons_and_a_forged_post_is_refused() {
 
 /// A forged POST from the page's own origin: without the CSRF token, refused by the page; with
 /// it, refused by the apiserver (a viewer may not patch). 403 either way.
+/// Long unbroken values wrap inside the viewport: the longest job id a record holds (253), a
+/// 1024-character reason, an 8 KiB header value and a 10 KiB payload line, on the record's page
+/// and in the list, cause no horizontal overflow.
+#[tokio::test]
+async fn long_unbroken_values_wrap_within_the_viewport() {
+    let (client, ns) = setup("ui-wrap").await;
+    create_offline_queue(&client, &ns).await;
+    let mut r = ParkRequest::new(
+        "relayer",
+        Job {
+            id: "i".repeat(dlq_core::api::MAX_JOB_ID_LEN),
+            payload: Some("p".repeat(10 * 1024)),
+            headers: [("x-long".to_string(), "h".repeat(8192))].into(),
+            ..Job::default()
+        },
+    );
+    r.reason = "r".repeat(1024);
+    let name = park(client.clone(), &ns, r)
+        .await
+        .unwrap()
+        .record()
+        .name_any();
+    grant(&ns, "bob", "viewer");
+    wait_for_role(&ns, "bob").await;
+    let page = Page::start(&ns, "bob");
+    let b = Browser::start("ui-wrap").await;
+    b.client.goto(&page.url).await.unwrap();
+    for (path, shot) in [
+        (format!("/r/{ns}/{name}"), "long-values-record"),
+        ("/records".to_string(), "long-values-list"),
+    ] {
+        b.client
+            .goto(&format!("{}{path}", page.base()))
+            .await
+            .unwrap();
+        let id = if shot.ends_with("record") {
+            "#payload"
+        } else {
+            "#records"
+        };
+        b.text(id).await;
+        let widths = b
+            .client
+            .execute(
+                "const e = document.documentElement; return [e.scrollWidth, e.clientWidth];",
+                vec![],
+            )
+            .await
+            .unwrap();
+        b.screenshot(shot).await;
+        let (scroll, client_w) = (widths[0].as_u64().unwrap(), widths[1].as_u64().unwrap());
+        assert!(
+            scroll <= client_w,
+            "{path}: the page is {scroll}px wide in a {client_w}px viewport"
+        );
+    }
+    b.stop().await;
+}
+
 async fn forged_posts_are_refused(b: &Browser, api: &Api<DeadLetter>, ns: &str, name: &str) {
     let forge = r#"
         const [csrf, sel, done] = arguments;

@@ -299,6 +299,7 @@ async fn requeue(ctx: &Context, ns: &str, record: &DeadLetter) -> Result<(), Req
         .target
         .idempotency_key_header()
         .map(str::to_string);
+    message.check_carried_by(target.as_ref()).map_err(failure)?;
     let started = Instant::now();
     let result = target.requeue(&message).await;
     ctx.metrics

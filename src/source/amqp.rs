@@ -336,14 +336,10 @@ impl Bridge {
             tracing::debug!(namespace = %ns, queue = %queue, job = %job, "channel closed before parking; RabbitMQ delivers the message again");
             return;
         }
-        let parked = match self.into.dispose(req, &delivery.data) {
-            Ok(req) => {
-                self.into
-                    .park_until_known(&req, "unacked in RabbitMQ", || async {})
-                    .await
-            }
-            Err(e) => Err(e),
-        };
+        let parked = self
+            .into
+            .park_message(req, &delivery.data, "unacked in RabbitMQ", || async {})
+            .await;
         if let Err(e) = parked {
             if let Err(copy) = self.copy_to_rejected(&delivery).await {
                 tracing::error!(namespace = %ns, queue = %queue, job = %job, error = %copy, "copying to the rejected queue failed; the message stays unacked");

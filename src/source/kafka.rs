@@ -43,7 +43,8 @@ pub struct Dead {
     pub partition: i32,
     pub offset: i64,
     pub key: Option<Vec<u8>>,
-    pub value: Vec<u8>,
+    /// None for a tombstone (no value at all), which is not an empty value.
+    pub value: Option<Vec<u8>>,
     pub headers: Vec<RawHeader>,
     /// Milliseconds since the epoch: when it was dead-lettered.
     pub timestamp: Option<i64>,
@@ -64,10 +65,15 @@ impl Dead {
             partition: m.partition(),
             offset: m.offset(),
             key: m.key().map(<[u8]>::to_vec),
-            value: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+            value: m.payload().map(<[u8]>::to_vec),
             headers,
             timestamp: m.timestamp().to_millis(),
         }
+    }
+
+    /// The value's bytes; none for a tombstone.
+    pub fn bytes(&self) -> &[u8] {
+        self.value.as_deref().unwrap_or_default()
     }
 
     /// The job id: the dead-letter message's own address, so a re-read parks the same record.
@@ -86,12 +92,16 @@ pub fn request_for(queue: &str, dead: &Dead) -> ParkRequest {
         offset: info.offset,
         ..Origin::default()
     });
+    let job = match &dead.value {
+        Some(value) => Job::from_bytes(dead.job_id(), value),
+        None => Job::null_value(dead.job_id()),
+    };
     let mut req = ParkRequest::new(
         queue,
         Job {
             headers,
             origin: origin.map(Box::new),
-            ..Job::from_bytes(dead.job_id(), &dead.value)
+            ..job
         },
     )
     .with_message(format!(
@@ -209,17 +219,14 @@ async fn handle(
     dead: &Dead,
 ) -> Result<(), SourceError> {
     let req = request_for(into.queue(), dead);
-    let parked = match into.dispose(req, &dead.value) {
-        Ok(req) => {
-            into.park_until_known(
-                &req,
-                "in the dead-letter topic (offset not committed)",
-                || std::future::ready(()),
-            )
-            .await
-        }
-        Err(e) => Err(e),
-    };
+    let parked = into
+        .park_message(
+            req,
+            dead.bytes(),
+            "in the dead-letter topic (offset not committed)",
+            || std::future::ready(()),
+        )
+        .await;
     let Err(why) = parked else {
         return Ok(());
     };
@@ -232,7 +239,7 @@ async fn handle(
         "Kafka topic {rejected} (copy of {} partition {} offset {})",
         dead.topic, dead.partition, dead.offset
     );
-    into.rejected(&why, dead.value.len(), &kept_in).await;
+    into.rejected(&why, dead.bytes().len(), &kept_in).await;
     Ok(())
 }
 
@@ -255,9 +262,10 @@ async fn reject(
         key: REJECTED_REASON_HEADER,
         value: Some(reason.as_bytes()),
     });
-    let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic)
-        .payload(dead.value.as_slice())
-        .headers(headers);
+    let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(headers);
+    if let Some(v) = dead.value.as_deref() {
+        record = record.payload(v);
+    }
     if let Some(k) = dead.key.as_deref() {
         record = record.key(k);
     }
@@ -282,7 +290,7 @@ mod tests {
             partition: 0,
             offset: 17,
             key: Some(vec![0, 255]),
-            value: br#"{"order":1}"#.to_vec(),
+            value: Some(br#"{"order":1}"#.to_vec()),
             headers: vec![
                 ("kafka_dlt-original-topic".into(), Some(b"orders".to_vec())),
                 (
@@ -314,5 +322,24 @@ mod tests {
         );
         assert!(req.job.headers.contains_key(codec::KEY_BASE64_HEADER));
         assert!(req.failed_at.is_some());
+    }
+
+    #[test]
+    fn a_tombstone_is_a_null_job_not_an_empty_one() {
+        let tombstone = Dead {
+            topic: "orders.DLT".into(),
+            key: Some(b"order-1".to_vec()),
+            ..Dead::default()
+        };
+        let req = request_for("orders", &tombstone);
+        assert!(req.job.payload_null);
+        assert_eq!((req.job.payload, req.job.payload_base64), (None, None));
+        let empty = Dead {
+            value: Some(Vec::new()),
+            ..tombstone
+        };
+        let req = request_for("orders", &empty);
+        assert!(!req.job.payload_null);
+        assert_eq!(req.job.payload.as_deref(), Some(""));
     }
 }

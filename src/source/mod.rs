@@ -29,7 +29,7 @@ use tokio::task::JoinHandle;
 use dlq_client::park::{ParkError, ParkOutcome, ParkRequest, Parker};
 use dlq_core::api::{DeadLetterQueue, SecretKeyRef};
 use dlq_core::events::{self, EventPlan};
-use dlq_core::park::{Disposition, dispose, job_key};
+use dlq_core::park::{Disposition, after_refusal, dispose, job_key};
 
 use crate::metrics::Metrics;
 use crate::secret::{SecretError, read_secret};
@@ -291,11 +291,48 @@ impl ParkInto {
         }
     }
 
+    /// Parks one dead message of exact bytes `raw`, read as `req`: the one path of every
+    /// source. Retries what may succeed later ([`ParkInto::park_until_known`]); when the
+    /// apiserver refuses the record for good (400, 413, 422: a schema or CEL rule), parks the
+    /// message as an Invalid record of its bytes with the refusal as reason instead
+    /// (`dlq_core::park::after_refusal`), so one bad message never stalls those behind it.
+    /// `Err` only when even that is refused or the message is over the payload limit: the
+    /// source then keeps it where rejected messages go and reports it with
+    /// [`ParkInto::rejected`].
+    pub async fn park_message<W, Fut>(
+        &self,
+        req: ParkRequest,
+        raw: &[u8],
+        where_it_stays: &str,
+        waiting: W,
+    ) -> Result<(), ParkError>
+    where
+        W: Fn() -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let mut req = self.dispose(req, raw)?;
+        let mut tried = 0;
+        loop {
+            let refused = match self.park_until_known(&req, where_it_stays, &waiting).await {
+                Err(e) if e.final_refusal().is_some() => e,
+                done => return done,
+            };
+            let refusal = refused.final_refusal().unwrap_or_default();
+            let Some(next) = after_refusal(&req, raw, refusal, tried) else {
+                return Err(refused);
+            };
+            tracing::warn!(namespace = %self.namespace(), queue = %self.queue(), job = %req.job.id, error = %refused, fallback = tried + 1, "the apiserver refused the record for good; parking the message as Invalid with its exact bytes");
+            req = next;
+            tried += 1;
+        }
+    }
+
     /// Counts and announces a message that could not become a record and was kept at
     /// `kept_in` (`dlq_rejected_total`, Warning Event `Rejected` on the DeadLetterQueue).
     pub async fn rejected(&self, why: &ParkError, size: usize, kept_in: &str) {
         let reason = match why {
             ParkError::Invalid(e) => e.category(),
+            e if e.final_refusal().is_some() => "Refused",
             _ => "Unparkable",
         };
         self.shared

@@ -308,16 +308,12 @@ impl Bridge {
         };
         let req = request_for(self.into.queue(), &adv, &msg);
         let job = req.job.id.clone();
-        let parked = match self.into.dispose(req, &msg.payload) {
-            Ok(req) => {
-                self.into
-                    .park_until_known(&req, "in the stream", || async {
-                        let _ = m.ack_with(AckKind::Progress).await;
-                    })
-                    .await
-            }
-            Err(e) => Err(e),
-        };
+        let parked = self
+            .into
+            .park_message(req, &msg.payload, "in the stream", || async {
+                let _ = m.ack_with(AckKind::Progress).await;
+            })
+            .await;
         if let Err(e) = &parked {
             let kept_in = format!("stream {} sequence {seq}", self.stream);
             tracing::debug!(job = %job, "dead message left in the stream");

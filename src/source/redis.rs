@@ -326,15 +326,11 @@ impl Bridge {
 
     async fn park_and_ack(&self, id: &str, raw: Vec<u8>) {
         let req = request_for(self.into.queue(), &raw).with_message(format!("{}#{id}", self.dead));
-        let parked = match self.into.dispose(req, &raw) {
-            Ok(req) => {
-                let stays = format!("in {}", self.inflight);
-                self.into.park_until_known(&req, &stays, || async {}).await
-            }
-            Err(e) => Err(e),
-        };
+        let stays = format!("in {}", self.inflight);
+        let parked = self.into.park_message(req, &raw, &stays, || async {}).await;
         if let Err(e) = parked {
-            // Can never be a record (over the payload limit): keep it in Redis, and say so.
+            // Can never be a record (over the payload limit, or refused by the apiserver even as an
+            // Invalid record of its bytes): keep it in Redis, and say so.
             if self
                 .ack(redis::cmd("LPUSH").arg(&self.rejected).arg(&raw[..]))
                 .await

@@ -263,19 +263,19 @@ impl Bridge {
         let dead = Dead::from_message(&m);
         let req = request_for(self.into.queue(), &dead);
         let job = req.job.id.clone();
-        let parked = match self.into.dispose(req, dead.body.as_bytes()) {
-            Ok(req) => {
-                self.into
-                    .park_until_known(&req, "in the SQS queue (kept invisible meanwhile)", || {
-                        self.extend(&receipt, VISIBILITY_WHILE_RETRYING)
-                    })
-                    .await
-            }
-            Err(e) => Err(e),
-        };
+        let parked = self
+            .into
+            .park_message(
+                req,
+                dead.body.as_bytes(),
+                "in the SQS queue (kept invisible meanwhile)",
+                || self.extend(&receipt, VISIBILITY_WHILE_RETRYING),
+            )
+            .await;
         if let Err(e) = parked {
-            // Can never be a record (over the payload limit): leave it in SQS, hidden for as
-            // long as SQS allows, rather than delete it; counted and announced.
+            // Can never be a record (over the payload limit, or refused by the apiserver even as
+            // Invalid): leave it in SQS, hidden for as long as SQS allows, rather than delete
+            // it; counted and announced.
             self.extend(&receipt, 12 * 3600).await;
             let kept_in = format!("SQS queue {} (message {job})", self.url);
             self.into.rejected(&e, dead.body.len(), &kept_in).await;

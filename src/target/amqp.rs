@@ -593,6 +593,7 @@ mod tests {
         let mut job = JobMessage {
             id: "j".into(),
             payload: vec![],
+            null_payload: false,
             headers: BTreeMap::new(),
             origin: None,
             idempotency_key: None,

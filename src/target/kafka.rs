@@ -151,9 +151,10 @@ impl KafkaTarget {
             });
         }
         let (topic, partition) = self.destination(job);
-        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&topic)
-            .payload(job.payload.as_slice())
-            .headers(out);
+        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&topic).headers(out);
+        if !job.null_payload {
+            record = record.payload(job.payload.as_slice());
+        }
         if let Some(k) = key.as_deref() {
             record = record.key(k);
         }
@@ -201,6 +202,10 @@ impl Target for KafkaTarget {
         self.send(job).boxed()
     }
 
+    fn carries_null_payload(&self) -> bool {
+        true
+    }
+
     fn probe(&self) -> BoxFuture<'_, Result<(), TargetError>> {
         async move {
             let producer = self.producer().await?;
@@ -229,6 +234,7 @@ mod tests {
         JobMessage {
             id: "j".into(),
             payload: vec![1, 2],
+            null_payload: false,
             headers: Default::default(),
             origin,
             idempotency_key: None,

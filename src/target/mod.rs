@@ -29,6 +29,9 @@ use dlq_core::api::{DeadLetterQueue, Job, Origin};
 pub struct JobMessage {
     pub id: String,
     pub payload: Vec<u8>,
+    /// No value at all (a Kafka tombstone), not an empty `payload`: only a target that
+    /// [`Target::carries_null_payload`] sends it.
+    pub null_payload: bool,
     pub headers: BTreeMap<String, String>,
     /// Where the broker says it was published before it died, when it was collected from one.
     pub origin: Option<Origin>,
@@ -43,6 +46,18 @@ pub struct JobMessage {
 }
 
 impl JobMessage {
+    /// Refuses a null job to a target that would send it as an empty value instead.
+    pub fn check_carried_by(&self, target: &dyn Target) -> Result<(), TargetError> {
+        if self.null_payload && !target.carries_null_payload() {
+            return Err(TargetError::NullNotCarried(format!(
+                "job {} has no value at all (a Kafka tombstone); {} would send an empty one instead: redrive it to a Kafka target, or drop it",
+                self.id,
+                target.describe()
+            )));
+        }
+        Ok(())
+    }
+
     pub fn from_job(job: &Job) -> Result<Self, TargetError> {
         if !job.has_payload() {
             return Err(TargetError::Invalid(
@@ -55,6 +70,7 @@ impl JobMessage {
         Ok(JobMessage {
             id: job.id.clone(),
             payload,
+            null_payload: job.payload_null,
             headers: job.headers.clone(),
             origin: job.origin.as_deref().cloned(),
             idempotency_key: None,
@@ -101,6 +117,9 @@ pub enum TargetError {
     /// goes through once the window has passed.
     #[error("{0}")]
     Duplicate(String),
+    /// The job has no value (a Kafka tombstone) and the target has no way to send none.
+    #[error("{0}")]
+    NullNotCarried(String),
     /// The HTTP endpoint answered, but not with 2xx.
     #[error("endpoint answered HTTP {status}: {body}")]
     HttpStatus { status: u16, body: String },
@@ -113,6 +132,7 @@ impl TargetError {
             TargetError::Unreachable(_) => "BrokerUnreachable",
             TargetError::Refused(_) => "BrokerRefused",
             TargetError::Unsupported(_) => "HeadersNotCarried",
+            TargetError::NullNotCarried(_) => "NullNotCarried",
             TargetError::Invalid(_) => "InvalidJob",
             TargetError::Config(_) => "TargetMisconfigured",
             TargetError::Duplicate(_) => "DuplicateWindow",
@@ -135,6 +155,11 @@ pub trait Target: Send + Sync {
     fn describe(&self) -> String;
     /// Enqueue `job` and resolve once the broker confirmed it.
     fn requeue<'a>(&'a self, job: &'a JobMessage) -> BoxFuture<'a, Result<(), TargetError>>;
+    /// Whether it can send a message with no value at all (Kafka can; the others would send
+    /// an empty one instead, so a null job is refused before them).
+    fn carries_null_payload(&self) -> bool {
+        false
+    }
     /// Cheap reachability check for the queue's Ready condition.
     fn probe(&self) -> BoxFuture<'_, Result<(), TargetError>>;
 }
@@ -178,6 +203,7 @@ mod tests {
         JobMessage {
             id: "j".into(),
             payload: b"p".to_vec(),
+            null_payload: false,
             headers: BTreeMap::from([("x-trace".to_string(), "t".to_string())]),
             origin: None,
             idempotency_key: Some("u-1-1".into()),
@@ -218,5 +244,34 @@ mod tests {
         );
         assert_eq!(redact_url("nats://tok@n1:4222"), "nats://n1:4222");
         assert_eq!(redact_url("host:1"), "host:1");
+    }
+
+    /// A target that carries what it is given, and says whether it can send no value.
+    struct Carrier(bool);
+
+    impl Target for Carrier {
+        fn describe(&self) -> String {
+            "carrier".into()
+        }
+        fn requeue<'a>(&'a self, _: &'a JobMessage) -> BoxFuture<'a, Result<(), TargetError>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn probe(&self) -> BoxFuture<'_, Result<(), TargetError>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn carries_null_payload(&self) -> bool {
+            self.0
+        }
+    }
+
+    #[test]
+    fn a_null_job_goes_only_to_a_target_that_sends_no_value() {
+        let null = JobMessage::from_job(&Job::null_value("tomb")).expect("a payload, null");
+        assert!(null.null_payload && null.payload.is_empty());
+        assert_eq!(null.check_carried_by(&Carrier(true)), Ok(()));
+        let refused = null.check_carried_by(&Carrier(false)).expect_err("refused");
+        assert_eq!(refused.reason(), "NullNotCarried");
+        let empty = JobMessage::from_job(&Job::from_bytes("e", b"")).expect("empty");
+        assert_eq!(empty.check_carried_by(&Carrier(false)), Ok(()));
     }
 }

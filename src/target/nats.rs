@@ -275,6 +275,7 @@ mod tests {
         JobMessage {
             id: "j".into(),
             payload: b"p".to_vec(),
+            null_payload: false,
             headers: BTreeMap::from([("Nats-Msg-Id".to_string(), "m1".to_string())]),
             origin,
             idempotency_key: None,

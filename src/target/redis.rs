@@ -173,6 +173,7 @@ mod tests {
         JobMessage {
             id: "j1".into(),
             payload: b"\x00bytes\xff".to_vec(),
+            null_payload: false,
             headers: headers
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))

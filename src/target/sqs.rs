@@ -294,6 +294,7 @@ mod tests {
         JobMessage {
             id: "m-1".into(),
             payload: b"hi".to_vec(),
+            null_payload: false,
             headers: Default::default(),
             origin: arn.map(|a| Origin {
                 queue_arn: Some(a.into()),

@@ -75,7 +75,19 @@ impl ParkError {
     /// Whether trying again later can succeed (the apiserver, the queue's capacity or its
     /// existence may change); the rest are properties of the message itself.
     pub fn is_transient(&self) -> bool {
-        !matches!(self, ParkError::Invalid(_))
+        !matches!(self, ParkError::Invalid(_)) && self.final_refusal().is_none()
+    }
+
+    /// The apiserver's words when it refused the record for good
+    /// (`dlq_core::park::refusal_is_final`: 400, 413, 422): the record as asked for can never
+    /// be made, however often it is retried.
+    pub fn final_refusal(&self) -> Option<&str> {
+        match self {
+            ParkError::Kube(kube::Error::Api(s)) if dlq_core::park::refusal_is_final(s.code) => {
+                Some(&s.message)
+            }
+            _ => None,
+        }
     }
 }
 

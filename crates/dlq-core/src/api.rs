@@ -111,11 +111,12 @@ pub struct DeadLetterSpec {
     pub note: Option<String>,
 }
 
-/// The untouched job. Exactly one of `payload` (UTF-8) or `payloadBase64` (any bytes).
+/// The untouched job. Exactly one of `payload` (UTF-8), `payloadBase64` (any bytes) or
+/// `payloadNull` (no value at all: a Kafka tombstone).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
-    validation = kube::core::Rule::new("has(self.payload) != has(self.payloadBase64)").message("exactly one of spec.job.payload and spec.job.payloadBase64 must be set"),
+    validation = kube::core::Rule::new("(has(self.payloadNull) && self.payloadNull) ? !has(self.payload) && !has(self.payloadBase64) : has(self.payload) != has(self.payloadBase64)").message("exactly one of spec.job.payload, spec.job.payloadBase64 and spec.job.payloadNull must be set"),
 )]
 pub struct Job {
     #[schemars(length(min = 1, max = 253))]
@@ -126,6 +127,10 @@ pub struct Job {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 349528), regex(pattern = r"^[A-Za-z0-9+/]*={0,2}$"))]
     pub payload_base64: Option<String>,
+    /// The message had no value at all, which a Kafka consumer tells from an empty one (a
+    /// tombstone deletes its key in a compacted topic): redrive sends no value either.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub payload_null: bool,
     /// Original message headers, carried back on redrive.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend("maxProperties" = 64))]
@@ -207,7 +212,16 @@ impl Job {
         }
     }
 
-    /// The payload bytes exactly as parked.
+    /// A job of `id` whose message had no value (a Kafka tombstone), not an empty one.
+    pub fn null_value(id: impl Into<String>) -> Job {
+        Job {
+            id: id.into(),
+            payload_null: true,
+            ..Job::default()
+        }
+    }
+
+    /// The payload bytes exactly as parked (none for a [`Job::payload_null`] job).
     pub fn payload_bytes(&self) -> Result<Vec<u8>, base64::DecodeError> {
         use base64::Engine;
         match (&self.payload, &self.payload_base64) {
@@ -217,9 +231,9 @@ impl Job {
         }
     }
 
-    /// Whether the (possibly stripped) job still carries its payload.
+    /// Whether the (possibly stripped) job still carries its payload (a null one counts).
     pub fn has_payload(&self) -> bool {
-        self.payload.is_some() || self.payload_base64.is_some()
+        self.payload.is_some() || self.payload_base64.is_some() || self.payload_null
     }
 }
 

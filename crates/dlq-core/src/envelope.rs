@@ -67,6 +67,7 @@ pub fn request_for(queue: &str, raw: &[u8]) -> ParkRequest {
                     id: env.id,
                     payload: env.payload,
                     payload_base64: env.payload_base64,
+                    payload_null: false,
                     headers: env.headers,
                     origin: None,
                 },

@@ -86,7 +86,8 @@ pub mod nats {
 
 /// SQS: message attributes are typed (`String`, `Number`, `Binary`, each with an optional
 /// custom suffix such as `Number.int`). A plain `String` attribute is carried as a job header
-/// of the same name; every other one travels in one job header, [`sqs::ATTRIBUTES_HEADER`] (a
+/// of the same name (unless its value has CR, LF or NUL, which a record cannot hold); every
+/// other one travels in one job header, [`sqs::ATTRIBUTES_HEADER`] (a
 /// JSON object of name to `{"DataType", "StringValue" | "BinaryValue" (base64)}`), so the
 /// target sends back the same types and bytes. A FIFO message's group id is kept in
 /// [`sqs::GROUP_HEADER`].
@@ -172,7 +173,11 @@ pub mod sqs {
         let mut typed = BTreeMap::new();
         for (name, attr) in attributes {
             match (&attr.string_value, &attr.binary_value) {
-                (Some(v), None) if attr.data_type == "String" && !reserved(name) => {
+                (Some(v), None)
+                    if attr.data_type == "String"
+                        && !reserved(name)
+                        && crate::park::header_holdable(name, v) =>
+                {
                     out.insert(name.clone(), v.clone());
                 }
                 _ => {
@@ -325,6 +330,14 @@ pub mod sqs {
                 Err(AttributesError::BadName(_))
             ));
             assert!(!valid_name("AWS.x") && valid_name("x-trace.id"));
+            let crlf: BTreeMap<String, Attribute> =
+                [("note".to_string(), Attribute::string("a\r\nb"))].into();
+            let (headers, lost) = to_headers(&crlf, None);
+            assert!(
+                lost.is_empty() && !headers.contains_key("note"),
+                "{headers:?}"
+            );
+            assert_eq!(from_headers(&headers).expect("decodes").0, crlf);
             assert!(valid_body("héllo\n") && !valid_body("a\u{0}b"));
         }
     }
@@ -332,7 +345,8 @@ pub mod sqs {
 
 /// Kafka: record headers are (name, bytes) pairs, may repeat and may be null; a job header is one
 /// UTF-8 value per name. Distinct UTF-8 headers are carried as they are; everything else (a
-/// repeated name, a binary or null value, a name this codec reserves) travels losslessly in
+/// repeated name, a binary or null value, a name this codec reserves, a name that is not a
+/// token or a value with CR, LF or NUL, which a record cannot hold) travels losslessly in
 /// [`kafka::RAW_HEADER`] (a JSON list of `[name, base64 | null]`), which the target expands
 /// again. The record key is bytes too: [`kafka::KEY_HEADER`] when UTF-8, else
 /// [`kafka::KEY_BASE64_HEADER`]. Dead-letter bookkeeping headers (Spring's `kafka_dlt-*`, Kafka
@@ -340,6 +354,8 @@ pub mod sqs {
 /// a redrive must not look like a dead letter again.
 pub mod kafka {
     use std::collections::BTreeMap;
+
+    use crate::park::header_holdable;
 
     use base64::Engine;
     use base64::engine::general_purpose::STANDARD;
@@ -447,7 +463,7 @@ pub mod kafka {
         for (name, value) in &kept {
             let repeated = kept.iter().filter(|(n, _)| n == name).count() > 1;
             match text(value) {
-                Some(t) if !repeated && !reserved(name) => {
+                Some(t) if !repeated && !reserved(name) && header_holdable(name, &t) => {
                     out.insert(name.clone(), t);
                 }
                 _ => raw.push(serde_json::json!([
@@ -609,11 +625,25 @@ pub mod kafka {
                 ("nil".to_string(), None),
                 h(KEY_HEADER, b"spoof"),
                 h("plain", b"x"),
+                h("crlf", b"a\r\nInjected: 1"),
+                h("bad name\r\n", b"v"),
             ];
             let key = [0u8, 1, 255];
             let (job, lost) = to_headers(Some(&key), &headers);
             assert!(lost.is_empty());
             assert!(job.contains_key(KEY_BASE64_HEADER));
+            assert!(!job.contains_key("crlf"), "a record cannot hold CR/LF: raw");
+            let mut req = crate::park::ParkRequest::new(
+                "q",
+                crate::api::Job {
+                    id: "j".into(),
+                    payload: Some("x".into()),
+                    headers: job.clone(),
+                    ..Default::default()
+                },
+            );
+            req.reason = "r".into();
+            assert_eq!(crate::park::validate(&req), Ok(()), "every header held");
             let (k, mut back) = from_headers(&job).expect("decodes");
             assert_eq!(k.as_deref(), Some(&key[..]));
             let mut want = headers.clone();

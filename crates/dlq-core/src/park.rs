@@ -98,6 +98,8 @@ pub enum ParkInvalid {
     BadQueueName(String),
     #[error("job has both payload and payloadBase64; give exactly one")]
     BothPayloadForms,
+    #[error("job has payloadNull and a payload; a null value has none")]
+    NullWithPayload,
     #[error("job has no payload; give payload (UTF-8) or payloadBase64 (bytes)")]
     NoPayload,
     #[error("payloadBase64 is not valid base64: {0}")]
@@ -131,6 +133,7 @@ impl ParkInvalid {
             ParkInvalid::MissingQueue => "MissingQueue",
             ParkInvalid::BadQueueName(_) => "BadQueueName",
             ParkInvalid::BothPayloadForms => "BothPayloadForms",
+            ParkInvalid::NullWithPayload => "NullWithPayload",
             ParkInvalid::NoPayload => "NoPayload",
             ParkInvalid::BadBase64(_) => "BadBase64",
             ParkInvalid::PayloadTooLarge { .. } => "PayloadTooLarge",
@@ -161,23 +164,101 @@ pub fn dispose(req: ParkRequest, raw: &[u8]) -> Disposition {
         Ok(()) => return Disposition::Park(Box::new(req)),
         Err(why) => why,
     };
-    let invalid = invalid_request(
+    // The request's headers are the message's own when its payload is the message's bytes
+    // (not an envelope around them): keep them when a record can hold them.
+    let same_bytes = req.job.payload_bytes().is_ok_and(|b| b == raw);
+    let headers = Some(&req.job.headers)
+        .filter(|h| same_bytes && !h.is_empty() && validate_headers(h).is_ok());
+    let kept = match (headers, req.job.headers.is_empty() || !same_bytes) {
+        (Some(_), _) => "its exact bytes and headers",
+        (None, true) => "its exact bytes",
+        (None, false) => "its exact bytes; its headers could not be held and were left out",
+    };
+    let mut invalid = invalid_request(
         &req.queue,
         raw,
         format!(
-            "cannot be parked as job {:?}: {why}; parked with its exact bytes",
+            "cannot be parked as job {:?}: {why}; parked with {kept}",
             truncate_chars(&req.job.id, 64)
         ),
     );
-    let invalid = ParkRequest {
+    if let Some(h) = headers {
+        invalid.job.headers = h.clone();
+    }
+    let mut invalid = ParkRequest {
         message: req.message,
         redelivered: req.redelivered,
         ..invalid
     };
+    // A message without a value stays one: its Invalid record says null, not empty.
+    if req.job.payload_null && raw.is_empty() {
+        invalid.job = Job::null_value(invalid.job.id);
+    }
     match validate(&invalid) {
         Ok(()) => Disposition::Park(Box::new(invalid)),
         Err(e) => Disposition::Reject(e),
     }
+}
+
+/// Whether an apiserver answer of HTTP `code` to a create is final: a bad request (400), a
+/// body too large (413) or a refusal by the schema, a CEL rule or an admission policy (422)
+/// answers the same however often it is asked. Everything else (409, 429, 5xx, timeouts, and
+/// 403, which RBAC or the capacity policy may lift) is worth retrying.
+pub fn refusal_is_final(code: u16) -> bool {
+    matches!(code, 400 | 413 | 422)
+}
+
+/// Longest part of the apiserver's words quoted in a reason (reasons hold 1024 characters).
+const MAX_REFUSAL_QUOTE: usize = 640;
+
+/// What a source parks after the apiserver finally refused `req` (with `refusal`, its words),
+/// or None when nothing is left to try and the message must be set aside visibly. `tried` counts
+/// the earlier fallbacks for this message:
+/// 0. an Invalid record of the exact bytes `raw` under the same job id, keeping its headers
+///    (they passed validation) but not what was read from the message's metadata (origin,
+///    intent, service version), whichever of those the apiserver objected to;
+/// 1. an Invalid record of the exact bytes alone, as [`dispose`] makes;
+/// 2. None.
+pub fn after_refusal(
+    req: &ParkRequest,
+    raw: &[u8],
+    refusal: &str,
+    tried: usize,
+) -> Option<ParkRequest> {
+    let quoted = truncate_chars(refusal, MAX_REFUSAL_QUOTE);
+    let mut next = match tried {
+        0 => {
+            let mut next = invalid_request(
+                &req.queue,
+                raw,
+                format!(
+                    "the apiserver refused its record ({quoted}); parked with its exact bytes, its headers and its job id, without its origin, intent or service version"
+                ),
+            );
+            next.job.id = req.job.id.clone();
+            next.job.headers = req.job.headers.clone();
+            next.deliveries = req.deliveries;
+            next.failed_at = req.failed_at;
+            next
+        }
+        1 => invalid_request(
+            &req.queue,
+            raw,
+            format!(
+                "the apiserver refused its record, also without its origin ({quoted}); parked with its exact bytes only"
+            ),
+        ),
+        _ => return None,
+    };
+    if req.job.payload_null && raw.is_empty() {
+        next.job = Job {
+            headers: std::mem::take(&mut next.job.headers),
+            ..Job::null_value(next.job.id)
+        };
+    }
+    next.message = req.message.clone();
+    next.redelivered = req.redelivered;
+    Some(next)
 }
 
 /// An Invalid record of `raw` exactly. Its id comes from the bytes, so re-parking the same
@@ -237,6 +318,10 @@ fn validate_id(id: &str) -> Result<(), ParkInvalid> {
 /// Exactly one payload form, decodable, within the size limit.
 fn validate_payload(job: &Job) -> Result<(), ParkInvalid> {
     let size = match (&job.payload, &job.payload_base64) {
+        (Some(_), _) | (_, Some(_)) if job.payload_null => {
+            return Err(ParkInvalid::NullWithPayload);
+        }
+        (None, None) if job.payload_null => 0,
         (Some(_), Some(_)) => return Err(ParkInvalid::BothPayloadForms),
         (None, None) => return Err(ParkInvalid::NoPayload),
         (Some(text), None) => text.len(),
@@ -315,6 +400,15 @@ fn validate_bounded_text(req: &ParkRequest) -> Result<(), ParkInvalid> {
         }
     }
     Ok(())
+}
+
+/// Whether a record can hold this header as it is: a token name (RFC 7230, at most 256) and a
+/// value without CR, LF or NUL. Codecs carry the others in their raw header (as bytes).
+pub fn header_holdable(name: &str, value: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 256
+        && name.bytes().all(is_tchar)
+        && !value.contains(['\r', '\n', '\0'])
 }
 
 /// RFC 7230 `tchar`.
@@ -566,6 +660,7 @@ mod tests {
             "both payload and payloadBase64",
         );
         check(&|r| r.job.payload = None, "no payload");
+        check(&|r| r.job.payload_null = true, "payloadNull and a payload");
         check(
             &|r| r.job.payload = Some("x".repeat(api::MAX_PAYLOAD_BYTES + 1)),
             "the limit is 262144 bytes",
@@ -812,5 +907,90 @@ mod tests {
             (2, Phase::Parked, "pi_0003/settle")
         );
         assert_eq!(k.name, record_name("relayer", "pi_0003/settle", 2));
+    }
+
+    #[test]
+    fn a_null_value_is_a_payload_and_stays_null_when_parked_invalid() {
+        let mut r = req();
+        r.job = Job::null_value("tomb");
+        assert_eq!(validate(&r), Ok(()));
+        r.job.headers.insert("x".into(), "a\nb".into());
+        let Disposition::Park(parked) = dispose(r, b"") else {
+            panic!("a null value with a bad header is parked Invalid");
+        };
+        assert_eq!(parked.failure_kind, FailureKind::Invalid);
+        assert!(parked.job.payload_null && parked.job.payload.is_none());
+    }
+
+    #[test]
+    fn a_final_refusal_falls_back_to_the_exact_bytes_then_to_nothing() {
+        assert!(refusal_is_final(422) && refusal_is_final(400) && refusal_is_final(413));
+        for code in [403, 404, 409, 429, 500, 503, 504] {
+            assert!(!refusal_is_final(code), "{code} may change");
+        }
+        let mut r = req();
+        r.job.headers.insert("trace".into(), "t-1".into());
+        r.job.origin = Some(Box::new(api::Origin {
+            partition: Some(-1),
+            ..api::Origin::default()
+        }));
+        r.service_version = Some("v1".into());
+        r = r.with_message("kafka:dlt/0/7");
+        let raw = b"\xffraw";
+        let first = after_refusal(&r, raw, "spec.job.origin.partition: Invalid value: -1", 0)
+            .expect("a first fallback");
+        assert_eq!(first.failure_kind, FailureKind::Invalid);
+        assert_eq!(first.job.id, r.job.id);
+        assert_eq!(first.job.payload_bytes().expect("bytes"), raw);
+        assert_eq!(first.job.headers, r.job.headers);
+        assert_eq!(
+            (first.job.origin.as_ref(), first.service_version.as_ref()),
+            (None, None)
+        );
+        assert!(
+            first.reason.contains("Invalid value: -1"),
+            "{}",
+            first.reason
+        );
+        assert_eq!(first.message, r.message);
+        assert_eq!(validate(&first), Ok(()));
+        let second = after_refusal(&first, raw, "still no", 1).expect("a second fallback");
+        assert!(second.job.id.starts_with("invalid-") && second.job.headers.is_empty());
+        assert_eq!(second.message, r.message);
+        assert_eq!(after_refusal(&second, raw, "no", 2), None);
+        let long = "x".repeat(5000);
+        let capped = after_refusal(&r, raw, &long, 0).expect("fallback");
+        assert_eq!(validate(&capped), Ok(()), "a long refusal is cut to fit");
+    }
+
+    #[test]
+    fn an_invalid_record_keeps_the_headers_of_its_bytes_and_says_so() {
+        let mut r = req();
+        r.job.id = "x".repeat(300);
+        r.job.headers.insert("trace".into(), "t-1".into());
+        let Disposition::Park(p) = dispose(r.clone(), b"{}") else {
+            panic!("parked");
+        };
+        assert_eq!(p.job.headers.get("trace").map(String::as_str), Some("t-1"));
+        assert!(
+            p.reason.ends_with("its exact bytes and headers"),
+            "{}",
+            p.reason
+        );
+        // An envelope's headers are not those of the bytes parked.
+        let Disposition::Park(p) = dispose(r.clone(), b"{\"envelope\":1}") else {
+            panic!("parked");
+        };
+        assert!(p.job.headers.is_empty() && p.reason.ends_with("its exact bytes"));
+        r.job.headers.insert("bad".into(), "a\nb".into());
+        let Disposition::Park(p) = dispose(r, b"{}") else {
+            panic!("parked");
+        };
+        assert!(p.job.headers.is_empty());
+        assert!(
+            p.reason.contains("headers could not be held"),
+            "{}",
+            p.reason
+        );
     }
 }

@@ -340,6 +340,7 @@ fn show_job(out: &mut String, job: &Job) {
     kv(out, "Headers:", headers);
     let bytes = job.payload_bytes().unwrap_or_default();
     let payload = match std::str::from_utf8(&bytes) {
+        _ if job.payload_null => "(null: no value at all, a Kafka tombstone)".to_string(),
         Ok(text) => format!("({} bytes, UTF-8)\n{text}", bytes.len()),
         Err(_) => format!(
             "({} bytes, binary; base64)\n{}",

@@ -7,7 +7,7 @@ use clap::Args;
 use kube::ResourceExt;
 
 use dlq_client::park::{ParkError, ParkOutcome, ParkRequest, Parker};
-use dlq_core::api::{FailureKind, IntentSnapshot, Job};
+use dlq_core::api::{FailureKind, IntentSnapshot, Job, MAX_PAYLOAD_BYTES};
 use dlq_core::park::validate;
 
 use crate::session::{CliError, Global, connect};
@@ -62,18 +62,62 @@ fn parse_kind(s: &str) -> Result<FailureKind, String> {
     }
 }
 
-/// TEXT, @FILE or @- as bytes.
-fn read_arg(value: &str) -> Result<Vec<u8>, CliError> {
-    match value.strip_prefix('@') {
-        Some("-") => {
-            let mut buf = Vec::new();
-            std::io::stdin()
-                .read_to_end(&mut buf)
-                .map_err(|e| CliError::Io("reading stdin".into(), e))?;
-            Ok(buf)
-        }
-        Some(path) => std::fs::read(path).map_err(|e| CliError::Io(format!("reading {path}"), e)),
-        None => Ok(value.as_bytes().to_vec()),
+/// Text of `--payload-base64` for a payload at the limit, plus room for a trailing newline.
+const MAX_BASE64_ARG: usize = dlq_core::api::MAX_PAYLOAD_BASE64_LEN + 2;
+
+/// TEXT, @FILE or @- as bytes, at most `limit` of them: reads `limit + 1` bytes at most, so
+/// an endless file or pipe (`/dev/zero`, `yes |`) is refused after that much, not read into
+/// memory.
+fn read_arg(flag: &str, value: &str, limit: usize) -> Result<Vec<u8>, CliError> {
+    let bytes = match value.strip_prefix('@') {
+        Some("-") => read_bounded(std::io::stdin().lock(), limit)
+            .map_err(|e| CliError::Io(format!("{flag} @-: reading stdin"), e))?,
+        Some(path) => read_file(flag, path, limit)?,
+        None => value.as_bytes().to_vec(),
+    };
+    if bytes.len() > limit {
+        return Err(CliError::Usage(format!(
+            "{flag} {}: larger than the limit of {limit} bytes",
+            shown(value)
+        )));
+    }
+    Ok(bytes)
+}
+
+/// A regular file or a pipe, read up to `limit + 1` bytes; a directory or a device is
+/// refused by its type, before any read (a device such as /dev/zero never ends).
+fn read_file(flag: &str, path: &str, limit: usize) -> Result<Vec<u8>, CliError> {
+    use std::os::unix::fs::FileTypeExt;
+    let io = |e| CliError::Io(format!("{flag} @{path}: reading {path}"), e);
+    let file = std::fs::File::open(path).map_err(io)?;
+    let kind = file.metadata().map_err(io)?.file_type();
+    let what = if kind.is_dir() {
+        Some("a directory")
+    } else if kind.is_char_device() || kind.is_block_device() {
+        Some("a device")
+    } else {
+        None
+    };
+    if let Some(what) = what {
+        return Err(CliError::Usage(format!(
+            "{flag} @{path}: {path} is {what}; give a regular file, a pipe, or @- for stdin"
+        )));
+    }
+    read_bounded(file, limit).map_err(io)
+}
+
+/// At most `limit + 1` bytes of `r`: one more than allowed says "too long" without reading on.
+fn read_bounded(r: impl Read, limit: usize) -> std::io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    r.take(limit as u64 + 1).read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
+/// The flag's value as the person typed it, cut short when it is long inline text.
+fn shown(value: &str) -> String {
+    match value.char_indices().nth(40) {
+        Some((i, _)) => format!("{:?}...", &value[..i]),
+        None => format!("{value:?}"),
     }
 }
 
@@ -85,7 +129,7 @@ pub fn request(args: &ParkArgs) -> Result<ParkRequest, CliError> {
         ..Job::default()
     };
     if let Some(p) = &args.payload {
-        let bytes = read_arg(p)?;
+        let bytes = read_arg("--payload", p, MAX_PAYLOAD_BYTES)?;
         match String::from_utf8(bytes) {
             Ok(text) => job.payload = Some(text),
             Err(e) => {
@@ -101,7 +145,7 @@ pub fn request(args: &ParkArgs) -> Result<ParkRequest, CliError> {
         }
     }
     if let Some(p) = &args.payload_base64 {
-        let text = String::from_utf8(read_arg(p)?)
+        let text = String::from_utf8(read_arg("--payload-base64", p, MAX_BASE64_ARG)?)
             .map_err(|_| CliError::Usage("--payload-base64 must be base64 text".into()))?;
         job.payload_base64 = Some(text.trim().to_string());
     }
@@ -156,4 +200,39 @@ pub async fn run(global: &Global, args: ParkArgs) -> Result<(), CliError> {
         ),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_at_most_one_byte_past_the_limit() {
+        let endless = std::io::repeat(b'x');
+        assert_eq!(read_bounded(endless, 10).unwrap().len(), 11);
+        assert_eq!(read_bounded(&b"abc"[..], 10).unwrap(), b"abc");
+    }
+
+    #[test]
+    fn refuses_devices_and_directories_by_type() {
+        for (path, what) in [("/dev/zero", "a device"), ("/", "a directory")] {
+            let e = read_arg("--payload", &format!("@{path}"), 10).unwrap_err();
+            assert!(e.to_string().contains(what), "{path}: {e}");
+        }
+    }
+
+    #[test]
+    fn names_the_limit_when_over_it() {
+        let dir = std::env::temp_dir().join(format!("park-cmd-{}", std::process::id()));
+        std::fs::write(&dir, [0u8; 11]).unwrap();
+        let arg = format!("@{}", dir.display());
+        let e = read_arg("--payload", &arg, 10).unwrap_err().to_string();
+        assert!(e.contains("limit of 10 bytes"), "{e}");
+        assert_eq!(read_arg("--payload", &arg, 11).unwrap().len(), 11);
+        std::fs::remove_file(&dir).unwrap();
+        let e = read_arg("--payload", &"y".repeat(100), 10)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("limit of 10 bytes") && e.len() < 120, "{e}");
+    }
 }

@@ -150,6 +150,12 @@ pub trait Source: Backend {
 
     /// Dead messages the source has not acknowledged yet (parked or not).
     fn pending_dead(&self) -> impl Future<Output = usize>;
+
+    /// Whether a message set aside (one that can never be a record) stays where
+    /// [`Source::pending_dead`] counts it: SQS keeps it hidden in its queue; the others move
+    /// it to a rejected list, queue or topic, or (NATS) leave it in the stream and acknowledge
+    /// its advisory.
+    const KEEPS_REJECTED: bool = false;
 }
 
 /// The header a redrive's idempotency key arrives in (a queue's default).

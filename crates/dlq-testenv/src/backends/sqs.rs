@@ -232,6 +232,8 @@ impl Backend for SqsBackend {
 }
 
 impl Source for SqsBackend {
+    const KEEPS_REJECTED: bool = true;
+
     const FAILPOINT: &'static str = "sqs-before-delete";
 
     /// Sends each job with its headers as String attributes, then receives everything without

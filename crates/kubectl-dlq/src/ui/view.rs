@@ -124,6 +124,7 @@ pub enum Payload {
 pub fn payload(job: &Job) -> Payload {
     let bytes = job.payload_bytes().unwrap_or_default();
     match std::str::from_utf8(&bytes) {
+        _ if job.payload_null => Payload::Text("(null: no value at all, a Kafka tombstone)".into()),
         Ok(text) => match serde_json::from_str::<serde_json::Value>(text) {
             Ok(v) if v.is_object() || v.is_array() => {
                 Payload::Json(serde_json::to_string_pretty(&v).unwrap_or_else(|_| text.into()))
