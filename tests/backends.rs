@@ -310,11 +310,7 @@ async fn a_crash_between_park_and_ack_parks_each_message_once<B: Source>() {
     let mut r = rig::<B>("crash", Broker::Shared, true, &env).await;
     r.backend.wait_listening().await;
     let sent = r.backend.put_dead(N).await;
-    let reached = format!("failpoint {} reached", B::FAILPOINT);
-    eventually(90, "the source to hang at its failpoint", || async {
-        r.op.logs().contains(&reached).then_some(())
-    })
-    .await;
+    r.op.reached_failpoint(B::FAILPOINT, 90).await;
     let before = records(&r.api).await;
     assert!(!before.is_empty(), "parked before the failpoint");
     for rec in &before {

@@ -192,12 +192,7 @@ async fn crash_between_requeue_and_status_write_redrives_after_restart() {
     park(&api, record("crash-1", "crash/1", b"once")).await;
     wait_phase(&api, "crash-1", Phase::Parked, 20).await;
     decide(&api, "crash-1", Action::Redrive, "ops").await;
-    eventually(20, "the operator to reach the failpoint", || async {
-        op.logs()
-            .contains("failpoint after-requeue reached")
-            .then_some(())
-    })
-    .await;
+    op.reached_failpoint("after-requeue", 20).await;
     op.kill(); // SIGKILL: no chance to write status
     assert_eq!(
         redis.list(LIST).await,
@@ -240,12 +235,7 @@ async fn an_apiserver_outage_during_the_status_write_enqueues_once() {
     park(&api, record("outage-1", "outage/1", b"once")).await;
     wait_phase(&api, "outage-1", Phase::Parked, 20).await;
     decide(&api, "outage-1", Action::Redrive, "ops").await;
-    eventually(20, "the operator to reach the failpoint", || async {
-        op.logs()
-            .contains("failpoint after-requeue reached")
-            .then_some(())
-    })
-    .await;
+    op.reached_failpoint("after-requeue", 20).await;
     plane.stop_apiserver();
     eventually(20, "the resolution's write to fail", || async {
         op.logs()

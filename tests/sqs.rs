@@ -370,12 +370,7 @@ async fn a_kill_between_the_send_and_the_status_write_leaves_one_message_in_a_fi
     .expect("creating the record");
     wait_phase(&api, "kill-1", Phase::Parked, 20).await;
     decide(&api, "kill-1", Action::Redrive, "ops").await;
-    eventually(20, "the operator to reach the failpoint", || async {
-        op.logs()
-            .contains("failpoint after-requeue reached")
-            .then_some(())
-    })
-    .await;
+    op.reached_failpoint("after-requeue", 20).await;
     op.kill();
 
     let next = Operator::start(&ns);

@@ -93,6 +93,17 @@ impl Operator {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Waits up to `secs` until the operator logged that it reached failpoint `name` (it hangs
+    /// or holds there, see `DLQ_FAILPOINT`).
+    pub async fn reached_failpoint(&self, name: &str, secs: u64) {
+        let reached = format!("failpoint {name} reached");
+        let what = format!("the operator to reach failpoint {name}");
+        crate::eventually(secs, &what, || async {
+            self.logs().contains(&reached).then_some(())
+        })
+        .await;
+    }
+
     /// GET a path on the metrics port; None when not answering.
     pub fn http_get(&self, path: &str) -> Option<String> {
         http_get(("127.0.0.1", self.metrics_port), path)
