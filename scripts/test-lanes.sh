@@ -11,6 +11,18 @@ lanes=${TEST_LANES:-2}
 logs=target/test-logs
 rm -rf "$logs"; mkdir -p "$logs"
 
+# The integration tests write control planes, broker data and a node's image store under the
+# temp dir and target/: below a few GiB they fail midway with ENOSPC, so say it first.
+need_gib=${TEST_MIN_FREE_GIB:-6}
+for d in "${TMPDIR:-/tmp}" target; do
+  free_kib=$(df -Pk "$d" | awk 'NR == 2 {print $4}')
+  if [ -n "$free_kib" ] && [ "$free_kib" -lt $((need_gib * 1024 * 1024)) ]; then
+    echo "test-lanes: only $((free_kib / 1024)) MiB free under $d; the tests need about ${need_gib} GiB" \
+      "(images, etcd, brokers). Free some space (or set TEST_MIN_FREE_GIB to risk it)." >&2
+    exit 101
+  fi
+done
+
 # Build every test binary and learn its path and kind (lib/bin/example or test).
 cargo test "$@" --no-run --message-format=json-render-diagnostics >"$logs/build.json" \
   || { echo "test-lanes: building the tests failed" >&2; exit 101; }
