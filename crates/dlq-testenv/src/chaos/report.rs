@@ -39,6 +39,9 @@ pub struct Report {
     pub undecided: u64,
     /// Records whose outcome is not their decision (redrive → Dropped, drop → Redriven).
     pub wrong_outcome: u64,
+    /// Redriven records whose decision changed to drop after the broker had confirmed the
+    /// redrive (`Requeued` says `RequeuedBeforeDrop`): what happened, said; not an error.
+    pub late_drops: u64,
     /// Redriven records whose job never arrived on the target.
     pub redriven_not_on_target: u64,
     /// Records resolved more than once (a second resolvedAt seen by the watch).
@@ -96,7 +99,9 @@ impl Report {
                 (Phase::Parked, None) => r.undecided += 1,
                 (Phase::Redriven, a) => {
                     r.redriven += 1;
-                    r.wrong_outcome += u64::from(a == Some(Action::Drop));
+                    let late = requeued_before_drop(d);
+                    r.late_drops += u64::from(late);
+                    r.wrong_outcome += u64::from(a == Some(Action::Drop) && !late);
                     r.redriven_not_on_target += u64::from(!arrived);
                     if !arrived {
                         r.example("redriven_not_on_target", [d.spec.job.id.as_str()]);
@@ -138,7 +143,7 @@ impl Report {
             if i == 0 {
                 continue;
             }
-            let kind = history.blame(a.at).to_string();
+            let kind = history.blame_between(arrivals[i - 1].at, a.at).to_string();
             *self.duplicate_enqueues.entry(kind.clone()).or_default() += 1;
             self.duplicate_enqueues_total += 1;
             if !repeated {
@@ -192,6 +197,7 @@ impl Report {
             ("duplicate_records", self.duplicate_records),
             ("unresolved", self.unresolved),
             ("wrong_outcome", self.wrong_outcome),
+            ("late_drops (redriven before the drop)", self.late_drops),
             ("redriven_not_on_target", self.redriven_not_on_target),
             ("duplicate_resolutions", self.duplicate_resolutions),
             ("status_regressions", self.status_regressions),
@@ -236,6 +242,15 @@ impl Report {
 }
 
 /// `panicked at` lines in the logs kept in `dir`.
+/// Whether the record says its drop came after the broker confirmed its redrive.
+fn requeued_before_drop(d: &DeadLetter) -> bool {
+    let conditions = d.status.as_ref().map(|s| s.conditions.as_slice());
+    conditions.unwrap_or_default().iter().any(|c| {
+        c.type_ == dlq_core::conditions::REQUEUED
+            && c.reason == dlq_core::conditions::reason::REQUEUED_BEFORE_DROP
+    })
+}
+
 pub fn count_panics(dir: &Path) -> u64 {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
@@ -269,5 +284,20 @@ mod tests {
         let mut ids = r.examples["duplicates_after_dedupe"].clone();
         ids.sort();
         assert_eq!(ids, ["b", "c"]);
+    }
+
+    #[test]
+    fn a_duplicate_is_blamed_on_the_fault_between_its_arrivals_that_explains_it() {
+        let history = History::default();
+        history.arrived("a", Some("k".into()));
+        history.fault("leader_pause");
+        history.fault("apiserver_restart");
+        history.arrived("a", Some("k".into()));
+        let r = Report::compute(&[], &[], &history);
+        assert_eq!(r.duplicate_enqueues["leader_pause"], 1);
+        assert!(
+            !r.duplicate_enqueues.contains_key("apiserver_restart"),
+            "the last fault before is not the one that explains it"
+        );
     }
 }
