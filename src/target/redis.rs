@@ -239,6 +239,16 @@ mod tests {
         }
     }
 
+    /// The arguments of `cmd`, as Redis receives them.
+    fn args(cmd: &redis::Cmd) -> Vec<Vec<u8>> {
+        cmd.args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => b.to_vec(),
+                _ => Vec::new(),
+            })
+            .collect()
+    }
+
     #[test]
     fn list_refuses_headers_rather_than_dropping_them() {
         let err = requeue_command(&RedisKey::List("q".into()), &job(&[("x-trace", "abc")]))
@@ -252,13 +262,7 @@ mod tests {
         let mut keyed = job(&[]);
         keyed.idempotency_key = Some("u-1-1".into());
         let cmd = requeue_command(&RedisKey::List("q".into()), &keyed).expect("a list job");
-        let args: Vec<Vec<u8>> = cmd
-            .args_iter()
-            .map(|a| match a {
-                redis::Arg::Simple(b) => b.to_vec(),
-                _ => Vec::new(),
-            })
-            .collect();
+        let args = args(&cmd);
         assert_eq!(args[0], b"EVAL");
         assert_eq!(
             &args[2..],
@@ -277,13 +281,7 @@ mod tests {
     fn stream_carries_payload_and_headers() {
         let cmd = requeue_command(&RedisKey::Stream("s".into()), &job(&[("x-trace", "abc")]))
             .expect("stream carries headers");
-        let args: Vec<Vec<u8>> = cmd
-            .args_iter()
-            .map(|a| match a {
-                redis::Arg::Simple(b) => b.to_vec(),
-                _ => Vec::new(),
-            })
-            .collect();
+        let args = args(&cmd);
         assert_eq!(args[0], b"XADD");
         assert_eq!(args[3], b"payload");
         assert_eq!(args[4], b"\x00bytes\xff");
