@@ -13,6 +13,7 @@ pub mod in_flight;
 pub mod kafka;
 pub mod nats;
 pub mod redis;
+pub mod sidekiq;
 #[cfg(feature = "sqs")]
 pub mod sqs;
 
@@ -207,6 +208,9 @@ fn start(client: &Client, into: ParkInto, queue: &DeadLetterQueue) -> Option<Joi
         #[cfg(not(feature = "sqs"))]
         let task = tokio::spawn(not_built(into, "sqs"));
         Some(task)
+    } else if let Some(src) = source.sidekiq {
+        tracing::info!(namespace = %ns, queue = %name, sidekiq_namespace = src.namespace.as_deref().unwrap_or(""), "starting sidekiq source");
+        Some(tokio::spawn(sidekiq::run(client, into, queue, src)))
     } else if let Some(src) = source.kafka {
         tracing::info!(namespace = %ns, queue = %name, topics = ?src.topics, "starting kafka source");
         #[cfg(feature = "kafka")]
@@ -346,6 +350,19 @@ impl ParkInto {
             "a dead message of {size} bytes cannot be a record ({why}); its bytes are kept in {kept_in}"
         );
         let event = EventPlan::warning(events::reason::REJECTED, events::action::PARK, note);
+        self.shared
+            .apiserver
+            .publish(reference(queue.as_ref()), &event)
+            .await;
+    }
+
+    /// Says something about the source's broker as a Warning Event on the queue (`reason`:
+    /// `dlq_core::events::reason`).
+    pub async fn warn(&self, reason: &'static str, note: String) {
+        let Some(queue) = self.shared.queues.get(&self.key) else {
+            return;
+        };
+        let event = EventPlan::warning(reason, events::action::PARK, note);
         self.shared
             .apiserver
             .publish(reference(queue.as_ref()), &event)
