@@ -30,6 +30,25 @@ struct Rig {
     redis: Redis,
 }
 
+/// `kubectl dlq <args>` in `ns`: its stdout; panics when it fails.
+fn dlq(ns: &str, args: &[&str]) -> String {
+    let plane = dlq_testenv::plane();
+    let out = std::process::Command::new(dlq_testenv::bin("kubectl-dlq"))
+        .arg("--kubeconfig")
+        .arg(&plane.kubeconfig)
+        .args(["-n", ns])
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("running kubectl-dlq");
+    assert!(
+        out.status.success(),
+        "kubectl dlq {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 async fn rig(scenario: &str, redis: Redis, with_source: bool) -> Rig {
     let (client, ns) = setup(&format!("sidekiq-{scenario}")).await;
     create_secret(&client, &ns, "redis", "url", &redis.url()).await;
@@ -159,8 +178,21 @@ async fn a_dead_job_is_parked_and_performed_once_by_the_same_sidekiq_after_a_red
     let name = rec.name_any();
     wait_phase(&r.api, &name, Phase::Parked, 20).await;
 
+    let show = dlq(&r.ns, &["show", &jids[0]]);
+    assert!(
+        show.contains("GatewayError: gateway said no to pi_0003-0"),
+        "{show}"
+    );
+    assert!(show.contains(r#""jid":""#), "the job JSON is shown: {show}");
+    dlq_testenv::report(&format!("kubectl dlq show {}:\n{show}", jids[0]));
+
+    // A human sets the flag, and redrives with the plugin.
     let _: () = r.cmd(redis::cmd("SET").arg(FLAG).arg("1")).await;
-    decide(&r.api, &name, Action::Redrive, "ops").await;
+    let redrive = dlq(&r.ns, &["redrive", &jids[0], "--by", "ops"]);
+    dlq_testenv::report(&format!(
+        "kubectl dlq redrive {} --by ops:\n{redrive}",
+        jids[0]
+    ));
     wait_phase(&r.api, &name, Phase::Redriven, 60).await;
     let performed: Vec<String> = eventually(30, "the job performed", || async {
         let p: Vec<String> = r

@@ -346,6 +346,10 @@ impl DeadLetter {
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = kube::core::Rule::new("!has(self.target.sidekiq) || has(self.target.sidekiq.urlSecretRef) || (has(self.source) && has(self.source.sidekiq) && has(self.source.sidekiq.urlSecretRef))").message("spec.target.sidekiq needs urlSecretRef, or a spec.source.sidekiq with one"),
+    validation = kube::core::Rule::new("!has(self.source) || !has(self.source.sidekiq) || has(self.source.sidekiq.urlSecretRef) || (has(self.target.sidekiq) && has(self.target.sidekiq.urlSecretRef))").message("spec.source.sidekiq needs urlSecretRef, or a spec.target.sidekiq with one"),
+)]
 pub struct DeadLetterQueueSpec {
     /// Where redrive puts jobs back.
     pub target: TargetSpec,
