@@ -184,6 +184,14 @@ async fn a_dead_job_is_parked_and_performed_once_by_the_same_sidekiq_after_a_red
         "{show}"
     );
     assert!(show.contains(r#""jid":""#), "the job JSON is shown: {show}");
+    assert!(
+        show.contains("Origin:         class=SettleJob, queue=default"),
+        "{show}"
+    );
+    assert!(
+        show.contains("Backtrace:\n") && show.contains("worker.rb:"),
+        "Sidekiq's compressed backtrace, decoded: {show}"
+    );
     dlq_testenv::report(&format!("kubectl dlq show {}:\n{show}", jids[0]));
 
     // A human sets the flag, and redrives with the plugin.

@@ -80,6 +80,38 @@ pub fn job_queue(payload: &[u8]) -> Result<String, String> {
     }
 }
 
+/// The backtrace a dead job carries (`backtrace` option), for display: Sidekiq 6 and later
+/// store it as base64 of zlib-deflated JSON, older versions as a JSON array. None when the job
+/// has none; `Err` when it is there but does not decode. The payload itself is never changed.
+pub fn backtrace(payload: &[u8]) -> Option<Result<Vec<String>, String>> {
+    let job = serde_json::from_slice::<serde_json::Value>(payload).ok()?;
+    match job.get("error_backtrace")? {
+        serde_json::Value::String(packed) => Some(inflate(packed)),
+        lines @ serde_json::Value::Array(_) => {
+            Some(serde_json::from_value(lines.clone()).map_err(|e| e.to_string()))
+        }
+        _ => Some(Err("error_backtrace is neither text nor a list".into())),
+    }
+}
+
+fn inflate(packed: &str) -> Result<Vec<String>, String> {
+    use base64::Engine;
+    use std::io::Read;
+    // Ruby's Base64.encode64 breaks lines every 60 characters.
+    let text: String = packed
+        .chars()
+        .filter(|c| !c.is_ascii_whitespace())
+        .collect();
+    let deflated = base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .map_err(|e| format!("error_backtrace is not base64: {e}"))?;
+    let mut json = Vec::new();
+    flate2::read::ZlibDecoder::new(&deflated[..])
+        .read_to_end(&mut json)
+        .map_err(|e| format!("error_backtrace does not inflate: {e}"))?;
+    serde_json::from_slice(&json).map_err(|e| format!("error_backtrace is not a JSON list: {e}"))
+}
+
 fn reason(job: &DeadJob) -> String {
     let text = match (&job.error_class, &job.error_message) {
         (Some(class), Some(message)) => format!("{class}: {message}"),
@@ -182,6 +214,24 @@ mod tests {
         assert!(job_queue(b"{}").is_err());
         assert!(job_queue(br#"["q"]"#).is_err());
         assert!(job_queue(br#"{"queue":""}"#).is_err());
+    }
+
+    /// What Sidekiq 6.4's `compress_backtrace` wrote for `["a.rb:1:in `x'", "b.rb:2"]`.
+    #[test]
+    fn backtraces_decode_for_display() {
+        let packed =
+            r#"{"jid":"j","error_backtrace":"eJyLVkrUK0qyMrTKzFNIqFBX0lFKAvGNlGIBZEUHOw==\n"}"#;
+        assert_eq!(
+            backtrace(packed.as_bytes()),
+            Some(Ok(vec!["a.rb:1:in `x'".to_string(), "b.rb:2".to_string()]))
+        );
+        let plain = br#"{"jid":"j","error_backtrace":["a.rb:1"]}"#;
+        assert_eq!(backtrace(plain), Some(Ok(vec!["a.rb:1".to_string()])));
+        assert_eq!(backtrace(br#"{"jid":"j"}"#), None);
+        assert!(matches!(
+            backtrace(br#"{"error_backtrace":"!!"}"#),
+            Some(Err(_))
+        ));
     }
 
     #[test]
