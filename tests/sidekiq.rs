@@ -451,3 +451,79 @@ async fn the_operator_killed_between_park_and_ack_finds_the_records_it_made() {
         );
     }
 }
+
+/// A dead job as Sidekiq writes it, of `queue` and `class` (and ActiveJob's `wrapped` class).
+fn dead_job(jid: &str, queue: &str, class: &str, wrapped: Option<&str>) -> String {
+    let mut job = json!({
+        "retry": 0, "queue": queue, "class": class, "args": [jid], "jid": jid,
+        "error_message": "no", "error_class": "RuntimeError", "failed_at": 1.5, "retry_count": 0
+    });
+    if let Some(w) = wrapped {
+        job["wrapped"] = json!(w);
+    }
+    job.to_string()
+}
+
+/// `queues` and `classes` take only their jobs (ActiveJob's by the wrapped class), and read past
+/// more non-matching jobs than one take scans; a member that is not JSON is taken by every
+/// filter; the rest stay in the dead set for Sidekiq's UI or another queue.
+#[tokio::test]
+async fn filters_take_only_their_queues_and_classes() {
+    const OTHERS: usize = 1500;
+    let r = rig("filters", Redis::start(), false).await;
+    let now = jiff::Timestamp::now().as_millisecond() as f64 / 1000.0;
+    let mut members: Vec<String> = (0..OTHERS)
+        .map(|i| dead_job(&format!("other-{i}"), "default", "SettleJob", None))
+        .collect();
+    let wanted = [
+        dead_job("settle-1", "payments", "SettleJob", None),
+        dead_job(
+            "settle-2",
+            "payments",
+            "ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper",
+            Some("SettleJob"),
+        ),
+    ];
+    let refund = dead_job("refund-1", "payments", "RefundJob", None);
+    members.extend(wanted.iter().cloned());
+    members.push(refund.clone());
+    members.push("not json at all".into());
+    let mut pipe = redis::pipe();
+    for (i, m) in members.iter().enumerate() {
+        pipe.cmd("ZADD")
+            .arg(DEAD)
+            .arg(now + i as f64 / 1000.0)
+            .arg(m);
+    }
+    let mut c = r.redis.conn().await;
+    let _: () = pipe.query_async(&mut c).await.expect("ZADD");
+    let patch = json!({"spec": {"source": {"sidekiq": {"queues": ["payments"], "classes": ["SettleJob"]}}}});
+    Api::<DeadLetterQueue>::namespaced(r.client.clone(), &r.ns)
+        .patch("relayer", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("the filtered source");
+
+    let _op = Operator::start(&r.ns);
+    eventually(90, "3 records", || async {
+        (r.records().await.len() >= 3).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let items = r.records().await;
+    let ids: BTreeSet<&str> = items.iter().map(|i| i.spec.job.id.as_str()).collect();
+    assert_eq!(items.len(), 3, "{ids:?}");
+    assert!(
+        ids.contains("settle-1") && ids.contains("settle-2"),
+        "{ids:?}"
+    );
+    assert!(
+        items
+            .iter()
+            .any(|i| i.spec.failure_kind == FailureKind::Invalid),
+        "the member that is not JSON is taken: {ids:?}"
+    );
+    let left = r.dead().await;
+    assert_eq!(left.len(), OTHERS + 1, "the others stay in the dead set");
+    assert!(left.contains(&refund.into_bytes()));
+    assert_eq!(r.inflight().await, 0);
+}
