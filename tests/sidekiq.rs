@@ -3,15 +3,19 @@
 //! a flag is set dies into the `dead` set (`retry: 0`), the operator parks its exact JSON, a human
 //! sets the flag and redrives, and the same Sidekiq process performs it once, byte-identical.
 //! Also: many jobs at once (drain rate against Sidekiq's fill rate), a job JSON Sidekiq itself
-//! cannot read, a Redis restart in the middle, and the operator killed between take and park
-//! and between park and acknowledgement.
+//! cannot read, a Redis restart in the middle, the operator killed between take and park and
+//! between park and acknowledgement, the `queues`/`classes` filters, and a redrive while Redis
+//! is down.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use dlq_core::api::{Action, DeadLetter, DeadLetterQueue, FailureKind, Phase};
 use dlq_testenv::brokers::{Redis, Sidekiq};
-use dlq_testenv::{Operator, create_dlq, create_secret, decide, eventually, setup, wait_phase};
+use dlq_testenv::{
+    Operator, condition, create_dlq, create_secret, decide, events_for, eventually, setup,
+    wait_phase,
+};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
@@ -526,4 +530,67 @@ async fn filters_take_only_their_queues_and_classes() {
     assert_eq!(left.len(), OTHERS + 1, "the others stay in the dead set");
     assert!(left.contains(&refund.into_bytes()));
     assert_eq!(r.inflight().await, 0);
+}
+
+/// Redis down when a human redrives: the record stays Parked with `Requeued=False`
+/// (BrokerUnreachable) and a `RequeueFailed` Event; once Redis is back the job is enqueued once,
+/// and a Sidekiq started then performs it with the record's exact JSON.
+#[tokio::test]
+async fn a_redrive_while_redis_is_down_waits_and_then_runs_once() {
+    let mut r = rig("down", Redis::start(), false).await;
+    let jid = "0123456789abcdef01234567";
+    let payload = dead_job(jid, "default", "SettleJob", None);
+    r.api
+        .create(
+            &kube::api::PostParams::default(),
+            &dlq_testenv::record("down-1", jid, payload.as_bytes(), &[]),
+        )
+        .await
+        .expect("a parked Sidekiq job");
+    let _op = Operator::start(&r.ns);
+    wait_phase(&r.api, "down-1", Phase::Parked, 20).await;
+
+    r.redis.stop();
+    decide(&r.api, "down-1", Action::Redrive, "ops").await;
+    let rec = eventually(60, "Requeued=False", || async {
+        let rec = r.api.get("down-1").await.ok()?;
+        matches!(condition(&rec, "Requeued"), Some((s, _, _)) if s == "False").then_some(rec)
+    })
+    .await;
+    assert_eq!(
+        rec.phase(),
+        Phase::Parked,
+        "stays Parked while Redis is down"
+    );
+    let reason = condition(&rec, "Requeued").map(|c| c.1);
+    assert_eq!(reason.as_deref(), Some("BrokerUnreachable"));
+    eventually(30, "a RequeueFailed Event", || async {
+        (!events_for(&r.client, &r.ns, "down-1", "RequeueFailed")
+            .await
+            .is_empty())
+        .then_some(())
+    })
+    .await;
+
+    r.redis.restart();
+    let _: () = r.cmd(redis::cmd("SET").arg(FLAG).arg("1")).await;
+    wait_phase(&r.api, "down-1", Phase::Redriven, 90).await;
+    let sidekiq = Sidekiq::start(&r.redis.url(), 2).await;
+    let performed: Vec<String> = eventually(30, "the job performed", || async {
+        let p: Vec<String> = r
+            .cmd(redis::cmd("LRANGE").arg(PERFORMED).arg(0).arg(-1))
+            .await;
+        (!p.is_empty()).then_some(p)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(performed, vec![format!("{jid} {}", sidekiq.pid)], "once");
+    let received: Vec<Vec<u8>> = r
+        .cmd(redis::cmd("LRANGE").arg(RECEIVED).arg(0).arg(-1))
+        .await;
+    assert_eq!(
+        received,
+        vec![payload.into_bytes()],
+        "the record's exact JSON"
+    );
 }

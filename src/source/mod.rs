@@ -438,7 +438,7 @@ pub(crate) async fn url_from_secret(
 ) -> Result<String, SourceError> {
     let secret_ref = own.or(target).ok_or_else(|| {
         SourceError::Config(format!(
-            "source.{kind} needs urlSecretRef (the target is not {kind})"
+            "source.{kind} needs urlSecretRef (the target has none of {kind})"
         ))
     })?;
     Ok(read_secret(client, into.namespace(), secret_ref).await?.0)

@@ -393,8 +393,8 @@ pub struct TargetSpec {
     /// The header every redrive adds beside the job's own headers, carrying its idempotency
     /// key (the record's uid and cycle: the same for every enqueue of one redrive), so a
     /// consumer can drop a repeated delivery. Unset: `Idempotency-Key`; empty: none. A Redis
-    /// list, which carries no headers, never gets it; a job that already has a header of that
-    /// name keeps its own.
+    /// list or a Sidekiq queue, which carry no headers, never get it; a job that already has a
+    /// header of that name keeps its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 128))]
     pub idempotency_key_header: Option<String>,
