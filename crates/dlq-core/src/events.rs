@@ -22,6 +22,8 @@ pub mod reason {
     pub const QUEUE_FULL: &str = "QueueFull";
     /// Alertmanager has not accepted the per-record alerts for a while.
     pub const ALERTS_UNDELIVERABLE: &str = "AlertsUndeliverable";
+    /// A drop came after the broker confirmed the record's redrive: the record is Redriven.
+    pub const DECISION_TOO_LATE: &str = "DecisionTooLate";
     /// A queue names a backend (kafka, sqs) that this operator build left out.
     pub const BACKEND_NOT_BUILT: &str = "BackendNotBuilt";
     /// A Sidekiq dead set is near the size at which Sidekiq drops its oldest jobs unparked.
