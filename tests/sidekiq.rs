@@ -594,3 +594,50 @@ async fn a_redrive_while_redis_is_down_waits_and_then_runs_once() {
         "the record's exact JSON"
     );
 }
+
+/// The target against a real Redis: the same redrive enqueued twice (an answer lost, a new
+/// leader) pushes one job; the next redrive of the job (another key) pushes again.
+#[tokio::test]
+async fn one_redrive_enqueued_twice_pushes_one_job() {
+    use deadletter::target::sidekiq::SidekiqTarget;
+    use deadletter::target::{JobMessage, Target};
+    let redis = Redis::start();
+    let target = SidekiqTarget::new(&redis.url(), Some("myapp")).expect("target");
+    let payload = dead_job("j1", "payments", "SettleJob", None).into_bytes();
+    let job = |key: &str| JobMessage {
+        id: "j1".into(),
+        payload: payload.clone(),
+        null_payload: false,
+        headers: Default::default(),
+        origin: None,
+        idempotency_key: Some(key.into()),
+        key_header: Some("Idempotency-Key".into()),
+    };
+    target.requeue(&job("uid-1")).await.expect("first enqueue");
+    target
+        .requeue(&job("uid-1"))
+        .await
+        .expect("the same redrive again");
+    assert_eq!(
+        redis.list("myapp:queue:payments").await,
+        vec![payload.clone()]
+    );
+    target
+        .requeue(&job("uid-2"))
+        .await
+        .expect("the next cycle's redrive");
+    assert_eq!(redis.list("myapp:queue:payments").await.len(), 2);
+    let mut c = redis.conn().await;
+    let queues: Vec<String> = redis::cmd("SMEMBERS")
+        .arg("myapp:queues")
+        .query_async(&mut c)
+        .await
+        .expect("SMEMBERS");
+    assert_eq!(queues, vec!["payments".to_string()]);
+    let ttl: i64 = redis::cmd("TTL")
+        .arg("myapp:queue:payments:dlq-redriven:uid-1")
+        .query_async(&mut c)
+        .await
+        .expect("TTL");
+    assert!(ttl > 0 && ttl <= 24 * 3600, "the marker expires: {ttl}");
+}

@@ -414,8 +414,8 @@ pub struct TargetSpec {
     pub sidekiq: Option<SidekiqTargetSpec>,
 }
 
-/// Push the job's JSON, untouched, onto `queue:<its queue>` and add the queue to `queues`, in
-/// one MULTI, as Sidekiq's own client enqueues: an unmodified Sidekiq process runs it.
+/// Push the job's JSON, untouched, onto `queue:<its queue>` and add the queue to `queues`,
+/// atomically, as Sidekiq's own client enqueues: an unmodified Sidekiq process runs it.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct SidekiqTargetSpec {
