@@ -56,6 +56,9 @@ command -v chromium >/dev/null || pkgs+=(chromium)
 command -v chromedriver >/dev/null || pkgs+=(chromium-driver)
 command -v redis-server >/dev/null || pkgs+=(redis-server)
 command -v nats-server >/dev/null || pkgs+=(nats-server)
+# ruby + Debian's Sidekiq 6.4: the real Sidekiq process of tests/sidekiq.rs
+command -v ruby >/dev/null || pkgs+=(ruby)
+command -v sidekiq >/dev/null || pkgs+=(ruby-sidekiq)
 [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || pkgs+=(rabbitmq-server)
 # Java + Maven for ElasticMQ, the SQS-compatible server of tests/sqs.rs (tools/build.sh elasticmq).
 command -v java >/dev/null || pkgs+=(openjdk-17-jre-headless)

@@ -337,3 +337,59 @@ async fn the_idempotency_key_header_is_a_header_name_or_empty() {
         }
     }
 }
+
+/// A Sidekiq source and target share one URL: either names it, and one of them must.
+#[tokio::test]
+async fn a_sidekiq_queue_names_its_redis_url_on_one_side_at_least() {
+    let (client, ns) = dlq_testenv::setup("sidekiq-url").await;
+    let api: Api<dlq_core::api::DeadLetterQueue> = Api::namespaced(client, &ns);
+    let url = json!({"name": "redis", "key": "url"});
+    let redis = json!({"redis": {"urlSecretRef": url, "list": "jobs"}});
+    let cases = [
+        (
+            json!({"sidekiq": {"urlSecretRef": url}}),
+            json!({"sidekiq": {}}),
+            None,
+        ),
+        (
+            json!({"sidekiq": {}}),
+            json!({"sidekiq": {"urlSecretRef": url}}),
+            None,
+        ),
+        (
+            json!({"sidekiq": {}}),
+            json!({"sidekiq": {}}),
+            Some("spec.target.sidekiq needs urlSecretRef"),
+        ),
+        (
+            redis.clone(),
+            json!({"sidekiq": {}}),
+            Some("spec.source.sidekiq needs urlSecretRef"),
+        ),
+        (
+            json!({"sidekiq": {}}),
+            Value::Null,
+            Some("spec.target.sidekiq needs urlSecretRef"),
+        ),
+    ];
+    for (i, (target, source, refused)) in cases.into_iter().enumerate() {
+        let mut spec = json!({"target": target});
+        if !source.is_null() {
+            spec["source"] = source;
+        }
+        let q: dlq_core::api::DeadLetterQueue = serde_json::from_value(json!({
+            "apiVersion": "dlq.dev/v1alpha1", "kind": "DeadLetterQueue",
+            "metadata": {"name": format!("q{i}")}, "spec": spec
+        }))
+        .unwrap();
+        let result = api.create(&PostParams::default(), &q).await;
+        match (refused, result) {
+            (None, Ok(_)) => {}
+            (Some(why), Err(kube::Error::Api(s))) => {
+                assert_eq!(s.code, 422, "case {i}");
+                assert!(s.message.contains(why), "case {i}: {}", s.message);
+            }
+            (want, got) => panic!("case {i}: wanted {want:?}, got {got:?}"),
+        }
+    }
+}

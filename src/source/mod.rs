@@ -13,6 +13,7 @@ pub mod in_flight;
 pub mod kafka;
 pub mod nats;
 pub mod redis;
+pub mod sidekiq;
 #[cfg(feature = "sqs")]
 pub mod sqs;
 
@@ -207,6 +208,9 @@ fn start(client: &Client, into: ParkInto, queue: &DeadLetterQueue) -> Option<Joi
         #[cfg(not(feature = "sqs"))]
         let task = tokio::spawn(not_built(into, "sqs"));
         Some(task)
+    } else if let Some(src) = source.sidekiq {
+        tracing::info!(namespace = %ns, queue = %name, sidekiq_namespace = src.namespace.as_deref().unwrap_or(""), "starting sidekiq source");
+        Some(tokio::spawn(sidekiq::run(client, into, queue, src)))
     } else if let Some(src) = source.kafka {
         tracing::info!(namespace = %ns, queue = %name, topics = ?src.topics, "starting kafka source");
         #[cfg(feature = "kafka")]
@@ -352,6 +356,19 @@ impl ParkInto {
             .await;
     }
 
+    /// Says something about the source's broker as a Warning Event on the queue (`reason`:
+    /// `dlq_core::events::reason`).
+    pub async fn warn(&self, reason: &'static str, note: String) {
+        let Some(queue) = self.shared.queues.get(&self.key) else {
+            return;
+        };
+        let event = EventPlan::warning(reason, events::action::PARK, note);
+        self.shared
+            .apiserver
+            .publish(reference(queue.as_ref()), &event)
+            .await;
+    }
+
     /// Parks, retrying what may succeed later (apiserver down, queue full) with capped
     /// backoff; `waiting` runs before each wait (to tell the broker the message is still being
     /// worked on) and the message stays in the broker meanwhile. Returns an error only for a
@@ -421,7 +438,7 @@ pub(crate) async fn url_from_secret(
 ) -> Result<String, SourceError> {
     let secret_ref = own.or(target).ok_or_else(|| {
         SourceError::Config(format!(
-            "source.{kind} needs urlSecretRef (the target is not {kind})"
+            "source.{kind} needs urlSecretRef (the target has none of {kind})"
         ))
     })?;
     Ok(read_secret(client, into.namespace(), secret_ref).await?.0)

@@ -18,7 +18,7 @@ use tokio::sync::Mutex;
 use dlq_core::api::AwsCredentialsRef;
 #[cfg(feature = "kafka")]
 use dlq_core::api::KafkaSecurity;
-use dlq_core::api::{DeadLetterQueue, SecretKeyRef, TargetSpec};
+use dlq_core::api::{DeadLetterQueue, DeadLetterQueueSpec, SecretKeyRef, TargetSpec};
 
 #[cfg(any(feature = "kafka", feature = "sqs"))]
 use crate::secret::SecretError;
@@ -29,6 +29,7 @@ use crate::target::http::HttpTarget;
 use crate::target::kafka::{KafkaConn, KafkaTarget, SaslCredentials};
 use crate::target::nats::NatsTarget;
 use crate::target::redis::{RedisKey, RedisTarget};
+use crate::target::sidekiq::SidekiqTarget;
 #[cfg(feature = "sqs")]
 use crate::target::sqs::{AwsKeys, SqsTarget};
 use crate::target::{Target, TargetError, Targets};
@@ -71,7 +72,10 @@ impl TargetCache {
     pub async fn get(&self, queue: &DeadLetterQueue) -> Result<Arc<dyn Target>, TargetError> {
         let ns = queue.namespace().unwrap_or_default();
         let key = (ns.clone(), queue.name_any());
-        let spec_hash = hash(&serde_json::to_string(&queue.spec.target).unwrap_or_default());
+        // A sidekiq target may take its URL from the sidekiq source.
+        let sidekiq_source = queue.spec.source.as_ref().and_then(|s| s.sidekiq.as_ref());
+        let spec_hash =
+            hash(&serde_json::to_string(&(&queue.spec.target, sidekiq_source)).unwrap_or_default());
         {
             let entries = self.entries.lock().await;
             if let Some(e) = entries.get(&key)
@@ -81,7 +85,7 @@ impl TargetCache {
                 return Ok(e.target.clone());
             }
         }
-        let secrets = read_target_secrets(&self.client, &ns, &queue.spec.target).await?;
+        let secrets = read_target_secrets(&self.client, &ns, &queue.spec).await?;
         let secret_hash = hash(&secrets);
         let mut entries = self.entries.lock().await;
         if let Some(e) = entries.get_mut(&key)
@@ -139,12 +143,14 @@ pub struct TargetSecrets {
     versions: Vec<String>,
 }
 
-/// Reads every Secret `target` names.
+/// Reads every Secret the queue's target names (a sidekiq target's URL defaults to the sidekiq
+/// source's).
 pub async fn read_target_secrets(
     client: &Client,
     namespace: &str,
-    target: &TargetSpec,
+    spec: &DeadLetterQueueSpec,
 ) -> Result<TargetSecrets, TargetError> {
+    let target = &spec.target;
     let mut s = TargetSecrets::default();
     let mut read = async |r: &SecretKeyRef| -> Result<String, TargetError> {
         let (value, version) = read_secret(client, namespace, r)
@@ -158,6 +164,18 @@ pub async fn read_target_secrets(
         url = Some(read(&redis.url_secret_ref).await?);
     } else if let Some(amqp) = &target.amqp {
         url = Some(read(&amqp.url_secret_ref).await?);
+    } else if let Some(sidekiq) = &target.sidekiq {
+        let source = spec.source.as_ref().and_then(|s| s.sidekiq.as_ref());
+        let r = sidekiq
+            .url_secret_ref
+            .as_ref()
+            .or_else(|| source.and_then(|s| s.url_secret_ref.as_ref()))
+            .ok_or_else(|| {
+                TargetError::Config(
+                    "sidekiq target needs urlSecretRef (or a sidekiq source with one)".into(),
+                )
+            })?;
+        url = Some(read(r).await?);
     } else if let Some(nats) = &target.nats {
         url = match (&nats.url, &nats.url_secret_ref) {
             (_, Some(r)) => Some(read(r).await?),
@@ -229,6 +247,12 @@ fn build(target: &TargetSpec, secrets: &TargetSecrets) -> Result<Arc<dyn Target>
     }
     if let Some(amqp) = &target.amqp {
         return Ok(Arc::new(AmqpTarget::new(amqp, url()?)?));
+    }
+    if let Some(sidekiq) = &target.sidekiq {
+        return Ok(Arc::new(SidekiqTarget::new(
+            url()?,
+            sidekiq.namespace.as_deref(),
+        )?));
     }
     if let Some(nats) = &target.nats {
         return Ok(Arc::new(NatsTarget::new(nats, url()?)?));

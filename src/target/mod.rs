@@ -2,8 +2,9 @@
 //! once the broker has confirmed it; [`Targets`] gives a DeadLetterQueue's target.
 //!
 //! One file per backend: [`redis`], [`amqp`] (RabbitMQ), [`nats`] (JetStream or core NATS) and
-//! [`http`] (the consumer's own endpoint), [`sqs`] (Amazon SQS), [`kafka`]; [`cache`] builds them from a queue's spec and Secrets
-//! and keeps their connections. docs/backends.md describes what each one carries. The Kafka and
+//! [`http`] (the consumer's own endpoint), [`sqs`] (Amazon SQS), [`kafka`], [`sidekiq`] (the job's
+//! own Sidekiq queue); [`cache`] builds them from a queue's spec and Secrets and keeps their
+//! connections. docs/backends.md describes what each one carries. The Kafka and
 //! SQS backends are cargo features (`kafka`, `sqs`, on by default); a build without one answers
 //! a queue naming it with [`not_built`].
 
@@ -14,6 +15,7 @@ pub mod http;
 pub mod kafka;
 pub mod nats;
 pub mod redis;
+pub mod sidekiq;
 #[cfg(feature = "sqs")]
 pub mod sqs;
 

@@ -100,7 +100,22 @@ impl RedisConn {
         cmd: &redis::Cmd,
     ) -> Result<T, TargetError> {
         let mut conn = self.get().await?;
-        match cmd.query_async::<T>(&mut conn).await {
+        let answer = cmd.query_async::<T>(&mut conn).await;
+        self.answered(answer).await
+    }
+
+    /// Runs `pipe` (a MULTI when atomic), as [`RedisConn::query`] runs one command.
+    pub async fn query_pipe<T: redis::FromRedisValue>(
+        &self,
+        pipe: &redis::Pipeline,
+    ) -> Result<T, TargetError> {
+        let mut conn = self.get().await?;
+        let answer = pipe.query_async::<T>(&mut conn).await;
+        self.answered(answer).await
+    }
+
+    async fn answered<T>(&self, answer: redis::RedisResult<T>) -> Result<T, TargetError> {
+        match answer {
             Ok(v) => Ok(v),
             Err(e) => {
                 if e.is_io_error()

@@ -156,10 +156,14 @@ pub struct Origin {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 255))]
     pub routing_key: Option<String>,
-    /// AMQP: the queue whose consumer gave up on it.
+    /// AMQP: the queue whose consumer gave up on it. Sidekiq: the queue the job ran on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 255))]
     pub queue: Option<String>,
+    /// Sidekiq: the job's class (the worker that gave up on it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 255))]
+    pub class: Option<String>,
     /// NATS: the JetStream stream that held it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 255))]
@@ -342,6 +346,10 @@ impl DeadLetter {
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = kube::core::Rule::new("!has(self.target.sidekiq) || has(self.target.sidekiq.urlSecretRef) || (has(self.source) && has(self.source.sidekiq) && has(self.source.sidekiq.urlSecretRef))").message("spec.target.sidekiq needs urlSecretRef, or a spec.source.sidekiq with one"),
+    validation = kube::core::Rule::new("!has(self.source) || !has(self.source.sidekiq) || has(self.source.sidekiq.urlSecretRef) || (has(self.target.sidekiq) && has(self.target.sidekiq.urlSecretRef))").message("spec.source.sidekiq needs urlSecretRef, or a spec.target.sidekiq with one"),
+)]
 pub struct DeadLetterQueueSpec {
     /// Where redrive puts jobs back.
     pub target: TargetSpec,
@@ -379,14 +387,14 @@ impl DeadLetterQueueSpec {
 /// Exactly one backend.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = kube::core::Rule::new("[has(self.redis), has(self.amqp), has(self.nats), has(self.http), has(self.sqs), has(self.kafka)].filter(x, x).size() == 1").message("spec.target needs exactly one backend (redis, amqp, nats, http, sqs or kafka)"))]
+#[x_kube(validation = kube::core::Rule::new("[has(self.redis), has(self.amqp), has(self.nats), has(self.http), has(self.sqs), has(self.kafka), has(self.sidekiq)].filter(x, x).size() == 1").message("spec.target needs exactly one backend (redis, amqp, nats, http, sqs, kafka or sidekiq)"))]
 #[x_kube(validation = kube::core::Rule::new("!has(self.idempotencyKeyHeader) || self.idempotencyKeyHeader.matches('^[A-Za-z0-9_.-]*$')").message("spec.target.idempotencyKeyHeader must be a header name (letters, digits, '-', '_', '.'), or empty for none"))]
 pub struct TargetSpec {
     /// The header every redrive adds beside the job's own headers, carrying its idempotency
     /// key (the record's uid and cycle: the same for every enqueue of one redrive), so a
     /// consumer can drop a repeated delivery. Unset: `Idempotency-Key`; empty: none. A Redis
-    /// list, which carries no headers, never gets it; a job that already has a header of that
-    /// name keeps its own.
+    /// list or a Sidekiq queue, which carry no headers, never get it; a job that already has a
+    /// header of that name keeps its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 128))]
     pub idempotency_key_header: Option<String>,
@@ -402,6 +410,22 @@ pub struct TargetSpec {
     pub sqs: Option<SqsTargetSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kafka: Option<KafkaTargetSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sidekiq: Option<SidekiqTargetSpec>,
+}
+
+/// Push the job's JSON, untouched, onto `queue:<its queue>` and add the queue to `queues`,
+/// atomically, as Sidekiq's own client enqueues: an unmodified Sidekiq process runs it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct SidekiqTargetSpec {
+    /// Secret key holding the `redis://` URL Sidekiq uses; defaults to the sidekiq source's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url_secret_ref: Option<SecretKeyRef>,
+    /// The redis-namespace prefix Sidekiq runs under (keys become `<namespace>:queue:<q>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 255))]
+    pub namespace: Option<String>,
 }
 
 /// The header a redrive's idempotency key goes in when a queue does not name one.
@@ -653,7 +677,7 @@ pub struct SecretKeyRef {
 /// Exactly one broker to collect dead messages from.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = kube::core::Rule::new("[has(self.redis), has(self.amqp), has(self.nats), has(self.sqs), has(self.kafka)].filter(x, x).size() == 1").message("spec.source needs exactly one broker (redis, amqp, nats, sqs or kafka)"))]
+#[x_kube(validation = kube::core::Rule::new("[has(self.redis), has(self.amqp), has(self.nats), has(self.sqs), has(self.kafka), has(self.sidekiq)].filter(x, x).size() == 1").message("spec.source needs exactly one broker (redis, amqp, nats, sqs, kafka or sidekiq)"))]
 pub struct SourceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redis: Option<RedisSourceSpec>,
@@ -665,6 +689,30 @@ pub struct SourceSpec {
     pub sqs: Option<SqsSourceSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kafka: Option<KafkaSourceSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sidekiq: Option<SidekiqSourceSpec>,
+}
+
+/// Collect Sidekiq's `dead` sorted set (jobs that exhausted their retries): each job's exact
+/// JSON becomes a record, and leaves the set only once its record exists.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct SidekiqSourceSpec {
+    /// Secret key holding the `redis://` URL Sidekiq uses; defaults to the sidekiq target's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url_secret_ref: Option<SecretKeyRef>,
+    /// The redis-namespace prefix Sidekiq runs under (the set is then `<namespace>:dead`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 255))]
+    pub namespace: Option<String>,
+    /// Only dead jobs of these Sidekiq queues (default: all).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 255)))]
+    pub queues: Vec<String>,
+    /// Only dead jobs of these job classes (default: all).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 255)))]
+    pub classes: Vec<String>,
 }
 
 /// Drain a Redis list that consumers push dead jobs onto (see docs/backends.md, "Source: the dead-list envelope").

@@ -26,6 +26,8 @@ pub mod reason {
     pub const DECISION_TOO_LATE: &str = "DecisionTooLate";
     /// A queue names a backend (kafka, sqs) that this operator build left out.
     pub const BACKEND_NOT_BUILT: &str = "BackendNotBuilt";
+    /// A Sidekiq dead set is near the size at which Sidekiq drops its oldest jobs unparked.
+    pub const DEAD_SET_NEAR_TRIM: &str = "DeadSetNearTrim";
 }
 
 /// Event actions (what the reporter was doing).

@@ -3,8 +3,9 @@
 //! Everything here is a function of its inputs: the `dlq.dev` API types, what to do with a
 //! record ([`decide`]), the whole outcome of a reconcile as data ([`plan`]: the status to write,
 //! the Events to publish, the metric changes), the park rules ([`park`]: validation, naming,
-//! cycles), and the codecs shared by sources and targets ([`headers`], [`envelope`]). No kube
-//! client, no async runtime, no broker crate: the operator carries plans out.
+//! cycles), and the codecs shared by sources and targets ([`headers`], [`envelope`],
+//! [`sidekiq`]). No kube client, no async runtime, no broker crate: the operator carries plans
+//! out.
 
 // kube-derive's generated code names `::kube::core` and `::kube::KubeSchema` (the facade
 // crate), even for rules on the generated root type. The core has no kube client, so inside it
@@ -30,5 +31,6 @@ pub mod park;
 pub mod plan;
 pub mod record;
 pub mod replay;
+pub mod sidekiq;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

@@ -338,6 +338,9 @@ fn show_job(out: &mut String, job: &Job) {
             .join(", ")
     };
     kv(out, "Headers:", headers);
+    if let Some(origin) = &job.origin {
+        kv(out, "Origin:", origin_line(origin));
+    }
     let bytes = job.payload_bytes().unwrap_or_default();
     let payload = match std::str::from_utf8(&bytes) {
         _ if job.payload_null => "(null: no value at all, a Kafka tombstone)".to_string(),
@@ -349,6 +352,36 @@ fn show_job(out: &mut String, job: &Job) {
         ),
     };
     kv(out, "Payload:", payload);
+    show_backtrace(out, &bytes);
+}
+
+/// Where the broker says the job was before it died, as `field=value` pairs.
+fn origin_line(origin: &dlq_core::api::Origin) -> String {
+    let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(origin) else {
+        return "-".into();
+    };
+    fields
+        .iter()
+        .map(|(k, v)| match v {
+            serde_json::Value::String(s) => format!("{k}={s}"),
+            other => format!("{k}={other}"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A Sidekiq job's backtrace, decoded for reading (the payload above keeps its bytes).
+fn show_backtrace(out: &mut String, payload: &[u8]) {
+    match dlq_core::sidekiq::backtrace(payload) {
+        None => {}
+        Some(Ok(lines)) => {
+            out.push_str("Backtrace:\n");
+            for line in lines {
+                out.push_str(&format!("  {line}\n"));
+            }
+        }
+        Some(Err(why)) => kv(out, "Backtrace:", format!("(kept in the payload; {why})")),
+    }
 }
 
 /// The operator's conditions, one line each: what it did and what is failing.
@@ -506,6 +539,30 @@ mod tests {
         assert_eq!(
             table(&rows),
             "pi_0001/settle  #1   parked    x\na               #12  redriven  y\n"
+        );
+    }
+
+    /// A Sidekiq job shows where it ran and its backtrace decoded; the payload stays as it is.
+    #[test]
+    fn a_sidekiq_job_shows_its_origin_and_decoded_backtrace() {
+        let raw = r#"{"jid":"j","queue":"default","class":"SettleJob","error_backtrace":"eJyLVkrUK0qyMrTKzFNIqFBX0lFKAvGNlGIBZEUHOw==\n"}"#;
+        let job = dlq_core::sidekiq::request_for("relayer", raw.as_bytes()).job;
+        let mut out = String::new();
+        show_job(&mut out, &job);
+        assert!(
+            out.contains("Origin:         class=SettleJob, queue=default\n"),
+            "{out}"
+        );
+        assert!(out.contains(raw), "the payload as it is: {out}");
+        assert!(
+            out.contains("Backtrace:\n  a.rb:1:in `x'\n  b.rb:2\n"),
+            "{out}"
+        );
+        let mut plain = String::new();
+        show_job(&mut plain, &Job::from_bytes("j", b"{}"));
+        assert!(
+            !plain.contains("Origin:") && !plain.contains("Backtrace:"),
+            "{plain}"
         );
     }
 

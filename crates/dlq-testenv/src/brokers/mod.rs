@@ -1,7 +1,7 @@
 //! Real brokers for the backend tests: redis-server, RabbitMQ (Debian's rabbitmq-server),
-//! nats-server with JetStream, ElasticMQ (SQS-compatible), Kafka (KRaft), a small HTTP(S) sink, and
-//! Alertmanager. Each runs as a child on free loopback ports with its data in a temp dir, and
-//! dies with the test process.
+//! nats-server with JetStream, ElasticMQ (SQS-compatible), Kafka (KRaft), a small HTTP(S) sink,
+//! Alertmanager, and a Sidekiq process (Debian's ruby-sidekiq) running the test worker. Each runs
+//! as a child on free loopback ports with its data in a temp dir, and dies with the test process.
 
 mod alertmanager;
 pub mod elasticmq;
@@ -10,6 +10,7 @@ pub mod kafka;
 mod nats;
 mod rabbit;
 mod redis_server;
+mod sidekiq;
 
 pub use self::alertmanager::Alertmanager;
 pub use self::elasticmq::{ElasticMq, shared_elasticmq};
@@ -20,6 +21,7 @@ pub use self::rabbit::{
     Rabbit, declare_exchange, declare_queue, drain, queue_depth, shared_rabbit,
 };
 pub use self::redis_server::Redis;
+pub use self::sidekiq::Sidekiq;
 
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};

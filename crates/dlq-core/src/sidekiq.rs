@@ -1,0 +1,247 @@
+//! Sidekiq's job JSON: how a job of the `dead` sorted set becomes a park request, and which
+//! queue a redriven job goes back to. The job's bytes are the record's payload, untouched;
+//! the facts are read beside them: job id = `jid`, deliveries = `retry_count` + 1, reason =
+//! `error_class: error_message`, failed at = `failed_at`, and the Sidekiq queue and job class as
+//! the job's origin. Anything that is not a Sidekiq job is an Invalid record of its exact bytes.
+
+use serde::Deserialize;
+
+use crate::api::{FailureKind, Job, Origin};
+use crate::park::{ParkRequest, invalid_request};
+
+/// Longest reason a record holds (its schema's bound).
+const MAX_REASON_CHARS: usize = 1024;
+
+/// The fields of a dead job the record reads; the rest travels in the payload.
+#[derive(Debug, Deserialize)]
+struct DeadJob {
+    jid: String,
+    #[serde(default)]
+    class: Option<String>,
+    /// ActiveJob's own class, inside its one Sidekiq wrapper class.
+    #[serde(default)]
+    wrapped: Option<String>,
+    #[serde(default)]
+    queue: Option<String>,
+    #[serde(default)]
+    retry_count: Option<i64>,
+    #[serde(default)]
+    error_class: Option<String>,
+    #[serde(default)]
+    error_message: Option<String>,
+    #[serde(default)]
+    failed_at: Option<f64>,
+}
+
+/// Turns one member of the `dead` set into a park request for DeadLetterQueue `queue`.
+pub fn request_for(queue: &str, raw: &[u8]) -> ParkRequest {
+    // Through a Value: serde would read a JSON array as the fields in order.
+    let job = match serde_json::from_slice::<serde_json::Value>(raw) {
+        Ok(v) if v.is_object() => serde_json::from_value::<DeadJob>(v),
+        Ok(_) => return invalid(queue, raw, "not a JSON object".into()),
+        Err(e) => return invalid(queue, raw, e.to_string()),
+    };
+    let job = match job {
+        Ok(job) => job,
+        Err(e) => return invalid(queue, raw, e.to_string()),
+    };
+    if job.jid.trim().is_empty() {
+        return invalid(queue, raw, "its jid is empty".into());
+    }
+    let origin = Origin {
+        queue: job.queue.clone(),
+        class: job.wrapped.clone().or_else(|| job.class.clone()),
+        ..Origin::default()
+    };
+    let mut req = ParkRequest::new(
+        queue,
+        Job {
+            origin: Some(Box::new(origin)),
+            ..Job::from_bytes(job.jid.clone(), raw)
+        },
+    );
+    req.deliveries = job
+        .retry_count
+        .map_or(1, |c| c.saturating_add(1))
+        .clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32;
+    req.reason = reason(&job);
+    req.failure_kind = FailureKind::Transient;
+    req.failed_at = job.failed_at.and_then(timestamp);
+    req
+}
+
+/// The queue a job goes back to: its own `queue` field, as Sidekiq's client reads it.
+pub fn job_queue(payload: &[u8]) -> Result<String, String> {
+    let job = serde_json::from_slice::<serde_json::Value>(payload)
+        .map_err(|e| format!("not a Sidekiq job: {e}"))?;
+    match job.get("queue").and_then(serde_json::Value::as_str) {
+        Some(queue) if !queue.is_empty() => Ok(queue.to_string()),
+        _ => Err("not a Sidekiq job: it names no queue".into()),
+    }
+}
+
+/// The backtrace a dead job carries (`backtrace` option), for display: Sidekiq 6 and later
+/// store it as base64 of zlib-deflated JSON, older versions as a JSON array. None when the job
+/// has none; `Err` when it is there but does not decode. The payload itself is never changed.
+pub fn backtrace(payload: &[u8]) -> Option<Result<Vec<String>, String>> {
+    let job = serde_json::from_slice::<serde_json::Value>(payload).ok()?;
+    match job.get("error_backtrace")? {
+        serde_json::Value::String(packed) => Some(inflate(packed)),
+        lines @ serde_json::Value::Array(_) => {
+            Some(serde_json::from_value(lines.clone()).map_err(|e| e.to_string()))
+        }
+        _ => Some(Err("error_backtrace is neither text nor a list".into())),
+    }
+}
+
+fn inflate(packed: &str) -> Result<Vec<String>, String> {
+    use base64::Engine;
+    use std::io::Read;
+    // Ruby's Base64.encode64 breaks lines every 60 characters.
+    let text: String = packed
+        .chars()
+        .filter(|c| !c.is_ascii_whitespace())
+        .collect();
+    let deflated = base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .map_err(|e| format!("error_backtrace is not base64: {e}"))?;
+    let mut json = Vec::new();
+    flate2::read::ZlibDecoder::new(&deflated[..])
+        .read_to_end(&mut json)
+        .map_err(|e| format!("error_backtrace does not inflate: {e}"))?;
+    serde_json::from_slice(&json).map_err(|e| format!("error_backtrace is not a JSON list: {e}"))
+}
+
+fn reason(job: &DeadJob) -> String {
+    let text = match (&job.error_class, &job.error_message) {
+        (Some(class), Some(message)) => format!("{class}: {message}"),
+        (Some(class), None) => class.clone(),
+        (None, Some(message)) => message.clone(),
+        (None, None) => "moved to the dead set without an error (killed by hand?)".into(),
+    };
+    if text.chars().count() <= MAX_REASON_CHARS {
+        return text;
+    }
+    let mut cut: String = text.chars().take(MAX_REASON_CHARS - 3).collect();
+    cut.push_str("...");
+    cut
+}
+
+/// Sidekiq's times are float seconds since the epoch.
+fn timestamp(seconds: f64) -> Option<jiff::Timestamp> {
+    if !seconds.is_finite() {
+        return None;
+    }
+    jiff::Timestamp::from_microsecond((seconds * 1e6).round() as i64).ok()
+}
+
+fn invalid(queue: &str, raw: &[u8], why: String) -> ParkRequest {
+    invalid_request(queue, raw, format!("not a Sidekiq job: {why}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::park::{Disposition, dispose};
+
+    const DEAD: &[u8] = br#"{"retry":0,"queue":"payments","class":"SettleJob","args":["pi_0003"],"jid":"b4a577edbccf1d805744efa9","created_at":1764670000.123456,"enqueued_at":1764670000.1236,"error_message":"gateway timeout","error_class":"Net::ReadTimeout","failed_at":1764670001.5,"retry_count":2}"#;
+
+    #[test]
+    fn a_dead_job_becomes_a_record_of_its_exact_json() {
+        let r = request_for("relayer", DEAD);
+        assert_eq!(r.job.id, "b4a577edbccf1d805744efa9");
+        assert_eq!(r.job.payload_bytes().expect("bytes"), DEAD);
+        assert_eq!(r.deliveries, 3, "retry_count + 1");
+        assert_eq!(r.reason, "Net::ReadTimeout: gateway timeout");
+        assert_eq!(r.failure_kind, FailureKind::Transient);
+        assert_eq!(
+            r.failed_at.map(|t| t.as_millisecond()),
+            Some(1_764_670_001_500)
+        );
+        let origin = r.job.origin.expect("origin");
+        assert_eq!(origin.queue.as_deref(), Some("payments"));
+        assert_eq!(origin.class.as_deref(), Some("SettleJob"));
+        assert_eq!(job_queue(DEAD).as_deref(), Ok("payments"));
+    }
+
+    #[test]
+    fn a_job_without_retries_or_error_still_parks() {
+        let raw = br#"{"jid":"j1","queue":"default","class":"K","args":[]}"#;
+        let r = request_for("relayer", raw);
+        assert_eq!(r.deliveries, 1);
+        assert!(r.reason.contains("without an error"));
+        assert!(r.failed_at.is_none());
+        let active_job = br#"{"jid":"j2","queue":"default","class":"ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper","wrapped":"SettleJob"}"#;
+        let origin = request_for("relayer", active_job)
+            .job
+            .origin
+            .expect("origin");
+        assert_eq!(
+            origin.class.as_deref(),
+            Some("SettleJob"),
+            "ActiveJob's own class"
+        );
+    }
+
+    #[test]
+    fn long_reasons_are_cut_to_what_a_record_holds() {
+        let raw = format!(
+            r#"{{"jid":"j","queue":"q","error_class":"E","error_message":"{}"}}"#,
+            "é".repeat(5000)
+        );
+        let r = request_for("relayer", raw.as_bytes());
+        assert_eq!(r.reason.chars().count(), MAX_REASON_CHARS);
+        assert!(
+            matches!(dispose(r, raw.as_bytes()), Disposition::Park(p) if p.failure_kind == FailureKind::Transient)
+        );
+    }
+
+    #[test]
+    fn anything_else_is_invalid_with_its_exact_bytes() {
+        for raw in [
+            &b"{not json"[..],
+            b"\xff\x00",
+            br#"["a"]"#,
+            br#"{"queue":"q"}"#,
+            br#"{"jid":""}"#,
+            br#"{"jid":7}"#,
+        ] {
+            let r = request_for("relayer", raw);
+            assert_eq!(r.failure_kind, FailureKind::Invalid, "{raw:?}");
+            assert_eq!(r.job.payload_bytes().expect("bytes"), raw);
+            assert!(r.reason.starts_with("not a Sidekiq job"), "{}", r.reason);
+        }
+        assert!(job_queue(b"{}").is_err());
+        assert!(job_queue(br#"["q"]"#).is_err());
+        assert!(job_queue(br#"{"queue":""}"#).is_err());
+    }
+
+    /// What Sidekiq 6.4's `compress_backtrace` wrote for `["a.rb:1:in `x'", "b.rb:2"]`.
+    #[test]
+    fn backtraces_decode_for_display() {
+        let packed =
+            r#"{"jid":"j","error_backtrace":"eJyLVkrUK0qyMrTKzFNIqFBX0lFKAvGNlGIBZEUHOw==\n"}"#;
+        assert_eq!(
+            backtrace(packed.as_bytes()),
+            Some(Ok(vec!["a.rb:1:in `x'".to_string(), "b.rb:2".to_string()]))
+        );
+        let plain = br#"{"jid":"j","error_backtrace":["a.rb:1"]}"#;
+        assert_eq!(backtrace(plain), Some(Ok(vec!["a.rb:1".to_string()])));
+        assert_eq!(backtrace(br#"{"jid":"j"}"#), None);
+        assert!(matches!(
+            backtrace(br#"{"error_backtrace":"!!"}"#),
+            Some(Err(_))
+        ));
+    }
+
+    #[test]
+    fn a_jid_too_long_for_a_record_is_parked_invalid() {
+        let raw = format!(r#"{{"jid":"{}","queue":"q"}}"#, "j".repeat(300));
+        let Disposition::Park(r) = dispose(request_for("relayer", raw.as_bytes()), raw.as_bytes())
+        else {
+            panic!("fits in a record");
+        };
+        assert_eq!(r.failure_kind, FailureKind::Invalid);
+        assert_eq!(r.job.payload_bytes().expect("bytes"), raw.as_bytes());
+    }
+}
