@@ -25,6 +25,7 @@ pub mod decide;
 pub mod duration;
 pub mod envelope;
 pub mod events;
+pub mod group;
 pub mod headers;
 pub mod park;
 pub mod plan;
