@@ -14,7 +14,8 @@ use std::sync::LazyLock;
 use regex::{Captures, Regex};
 use sha2::{Digest, Sha256};
 
-use crate::api::FailureKind;
+use crate::api::{DeadLetter, FailureKind};
+use crate::record::Facts;
 
 /// Label with a record's fingerprint: `kubectl get dl -l dlq.dev/group=...`.
 pub const LABEL_GROUP: &str = "dlq.dev/group";
@@ -38,7 +39,18 @@ pub struct Key<'a> {
     pub reason: &'a str,
 }
 
-impl Key<'_> {
+impl<'a> Key<'a> {
+    /// The key of a record (or its summary).
+    pub fn of(record: &'a impl Facts) -> Key<'a> {
+        Key {
+            queue: record.queue(),
+            failure_kind: record.failure_kind(),
+            service_version: record.service_version(),
+            error_class: record.error_class(),
+            reason: record.reason(),
+        }
+    }
+
     /// The reason's template ([`template`]).
     pub fn template(&self) -> String {
         template(self.reason)
@@ -65,6 +77,17 @@ impl Key<'_> {
         hex.truncate(FINGERPRINT_LEN);
         hex
     }
+}
+
+/// The fingerprint a record's `dlq.dev/group` label holds, when it holds one.
+pub fn labelled(record: &DeadLetter) -> Option<&str> {
+    record
+        .metadata
+        .labels
+        .as_ref()?
+        .get(LABEL_GROUP)
+        .map(String::as_str)
+        .filter(|v| is_fingerprint(v))
 }
 
 /// Whether `value` can be a fingerprint (what a `group:` selector or `--group` accepts).
