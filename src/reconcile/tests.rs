@@ -878,3 +878,51 @@ async fn a_queue_below_max_parked_is_not_full_and_without_retention_deletes_noth
     );
     assert!(apiserver.reasons().is_empty(), "no QueueFull");
 }
+
+/// Records parked before failure groups existed carry no `dlq.dev/group`: the queue reconciler
+/// labels them with the group the core computes, and leaves labelled ones alone.
+#[tokio::test]
+async fn records_parked_before_groups_get_their_group_label() {
+    use dlq_core::group::{LABEL_GROUP, labelled};
+    use dlq_core::record::Facts;
+    let now = jiff::Timestamp::now().as_second();
+    let mut records = queue_records(now);
+    for r in records.iter_mut().skip(1) {
+        if let Some(labels) = r.metadata.labels.as_mut() {
+            labels.remove(LABEL_GROUP);
+        }
+    }
+    let apiserver = FakeApiserver::holding(records.clone());
+    let target: Arc<FakeTarget> = Arc::default();
+    let mut q = limited_queue(100);
+    q.spec.retention = None;
+    let ctx = context(
+        &apiserver,
+        &target,
+        std::slice::from_ref(&q),
+        Settings::default(),
+    );
+    let action = super::queue::reconcile(Arc::new(q), ctx)
+        .await
+        .expect("reconcile");
+    assert_eq!(
+        action,
+        ReconcileAction::requeue(std::time::Duration::from_secs(30))
+    );
+    let mut want: Vec<String> = records
+        .iter()
+        .skip(1)
+        .map(|r| r.name().to_string())
+        .collect();
+    let mut got = apiserver.group_labelled();
+    want.sort();
+    got.sort();
+    assert_eq!(got, want, "every unlabelled record, and only those");
+    for r in apiserver.all() {
+        assert_eq!(labelled(&r), Some(r.group().as_ref()), "{}", r.name());
+        assert_eq!(
+            labelled(&r).map(str::to_string),
+            Some(dlq_core::group::Key::of(&r).fingerprint())
+        );
+    }
+}

@@ -12,6 +12,7 @@ use serde_json::json;
 
 use dlq_core::api::{DeadLetter, DeadLetterQueue, DeadLetterStatus};
 use dlq_core::events::EventPlan;
+use dlq_core::group::LABEL_GROUP;
 use dlq_core::plan::QueueStatusWrite;
 use dlq_core::replay::{
     ANNOTATION_REPLAY_UID, DeadLetterReplay, DeadLetterReplayStatus, LABEL_REPLAY,
@@ -83,6 +84,14 @@ pub trait Apiserver: Send + Sync {
         &'a self,
         replay: &'a DeadLetterReplay,
         status: &'a DeadLetterReplayStatus,
+    ) -> BoxFuture<'a, Result<(), kube::Error>>;
+
+    /// Labels a record parked before failure groups existed with its group. Unguarded: the
+    /// group is a function of immutable facts, so every writer writes the same value.
+    fn label_group<'a>(
+        &'a self,
+        record: &'a DeadLetter,
+        group: &'a str,
     ) -> BoxFuture<'a, Result<(), kube::Error>>;
 }
 
@@ -244,6 +253,15 @@ impl Apiserver for KubeApiserver {
             .map(|_| ())
         }
         .boxed()
+    }
+
+    fn label_group<'a>(
+        &'a self,
+        record: &'a DeadLetter,
+        group: &'a str,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        let patch = json!({"metadata": {"labels": {LABEL_GROUP: group}}});
+        self.patch_record(record, patch)
     }
 }
 

@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 
 use dlq_core::api::{Action, DeadLetter, DeadLetterQueue, DeadLetterStatus, Phase};
 use dlq_core::events::EventPlan;
+use dlq_core::group::LABEL_GROUP;
 use dlq_core::plan::QueueStatusWrite;
 use dlq_core::replay::{
     ANNOTATION_REPLAY_UID, DeadLetterReplay, DeadLetterReplayStatus, LABEL_REPLAY,
@@ -87,6 +88,8 @@ pub struct FakeApiserver {
     signed: Mutex<Vec<String>>,
     /// Replay status writes, in order.
     replay_statuses: Mutex<Vec<DeadLetterReplayStatus>>,
+    /// Names of the records labelled with their group, in order.
+    group_labelled: Mutex<Vec<String>>,
     /// Before the next record status write, "alice" resolves that record as this phase.
     pub race: Mutex<Option<Phase>>,
     /// The next N record status writes find the version bumped by an unrelated write.
@@ -168,6 +171,11 @@ impl FakeApiserver {
     /// Names of the records signed by a replay, in order.
     pub fn signed(&self) -> Vec<String> {
         lock(&self.signed).clone()
+    }
+
+    /// Names of the records labelled with their group, in order.
+    pub fn group_labelled(&self) -> Vec<String> {
+        lock(&self.group_labelled).clone()
     }
 
     /// The last replay status written.
@@ -344,6 +352,28 @@ impl Apiserver for FakeApiserver {
             r.spec.by = None;
             r.spec.note = None;
         });
+        async move { result }.boxed()
+    }
+
+    fn label_group<'a>(
+        &'a self,
+        record: &'a DeadLetter,
+        group: &'a str,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        let mut records = lock(&self.records);
+        let result = match records.get_mut(&key_of(record)) {
+            Some(stored) => {
+                stored
+                    .metadata
+                    .labels
+                    .get_or_insert_default()
+                    .insert(LABEL_GROUP.into(), group.into());
+                self.bump(stored);
+                lock(&self.group_labelled).push(key_of(record).1);
+                Ok(())
+            }
+            None => Err(api_error(404)),
+        };
         async move { result }.boxed()
     }
 
