@@ -83,7 +83,8 @@ fn chart_ships_exactly_the_generated_crds() {
         [
             "deadletters.dlq.dev",
             "deadletterqueues.dlq.dev",
-            "deadletterreplays.dlq.dev"
+            "deadletterreplays.dlq.dev",
+            "deadlettergroups.dlq.dev"
         ]
     );
 }
@@ -310,6 +311,12 @@ fn assert_user_roles(docs: &[Value]) {
             grant(
                 "dlq.dev",
                 "deadletterreplays",
+                &[],
+                &["get", "list", "watch"]
+            ),
+            grant(
+                "dlq.dev",
+                "deadlettergroups",
                 &[],
                 &["get", "list", "watch"]
             ),

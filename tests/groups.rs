@@ -64,3 +64,85 @@ async fn records_parked_before_groups_are_labelled_by_the_operator() {
         .collect();
     assert_eq!(jobs, BTreeSet::from(["a".to_string(), "b".to_string()]));
 }
+
+/// A small storm from 3 reason templates with random ids and 2 service versions ends in
+/// exactly 6 DeadLetterGroups with exact counts, owned by the queue.
+#[tokio::test]
+async fn a_storm_ends_in_one_group_per_template_and_version_with_exact_counts() {
+    use dlq_client::park::{ParkRequest, Parker};
+    use dlq_core::api::Job;
+    use dlq_core::groups::{DeadLetterGroup, Tier};
+    let (client, ns) = setup("group-storm").await;
+    create_offline_queue(&client, &ns).await;
+    let _op = Operator::start(&ns);
+    let parker = Parker::new(client.clone());
+    let templates = [
+        |i: usize| {
+            format!(
+                "timeout after {} ms talking to payer {:08x}",
+                i * 7,
+                i * 7919
+            )
+        },
+        |i: usize| format!("field \"amount{i}\" is not a number in order {}", 1000 + i),
+        |i: usize| format!("connection refused by 10.0.{}.{}:5432", i % 250, i % 7),
+    ];
+    let mut want: std::collections::BTreeMap<String, i64> = Default::default();
+    for i in 0..60 {
+        let mut req = ParkRequest::new(
+            "relayer",
+            Job {
+                id: format!("storm/{i}"),
+                payload: Some("{}".into()),
+                ..Job::default()
+            },
+        );
+        req.reason = templates[i % 3](i);
+        req.service_version = Some(format!("relayer@1.4.{}", (i / 3) % 2));
+        let outcome = parker.park(&ns, req).await.expect("parked");
+        let group = labelled(outcome.record()).expect("labelled").to_string();
+        *want.entry(group).or_default() += 1;
+    }
+    assert_eq!(want.len(), 6, "3 templates x 2 versions");
+    let groups: Api<DeadLetterGroup> = Api::namespaced(client.clone(), &ns);
+    let got = eventually(30, "six groups with exact counts", || async {
+        let items = groups.list(&ListParams::default()).await.ok()?.items;
+        let counts: std::collections::BTreeMap<String, i64> = items
+            .iter()
+            .filter_map(|g| {
+                let f = g.metadata.labels.as_ref()?.get(LABEL_GROUP)?.clone();
+                Some((f, g.status.as_ref()?.parked))
+            })
+            .collect();
+        (counts == want).then_some(items)
+    })
+    .await;
+    for g in &got {
+        let status = g.status.clone().unwrap_or_default();
+        assert_eq!(status.rate_per_minute, 10, "{status:?}");
+        assert_eq!(status.tier, Tier::Info);
+        assert!(
+            !status.template.contains(char::is_numeric),
+            "{}",
+            status.template
+        );
+        assert_eq!(status.samples.len(), 5);
+        let owner = g.metadata.owner_references.clone().unwrap_or_default();
+        assert_eq!(
+            owner.first().map(|o| o.kind.as_str()),
+            Some("DeadLetterQueue")
+        );
+    }
+    let templates: std::collections::BTreeSet<String> = got
+        .iter()
+        .filter_map(|g| g.status.as_ref().map(|s| s.template.clone()))
+        .collect();
+    assert_eq!(
+        templates,
+        std::collections::BTreeSet::from([
+            "timeout after <n> ms talking to payer <hex>".to_string(),
+            "field <q> is not a number in order <n>".to_string(),
+            "connection refused by <ip>".to_string(),
+        ])
+    );
+}

@@ -6,6 +6,7 @@
 pub mod aggregate;
 mod claims;
 pub mod error;
+pub mod groups;
 pub mod queue;
 pub mod record;
 pub mod replay;
@@ -137,6 +138,8 @@ pub struct Context {
     aggregator: Option<aggregate::Aggregator>,
     /// Marks yield to this process's sources while they park (see [`parking_first`]).
     pub parking_first: parking_first::ParkingFirst,
+    /// The failure groups this process keeps (see [`groups`]).
+    pub groups: groups::GroupKeeper,
 }
 
 /// How long a reconcile waits for the record cache's first complete list before it steps aside
@@ -194,6 +197,7 @@ impl Context {
             claims: claims::Claims::default(),
             aggregator: None,
             parking_first: parking_first::ParkingFirst::new(settings.mechanisms.parking_first),
+            groups: groups::GroupKeeper::default(),
             settings,
         }
     }

@@ -2,7 +2,7 @@
 //!
 //! Steps: select the queue's records from the store, delete the expired resolved ones
 //! (`dlq_core::plan::expired`), label records parked before failure groups existed with their
-//! group, probe the target, build the status and gauges (`dlq_core::plan::queue_status`),
+//! group, keep its failure groups (`super::groups`), probe the target, build the status and gauges (`dlq_core::plan::queue_status`),
 //! write.
 
 use std::collections::{HashMap, HashSet};
@@ -63,6 +63,12 @@ pub async fn reconcile(
     let settled = settled(&queue, &records, now);
     let deleted = retain(&ctx, &queue, &records, now).await;
     let unlabelled = label_groups(&ctx, &records).await;
+    let live_records: Vec<Arc<Summary>> = records
+        .iter()
+        .filter(|r| !deleted.contains(&*r.name))
+        .cloned()
+        .collect();
+    let groups_again = super::groups::keep(&ctx, &queue, &live_records, now).await;
     let live = records
         .iter()
         .filter(|r| !deleted.contains(&*r.name))
@@ -84,11 +90,14 @@ pub async fn reconcile(
             .await;
     }
     // Records still unlabelled: the next batch soon, not at the next resync.
-    let next = if unlabelled > 0 {
+    let mut next = if unlabelled > 0 {
         ctx.settings.queue_resync.min(LABEL_AGAIN)
     } else {
         ctx.settings.queue_resync
     };
+    if let Some(wait) = groups_again {
+        next = next.min(wait);
+    }
     Ok(Action::requeue(next))
 }
 

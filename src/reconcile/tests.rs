@@ -926,3 +926,82 @@ async fn records_parked_before_groups_get_their_group_label() {
         );
     }
 }
+
+/// The queue reconciler keeps one DeadLetterGroup per failure group, owned by the queue;
+/// an unchanged group is not written again, and a changed one at most once per
+/// `groups::MIN_INTERVAL` (the reconcile comes back for it).
+#[tokio::test]
+async fn a_queues_failure_groups_are_kept_and_their_writes_coalesced() {
+    use dlq_core::record::Facts;
+    let now = jiff::Timestamp::now().as_second();
+    let records = queue_records(now);
+    let apiserver = FakeApiserver::holding(records.clone());
+    let target: Arc<FakeTarget> = Arc::default();
+    let mut q = limited_queue(100);
+    q.metadata.uid = Some("q-uid".into());
+    let ctx = context(
+        &apiserver,
+        &target,
+        std::slice::from_ref(&q),
+        Settings::default(),
+    );
+    super::queue::reconcile(Arc::new(q.clone()), ctx.clone())
+        .await
+        .expect("reconcile");
+    let live = apiserver.all();
+    let fingerprints: std::collections::BTreeSet<String> =
+        live.iter().map(|r| r.group().into_owned()).collect();
+    let groups = apiserver.groups();
+    assert_eq!(groups.len(), fingerprints.len(), "{groups:?}");
+    let parked: i64 = groups
+        .values()
+        .filter_map(|g| g.status.as_ref())
+        .map(|s| s.parked)
+        .sum();
+    let counted = live.iter().filter(|r| r.phase() == Phase::Parked).count();
+    assert_eq!(parked as usize, counted, "every Parked record in one group");
+    for g in groups.values() {
+        let owner = &g.metadata.owner_references.clone().unwrap_or_default()[0];
+        assert_eq!(owner.uid, "q-uid");
+    }
+    let writes = apiserver.group_writes().len();
+    assert!(apiserver.group_writes().iter().all(|(_, create)| *create));
+
+    super::queue::reconcile(Arc::new(q.clone()), ctx.clone())
+        .await
+        .expect("reconcile");
+    assert_eq!(
+        apiserver.group_writes().len(),
+        writes,
+        "nothing changed, nothing written"
+    );
+
+    // A new record of an existing group, right after its write: held back, not lost.
+    let more = queued("later", dlq_core::api::FailureKind::Transient, now, 1).build();
+    let group = more.group().into_owned();
+    ctx.records
+        .observe(&kube::runtime::watcher::Event::Apply(more.clone()));
+    let action = super::queue::reconcile(Arc::new(q.clone()), ctx.clone())
+        .await
+        .expect("reconcile");
+    assert_eq!(apiserver.group_writes().len(), writes, "held back");
+    assert_ne!(
+        action,
+        ReconcileAction::requeue(std::time::Duration::from_secs(30)),
+        "comes back for it within the interval"
+    );
+    tokio::time::sleep(super::groups::MIN_INTERVAL).await;
+    super::queue::reconcile(Arc::new(q), ctx)
+        .await
+        .expect("reconcile");
+    let name = dlq_core::groups::group_name("relayer", &group);
+    assert!(
+        apiserver.group_writes()[writes..].contains(&(name.clone(), false)),
+        "written once the interval passed"
+    );
+    let status = apiserver.groups()[&name].status.clone().unwrap_or_default();
+    assert!(
+        status.samples.contains(&more.name().to_string()),
+        "{status:?}"
+    );
+}

@@ -365,6 +365,9 @@ pub struct DeadLetterQueueSpec {
     /// Per-record Alertmanager alerts of this queue's records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alerts: Option<crate::alert::AlertSettings>,
+    /// Its failure groups (`DeadLetterGroup`): how many at most, and the tiers' thresholds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub groups: Option<crate::groups::GroupSettings>,
 }
 
 /// Default for `maxParked`: at 64 KiB payloads about 330 MiB of etcd (68 KB a record,
@@ -812,10 +815,11 @@ pub struct KindCounts {
 pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
     use kube_core::CustomResourceExt;
     Ok(format!(
-        "---\n{}---\n{}---\n{}",
+        "---\n{}---\n{}---\n{}---\n{}",
         serde_yaml::to_string(&DeadLetter::crd())?,
         serde_yaml::to_string(&DeadLetterQueue::crd())?,
-        serde_yaml::to_string(&crate::replay::DeadLetterReplay::crd())?
+        serde_yaml::to_string(&crate::replay::DeadLetterReplay::crd())?,
+        serde_yaml::to_string(&crate::groups::DeadLetterGroup::crd())?
     ))
 }
 

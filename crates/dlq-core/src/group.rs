@@ -26,6 +26,8 @@ pub const MAX_ERROR_CLASS: usize = 256;
 /// Hex digits of a fingerprint (40 bits: a birthday collision needs about a million groups
 /// in one queue, which `maxGroups` never allows).
 pub const FINGERPRINT_LEN: usize = 10;
+const HEX_PLACEHOLDER: &str = "<hex>";
+const NUMBER_PLACEHOLDER: &str = "<n>";
 /// The hashed form's version, hashed first.
 const SCHEME: &str = "dlq.dev/group/v1";
 
@@ -41,7 +43,7 @@ pub struct Key<'a> {
 
 impl<'a> Key<'a> {
     /// The key of a record (or its summary).
-    pub fn of(record: &'a impl Facts) -> Key<'a> {
+    pub fn of<F: Facts + ?Sized>(record: &'a F) -> Key<'a> {
         Key {
             queue: record.queue(),
             failure_kind: record.failure_kind(),
@@ -59,7 +61,9 @@ impl<'a> Key<'a> {
     /// The group's fingerprint: [`FINGERPRINT_LEN`] hex digits of a sha256 over the parts,
     /// each length-prefixed so no two different keys hash the same text.
     pub fn fingerprint(&self) -> String {
-        let template = self.template();
+        // A random hex id is now and then all digits (`00012345`): hashed, a hex run and a
+        // number are one kind of id, so such a record stays in its group.
+        let template = self.template().replace(HEX_PLACEHOLDER, NUMBER_PLACEHOLDER);
         let parts = [
             self.queue,
             self.failure_kind.as_str(),
@@ -135,6 +139,11 @@ fn random_base64(s: &str) -> bool {
         || (has(u8::is_ascii_uppercase) && has(u8::is_ascii_lowercase) && has(u8::is_ascii_digit))
 }
 
+/// A duration, not a hex id ending in `d` (`0000123d`): those are left to the hex mask.
+fn duration(s: &str) -> bool {
+    s.len() < 6 || !s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 /// An IPv6 address, not a `::` in prose: two colons or more and a hex digit.
 fn ipv6(s: &str) -> bool {
     s.bytes().filter(|&b| b == b':').count() >= 2 && s.bytes().any(|b| b.is_ascii_hexdigit())
@@ -207,15 +216,23 @@ static MASKS: LazyLock<Vec<Mask>> = LazyLock::new(|| {
         mask(
             &format!("{L}(?P<v>(?:[0-9]+(?:\\.[0-9]+)?(?:ns|us|µs|ms|s|m|h|d))+){T}"),
             "<dur>",
-            any,
+            duration,
         ),
-        mask(&format!("{L}(?P<v>0x{HEX}+|{HEX}{{4,}}){T}"), "<hex>", random_hex),
+        mask(
+            &format!("{L}(?P<v>0x{HEX}+|{HEX}{{4,}}){T}"),
+            HEX_PLACEHOLDER,
+            random_hex,
+        ),
         mask(
             &format!("{L}(?P<v>[A-Za-z0-9+/_-]{{16,}}={{0,2}}){T}"),
             "<b64>",
             random_base64,
         ),
-        mask(r"(?P<v><[a-z0-9]+>|[0-9]+(?:\.[0-9]+)*)", "<n>", not_placeholder),
+        mask(
+            r"(?P<v><[a-z0-9]+>|[0-9]+(?:\.[0-9]+)*)",
+            NUMBER_PLACEHOLDER,
+            not_placeholder,
+        ),
     ]
     .into_iter()
     .flatten()
@@ -294,6 +311,15 @@ mod tests {
         );
         assert_eq!(a.template(), "timeout after <n> ms talking to payer <hex>");
         assert_eq!(a.fingerprint(), b.fingerprint());
+        let all_digits = key(
+            "timeout after 15 ms talking to payer 00012345",
+            Some("relayer@1.4.2"),
+        );
+        assert_eq!(
+            a.fingerprint(),
+            all_digits.fingerprint(),
+            "a hex id of digits only"
+        );
         let c = key(
             "timeout after 15 ms talking to payer 0b11e0aa",
             Some("relayer@1.4.3"),
@@ -309,6 +335,7 @@ mod tests {
             ("payer 0x7f3a", "payer <hex>"),
             ("sha deadbeef00", "sha <hex>"),
             ("a decade of added faces", "a decade of added faces"),
+            ("id 0000123d or 3d", "id <hex> or <dur>"),
             (
                 "id 123e4567-e89b-12d3-a456-426614174000 gone",
                 "id <uuid> gone",
@@ -414,7 +441,7 @@ mod tests {
                     "timeout after 3021 ms talking to payer 7f3a9c21",
                     Some("relayer@1.4.2"),
                 ),
-                "9d02b67b26",
+                "b2fcbc9d65",
             ),
             (key("no luck after 3 deliveries", None), "716779e2ab"),
             (
