@@ -146,3 +146,122 @@ async fn a_storm_ends_in_one_group_per_template_and_version_with_exact_counts() 
         ])
     );
 }
+
+fn kubectl_dlq(ns: &str, args: &[&str]) -> (bool, String, String) {
+    let plane = dlq_testenv::plane();
+    let out = std::process::Command::new(dlq_testenv::bin("kubectl-dlq"))
+        .args([
+            "--kubeconfig",
+            plane.kubeconfig.to_str().unwrap_or_default(),
+            "-n",
+            ns,
+        ])
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("kubectl-dlq runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+/// `kubectl dlq groups` lists the groups most parked first; `kubectl dlq drop --group G`
+/// (a DeadLetterReplay with `selector.group`) decides exactly that group's parked records.
+#[tokio::test]
+async fn a_group_is_listed_and_dropped_as_one_through_a_replay() {
+    use dlq_client::park::{ParkRequest, Parker};
+    use dlq_core::api::{Job, Phase};
+    use dlq_core::replay::DeadLetterReplay;
+    let (client, ns) = setup("group-act").await;
+    create_offline_queue(&client, &ns).await;
+    let _op = Operator::start(&ns);
+    let parker = Parker::new(client.clone());
+    let mut by_group: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for i in 0..9 {
+        let mut req = ParkRequest::new(
+            "relayer",
+            Job {
+                id: format!("act/{i}"),
+                payload: Some("{}".into()),
+                ..Job::default()
+            },
+        );
+        req.reason = if i % 3 == 0 {
+            format!("payer {:08x} refused the signature", 0xa0_0000 + i)
+        } else {
+            format!("timeout after {} ms", 10 * i)
+        };
+        let outcome = parker.park(&ns, req).await.expect("parked");
+        let name = outcome.record().metadata.name.clone().unwrap_or_default();
+        let group = labelled(outcome.record()).expect("labelled").to_string();
+        by_group.entry(group).or_default().push(name);
+    }
+    assert_eq!(by_group.len(), 2);
+    let (big, small) = {
+        let mut groups: Vec<(&String, &Vec<String>)> = by_group.iter().collect();
+        groups.sort_by_key(|(_, names)| std::cmp::Reverse(names.len()));
+        (groups[0].0.clone(), groups[1].0.clone())
+    };
+    let listed = eventually(30, "kubectl dlq groups lists both groups", || async {
+        let (ok, out, _) = kubectl_dlq(&ns, &["groups"]);
+        (ok && out.lines().count() == 3 && out.contains(&small)).then_some(out)
+    })
+    .await;
+    let lines: Vec<&str> = listed.lines().collect();
+    assert!(lines[0].starts_with("GROUP"), "{listed}");
+    assert!(
+        lines[1].starts_with(&big) && lines[1].contains(" 6 "),
+        "most parked first: {listed}"
+    );
+    assert!(
+        lines[2].contains("payer <hex> refused the signature"),
+        "{listed}"
+    );
+
+    let (ok, out, err) = kubectl_dlq(
+        &ns,
+        &[
+            "drop",
+            "--group",
+            &small,
+            "--by",
+            "ops",
+            "--rate",
+            "50/s",
+            "--settle-timeout",
+            "5",
+        ],
+    );
+    assert!(ok, "{out}\n{err}");
+    let replays: Api<DeadLetterReplay> = Api::namespaced(client.clone(), &ns);
+    let replay = replays
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items;
+    assert_eq!(replay.len(), 1);
+    let spec = &replay[0].spec;
+    assert_eq!(spec.queue, "relayer", "the group's queue");
+    assert_eq!(
+        spec.selector.clone().unwrap_or_default().group.as_deref(),
+        Some(small.as_str())
+    );
+    let api: Api<DeadLetter> = Api::namespaced(client, &ns);
+    let records = eventually(30, "the group's records dropped", || async {
+        let items = api.list(&ListParams::default()).await.ok()?.items;
+        let dropped = items.iter().filter(|r| r.phase() == Phase::Dropped).count();
+        (dropped == 3).then_some(items)
+    })
+    .await;
+    for r in &records {
+        let in_small = labelled(r) == Some(small.as_str());
+        let want = if in_small {
+            Phase::Dropped
+        } else {
+            Phase::Parked
+        };
+        assert_eq!(r.phase(), want, "{}", r.spec.job.id);
+    }
+}

@@ -77,6 +77,7 @@ impl Filter {
             since: time(&self.since)?,
             until: time(&self.until)?,
             service_version: opt(&self.version),
+            group: None,
         })
     }
 
