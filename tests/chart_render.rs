@@ -206,6 +206,16 @@ fn default_inventory(ns: &str, full: &str) -> BTreeSet<(String, String, String)>
             "",
             format!("{full}-signed-replays"),
         ),
+        (
+            "ValidatingAdmissionPolicy",
+            "",
+            format!("{full}-signed-acknowledgements"),
+        ),
+        (
+            "ValidatingAdmissionPolicyBinding",
+            "",
+            format!("{full}-signed-acknowledgements"),
+        ),
     ]
     .into_iter()
     .map(|(k, n, name)| (k.to_string(), n.to_string(), name))
@@ -340,6 +350,12 @@ fn assert_user_roles(docs: &[Value]) {
                 "deadletterreplays",
                 &[],
                 &["get", "list", "watch", "create", "patch", "update"]
+            ),
+            grant(
+                "dlq.dev",
+                "deadlettergroups",
+                &[],
+                &["get", "list", "watch", "patch", "update"]
             ),
         ]
         .into_iter()

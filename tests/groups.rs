@@ -265,3 +265,77 @@ async fn a_group_is_listed_and_dropped_as_one_through_a_replay() {
         assert_eq!(r.phase(), want, "{}", r.spec.job.id);
     }
 }
+
+/// An acknowledged group is silenced with what it looked like then; when its parked count
+/// doubles, it is not any more (a new failure never hides behind an acknowledgement).
+#[tokio::test]
+async fn an_acknowledged_group_is_silenced_until_its_parked_count_doubles() {
+    use dlq_client::park::{ParkRequest, Parker};
+    use dlq_core::api::Job;
+    use dlq_core::groups::DeadLetterGroup;
+    use kube::api::{Patch, PatchParams};
+    let (client, ns) = setup("group-ack").await;
+    create_offline_queue(&client, &ns).await;
+    let _op = Operator::start(&ns);
+    let parker = Parker::new(client.clone());
+    let park = |i: usize| {
+        let mut req = ParkRequest::new(
+            "relayer",
+            Job {
+                id: format!("ack/{i}"),
+                payload: Some("{}".into()),
+                ..Job::default()
+            },
+        );
+        req.reason = format!("order {i} has no customer");
+        req
+    };
+    let mut group = String::new();
+    for i in 0..3 {
+        let outcome = parker.park(&ns, park(i)).await.expect("parked");
+        group = labelled(outcome.record()).expect("labelled").to_string();
+    }
+    let groups: Api<DeadLetterGroup> = Api::namespaced(client.clone(), &ns);
+    let name = format!("relayer-{group}");
+    let parked = |n: i64| {
+        let groups = groups.clone();
+        let name = name.clone();
+        async move {
+            let g = groups.get_opt(&name).await.ok().flatten()?;
+            let s = g.status?;
+            (s.parked == n).then_some(s)
+        }
+    };
+    eventually(30, "the group with 3 parked", || parked(3)).await;
+    groups
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"spec": {"acknowledged": {"by": "carol", "note": "INC-1"}}}),
+            ),
+        )
+        .await
+        .expect("acknowledged");
+    let status = eventually(30, "the acknowledgement kept with its baseline", || async {
+        let s = parked(3).await?;
+        s.acknowledgement.is_some().then_some(s)
+    })
+    .await;
+    assert!(status.silenced);
+    assert_eq!(
+        status.acknowledgement.map(|a| (a.by, a.parked)),
+        Some(("carol".into(), 3))
+    );
+    for i in 3..5 {
+        parker.park(&ns, park(i)).await.expect("parked");
+    }
+    let five = eventually(30, "5 parked", || parked(5)).await;
+    assert!(five.silenced, "5 < 2 x 3: still silenced");
+    parker.park(&ns, park(5)).await.expect("parked");
+    let six = eventually(30, "6 parked", || parked(6)).await;
+    assert!(
+        !six.silenced,
+        "doubled: the acknowledgement no longer silences it"
+    );
+}

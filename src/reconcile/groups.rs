@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
 
 use dlq_core::api::DeadLetterQueue;
 use dlq_core::events::{EventPlan, action, reason};
@@ -75,7 +76,10 @@ pub async fn keep(
                     .map(|t| t.0),
             })
             .collect();
-        let plan = groups::plan(queue, records.iter().map(|r| r.as_ref()), &existing, now);
+        let mut plan = groups::plan(queue, records.iter().map(|r| r.as_ref()), &existing, now);
+        for (fingerprint, status) in plan.groups.iter_mut() {
+            acknowledge(ctx, known, &ns, &name, fingerprint, status);
+        }
         let due = due_writes(known, &plan.groups);
         (plan, due)
     };
@@ -105,6 +109,37 @@ pub async fn keep(
     }
     announce_overflow(ctx, queue, &key, plan.overflowed).await;
     later
+}
+
+/// Sets a planned status's acknowledgement from the group's spec (the watch's copy) and what
+/// was kept of it before (this process's last write, else the stored status).
+fn acknowledge(
+    ctx: &Context,
+    known: &QueueGroups,
+    ns: &str,
+    queue: &str,
+    fingerprint: &str,
+    status: &mut DeadLetterGroupStatus,
+) {
+    let Some(store) = &ctx.group_store else {
+        return;
+    };
+    let name = groups::group_name(queue, fingerprint);
+    let stored = store.get(&ObjectRef::new(&name).within(ns));
+    let spec = stored.as_ref().map(|g| g.spec.clone()).unwrap_or_default();
+    let written = known
+        .groups
+        .get(fingerprint)
+        .and_then(|w| w.as_ref())
+        .and_then(|w| w.status.acknowledgement.clone());
+    let previous = written.or_else(|| {
+        stored
+            .as_ref()
+            .and_then(|g| g.status.as_ref())
+            .and_then(|s| s.acknowledgement.clone())
+    });
+    status.acknowledgement = groups::acknowledged_at(&spec, previous.as_ref(), status);
+    status.silenced = groups::silenced(status);
 }
 
 /// When a planned group's status is to be written.

@@ -140,6 +140,9 @@ pub struct Context {
     pub parking_first: parking_first::ParkingFirst,
     /// The failure groups this process keeps (see [`groups`]).
     pub groups: groups::GroupKeeper,
+    /// DeadLetterGroups as the watch sees them (their acknowledgements); None in tests that
+    /// do not watch them.
+    pub group_store: Option<Store<dlq_core::groups::DeadLetterGroup>>,
 }
 
 /// How long a reconcile waits for the record cache's first complete list before it steps aside
@@ -198,8 +201,15 @@ impl Context {
             aggregator: None,
             parking_first: parking_first::ParkingFirst::new(settings.mechanisms.parking_first),
             groups: groups::GroupKeeper::default(),
+            group_store: None,
             settings,
         }
+    }
+
+    /// Reads the groups' acknowledgements from `store` (see [`groups`]).
+    pub fn with_group_store(mut self, store: Store<dlq_core::groups::DeadLetterGroup>) -> Self {
+        self.group_store = Some(store);
+        self
     }
 
     /// Sends aggregatable Events through `aggregator` (see [`aggregate`]).

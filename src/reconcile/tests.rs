@@ -1005,3 +1005,72 @@ async fn a_queues_failure_groups_are_kept_and_their_writes_coalesced() {
         "{status:?}"
     );
 }
+
+/// An acknowledgement on a group (its spec, from the watch) is kept in its status with what the
+/// group looked like then, and silences it; taken back, the group is no longer silenced.
+#[tokio::test]
+async fn an_acknowledged_group_records_its_baseline_and_is_silenced() {
+    use dlq_core::groups::{Acknowledgement, DeadLetterGroup};
+    let now = jiff::Timestamp::now().as_second();
+    let apiserver = FakeApiserver::holding(queue_records(now));
+    let target: Arc<FakeTarget> = Arc::default();
+    let q = limited_queue(100);
+    let ctx = context(
+        &apiserver,
+        &target,
+        std::slice::from_ref(&q),
+        Settings::default(),
+    );
+    super::queue::reconcile(Arc::new(q.clone()), ctx)
+        .await
+        .expect("reconcile");
+    let mut stored: Vec<DeadLetterGroup> = apiserver.groups().into_values().collect();
+    let acked = stored
+        .iter()
+        .position(|g| g.status.as_ref().is_some_and(|s| s.parked > 0))
+        .expect("a group with parked records");
+    stored[acked].spec.acknowledged = Some(Acknowledgement {
+        by: "carol".into(),
+        note: Some("INC-1234".into()),
+    });
+    let name = stored[acked].metadata.name.clone().unwrap_or_default();
+    let parked = stored[acked].status.as_ref().map_or(0, |s| s.parked);
+    let with_ack = |groups: &[DeadLetterGroup]| {
+        let ctx = context(
+            &apiserver,
+            &target,
+            std::slice::from_ref(&q),
+            Settings::default(),
+        );
+        Arc::new(
+            Arc::into_inner(ctx)
+                .expect("one owner")
+                .with_group_store(store_of(groups)),
+        )
+    };
+    super::queue::reconcile(Arc::new(q.clone()), with_ack(&stored))
+        .await
+        .expect("reconcile");
+    let status = apiserver.groups()[&name].status.clone().unwrap_or_default();
+    let at = status
+        .acknowledgement
+        .clone()
+        .expect("the acknowledgement kept");
+    assert_eq!((at.by.as_str(), at.parked), ("carol", parked));
+    assert!(status.silenced);
+    let others_silenced = apiserver
+        .groups()
+        .values()
+        .filter(|g| g.metadata.name.as_deref() != Some(name.as_str()))
+        .any(|g| g.status.as_ref().is_some_and(|s| s.silenced));
+    assert!(!others_silenced, "only the acknowledged group");
+
+    stored[acked].spec.acknowledged = None;
+    stored[acked].status = Some(status);
+    super::queue::reconcile(Arc::new(q.clone()), with_ack(&stored))
+        .await
+        .expect("reconcile");
+    let status = apiserver.groups()[&name].status.clone().unwrap_or_default();
+    assert_eq!(status.acknowledgement, None);
+    assert!(!status.silenced);
+}

@@ -44,6 +44,7 @@ pub const DEFAULT_WARNING_PER_HOUR: i64 = 60;
     printcolumn = r#"{"name":"Parked","type":"integer","jsonPath":".status.parked"}"#,
     printcolumn = r#"{"name":"Rate/min","type":"integer","jsonPath":".status.ratePerMinute"}"#,
     printcolumn = r#"{"name":"Tier","type":"string","jsonPath":".status.tier"}"#,
+    printcolumn = r#"{"name":"Ack","type":"string","jsonPath":".spec.acknowledged.by"}"#,
     printcolumn = r#"{"name":"Last seen","type":"date","jsonPath":".status.lastSeen"}"#,
     printcolumn = r#"{"name":"Template","type":"string","jsonPath":".status.template"}"#,
     printcolumn = r#"{"name":"Class","type":"string","jsonPath":".status.errorClass","priority":1}"#,
@@ -53,7 +54,67 @@ pub const DEFAULT_WARNING_PER_HOUR: i64 = 60;
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
-pub struct DeadLetterGroupSpec {}
+pub struct DeadLetterGroupSpec {
+    /// Someone has this group in hand: its alert is silenced until a new failure says
+    /// otherwise (parked count doubled, tier risen). Signed like a decision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acknowledged: Option<Acknowledgement>,
+}
+
+/// Who acknowledged a group, and why.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("self.by.trim() != ''").message("every acknowledgement must be signed: set spec.acknowledged.by"))]
+pub struct Acknowledgement {
+    #[schemars(length(min = 1, max = 253))]
+    pub by: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub note: Option<String>,
+}
+
+/// What the group looked like when it was acknowledged (the operator writes it once per
+/// acknowledgement): a new failure is judged against it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AcknowledgedAt {
+    pub by: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// Parked records then.
+    pub parked: i64,
+    /// The tier then.
+    pub tier: Tier,
+}
+
+/// The acknowledgement `status` keeps, given the group's `spec` and what `previous` kept: the
+/// same as before while the acknowledgement is unchanged, a new baseline (this status's parked
+/// count and tier) when it is new or changed, none without one.
+pub fn acknowledged_at(
+    spec: &DeadLetterGroupSpec,
+    previous: Option<&AcknowledgedAt>,
+    status: &DeadLetterGroupStatus,
+) -> Option<AcknowledgedAt> {
+    let ack = spec.acknowledged.as_ref()?;
+    match previous {
+        Some(p) if p.by == ack.by && p.note == ack.note => Some(p.clone()),
+        _ => Some(AcknowledgedAt {
+            by: ack.by.clone(),
+            note: ack.note.clone(),
+            parked: status.parked,
+            tier: status.tier,
+        }),
+    }
+}
+
+/// Whether an acknowledgement still silences the group: acknowledged, and neither has its
+/// parked count doubled nor its tier risen since. A new failure never hides behind it.
+pub fn silenced(status: &DeadLetterGroupStatus) -> bool {
+    status
+        .acknowledgement
+        .as_ref()
+        .is_some_and(|a| status.parked < 2 * a.parked.max(1) && status.tier <= a.tier)
+}
 
 /// Info: a trickle (data quality). Warning: a sustained rate. Critical: a storm.
 #[derive(
@@ -124,6 +185,12 @@ pub struct DeadLetterGroupStatus {
     /// A few record names, Parked ones first, newest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub samples: Vec<String>,
+    /// The acknowledgement in force and what the group looked like then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acknowledgement: Option<AcknowledgedAt>,
+    /// Whether the acknowledgement silences the group's alert now ([`silenced`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub silenced: bool,
 }
 
 /// A queue's `spec.groups`: the bound on its groups and its tier thresholds.
@@ -184,7 +251,7 @@ pub fn group_object(
     let queue_name = queue.meta().name.clone().unwrap_or_default();
     let mut g = DeadLetterGroup::new(
         &group_name(&queue_name, fingerprint),
-        DeadLetterGroupSpec {},
+        DeadLetterGroupSpec::default(),
     );
     g.metadata.namespace = queue.meta().namespace.clone();
     g.metadata.labels = Some(BTreeMap::from([
@@ -549,6 +616,59 @@ mod tests {
         ];
         let p = plan(&queue(None), &records, &existing, at(NOW));
         assert_eq!(p.delete, ["0000000001"]);
+    }
+
+    #[test]
+    fn an_acknowledgement_silences_until_the_group_doubles_or_its_tier_rises() {
+        let status = |parked: i64, tier: Tier| DeadLetterGroupStatus {
+            parked,
+            tier,
+            ..Default::default()
+        };
+        let spec = DeadLetterGroupSpec {
+            acknowledged: Some(Acknowledgement {
+                by: "carol".into(),
+                note: Some("INC-1234".into()),
+            }),
+        };
+        assert_eq!(
+            acknowledged_at(
+                &DeadLetterGroupSpec::default(),
+                None,
+                &status(3, Tier::Info)
+            ),
+            None
+        );
+        let at = acknowledged_at(&spec, None, &status(10, Tier::Warning));
+        assert_eq!(
+            at.as_ref().map(|a| (a.parked, a.tier)),
+            Some((10, Tier::Warning))
+        );
+        let kept = acknowledged_at(&spec, at.as_ref(), &status(15, Tier::Warning));
+        assert_eq!(
+            kept, at,
+            "the baseline stays while the acknowledgement does"
+        );
+        let with = |parked, tier| DeadLetterGroupStatus {
+            acknowledgement: at.clone(),
+            ..status(parked, tier)
+        };
+        assert!(silenced(&with(19, Tier::Warning)));
+        assert!(silenced(&with(0, Tier::Info)));
+        assert!(!silenced(&with(20, Tier::Warning)), "doubled");
+        assert!(!silenced(&with(11, Tier::Critical)), "tier rose");
+        assert!(!silenced(&status(1, Tier::Info)), "not acknowledged");
+        let renewed = DeadLetterGroupSpec {
+            acknowledged: Some(Acknowledgement {
+                by: "dave".into(),
+                note: None,
+            }),
+        };
+        let again = acknowledged_at(&renewed, at.as_ref(), &status(25, Tier::Critical));
+        assert_eq!(
+            again.map(|a| (a.by, a.parked, a.tier)),
+            Some(("dave".into(), 25, Tier::Critical))
+        );
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub fn sort(groups: &mut [DeadLetterGroup]) {
 fn row(g: &DeadLetterGroup, with_ns: bool) -> Vec<String> {
     let s: DeadLetterGroupStatus = g.status.clone().unwrap_or_default();
     let label = |k: &str| g.labels().get(k).cloned().unwrap_or_else(|| "-".into());
+    let ack = acknowledged(g, &s);
     let mut row = Vec::new();
     if with_ns {
         row.push(g.namespace().unwrap_or_default());
@@ -47,9 +48,22 @@ fn row(g: &DeadLetterGroup, with_ns: bool) -> Vec<String> {
         s.parked.to_string(),
         format!("{}/min", s.rate_per_minute),
         s.tier.as_str().to_string(),
+        ack,
         s.template,
     ]);
     row
+}
+
+/// Who acknowledged the group; `(new failures)` once that no longer silences it (parked count
+/// doubled or tier risen since).
+fn acknowledged(g: &DeadLetterGroup, s: &DeadLetterGroupStatus) -> String {
+    match &g.spec.acknowledged {
+        None => "-".into(),
+        Some(a) if s.acknowledgement.is_some() && !s.silenced => {
+            format!("{} (new failures)", a.by)
+        }
+        Some(a) => a.by.clone(),
+    }
 }
 
 /// The table `groups` prints (header included), or None when there is nothing to show.
@@ -63,7 +77,7 @@ pub fn render(groups: &[DeadLetterGroup], with_ns: bool) -> Option<String> {
     }
     header.extend(
         [
-            "GROUP", "QUEUE", "KIND", "VERSION", "PARKED", "RATE", "TIER", "TEMPLATE",
+            "GROUP", "QUEUE", "KIND", "VERSION", "PARKED", "RATE", "TIER", "ACK", "TEMPLATE",
         ]
         .map(String::from),
     );
@@ -98,7 +112,7 @@ mod tests {
     use dlq_core::groups::{DeadLetterGroupSpec, Tier};
 
     fn group(name: &str, parked: i64, rate: i64, tier: Tier) -> DeadLetterGroup {
-        let mut g = DeadLetterGroup::new(name, DeadLetterGroupSpec {});
+        let mut g = DeadLetterGroup::new(name, DeadLetterGroupSpec::default());
         g.status = Some(DeadLetterGroupStatus {
             parked,
             rate_per_minute: rate,
@@ -127,5 +141,18 @@ mod tests {
             "{text}"
         );
         assert_eq!(render(&[], false), None);
+        let mut acked = group("e", 1, 0, Tier::Info);
+        acked.spec.acknowledged = Some(dlq_core::groups::Acknowledgement {
+            by: "carol".into(),
+            note: None,
+        });
+        let text = render(std::slice::from_ref(&acked), false).unwrap_or_default();
+        assert!(text.contains(" carol "), "{text}");
+        if let Some(s) = acked.status.as_mut() {
+            s.acknowledgement = Some(Default::default());
+            s.silenced = false;
+        }
+        let text = render(&[acked], false).unwrap_or_default();
+        assert!(text.contains("carol (new failures)"), "{text}");
     }
 }
