@@ -21,12 +21,15 @@ use crate::record::Facts;
 pub const LABEL_GROUP: &str = "dlq.dev/group";
 /// Longest reason template, in characters; longer ones are cut (with `...`) before hashing.
 pub const MAX_TEMPLATE: usize = 256;
+/// Characters of a reason its template is made from.
+pub const MAX_INPUT: usize = 2 * MAX_TEMPLATE;
 /// Longest error class a record holds (the CRD bounds `spec.errorClass` the same).
 pub const MAX_ERROR_CLASS: usize = 256;
 /// Hex digits of a fingerprint (40 bits: a birthday collision needs about a million groups
 /// in one queue, which `maxGroups` never allows).
 pub const FINGERPRINT_LEN: usize = 10;
 const HEX_PLACEHOLDER: &str = "<hex>";
+const BASE64_PLACEHOLDER: &str = "<b64>";
 const NUMBER_PLACEHOLDER: &str = "<n>";
 /// The hashed form's version, hashed first.
 const SCHEME: &str = "dlq.dev/group/v1";
@@ -60,10 +63,17 @@ impl<'a> Key<'a> {
 
     /// The group's fingerprint: [`FINGERPRINT_LEN`] hex digits of a sha256 over the parts,
     /// each length-prefixed so no two different keys hash the same text.
+    /// The template as hashed: a random id is now and then all digits (`00012345`) or a
+    /// base64 token all hex letters, so numbers, hex and base64 runs count as one kind of id
+    /// there, and such a record stays in its group.
+    pub fn hashed_template(&self) -> String {
+        self.template()
+            .replace(HEX_PLACEHOLDER, NUMBER_PLACEHOLDER)
+            .replace(BASE64_PLACEHOLDER, NUMBER_PLACEHOLDER)
+    }
+
     pub fn fingerprint(&self) -> String {
-        // A random hex id is now and then all digits (`00012345`): hashed, a hex run and a
-        // number are one kind of id, so such a record stays in its group.
-        let template = self.template().replace(HEX_PLACEHOLDER, NUMBER_PLACEHOLDER);
+        let template = self.hashed_template();
         let parts = [
             self.queue,
             self.failure_kind.as_str(),
@@ -225,7 +235,7 @@ static MASKS: LazyLock<Vec<Mask>> = LazyLock::new(|| {
         ),
         mask(
             &format!("{L}(?P<v>[A-Za-z0-9+/_-]{{16,}}={{0,2}}){T}"),
-            "<b64>",
+            BASE64_PLACEHOLDER,
             random_base64,
         ),
         mask(
@@ -239,32 +249,34 @@ static MASKS: LazyLock<Vec<Mask>> = LazyLock::new(|| {
     .collect()
 });
 
-/// Replaces the values `m` finds in `text` and accepts, keeping their boundaries.
-fn apply(m: &Mask, text: &str) -> String {
-    m.find
-        .replace_all(text, |c: &Captures| {
-            let group = |name: &str| c.name(name).map_or("", |g| g.as_str());
-            let value = group("v");
-            if (m.accept)(value) {
-                format!("{}{}{}", group("l"), m.placeholder, group("t"))
-            } else {
-                c.get(0).map_or("", |g| g.as_str()).to_string()
-            }
-        })
-        .into_owned()
+/// Replaces the values `m` finds in `text` and accepts, keeping their boundaries; borrowed
+/// when nothing matched (most masks, most reasons).
+fn apply<'t>(m: &Mask, text: &'t str) -> std::borrow::Cow<'t, str> {
+    m.find.replace_all(text, |c: &Captures| {
+        let group = |name: &str| c.name(name).map_or("", |g| g.as_str());
+        let value = group("v");
+        if (m.accept)(value) {
+            format!("{}{}{}", group("l"), m.placeholder, group("t"))
+        } else {
+            c.get(0).map_or("", |g| g.as_str()).to_string()
+        }
+    })
 }
 
 /// The reason with its variable parts masked (numbers `<n>`, hex runs `<hex>`, base64 runs
 /// `<b64>`, UUIDs `<uuid>`, quoted values `<q>`, durations `<dur>`, times `<time>`, IP
-/// addresses `<ip>`, host names `<host>`, e-mail addresses `<email>`), white space collapsed,
-/// cut to [`MAX_TEMPLATE`] characters.
+/// addresses `<ip>`, host names `<host>`, e-mail addresses `<email>`) in its first
+/// [`MAX_INPUT`] characters, white space collapsed, cut to [`MAX_TEMPLATE`] characters.
 pub fn template(reason: &str) -> String {
-    // Only what can reach the template is masked: a reason is at most 1024 characters, and
-    // masks only shorten, so a cap of four templates' worth loses nothing that is kept.
-    let mut text: String = reason.chars().take(MAX_TEMPLATE * 4).collect();
+    // Only the first two templates' worth is masked (a reason holds 1024 characters): the park
+    // path pays for at most that much, and what is kept is cut at MAX_TEMPLATE anyway.
+    let mut text: String = reason.chars().take(MAX_INPUT).collect();
     for m in MASKS.iter() {
-        // Twice for the masks with a leading boundary: adjacent matches share it.
-        text = apply(m, &apply(m, &text));
+        // Again after a match: adjacent matches share a boundary, so one pass may miss every
+        // other one.
+        if let std::borrow::Cow::Owned(once) = apply(m, &text) {
+            text = apply(m, &once).into_owned();
+        }
     }
     let mut out = String::with_capacity(text.len());
     for word in text.split_whitespace() {
@@ -468,6 +480,61 @@ mod tests {
         assert_eq!(
             bounded_error_class(&long).map(|c| c.len()),
             Some(MAX_ERROR_CLASS)
+        );
+    }
+}
+
+#[cfg(test)]
+mod cost {
+    use super::*;
+
+    /// What grouping adds to a park: one fingerprint of a realistic reason (the bench's
+    /// parks take milliseconds at the apiserver). `cargo test -p dlq-core --release --lib
+    /// fingerprint_cost -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn fingerprint_cost() {
+        let reasons: Vec<String> = (0..1000)
+            .map(|i| {
+                format!(
+                    "timeout after {} ms talking to payer {:08x} at 10.0.{}.{}:8443 for order \"pi_{i:04}\" (trace 123e4567-e89b-12d3-a456-{:012x})",
+                    i * 7,
+                    i * 7919,
+                    i % 250,
+                    i % 7,
+                    i
+                )
+            })
+            .collect();
+        let start = std::time::Instant::now();
+        let mut n = 0usize;
+        for _ in 0..10 {
+            for r in &reasons {
+                let k = Key {
+                    queue: "relayer",
+                    failure_kind: FailureKind::Transient,
+                    service_version: Some("relayer@1.4.2"),
+                    error_class: None,
+                    reason: r,
+                };
+                n += k.fingerprint().len();
+            }
+        }
+        let per = start.elapsed() / 10_000;
+        eprintln!(
+            "fingerprint of a {}-character reason: {per:?} each ({n})",
+            reasons[0].len()
+        );
+        let long = "x1 ".repeat(341);
+        let long = long.trim_end();
+        let start = std::time::Instant::now();
+        for _ in 0..1000 {
+            n += template(long).len();
+        }
+        eprintln!(
+            "template of a {}-character reason of 341 numbers: {:?} each ({n})",
+            long.len(),
+            start.elapsed() / 1000
         );
     }
 }
