@@ -332,6 +332,7 @@ fn alert_sender(
             cfg,
             ctx.records.clone(),
             ctx.queues.clone(),
+            ctx.group_store.clone(),
             ctx.apiserver.clone(),
             ctx.metrics.clone(),
             shutdown,
