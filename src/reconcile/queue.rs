@@ -62,13 +62,6 @@ pub async fn reconcile(
     let now = Timestamp::now();
     let settled = settled(&queue, &records, now);
     let deleted = retain(&ctx, &queue, &records, now).await;
-    let unlabelled = label_groups(&ctx, &records).await;
-    let live_records: Vec<Arc<Summary>> = records
-        .iter()
-        .filter(|r| !deleted.contains(&*r.name))
-        .cloned()
-        .collect();
-    let groups_again = super::groups::keep(&ctx, &queue, &live_records, now).await;
     let live = records
         .iter()
         .filter(|r| !deleted.contains(&*r.name))
@@ -89,6 +82,15 @@ pub async fn reconcile(
             .publish(reference(queue.as_ref()), event)
             .await;
     }
+    // The failure groups after the counters: those settle blocks of slots (maxParked), which
+    // must not wait for group bookkeeping.
+    let unlabelled = label_groups(&ctx, &records).await;
+    let live_records: Vec<Arc<Summary>> = records
+        .iter()
+        .filter(|r| !deleted.contains(&*r.name))
+        .cloned()
+        .collect();
+    let groups_again = super::groups::keep(&ctx, &queue, &live_records, now).await;
     // Records still unlabelled: the next batch soon, not at the next resync.
     let mut next = if unlabelled > 0 {
         ctx.settings.queue_resync.min(LABEL_AGAIN)
