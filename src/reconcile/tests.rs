@@ -1074,3 +1074,54 @@ async fn an_acknowledged_group_records_its_baseline_and_is_silenced() {
     assert_eq!(status.acknowledgement, None);
     assert!(!status.silenced);
 }
+
+/// Beyond `spec.groups.max` groups, the rest are counted in the queue's overflow group and a
+/// Warning `GroupsOverflow` says so, once while the number does not grow.
+#[tokio::test]
+async fn groups_beyond_the_bound_overflow_with_one_warning() {
+    let now = jiff::Timestamp::now().as_second();
+    let records = queue_records(now);
+    let apiserver = FakeApiserver::holding(records.clone());
+    let target: Arc<FakeTarget> = Arc::default();
+    let mut q = limited_queue(100);
+    q.spec.retention = None;
+    q.spec.groups = Some(dlq_core::groups::GroupSettings {
+        max: Some(1),
+        ..Default::default()
+    });
+    let ctx = context(
+        &apiserver,
+        &target,
+        std::slice::from_ref(&q),
+        Settings::default(),
+    );
+    for _ in 0..2 {
+        super::queue::reconcile(Arc::new(q.clone()), ctx.clone())
+            .await
+            .expect("reconcile");
+    }
+    let groups = apiserver.groups();
+    assert_eq!(
+        groups.len(),
+        2,
+        "one group and the overflow: {:?}",
+        groups.keys()
+    );
+    let overflow = groups["relayer-overflow"]
+        .status
+        .clone()
+        .unwrap_or_default();
+    let total: i64 = groups
+        .values()
+        .filter_map(|g| g.status.as_ref())
+        .map(|s| s.parked + s.redriven + s.dropped)
+        .sum();
+    assert_eq!(total as usize, records.len(), "every record counted once");
+    assert!(overflow.parked + overflow.redriven + overflow.dropped > 0);
+    let warnings = apiserver
+        .reasons()
+        .iter()
+        .filter(|r| **r == dlq_core::events::reason::GROUPS_OVERFLOW)
+        .count();
+    assert_eq!(warnings, 1, "announced once");
+}
