@@ -9,6 +9,8 @@
 //!   Event, and every job arrives exactly once when it is back;
 //! - a crash between a park and its acknowledgement (the backend's failpoint), with the
 //!   records resolved meanwhile: the re-read messages find their records, none is parked twice;
+//! - a redrive's status write failing after the broker's confirmation (the apiserver away,
+//!   then etcd), on a control plane of the test's own: one enqueue each;
 //! - 100 records redriven at once, each exactly once, their Events folded per queue (the rate
 //!   is reported);
 //! - a dead message whose record the apiserver refuses for good (a CEL admission policy), then
@@ -438,6 +440,64 @@ async fn many_records_are_each_redriven_exactly_once<B: Backend>() {
     );
 }
 
+/// Issue 35: a redrive's status write fails after the broker confirmed its job, once while
+/// the apiserver is away and once while etcd is down (a control plane of this test's own):
+/// the operator writes only the status when the plane is back, and each job arrives once,
+/// carrying one idempotency key.
+#[cfg(feature = "failpoints")]
+async fn a_failing_status_write_never_enqueues_twice<B: Backend>() {
+    use dlq_testenv::plane::ControlPlane;
+    let mut plane = ControlPlane::start().expect("a control plane");
+    let client = dlq_testenv::admin_client(&plane.kubeconfig).await;
+    dlq_testenv::apply_crds(&client, dlq_testenv::CRDS).await;
+    let ns = dlq_testenv::namespace(&client, &format!("{}-outage", B::NAME)).await;
+    let backend = B::start(&ns, Broker::Shared).await;
+    backend.create_queue(&client, &ns, false).await;
+    // Held 3 s after each confirmation: the plane breaks meanwhile, so the write meets it.
+    let env = [("DLQ_FAILPOINT", "after-requeue@3000")];
+    let op = Operator::start_on(&plane.kubeconfig, &ns, &[], &env);
+    let headers = backend.headers();
+    let pairs: Vec<(&str, &str)> = headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    for (i, fault) in ["apiserver", "etcd"].into_iter().enumerate() {
+        let client = dlq_testenv::admin_client(&plane.kubeconfig).await;
+        let api: Api<DeadLetter> = Api::namespaced(client, &ns);
+        let name = format!("outage-{i}");
+        let job = record(&name, &format!("outage/{i}"), &backend.payload(i), &pairs);
+        api.create(&PostParams::default(), &job)
+            .await
+            .unwrap_or_else(|e| panic!("creating record {name}: {e}"));
+        wait_phase(&api, &name, Phase::Parked, 20).await;
+        decide(&api, &name, Action::Redrive, "ops").await;
+        op.reached_failpoint_times("after-requeue", i + 1, 30).await;
+        if fault == "apiserver" {
+            plane.stop_apiserver();
+            let failed = format!("writing the status of DeadLetter {name}");
+            eventually(20, "the resolution's write to fail", || async {
+                op.logs().contains(&failed).then_some(())
+            })
+            .await;
+            plane.start_apiserver().expect("the apiserver back");
+        } else {
+            // The apiserver holds the write while etcd is away (no answer), past the hold.
+            plane.stop_etcd();
+            std::thread::sleep(Duration::from_secs(6));
+            plane.start_etcd().expect("etcd back");
+        }
+        let client = dlq_testenv::admin_client(&plane.kubeconfig).await;
+        let api: Api<DeadLetter> = Api::namespaced(client, &ns);
+        wait_phase(&api, &name, Phase::Redriven, 60).await;
+    }
+    let keyed = backend.keyed().await;
+    assert_eq!(keyed.len(), 2, "one arrival per job\n{}", op.logs());
+    let keys: std::collections::BTreeSet<_> = keyed.iter().filter_map(|(_, k)| k.clone()).collect();
+    assert_eq!(keys.len(), if B::CARRIES_KEY { 2 } else { 0 });
+    let requeued = op.logs().matches("job requeued").count();
+    assert_eq!(requeued, 2, "one enqueue per record\n{}", op.logs());
+}
+
 /// `text` as a CEL string literal.
 fn cel_string(text: &str) -> String {
     let mut out = String::from("\"");
@@ -674,6 +734,16 @@ run_for!(a_crash_between_park_and_ack_parks_each_message_once:
     nats = NatsBackend,
     kafka = KafkaBackend,
     sqs = SqsBackend,
+);
+
+#[cfg(feature = "failpoints")]
+run_for!(a_failing_status_write_never_enqueues_twice:
+    redis = RedisBackend,
+    rabbitmq = RabbitBackend,
+    nats = NatsBackend,
+    kafka = KafkaBackend,
+    sqs = SqsBackend,
+    http = HttpBackend,
 );
 
 run_for!(many_records_are_each_redriven_exactly_once:

@@ -1,5 +1,6 @@
 //! Redrive and drop against a real apiserver and a real redis-server: drop and retention, a
-//! missing queue, the Redis list and stream targets, a crash after the requeue, two operators
+//! missing queue, the Redis list and stream targets (one job per redrive key), a crash after
+//! the requeue, two operators
 //! racing, restarts with decisions waiting, and apiservers without streaming watches or with
 //! older CRDs. The scenarios every backend passes (redrive byte for byte with what a resolution
 //! writes and announces, broker down, many redrives with their Events folded) are in
@@ -205,14 +206,84 @@ async fn crash_between_requeue_and_status_write_redrives_after_restart() {
         "status was not written"
     );
 
-    let _op = Operator::start(&ns);
+    let op = Operator::start(&ns);
     wait_phase(&api, "crash-1", Phase::Redriven, 30).await;
-    let list = redis.list(LIST).await;
-    assert!(
-        !list.is_empty() && list.iter().all(|j| j == b"once"),
-        "{list:?}"
+    // The next operator enqueues again (nothing told it the job was sent), with the same
+    // idempotency key: Redis finds the redrive's marker and pushes nothing.
+    assert!(op.logs().contains("job requeued"), "{}", op.logs());
+    assert_eq!(
+        redis.list(LIST).await,
+        vec![b"once".to_vec()],
+        "Redis took the repeated enqueue without a second job"
     );
-    assert_eq!(list.len(), 2, "at worst one more delivery of the same job");
+}
+
+/// The Redis target pushes a redrive once however often it is asked (a lost answer retried, a
+/// next leader): the push and the redrive's marker are one script. Lists and streams; another
+/// redrive (another key) is pushed; a push Redis refuses leaves no marker behind.
+#[tokio::test]
+async fn redis_keeps_one_job_per_redrive_key() {
+    use deadletter::target::redis::{MARKER_TTL, RedisKey, RedisTarget, marker};
+    use deadletter::target::{JobMessage, Target};
+    let redis = Redis::start();
+    let message = |key: &str, headers: &[(&str, &str)]| JobMessage {
+        id: "pi_0003/settle".into(),
+        payload: b"\x00job\xff".to_vec(),
+        null_payload: false,
+        headers: headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        origin: None,
+        idempotency_key: Some(key.into()),
+        key_header: None,
+    };
+    let list = RedisTarget::new(&redis.url(), RedisKey::List("jobs".into())).expect("target");
+    for _ in 0..3 {
+        list.requeue(&message("u-1-1", &[])).await.expect("pushed");
+    }
+    list.requeue(&message("u-2-1", &[])).await.expect("pushed");
+    assert_eq!(redis.list("jobs").await.len(), 2, "one job per redrive key");
+    let mut c = redis.conn().await;
+    let ttl: i64 = redis::cmd("TTL")
+        .arg(marker("jobs", "u-1-1"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(
+        ttl > 0 && ttl <= MARKER_TTL.as_secs() as i64,
+        "the marker expires: {ttl}"
+    );
+
+    let stream = RedisTarget::new(&redis.url(), RedisKey::Stream("s".into())).expect("target");
+    for _ in 0..2 {
+        let m = message("u-1-1", &[("x-trace", "abc")]);
+        stream.requeue(&m).await.expect("added");
+    }
+    let len: usize = redis::cmd("XLEN")
+        .arg("s")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(len, 1);
+
+    let _: () = redis::cmd("SET")
+        .arg("str")
+        .arg("x")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let wrong = RedisTarget::new(&redis.url(), RedisKey::List("str".into())).expect("target");
+    wrong
+        .requeue(&message("u-3-1", &[]))
+        .await
+        .expect_err("a string is not a list");
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(marker("str", "u-3-1"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(!exists, "a refused push leaves no marker");
 }
 
 /// Issue 35: the broker confirmed a redrive, then the apiserver went away, so the resolution's

@@ -34,6 +34,9 @@ pub struct Claims {
 pub struct Unwritten {
     pub namespace: String,
     pub name: String,
+    /// Who signed the redrive that was sent: the resolution names them even if the decision
+    /// changed since (`dlq_core::decide::after_confirmation`).
+    pub by: String,
 }
 
 #[derive(Default)]
@@ -79,9 +82,10 @@ impl Claims {
         lock(&self.confirmed).insert(key.to_string(), record);
     }
 
-    /// Whether a broker confirmed the job of the redrive `key` and its resolution is unwritten.
-    pub fn confirmed(&self, key: &str) -> bool {
-        lock(&self.confirmed).contains_key(key)
+    /// The signer of the redrive `key` when a broker confirmed its job and its resolution is
+    /// unwritten.
+    pub fn confirmed_by(&self, key: &str) -> Option<String> {
+        lock(&self.confirmed).get(key).map(|u| u.by.clone())
     }
 
     /// The redrive `key` is done with (resolved, lost to a rival, gone): forget its confirmation.
@@ -144,14 +148,19 @@ mod tests {
         let record = Unwritten {
             namespace: "ns".into(),
             name: "r".into(),
+            by: "alice".into(),
         };
-        assert!(!claims.confirmed("u-1-1"));
+        assert_eq!(claims.confirmed_by("u-1-1"), None);
         claims.confirm("u-1-1", record.clone());
-        assert!(claims.confirmed("u-1-1"));
-        assert!(!claims.confirmed("u-1-2"), "another cycle of the job");
+        assert_eq!(claims.confirmed_by("u-1-1").as_deref(), Some("alice"));
+        assert_eq!(
+            claims.confirmed_by("u-1-2"),
+            None,
+            "another cycle of the job"
+        );
         assert_eq!(claims.unwritten(), [("u-1-1".to_string(), record)]);
         claims.forget_confirmed("u-1-1");
-        assert!(!claims.confirmed("u-1-1"));
+        assert_eq!(claims.confirmed_by("u-1-1"), None);
         assert!(claims.unwritten().is_empty());
     }
 }

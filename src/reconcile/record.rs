@@ -69,7 +69,9 @@ pub async fn reconcile(dl: Arc<DeadLetter>, ctx: Arc<Context>) -> Result<Action,
     let Some(_claim) = ctx.claims.claim(&dl.uid().unwrap_or_default()) else {
         return Ok(Action::requeue(CLAIMED_RETRY));
     };
-    let action = match decide::for_record(&dl) {
+    let confirmed_by = ctx.claims.confirmed_by(&decide::redrive_key(&dl));
+    let action = match decide::after_confirmation(decide::for_record(&dl), confirmed_by.as_deref())
+    {
         Decision::Done | Decision::Wait => Action::await_change(),
         Decision::MarkParked => mark_parked(&ctx, &dl).await?,
         Decision::Refuse { reason } => refuse(&ctx, &dl, &reason).await,
@@ -134,19 +136,17 @@ async fn redrive(ctx: &Context, ns: &str, cached: &DeadLetter) -> Result<Action>
     let Some(record) = load(ctx, ns, cached).await? else {
         return Ok(Action::await_change());
     };
-    let by = match decide::decide(
-        record.status.as_ref().and_then(|s| s.phase),
-        record.spec.action,
-        record.spec.by.as_deref(),
-    ) {
+    let key = decide::redrive_key(&record);
+    let confirmed_by = ctx.claims.confirmed_by(&key);
+    let by = match decide::after_confirmation(decide::for_record(&record), confirmed_by.as_deref())
+    {
         Decision::Redrive { by } => by,
         // The decision changed or was carried out meanwhile; the watch brings the new state.
         _ => return Ok(Action::await_change()),
     };
-    let key = decide::redrive_key(&record);
-    match decide::redrive_step(ctx.claims.confirmed(&key)) {
+    match decide::redrive_step(confirmed_by.is_some()) {
         RedriveStep::Enqueue => {
-            if let Some(wait) = enqueue(ctx, ns, &record, &key).await {
+            if let Some(wait) = enqueue(ctx, ns, &record, &key, &by).await {
                 return Ok(wait);
             }
         }
@@ -166,7 +166,13 @@ async fn redrive(ctx: &Context, ns: &str, cached: &DeadLetter) -> Result<Action>
 
 /// Enqueues the job of the redrive `key` and remembers the broker's confirmation. Some(action)
 /// when nothing was confirmed: the reconcile ends there with that action.
-async fn enqueue(ctx: &Context, ns: &str, record: &DeadLetter, key: &str) -> Option<Action> {
+async fn enqueue(
+    ctx: &Context,
+    ns: &str,
+    record: &DeadLetter,
+    key: &str,
+    by: &str,
+) -> Option<Action> {
     if !ctx.settings.leadership.holds() {
         // Our term on the Lease ran out (paused, or renewals failing): a standby may be
         // redriving this record now. Enqueue nothing; retry once the term is renewed.
@@ -186,6 +192,7 @@ async fn enqueue(ctx: &Context, ns: &str, record: &DeadLetter, key: &str) -> Opt
         Unwritten {
             namespace: ns.to_string(),
             name: record.name_any(),
+            by: by.to_string(),
         },
     );
     tracing::info!(namespace = ns, name = %record.name_any(), job = %record.spec.job.id, queue = %record.spec.queue, "job requeued");
@@ -253,7 +260,7 @@ async fn flush_one(ctx: &Context, key: &str, unwritten: &Unwritten) -> Result<bo
     if decide::redrive_key(&record) != key {
         return Ok(true);
     }
-    match decide::for_record(&record) {
+    match decide::after_confirmation(decide::for_record(&record), Some(&unwritten.by)) {
         Decision::Redrive { by } => {
             let uid = record.uid().unwrap_or_default();
             let done = resolve(ctx, record, Phase::Redriven, &by).await? == Action::await_change();

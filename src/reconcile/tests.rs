@@ -452,6 +452,32 @@ async fn a_failed_status_write_after_the_requeue_never_requeues_twice_in_one_pro
     assert_eq!(h.delivered(), 1, "the retry only writes the status");
 }
 
+/// A drop decided after the broker confirmed the redrive (the status write failing between)
+/// cannot take the job back: the record ends Redriven by the redrive's signer, with a Warning
+/// saying the drop came too late, and nothing is sent again.
+#[tokio::test]
+async fn a_drop_decided_after_the_confirmed_redrive_resolves_it_as_redriven() {
+    let h = Harness::new(&record(Some(Action::Redrive)), &[queue()]);
+    h.apiserver.fail_next_write.store(true, Ordering::SeqCst);
+    let _ = h.reconcile().await;
+    assert_eq!((h.phase(), h.delivered()), (Phase::Parked, 1));
+    h.apiserver.edit(NAME, |r| {
+        r.spec.action = Some(Action::Drop);
+        r.spec.by = Some("bob".into());
+    });
+
+    h.reconcile().await.expect("reconcile");
+    let now = h.apiserver.current();
+    assert_eq!(now.phase(), Phase::Redriven, "the job is on its target");
+    assert_eq!(
+        now.status.and_then(|s| s.resolved_by).as_deref(),
+        Some("ops")
+    );
+    assert_eq!(h.delivered(), 1);
+    assert!(h.apiserver.reasons().contains(&"DecisionTooLate"));
+    assert!(h.ctx.claims.unwritten().is_empty());
+}
+
 /// Issue 35: etcd restarting (or the apiserver away) fails the resolution's write several
 /// times after the broker confirmed the job; every retry writes only the status.
 #[tokio::test]

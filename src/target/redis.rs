@@ -4,6 +4,11 @@
 //! Headers: a list element is only the payload bytes, so a job with headers is refused for a
 //! list target (condition + Event) rather than redriven without them. A stream entry carries
 //! the payload in field `payload` and each header `k` in field `header:k`.
+//!
+//! Deduplicated in Redis itself: the push and a marker key named after the redrive's
+//! idempotency key (`<list or stream>:dlq-redriven:<key>`, kept [`MARKER_TTL`]) are one
+//! script, which pushes nothing when the marker exists. An enqueue whose answer was lost (a
+//! cut link, a timeout) and is retried, or repeated by the next leader, adds no second job.
 
 use std::time::Duration;
 
@@ -16,6 +21,25 @@ use super::{JobMessage, Target, TargetError};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long Redis remembers a redrive's marker: far longer than any retry or leader change
+/// repeats an enqueue, short enough that markers do not pile up (one small key per redrive).
+pub const MARKER_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// Pushes unless the redrive's marker exists, then sets it; the push first, so that a push
+/// Redis refuses (a key of another type) leaves no marker. KEYS: the list or stream, the
+/// marker. ARGV: `list` or `stream`, the marker's lifetime (s), then the LPUSH value or the
+/// XADD fields. Returns 1 when pushed, 0 when the marker said it was already.
+const PUSH_ONCE: &str = r"
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+if ARGV[1] == 'list' then
+  redis.call('LPUSH', KEYS[1], ARGV[3])
+else
+  redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
+end
+redis.call('SET', KEYS[2], '1', 'EX', ARGV[2])
+return 1
+";
 
 /// Stream field holding the payload.
 pub const STREAM_PAYLOAD_FIELD: &str = "payload";
@@ -112,32 +136,63 @@ impl RedisTarget {
     }
 }
 
-/// The command that puts `job` on `key`, or why it cannot carry it untouched.
+/// The command that puts `job` on `key`, or why it cannot carry it untouched: the
+/// [`PUSH_ONCE`] script when the job has an idempotency key, else a plain LPUSH / XADD.
 pub fn requeue_command(key: &RedisKey, job: &JobMessage) -> Result<redis::Cmd, TargetError> {
-    match key {
-        RedisKey::List(list) => {
-            if !job.headers.is_empty() {
-                return Err(TargetError::Unsupported(format!(
-                    "redis list target cannot carry headers ({}); use a stream target, or a backend with headers",
-                    job.headers.keys().cloned().collect::<Vec<_>>().join(", ")
-                )));
-            }
-            let mut cmd = redis::cmd("LPUSH");
-            cmd.arg(list).arg(&job.payload[..]);
-            Ok(cmd)
+    let (name, kind, values) = match key {
+        RedisKey::List(list) => (list, "list", list_value(job)?),
+        RedisKey::Stream(stream) => (stream, "stream", stream_fields(job)),
+    };
+    let Some(idempotency_key) = &job.idempotency_key else {
+        let mut cmd = match key {
+            RedisKey::List(_) => redis::cmd("LPUSH"),
+            RedisKey::Stream(_) => redis::cmd("XADD"),
+        };
+        cmd.arg(name);
+        if kind == "stream" {
+            cmd.arg("*");
         }
-        RedisKey::Stream(stream) => {
-            let mut cmd = redis::cmd("XADD");
-            cmd.arg(stream)
-                .arg("*")
-                .arg(STREAM_PAYLOAD_FIELD)
-                .arg(&job.payload[..]);
-            for (k, v) in job.headers_with_key().iter() {
-                cmd.arg(format!("{STREAM_HEADER_PREFIX}{k}")).arg(v);
-            }
-            Ok(cmd)
-        }
+        cmd.arg(values);
+        return Ok(cmd);
+    };
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(PUSH_ONCE)
+        .arg(2)
+        .arg(name)
+        .arg(marker(name, idempotency_key))
+        .arg(kind)
+        .arg(MARKER_TTL.as_secs())
+        .arg(values);
+    Ok(cmd)
+}
+
+/// The marker of the redrive `idempotency_key` on the list or stream `name`.
+pub fn marker(name: &str, idempotency_key: &str) -> String {
+    format!("{name}:dlq-redriven:{idempotency_key}")
+}
+
+/// A list element is the payload alone: a job with headers is refused, not stripped.
+fn list_value(job: &JobMessage) -> Result<Vec<Vec<u8>>, TargetError> {
+    if !job.headers.is_empty() {
+        return Err(TargetError::Unsupported(format!(
+            "redis list target cannot carry headers ({}); use a stream target, or a backend with headers",
+            job.headers.keys().cloned().collect::<Vec<_>>().join(", ")
+        )));
     }
+    Ok(vec![job.payload.clone()])
+}
+
+/// A stream entry's fields: the payload, then each header (the idempotency key among them).
+fn stream_fields(job: &JobMessage) -> Vec<Vec<u8>> {
+    let mut fields = vec![
+        STREAM_PAYLOAD_FIELD.as_bytes().to_vec(),
+        job.payload.clone(),
+    ];
+    for (k, v) in job.headers_with_key().iter() {
+        fields.push(format!("{STREAM_HEADER_PREFIX}{k}").into_bytes());
+        fields.push(v.as_bytes().to_vec());
+    }
+    fields
 }
 
 impl Target for RedisTarget {
@@ -184,6 +239,16 @@ mod tests {
         }
     }
 
+    /// The arguments of `cmd`, as Redis receives them.
+    fn args(cmd: &redis::Cmd) -> Vec<Vec<u8>> {
+        cmd.args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => b.to_vec(),
+                _ => Vec::new(),
+            })
+            .collect()
+    }
+
     #[test]
     fn list_refuses_headers_rather_than_dropping_them() {
         let err = requeue_command(&RedisKey::List("q".into()), &job(&[("x-trace", "abc")]))
@@ -193,16 +258,30 @@ mod tests {
     }
 
     #[test]
+    fn a_keyed_job_is_pushed_by_the_script_beside_its_marker() {
+        let mut keyed = job(&[]);
+        keyed.idempotency_key = Some("u-1-1".into());
+        let cmd = requeue_command(&RedisKey::List("q".into()), &keyed).expect("a list job");
+        let args = args(&cmd);
+        assert_eq!(args[0], b"EVAL");
+        assert_eq!(
+            &args[2..],
+            [
+                b"2".to_vec(),
+                b"q".to_vec(),
+                b"q:dlq-redriven:u-1-1".to_vec(),
+                b"list".to_vec(),
+                b"86400".to_vec(),
+                b"\x00bytes\xff".to_vec(),
+            ]
+        );
+    }
+
+    #[test]
     fn stream_carries_payload_and_headers() {
         let cmd = requeue_command(&RedisKey::Stream("s".into()), &job(&[("x-trace", "abc")]))
             .expect("stream carries headers");
-        let args: Vec<Vec<u8>> = cmd
-            .args_iter()
-            .map(|a| match a {
-                redis::Arg::Simple(b) => b.to_vec(),
-                _ => Vec::new(),
-            })
-            .collect();
+        let args = args(&cmd);
         assert_eq!(args[0], b"XADD");
         assert_eq!(args[3], b"payload");
         assert_eq!(args[4], b"\x00bytes\xff");

@@ -17,6 +17,8 @@ pub mod reason {
     pub const PARKED: &str = "Parked";
     pub const UNSIGNED: &str = "Unsigned";
     pub const REQUEUED: &str = "Requeued";
+    /// Requeued, and the decision changed to drop after the broker had confirmed the job.
+    pub const REQUEUED_BEFORE_DROP: &str = "RequeuedBeforeDrop";
     pub const TARGET_REACHABLE: &str = "TargetReachable";
     pub const QUEUE_NOT_FOUND: &str = "QueueNotFound";
     pub const KUBE_API: &str = "KubeApi";

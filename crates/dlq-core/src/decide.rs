@@ -84,6 +84,20 @@ pub fn redrive_step(confirmed: bool) -> RedriveStep {
     }
 }
 
+/// The decision to carry out, given the signer of a redrive of this record whose job a broker
+/// already confirmed (see [`redrive_key`]), if this process remembers one. Once the job is on
+/// its target the record is Redriven by that signer, whatever the decision says now: a drop
+/// (or a redrive signed again by someone else) that came after the confirmation cannot take the
+/// job back, and writing Dropped would hide a job a consumer is running.
+pub fn after_confirmation(decision: Decision, confirmed_by: Option<&str>) -> Decision {
+    match (decision, confirmed_by) {
+        (Decision::Drop { .. } | Decision::Redrive { .. }, Some(by)) => {
+            Decision::Redrive { by: by.into() }
+        }
+        (decision, _) => decision,
+    }
+}
+
 /// After a status write lost its compare-and-swap, what the fresh record tells us to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AfterConflict {
@@ -180,6 +194,24 @@ mod tests {
     fn a_confirmed_redrive_only_writes_its_status() {
         assert_eq!(redrive_step(false), RedriveStep::Enqueue);
         assert_eq!(redrive_step(true), RedriveStep::WriteStatus);
+    }
+
+    #[test]
+    fn a_confirmed_redrive_outranks_a_later_decision() {
+        let drop = Decision::Drop { by: "bob".into() };
+        let redrive = |by: &str| Decision::Redrive { by: by.into() };
+        assert_eq!(after_confirmation(drop.clone(), None), drop);
+        assert_eq!(after_confirmation(drop, Some("alice")), redrive("alice"));
+        assert_eq!(
+            after_confirmation(redrive("carol"), Some("alice")),
+            redrive("alice"),
+            "the resolution names who decided the redrive that was sent"
+        );
+        assert_eq!(
+            after_confirmation(Decision::Done, Some("alice")),
+            Decision::Done,
+            "resolved already: nothing to write"
+        );
     }
 
     #[test]

@@ -24,6 +24,8 @@ pub mod reason {
     pub const ALERTS_UNDELIVERABLE: &str = "AlertsUndeliverable";
     /// A queue has more failure groups than `spec.groups.max`: the rest share its overflow group.
     pub const GROUPS_OVERFLOW: &str = "GroupsOverflow";
+    /// A drop came after the broker confirmed the record's redrive: the record is Redriven.
+    pub const DECISION_TOO_LATE: &str = "DecisionTooLate";
     /// A queue names a backend (kafka, sqs) that this operator build left out.
     pub const BACKEND_NOT_BUILT: &str = "BackendNotBuilt";
 }

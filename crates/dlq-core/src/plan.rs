@@ -13,8 +13,8 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::api::{
-    DeadLetter, DeadLetterQueue, DeadLetterQueueStatus, DeadLetterStatus, FailureKind, KindCounts,
-    Phase,
+    Action, DeadLetter, DeadLetterQueue, DeadLetterQueueStatus, DeadLetterStatus, FailureKind,
+    KindCounts, Phase,
 };
 use crate::capacity;
 use crate::conditions::{self, Cond, reason};
@@ -319,14 +319,25 @@ pub fn resolve(record: &DeadLetter, phase: Phase, by: &str, now: Timestamp) -> W
         },
         now,
     );
+    // A drop that came after the broker confirmed the redrive (see
+    // `decide::after_confirmation`): the record says what happened, and a Warning says why.
+    let late_drop = phase == Phase::Redriven && record.spec.action == Some(Action::Drop);
     if phase == Phase::Redriven {
+        let (reason, message) = if late_drop {
+            (
+                reason::REQUEUED_BEFORE_DROP,
+                "the broker confirmed the job before the decision changed to drop",
+            )
+        } else {
+            (reason::REQUEUED, "the broker confirmed the job")
+        };
         conditions::set(
             &mut conds,
             Cond {
                 type_: conditions::REQUEUED,
                 status: true,
-                reason: reason::REQUEUED,
-                message: "the broker confirmed the job",
+                reason,
+                message,
             },
             record.metadata.generation,
             &Time(now),
@@ -354,6 +365,23 @@ pub fn resolve(record: &DeadLetter, phase: Phase, by: &str, now: Timestamp) -> W
             },
         ),
     };
+    let mut events = vec![EventPlan::normal(
+        event_reason,
+        events::action::RESOLVE,
+        note,
+    )];
+    if late_drop {
+        let dropper = record.spec.by.as_deref().unwrap_or_default();
+        events.push(EventPlan::warning(
+            events::reason::DECISION_TOO_LATE,
+            events::action::RESOLVE,
+            format!(
+                "{}: the drop by {dropper} came after the broker confirmed the redrive by {by}; \
+                 the job is on its target, so the record is Redriven",
+                s.job
+            ),
+        ));
+    }
     Write {
         status: DeadLetterStatus {
             phase: Some(phase),
@@ -363,11 +391,7 @@ pub fn resolve(record: &DeadLetter, phase: Phase, by: &str, now: Timestamp) -> W
             conditions: conds,
         },
         then: Effects {
-            events: vec![EventPlan::normal(
-                event_reason,
-                events::action::RESOLVE,
-                note,
-            )],
+            events,
             metrics: vec![metric],
         },
     }
@@ -604,7 +628,7 @@ fn fullness(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{Action, DeadLetterSpec, Job, Retention};
+    use crate::api::{DeadLetterSpec, Job, Retention};
     use crate::events::EventType;
 
     fn at(secs: i64) -> Timestamp {
@@ -705,6 +729,36 @@ mod tests {
         assert!(conditions::find(&d.status.conditions, conditions::REQUEUED).is_none());
         assert_eq!(d.then.events[0].reason, "Dropped");
         assert!(matches!(d.then.metrics[..], [MetricChange::Dropped { .. }]));
+    }
+
+    #[test]
+    fn a_drop_after_the_broker_confirmed_the_redrive_resolves_redriven_and_says_why() {
+        let mut r = record(Some(Phase::Parked), 10);
+        r.spec.action = Some(Action::Drop);
+        r.spec.by = Some("bob".into());
+        let w = resolve(&r, Phase::Redriven, "alice", at(30));
+        assert_eq!(w.status.phase, Some(Phase::Redriven));
+        assert_eq!(w.status.resolved_by.as_deref(), Some("alice"));
+        let requeued =
+            conditions::find(&w.status.conditions, conditions::REQUEUED).expect("Requeued");
+        assert_eq!(requeued.reason, "RequeuedBeforeDrop");
+        let reasons: Vec<_> = w.then.events.iter().map(|e| (e.type_, e.reason)).collect();
+        assert_eq!(
+            reasons,
+            vec![
+                (EventType::Normal, "Redriven"),
+                (EventType::Warning, "DecisionTooLate")
+            ]
+        );
+        assert!(w.then.events[1].note.contains("the drop by bob came after"));
+
+        r.spec.action = Some(Action::Redrive);
+        let w = resolve(&r, Phase::Redriven, "alice", at(30));
+        assert_eq!(
+            w.then.events.len(),
+            1,
+            "an ordinary redrive warns of nothing"
+        );
     }
 
     #[test]

@@ -96,10 +96,15 @@ impl Operator {
     /// Waits up to `secs` until the operator logged that it reached failpoint `name` (it hangs
     /// or holds there, see `DLQ_FAILPOINT`).
     pub async fn reached_failpoint(&self, name: &str, secs: u64) {
+        self.reached_failpoint_times(name, 1, secs).await;
+    }
+
+    /// Waits until the operator has reached failpoint `name` `times` times in all.
+    pub async fn reached_failpoint_times(&self, name: &str, times: usize, secs: u64) {
         let reached = format!("failpoint {name} reached");
-        let what = format!("the operator to reach failpoint {name}");
+        let what = format!("the operator to reach failpoint {name} {times} times");
         crate::eventually(secs, &what, || async {
-            self.logs().contains(&reached).then_some(())
+            (self.logs().matches(&reached).count() >= times).then_some(())
         })
         .await;
     }

@@ -555,8 +555,18 @@ impl ControlPlane {
     /// SIGKILLs etcd and starts it again on the same ports with the same data dir (data kept;
     /// the apiserver reconnects by itself), then waits for the apiserver's `/readyz`.
     pub fn restart_etcd(&mut self) -> Result<()> {
+        self.stop_etcd();
+        self.start_etcd()
+    }
+
+    /// Stops etcd (the apiserver stays up, and holds or fails what needs storage).
+    pub fn stop_etcd(&mut self) {
         let _ = self.etcd.kill();
         let _ = self.etcd.wait();
+    }
+
+    /// Starts etcd again on its data and port, and waits for the apiserver to be ready.
+    pub fn start_etcd(&mut self) -> Result<()> {
         let bin = find_binary(&self.bin_dirs, "etcd")?;
         let (etcd_url, peer_port, _) = self.ports.clone();
         self.etcd = spawn_guarded(

@@ -121,6 +121,19 @@ impl FakeApiserver {
         record.metadata.resource_version = Some(v.to_string());
     }
 
+    /// A user's edit of record `name` (a changed decision): a new resourceVersion.
+    pub fn edit(&self, name: &str, change: impl FnOnce(&mut DeadLetter)) {
+        let mut records = lock(&self.records);
+        let Some(r) = records
+            .values_mut()
+            .find(|r| r.metadata.name.as_deref() == Some(name))
+        else {
+            panic!("the fake apiserver holds no record {name}");
+        };
+        change(r);
+        self.bump(r);
+    }
+
     /// Every record it holds, by namespace and name.
     pub fn all(&self) -> Vec<DeadLetter> {
         lock(&self.records).values().cloned().collect()

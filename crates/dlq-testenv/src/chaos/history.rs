@@ -35,6 +35,22 @@ pub struct Arrival {
     pub key: Option<String>,
 }
 
+/// How long before a job's first arrival a fault may have started and still explain its
+/// second (a link cut just as the broker took the job loses only the answer).
+pub const BLAME_LEAD: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Fault kinds in the order [`History::blame_between`] prefers them.
+const BLAME_ORDER: [&str; 8] = [
+    "operator_sigkill",
+    "leader_pause",
+    "broker_partition",
+    "broker_cut",
+    "redis_restart",
+    "rabbitmq_restart",
+    "apiserver_restart",
+    "etcd_restart",
+];
+
 /// Shared run history.
 #[derive(Clone, Default)]
 pub struct History {
@@ -120,6 +136,26 @@ impl History {
             .rev()
             .find(|(at, _)| *at <= t)
             .map_or("none", |(_, k)| *k)
+    }
+
+    /// The fault that explains a job arriving again at `second` after it arrived at `first`.
+    /// Faults come every few seconds, so the last one before `second` is often not the cause:
+    /// among those that started between the two arrivals (from [`BLAME_LEAD`] before the
+    /// first), the kind that can make a second enqueue by itself wins: a process gone or
+    /// paused (the next leader enqueues again), then a broker that took the job but whose
+    /// answer was lost (the enqueue is retried), then the control plane, whose faults the
+    /// operator's memory of confirmations covers. With none in between, [`History::blame`].
+    pub fn blame_between(&self, first: Instant, second: Instant) -> &'static str {
+        let from = first.checked_sub(BLAME_LEAD).unwrap_or(first);
+        let faults = lock(&self.faults);
+        let between = faults.iter().filter(|(at, _)| (from..=second).contains(at));
+        match between.min_by_key(|(_, k)| BLAME_ORDER.iter().position(|o| o == k)) {
+            Some((_, kind)) => kind,
+            None => {
+                drop(faults);
+                self.blame(second)
+            }
+        }
     }
 
     /// Watches every DeadLetter of the namespace for the whole run, through apiserver and

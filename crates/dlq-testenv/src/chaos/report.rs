@@ -39,6 +39,9 @@ pub struct Report {
     pub undecided: u64,
     /// Records whose outcome is not their decision (redrive → Dropped, drop → Redriven).
     pub wrong_outcome: u64,
+    /// Redriven records whose decision changed to drop after the broker had confirmed the
+    /// redrive (`Requeued` says `RequeuedBeforeDrop`): what happened, said; not an error.
+    pub late_drops: u64,
     /// Redriven records whose job never arrived on the target.
     pub redriven_not_on_target: u64,
     /// Records resolved more than once (a second resolvedAt seen by the watch).
@@ -59,7 +62,12 @@ pub struct Report {
 
 impl Report {
     /// Checks the final records, the watch history and the target arrivals.
-    pub fn compute(produced: &[String], finals: &[DeadLetter], history: &History) -> Report {
+    pub fn compute(
+        produced: &[String],
+        finals: &[DeadLetter],
+        history: &History,
+        enqueues: &HashMap<String, Enqueues>,
+    ) -> Report {
         let mut r = Report {
             messages: produced.len() as u64,
             records: finals.len() as u64,
@@ -96,7 +104,9 @@ impl Report {
                 (Phase::Parked, None) => r.undecided += 1,
                 (Phase::Redriven, a) => {
                     r.redriven += 1;
-                    r.wrong_outcome += u64::from(a == Some(Action::Drop));
+                    let late = requeued_before_drop(d);
+                    r.late_drops += u64::from(late);
+                    r.wrong_outcome += u64::from(a == Some(Action::Drop) && !late);
                     r.redriven_not_on_target += u64::from(!arrived);
                     if !arrived {
                         r.example("redriven_not_on_target", [d.spec.job.id.as_str()]);
@@ -113,7 +123,7 @@ impl Report {
             }
         }
         for (job, list) in &arrivals {
-            r.count_duplicates(job, list, history);
+            r.count_duplicates(job, list, history, enqueues.get(job));
         }
         for h in history.records().values() {
             r.status_regressions += u64::from(h.regressions);
@@ -128,7 +138,13 @@ impl Report {
 
     /// Counts the second and later arrivals of `job`, and those of them a consumer that drops
     /// repeated idempotency keys would still take.
-    fn count_duplicates(&mut self, job: &str, arrivals: &[Arrival], history: &History) {
+    fn count_duplicates(
+        &mut self,
+        job: &str,
+        arrivals: &[Arrival],
+        history: &History,
+        enqueues: Option<&Enqueues>,
+    ) {
         if arrivals.len() > 1 {
             self.example("duplicate_enqueues", [job]);
         }
@@ -138,7 +154,15 @@ impl Report {
             if i == 0 {
                 continue;
             }
-            let kind = history.blame(a.at).to_string();
+            let mut kind = history.blame_between(arrivals[i - 1].at, a.at);
+            let process_fault = matches!(kind, "operator_sigkill" | "leader_pause");
+            if !process_fault && enqueues.is_some_and(Enqueues::once) {
+                // No replica that could have enqueued unlogged was killed or paused between,
+                // and the operators' logs show one confirmed enqueue and no failed one.
+                kind = BROKER_REDELIVERY;
+            }
+            let kind = kind.to_string();
+            self.example(&format!("duplicate_enqueues after {kind}"), [job]);
             *self.duplicate_enqueues.entry(kind.clone()).or_default() += 1;
             self.duplicate_enqueues_total += 1;
             if !repeated {
@@ -192,6 +216,7 @@ impl Report {
             ("duplicate_records", self.duplicate_records),
             ("unresolved", self.unresolved),
             ("wrong_outcome", self.wrong_outcome),
+            ("late_drops (redriven before the drop)", self.late_drops),
             ("redriven_not_on_target", self.redriven_not_on_target),
             ("duplicate_resolutions", self.duplicate_resolutions),
             ("status_regressions", self.status_regressions),
@@ -236,6 +261,64 @@ impl Report {
 }
 
 /// `panicked at` lines in the logs kept in `dir`.
+/// What the blame of a second arrival says when the operators enqueued the job once: the
+/// broker (or the harness's consumer) delivered it again, nobody enqueued it twice.
+pub const BROKER_REDELIVERY: &str = "broker_redelivery";
+
+/// A job's enqueues as the operators' logs tell them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Enqueues {
+    /// `job requeued` lines: enqueues a broker confirmed.
+    pub confirmed: u32,
+    /// `requeue failed` lines: enqueues that may or may not have reached the broker.
+    pub failed: u32,
+}
+
+impl Enqueues {
+    fn once(&self) -> bool {
+        self.confirmed == 1 && self.failed == 0
+    }
+}
+
+/// Every job's enqueues in the operator logs of `dir` (each replica's, killed ones included).
+pub fn count_enqueues(dir: &Path) -> HashMap<String, Enqueues> {
+    let mut all: HashMap<String, Enqueues> = HashMap::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return all;
+    };
+    let logs = entries.flatten().filter(|e| {
+        let name = e.file_name();
+        name.to_string_lossy().starts_with("op-")
+    });
+    for text in logs.filter_map(|e| std::fs::read_to_string(e.path()).ok()) {
+        for line in text.lines() {
+            let confirmed = line.contains("job requeued");
+            if !confirmed && !line.contains("requeue failed") {
+                continue;
+            }
+            let Some(job) = line.split(" job=").nth(1).and_then(|r| r.split(' ').next()) else {
+                continue;
+            };
+            let e = all.entry(job.trim_matches('"').to_string()).or_default();
+            if confirmed {
+                e.confirmed += 1;
+            } else {
+                e.failed += 1;
+            }
+        }
+    }
+    all
+}
+
+/// Whether the record says its drop came after the broker confirmed its redrive.
+fn requeued_before_drop(d: &DeadLetter) -> bool {
+    let conditions = d.status.as_ref().map(|s| s.conditions.as_slice());
+    conditions.unwrap_or_default().iter().any(|c| {
+        c.type_ == dlq_core::conditions::REQUEUED
+            && c.reason == dlq_core::conditions::reason::REQUEUED_BEFORE_DROP
+    })
+}
+
 pub fn count_panics(dir: &Path) -> u64 {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
@@ -261,7 +344,7 @@ mod tests {
         history.arrived("b", None);
         history.arrived("c", Some("u-3-1".into()));
         history.arrived("c", Some("u-4-1".into()));
-        let r = Report::compute(&[], &[], &history);
+        let r = Report::compute(&[], &[], &history, &HashMap::new());
         assert_eq!(r.duplicate_enqueues_total, 3);
         assert_eq!(r.duplicate_enqueues["etcd_restart"], 3);
         assert_eq!(r.duplicates_after_dedupe_total, 2, "no key, or another key");
@@ -269,5 +352,80 @@ mod tests {
         let mut ids = r.examples["duplicates_after_dedupe"].clone();
         ids.sort();
         assert_eq!(ids, ["b", "c"]);
+    }
+
+    #[test]
+    fn a_duplicate_is_blamed_on_the_fault_between_its_arrivals_that_explains_it() {
+        let history = History::default();
+        history.arrived("a", Some("k".into()));
+        history.fault("leader_pause");
+        history.fault("apiserver_restart");
+        history.arrived("a", Some("k".into()));
+        let r = Report::compute(&[], &[], &history, &HashMap::new());
+        assert_eq!(r.duplicate_enqueues["leader_pause"], 1);
+        assert!(
+            !r.duplicate_enqueues.contains_key("apiserver_restart"),
+            "the last fault before is not the one that explains it"
+        );
+    }
+
+    #[test]
+    fn a_second_arrival_the_operators_enqueued_once_is_the_brokers() {
+        let history = History::default();
+        history.arrived("a", Some("k".into()));
+        history.fault("rabbitmq_restart");
+        history.arrived("a", Some("k".into()));
+        let once = Enqueues {
+            confirmed: 1,
+            failed: 0,
+        };
+        let logged = HashMap::from([("a".to_string(), once)]);
+        let r = Report::compute(&[], &[], &history, &logged);
+        assert_eq!(r.duplicate_enqueues[BROKER_REDELIVERY], 1);
+        let retried = Enqueues {
+            confirmed: 1,
+            failed: 1,
+        };
+        let logged = HashMap::from([("a".to_string(), retried)]);
+        let r = Report::compute(&[], &[], &history, &logged);
+        assert_eq!(
+            r.duplicate_enqueues["rabbitmq_restart"], 1,
+            "a retry may have doubled it"
+        );
+    }
+
+    #[test]
+    fn enqueues_are_read_from_every_replicas_log() {
+        let dir = std::env::temp_dir().join(format!("chaos-enqueues-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("op-0.log"),
+            "x INFO job requeued namespace=\"n\" name=a-1-x job=a-1 queue=orders\n\
+             x WARN requeue failed; record stays Parked namespace=n name=a-2-x job=a-2 reason=Unreachable\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("op-1.log"),
+            "x INFO job requeued name=a-1-x job=a-1 queue=o\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("rabbitmq-0.log"), "job requeued job=zzz\n").unwrap();
+        let e = count_enqueues(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(
+            e["a-1"],
+            Enqueues {
+                confirmed: 2,
+                failed: 0
+            }
+        );
+        assert_eq!(
+            e["a-2"],
+            Enqueues {
+                confirmed: 0,
+                failed: 1
+            }
+        );
+        assert!(!e.contains_key("zzz"), "only the operators' logs");
     }
 }

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use super::faults::Targets;
 use super::history::History;
 use super::proxy::Toxiproxy;
-use super::report::{Report, count_panics};
+use super::report::{Report, count_enqueues, count_panics};
 use super::workload::{self, Brokers, DecideCtx};
 use super::{ChaosConfig, Rng, Spawner, lock};
 use crate::brokers::{Rabbit, Redis, declare_exchange, declare_queue};
@@ -226,7 +226,8 @@ impl Env {
         watch_task.abort();
         let leftovers = workload::leftovers(&self.brokers).await;
         self.targets.stop_all();
-        let mut report = Report::compute(&produced, &finals, &self.history);
+        let enqueues = count_enqueues(&self.targets.logs);
+        let mut report = Report::compute(&produced, &finals, &self.history, &enqueues);
         report.seed = cfg.seed;
         report.broker_leftovers = leftovers;
         report.panics = count_panics(&self.targets.logs);
