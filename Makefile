@@ -35,6 +35,7 @@ bench:
 	$(CARGO) build --release --workspace --bins
 	RUST_BACKTRACE=0 $(CARGO) bench -p deadletter-operator --bench operator
 	RUST_BACKTRACE=0 $(CARGO) bench -p deadletter-operator --bench alerts
+	RUST_BACKTRACE=0 $(CARGO) bench -p deadletter-operator --bench groups
 
 ## every check CI runs: rustfmt, clippy -D warnings, CRDs up to date, dependency rules, the docs'
 ## links, the GitHub workflows, all tests (in-process reconciler tests, then real apiserver + brokers)

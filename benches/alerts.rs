@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use dlq_client::park::{ParkRequest, Parker};
 use dlq_core::api::Job;
 use dlq_testenv::brokers::{Alertmanager, HttpSink};
-use dlq_testenv::{Operator, create_offline_queue, create_queue, list_target, setup};
+use dlq_testenv::{
+    Operator, alerts_per_record, create_offline_queue, create_queue, list_target, setup,
+};
 use futures::StreamExt;
 use serde_json::json;
 
@@ -61,6 +63,7 @@ async fn latency(n: usize) -> ((f64, f64), (f64, f64)) {
     let (client, ns) = setup("bench-alert-latency").await;
     let am = Alertmanager::start();
     create_offline_queue(&client, &ns).await;
+    alerts_per_record(&client, &ns, "relayer").await;
     let _op = Operator::start_with(&ns, &[&format!("--alertmanager-url={}", am.url())], &[]);
     let parker = Parker::new(client.clone());
     let mut parked: HashMap<String, Instant> = HashMap::new();
@@ -102,7 +105,7 @@ async fn steady_posts(n: usize, window: Duration) -> (f64, f64, f64) {
         &ns,
         "redis://127.0.0.1:1/",
         list_target(),
-        json!({"maxParked": n}),
+        json!({"maxParked": n, "alerts": {"per": "record"}}),
     )
     .await;
     let _op = Operator::start_with(&ns, &[&format!("--alertmanager-url={}", sink.url(""))], &[]);

@@ -1,4 +1,4 @@
-//! Per-record alerts against a real Alertmanager (Debian's prometheus-alertmanager), whose
+//! Alerts against a real Alertmanager (Debian's prometheus-alertmanager), whose
 //! webhook receiver is an HTTP sink inside the test: one alert per parked record, resolved
 //! when the record is; grouped per queue; kept firing across a leader change; resent after an
 //! Alertmanager outage.
@@ -10,8 +10,8 @@ use dlq_client::park::{ParkRequest, Parker};
 use dlq_core::api::{Action, DeadLetter, IntentSnapshot, Job, Phase};
 use dlq_testenv::brokers::{Alertmanager, Redis};
 use dlq_testenv::{
-    Operator, create_dlq, create_offline_queue, create_queue, decide, events_for, eventually,
-    list_target, report, setup, wait_phase,
+    Operator, alerts_per_record, create_dlq, create_offline_queue, create_queue, decide,
+    events_for, eventually, list_target, report, setup, wait_phase,
 };
 use futures::StreamExt;
 use kube::api::Api;
@@ -93,7 +93,7 @@ async fn a_parked_record_fires_and_its_redrive_resolves_only_it() {
     let (client, ns) = setup("alerts-fire").await;
     let redis = Redis::start();
     let am = Alertmanager::start();
-    let alerts = json!({"alerts": {"labels": {"team": "payments"}, "severity": {"Invalid": "info", "Transient": "page"}}});
+    let alerts = json!({"alerts": {"per": "record", "labels": {"team": "payments"}, "severity": {"Invalid": "info", "Transient": "page"}}});
     create_queue(&client, &ns, &redis.url(), list_target(), alerts).await;
     let op = start_operator(&ns, &operator_args(&am, "4m"));
     let first = park(&client, &ns, "relayer", "pi_0001/settle").await;
@@ -172,11 +172,12 @@ async fn a_storm_pages_once_per_queue() {
     let (client, ns) = setup("alerts-storm").await;
     let am = Alertmanager::start();
     create_offline_queue(&client, &ns).await;
+    alerts_per_record(&client, &ns, "relayer").await;
     create_dlq(
         &client,
         &ns,
         "billing",
-        json!({"target": {"redis": list_target()}}),
+        json!({"target": {"redis": list_target()}, "alerts": {"per": "record"}}),
     )
     .await;
     let _op = start_operator(&ns, &operator_args(&am, "4m"));
@@ -231,6 +232,7 @@ async fn a_standby_keeps_alerts_firing_when_the_leader_dies() {
     let (client, ns) = setup("alerts-leader").await;
     let am = Alertmanager::start();
     create_offline_queue(&client, &ns).await;
+    alerts_per_record(&client, &ns, "relayer").await;
     let mut args = operator_args(&am, "60s");
     args.extend([
         "--leader-election=true".into(),
@@ -275,7 +277,14 @@ async fn everything_current_arrives_after_an_alertmanager_outage() {
     let (client, ns) = setup("alerts-outage").await;
     let redis = Redis::start();
     let mut am = Alertmanager::start();
-    create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
+    create_queue(
+        &client,
+        &ns,
+        &redis.url(),
+        list_target(),
+        json!({"alerts": {"per": "record"}}),
+    )
+    .await;
     let op = start_operator(&ns, &operator_args(&am, "20s"));
     let first = park(&client, &ns, "relayer", "o/1").await;
     park(&client, &ns, "relayer", "o/2").await;
@@ -337,7 +346,14 @@ async fn a_failing_requeue_alerts_until_it_succeeds() {
     let (client, ns) = setup("alerts-requeue").await;
     let mut redis = Redis::start();
     let am = Alertmanager::start();
-    create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
+    create_queue(
+        &client,
+        &ns,
+        &redis.url(),
+        list_target(),
+        json!({"alerts": {"per": "record"}}),
+    )
+    .await;
     let _op = start_operator(&ns, &operator_args(&am, "4m"));
     let dl = park(&client, &ns, "relayer", "q/1").await;
     eventually(20, "the parked alert", || async {
@@ -366,6 +382,94 @@ async fn a_failing_requeue_alerts_until_it_succeeds() {
     eventually(20, "DeadLetterRequeueFailing resolved", failing("resolved")).await;
     eventually(20, "DeadLetterParked resolved", || async {
         resolved(&am, "q/1").then_some(())
+    })
+    .await;
+}
+
+/// By default a queue alerts per failure group: ten records of two groups raise exactly two
+/// `DeadLetterGroupParked` alerts (labels: group, tier, ...; annotations: count, template), no
+/// per-record one; acknowledging a group resolves its alert.
+#[tokio::test]
+async fn a_queue_alerts_once_per_failure_group_until_acknowledged() {
+    use dlq_core::groups::DeadLetterGroup;
+    use kube::api::{Patch, PatchParams};
+    let (client, ns) = setup("alerts-groups").await;
+    let am = Alertmanager::start();
+    create_offline_queue(&client, &ns).await;
+    let _op = start_operator(&ns, &operator_args(&am, "4m"));
+    let parker = Parker::new(client.clone());
+    let mut groups = BTreeSet::new();
+    for i in 0..10 {
+        let mut req = ParkRequest::new(
+            "relayer",
+            Job {
+                id: format!("g/{i}"),
+                payload: Some("{}".into()),
+                ..Job::default()
+            },
+        );
+        req.reason = if i < 7 {
+            format!("timeout after {} ms", 10 + i)
+        } else {
+            format!("order {i} has no customer")
+        };
+        let outcome = parker.park(&ns, req).await.expect("parked");
+        groups.insert(
+            dlq_core::group::labelled(outcome.record())
+                .unwrap_or_default()
+                .to_string(),
+        );
+    }
+    assert_eq!(groups.len(), 2);
+    let active = |am: &Alertmanager| -> Vec<serde_json::Value> { am.active_alerts() };
+    let alerts = eventually(30, "one alert per group", || async {
+        let a = active(&am);
+        let counted: BTreeSet<(String, String)> = a
+            .iter()
+            .map(|a| {
+                (
+                    a["labels"]["group"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    a["annotations"]["count"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                )
+            })
+            .collect();
+        let want: BTreeSet<String> = ["7".to_string(), "3".to_string()].into();
+        let counts: BTreeSet<String> = counted.iter().map(|c| c.1.clone()).collect();
+        (a.len() == 2 && counts == want).then_some(a)
+    })
+    .await;
+    for a in &alerts {
+        assert_eq!(a["labels"]["alertname"], "DeadLetterGroupParked");
+        assert_eq!(a["labels"]["queue"], "relayer");
+        assert_eq!(a["labels"]["tier"], "info");
+        assert!(groups.contains(a["labels"]["group"].as_str().unwrap_or_default()));
+    }
+    assert!(
+        notified(&am).iter().all(|(job, _)| job.is_empty()),
+        "no per-record alert"
+    );
+    let timeouts = alerts
+        .iter()
+        .find(|a| a["annotations"]["count"] == "7")
+        .and_then(|a| a["labels"]["group"].as_str().map(String::from))
+        .unwrap_or_default();
+    let dlg: Api<DeadLetterGroup> = Api::namespaced(client.clone(), &ns);
+    dlg.patch(
+        &format!("relayer-{timeouts}"),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"acknowledged": {"by": "carol", "note": "INC-7"}}})),
+    )
+    .await
+    .expect("acknowledged");
+    eventually(30, "the acknowledged group's alert resolved", || async {
+        let a = active(&am);
+        (a.len() == 1 && a[0]["annotations"]["count"] == "3").then_some(())
     })
     .await;
 }

@@ -118,11 +118,35 @@ async fn parked_facts_are_immutable() {
             json!({"spec": {"failedAt": "2026-01-01T00:00:00Z"}}),
             "spec.failedAt is immutable",
         ),
+        (
+            json!({"spec": {"errorClass": "PayerTimeout"}}),
+            "spec.errorClass is immutable",
+        ),
     ] {
         let (code, msg) = refusal(merge(&api, "r2", patch.clone()).await);
         assert_eq!(code, 422, "{patch}");
         assert!(msg.contains(expected), "{patch}: {msg}");
     }
+}
+
+#[tokio::test]
+async fn the_error_class_is_bounded_and_immutable_once_set() {
+    let (_c, api) = setup().await;
+    let mut long = record("r-class-long", job());
+    long.data["spec"]["errorClass"] = json!("E".repeat(257));
+    let (code, msg) = refusal(api.create(&PostParams::default(), &long).await);
+    assert_eq!(code, 422);
+    assert!(msg.contains("spec.errorClass"), "{msg}");
+    let mut classed = record("r-class", job());
+    classed.data["spec"]["errorClass"] = json!("E".repeat(256));
+    api.create(&PostParams::default(), &classed)
+        .await
+        .expect("256 characters fit");
+    let (code, msg) = refusal(merge(&api, "r-class", json!({"spec": {"errorClass": "F"}})).await);
+    assert_eq!(code, 422);
+    assert!(msg.contains("spec.errorClass is immutable"), "{msg}");
+    let (_, msg) = refusal(merge(&api, "r-class", json!({"spec": {"errorClass": null}})).await);
+    assert!(msg.contains("spec.errorClass is immutable"), "{msg}");
 }
 
 /// The CRD's one-payload-form rule, in its words.

@@ -486,6 +486,77 @@ async fn assert_policy_can_be_turned_off(
     );
 }
 
+/// Acknowledging a failure group silences its alert: alice may acknowledge in her own name,
+/// a forged or unsigned acknowledgement is refused, taking one back needs no signature.
+async fn assert_acknowledgements_are_signed(admin: &Client, users: &Users, ns: &str) {
+    use dlq_core::groups::{DeadLetterGroup, DeadLetterGroupSpec};
+    let groups: Api<DeadLetterGroup> = Api::namespaced(admin.clone(), ns);
+    let mut g = DeadLetterGroup::new("relayer-3f9a1c07d2", DeadLetterGroupSpec::default());
+    g.metadata.labels = Some(
+        [("dlq.dev/group".to_string(), "3f9a1c07d2".to_string())]
+            .into_iter()
+            .collect(),
+    );
+    groups
+        .create(&PostParams::default(), &g)
+        .await
+        .expect("a group");
+    let alice: Api<DeadLetterGroup> = Api::namespaced(users.alice.clone(), ns);
+    let ack =
+        |by: &str| Patch::Merge(json!({"spec": {"acknowledged": {"by": by, "note": "INC-1234"}}}));
+    let mut forged = None;
+    until_ok(
+        "the signed-acknowledgements policy is in effect",
+        || async {
+            match alice
+                .patch("relayer-3f9a1c07d2", &PatchParams::default(), &ack("bob"))
+                .await
+            {
+                Err(kube::Error::Api(s)) if s.message.contains("you are alice") => Ok(()),
+                Err(e) => Err(e.to_string()),
+                Ok(_) => Err("accepted".into()),
+            }
+        },
+    )
+    .await;
+    let err = alice
+        .patch("relayer-3f9a1c07d2", &PatchParams::default(), &ack("bob"))
+        .await
+        .expect_err("alice acknowledging as bob is refused");
+    if let kube::Error::Api(s) = err {
+        forged = Some((s.code, s.message));
+    }
+    let (code, message) = forged.unwrap_or_default();
+    assert_eq!(code, 403);
+    assert!(
+        message.contains(
+            "spec.acknowledged.by must be your own user name: you are alice, spec.acknowledged.by is bob"
+        ),
+        "{message}"
+    );
+    let unsigned = alice
+        .patch("relayer-3f9a1c07d2", &PatchParams::default(), &ack(" "))
+        .await
+        .expect_err("an unsigned acknowledgement is refused");
+    assert!(unsigned.to_string().contains("signed"), "{unsigned}");
+    let acked = alice
+        .patch("relayer-3f9a1c07d2", &PatchParams::default(), &ack("alice"))
+        .await
+        .expect("alice acknowledges in her own name");
+    assert_eq!(
+        acked.spec.acknowledged.map(|a| a.by).as_deref(),
+        Some("alice")
+    );
+    alice
+        .patch(
+            "relayer-3f9a1c07d2",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"acknowledged": null}})),
+        )
+        .await
+        .expect("taking an acknowledgement back needs no signature");
+}
+
 #[tokio::test]
 async fn admission_policy_makes_every_decision_signed_by_its_author() {
     let plane = dlq_testenv::plane();
@@ -514,6 +585,7 @@ async fn admission_policy_makes_every_decision_signed_by_its_author() {
     assert_gitops_signs_for_its_authors(&users, &ns).await;
     assert_creation_held_to_the_same_rule(&users, &ns).await;
     assert_replays_are_signed_and_carried_out_in_their_name(plane, &users, &ns, &rel).await;
+    assert_acknowledgements_are_signed(&admin, &users, &ns).await;
     assert_policy_can_be_turned_off(plane, &release, &users, &records).await;
     release.uninstall();
 }

@@ -83,7 +83,8 @@ fn chart_ships_exactly_the_generated_crds() {
         [
             "deadletters.dlq.dev",
             "deadletterqueues.dlq.dev",
-            "deadletterreplays.dlq.dev"
+            "deadletterreplays.dlq.dev",
+            "deadlettergroups.dlq.dev"
         ]
     );
 }
@@ -205,6 +206,16 @@ fn default_inventory(ns: &str, full: &str) -> BTreeSet<(String, String, String)>
             "",
             format!("{full}-signed-replays"),
         ),
+        (
+            "ValidatingAdmissionPolicy",
+            "",
+            format!("{full}-signed-acknowledgements"),
+        ),
+        (
+            "ValidatingAdmissionPolicyBinding",
+            "",
+            format!("{full}-signed-acknowledgements"),
+        ),
     ]
     .into_iter()
     .map(|(k, n, name)| (k.to_string(), n.to_string(), name))
@@ -313,6 +324,12 @@ fn assert_user_roles(docs: &[Value]) {
                 &[],
                 &["get", "list", "watch"]
             ),
+            grant(
+                "dlq.dev",
+                "deadlettergroups",
+                &[],
+                &["get", "list", "watch"]
+            ),
         ]
         .into_iter()
         .collect()
@@ -333,6 +350,12 @@ fn assert_user_roles(docs: &[Value]) {
                 "deadletterreplays",
                 &[],
                 &["get", "list", "watch", "create", "patch", "update"]
+            ),
+            grant(
+                "dlq.dev",
+                "deadlettergroups",
+                &[],
+                &["get", "list", "watch", "patch", "update"]
             ),
         ]
         .into_iter()

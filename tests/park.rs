@@ -193,6 +193,55 @@ async fn fifty_concurrent_parkers_make_one_record() {
     );
 }
 
+/// Reasons that differ only in ids fall in one failure group, another service version or
+/// error class in another; the group is a label, so the apiserver selects a group's records.
+#[tokio::test]
+async fn records_failing_alike_share_a_group_label_the_apiserver_selects_by() {
+    let (client, ns) = setup("group-park").await;
+    create_offline_queue(&client, &ns).await;
+    let parker = Parker::new(client.clone());
+    let timeout = |id: &str, ms: u32, payer: &str, version: &str, class: Option<&str>| {
+        let mut r = request(id, "{}");
+        r.reason = format!("timeout after {ms} ms talking to payer {payer}");
+        r.service_version = Some(version.into());
+        r.error_class = class.map(str::to_string);
+        r
+    };
+    let requests = [
+        timeout("a", 3021, "7f3a9c21", "relayer@1.4.2", None),
+        timeout("b", 15, "0b11e0aa", "relayer@1.4.2", None),
+        timeout("c", 99, "1234abcd", "relayer@1.4.2", None),
+        timeout("d", 15, "0b11e0aa", "relayer@1.4.3", None),
+        timeout("e", 15, "0b11e0aa", "relayer@1.4.2", Some("PayerTimeout")),
+    ];
+    let mut groups = Vec::new();
+    for req in requests {
+        let outcome = parker.park(&ns, req).await.expect("parked");
+        let record = outcome.record();
+        let group = dlq_core::group::labelled(record).expect("labelled at park");
+        groups.push(group.to_string());
+    }
+    assert_eq!(groups[0], groups[1]);
+    assert_eq!(groups[0], groups[2]);
+    assert_ne!(
+        groups[0], groups[3],
+        "another service version, another group"
+    );
+    assert_ne!(groups[0], groups[4], "another error class, another group");
+    assert_ne!(groups[3], groups[4]);
+    let api: Api<DeadLetter> = Api::namespaced(client, &ns);
+    let selected = api
+        .list(&ListParams::default().labels(&format!("dlq.dev/group={}", groups[0])))
+        .await
+        .unwrap();
+    let jobs: BTreeSet<String> = selected
+        .items
+        .iter()
+        .map(|r| r.spec.job.id.clone())
+        .collect();
+    assert_eq!(jobs, BTreeSet::from(["a".into(), "b".into(), "c".into()]));
+}
+
 #[tokio::test]
 async fn bad_input_is_refused_with_a_clear_message() {
     let (client, ns) = setup("bad-park").await;
@@ -316,6 +365,8 @@ async fn kubectl_dlq_park_prints_the_record_and_fails_on_bad_input() {
         "created",
         "--service-version",
         "relayer@1.4.2",
+        "--error-class",
+        "PayerTimeout",
     ];
     let (ok, out, err) = run(&args);
     assert!(ok, "{err}");
@@ -342,6 +393,12 @@ async fn kubectl_dlq_park_prints_the_record_and_fails_on_bad_input() {
     assert_eq!(r.spec.job.headers["x-trace"], "abc");
     assert_eq!(r.spec.failure_kind, FailureKind::Invalid);
     assert_eq!(r.spec.deliveries, 2);
+    assert_eq!(r.spec.error_class.as_deref(), Some("PayerTimeout"));
+    assert_eq!(
+        dlq_core::group::labelled(&r),
+        Some(dlq_core::group::Key::of(&r).fingerprint().as_str()),
+        "the group label is set at park"
+    );
 
     let (ok, _, err) = run(&["park", "--queue", "relayer", "--id", "", "--payload", "x"]);
     assert!(!ok);

@@ -172,6 +172,7 @@ async fn a_dead_job_is_parked_and_performed_once_by_the_same_sidekiq_after_a_red
         "GatewayError: gateway said no to pi_0003-0"
     );
     assert_eq!(rec.spec.failure_kind, FailureKind::Transient);
+    assert_eq!(rec.spec.error_class.as_deref(), Some("GatewayError"));
     let failed_at = job["failed_at"].as_f64().expect("failed_at");
     // A record's time is whole seconds.
     let parked_at = rec.spec.failed_at.0.as_second();

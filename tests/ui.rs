@@ -21,10 +21,10 @@ use serde_json::json;
 fn grant(ns: &str, user: &str, role: &str) {
     let rules = match role {
         "decider" => {
-            "- apiGroups: [dlq.dev]\n  resources: [deadletters]\n  verbs: [get, list, watch, patch, update]\n- apiGroups: [dlq.dev]\n  resources: [deadletterreplays]\n  verbs: [get, list, watch, create, patch, update]\n- apiGroups: [dlq.dev]\n  resources: [deadletterqueues]\n  verbs: [get, list, watch]\n"
+            "- apiGroups: [dlq.dev]\n  resources: [deadletters]\n  verbs: [get, list, watch, patch, update]\n- apiGroups: [dlq.dev]\n  resources: [deadletterreplays]\n  verbs: [get, list, watch, create, patch, update]\n- apiGroups: [dlq.dev]\n  resources: [deadletterqueues]\n  verbs: [get, list, watch]\n- apiGroups: [dlq.dev]\n  resources: [deadlettergroups]\n  verbs: [get, list, watch, patch, update]\n"
         }
         _ => {
-            "- apiGroups: [dlq.dev]\n  resources: [deadletters, deadletterqueues, deadletterreplays]\n  verbs: [get, list, watch]\n"
+            "- apiGroups: [dlq.dev]\n  resources: [deadletters, deadletterqueues, deadletterreplays, deadlettergroups]\n  verbs: [get, list, watch]\n"
         }
     };
     let rbac = format!(
@@ -193,6 +193,7 @@ async fn decider_filters_opens_and_redrives_a_selection_as_themselves() {
     assert_eq!(b.text("#user").await, "alice");
     assert!(b.text("#queues").await.contains("relayer"));
     b.screenshot("queues").await;
+    a_group_is_the_landing_page_and_opens_its_records(&b, &page).await;
 
     filter_and_follow_live(&b, &page, &client, &ns, &xss).await;
     records_read_as_text(&b, &page, &ns, &xss, &names[0]).await;
@@ -201,6 +202,31 @@ async fn decider_filters_opens_and_redrives_a_selection_as_themselves() {
     assert_eq!(redis.list(dlq_testenv::LIST).await.len(), 3);
     a_stale_selection_is_refused(&b, &page, &api, &names[3], &names[4]).await;
     b.stop().await;
+}
+
+/// The landing page lists the failure groups (the operator keeps them), most parked first; a
+/// group's link is its page: exactly its records, ready for "Review selection".
+async fn a_group_is_the_landing_page_and_opens_its_records(b: &Browser, page: &Page) {
+    eventually(20, "the timeouts' group on the landing page", || async {
+        b.client.goto(&page.url).await.ok()?;
+        let text = b.text("#groups").await;
+        text.contains("timeout talking to the payer").then_some(())
+    })
+    .await;
+    let first = b.text("#groups tbody tr:first-child").await;
+    assert!(
+        first.contains("timeout talking to the payer") && first.contains('5'),
+        "{first}"
+    );
+    b.screenshot("groups").await;
+    b.click("#groups tbody tr:first-child a.group").await;
+    eventually(10, "the group's records", || async {
+        b.text("#count")
+            .await
+            .starts_with("5 records match")
+            .then_some(())
+    })
+    .await;
 }
 
 /// Filter by reason text: the five timeouts, not the invalid one; a new parking shows up live.

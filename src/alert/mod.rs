@@ -1,5 +1,7 @@
-//! Per-record alerts: the leader keeps, in each configured Alertmanager, one alert per Parked
-//! record (and one per record whose requeue keeps failing), resolved when the record is.
+//! Alerts: the leader keeps, in each configured Alertmanager, one alert per failure group with
+//! Parked records that no acknowledgement silences (or, where a queue asks for it, one per
+//! Parked record), and one per record whose requeue keeps failing; each resolved when what it
+//! is about is.
 //!
 //! A task per scope reads the record store (woken by a store subscription, and rescanning on
 //! a timer to notice deletions and queue setting changes), turns it into the current alerts
@@ -22,6 +24,8 @@ use tokio::sync::Notify;
 use dlq_core::alert::{Current, Links};
 use dlq_core::api::DeadLetterQueue;
 use dlq_core::events::{EventPlan, action, reason};
+use dlq_core::groups::DeadLetterGroup;
+use kube::ResourceExt;
 
 use crate::metrics::Metrics;
 use crate::state::apiserver::{self, Apiserver};
@@ -76,6 +80,7 @@ pub async fn run(
     cfg: Arc<Alerting>,
     records: RecordIndex,
     queues: Store<DeadLetterQueue>,
+    groups: Option<Store<DeadLetterGroup>>,
     apiserver: Arc<dyn Apiserver>,
     metrics: Metrics,
     shutdown: impl std::future::Future<Output = ()>,
@@ -84,7 +89,7 @@ pub async fn run(
     let drain = tokio::spawn(drain_into(records.changes(), wake.clone()));
     tokio::select! {
         _ = shutdown => {}
-        _ = deliver(&cfg, &records, &queues, &wake, &*apiserver, &metrics) => {}
+        _ = deliver(&cfg, &records, &queues, groups.as_ref(), &wake, &*apiserver, &metrics) => {}
     }
     drain.abort();
 }
@@ -100,6 +105,7 @@ async fn deliver(
     cfg: &Alerting,
     records: &RecordIndex,
     queues: &Store<DeadLetterQueue>,
+    groups: Option<&Store<DeadLetterGroup>>,
     wake: &Notify,
     apiserver: &dyn Apiserver,
     metrics: &Metrics,
@@ -141,7 +147,7 @@ async fn deliver(
             tokio::time::sleep(GATHER).await;
         }
         if woken || last_scan.is_none_or(|t| t.elapsed() >= RESCAN) {
-            let desired = scanner.scan(records, queues, &cfg.links);
+            let desired = scanner.scan(records, queues, groups, &cfg.links);
             let now = Timestamp::now();
             for d in &mut deliveries {
                 d.ledger.update(desired.clone(), now);
@@ -234,6 +240,7 @@ impl Scanner {
         &mut self,
         records: &RecordIndex,
         queues: &Store<DeadLetterQueue>,
+        groups: Option<&Store<DeadLetterGroup>>,
         links: &Links,
     ) -> HashMap<Key, Current> {
         let mut next = HashMap::with_capacity(self.cache.len());
@@ -245,7 +252,7 @@ impl Scanner {
             let rv = summary.resource_version.to_string();
             let alerts = match self.cache.remove(&uid) {
                 Some((r, g, a)) if r == rv && g == qgen => a,
-                _ => dlq_core::alert::current(&summary.to_record(), queue.as_deref(), links),
+                _ => record_alerts(&summary.to_record(), queue.as_deref(), links),
             };
             for a in &alerts {
                 out.insert(a.labels.clone(), a.clone());
@@ -253,6 +260,39 @@ impl Scanner {
             next.insert(uid, (rv, qgen, alerts));
         }
         self.cache = next;
+        if let Some(groups) = groups {
+            for group in groups.state() {
+                let Some(ns) = group.metadata.namespace.as_deref() else {
+                    continue;
+                };
+                let queue = group
+                    .labels()
+                    .get(dlq_core::api::LABEL_QUEUE)
+                    .and_then(|q| queues.get(&ObjectRef::new(q).within(ns)));
+                if let Some(a) = dlq_core::alert::group_alert(&group, queue.as_deref(), links) {
+                    out.insert(a.labels.clone(), a);
+                }
+            }
+        }
         out
     }
+}
+
+/// A record's own alerts: `DeadLetterParked` only where its queue alerts per record (by
+/// default its group alerts instead), `DeadLetterRequeueFailing` always.
+fn record_alerts(
+    record: &dlq_core::api::DeadLetter,
+    queue: Option<&DeadLetterQueue>,
+    links: &Links,
+) -> Vec<Current> {
+    let per_record = queue
+        .and_then(|q| q.spec.alerts.as_ref())
+        .is_some_and(|a| a.per_record());
+    let mut alerts = dlq_core::alert::current(record, queue, links);
+    if !per_record {
+        alerts.retain(|a| {
+            a.labels.get("alertname").map(String::as_str) != Some(dlq_core::alert::PARKED)
+        });
+    }
+    alerts
 }

@@ -6,6 +6,7 @@
 pub mod aggregate;
 mod claims;
 pub mod error;
+pub mod groups;
 pub mod queue;
 pub mod record;
 pub mod replay;
@@ -137,6 +138,11 @@ pub struct Context {
     aggregator: Option<aggregate::Aggregator>,
     /// Marks yield to this process's sources while they park (see [`parking_first`]).
     pub parking_first: parking_first::ParkingFirst,
+    /// The failure groups this process keeps (see [`groups`]).
+    pub groups: groups::GroupKeeper,
+    /// DeadLetterGroups as the watch sees them (their acknowledgements); None in tests that
+    /// do not watch them.
+    pub group_store: Option<Store<dlq_core::groups::DeadLetterGroup>>,
 }
 
 /// How long a reconcile waits for the record cache's first complete list before it steps aside
@@ -194,8 +200,16 @@ impl Context {
             claims: claims::Claims::default(),
             aggregator: None,
             parking_first: parking_first::ParkingFirst::new(settings.mechanisms.parking_first),
+            groups: groups::GroupKeeper::default(),
+            group_store: None,
             settings,
         }
+    }
+
+    /// Reads the groups' acknowledgements from `store` (see [`groups`]).
+    pub fn with_group_store(mut self, store: Store<dlq_core::groups::DeadLetterGroup>) -> Self {
+        self.group_store = Some(store);
+        self
     }
 
     /// Sends aggregatable Events through `aggregator` (see [`aggregate`]).

@@ -1,12 +1,14 @@
 //! The DeadLetterQueue reconciler: retention of resolved records, counters, target readiness.
 //!
 //! Steps: select the queue's records from the store, delete the expired resolved ones
-//! (`dlq_core::plan::expired`), probe the target, build the status and gauges
-//! (`dlq_core::plan::queue_status`), write.
+//! (`dlq_core::plan::expired`), label records parked before failure groups existed with their
+//! group, keep its failure groups (`super::groups`), probe the target, build the status and gauges (`dlq_core::plan::queue_status`),
+//! write.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use futures::StreamExt;
 use jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
@@ -80,7 +82,73 @@ pub async fn reconcile(
             .publish(reference(queue.as_ref()), event)
             .await;
     }
-    Ok(Action::requeue(ctx.settings.queue_resync))
+    // The failure groups after the counters: those settle blocks of slots (maxParked), which
+    // must not wait for group bookkeeping.
+    let unlabelled = label_groups(&ctx, &records).await;
+    let live_records: Vec<Arc<Summary>> = records
+        .iter()
+        .filter(|r| !deleted.contains(&*r.name))
+        .cloned()
+        .collect();
+    let groups_again = super::groups::keep(&ctx, &queue, &live_records, now).await;
+    // Records still unlabelled: the next batch soon, not at the next resync.
+    let mut next = if unlabelled > 0 {
+        ctx.settings.queue_resync.min(LABEL_AGAIN)
+    } else {
+        ctx.settings.queue_resync
+    };
+    if let Some(wait) = groups_again {
+        next = next.min(wait);
+    }
+    Ok(Action::requeue(next))
+}
+
+/// Records labelled with their group in one reconcile (the rest in the next ones).
+const LABEL_BATCH: usize = 512;
+/// Labels written at once.
+const LABEL_CONCURRENCY: usize = 8;
+/// When the next batch of labels goes out.
+const LABEL_AGAIN: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Labels records parked before failure groups existed (or by an older parker) with their
+/// group, a batch per reconcile, so `-l dlq.dev/group=...` and replays by group find them.
+/// Returns how many are still unlabelled after this batch.
+async fn label_groups(ctx: &Context, records: &[Arc<Summary>]) -> usize {
+    let unlabelled: Vec<Arc<Summary>> = records
+        .iter()
+        .filter(|r| !r.group_labelled)
+        .cloned()
+        .collect();
+    if unlabelled.is_empty() {
+        return 0;
+    }
+    let batch = unlabelled.iter().take(LABEL_BATCH).cloned();
+    let labelled: usize = futures::stream::iter(batch)
+        .map(|r| label_group(ctx, r))
+        .buffer_unordered(LABEL_CONCURRENCY)
+        .collect::<Vec<usize>>()
+        .await
+        .into_iter()
+        .sum();
+    let remaining = unlabelled.len() - labelled;
+    tracing::info!(
+        labelled,
+        remaining,
+        "labelled records parked before failure groups with their group"
+    );
+    remaining
+}
+
+/// 1 when `r` was labelled with its group.
+async fn label_group(ctx: &Context, r: Arc<Summary>) -> usize {
+    match ctx.apiserver.label_group(&r.to_record(), &r.group).await {
+        Ok(()) => 1,
+        // Gone meanwhile, or the apiserver away: the next pass tries again.
+        Err(e) => {
+            tracing::debug!(namespace = %r.namespace, name = %r.name, error = %e, "labelling a record with its group failed");
+            0
+        }
+    }
 }
 
 /// The queue's blocks of slots that `records` (one snapshot of the store, the one counted)

@@ -107,6 +107,7 @@ pub async fn run_scope(
     };
     let jobs = JobIndex::default();
     let initial = initial_state_for(&api_for(&client, &namespace)).await;
+    let group_wakes = queue_wakes.clone();
     let mut feeder = feeder::Feeder::new(work_writer, records.clone(), record_wakes, queue_wakes);
     if !settings.mechanisms.mark_window {
         feeder = feeder.without_mark_window();
@@ -126,6 +127,25 @@ pub async fn run_scope(
     .reflect_shared(queue_writer)
     .for_each(|_| futures::future::ready(()));
 
+    let (group_store, group_writer) = reflector::store();
+    let group_watch = watcher(
+        api_for::<dlq_core::groups::DeadLetterGroup>(&client, &namespace),
+        watcher::Config::default().any_semantic(),
+    )
+    .default_backoff()
+    .reflect(group_writer)
+    .applied_objects()
+    // A new acknowledgement (a spec change) is judged at once, not at the next resync.
+    .predicate_filter(predicates::generation, Default::default())
+    .for_each(move |group| {
+        if let Ok(g) = group
+            && let (Some(ns), Some(queue)) =
+                (g.namespace(), g.labels().get(dlq_core::api::LABEL_QUEUE))
+        {
+            let _ = group_wakes.unbounded_send(reflector::ObjectRef::new(queue).within(&ns));
+        }
+        futures::future::ready(())
+    });
     let targets = Arc::new(TargetCache::new(client.clone()));
     let apiserver: Arc<dyn Apiserver> = Arc::new(KubeApiserver::new(client.clone(), reporter));
     let mut ctx = Context::new(
@@ -136,6 +156,7 @@ pub async fn run_scope(
         metrics,
         settings.clone(),
     );
+    ctx = ctx.with_group_store(group_store);
     if settings.mechanisms.aggregation {
         ctx = ctx.with_aggregator(aggregate::Aggregator::spawn(apiserver));
     }
@@ -195,6 +216,7 @@ pub async fn run_scope(
     tokio::select! {
         _ = record_watch => {}
         _ = queue_watch => {}
+        _ = group_watch => {}
         // The controllers end after `shutdown`, once in-flight reconciles finished (the
         // decisions controller already once the full record list has arrived).
         _ = async { tokio::join!(records_ctl, decisions_ctl, queues_ctl, sources, alerts, replays_ctl) } => {}
@@ -310,6 +332,7 @@ fn alert_sender(
             cfg,
             ctx.records.clone(),
             ctx.queues.clone(),
+            ctx.group_store.clone(),
             ctx.apiserver.clone(),
             ctx.metrics.clone(),
             shutdown,

@@ -226,6 +226,8 @@ pub fn request_for(queue: &str, data: &[u8], props: &BasicProperties) -> ParkReq
         Ok(d) => {
             req.deliveries = deliveries(&d, props);
             req.reason = reason_in_words(&d, req.deliveries);
+            // `rejected`, `expired`, `maxlen` or `delivery_limit`: why RabbitMQ dead-lettered it.
+            req.error_class = dlq_core::group::bounded_error_class(&d.reason);
             req.failed_at = d
                 .time
                 .and_then(|t| i64::try_from(t).ok())
@@ -455,6 +457,8 @@ mod tests {
             ),
         );
         assert_eq!(q.deliveries, 5);
+        assert_eq!(r.error_class.as_deref(), Some("rejected"));
+        assert_eq!(q.error_class.as_deref(), Some("delivery_limit"));
         assert!(q.reason.contains("delivered 5 times"), "{}", q.reason);
     }
 

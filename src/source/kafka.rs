@@ -115,6 +115,7 @@ pub fn request_for(queue: &str, dead: &Dead) -> ParkRequest {
         .topic
         .as_deref()
         .map_or_else(String::new, |t| format!(" from {t}"));
+    req.error_class = info.error_class;
     req.reason = info.reason.unwrap_or_else(|| {
         format!(
             "dead-lettered{from} to {} (no exception header)",
@@ -316,6 +317,10 @@ mod tests {
         assert_eq!(origin.topic.as_deref(), Some("orders"));
         assert_eq!((origin.partition, origin.offset), (Some(2), Some(99)));
         assert_eq!(req.reason, "java.lang.IllegalArgumentException");
+        assert_eq!(
+            req.error_class.as_deref(),
+            Some("java.lang.IllegalArgumentException")
+        );
         assert_eq!(
             req.job.headers.get("trace").map(String::as_str),
             Some("t-1")

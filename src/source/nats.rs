@@ -50,6 +50,10 @@ const DURABLE: &str = "deadletter-operator";
 /// The advisory JetStream publishes when a message exceeds its consumer's MaxDeliver.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Advisory {
+    /// The advisory's kind (`io.nats.jetstream.advisory.v1.max_deliver`): the record's error
+    /// class.
+    #[serde(default, rename = "type")]
+    pub kind: Option<String>,
     pub stream: String,
     pub consumer: String,
     pub stream_seq: u64,
@@ -57,6 +61,9 @@ pub struct Advisory {
     #[serde(default)]
     pub timestamp: Option<String>,
 }
+
+/// The kind of the MAX_DELIVERIES advisory, for one that does not say.
+pub const MAX_DELIVER_ADVISORY: &str = "io.nats.jetstream.advisory.v1.max_deliver";
 
 pub fn advisory_subject(stream: &str, consumer: &str) -> String {
     format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{consumer}")
@@ -156,6 +163,12 @@ pub fn request_for(queue: &str, adv: &Advisory, msg: &Stored) -> ParkRequest {
     // The work stream's sequence: a redriven job dying again is a new message there.
     .with_message(format!("nats:{}/{}", adv.stream, adv.stream_seq));
     req.deliveries = i32::try_from(adv.deliveries).unwrap_or(i32::MAX);
+    req.error_class = Some(
+        adv.kind
+            .as_deref()
+            .and_then(dlq_core::group::bounded_error_class)
+            .unwrap_or_else(|| MAX_DELIVER_ADVISORY.to_string()),
+    );
     req.reason = format!(
         "JetStream consumer {} gave up after {} deliveries (MaxDeliver); stream {} sequence {}, subject {}",
         adv.consumer, adv.deliveries, adv.stream, adv.stream_seq, msg.subject
@@ -420,6 +433,7 @@ mod tests {
         assert_eq!(m.headers["x-tag"], ["a", "b"]);
         assert_eq!(m.payload, b"\xffpayload");
         let adv = Advisory {
+            kind: None,
             stream: "JOBS".into(),
             consumer: "worker".into(),
             stream_seq: 9,
@@ -431,6 +445,7 @@ mod tests {
         assert_eq!(r.deliveries, 4);
         assert_eq!(r.job.payload_bytes().unwrap(), b"\xffpayload");
         assert_eq!(r.job.origin.unwrap().sequence, Some(9));
+        assert_eq!(r.error_class.as_deref(), Some(MAX_DELIVER_ADVISORY));
         let gone = serde_json::json!({"error": {"code": 404, "err_code": 10037, "description": "no message found"}});
         assert_eq!(decode_stored(&gone), Ok(None));
     }
@@ -440,6 +455,7 @@ mod tests {
         let raw = br#"{"type":"io.nats.jetstream.advisory.v1.max_deliver","id":"x","timestamp":"2026-11-29T10:00:00.123456789Z","stream":"JOBS","consumer":"worker","stream_seq":42,"deliveries":3}"#;
         let a: Advisory = serde_json::from_slice(raw).unwrap();
         assert_eq!((a.stream_seq, a.deliveries), (42, 3));
+        assert_eq!(a.kind.as_deref(), Some(MAX_DELIVER_ADVISORY));
         assert!(a.timestamp.unwrap().parse::<jiff::Timestamp>().is_ok());
     }
 }

@@ -5,13 +5,15 @@
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
-use dlq_core::api::{DeadLetter, DeadLetterQueue, DeadLetterStatus};
+use dlq_core::api::{DeadLetter, DeadLetterQueue, DeadLetterStatus, LABEL_QUEUE};
 use dlq_core::events::EventPlan;
+use dlq_core::group::LABEL_GROUP;
+use dlq_core::groups::DeadLetterGroup;
 use dlq_core::plan::QueueStatusWrite;
 use dlq_core::replay::{
     ANNOTATION_REPLAY_UID, DeadLetterReplay, DeadLetterReplayStatus, LABEL_REPLAY,
@@ -83,6 +85,36 @@ pub trait Apiserver: Send + Sync {
         &'a self,
         replay: &'a DeadLetterReplay,
         status: &'a DeadLetterReplayStatus,
+    ) -> BoxFuture<'a, Result<(), kube::Error>>;
+
+    /// The DeadLetterGroups of one queue (label `dlq.dev/queue`).
+    fn list_groups<'a>(
+        &'a self,
+        namespace: &'a str,
+        queue: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<DeadLetterGroup>, kube::Error>>;
+
+    /// Writes a group's status; with `create`, first applies the object itself (labels and
+    /// owner), as a group the operator does not know to exist yet.
+    fn apply_group<'a>(
+        &'a self,
+        group: &'a DeadLetterGroup,
+        create: bool,
+    ) -> BoxFuture<'a, Result<(), kube::Error>>;
+
+    /// Deletes a group (a 404 counts as done).
+    fn delete_group<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<(), kube::Error>>;
+
+    /// Labels a record parked before failure groups existed with its group. Unguarded: the
+    /// group is a function of immutable facts, so every writer writes the same value.
+    fn label_group<'a>(
+        &'a self,
+        record: &'a DeadLetter,
+        group: &'a str,
     ) -> BoxFuture<'a, Result<(), kube::Error>>;
 }
 
@@ -244,6 +276,74 @@ impl Apiserver for KubeApiserver {
             .map(|_| ())
         }
         .boxed()
+    }
+
+    fn list_groups<'a>(
+        &'a self,
+        namespace: &'a str,
+        queue: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<DeadLetterGroup>, kube::Error>> {
+        async move {
+            let api: Api<DeadLetterGroup> = Api::namespaced(self.client.clone(), namespace);
+            let lp = ListParams::default().labels(&format!("{LABEL_QUEUE}={queue}"));
+            Ok(api.list(&lp).await?.items)
+        }
+        .boxed()
+    }
+
+    fn apply_group<'a>(
+        &'a self,
+        group: &'a DeadLetterGroup,
+        create: bool,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        async move {
+            let ns = group.namespace().unwrap_or_default();
+            let api: Api<DeadLetterGroup> = Api::namespaced(self.client.clone(), &ns);
+            let name = group.name_any();
+            let params = PatchParams::apply(MANAGER).force();
+            if create {
+                let mut object = group.clone();
+                object.status = None;
+                object.metadata.managed_fields = None;
+                object.metadata.resource_version = None;
+                api.patch(&name, &params, &Patch::Apply(&object)).await?;
+            }
+            let status = json!({
+                "apiVersion": "dlq.dev/v1alpha1",
+                "kind": "DeadLetterGroup",
+                "metadata": {"name": name},
+                "status": group.status,
+            });
+            api.patch_status(&name, &params, &Patch::Apply(&status))
+                .await
+                .map(|_| ())
+        }
+        .boxed()
+    }
+
+    fn delete_group<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        async move {
+            let api: Api<DeadLetterGroup> = Api::namespaced(self.client.clone(), namespace);
+            match api.delete(name, &DeleteParams::default()).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                Err(e) => Err(e),
+            }
+        }
+        .boxed()
+    }
+
+    fn label_group<'a>(
+        &'a self,
+        record: &'a DeadLetter,
+        group: &'a str,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        let patch = json!({"metadata": {"labels": {LABEL_GROUP: group}}});
+        self.patch_record(record, patch)
     }
 }
 

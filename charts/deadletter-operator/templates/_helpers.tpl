@@ -91,6 +91,13 @@ What the operator does against the API in the namespaces it watches, and nothing
   resources: [deadletterqueues]
   verbs: [get, list, watch]
 - apiGroups: [dlq.dev]
+  resources: [deadlettergroups]
+  # the operator creates, keeps and deletes every failure group (server-side apply: patch)
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [dlq.dev]
+  resources: [deadlettergroups/status]
+  verbs: [patch]
+- apiGroups: [dlq.dev]
   resources: [deadletterqueues/status]
   verbs: [patch]
 - apiGroups: [events.k8s.io]

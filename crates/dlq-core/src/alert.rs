@@ -16,6 +16,9 @@ use crate::conditions::REQUEUED;
 
 /// Alert raised while a record is Parked.
 pub const PARKED: &str = "DeadLetterParked";
+/// Alert raised while a failure group has Parked records and no acknowledgement silences it
+/// (one per group: the default, see [`AlertSettings::per`]).
+pub const GROUP_PARKED: &str = "DeadLetterGroupParked";
 /// Alert raised while a Parked record's requeue keeps failing (`Requeued=False`).
 pub const REQUEUE_FAILING: &str = "DeadLetterRequeueFailing";
 /// Severity when the queue does not name one.
@@ -38,9 +41,13 @@ const MAX_ANNOTATION: usize = 1024;
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct AlertSettings {
-    /// Raise an alert per parked record (default true when an Alertmanager is configured).
+    /// Raise alerts for parked records (default true when an Alertmanager is configured).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
+    /// `group` (default): one `DeadLetterGroupParked` alert per failure group, silenced by
+    /// its acknowledgement; `record`: one `DeadLetterParked` per parked record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per: Option<AlertPer>,
     /// The `severity` label per failure kind (default `warning`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub severity: Option<Severities>,
@@ -53,6 +60,14 @@ pub struct AlertSettings {
         validation = kube::core::Rule::new("self.all(k, size(self[k]) <= 256)").message("alerts.labels values are at most 256 characters"),
     )]
     pub labels: BTreeMap<String, String>,
+}
+
+/// What one parked-alert stands for.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum AlertPer {
+    Group,
+    Record,
 }
 
 /// The severity label per failure kind.
@@ -69,6 +84,11 @@ pub struct Severities {
 impl AlertSettings {
     pub fn enabled(&self) -> bool {
         self.enabled.unwrap_or(true)
+    }
+
+    /// Whether parked records alert one by one (else per failure group).
+    pub fn per_record(&self) -> bool {
+        self.per == Some(AlertPer::Record)
     }
 
     pub fn severity(&self, kind: FailureKind) -> &str {
@@ -285,6 +305,81 @@ fn requeue_failing(
     }
 }
 
+/// The alert a failure group raises now: none unless it has Parked records, no acknowledgement
+/// silences it, and its queue alerts per group. Labels: namespace, queue, group, failure kind,
+/// service version, tier (and `severity`, the tier); annotations: count, template, samples,
+/// runbook. `startsAt` is the group's first seen, so a resend never moves it.
+pub fn group_alert(
+    group: &crate::groups::DeadLetterGroup,
+    queue: Option<&DeadLetterQueue>,
+    links: &Links,
+) -> Option<Current> {
+    let default = AlertSettings::default();
+    let settings = queue
+        .and_then(|q| q.spec.alerts.as_ref())
+        .unwrap_or(&default);
+    let status = group.status.as_ref()?;
+    if !settings.enabled() || settings.per_record() || status.parked == 0 || status.silenced {
+        return None;
+    }
+    let meta = &group.metadata;
+    let label = |k: &str| meta.labels.as_ref().and_then(|l| l.get(k)).cloned();
+    let (queue_name, fingerprint) = (
+        label(crate::api::LABEL_QUEUE)?,
+        label(crate::group::LABEL_GROUP)?,
+    );
+    let ns = meta.namespace.clone().unwrap_or_default();
+    let mut l: BTreeMap<String, String> = settings
+        .labels
+        .iter()
+        .filter(|(k, _)| !RESERVED_LABELS.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let mut set = |k: &str, v: &str| l.insert(k.to_string(), v.to_string());
+    set("alertname", GROUP_PARKED);
+    set("namespace", &ns);
+    set("queue", &queue_name);
+    set("group", &fingerprint);
+    set("tier", status.tier.as_str());
+    set("severity", status.tier.as_str());
+    if let Some(k) = status.failure_kind {
+        set("failure_kind", k.label());
+    }
+    if let Some(v) = status.service_version.as_deref().filter(|v| !v.is_empty()) {
+        set("service_version", v);
+    }
+    let mut a = BTreeMap::new();
+    a.insert(
+        "summary".into(),
+        truncate(&format!(
+            "{} parked on {queue_name} ({}): {}",
+            status.parked,
+            status.tier.as_str(),
+            status.template
+        )),
+    );
+    a.insert("count".into(), status.parked.to_string());
+    a.insert("template".into(), truncate(&status.template));
+    a.insert("samples".into(), truncate(&status.samples.join(", ")));
+    a.insert(
+        "runbook_url".into(),
+        format!(
+            "{}#alert-{}",
+            links.runbook_base_url.trim_end_matches('/'),
+            GROUP_PARKED.to_lowercase()
+        ),
+    );
+    a.insert(
+        "command".into(),
+        format!("kubectl dlq groups -n {ns} --queue {queue_name}"),
+    );
+    Some(Current {
+        labels: l,
+        annotations: a,
+        starts_at: status.first_seen.as_ref().map(|t| t.0).unwrap_or_default(),
+    })
+}
+
 fn truncate(s: &str) -> String {
     if s.len() <= MAX_ANNOTATION {
         return s.to_string();
@@ -364,6 +459,78 @@ mod tests {
         );
         assert!(a.annotations["summary"].contains("pi_0003/settle"));
         assert!(a.annotations["description"].contains("pi_0003 was created"));
+    }
+
+    #[test]
+    fn a_group_raises_one_alert_until_acknowledged_or_empty() {
+        use crate::groups::{AcknowledgedAt, DeadLetterGroupStatus, Tier, group_object};
+        let status = DeadLetterGroupStatus {
+            template: "timeout after <n> ms".into(),
+            failure_kind: Some(FailureKind::Transient),
+            service_version: Some("relayer@1.4.2".into()),
+            parked: 312,
+            tier: Tier::Critical,
+            first_seen: Some(Time(at(1000))),
+            samples: vec!["a-1".into(), "b-1".into()],
+            ..Default::default()
+        };
+        let mut settings = AlertSettings::default();
+        settings.labels.insert("team".into(), "payments".into());
+        let mut q = queue(settings.clone());
+        q.metadata.namespace = Some("payments".into());
+        let g = group_object(&q, "3f9a1c07d2", status.clone());
+        let a = group_alert(&g, Some(&q), &links()).expect("an alert");
+        let l = |k: &str| a.labels.get(k).map(String::as_str);
+        assert_eq!(l("alertname"), Some(GROUP_PARKED));
+        assert_eq!(
+            (l("namespace"), l("queue"), l("group")),
+            (Some("payments"), Some("relayer"), Some("3f9a1c07d2"))
+        );
+        assert_eq!(
+            (
+                l("tier"),
+                l("failure_kind"),
+                l("service_version"),
+                l("team")
+            ),
+            (
+                Some("critical"),
+                Some("transient"),
+                Some("relayer@1.4.2"),
+                Some("payments")
+            )
+        );
+        assert_eq!(a.annotations["count"], "312");
+        assert_eq!(a.annotations["template"], "timeout after <n> ms");
+        assert_eq!(a.annotations["samples"], "a-1, b-1");
+        assert!(a.annotations["runbook_url"].ends_with("#alert-deadlettergroupparked"));
+        assert_eq!(a.starts_at, at(1000));
+        let silenced = group_object(
+            &q,
+            "3f9a1c07d2",
+            DeadLetterGroupStatus {
+                acknowledgement: Some(AcknowledgedAt::default()),
+                silenced: true,
+                ..status.clone()
+            },
+        );
+        assert_eq!(group_alert(&silenced, Some(&q), &links()), None);
+        let empty = group_object(
+            &q,
+            "3f9a1c07d2",
+            DeadLetterGroupStatus {
+                parked: 0,
+                ..status.clone()
+            },
+        );
+        assert_eq!(
+            group_alert(&empty, Some(&q), &links()),
+            None,
+            "resolved when nothing is parked"
+        );
+        settings.per = Some(AlertPer::Record);
+        let per_record = queue(settings);
+        assert_eq!(group_alert(&g, Some(&per_record), &links()), None);
     }
 
     #[test]

@@ -71,6 +71,7 @@ pub const MAX_SOURCE_MESSAGE_LEN: usize = 253;
     validation = kube::core::Rule::new("self.failureKind == oldSelf.failureKind").message("spec.failureKind is immutable"),
     validation = kube::core::Rule::new("has(self.serviceVersion) == has(oldSelf.serviceVersion) && (!has(self.serviceVersion) || self.serviceVersion == oldSelf.serviceVersion)").message("spec.serviceVersion is immutable"),
     validation = kube::core::Rule::new("self.failedAt == oldSelf.failedAt").message("spec.failedAt is immutable"),
+    validation = kube::core::Rule::new("has(self.errorClass) == has(oldSelf.errorClass) && (!has(self.errorClass) || self.errorClass == oldSelf.errorClass)").message("spec.errorClass is immutable"),
     validation = kube::core::Rule::new("!has(self.action) || (has(self.by) && self.by.trim() != '')").message("every decision must be signed: set spec.by when spec.action is set"),
 )]
 pub struct DeadLetterSpec {
@@ -97,6 +98,11 @@ pub struct DeadLetterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 128))]
     pub service_version: Option<String>,
+    /// What kind of error the consumer met (an exception class, `x-death`'s reason, a NATS
+    /// advisory kind): part of the record's failure group (`dlq.dev/group`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub error_class: Option<String>,
     pub failed_at: Time,
     /// The human decision. Set together with `by`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -367,6 +373,9 @@ pub struct DeadLetterQueueSpec {
     /// Per-record Alertmanager alerts of this queue's records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alerts: Option<crate::alert::AlertSettings>,
+    /// Its failure groups (`DeadLetterGroup`): how many at most, and the tiers' thresholds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub groups: Option<crate::groups::GroupSettings>,
 }
 
 /// Default for `maxParked`: at 64 KiB payloads about 330 MiB of etcd (68 KB a record,
@@ -854,10 +863,11 @@ pub struct KindCounts {
 pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
     use kube_core::CustomResourceExt;
     Ok(format!(
-        "---\n{}---\n{}---\n{}",
+        "---\n{}---\n{}---\n{}---\n{}",
         serde_yaml::to_string(&DeadLetter::crd())?,
         serde_yaml::to_string(&DeadLetterQueue::crd())?,
-        serde_yaml::to_string(&crate::replay::DeadLetterReplay::crd())?
+        serde_yaml::to_string(&crate::replay::DeadLetterReplay::crd())?,
+        serde_yaml::to_string(&crate::groups::DeadLetterGroup::crd())?
     ))
 }
 

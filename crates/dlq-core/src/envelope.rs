@@ -35,6 +35,9 @@ pub struct Envelope {
     pub intent: Option<IntentSnapshot>,
     #[serde(default)]
     pub service_version: Option<String>,
+    /// The error's kind (an exception class): part of the record's failure group.
+    #[serde(default)]
+    pub error_class: Option<String>,
     #[serde(default)]
     pub failed_at: Option<jiff::Timestamp>,
 }
@@ -76,6 +79,7 @@ pub fn request_for(queue: &str, raw: &[u8]) -> ParkRequest {
                 reason: env.reason,
                 failure_kind: env.failure_kind.unwrap_or(FailureKind::Transient),
                 service_version: env.service_version,
+                error_class: env.error_class,
                 failed_at: env.failed_at,
                 message: None,
                 redelivered: false,

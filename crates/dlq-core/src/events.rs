@@ -22,6 +22,8 @@ pub mod reason {
     pub const QUEUE_FULL: &str = "QueueFull";
     /// Alertmanager has not accepted the per-record alerts for a while.
     pub const ALERTS_UNDELIVERABLE: &str = "AlertsUndeliverable";
+    /// A queue has more failure groups than `spec.groups.max`: the rest share its overflow group.
+    pub const GROUPS_OVERFLOW: &str = "GroupsOverflow";
     /// A drop came after the broker confirmed the record's redrive: the record is Redriven.
     pub const DECISION_TOO_LATE: &str = "DecisionTooLate";
     /// A queue names a backend (kafka, sqs) that this operator build left out.
@@ -37,6 +39,7 @@ pub mod action {
     pub const REDRIVE: &str = "Redrive";
     pub const REPLAY: &str = "Replay";
     pub const ALERT: &str = "Alert";
+    pub const GROUP: &str = "Group";
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -387,6 +387,9 @@ pub mod kafka {
         pub timestamp: Option<i64>,
         /// `exception class: message`, when a bookkeeping header said.
         pub reason: Option<String>,
+        /// The exception class alone (Spring's `kafka_dlt-exception-fqcn`, Connect's
+        /// `__connect.errors.exception.class.name`), bounded: the record's error class.
+        pub error_class: Option<String>,
     }
 
     /// Whether `name` is dead-letter bookkeeping (never carried back on redrive).
@@ -434,6 +437,7 @@ pub mod kafka {
         };
         let class = pick("exception-fqcn", "exception.class.name").and_then(|v| text(&v));
         let message = pick("exception-message", "exception.message").and_then(|v| text(&v));
+        let error_class = class.as_deref().and_then(crate::group::bounded_error_class);
         let reason = match (class, message) {
             (Some(c), Some(m)) => Some(format!("{c}: {m}")),
             (Some(c), None) => Some(c),
@@ -448,6 +452,7 @@ pub mod kafka {
             offset: pick("original-offset", "offset").and_then(|v| number(&v)),
             timestamp: get("kafka_dlt-original-timestamp").and_then(|v| number(&v)),
             reason,
+            error_class,
         }
     }
 
@@ -584,6 +589,10 @@ pub mod kafka {
                 info.reason.as_deref(),
                 Some("java.lang.IllegalStateException: bad amount")
             );
+            assert_eq!(
+                info.error_class.as_deref(),
+                Some("java.lang.IllegalStateException")
+            );
             let (job, lost) = to_headers(Some(b"k1"), &headers);
             assert!(lost.is_empty());
             assert_eq!(job.get("trace").map(String::as_str), Some("abc"));
@@ -609,6 +618,10 @@ pub mod kafka {
             let info = dead_letter_info(&headers);
             assert_eq!(info.topic.as_deref(), Some("payments"));
             assert_eq!((info.partition, info.offset), (Some(1), Some(7)));
+            assert_eq!(
+                info.error_class.as_deref(),
+                Some("org.apache.kafka.connect.errors.DataException")
+            );
             assert!(
                 info.reason
                     .unwrap_or_default()

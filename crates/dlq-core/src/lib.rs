@@ -26,6 +26,8 @@ pub mod decide;
 pub mod duration;
 pub mod envelope;
 pub mod events;
+pub mod group;
+pub mod groups;
 pub mod headers;
 pub mod park;
 pub mod plan;

@@ -21,6 +21,8 @@ pub struct ParkRequest {
     pub reason: String,
     pub failure_kind: FailureKind,
     pub service_version: Option<String>,
+    /// What kind of error it was (an exception class): part of its failure group.
+    pub error_class: Option<String>,
     /// When the consumer gave up; now when None.
     pub failed_at: Option<jiff::Timestamp>,
     /// The broker's identity of this one dead message (a Kafka offset, a stream sequence, an
@@ -50,6 +52,7 @@ impl ParkRequest {
             reason: String::new(),
             failure_kind: FailureKind::Transient,
             service_version: None,
+            error_class: None,
             failed_at: None,
             message: None,
             redelivered: false,
@@ -380,6 +383,11 @@ fn validate_bounded_text(req: &ParkRequest) -> Result<(), ParkInvalid> {
             128,
         ),
         (
+            "errorClass",
+            req.error_class.as_deref().unwrap_or(""),
+            crate::group::MAX_ERROR_CLASS,
+        ),
+        (
             "intent.id",
             req.intent.as_ref().map_or("", |i| i.id.as_str()),
             253,
@@ -460,7 +468,8 @@ fn bounded_reason(reason: &str) -> String {
     s
 }
 
-/// The record of `req`'s `cycle`, labelled for lookups (queue, failure kind, job key).
+/// The record of `req`'s `cycle`, labelled for lookups (queue, failure kind, job key, failure
+/// group: computed here, so grouping costs the park path no write).
 pub fn new_record(req: &ParkRequest, cycle: i32) -> DeadLetter {
     let key = job_key(&req.queue, &req.job.id);
     let mut record = DeadLetter::new(
@@ -474,6 +483,7 @@ pub fn new_record(req: &ParkRequest, cycle: i32) -> DeadLetter {
             reason: bounded_reason(&req.reason),
             failure_kind: req.failure_kind,
             service_version: req.service_version.clone(),
+            error_class: req.error_class.clone(),
             failed_at: Time(req.failed_at.unwrap_or_else(jiff::Timestamp::now)),
             action: None,
             by: None,
@@ -487,6 +497,10 @@ pub fn new_record(req: &ParkRequest, cycle: i32) -> DeadLetter {
             req.failure_kind.label().to_string(),
         ),
         (api::LABEL_JOB_KEY.to_string(), key),
+        (
+            crate::group::LABEL_GROUP.to_string(),
+            crate::group::Key::of(&record).fingerprint(),
+        ),
     ]));
     if let Some(message) = &req.message {
         record.metadata.annotations = Some(BTreeMap::from([(
@@ -685,6 +699,10 @@ mod tests {
             "CR, LF or NUL",
         );
         check(&|r| r.deliveries = -1, "deliveries must be >= 0");
+        check(
+            &|r| r.error_class = Some("E".repeat(257)),
+            "errorClass is 257 characters; at most 256",
+        );
         assert!(validate(&req()).is_ok());
     }
 
@@ -726,6 +744,28 @@ mod tests {
                 .and_then(|l| l.get(api::LABEL_JOB_KEY)),
             Some(&job_key("relayer", "pi_0003/settle"))
         );
+    }
+
+    #[test]
+    fn a_parked_record_carries_its_group_and_error_class() {
+        use crate::group::{Key, LABEL_GROUP, labelled};
+        let mut request = req();
+        request.reason = "timeout after 3021 ms talking to payer 7f3a9c21".into();
+        let record = new_record(&request, 1);
+        let group = labelled(&record).expect("labelled at park");
+        assert_eq!(group, Key::of(&record).fingerprint());
+        request.reason = "timeout after 15 ms talking to payer 0b11e0aa".into();
+        assert_eq!(labelled(&new_record(&request, 2)), Some(group));
+        request.error_class = Some("PayerTimeout".into());
+        let classed = new_record(&request, 3);
+        assert_eq!(classed.spec.error_class.as_deref(), Some("PayerTimeout"));
+        assert_ne!(labelled(&classed), Some(group), "the class is part of it");
+        let value = classed
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_GROUP));
+        assert!(value.is_some_and(|v| v.len() <= 63), "a valid label value");
     }
 
     #[test]

@@ -651,6 +651,7 @@ mod tests {
                 reason: "no luck".into(),
                 failure_kind: FailureKind::Transient,
                 service_version: None,
+                error_class: None,
                 failed_at: Time(at(created)),
                 action: None,
                 by: None,

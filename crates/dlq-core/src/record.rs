@@ -18,6 +18,7 @@ use crate::api::{
     ANNOTATION_SLOT_BLOCK, Action, DeadLetter, DeadLetterSpec, DeadLetterStatus, FailureKind,
     IntentSnapshot, Job, Phase,
 };
+use crate::group::LABEL_GROUP;
 use crate::replay::{ANNOTATION_REPLAY_UID, LABEL_REPLAY};
 
 /// The facts of a record that functions over many records read.
@@ -33,6 +34,10 @@ pub trait Facts {
     fn reason(&self) -> &str;
     fn failed_at(&self) -> Timestamp;
     fn service_version(&self) -> Option<&str>;
+    fn error_class(&self) -> Option<&str>;
+    /// Its failure group: the `dlq.dev/group` label a parker set, else computed (a record
+    /// parked before groups existed).
+    fn group(&self) -> std::borrow::Cow<'_, str>;
     /// When the apiserver created it (None only for an object never stored).
     fn created(&self) -> Option<Timestamp>;
     fn resolved_at(&self) -> Option<Timestamp>;
@@ -85,6 +90,15 @@ impl Facts for DeadLetter {
     }
     fn service_version(&self) -> Option<&str> {
         self.spec.service_version.as_deref()
+    }
+    fn error_class(&self) -> Option<&str> {
+        self.spec.error_class.as_deref()
+    }
+    fn group(&self) -> std::borrow::Cow<'_, str> {
+        match crate::group::labelled(self) {
+            Some(label) => label.into(),
+            None => crate::group::Key::of(self).fingerprint().into(),
+        }
     }
     fn created(&self) -> Option<Timestamp> {
         self.metadata.creation_timestamp.as_ref().map(|t| t.0)
@@ -162,6 +176,12 @@ pub struct Summary {
     pub failure_kind: FailureKind,
     pub failed_at: Timestamp,
     pub service_version: Option<Box<str>>,
+    pub error_class: Option<Box<str>>,
+    /// Its failure group ([`Facts::group`]), shared by the group's records.
+    pub group: Arc<str>,
+    /// Whether it carries its group as a label (records parked before groups existed do not
+    /// until the operator labels them).
+    pub group_labelled: bool,
     /// The business state when it failed (alerts describe it).
     pub intent: Option<Box<IntentSnapshot>>,
     pub action: Option<Action>,
@@ -207,6 +227,9 @@ impl Summary {
             failure_kind: spec.failure_kind,
             failed_at: spec.failed_at.0,
             service_version: spec.service_version.as_deref().map(boxed),
+            error_class: spec.error_class.as_deref().map(boxed),
+            group: strings.get(&dl.group()),
+            group_labelled: crate::group::labelled(dl).is_some(),
             intent: spec.intent.clone(),
             action: spec.action,
             status_phase: status.and_then(|s| s.phase),
@@ -242,6 +265,9 @@ impl Summary {
         if let Some(b) = &self.slot_block {
             annotations.insert(ANNOTATION_SLOT_BLOCK.to_string(), b.to_string());
         }
+        if self.group_labelled {
+            labels.insert(LABEL_GROUP.to_string(), self.group.to_string());
+        }
         let nonempty = |s: &str| (!s.is_empty()).then(|| s.to_string());
         let status =
             (self.status_phase.is_some() || self.resolved_at.is_some() || !self.failing.is_empty())
@@ -275,6 +301,7 @@ impl Summary {
                 reason: self.reason.to_string(),
                 failure_kind: self.failure_kind,
                 service_version: self.service_version.as_deref().map(str::to_string),
+                error_class: self.error_class.as_deref().map(str::to_string),
                 failed_at: Time(self.failed_at),
                 action: self.action,
                 by: None,
@@ -316,6 +343,12 @@ impl Facts for Summary {
     fn service_version(&self) -> Option<&str> {
         self.service_version.as_deref()
     }
+    fn error_class(&self) -> Option<&str> {
+        self.error_class.as_deref()
+    }
+    fn group(&self) -> std::borrow::Cow<'_, str> {
+        (*self.group).into()
+    }
     fn created(&self) -> Option<Timestamp> {
         self.created
     }
@@ -347,6 +380,7 @@ mod tests {
             .created(crate::testing::at(1_000))
             .intent("order-1", "paid")
             .service_version("v2")
+            .error_class("PayerTimeout")
             .annotation(ANNOTATION_SLOT_BLOCK, "b-1")
             .build()
     }
@@ -364,6 +398,8 @@ mod tests {
         assert_eq!(a.reason(), b.reason());
         assert_eq!(a.failed_at(), b.failed_at());
         assert_eq!(a.service_version(), b.service_version());
+        assert_eq!(a.error_class(), b.error_class());
+        assert_eq!(a.group(), b.group());
         assert_eq!(a.created(), b.created());
         assert_eq!(a.resolved_at(), b.resolved_at());
         assert_eq!(a.signed_by_replay(), b.signed_by_replay());
@@ -445,13 +481,37 @@ mod tests {
     }
 
     #[test]
+    fn a_record_parked_before_groups_existed_gets_its_group_computed_and_unlabelled() {
+        let mut strings = Interner::default();
+        let labelled = record();
+        let mut r = record();
+        if let Some(labels) = r.metadata.labels.as_mut() {
+            labels.remove(LABEL_GROUP);
+        }
+        assert_eq!(r.group(), labelled.group(), "the same group, computed");
+        let s = Summary::of(&r, &mut strings);
+        assert!(!s.group_labelled);
+        same_facts(&r, &s);
+        let rebuilt = s.to_record();
+        assert_eq!(get(&rebuilt.metadata.labels, LABEL_GROUP), None);
+        same_facts(&r, &rebuilt);
+        let s = Summary::of(&labelled, &mut strings);
+        assert!(s.group_labelled);
+        assert_eq!(
+            get(&s.to_record().metadata.labels, LABEL_GROUP),
+            Some(&*s.group)
+        );
+    }
+
+    #[test]
     fn records_of_one_queue_share_its_strings_until_none_holds_them() {
         let mut strings = Interner::default();
         let a = Summary::of(&record(), &mut strings);
         let b = Summary::of(&record(), &mut strings);
         assert!(Arc::ptr_eq(&a.queue, &b.queue));
         assert!(Arc::ptr_eq(&a.namespace, &b.namespace));
-        assert_eq!(strings.len(), 3, "namespace, queue, slot block");
+        assert!(Arc::ptr_eq(&a.group, &b.group));
+        assert_eq!(strings.len(), 4, "namespace, queue, slot block, group");
         drop((a, b));
         strings.prune();
         assert!(strings.is_empty());

@@ -182,6 +182,10 @@ pub struct ReplaySelector {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 1000), inner(length(min = 1, max = 253)))]
     pub names: Vec<String>,
+    /// Only the records of this failure group (its fingerprint, the `dlq.dev/group` label).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9a-f]{10}$"))]
+    pub group: Option<String>,
 }
 
 /// The bounds that stop a replay by itself.
@@ -334,6 +338,7 @@ impl ReplaySelector {
                 .as_ref()
                 .is_none_or(|v| r.service_version() == Some(v.as_str()))
             && (self.names.is_empty() || self.names.iter().any(|n| n == name))
+            && self.group.as_ref().is_none_or(|g| r.group() == g.as_str())
     }
 
     /// The selector in words (`queue=relayer,failureKind=Transient,...`).
@@ -356,6 +361,9 @@ impl ReplaySelector {
         }
         if !self.names.is_empty() {
             parts.push(format!("names={}", self.names.len()));
+        }
+        if let Some(g) = &self.group {
+            parts.push(format!("group={g}"));
         }
         parts.join(",")
     }

@@ -1,8 +1,8 @@
 //! Sidekiq's job JSON: how a job of the `dead` sorted set becomes a park request, and which
 //! queue a redriven job goes back to. The job's bytes are the record's payload, untouched;
 //! the facts are read beside them: job id = `jid`, deliveries = `retry_count` + 1, reason =
-//! `error_class: error_message`, failed at = `failed_at`, and the Sidekiq queue and job class as
-//! the job's origin. Anything that is not a Sidekiq job is an Invalid record of its exact bytes.
+//! `error_class: error_message` (and `error_class` as the record's error class), failed at =
+//! `failed_at`, and the Sidekiq queue and job class as the job's origin. Anything that is not a Sidekiq job is an Invalid record of its exact bytes.
 
 use serde::Deserialize;
 
@@ -65,6 +65,11 @@ pub fn request_for(queue: &str, raw: &[u8]) -> ParkRequest {
         .map_or(1, |c| c.saturating_add(1))
         .clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32;
     req.reason = reason(&job);
+    // The class groups failures (`crate::group`) apart from the message's ids.
+    req.error_class = job
+        .error_class
+        .as_deref()
+        .and_then(crate::group::bounded_error_class);
     req.failure_kind = FailureKind::Transient;
     req.failed_at = job.failed_at.and_then(timestamp);
     req
@@ -153,6 +158,7 @@ mod tests {
         assert_eq!(r.job.payload_bytes().expect("bytes"), DEAD);
         assert_eq!(r.deliveries, 3, "retry_count + 1");
         assert_eq!(r.reason, "Net::ReadTimeout: gateway timeout");
+        assert_eq!(r.error_class.as_deref(), Some("Net::ReadTimeout"));
         assert_eq!(r.failure_kind, FailureKind::Transient);
         assert_eq!(
             r.failed_at.map(|t| t.as_millisecond()),

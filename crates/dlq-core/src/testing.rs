@@ -150,6 +150,11 @@ impl RecordBuilder {
         self
     }
 
+    pub fn error_class(mut self, class: &str) -> Self {
+        self.req.error_class = Some(class.into());
+        self
+    }
+
     pub fn failed_at(mut self, at: Timestamp) -> Self {
         self.req.failed_at = Some(at);
         self

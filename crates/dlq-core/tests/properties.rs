@@ -4,9 +4,11 @@
 
 use std::collections::BTreeMap;
 
+use dlq_core::api::FailureKind;
 use dlq_core::api::{Action, Job, Phase};
 use dlq_core::decide::{Decision, decide};
 use dlq_core::envelope::request_for;
+use dlq_core::group::{Key, MAX_TEMPLATE, is_fingerprint, template};
 use dlq_core::headers::{nats, sqs};
 use dlq_core::park::{Disposition, ParkRequest, dispose, invalid_request, validate};
 use proptest::prelude::*;
@@ -143,5 +145,76 @@ proptest! {
     #[test]
     fn sqs_headers_from_anywhere_never_panic(headers in proptest::collection::btree_map(".{0,20}", ".{0,40}", 0..8)) {
         let _ = sqs::from_headers(&headers);
+    }
+}
+
+/// The kinds of value that vary between records of one failure: the masks must hide each.
+const VARIABLE_KINDS: [&str; 10] = [
+    "[0-9]{1,12}",
+    "[0-9a-f]{7}[0-9][a-f]",
+    "0x[0-9a-f]{2,16}",
+    "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+    "[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}(:[0-9]{2,5})?",
+    "[0-9]{1,5}(ms|s|m|h)",
+    "\"[a-zA-Z0-9 ]{0,12}\"",
+    "[a-z]{2,8}[0-9]?\\.(svc|example)\\.(local|com)",
+    "[a-z]{1,8}@[a-z]{2,8}\\.(com|org)",
+    "[A-Z][a-z][0-9][A-Za-z0-9]{13,20}",
+];
+
+/// Two values of one kind, as two records of one failure would carry.
+fn variable_pair() -> impl Strategy<Value = (String, String)> {
+    (0..VARIABLE_KINDS.len()).prop_flat_map(|k| (VARIABLE_KINDS[k], VARIABLE_KINDS[k]))
+}
+
+/// Words that stay in a template: lower-case words of letters that are not hex.
+fn fixed_word() -> impl Strategy<Value = String> {
+    "[g-z][a-z]{0,7}"
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn templates_are_bounded_numberless_and_never_panic(reason in ".{0,1100}") {
+        let t = template(&reason);
+        prop_assert!(t.chars().count() <= MAX_TEMPLATE);
+        prop_assert_eq!(template(&reason), t.clone(), "the same every time");
+        let bare = t.replace("<b64>", "");
+        prop_assert!(!bare.bytes().any(|b| b.is_ascii_digit()), "no number survives: {}", t);
+        let key = Key {
+            queue: "relayer",
+            failure_kind: FailureKind::Transient,
+            service_version: None,
+            error_class: None,
+            reason: &reason,
+        };
+        prop_assert!(is_fingerprint(&key.fingerprint()));
+    }
+
+    #[test]
+    fn reasons_differing_only_in_variable_parts_share_a_group(
+        slots in proptest::collection::vec((fixed_word(), variable_pair()), 1..6),
+        version in "[a-z]{1,8}@[0-9]\\.[0-9]",
+    ) {
+        let reason = |pick: fn(&(String, String)) -> &String| {
+            slots.iter().map(|s| format!("{} {}", s.0, pick(&s.1))).collect::<Vec<_>>().join(" ")
+        };
+        let (a, b) = (reason(|p| &p.0), reason(|p| &p.1));
+        let key = |reason| Key {
+            queue: "relayer",
+            failure_kind: FailureKind::Transient,
+            service_version: Some(&version),
+            error_class: None,
+            reason,
+        };
+        let (ka, kb) = (key(&a), key(&b));
+        for s in &slots {
+            prop_assert!(ka.template().contains(&s.0), "{} lost {}", ka.template(), s.0);
+            let bare = ka.template().replace("<b64>", "");
+            prop_assert!(!bare.contains(&s.1.0), "{} kept {}", ka.template(), s.1.0);
+        }
+        prop_assert_eq!(ka.hashed_template(), kb.hashed_template());
+        prop_assert_eq!(ka.fingerprint(), kb.fingerprint());
     }
 }

@@ -291,6 +291,13 @@ pub fn operator_grants() -> BTreeSet<Grant> {
             &["get", "list", "watch"],
         ),
         grant("dlq.dev", "deadletterqueues/status", &[], &["patch"]),
+        grant(
+            "dlq.dev",
+            "deadlettergroups",
+            &[],
+            &["get", "list", "watch", "create", "patch", "delete"],
+        ),
+        grant("dlq.dev", "deadlettergroups/status", &[], &["patch"]),
         grant("events.k8s.io", "events", &[], &["create", "patch"]),
         grant("", "secrets", &[], &["get"]),
     ]

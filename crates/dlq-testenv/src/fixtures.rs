@@ -50,6 +50,20 @@ pub async fn create_offline_queue(client: &Client, ns: &str) {
     create_queue(client, ns, "redis://127.0.0.1:1/", list_target(), json!({})).await;
 }
 
+/// Makes queue `queue` alert per parked record (`spec.alerts.per: record`) instead of per
+/// failure group, for tests and benches of the per-record alerts.
+pub async fn alerts_per_record(client: &Client, ns: &str, queue: &str) {
+    use kube::api::{Patch, PatchParams};
+    let api: kube::Api<dlq_core::api::DeadLetterQueue> = kube::Api::namespaced(client.clone(), ns);
+    api.patch(
+        queue,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"alerts": {"per": "record"}}})),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("alerts per record on {queue}: {e}"));
+}
+
 /// The Redis target onto [`LIST`], with the URL from the Secret of [`create_queue`].
 pub fn list_target() -> serde_json::Value {
     json!({"urlSecretRef": {"name": "redis", "key": "url"}, "list": LIST})

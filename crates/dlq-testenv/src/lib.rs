@@ -43,9 +43,9 @@ pub use cluster::{
     CRDS, Plane, admin_client, apply_crds, install_crds, namespace, node_plane, plane, setup,
 };
 pub use fixtures::{
-    LIST, condition, create_dlq, create_offline_queue, create_queue, create_secret, decide,
-    events_for, list_target, record, redrive_many, setup_redis_queue, unplaced, wait_phase,
-    wait_ready,
+    LIST, alerts_per_record, condition, create_dlq, create_offline_queue, create_queue,
+    create_secret, decide, events_for, list_target, record, redrive_many, setup_redis_queue,
+    unplaced, wait_phase, wait_ready,
 };
 pub use operator::Operator;
 pub use paths::{bin, workspace_root};

@@ -3,7 +3,7 @@
 use clap::{Parser, Subcommand};
 
 use crate::session::{CliError, Global};
-use crate::{decision, inspect, park_cmd, runbook, ui};
+use crate::{decision, groups_cmd, inspect, park_cmd, runbook, ui};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -29,10 +29,14 @@ pub enum Command {
     /// Per queue and failure kind: parked, redriven, dropped, oldest parked.
     Stats(inspect::StatsArgs),
     /// Redrive jobs (put the untouched job back on its queue), or replay a selection with
-    /// --queue (the runbook: dry run, rate limit, stop conditions).
+    /// --queue or --group (the runbook: dry run, rate limit, stop conditions).
     Redrive(runbook::RedriveArgs),
-    /// Drop jobs (resolve without enqueueing).
+    /// Drop jobs (resolve without enqueueing), or a selection with --queue or --group (a
+    /// replay that drops).
     Drop(decision::DropArgs),
+    /// Failure groups (DeadLetterGroups), most parked first: group, queue, kind, version,
+    /// parked, rate, tier, template. Act on one with redrive/drop --group G.
+    Groups(groups_cmd::GroupsArgs),
     /// Park a job (for scripts and producers).
     Park(park_cmd::ParkArgs),
     /// A local web page (127.0.0.1, token in the printed URL) acting as you: queues, records,
@@ -48,6 +52,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Stats(args) => inspect::stats(&cli.global, args).await,
         Command::Redrive(args) => runbook::redrive(&cli.global, args).await,
         Command::Drop(args) => decision::drop_jobs(&cli.global, args).await,
+        Command::Groups(args) => groups_cmd::run(&cli.global, args).await,
         Command::Park(args) => park_cmd::run(&cli.global, args).await,
         Command::Ui(args) => ui::run(&cli.global, args).await,
     }

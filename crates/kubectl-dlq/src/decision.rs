@@ -15,11 +15,15 @@ use crate::session::{CliError, Global, connect};
 
 #[derive(Args, Debug)]
 pub struct DropArgs {
-    /// Job ids or record names.
-    #[arg(required = true)]
+    /// Job ids or record names. Without them, --queue or --group selects records (a replay
+    /// that drops).
     pub jobs: Vec<String>,
     #[command(flatten)]
     pub sign: Sign,
+    #[command(flatten)]
+    pub select: crate::runbook::Selector,
+    #[command(flatten)]
+    pub pace: crate::runbook::Pace,
 }
 
 /// Who decides and why.
@@ -64,9 +68,17 @@ pub async fn signer(client: &Client, sign: &Sign) -> Result<String, CliError> {
     }
 }
 
-/// `drop JOB...`; named apart from `std::mem::drop`.
+/// `drop JOB...`, or a replay that drops a selection; named apart from `std::mem::drop`.
 pub async fn drop_jobs(g: &Global, args: DropArgs) -> Result<(), CliError> {
-    decide_jobs(g, &args.jobs, Action::Drop, &args.sign).await
+    crate::runbook::decide(
+        g,
+        &args.jobs,
+        &args.sign,
+        &args.select,
+        &args.pace,
+        Action::Drop,
+    )
+    .await
 }
 
 /// The verb in front of each output line.

@@ -8,6 +8,7 @@
 
 mod cli;
 mod decision;
+mod groups_cmd;
 mod inspect;
 mod lookup;
 mod park_cmd;

@@ -45,6 +45,11 @@ pub struct ParkArgs {
     /// Consumer version that gave up (e.g. relayer@1.4.2).
     #[arg(long)]
     pub service_version: Option<String>,
+    /// What kind of error it was (e.g. an exception class, PayerTimeout): records of one
+    /// queue, failure kind, service version and error class whose reasons differ only in ids
+    /// share a failure group (`kubectl dlq groups`).
+    #[arg(long, value_name = "CLASS")]
+    pub error_class: Option<String>,
     /// This dead message's own id (one your producer keeps per death, e.g. a broker message
     /// id). Parking with the same id again, such as a retry after a lost reply, answers with
     /// that message's record even if it was resolved meanwhile, instead of parking the same
@@ -162,6 +167,7 @@ pub fn request(args: &ParkArgs) -> Result<ParkRequest, CliError> {
     req.deliveries = args.deliveries;
     req.failure_kind = args.failure_kind;
     req.service_version = args.service_version.clone();
+    req.error_class = args.error_class.clone();
     req.intent = match (&args.intent_id, &args.intent_state) {
         (Some(id), Some(state)) => Some(IntentSnapshot {
             id: id.clone(),

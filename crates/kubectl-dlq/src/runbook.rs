@@ -10,12 +10,13 @@ use std::time::Duration;
 use clap::Args;
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
-use dlq_core::api::{Action, DeadLetter, DeadLetterQueue, FailureKind};
+use dlq_core::api::{Action, DeadLetter, DeadLetterQueue, FailureKind, LABEL_QUEUE};
 use dlq_core::duration::parse_duration;
+use dlq_core::groups::DeadLetterGroup;
 use dlq_core::replay::{
     self, DeadLetterReplay, DeadLetterReplaySpec, DeadLetterReplayStatus, ReplaySelector, StopWhen,
 };
@@ -57,6 +58,22 @@ pub struct Selector {
     /// Only records parked by this consumer version.
     #[arg(long)]
     pub service_version: Option<String>,
+    /// Only records of this failure group (its fingerprint, `kubectl dlq groups`); the queue
+    /// is the group's unless --queue says.
+    #[arg(long, value_parser = parse_group)]
+    pub group: Option<String>,
+}
+
+/// `--group`: a fingerprint, ten hex digits.
+fn parse_group(s: &str) -> Result<String, String> {
+    let g = s.trim().to_ascii_lowercase();
+    if dlq_core::group::is_fingerprint(&g) {
+        Ok(g)
+    } else {
+        Err(format!(
+            "{s:?} is not a failure group (ten hex digits, as kubectl dlq groups shows)"
+        ))
+    }
 }
 
 /// How fast a replay goes and when it stops by itself.
@@ -117,6 +134,7 @@ impl Selector {
             until: self.until.map(Time),
             service_version: self.service_version.clone(),
             names: Vec::new(),
+            group: self.group.clone(),
         })
     }
 
@@ -139,17 +157,61 @@ impl Selector {
     }
 }
 
-/// `redrive JOB...` signs those jobs; `redrive --queue Q ...` runs a replay.
+/// `redrive JOB...` signs those jobs; `redrive --queue Q ...` or `--group G` runs a replay.
 pub async fn redrive(g: &Global, args: RedriveArgs) -> Result<(), CliError> {
-    match (args.jobs.is_empty(), &args.select.queue) {
-        (false, None) => decide_jobs(g, &args.jobs, Action::Redrive, &args.sign).await,
-        (false, Some(_)) => Err(CliError::Usage(
-            "give either JOB... or --queue (a replay), not both".into(),
+    decide(
+        g,
+        &args.jobs,
+        &args.sign,
+        &args.select,
+        &args.pace,
+        Action::Redrive,
+    )
+    .await
+}
+
+/// Signs `jobs`, or runs a replay of `action` over a selection (`--queue`, `--group`).
+pub async fn decide(
+    g: &Global,
+    jobs: &[String],
+    sign: &Sign,
+    select: &Selector,
+    pace: &Pace,
+    action: Action,
+) -> Result<(), CliError> {
+    let verb = match action {
+        Action::Redrive => "redrive",
+        Action::Drop => "drop",
+    };
+    let selects = select.queue.is_some() || select.group.is_some();
+    match (jobs.is_empty(), selects) {
+        (false, false) => decide_jobs(g, jobs, action, sign).await,
+        (false, true) => Err(CliError::Usage(
+            "give either JOB... or --queue/--group (a replay), not both".into(),
         )),
-        (true, None) => Err(CliError::Usage(
-            "name the jobs to redrive, or select a replay with --queue Q".into(),
-        )),
-        (true, Some(_)) => replay(g, &args).await,
+        (true, false) => Err(CliError::Usage(format!(
+            "name the jobs to {verb}, or select a replay with --queue Q or --group G"
+        ))),
+        (true, true) => replay(g, sign, select, pace, action).await,
+    }
+}
+
+/// The queue of failure group `group` in `ns`: its DeadLetterGroup's, else one of its records'.
+async fn queue_of_group(client: &Client, ns: &str, group: &str) -> Result<String, CliError> {
+    let lp = ListParams::default()
+        .labels(&format!("{}={group}", dlq_core::group::LABEL_GROUP))
+        .limit(1);
+    let groups: Api<DeadLetterGroup> = Api::namespaced(client.clone(), ns);
+    let from_group = groups.list(&lp).await?.items.into_iter().next();
+    if let Some(queue) = from_group.and_then(|g| g.labels().get(LABEL_QUEUE).cloned()) {
+        return Ok(queue);
+    }
+    let records: Api<DeadLetter> = Api::namespaced(client.clone(), ns);
+    match records.list(&lp).await?.items.into_iter().next() {
+        Some(r) => Ok(r.spec.queue),
+        None => Err(CliError::Usage(format!(
+            "no failure group {group} in namespace {ns} (kubectl dlq groups lists them)"
+        ))),
     }
 }
 
@@ -244,6 +306,8 @@ pub struct ReplayPlan {
     pub rate: f64,
     pub by: String,
     pub note: String,
+    /// Redrive, or drop (`drop --group`).
+    pub action: Action,
 }
 
 impl ReplayPlan {
@@ -256,7 +320,7 @@ impl ReplayPlan {
         Ok(DeadLetterReplaySpec {
             queue: queue.to_string(),
             selector: Some(selector),
-            action: Some(Action::Redrive),
+            action: Some(self.action),
             rate: Some(format!("{}/s", self.rate)),
             max: self.pace.max.and_then(count),
             stop_when: Some(StopWhen {
@@ -274,9 +338,19 @@ impl ReplayPlan {
 }
 
 /// A dry run lists the selection here; a replay is created for the operator and followed.
-async fn replay(g: &Global, args: &RedriveArgs) -> Result<(), CliError> {
+async fn replay(
+    g: &Global,
+    sign: &Sign,
+    select: &Selector,
+    pace: &Pace,
+    action: Action,
+) -> Result<(), CliError> {
     let (client, ns) = connect(g).await?;
-    let (select, pace) = (&args.select, &args.pace);
+    let mut select = select.clone();
+    if let (None, Some(group)) = (&select.queue, &select.group) {
+        select.queue = Some(queue_of_group(&client, &ns, group).await?);
+    }
+    let select = &select;
     let queue = select.queue.clone().unwrap_or_default();
     let queues: Api<DeadLetterQueue> = Api::namespaced(client.clone(), &ns);
     let Some(dlq) = queues.get_opt(&queue).await? else {
@@ -289,9 +363,8 @@ async fn replay(g: &Global, args: &RedriveArgs) -> Result<(), CliError> {
         dry_run_report(&selected, select);
         return Ok(());
     }
-    let by = signer(&client, &args.sign).await?;
-    let note = args
-        .sign
+    let by = signer(&client, sign).await?;
+    let note = sign
         .note
         .clone()
         .unwrap_or_else(|| format!("replay {}", select.describe()));
@@ -301,6 +374,7 @@ async fn replay(g: &Global, args: &RedriveArgs) -> Result<(), CliError> {
         rate: pace.rate.unwrap_or(replay::DEFAULT_RATE),
         by,
         note,
+        action,
     };
     let api: Api<DeadLetterReplay> = Api::namespaced(client.clone(), &ns);
     let created = create(&api, &dlq, plan.spec(&queue, Vec::new())?).await?;
@@ -465,6 +539,17 @@ mod tests {
             ..Selector::default()
         };
         assert!(bad.core().is_err());
+        let by_group = Selector {
+            queue: Some("relayer".into()),
+            group: parse_group("3F9A1C07D2").ok(),
+            ..Selector::default()
+        };
+        assert_eq!(
+            by_group.core().unwrap().group.as_deref(),
+            Some("3f9a1c07d2")
+        );
+        assert_eq!(by_group.describe(), "queue=relayer,group=3f9a1c07d2");
+        assert!(parse_group("overflow").is_err() && parse_group("3f9a").is_err());
     }
 
     #[test]

@@ -12,8 +12,10 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::ObjectReference;
 
-use dlq_core::api::{Action, DeadLetter, DeadLetterQueue, DeadLetterStatus, Phase};
+use dlq_core::api::{Action, DeadLetter, DeadLetterQueue, DeadLetterStatus, LABEL_QUEUE, Phase};
 use dlq_core::events::EventPlan;
+use dlq_core::group::LABEL_GROUP;
+use dlq_core::groups::DeadLetterGroup;
 use dlq_core::plan::QueueStatusWrite;
 use dlq_core::replay::{
     ANNOTATION_REPLAY_UID, DeadLetterReplay, DeadLetterReplayStatus, LABEL_REPLAY,
@@ -87,6 +89,12 @@ pub struct FakeApiserver {
     signed: Mutex<Vec<String>>,
     /// Replay status writes, in order.
     replay_statuses: Mutex<Vec<DeadLetterReplayStatus>>,
+    /// Names of the records labelled with their group, in order.
+    group_labelled: Mutex<Vec<String>>,
+    /// DeadLetterGroups by namespace and name.
+    groups: Mutex<BTreeMap<Key, DeadLetterGroup>>,
+    /// Group writes, in order: (name, whether it was a create).
+    group_writes: Mutex<Vec<(String, bool)>>,
     /// Before the next record status write, "alice" resolves that record as this phase.
     pub race: Mutex<Option<Phase>>,
     /// The next N record status writes find the version bumped by an unrelated write.
@@ -181,6 +189,24 @@ impl FakeApiserver {
     /// Names of the records signed by a replay, in order.
     pub fn signed(&self) -> Vec<String> {
         lock(&self.signed).clone()
+    }
+
+    /// Names of the records labelled with their group, in order.
+    pub fn group_labelled(&self) -> Vec<String> {
+        lock(&self.group_labelled).clone()
+    }
+
+    /// The DeadLetterGroups it holds, by name.
+    pub fn groups(&self) -> BTreeMap<String, DeadLetterGroup> {
+        lock(&self.groups)
+            .iter()
+            .map(|((_, name), g)| (name.clone(), g.clone()))
+            .collect()
+    }
+
+    /// Group writes, in order: (name, whether it created the group).
+    pub fn group_writes(&self) -> Vec<(String, bool)> {
+        lock(&self.group_writes).clone()
     }
 
     /// The last replay status written.
@@ -357,6 +383,84 @@ impl Apiserver for FakeApiserver {
             r.spec.by = None;
             r.spec.note = None;
         });
+        async move { result }.boxed()
+    }
+
+    fn list_groups<'a>(
+        &'a self,
+        namespace: &'a str,
+        queue: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<DeadLetterGroup>, kube::Error>> {
+        let found = lock(&self.groups)
+            .iter()
+            .filter(|((ns, _), g)| {
+                ns == namespace
+                    && g.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(LABEL_QUEUE))
+                        .is_some_and(|q| q == queue)
+            })
+            .map(|(_, g)| g.clone())
+            .collect();
+        async move { Ok(found) }.boxed()
+    }
+
+    fn apply_group<'a>(
+        &'a self,
+        group: &'a DeadLetterGroup,
+        create: bool,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        let key = (
+            group.metadata.namespace.clone().unwrap_or_default(),
+            group.metadata.name.clone().unwrap_or_default(),
+        );
+        let mut groups = lock(&self.groups);
+        let result = match groups.get_mut(&key) {
+            Some(stored) => {
+                stored.status = group.status.clone();
+                Ok(())
+            }
+            None if create => {
+                groups.insert(key.clone(), group.clone());
+                Ok(())
+            }
+            None => Err(api_error(404)),
+        };
+        if result.is_ok() {
+            lock(&self.group_writes).push((key.1, create));
+        }
+        async move { result }.boxed()
+    }
+
+    fn delete_group<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        lock(&self.groups).remove(&(namespace.to_string(), name.to_string()));
+        async { Ok(()) }.boxed()
+    }
+
+    fn label_group<'a>(
+        &'a self,
+        record: &'a DeadLetter,
+        group: &'a str,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        let mut records = lock(&self.records);
+        let result = match records.get_mut(&key_of(record)) {
+            Some(stored) => {
+                stored
+                    .metadata
+                    .labels
+                    .get_or_insert_default()
+                    .insert(LABEL_GROUP.into(), group.into());
+                self.bump(stored);
+                lock(&self.group_labelled).push(key_of(record).1);
+                Ok(())
+            }
+            None => Err(api_error(404)),
+        };
         async move { result }.boxed()
     }
 

@@ -91,6 +91,37 @@ fn selection_takes_parked_undecided_matching_records_oldest_failure_first() {
         names(select(&records, "relayer", &by_name, None, None)),
         ["b"]
     );
+    // Records of another group: their labels say so (set at park from their facts).
+    let other = |name: &str, reason: &str, kind: FailureKind| {
+        crate::testing::RecordBuilder::job(name)
+            .named(name)
+            .reason(reason)
+            .failure_kind(kind)
+            .service_version("relayer@1.4.2")
+            .failed_at(at(25))
+            .created(at(1))
+            .build()
+    };
+    // ("e" had its kind changed after parking, its label kept: left out here.)
+    let grouped: Vec<DeadLetter> = records
+        .iter()
+        .filter(|r| r.metadata.name.as_deref() != Some("e"))
+        .cloned()
+        .chain([
+            other("f", "a different failure", FailureKind::Transient),
+            other("g", "timeout talking to the node", FailureKind::Invalid),
+            other("h", "timeout talking to the node", FailureKind::Transient),
+        ])
+        .collect();
+    let by_group = ReplaySelector {
+        group: Some(crate::record::Facts::group(&records[0]).into_owned()),
+        ..ReplaySelector::default()
+    };
+    assert_eq!(
+        names(select(&grouped, "relayer", &by_group, None, None)),
+        ["late", "a", "h", "b"],
+        "the group's parked undecided records, another group's never"
+    );
 }
 
 #[test]

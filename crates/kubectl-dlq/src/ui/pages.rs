@@ -1,4 +1,5 @@
-//! The read-only pages: queues, records (live), one record. maud escapes every interpolated
+//! The read-only pages: failure groups and queues, records (live; a group's page is its
+//! filter), one record. maud escapes every interpolated
 //! value, so a payload or reason holding markup renders as text.
 
 use std::collections::BTreeSet;
@@ -13,7 +14,9 @@ use kube::{Api, ResourceExt};
 use maud::{DOCTYPE, Markup, html};
 use serde_json::json;
 
-use dlq_core::api::{DeadLetter, DeadLetterQueue, Phase};
+use dlq_core::api::{DeadLetter, DeadLetterQueue, LABEL_QUEUE, Phase};
+use dlq_core::group::LABEL_GROUP;
+use dlq_core::groups::DeadLetterGroup;
 
 use super::Ui;
 use super::view::{self, Filter, PAGE, Payload, Snapshot};
@@ -43,7 +46,7 @@ pub fn layout(ui: &Ui, title: &str, body: Markup) -> Response {
                 body {
                     header {
                         a.brand href="/" { "kubectl dlq" }
-                        nav { a href="/" { "Queues" } a href="/records" { "Records" } }
+                        nav { a href="/" { "Groups & queues" } a href="/records" { "Records" } }
                         span #who { "acting as " b #user { (ui.user) } " · " (scope) }
                     }
                     main { (body) }
@@ -110,7 +113,9 @@ pub async fn queues(State(ui): State<Arc<Ui>>) -> Response {
     let now = jiff::Timestamp::now();
     let tallies = view::tallies(&records, now);
     let empty = view::Tally::default();
+    let groups = failure_groups(&ui).await;
     let body = html! {
+        (groups)
         h1 { "Queues" }
         @if let Some(e) = &error { p.error { (e) } }
         table #queues {
@@ -139,6 +144,49 @@ pub async fn queues(State(ui): State<Arc<Ui>>) -> Response {
     layout(&ui, "Queues", body)
 }
 
+/// The landing page's first part: the failure groups, most parked first, each a link to its
+/// page (the records of the group, where "Review selection" works as on any filter).
+async fn failure_groups(ui: &Ui) -> Markup {
+    let api: Api<DeadLetterGroup> = match &ui.namespace {
+        Some(ns) => Api::namespaced(ui.client.clone(), ns),
+        None => Api::all(ui.client.clone()),
+    };
+    let (mut groups, error) = match api.list(&ListParams::default()).await {
+        Ok(l) => (l.items, None),
+        Err(e) => (Vec::new(), Some(e.to_string())),
+    };
+    crate::groups_cmd::sort(&mut groups);
+    html! {
+        h1 { "Failure groups" }
+        @if let Some(e) = &error { p.error { "failure groups unavailable: " (e) } }
+        @if groups.is_empty() && error.is_none() { p { "No failure groups." } }
+        @else {
+            table #groups {
+                thead { tr { th { "Namespace" } th { "Queue" } th { "Template" } th { "Kind" }
+                    th { "Version" } th { "Parked" } th { "Rate/min" } th { "Tier" } th { "Acknowledged" } } }
+                tbody {
+                    @for g in &groups {
+                        @let s = g.status.clone().unwrap_or_default();
+                        @let label = |k: &str| g.labels().get(k).cloned().unwrap_or_default();
+                        @let (queue, fingerprint) = (label(LABEL_QUEUE), label(LABEL_GROUP));
+                        tr data-group=(fingerprint) {
+                            td { (g.namespace().unwrap_or_default()) }
+                            td { (queue) }
+                            td { a.group href=(format!("/records?queue={queue}&group={fingerprint}")) { (s.template) } }
+                            td { (s.failure_kind.map_or("-", |k| k.as_str())) }
+                            td { (s.service_version.as_deref().unwrap_or("-")) }
+                            td.num { (s.parked) }
+                            td.num { (s.rate_per_minute) }
+                            td { (s.tier.as_str()) }
+                            td { (g.spec.acknowledged.as_ref().map_or("-", |a| a.by.as_str())) }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The filter form, filled with what was asked.
 fn filter_form(f: &Filter) -> Markup {
     html! {
@@ -154,6 +202,7 @@ fn filter_form(f: &Filter) -> Markup {
             label { "Service version " input name="version" value=(f.version); }
             label { "Failed since " input name="since" placeholder="2h or RFC 3339" value=(f.since); }
             label { "until " input name="until" value=(f.until); }
+            label { "Group " input name="group" placeholder="fingerprint" value=(f.group); }
             button #apply type="submit" { "Filter" }
         }
     }

@@ -151,6 +151,7 @@ async fn check(ui: &Ui, form: &[(String, String)]) -> Result<Checked, Refusal> {
         rate,
         by: ui.user.clone(),
         note,
+        action: dlq_core::api::Action::Redrive,
     };
     Ok(Checked {
         ns,

@@ -40,6 +40,8 @@ pub struct Filter {
     pub version: String,
     pub since: String,
     pub until: String,
+    /// A failure group's fingerprint (a group's page is the records page with this filter).
+    pub group: String,
     pub page: usize,
 }
 
@@ -58,6 +60,7 @@ impl Filter {
             version: text("version"),
             since: text("since"),
             until: text("until"),
+            group: text("group").to_ascii_lowercase(),
             page: value(p, "page")
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(1)
@@ -77,6 +80,7 @@ impl Filter {
             since: time(&self.since)?,
             until: time(&self.until)?,
             service_version: opt(&self.version),
+            group: opt(&self.group),
         })
     }
 
@@ -107,6 +111,7 @@ impl Filter {
             .append_pair("version", &self.version)
             .append_pair("since", &self.since)
             .append_pair("until", &self.until)
+            .append_pair("group", &self.group)
             .append_pair("page", &page.to_string())
             .finish()
     }
@@ -254,6 +259,14 @@ mod tests {
         assert_eq!(any.phase, "");
         let bad = Filter::from_pairs(&pairs(Some("since=yesterday")));
         assert!(bad.selector().is_err());
+        let group = Filter::from_pairs(&pairs(Some("queue=relayer&group=3F9A1C07D2")));
+        assert_eq!(Filter::from_pairs(&pairs(Some(&group.query(1)))), group);
+        let sel = group.selector().expect("a selector");
+        assert_eq!(
+            sel.group.as_deref(),
+            Some("3f9a1c07d2"),
+            "a group's page is its filter"
+        );
     }
 
     #[test]

@@ -1,0 +1,158 @@
+//! `groups`: the failure groups the operator keeps (DeadLetterGroups), most parked first.
+
+use clap::Args;
+use kube::api::ListParams;
+use kube::{Api, ResourceExt};
+
+use dlq_core::api::LABEL_QUEUE;
+use dlq_core::group::LABEL_GROUP;
+use dlq_core::groups::{DeadLetterGroup, DeadLetterGroupStatus};
+
+use crate::inspect::table;
+use crate::session::{CliError, Global, connect};
+
+#[derive(Args, Debug)]
+pub struct GroupsArgs {
+    /// Only the groups of this DeadLetterQueue.
+    #[arg(long)]
+    pub queue: Option<String>,
+}
+
+/// Most parked first, then the fastest parking, then the highest tier; ties by name.
+pub fn sort(groups: &mut [DeadLetterGroup]) {
+    let key = |g: &DeadLetterGroup| {
+        let s = g.status.clone().unwrap_or_default();
+        (
+            std::cmp::Reverse(s.parked),
+            std::cmp::Reverse(s.rate_per_minute),
+            std::cmp::Reverse(s.tier),
+        )
+    };
+    groups.sort_by(|a, b| key(a).cmp(&key(b)).then(a.name_any().cmp(&b.name_any())));
+}
+
+/// One line of the table.
+fn row(g: &DeadLetterGroup, with_ns: bool) -> Vec<String> {
+    let s: DeadLetterGroupStatus = g.status.clone().unwrap_or_default();
+    let label = |k: &str| g.labels().get(k).cloned().unwrap_or_else(|| "-".into());
+    let ack = acknowledged(g, &s);
+    let mut row = Vec::new();
+    if with_ns {
+        row.push(g.namespace().unwrap_or_default());
+    }
+    row.extend([
+        label(LABEL_GROUP),
+        label(LABEL_QUEUE),
+        s.failure_kind.map_or("-".into(), |k| k.label().to_string()),
+        s.service_version.unwrap_or_else(|| "-".into()),
+        s.parked.to_string(),
+        format!("{}/min", s.rate_per_minute),
+        s.tier.as_str().to_string(),
+        ack,
+        s.template,
+    ]);
+    row
+}
+
+/// Who acknowledged the group; `(new failures)` once that no longer silences it (parked count
+/// doubled or tier risen since).
+fn acknowledged(g: &DeadLetterGroup, s: &DeadLetterGroupStatus) -> String {
+    match &g.spec.acknowledged {
+        None => "-".into(),
+        Some(a) if s.acknowledgement.is_some() && !s.silenced => {
+            format!("{} (new failures)", a.by)
+        }
+        Some(a) => a.by.clone(),
+    }
+}
+
+/// The table `groups` prints (header included), or None when there is nothing to show.
+pub fn render(groups: &[DeadLetterGroup], with_ns: bool) -> Option<String> {
+    if groups.is_empty() {
+        return None;
+    }
+    let mut header = Vec::new();
+    if with_ns {
+        header.push("NAMESPACE".to_string());
+    }
+    header.extend(
+        [
+            "GROUP", "QUEUE", "KIND", "VERSION", "PARKED", "RATE", "TIER", "ACK", "TEMPLATE",
+        ]
+        .map(String::from),
+    );
+    let mut rows = vec![header];
+    rows.extend(groups.iter().map(|g| row(g, with_ns)));
+    Some(table(&rows))
+}
+
+pub async fn run(g: &Global, args: GroupsArgs) -> Result<(), CliError> {
+    let (client, ns) = connect(g).await?;
+    let api: Api<DeadLetterGroup> = if g.all_namespaces {
+        Api::all(client)
+    } else {
+        Api::namespaced(client, &ns)
+    };
+    let mut lp = ListParams::default();
+    if let Some(q) = &args.queue {
+        lp = lp.labels(&format!("{LABEL_QUEUE}={q}"));
+    }
+    let mut groups = api.list(&lp).await?.items;
+    sort(&mut groups);
+    match render(&groups, g.all_namespaces) {
+        Some(text) => print!("{text}"),
+        None => eprintln!("no failure groups"),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dlq_core::groups::{DeadLetterGroupSpec, Tier};
+
+    fn group(name: &str, parked: i64, rate: i64, tier: Tier) -> DeadLetterGroup {
+        let mut g = DeadLetterGroup::new(name, DeadLetterGroupSpec::default());
+        g.status = Some(DeadLetterGroupStatus {
+            parked,
+            rate_per_minute: rate,
+            tier,
+            template: format!("t {name}"),
+            ..Default::default()
+        });
+        g
+    }
+
+    #[test]
+    fn most_parked_first_then_rate_then_tier() {
+        let mut groups = vec![
+            group("a", 1, 0, Tier::Info),
+            group("b", 5, 1, Tier::Info),
+            group("c", 5, 9, Tier::Info),
+            group("d", 5, 9, Tier::Critical),
+        ];
+        sort(&mut groups);
+        let names: Vec<String> = groups.iter().map(|g| g.name_any()).collect();
+        assert_eq!(names, ["d", "c", "b", "a"]);
+        let text = render(&groups, false).unwrap_or_default();
+        let first = text.lines().nth(1).unwrap_or_default();
+        assert!(
+            first.contains("critical") && first.contains("9/min"),
+            "{text}"
+        );
+        assert_eq!(render(&[], false), None);
+        let mut acked = group("e", 1, 0, Tier::Info);
+        acked.spec.acknowledged = Some(dlq_core::groups::Acknowledgement {
+            by: "carol".into(),
+            note: None,
+        });
+        let text = render(std::slice::from_ref(&acked), false).unwrap_or_default();
+        assert!(text.contains(" carol "), "{text}");
+        if let Some(s) = acked.status.as_mut() {
+            s.acknowledgement = Some(Default::default());
+            s.silenced = false;
+        }
+        let text = render(&[acked], false).unwrap_or_default();
+        assert!(text.contains("carol (new failures)"), "{text}");
+    }
+}

@@ -1,0 +1,245 @@
+//! Keeping a queue's DeadLetterGroups: the plan from the record index
+//! (`dlq_core::groups::plan`), written only where it changed and at most once per group every
+//! [`MIN_INTERVAL`], so a storm of parkings costs a group a few writes, not one per record.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use jiff::Timestamp;
+use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
+
+use dlq_core::api::DeadLetterQueue;
+use dlq_core::events::{EventPlan, action, reason};
+use dlq_core::groups::{self, DeadLetterGroupStatus, Existing};
+use dlq_core::record::Summary;
+
+use super::Context;
+use crate::state::apiserver::reference;
+
+/// Shortest time between two status writes of one group.
+pub const MIN_INTERVAL: Duration = Duration::from_secs(2);
+
+/// What this process wrote of one group.
+struct Written {
+    status: DeadLetterGroupStatus,
+    at: Instant,
+}
+
+/// One queue's groups as this process knows them.
+#[derive(Default)]
+struct QueueGroups {
+    /// By fingerprint: what was last written (None: exists, not written by this process).
+    groups: HashMap<String, Option<Written>>,
+    /// Fingerprints folded into the overflow group when last announced.
+    overflow_announced: usize,
+}
+
+/// The groups of every queue, as this process wrote them; loaded from the apiserver the first
+/// time a queue is kept (a new leader starts from what exists).
+#[derive(Default)]
+pub struct GroupKeeper {
+    queues: Mutex<HashMap<(String, String), QueueGroups>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Brings `queue`'s groups up to date with `records`. Returns when it should run again for
+/// writes it held back (None: nothing held).
+pub async fn keep(
+    ctx: &Context,
+    queue: &DeadLetterQueue,
+    records: &[std::sync::Arc<Summary>],
+    now: Timestamp,
+) -> Option<Duration> {
+    let ns = queue.namespace().unwrap_or_default();
+    let name = queue.name_any();
+    let key = (ns.clone(), name.clone());
+    if !lock(&ctx.groups.queues).contains_key(&key) {
+        let loaded = load(ctx, &ns, &name).await?;
+        lock(&ctx.groups.queues).insert(key.clone(), loaded);
+    }
+    let (plan, due) = {
+        let queues = lock(&ctx.groups.queues);
+        let known = queues.get(&key)?;
+        let existing: Vec<Existing<'_>> = known
+            .groups
+            .iter()
+            .map(|(f, w)| Existing {
+                fingerprint: f,
+                last_seen: w
+                    .as_ref()
+                    .and_then(|w| w.status.last_seen.as_ref())
+                    .map(|t| t.0),
+            })
+            .collect();
+        let mut plan = groups::plan(queue, records.iter().map(|r| r.as_ref()), &existing, now);
+        for (fingerprint, status) in plan.groups.iter_mut() {
+            acknowledge(ctx, known, &ns, &name, fingerprint, status);
+        }
+        let due = due_writes(known, &plan.groups);
+        (plan, due)
+    };
+    let mut later: Option<Duration> = None;
+    for (fingerprint, status) in &plan.groups {
+        match due.get(fingerprint.as_str()) {
+            Some(Due::Now { create }) => {
+                write(ctx, queue, &key, fingerprint, status, *create).await
+            }
+            Some(Due::After(wait)) => later = Some(later.map_or(*wait, |l| l.min(*wait))),
+            None => {}
+        }
+    }
+    for fingerprint in &plan.delete {
+        let group = groups::group_name(&name, fingerprint);
+        match ctx.apiserver.delete_group(&ns, &group).await {
+            Ok(()) => {
+                tracing::info!(namespace = %ns, queue = %name, group = %group, "deleted an empty failure group");
+                if let Some(q) = lock(&ctx.groups.queues).get_mut(&key) {
+                    q.groups.remove(fingerprint);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(namespace = %ns, group = %group, error = %e, "deleting an empty failure group failed")
+            }
+        }
+    }
+    announce_overflow(ctx, queue, &key, plan.overflowed).await;
+    later
+}
+
+/// Sets a planned status's acknowledgement from the group's spec (the watch's copy) and what
+/// was kept of it before (this process's last write, else the stored status).
+fn acknowledge(
+    ctx: &Context,
+    known: &QueueGroups,
+    ns: &str,
+    queue: &str,
+    fingerprint: &str,
+    status: &mut DeadLetterGroupStatus,
+) {
+    let Some(store) = &ctx.group_store else {
+        return;
+    };
+    let name = groups::group_name(queue, fingerprint);
+    let stored = store.get(&ObjectRef::new(&name).within(ns));
+    let spec = stored.as_ref().map(|g| g.spec.clone()).unwrap_or_default();
+    let written = known
+        .groups
+        .get(fingerprint)
+        .and_then(|w| w.as_ref())
+        .and_then(|w| w.status.acknowledgement.clone());
+    let previous = written.or_else(|| {
+        stored
+            .as_ref()
+            .and_then(|g| g.status.as_ref())
+            .and_then(|s| s.acknowledgement.clone())
+    });
+    status.acknowledgement = groups::acknowledged_at(&spec, previous.as_ref(), status);
+    status.silenced = groups::silenced(status);
+}
+
+/// When a planned group's status is to be written.
+enum Due {
+    Now { create: bool },
+    After(Duration),
+}
+
+/// The planned groups whose status differs from what was written: now, or once
+/// [`MIN_INTERVAL`] has passed since the last write.
+fn due_writes(
+    known: &QueueGroups,
+    planned: &std::collections::BTreeMap<String, DeadLetterGroupStatus>,
+) -> HashMap<String, Due> {
+    let mut due = HashMap::new();
+    for (fingerprint, status) in planned {
+        let d = match known.groups.get(fingerprint) {
+            None => Due::Now { create: true },
+            Some(None) => Due::Now { create: false },
+            Some(Some(w)) if &w.status == status => continue,
+            Some(Some(w)) => match MIN_INTERVAL.checked_sub(w.at.elapsed()) {
+                Some(wait) if !wait.is_zero() => Due::After(wait),
+                _ => Due::Now { create: false },
+            },
+        };
+        due.insert(fingerprint.clone(), d);
+    }
+    due
+}
+
+/// The queue's existing groups, or None when they cannot be listed (the next pass tries).
+async fn load(ctx: &Context, ns: &str, queue: &str) -> Option<QueueGroups> {
+    match ctx.apiserver.list_groups(ns, queue).await {
+        Ok(list) => Some(QueueGroups {
+            groups: list
+                .iter()
+                .filter_map(|g| g.labels().get(dlq_core::group::LABEL_GROUP).cloned())
+                .map(|f| (f, None))
+                .collect(),
+            overflow_announced: 0,
+        }),
+        Err(e) => {
+            tracing::warn!(namespace = %ns, queue = %queue, error = %e, "listing the queue's failure groups failed");
+            None
+        }
+    }
+}
+
+async fn write(
+    ctx: &Context,
+    queue: &DeadLetterQueue,
+    key: &(String, String),
+    fingerprint: &str,
+    status: &DeadLetterGroupStatus,
+    create: bool,
+) {
+    let object = groups::group_object(queue, fingerprint, status.clone());
+    match ctx.apiserver.apply_group(&object, create).await {
+        Ok(()) => {
+            if let Some(q) = lock(&ctx.groups.queues).get_mut(key) {
+                let written = Written {
+                    status: status.clone(),
+                    at: Instant::now(),
+                };
+                q.groups.insert(fingerprint.to_string(), Some(written));
+            }
+        }
+        Err(e) => {
+            tracing::warn!(namespace = %key.0, queue = %key.1, group = %fingerprint, error = %e, "writing a failure group failed")
+        }
+    }
+}
+
+/// A Warning Event on the queue whenever the number of groups folded into its overflow group
+/// grows.
+async fn announce_overflow(
+    ctx: &Context,
+    queue: &DeadLetterQueue,
+    key: &(String, String),
+    overflowed: usize,
+) {
+    let grew = {
+        let mut queues = lock(&ctx.groups.queues);
+        let Some(q) = queues.get_mut(key) else {
+            return;
+        };
+        let grew = overflowed > q.overflow_announced;
+        q.overflow_announced = overflowed;
+        grew
+    };
+    if grew {
+        let max = queue.spec.groups.clone().unwrap_or_default().max();
+        let event = EventPlan::warning(
+            reason::GROUPS_OVERFLOW,
+            action::GROUP,
+            format!(
+                "{overflowed} failure groups beyond this queue's {max} are counted in its overflow group ({}); raise spec.groups.max or resolve groups",
+                groups::group_name(&key.1, groups::OVERFLOW)
+            ),
+        );
+        ctx.apiserver.publish(reference(queue), &event).await;
+    }
+}

@@ -1,0 +1,341 @@
+//! Failure groups against a real apiserver: records parked before groups existed (or by an
+//! older parker) get their `dlq.dev/group` label from the operator, so the apiserver selects a
+//! group's records by label.
+
+use std::collections::BTreeSet;
+
+use dlq_core::api::DeadLetter;
+use dlq_core::group::{Key, LABEL_GROUP, labelled};
+use dlq_core::testing::RecordBuilder;
+use dlq_testenv::{Operator, create_offline_queue, eventually, setup, unplaced};
+use kube::api::{Api, ListParams, PostParams};
+
+/// A record as an older parker made it: every label but the group.
+fn old_record(id: &str, reason: &str) -> DeadLetter {
+    let mut r = unplaced(
+        RecordBuilder::job(id)
+            .reason(reason)
+            .service_version("relayer@1.4.2")
+            .failed_at(jiff::Timestamp::now()),
+    );
+    if let Some(labels) = r.metadata.labels.as_mut() {
+        labels.remove(LABEL_GROUP);
+    }
+    r
+}
+
+#[tokio::test]
+async fn records_parked_before_groups_are_labelled_by_the_operator() {
+    let (client, ns) = setup("group-migrate").await;
+    create_offline_queue(&client, &ns).await;
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let old = [
+        old_record("a", "timeout after 3021 ms talking to payer 7f3a9c21"),
+        old_record("b", "timeout after 15 ms talking to payer 0b11e0aa"),
+        old_record("c", "field \"amount\" is not a number"),
+    ];
+    for r in &old {
+        let created = api.create(&PostParams::default(), r).await.expect("create");
+        assert_eq!(labelled(&created), None, "parked without a group label");
+    }
+    let group = Key::of(&old[0]).fingerprint();
+    let _op = Operator::start(&ns);
+    let records = eventually(60, "every record labelled with its group", || async {
+        let items = api.list(&ListParams::default()).await.ok()?.items;
+        items.iter().all(|r| labelled(r).is_some()).then_some(items)
+    })
+    .await;
+    for r in &records {
+        assert_eq!(
+            labelled(r).map(str::to_string),
+            Some(Key::of(r).fingerprint()),
+            "{}",
+            r.spec.job.id
+        );
+    }
+    let selected = api
+        .list(&ListParams::default().labels(&format!("{LABEL_GROUP}={group}")))
+        .await
+        .expect("list");
+    let jobs: BTreeSet<String> = selected
+        .items
+        .iter()
+        .map(|r| r.spec.job.id.clone())
+        .collect();
+    assert_eq!(jobs, BTreeSet::from(["a".to_string(), "b".to_string()]));
+}
+
+/// A small storm from 3 reason templates with random ids and 2 service versions ends in
+/// exactly 6 DeadLetterGroups with exact counts, owned by the queue.
+#[tokio::test]
+async fn a_storm_ends_in_one_group_per_template_and_version_with_exact_counts() {
+    use dlq_client::park::{ParkRequest, Parker};
+    use dlq_core::api::Job;
+    use dlq_core::groups::{DeadLetterGroup, Tier};
+    let (client, ns) = setup("group-storm").await;
+    create_offline_queue(&client, &ns).await;
+    let _op = Operator::start(&ns);
+    let parker = Parker::new(client.clone());
+    let templates = [
+        |i: usize| {
+            format!(
+                "timeout after {} ms talking to payer {:08x}",
+                i * 7,
+                i * 7919
+            )
+        },
+        |i: usize| format!("field \"amount{i}\" is not a number in order {}", 1000 + i),
+        |i: usize| format!("connection refused by 10.0.{}.{}:5432", i % 250, i % 7),
+    ];
+    let mut want: std::collections::BTreeMap<String, i64> = Default::default();
+    for i in 0..60 {
+        let mut req = ParkRequest::new(
+            "relayer",
+            Job {
+                id: format!("storm/{i}"),
+                payload: Some("{}".into()),
+                ..Job::default()
+            },
+        );
+        req.reason = templates[i % 3](i);
+        req.service_version = Some(format!("relayer@1.4.{}", (i / 3) % 2));
+        let outcome = parker.park(&ns, req).await.expect("parked");
+        let group = labelled(outcome.record()).expect("labelled").to_string();
+        *want.entry(group).or_default() += 1;
+    }
+    assert_eq!(want.len(), 6, "3 templates x 2 versions");
+    let groups: Api<DeadLetterGroup> = Api::namespaced(client.clone(), &ns);
+    let got = eventually(30, "six groups with exact counts", || async {
+        let items = groups.list(&ListParams::default()).await.ok()?.items;
+        let counts: std::collections::BTreeMap<String, i64> = items
+            .iter()
+            .filter_map(|g| {
+                let f = g.metadata.labels.as_ref()?.get(LABEL_GROUP)?.clone();
+                Some((f, g.status.as_ref()?.parked))
+            })
+            .collect();
+        (counts == want).then_some(items)
+    })
+    .await;
+    for g in &got {
+        let status = g.status.clone().unwrap_or_default();
+        assert_eq!(status.rate_per_minute, 10, "{status:?}");
+        assert_eq!(status.tier, Tier::Info);
+        assert!(
+            !status.template.contains(char::is_numeric),
+            "{}",
+            status.template
+        );
+        assert_eq!(status.samples.len(), 5);
+        let owner = g.metadata.owner_references.clone().unwrap_or_default();
+        assert_eq!(
+            owner.first().map(|o| o.kind.as_str()),
+            Some("DeadLetterQueue")
+        );
+    }
+    let templates: std::collections::BTreeSet<String> = got
+        .iter()
+        .filter_map(|g| g.status.as_ref().map(|s| s.template.clone()))
+        .collect();
+    assert_eq!(
+        templates,
+        std::collections::BTreeSet::from([
+            "timeout after <n> ms talking to payer <hex>".to_string(),
+            "field <q> is not a number in order <n>".to_string(),
+            "connection refused by <ip>".to_string(),
+        ])
+    );
+}
+
+fn kubectl_dlq(ns: &str, args: &[&str]) -> (bool, String, String) {
+    let plane = dlq_testenv::plane();
+    let out = std::process::Command::new(dlq_testenv::bin("kubectl-dlq"))
+        .args([
+            "--kubeconfig",
+            plane.kubeconfig.to_str().unwrap_or_default(),
+            "-n",
+            ns,
+        ])
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("kubectl-dlq runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+/// `kubectl dlq groups` lists the groups most parked first; `kubectl dlq drop --group G`
+/// (a DeadLetterReplay with `selector.group`) decides exactly that group's parked records.
+#[tokio::test]
+async fn a_group_is_listed_and_dropped_as_one_through_a_replay() {
+    use dlq_client::park::{ParkRequest, Parker};
+    use dlq_core::api::{Job, Phase};
+    use dlq_core::replay::DeadLetterReplay;
+    let (client, ns) = setup("group-act").await;
+    create_offline_queue(&client, &ns).await;
+    let _op = Operator::start(&ns);
+    let parker = Parker::new(client.clone());
+    let mut by_group: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for i in 0..9 {
+        let mut req = ParkRequest::new(
+            "relayer",
+            Job {
+                id: format!("act/{i}"),
+                payload: Some("{}".into()),
+                ..Job::default()
+            },
+        );
+        req.reason = if i % 3 == 0 {
+            format!("payer {:08x} refused the signature", 0xa0_0000 + i)
+        } else {
+            format!("timeout after {} ms", 10 * i)
+        };
+        let outcome = parker.park(&ns, req).await.expect("parked");
+        let name = outcome.record().metadata.name.clone().unwrap_or_default();
+        let group = labelled(outcome.record()).expect("labelled").to_string();
+        by_group.entry(group).or_default().push(name);
+    }
+    assert_eq!(by_group.len(), 2);
+    let (big, small) = {
+        let mut groups: Vec<(&String, &Vec<String>)> = by_group.iter().collect();
+        groups.sort_by_key(|(_, names)| std::cmp::Reverse(names.len()));
+        (groups[0].0.clone(), groups[1].0.clone())
+    };
+    let listed = eventually(30, "kubectl dlq groups lists both groups", || async {
+        let (ok, out, _) = kubectl_dlq(&ns, &["groups"]);
+        (ok && out.lines().count() == 3 && out.contains(&small)).then_some(out)
+    })
+    .await;
+    let lines: Vec<&str> = listed.lines().collect();
+    assert!(lines[0].starts_with("GROUP"), "{listed}");
+    assert!(
+        lines[1].starts_with(&big) && lines[1].contains(" 6 "),
+        "most parked first: {listed}"
+    );
+    assert!(
+        lines[2].contains("payer <hex> refused the signature"),
+        "{listed}"
+    );
+
+    let (ok, out, err) = kubectl_dlq(
+        &ns,
+        &[
+            "drop",
+            "--group",
+            &small,
+            "--by",
+            "ops",
+            "--rate",
+            "50/s",
+            "--settle-timeout",
+            "5",
+        ],
+    );
+    assert!(ok, "{out}\n{err}");
+    let replays: Api<DeadLetterReplay> = Api::namespaced(client.clone(), &ns);
+    let replay = replays
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items;
+    assert_eq!(replay.len(), 1);
+    let spec = &replay[0].spec;
+    assert_eq!(spec.queue, "relayer", "the group's queue");
+    assert_eq!(
+        spec.selector.clone().unwrap_or_default().group.as_deref(),
+        Some(small.as_str())
+    );
+    let api: Api<DeadLetter> = Api::namespaced(client, &ns);
+    let records = eventually(30, "the group's records dropped", || async {
+        let items = api.list(&ListParams::default()).await.ok()?.items;
+        let dropped = items.iter().filter(|r| r.phase() == Phase::Dropped).count();
+        (dropped == 3).then_some(items)
+    })
+    .await;
+    for r in &records {
+        let in_small = labelled(r) == Some(small.as_str());
+        let want = if in_small {
+            Phase::Dropped
+        } else {
+            Phase::Parked
+        };
+        assert_eq!(r.phase(), want, "{}", r.spec.job.id);
+    }
+}
+
+/// An acknowledged group is silenced with what it looked like then; when its parked count
+/// doubles, it is not any more (a new failure never hides behind an acknowledgement).
+#[tokio::test]
+async fn an_acknowledged_group_is_silenced_until_its_parked_count_doubles() {
+    use dlq_client::park::{ParkRequest, Parker};
+    use dlq_core::api::Job;
+    use dlq_core::groups::DeadLetterGroup;
+    use kube::api::{Patch, PatchParams};
+    let (client, ns) = setup("group-ack").await;
+    create_offline_queue(&client, &ns).await;
+    let _op = Operator::start(&ns);
+    let parker = Parker::new(client.clone());
+    let park = |i: usize| {
+        let mut req = ParkRequest::new(
+            "relayer",
+            Job {
+                id: format!("ack/{i}"),
+                payload: Some("{}".into()),
+                ..Job::default()
+            },
+        );
+        req.reason = format!("order {i} has no customer");
+        req
+    };
+    let mut group = String::new();
+    for i in 0..3 {
+        let outcome = parker.park(&ns, park(i)).await.expect("parked");
+        group = labelled(outcome.record()).expect("labelled").to_string();
+    }
+    let groups: Api<DeadLetterGroup> = Api::namespaced(client.clone(), &ns);
+    let name = format!("relayer-{group}");
+    let parked = |n: i64| {
+        let groups = groups.clone();
+        let name = name.clone();
+        async move {
+            let g = groups.get_opt(&name).await.ok().flatten()?;
+            let s = g.status?;
+            (s.parked == n).then_some(s)
+        }
+    };
+    eventually(30, "the group with 3 parked", || parked(3)).await;
+    groups
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"spec": {"acknowledged": {"by": "carol", "note": "INC-1"}}}),
+            ),
+        )
+        .await
+        .expect("acknowledged");
+    let status = eventually(30, "the acknowledgement kept with its baseline", || async {
+        let s = parked(3).await?;
+        s.acknowledgement.is_some().then_some(s)
+    })
+    .await;
+    assert!(status.silenced);
+    assert_eq!(
+        status.acknowledgement.map(|a| (a.by, a.parked)),
+        Some(("carol".into(), 3))
+    );
+    for i in 3..5 {
+        parker.park(&ns, park(i)).await.expect("parked");
+    }
+    let five = eventually(30, "5 parked", || parked(5)).await;
+    assert!(five.silenced, "5 < 2 x 3: still silenced");
+    parker.park(&ns, park(5)).await.expect("parked");
+    let six = eventually(30, "6 parked", || parked(6)).await;
+    assert!(
+        !six.silenced,
+        "doubled: the acknowledgement no longer silences it"
+    );
+}
