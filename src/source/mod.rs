@@ -16,6 +16,7 @@ pub mod redis;
 pub mod sidekiq;
 #[cfg(feature = "sqs")]
 pub mod sqs;
+pub mod taken;
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};

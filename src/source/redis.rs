@@ -17,16 +17,17 @@
 //! element that cannot be a record at all (over the payload limit) is moved to
 //! `<list>:rejected`, never deleted, and counted and announced.
 
-use std::collections::{BTreeMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use kube::Client;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 
 use dlq_core::api::{DeadLetterQueue, RedisSourceSpec};
 use dlq_core::envelope::request_for;
 
+use super::taken::{Failpoints, Taken, free_slots, pairs, spawn_handle};
 use super::{ParkInto, SourceError};
 use crate::target::redis::RedisConn;
 
@@ -92,16 +93,23 @@ async fn run_once(
     let puller = RedisConn::new(&url).map_err(SourceError::broker("connecting to redis"))?;
     let acker = Arc::new(RedisConn::new(&url).map_err(SourceError::broker("connecting to redis"))?);
     let dead = source.list.clone();
-    let processing = format!("{dead}:processing");
-    let ctx = Arc::new(Bridge {
-        into: into.clone(),
+    let taken = Taken::new(
+        into.clone(),
         acker,
-        inflight: format!("{dead}:inflight"),
+        format!("{dead}:inflight"),
+        format!("{dead}:rejected"),
+        dead.clone(),
+        request_for,
+        Failpoints {
+            after_take: "redis-after-take",
+            before_ack: "redis-before-ack",
+        },
+    );
+    let ctx = Arc::new(Bridge {
+        taken: Arc::new(taken),
         counter: format!("{dead}:inflight:seq"),
-        processing: processing.clone(),
-        rejected: format!("{dead}:rejected"),
+        processing: format!("{dead}:processing"),
         dead: dead.clone(),
-        handling: Mutex::default(),
     });
     ctx.recover().await?;
     tracing::debug!(namespace = %ns, queue = %name, list = %dead, "redis source draining");
@@ -124,138 +132,78 @@ async fn pull(ctx: &Arc<Bridge>, puller: &RedisConn) -> Result<(), SourceError> 
             if let Some(permit) = permits.pop()
                 && let Some((id, raw)) = ctx.wait_for_one(puller).await?
             {
-                spawn_handle(ctx, id, raw, permit);
+                spawn_handle(&ctx.taken, id, raw, permit);
             }
             continue;
         }
         // Slots left over (fewer elements than free slots) are dropped, so freed.
         for ((id, raw), permit) in taken.into_iter().zip(permits) {
-            spawn_handle(ctx, id, raw, permit);
+            spawn_handle(&ctx.taken, id, raw, permit);
         }
     }
 }
 
-/// Waits for one free parking slot, then takes every other one free at that moment.
-async fn free_slots(slots: &Arc<Semaphore>) -> Result<Vec<OwnedSemaphorePermit>, SourceError> {
-    let first = slots
-        .clone()
-        .acquire_owned()
-        .await
-        .map_err(SourceError::broker("waiting for a parking slot"))?;
-    let mut permits = vec![first];
-    while let Ok(permit) = slots.clone().try_acquire_owned() {
-        permits.push(permit);
-    }
-    Ok(permits)
-}
-
-/// Parks and acknowledges one taken element in its own task, holding its slot until done.
-fn spawn_handle(ctx: &Arc<Bridge>, id: String, raw: Vec<u8>, permit: OwnedSemaphorePermit) {
-    let ctx = ctx.clone();
-    tokio::spawn(async move {
-        ctx.handle(id, raw).await;
-        drop(permit);
-    });
-}
-
 struct Bridge {
-    into: ParkInto,
-    acker: Arc<RedisConn>,
+    /// The inflight hash and how its elements are parked and acknowledged.
+    taken: Arc<Taken>,
     /// The dead list: the source message identities start with its name.
     dead: String,
     processing: String,
-    inflight: String,
     counter: String,
-    rejected: String,
-    /// Ids of the inflight elements this process is parking or acknowledging now (the sweep
-    /// leaves them be). Wider than `source::in_flight`'s turns, which end with the park: an
-    /// acknowledgement retried through a cut link is not left behind either.
-    handling: Mutex<HashSet<String>>,
 }
 
 impl Bridge {
     /// Re-parks what a previous run left: elements moved but never taken, then taken but
     /// never acknowledged (those keep their ids, so records made before the crash are found).
     async fn recover(&self) -> Result<(), SourceError> {
-        let untaken: Vec<Vec<u8>> = self
-            .acker
-            .query(redis::cmd("LRANGE").arg(&self.processing).arg(0).arg(-1))
-            .await
-            .map_err(SourceError::broker(format!("reading {}", self.processing)))?;
-        for raw in &untaken {
+        for raw in &self.untaken().await? {
             self.take_one(raw).await?;
         }
-        let taken = self.taken().await?;
-        if !taken.is_empty() {
-            tracing::info!(namespace = %self.into.namespace(), queue = %self.into.queue(), count = taken.len(), inflight = %self.inflight, "re-parking elements a previous run did not acknowledge");
-        }
-        for (id, raw) in taken {
-            self.handle(id, raw).await;
-        }
-        Ok(())
+        self.taken.recover().await
     }
 
-    /// Every taken, unacknowledged element by id.
-    async fn taken(&self) -> Result<BTreeMap<String, Vec<u8>>, SourceError> {
-        self.acker
-            .query(redis::cmd("HGETALL").arg(&self.inflight))
+    /// The elements BLMOVE put in the processing list that no one took into the hash yet.
+    async fn untaken(&self) -> Result<Vec<Vec<u8>>, SourceError> {
+        self.taken
+            .conn
+            .query(redis::cmd("LRANGE").arg(&self.processing).arg(0).arg(-1))
             .await
-            .map_err(SourceError::broker(format!("reading {}", self.inflight)))
+            .map_err(SourceError::broker(format!("reading {}", self.processing)))
     }
 
     /// Re-parks, every [`SWEEP`], what was left by others since the start: elements in the
     /// processing list or the inflight hash at two sweeps in a row and not being parked here
-    /// (an element moved a moment ago is taken and parked within one sweep). Re-parking is
-    /// safe even if another process still parks it: the id finds the same record.
+    /// (an element moved a moment ago is taken and parked within one sweep).
     async fn sweep(&self) -> Result<(), SourceError> {
-        let mut suspects: HashSet<String> = HashSet::new();
+        let mut untaken_suspects: HashSet<String> = HashSet::new();
+        let mut taken_suspects: HashSet<String> = HashSet::new();
         loop {
             tokio::time::sleep(SWEEP).await;
-            let untaken: Vec<Vec<u8>> = self
-                .acker
-                .query(redis::cmd("LRANGE").arg(&self.processing).arg(0).arg(-1))
-                .await
-                .map_err(SourceError::broker(format!("reading {}", self.processing)))?;
-            // Suspects are element digests and inflight ids (the two never look alike).
             let mut seen: HashSet<String> = HashSet::new();
-            for raw in &untaken {
+            for raw in &self.untaken().await? {
                 let digest = fingerprint(raw);
-                if suspects.contains(&digest) {
+                if untaken_suspects.contains(&digest) {
                     self.take_one(raw).await?;
                 }
                 seen.insert(digest);
             }
-            for (id, raw) in self.taken().await? {
-                if self.lock_handling().contains(&id) {
-                    continue;
-                }
-                if suspects.contains(&id) {
-                    tracing::info!(namespace = %self.into.namespace(), queue = %self.into.queue(), id = %id, inflight = %self.inflight, "re-parking an element another run left unacknowledged");
-                    self.handle(id, raw).await;
-                } else {
-                    seen.insert(id);
-                }
-            }
-            suspects = seen;
+            untaken_suspects = seen;
+            taken_suspects = self.taken.sweep_once(&taken_suspects).await?;
         }
-    }
-
-    fn lock_handling(&self) -> MutexGuard<'_, HashSet<String>> {
-        // A panic while holding it leaves a plain set behind; keep using it.
-        self.handling.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Up to `n` elements moved from the dead list into the inflight hash, with their ids
     /// (see [`TAKE_BATCH`]).
     async fn take(&self, n: usize) -> Result<Vec<(String, Vec<u8>)>, SourceError> {
         let flat: Vec<Vec<u8>> = self
-            .acker
+            .taken
+            .conn
             .query(
                 redis::cmd("EVAL")
                     .arg(TAKE_BATCH)
                     .arg(3)
                     .arg(&self.dead)
-                    .arg(&self.inflight)
+                    .arg(&self.taken.hash)
                     .arg(&self.counter)
                     .arg(n),
             )
@@ -264,14 +212,7 @@ impl Bridge {
                 "taking elements of {}",
                 self.dead
             )))?;
-        let mut taken = Vec::with_capacity(flat.len() / 2);
-        let mut pairs = flat.into_iter();
-        while let (Some(id), Some(raw)) = (pairs.next(), pairs.next()) {
-            let id = String::from_utf8(id)
-                .map_err(|e| SourceError::Decode(format!("an inflight id: {e}")))?;
-            taken.push((id, raw));
-        }
-        Ok(taken)
+        pairs(flat)
     }
 
     /// Blocks (one second at most) until an element arrives on the empty dead list, moves it
@@ -299,13 +240,14 @@ impl Bridge {
 
     /// Gives an element of the processing list its id (see [`TAKE_ONE`]).
     async fn take_one(&self, raw: &[u8]) -> Result<Option<String>, SourceError> {
-        self.acker
+        self.taken
+            .conn
             .query(
                 redis::cmd("EVAL")
                     .arg(TAKE_ONE)
                     .arg(3)
                     .arg(&self.processing)
-                    .arg(&self.inflight)
+                    .arg(&self.taken.hash)
                     .arg(&self.counter)
                     .arg(raw),
             )
@@ -314,52 +256,6 @@ impl Bridge {
                 "claiming an element of {}",
                 self.processing
             )))
-    }
-
-    /// Parks one taken element, retrying until it is a record (or provably never can be),
-    /// then acknowledges it by removing it from the inflight hash.
-    async fn handle(&self, id: String, raw: Vec<u8>) {
-        self.lock_handling().insert(id.clone());
-        self.park_and_ack(&id, raw).await;
-        self.lock_handling().remove(&id);
-    }
-
-    async fn park_and_ack(&self, id: &str, raw: Vec<u8>) {
-        let req = request_for(self.into.queue(), &raw).with_message(format!("{}#{id}", self.dead));
-        let stays = format!("in {}", self.inflight);
-        let parked = self.into.park_message(req, &raw, &stays, || async {}).await;
-        if let Err(e) = parked {
-            // Can never be a record (over the payload limit, or refused by the apiserver even as an
-            // Invalid record of its bytes): keep it in Redis, and say so.
-            if self
-                .ack(redis::cmd("LPUSH").arg(&self.rejected).arg(&raw[..]))
-                .await
-                .is_err()
-            {
-                return;
-            }
-            self.into.rejected(&e, raw.len(), &self.rejected).await;
-        }
-        crate::failpoint::hit("redis-before-ack").await;
-        let _ = self
-            .ack(redis::cmd("HDEL").arg(&self.inflight).arg(id))
-            .await;
-    }
-
-    /// Retries an acknowledgement until Redis takes it: the record exists, so giving up here
-    /// leaves the element for the next recovery, which finds its record by its id.
-    async fn ack(&self, cmd: &mut redis::Cmd) -> Result<(), ()> {
-        for attempt in 0..10u32 {
-            match self.acker.query::<redis::Value>(cmd).await {
-                Ok(_) => return Ok(()),
-                Err(e) => {
-                    tracing::warn!(error = %e, "redis acknowledgement failed; retrying");
-                    tokio::time::sleep(dlq_core::decide::backoff(attempt, Duration::from_secs(5)))
-                        .await;
-                }
-            }
-        }
-        Err(())
     }
 }
 

@@ -18,16 +18,17 @@
 //! jobs dying faster than they are parked), the bridge says so: a warning and a
 //! `DeadSetNearTrim` Event.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use kube::Client;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 
 use dlq_core::api::{DeadLetterQueue, SidekiqSourceSpec};
 use dlq_core::events;
 
+use super::taken::{Failpoints, Taken, free_slots, pairs, spawn_handle};
 use super::{ParkInto, SourceError};
 use crate::target::redis::RedisConn;
 
@@ -131,7 +132,7 @@ async fn run_once(
     .await?;
     let conn = Arc::new(RedisConn::new(&url).map_err(SourceError::broker("connecting to redis"))?);
     let ctx = Arc::new(Bridge::new(into.clone(), conn, source)?);
-    ctx.recover().await?;
+    ctx.taken.recover().await?;
     tracing::debug!(namespace = %into.namespace(), queue = %into.queue(), dead = %ctx.dead, "sidekiq source draining");
     tokio::select! {
         pulled = pull(&ctx) => pulled,
@@ -154,11 +155,7 @@ async fn pull(ctx: &Arc<Bridge>) -> Result<(), SourceError> {
         }
         // Slots left over (fewer jobs than free slots) are dropped, so freed.
         for ((id, raw), permit) in taken.into_iter().zip(permits) {
-            let ctx = ctx.clone();
-            tokio::spawn(async move {
-                ctx.handle(id, raw).await;
-                drop(permit);
-            });
+            spawn_handle(&ctx.taken, id, raw, permit);
         }
     }
 }
@@ -189,34 +186,16 @@ impl Cursor {
     }
 }
 
-/// Waits for one free parking slot, then takes every other one free at that moment.
-async fn free_slots(slots: &Arc<Semaphore>) -> Result<Vec<OwnedSemaphorePermit>, SourceError> {
-    let first = slots
-        .clone()
-        .acquire_owned()
-        .await
-        .map_err(SourceError::broker("waiting for a parking slot"))?;
-    let mut permits = vec![first];
-    while let Ok(permit) = slots.clone().try_acquire_owned() {
-        permits.push(permit);
-    }
-    Ok(permits)
-}
-
 struct Bridge {
-    into: ParkInto,
-    conn: Arc<RedisConn>,
+    /// This queue's inflight hash (its own keys beside Sidekiq's: two queues filtering one
+    /// Sidekiq never share them) and how its jobs are parked and acknowledged.
+    taken: Arc<Taken>,
     /// Sidekiq's dead set (`[<namespace>:]dead`).
     dead: String,
-    /// This queue's own keys beside Sidekiq's: two queues filtering one Sidekiq never share them.
-    inflight: String,
     counter: String,
-    rejected: String,
     /// The filters as the script takes them (JSON arrays).
     queues: String,
     classes: String,
-    /// Ids of the inflight jobs this process is parking now (the sweep leaves them be).
-    handling: Mutex<HashSet<String>>,
     /// Whether the last look found the dead set near Sidekiq's trim (warned once per crossing).
     near_trim: Mutex<bool>,
 }
@@ -235,39 +214,26 @@ impl Bridge {
         let json = |v: &Vec<String>| {
             serde_json::to_string(v).map_err(|e| SourceError::Config(format!("filters: {e}")))
         };
-        Ok(Bridge {
-            dead: format!("{prefix}dead"),
-            inflight: format!("{own}:inflight"),
-            counter: format!("{own}:inflight:seq"),
-            rejected: format!("{own}:rejected"),
-            queues: json(&source.queues)?,
-            classes: json(&source.classes)?,
+        let taken = Taken::new(
             into,
             conn,
-            handling: Mutex::default(),
+            format!("{own}:inflight"),
+            format!("{own}:rejected"),
+            format!("{own}:inflight"),
+            dlq_core::sidekiq::request_for,
+            Failpoints {
+                after_take: "sidekiq-after-take",
+                before_ack: "sidekiq-before-ack",
+            },
+        );
+        Ok(Bridge {
+            dead: format!("{prefix}dead"),
+            counter: format!("{own}:inflight:seq"),
+            queues: json(&source.queues)?,
+            classes: json(&source.classes)?,
+            taken: Arc::new(taken),
             near_trim: Mutex::default(),
         })
-    }
-
-    /// Re-parks what a previous run took but never acknowledged (by id, so records made before
-    /// the crash are found).
-    async fn recover(&self) -> Result<(), SourceError> {
-        let taken = self.taken().await?;
-        if !taken.is_empty() {
-            tracing::info!(namespace = %self.into.namespace(), queue = %self.into.queue(), count = taken.len(), inflight = %self.inflight, "re-parking dead jobs a previous run did not acknowledge");
-        }
-        for (id, raw) in taken {
-            self.handle(id, raw).await;
-        }
-        Ok(())
-    }
-
-    /// Every taken, unacknowledged job by id.
-    async fn taken(&self) -> Result<BTreeMap<String, Vec<u8>>, SourceError> {
-        self.conn
-            .query(redis::cmd("HGETALL").arg(&self.inflight))
-            .await
-            .map_err(SourceError::broker(format!("reading {}", self.inflight)))
     }
 
     /// Every [`SWEEP`]: re-parks inflight jobs seen two sweeps in a row and not parked here,
@@ -277,19 +243,7 @@ impl Bridge {
         loop {
             tokio::time::sleep(SWEEP).await;
             self.watch_size().await?;
-            let mut seen = HashSet::new();
-            for (id, raw) in self.taken().await? {
-                if self.lock_handling().contains(&id) {
-                    continue;
-                }
-                if suspects.contains(&id) {
-                    tracing::info!(namespace = %self.into.namespace(), queue = %self.into.queue(), id = %id, inflight = %self.inflight, "re-parking a dead job another run left unacknowledged");
-                    self.handle(id, raw).await;
-                } else {
-                    seen.insert(id);
-                }
-            }
-            suspects = seen;
+            suspects = self.taken.sweep_once(&suspects).await?;
         }
     }
 
@@ -297,6 +251,7 @@ impl Bridge {
     /// its oldest jobs before they are parked.
     async fn watch_size(&self) -> Result<(), SourceError> {
         let size: u64 = self
+            .taken
             .conn
             .query(redis::cmd("ZCARD").arg(&self.dead))
             .await
@@ -308,16 +263,11 @@ impl Bridge {
                 "Sidekiq's dead set {} holds {size} jobs; Sidekiq drops the oldest beyond {SIDEKIQ_DEAD_MAX} (its default dead_max_jobs) before they are parked: resolve records (the queue may be at maxParked) or raise Sidekiq's limit",
                 self.dead
             );
-            tracing::warn!(namespace = %self.into.namespace(), queue = %self.into.queue(), size, dead = %self.dead, "sidekiq dead set near its trim");
-            self.into
-                .warn(events::reason::DEAD_SET_NEAR_TRIM, note)
-                .await;
+            let into = &self.taken.into;
+            tracing::warn!(namespace = %into.namespace(), queue = %into.queue(), size, dead = %self.dead, "sidekiq dead set near its trim");
+            into.warn(events::reason::DEAD_SET_NEAR_TRIM, note).await;
         }
         Ok(())
-    }
-
-    fn lock_handling(&self) -> MutexGuard<'_, HashSet<String>> {
-        lock(&self.handling)
     }
 
     /// Up to `n` dead jobs moved into the inflight hash with their ids, and the cursor to
@@ -328,13 +278,14 @@ impl Bridge {
         cursor: &str,
     ) -> Result<(String, Vec<(String, Vec<u8>)>), SourceError> {
         let flat: Vec<Vec<u8>> = self
+            .taken
             .conn
             .query(
                 redis::cmd("EVAL")
                     .arg(TAKE)
                     .arg(3)
                     .arg(&self.dead)
-                    .arg(&self.inflight)
+                    .arg(&self.taken.hash)
                     .arg(&self.counter)
                     .arg(n)
                     .arg(cursor)
@@ -351,59 +302,7 @@ impl Bridge {
             .transpose()
             .map_err(|e| SourceError::Decode(format!("a dead-set cursor: {e}")))?
             .unwrap_or_else(|| "-inf".into());
-        let mut taken = Vec::new();
-        while let (Some(id), Some(raw)) = (items.next(), items.next()) {
-            let id = String::from_utf8(id)
-                .map_err(|e| SourceError::Decode(format!("an inflight id: {e}")))?;
-            taken.push((id, raw));
-        }
-        Ok((next, taken))
-    }
-
-    /// Parks one taken job, retrying until it is a record (or provably never can be), then
-    /// acknowledges it by removing it from the inflight hash.
-    async fn handle(&self, id: String, raw: Vec<u8>) {
-        self.lock_handling().insert(id.clone());
-        self.park_and_ack(&id, raw).await;
-        self.lock_handling().remove(&id);
-    }
-
-    async fn park_and_ack(&self, id: &str, raw: Vec<u8>) {
-        crate::failpoint::hit("sidekiq-after-take").await;
-        let req = dlq_core::sidekiq::request_for(self.into.queue(), &raw)
-            .with_message(format!("{}#{id}", self.inflight));
-        let stays = format!("in {}", self.inflight);
-        if let Err(e) = self.into.park_message(req, &raw, &stays, || async {}).await {
-            // Can never be a record: keep it in Redis, and say so.
-            if self
-                .ack(redis::cmd("LPUSH").arg(&self.rejected).arg(&raw[..]))
-                .await
-                .is_err()
-            {
-                return;
-            }
-            self.into.rejected(&e, raw.len(), &self.rejected).await;
-        }
-        crate::failpoint::hit("sidekiq-before-ack").await;
-        let _ = self
-            .ack(redis::cmd("HDEL").arg(&self.inflight).arg(id))
-            .await;
-    }
-
-    /// Retries an acknowledgement until Redis takes it: the record exists, so giving up here
-    /// leaves the job for the next recovery, which finds its record by its id.
-    async fn ack(&self, cmd: &mut redis::Cmd) -> Result<(), ()> {
-        for attempt in 0..10u32 {
-            match self.conn.query::<redis::Value>(cmd).await {
-                Ok(_) => return Ok(()),
-                Err(e) => {
-                    tracing::warn!(error = %e, "redis acknowledgement failed; retrying");
-                    tokio::time::sleep(dlq_core::decide::backoff(attempt, Duration::from_secs(5)))
-                        .await;
-                }
-            }
-        }
-        Err(())
+        Ok((next, pairs(items)?))
     }
 }
 

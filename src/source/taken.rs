@@ -1,0 +1,196 @@
+//! What the Redis-backed sources (`super::redis`, `super::sidekiq`) took and have not yet
+//! acknowledged: a hash `id → element` in Redis, where each source's own script moves what it
+//! takes under an id Redis gives it (server time + a counter). The parking, the acknowledgement
+//! (HDEL only once the record exists), the re-parking of what a crashed run left and the sweep
+//! for what another process left are the same for both, so they are here once.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use dlq_core::park::ParkRequest;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::{ParkInto, SourceError};
+use crate::target::redis::RedisConn;
+
+/// Which failpoints a source's parking passes (`crate::failpoint`).
+pub struct Failpoints {
+    /// Just taken, before the park.
+    pub after_take: &'static str,
+    /// Parked, before the acknowledgement.
+    pub before_ack: &'static str,
+}
+
+/// One source's hash of taken elements and how it parks them.
+pub struct Taken {
+    pub into: ParkInto,
+    pub conn: Arc<RedisConn>,
+    /// The hash: `<list>:inflight`, or the Sidekiq queue's own.
+    pub hash: String,
+    /// Where an element that can never be a record is kept (a list), never deleted.
+    pub rejected: String,
+    /// The source message identity of element `id` is `<identity_prefix>#<id>`.
+    pub identity_prefix: String,
+    /// The park request for an element's bytes (in the queue of the given name).
+    pub request_for: fn(&str, &[u8]) -> ParkRequest,
+    pub failpoints: Failpoints,
+    /// Ids this process is parking or acknowledging now (the sweep leaves them be). Wider than
+    /// `super::in_flight`'s turns, which end with the park: an acknowledgement retried through
+    /// a cut link is not left behind either.
+    handling: Mutex<HashSet<String>>,
+}
+
+impl Taken {
+    pub fn new(
+        into: ParkInto,
+        conn: Arc<RedisConn>,
+        hash: String,
+        rejected: String,
+        identity_prefix: String,
+        request_for: fn(&str, &[u8]) -> ParkRequest,
+        failpoints: Failpoints,
+    ) -> Self {
+        Taken {
+            into,
+            conn,
+            hash,
+            rejected,
+            identity_prefix,
+            request_for,
+            failpoints,
+            handling: Mutex::default(),
+        }
+    }
+
+    /// Every taken, unacknowledged element by id.
+    pub async fn all(&self) -> Result<BTreeMap<String, Vec<u8>>, SourceError> {
+        self.conn
+            .query(redis::cmd("HGETALL").arg(&self.hash))
+            .await
+            .map_err(SourceError::broker(format!("reading {}", self.hash)))
+    }
+
+    /// Re-parks what a previous run took but never acknowledged (by id, so records made
+    /// before the crash are found).
+    pub async fn recover(&self) -> Result<(), SourceError> {
+        let taken = self.all().await?;
+        if !taken.is_empty() {
+            tracing::info!(namespace = %self.into.namespace(), queue = %self.into.queue(), count = taken.len(), inflight = %self.hash, "re-parking what a previous run did not acknowledge");
+        }
+        for (id, raw) in taken {
+            self.handle(id, raw).await;
+        }
+        Ok(())
+    }
+
+    /// One sweep of the hash: re-parks what was there at the last sweep too (`suspects`) and is
+    /// not being parked here; returns the ids to suspect next time. Re-parking is safe even if
+    /// another process still parks it: the id finds the same record.
+    pub async fn sweep_once(
+        &self,
+        suspects: &HashSet<String>,
+    ) -> Result<HashSet<String>, SourceError> {
+        let mut seen = HashSet::new();
+        for (id, raw) in self.all().await? {
+            if self.lock_handling().contains(&id) {
+                continue;
+            }
+            if suspects.contains(&id) {
+                tracing::info!(namespace = %self.into.namespace(), queue = %self.into.queue(), id = %id, inflight = %self.hash, "re-parking what another run left unacknowledged");
+                self.handle(id, raw).await;
+            } else {
+                seen.insert(id);
+            }
+        }
+        Ok(seen)
+    }
+
+    fn lock_handling(&self) -> MutexGuard<'_, HashSet<String>> {
+        // A panic while holding it leaves a plain set behind; keep using it.
+        self.handling.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Parks one taken element, retrying until it is a record (or provably never can be),
+    /// then acknowledges it by removing it from the hash.
+    pub async fn handle(&self, id: String, raw: Vec<u8>) {
+        self.lock_handling().insert(id.clone());
+        self.park_and_ack(&id, raw).await;
+        self.lock_handling().remove(&id);
+    }
+
+    async fn park_and_ack(&self, id: &str, raw: Vec<u8>) {
+        crate::failpoint::hit(self.failpoints.after_take).await;
+        let req = (self.request_for)(self.into.queue(), &raw)
+            .with_message(format!("{}#{id}", self.identity_prefix));
+        let stays = format!("in {}", self.hash);
+        let parked = self.into.park_message(req, &raw, &stays, || async {}).await;
+        if let Err(e) = parked {
+            // Can never be a record (over the payload limit, or refused by the apiserver even
+            // as an Invalid record of its bytes): keep it in Redis, and say so.
+            if self
+                .ack(redis::cmd("LPUSH").arg(&self.rejected).arg(&raw[..]))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            self.into.rejected(&e, raw.len(), &self.rejected).await;
+        }
+        crate::failpoint::hit(self.failpoints.before_ack).await;
+        let _ = self.ack(redis::cmd("HDEL").arg(&self.hash).arg(id)).await;
+    }
+
+    /// Retries an acknowledgement until Redis takes it: the record exists, so giving up here
+    /// leaves the element for the next recovery, which finds its record by its id.
+    async fn ack(&self, cmd: &mut redis::Cmd) -> Result<(), ()> {
+        for attempt in 0..10u32 {
+            match self.conn.query::<redis::Value>(cmd).await {
+                Ok(_) => return Ok(()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "redis acknowledgement failed; retrying");
+                    tokio::time::sleep(dlq_core::decide::backoff(attempt, Duration::from_secs(5)))
+                        .await;
+                }
+            }
+        }
+        Err(())
+    }
+}
+
+/// Waits for one free parking slot, then takes every other one free at that moment.
+pub async fn free_slots(slots: &Arc<Semaphore>) -> Result<Vec<OwnedSemaphorePermit>, SourceError> {
+    let first = slots
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(SourceError::broker("waiting for a parking slot"))?;
+    let mut permits = vec![first];
+    while let Ok(permit) = slots.clone().try_acquire_owned() {
+        permits.push(permit);
+    }
+    Ok(permits)
+}
+
+/// Parks and acknowledges one taken element in its own task, holding its slot until done.
+pub fn spawn_handle(taken: &Arc<Taken>, id: String, raw: Vec<u8>, permit: OwnedSemaphorePermit) {
+    let taken = taken.clone();
+    tokio::spawn(async move {
+        taken.handle(id, raw).await;
+        drop(permit);
+    });
+}
+
+/// A take script's answer `id, element, id, element, ...` as pairs.
+pub fn pairs(
+    flat: impl IntoIterator<Item = Vec<u8>>,
+) -> Result<Vec<(String, Vec<u8>)>, SourceError> {
+    let mut items = flat.into_iter();
+    let mut taken = Vec::new();
+    while let (Some(id), Some(raw)) = (items.next(), items.next()) {
+        let id = String::from_utf8(id)
+            .map_err(|e| SourceError::Decode(format!("an inflight id: {e}")))?;
+        taken.push((id, raw));
+    }
+    Ok(taken)
+}
