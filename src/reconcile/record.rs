@@ -76,7 +76,7 @@ pub async fn reconcile(dl: Arc<DeadLetter>, ctx: Arc<Context>) -> Result<Action,
         Decision::MarkParked => mark_parked(&ctx, &dl).await?,
         Decision::Refuse { reason } => refuse(&ctx, &dl, &reason).await,
         Decision::Drop { by } => resolve(&ctx, (*dl).clone(), Phase::Dropped, &by).await?,
-        Decision::Redrive { .. } => redrive(&ctx, &ns, &dl).await?,
+        Decision::Redrive { .. } => redrive(&ctx, &ns, &dl, confirmed_by).await?,
     };
     Ok(action)
 }
@@ -127,7 +127,14 @@ async fn refuse(ctx: &Context, dl: &DeadLetter, why: &str) -> Action {
     Action::await_change()
 }
 
-async fn redrive(ctx: &Context, ns: &str, cached: &DeadLetter) -> Result<Action> {
+/// `confirmed_by`: the signer of this redrive if a broker already confirmed its job (see
+/// `super::claims`; the record's claim is held, so it cannot change during this reconcile).
+async fn redrive(
+    ctx: &Context,
+    ns: &str,
+    cached: &DeadLetter,
+    confirmed_by: Option<String>,
+) -> Result<Action> {
     let uid = cached.uid().unwrap_or_default();
     if ctx.claims.resolved_here(&uid) {
         // Resolved here already: this copy is stale, and the watch brings the resolution.
@@ -137,7 +144,6 @@ async fn redrive(ctx: &Context, ns: &str, cached: &DeadLetter) -> Result<Action>
         return Ok(Action::await_change());
     };
     let key = decide::redrive_key(&record);
-    let confirmed_by = ctx.claims.confirmed_by(&key);
     let by = match decide::after_confirmation(decide::for_record(&record), confirmed_by.as_deref())
     {
         Decision::Redrive { by } => by,
