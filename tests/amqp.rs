@@ -597,3 +597,89 @@ async fn odd_headers_are_carried_and_oversize_dead_letters_are_reported() {
     })
     .await;
 }
+
+/// A dead letter as RabbitMQ forwards it: `x-death` naming queue `orders` at `time`, plus
+/// `extra` headers.
+fn forwarded(time: u64, extra: Vec<(&str, AMQPValue)>) -> BasicProperties {
+    let death = table(vec![
+        ("queue", s("orders")),
+        ("reason", s("rejected")),
+        ("exchange", s("shop")),
+        ("count", AMQPValue::LongLongInt(1)),
+        ("time", AMQPValue::Timestamp(time)),
+    ]);
+    let mut headers = vec![(
+        "x-death",
+        AMQPValue::FieldArray(vec![AMQPValue::FieldTable(death)].into()),
+    )];
+    headers.extend(extra);
+    BasicProperties::default()
+        .with_message_id("pi_0091/settle".into())
+        .with_delivery_mode(2)
+        .with_headers(table(headers))
+}
+
+/// At-least-once dead-lettering forwards a death again (after a restart or a lost confirm),
+/// unflagged and with a new `x-death` time: once the first record is resolved, that copy is
+/// still that record's message, while the same job dying after a redrive (it carries the
+/// redrive's idempotency key) is its next cycle.
+#[tokio::test]
+async fn a_death_forwarded_twice_is_one_record_and_a_death_after_a_redrive_the_next_cycle() {
+    let (client, ns) = setup("amqp-forwarded-twice").await;
+    let rabbit = shared_rabbit();
+    let (_conn, ch) = rabbit.channel().await;
+    ch.confirm_select(Default::default()).await.unwrap();
+    let dlq = format!("{ns}.dlq");
+    declare_queue(&ch, &dlq, FieldTable::default()).await;
+    amqp_queue(
+        &client,
+        &ns,
+        &rabbit.url(),
+        json!({"exchange": "", "routingKey": format!("{ns}.orders")}),
+        Some(json!({"queue": dlq})),
+    )
+    .await;
+    let _op = Operator::start(&ns);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let body = br#"{"intent":"pi_0091"}"#;
+    publish(&ch, "", &dlq, body, forwarded(1_700_000_000, vec![])).await;
+    let first = eventually(60, "the first death's record", || async {
+        records(&api).await.into_iter().next()
+    })
+    .await;
+    let name = first.name_any();
+    decide(&api, &name, Action::Drop, "ops@example.com").await;
+    wait_phase(&api, &name, Phase::Dropped, 60).await;
+
+    publish(&ch, "", &dlq, body, forwarded(1_700_000_180, vec![])).await;
+    acked_then_settled(&ch, &dlq).await;
+    let after_copy = records(&api).await;
+    assert_eq!(
+        after_copy.len(),
+        1,
+        "the copy forwarded again is no record of its own: {:?}",
+        after_copy.iter().map(|r| r.name_any()).collect::<Vec<_>>()
+    );
+
+    let key = vec![(KEY_HEADER, s(&format!("{}-1", first.uid().unwrap())))];
+    publish(&ch, "", &dlq, body, forwarded(1_700_000_500, key)).await;
+    acked_then_settled(&ch, &dlq).await;
+    let mut all = records(&api).await;
+    all.sort_by_key(|r| r.spec.cycle);
+    let cycles: Vec<(i32, Phase)> = all.iter().map(|r| (r.spec.cycle, r.phase())).collect();
+    assert_eq!(
+        cycles,
+        vec![(1, Phase::Dropped), (2, Phase::Parked)],
+        "the death after a redrive is cycle 2"
+    );
+    assert!(all[1].spec.job.headers.contains_key(KEY_HEADER));
+}
+
+/// Waits until `queue` is empty (every message acked), then a moment for a stray create.
+async fn acked_then_settled(ch: &lapin::Channel, queue: &str) {
+    eventually(60, "the DLQ to be acked empty", || async {
+        (queue_depth(ch, queue).await == 0).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+}

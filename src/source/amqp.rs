@@ -188,17 +188,26 @@ fn job_id(data: &[u8], props: &BasicProperties, headers: &BTreeMap<String, Strin
     format!("amqp-{}", hex::encode(&h.finalize()[..8]))
 }
 
-/// This one dead-lettering of a message, as far as its bytes tell: body, every header and the
-/// latest x-death entry with its count and time (RabbitMQ writes a new one for each death, and
-/// a redrive drops the old ones). Only probably unique, so it is matched only for deliveries
-/// RabbitMQ flags as redelivered (see [`ParkRequest::redelivered`]).
+/// This one dead-lettering of a message, as far as its bytes tell: body, message id, every
+/// header but `x-death`, and the latest x-death entry's queue, reason and count (RabbitMQ
+/// writes a new entry for each death, and a redrive drops the old ones). Not its time: a
+/// quorum queue's at-least-once dead-lettering forwards a message again after a node restart
+/// or a lost confirm, stamping the copy with a new time, and that copy is the same death.
+/// Only probably unique, so it is matched against resolved records only when a later death of
+/// the same message must differ from it (see [`Bridge::handle`]).
 fn message_identity(data: &[u8], props: &BasicProperties) -> String {
     let mut h = Sha256::new();
     h.update(data);
     h.update(format!("{:?}", props.message_id()).as_bytes());
-    h.update(format!("{:?}", props.headers()).as_bytes());
+    if let Some(headers) = props.headers() {
+        for (name, value) in headers.inner() {
+            if name.as_str() != "x-death" {
+                h.update(format!("{name:?}={value:?};").as_bytes());
+            }
+        }
+    }
     if let Ok(d) = last_death(props) {
-        h.update(format!("{}/{}/{}/{:?}", d.queue, d.reason, d.count, d.time).as_bytes());
+        h.update(format!("{}/{}/{}", d.queue, d.reason, d.count).as_bytes());
     }
     format!("amqp:{}", hex::encode(&h.finalize()[..16]))
 }
@@ -304,6 +313,7 @@ async fn run_once(
         url,
         conn,
         channel: ch.clone(),
+        keys_on: queue.spec.target.idempotency_key_header().is_some(),
     });
     while let Some(delivery) = consumer.next().await {
         let delivery = delivery.map_err(|e| SourceError::broker("RabbitMQ")(classify(&e)))?;
@@ -324,12 +334,19 @@ struct Bridge {
     conn: Arc<Connection>,
     /// The channel the deliveries came on: once it is closed, RabbitMQ has requeued them.
     channel: lapin::Channel,
+    /// Whether the queue's redrives carry an idempotency key, which makes a redriven job's
+    /// next death differ from its last in its headers, so an unflagged copy matching a record
+    /// by [`message_identity`] is that record's death sent twice, never a new one.
+    keys_on: bool,
 }
 
 impl Bridge {
     async fn handle(&self, delivery: Delivery) {
         let mut req = request_for(self.into.queue(), &delivery.data, &delivery.properties);
-        req.redelivered = delivery.redelivered;
+        // A copy RabbitMQ did not flag is still this death when at-least-once dead-lettering
+        // forwarded it twice; with the queue's idempotency key on, every redrive stamps a key
+        // of its own on the job, so a later death of it can never hash like an earlier one.
+        req.redelivered = delivery.redelivered || self.keys_on;
         let job = req.job.id.clone();
         let (ns, queue) = (self.into.namespace(), self.into.queue());
         if !self.channel.status().connected() {
@@ -398,6 +415,15 @@ mod tests {
     }
 
     fn dead(reason: &str, count: i64, extra: Vec<(&str, AMQPValue)>) -> BasicProperties {
+        dead_at(reason, count, 1_700_000_000, extra)
+    }
+
+    fn dead_at(
+        reason: &str,
+        count: i64,
+        time: u64,
+        extra: Vec<(&str, AMQPValue)>,
+    ) -> BasicProperties {
         let mut entry = FieldTable::default();
         entry.insert("queue".into(), s("orders"));
         entry.insert("reason".into(), s(reason));
@@ -407,7 +433,7 @@ mod tests {
             AMQPValue::FieldArray(FieldArray::from(vec![s("orders.created")])),
         );
         entry.insert("count".into(), AMQPValue::LongLongInt(count));
-        entry.insert("time".into(), AMQPValue::Timestamp(1_700_000_000));
+        entry.insert("time".into(), AMQPValue::Timestamp(time));
         let mut t = FieldTable::default();
         t.insert(
             "x-death".into(),
@@ -420,6 +446,27 @@ mod tests {
         BasicProperties::default()
             .with_message_id("order-1".into())
             .with_headers(t)
+    }
+
+    #[test]
+    fn a_death_forwarded_again_later_is_the_same_message_and_a_redriven_death_is_not() {
+        let first = request_for(
+            "orders",
+            b"{}",
+            &dead_at("rejected", 1, 1_700_000_000, vec![]),
+        );
+        // At-least-once dead-lettering re-forwarding after a restart stamps a new time.
+        let again = request_for(
+            "orders",
+            b"{}",
+            &dead_at("rejected", 1, 1_700_000_180, vec![]),
+        );
+        assert_eq!(first.message, again.message);
+        // The same job dying again after a redrive carries the redrive's idempotency key.
+        let key = vec![("Idempotency-Key", s("0b6c-1"))];
+        let later = request_for("orders", b"{}", &dead_at("rejected", 1, 1_700_000_500, key));
+        assert_ne!(first.message, later.message);
+        assert_eq!(first.job.id, later.job.id, "one job, two deaths");
     }
 
     #[test]
