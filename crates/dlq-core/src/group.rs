@@ -238,8 +238,10 @@ static MASKS: LazyLock<Vec<Mask>> = LazyLock::new(|| {
             BASE64_PLACEHOLDER,
             random_base64,
         ),
+        // The placeholders are matched whole so that they are skipped; any other `<...>`
+        // (`<12345>` in a reason) is text whose numbers are masked.
         mask(
-            r"(?P<v><[a-z0-9]+>|[0-9]+(?:\.[0-9]+)*)",
+            r"(?P<v><(?:n|hex|b64|uuid|q|dur|time|ip|host|email)>|[0-9]+(?:\.[0-9]+)*)",
             NUMBER_PLACEHOLDER,
             not_placeholder,
         ),
@@ -309,6 +311,17 @@ mod tests {
     #[test]
     fn every_mask_compiles() {
         assert_eq!(MASKS.len(), 12);
+    }
+
+    #[test]
+    fn numbers_in_angle_brackets_are_masked_and_placeholders_kept() {
+        // Found by the property test: `<0>` looked like a placeholder and kept its number.
+        assert_eq!(template("a¡  A\0 <0>"), "a¡ A\0 <<n>>");
+        assert_eq!(
+            template("object <12345> not found"),
+            "object <<n>> not found"
+        );
+        assert_eq!(template("<n> <b64> <hex>"), "<n> <b64> <hex>");
     }
 
     #[test]
