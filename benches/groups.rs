@@ -1,18 +1,24 @@
 //! `make bench` (failure groups): a storm of `BENCH_GROUP_RECORDS` dead messages (default
 //! 10,000) drawn from 12 reason templates with random ids and 2 service versions, parked by 16
-//! concurrent parkers into one queue with the operator running; reports the park rate, whether
-//! it ends in exactly 24 DeadLetterGroups with exact counts, how long after the storm's last
-//! park every group's status was current, and how long `kubectl dlq groups` takes.
+//! concurrent parkers into one queue with the operator running; reports the park rate against
+//! plain creates of the same records into a queue of their own with the operator running there
+//! too, measured just before (the apiserver's ceiling in this run with the operator's own writes
+//! per record beside it, so that the ratio is what parking and grouping cost, not what the
+//! operator's status writes cost), whether it ends in exactly 24 DeadLetterGroups with exact counts, how long after the
+//! storm's last park every group's status was current, and, once the queue holds
+//! `BENCH_GROUP_LIST_RECORDS` records (default 100,000), how long `kubectl dlq groups` takes.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use dlq_client::park::{ParkRequest, Parker};
-use dlq_core::api::Job;
+use dlq_core::api::{DeadLetter, Job};
 use dlq_core::groups::DeadLetterGroup;
 use dlq_testenv::{Operator, create_queue, list_target, setup};
 use futures::StreamExt;
-use kube::api::{Api, ListParams};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 
 fn env_usize(name: &str, default: usize) -> usize {
@@ -53,44 +59,77 @@ fn request(i: usize) -> ParkRequest {
     r
 }
 
-#[tokio::main]
-async fn main() {
-    let n = env_usize("BENCH_GROUP_RECORDS", 10_000);
-    let (client, ns) = setup("bench-groups").await;
-    create_queue(
-        &client,
-        &ns,
-        "redis://127.0.0.1:1/",
-        list_target(),
-        json!({"maxParked": n}),
-    )
-    .await;
-    let _op = Operator::start(&ns);
-    let parker = Parker::new(client.clone());
-    let mut want: BTreeMap<String, i64> = BTreeMap::new();
+/// Parkers at once, as a storm's consumers would.
+const PARKERS: usize = 16;
+
+/// Plain creates of the records `request(from..to)` would park (the parker's field manager), in
+/// a namespace of their own deleted after, with a queue there and the operator running when
+/// `operator` (as in the storm): the apiserver's ceiling, records/s.
+async fn ceiling(client: &Client, range: std::ops::Range<usize>, operator: bool) -> f64 {
+    let (_, ns) = setup("bench-groups-ceiling").await;
+    let _op = if operator {
+        create_queue(
+            client,
+            &ns,
+            "redis://127.0.0.1:1/",
+            list_target(),
+            json!({"maxParked": range.len()}),
+        )
+        .await;
+        Some(Operator::start(&ns))
+    } else {
+        None
+    };
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let pp = PostParams {
+        field_manager: Some(dlq_client::park::PARKER.into()),
+        ..PostParams::default()
+    };
+    let n = range.len();
     let start = Instant::now();
-    let groups: Vec<String> = futures::stream::iter(0..n)
+    futures::stream::iter(range)
+        .map(|i| {
+            let (api, pp) = (&api, &pp);
+            async move {
+                let record = dlq_core::park::new_record(&request(i), 1);
+                api.create(pp, &record).await.expect("created");
+            }
+        })
+        .buffer_unordered(PARKERS)
+        .collect::<Vec<()>>()
+        .await;
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let _ = namespaces.delete(&ns, &DeleteParams::default()).await;
+    rate
+}
+
+/// Parks `request(range)` through the client library, 16 at a time; the group each landed in.
+async fn park_storm(parker: &Parker, ns: &str, range: std::ops::Range<usize>) -> Vec<String> {
+    futures::stream::iter(range)
         .map(|i| {
             let parker = parker.clone();
-            let ns = ns.clone();
             async move {
-                let outcome = parker.park(&ns, request(i)).await.expect("parked");
+                let outcome = parker.park(ns, request(i)).await.expect("parked");
                 dlq_core::group::labelled(outcome.record())
                     .unwrap_or_default()
                     .to_string()
             }
         })
-        .buffer_unordered(16)
+        .buffer_unordered(PARKERS)
         .collect()
-        .await;
-    let parked_at = Instant::now();
-    let rate = n as f64 / start.elapsed().as_secs_f64();
-    for g in groups {
-        *want.entry(g).or_default() += 1;
-    }
-    let api: Api<DeadLetterGroup> = Api::namespaced(client.clone(), &ns);
-    let deadline = parked_at + Duration::from_secs(120);
-    let current = loop {
+        .await
+}
+
+/// How long after `since` every group's status counted exactly `want` parked records (None
+/// after `wait`).
+async fn groups_exact(
+    api: &Api<DeadLetterGroup>,
+    want: &BTreeMap<String, i64>,
+    since: Instant,
+    wait: Duration,
+) -> Option<Duration> {
+    loop {
         let items = api.list(&ListParams::default()).await.map(|l| l.items);
         let got: BTreeMap<String, i64> = items
             .unwrap_or_default()
@@ -100,18 +139,78 @@ async fn main() {
                 Some((f, g.status.as_ref()?.parked))
             })
             .collect();
-        if got == want {
-            break Some(parked_at.elapsed());
+        if &got == want {
+            return Some(since.elapsed());
         }
-        if Instant::now() > deadline {
-            break None;
+        if since.elapsed() > wait {
+            return None;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    println!(
-        "groups: {n} records from 12 templates x 2 versions parked at {rate:.0}/s -> {} groups by label (want 24)",
-        want.len()
+    }
+}
+
+/// `kubectl dlq groups` run `times` times: (median, slowest, lines of the last output).
+fn time_groups_cli(ns: &str, times: usize) -> (Duration, Duration, usize) {
+    let plane = dlq_testenv::plane();
+    let kubeconfig = plane.kubeconfig.to_string_lossy().to_string();
+    let mut took = Vec::new();
+    let mut lines = 0;
+    for _ in 0..times {
+        let t = Instant::now();
+        let out = std::process::Command::new(dlq_testenv::bin("kubectl-dlq"))
+            .args(["--kubeconfig", &kubeconfig, "-n", ns, "groups"])
+            .output()
+            .expect("kubectl-dlq runs");
+        took.push(t.elapsed());
+        assert!(out.status.success(), "kubectl dlq groups failed");
+        lines = String::from_utf8_lossy(&out.stdout).lines().count();
+    }
+    took.sort();
+    (took[took.len() / 2], took[took.len() - 1], lines)
+}
+
+fn tally(want: &mut BTreeMap<String, i64>, groups: Vec<String>) {
+    for g in groups {
+        *want.entry(g).or_default() += 1;
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let n = env_usize("BENCH_GROUP_RECORDS", 10_000);
+    let total = env_usize("BENCH_GROUP_LIST_RECORDS", 100_000).max(n);
+    let (client, ns) = setup("bench-groups").await;
+    // Warm-up, not counted: a fresh apiserver's first creates are cheaper than later ones.
+    let warm = ceiling(&client, 0..n / 4, false).await;
+    let bare = ceiling(&client, 0..n, false).await;
+    let plain = ceiling(&client, 0..n, true).await;
+    eprintln!(
+        "groups: warm-up (not counted) {warm:.0}/s; plain creates {bare:.0}/s without the operator, {plain:.0}/s with it"
     );
+    create_queue(
+        &client,
+        &ns,
+        "redis://127.0.0.1:1/",
+        list_target(),
+        json!({"maxParked": total}),
+    )
+    .await;
+    let _op = Operator::start(&ns);
+    let parker = Parker::new(client.clone());
+    let mut want: BTreeMap<String, i64> = BTreeMap::new();
+    let start = Instant::now();
+    let landed = park_storm(&parker, &ns, 0..n).await;
+    let parked_at = Instant::now();
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    tally(&mut want, landed);
+    let api: Api<DeadLetterGroup> = Api::namespaced(client.clone(), &ns);
+    let current = groups_exact(&api, &want, parked_at, Duration::from_secs(120)).await;
+    println!(
+        "groups: {n} records from 12 templates x 2 versions parked at {rate:.0}/s with grouping and the operator on: {:.0}% of plain creates with the operator on ({plain:.0}/s, this run; {:.0}% of {bare:.0}/s without it)",
+        100.0 * rate / plain,
+        100.0 * rate / bare
+    );
+    println!("groups: {} groups by label (want 24)", want.len());
     match current {
         Some(t) => println!(
             "groups: every DeadLetterGroup exact {} ms after the storm's last park",
@@ -119,16 +218,26 @@ async fn main() {
         ),
         None => println!("groups: DeadLetterGroups NOT exact 120 s after the storm"),
     }
-    let plane = dlq_testenv::plane();
-    let kubeconfig = plane.kubeconfig.to_string_lossy().to_string();
-    let t = Instant::now();
-    let out = std::process::Command::new(dlq_testenv::bin("kubectl-dlq"))
-        .args(["--kubeconfig", &kubeconfig, "-n", &ns, "groups"])
-        .output()
-        .expect("kubectl-dlq runs");
+    let (median, slowest, lines) = time_groups_cli(&ns, 5);
     println!(
-        "groups: kubectl dlq groups with {n} records: {} ms ({} lines)",
-        t.elapsed().as_millis(),
-        String::from_utf8_lossy(&out.stdout).lines().count()
+        "groups: kubectl dlq groups with {n} records: median {} ms, slowest {} ms ({lines} lines)",
+        median.as_millis(),
+        slowest.as_millis()
     );
+    if total > n {
+        let landed = park_storm(&parker, &ns, n..total).await;
+        tally(&mut want, landed);
+        let exact = groups_exact(&api, &want, Instant::now(), Duration::from_secs(900)).await;
+        let (median, slowest, lines) = time_groups_cli(&ns, 5);
+        println!(
+            "groups: kubectl dlq groups with {total} records: median {} ms, slowest {} ms ({lines} lines; groups {})",
+            median.as_millis(),
+            slowest.as_millis(),
+            if exact.is_some() {
+                "exact"
+            } else {
+                "NOT exact after 900 s"
+            }
+        );
+    }
 }

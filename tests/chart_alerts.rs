@@ -88,7 +88,7 @@ fn runbook_anchors() -> BTreeSet<String> {
         .collect()
 }
 
-/// One alerting rule: tiered severity, a summary, a runbook that exists, and promtool cases
+/// One alerting rule: a tier's severity (info, warning or critical), a summary, a runbook that exists, and promtool cases
 /// where it fires and where it stays quiet. Returns its severity.
 fn assert_alert_rule<'a>(
     r: &'a Value,
@@ -98,7 +98,7 @@ fn assert_alert_rule<'a>(
     let alert = r["alert"].as_str().expect("only alerting rules");
     let severity = r["labels"]["severity"].as_str().unwrap_or("");
     assert!(
-        ["warning", "critical"].contains(&severity),
+        ["info", "warning", "critical"].contains(&severity),
         "{alert}: severity {severity:?}"
     );
     assert!(
@@ -153,11 +153,11 @@ fn alert_rules_pass_promtool_and_each_alert_is_tested_and_documented() {
         .collect();
     assert_eq!(
         severities,
-        ["critical", "warning"].into(),
-        "alerts are tiered"
+        ["critical", "info", "warning"].into(),
+        "alerts are tiered like the failure groups: info, warning, critical"
     );
     for kind in ["Invalid", "Transient"] {
-        for tier in ["Parked", "Storm"] {
+        for tier in ["Parked", "Sustained", "Storm"] {
             let name = format!("DLQ{kind}{tier}");
             assert!(
                 rules.iter().any(|r| r["alert"] == name.as_str()),
@@ -166,4 +166,25 @@ fn alert_rules_pass_promtool_and_each_alert_is_tested_and_documented() {
         }
     }
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The rules' tier thresholds default to the failure groups' (`spec.groups`): a queue's rule
+/// alerts and its groups' tiers say the same thing about the same rate.
+#[test]
+fn the_rules_tiers_default_to_the_failure_groups_thresholds() {
+    use dlq_core::groups::{DEFAULT_CRITICAL_PER_MINUTE, DEFAULT_WARNING_PER_HOUR};
+    let text = std::fs::read_to_string(chart_dir().join("values.yaml")).expect("values.yaml");
+    let values: serde_yaml::Value = serde_yaml::from_str(&text).expect("values.yaml parses");
+    let pr = &values["prometheusRule"];
+    assert_eq!(
+        pr["sustained"]["perHour"].as_i64(),
+        Some(DEFAULT_WARNING_PER_HOUR)
+    );
+    for kind in ["invalidPerMinute", "transientPerMinute"] {
+        assert_eq!(
+            pr["storm"][kind].as_i64(),
+            Some(DEFAULT_CRITICAL_PER_MINUTE),
+            "{kind}"
+        );
+    }
 }

@@ -339,3 +339,173 @@ async fn an_acknowledged_group_is_silenced_until_its_parked_count_doubles() {
         "doubled: the acknowledgement no longer silences it"
     );
 }
+
+/// A record of queue `relayer` with its own reason, parked through the client library.
+fn parked_as(id: String, reason: String) -> dlq_client::park::ParkRequest {
+    let mut req = dlq_client::park::ParkRequest::new(
+        "relayer",
+        dlq_core::api::Job {
+            id,
+            payload: Some("{}".into()),
+            ..dlq_core::api::Job::default()
+        },
+    );
+    req.reason = reason;
+    req
+}
+
+/// Beyond `spec.groups.max` the records of further groups are counted in one overflow group,
+/// and the queue says so with a Warning Event: the groups stay bounded, no record is hidden.
+#[tokio::test]
+async fn groups_beyond_the_queues_bound_are_counted_in_its_overflow_group() {
+    use dlq_core::groups::{DeadLetterGroup, OVERFLOW, group_name};
+    let (client, ns) = setup("group-overflow").await;
+    dlq_testenv::create_queue(
+        &client,
+        &ns,
+        "redis://127.0.0.1:1/",
+        dlq_testenv::list_target(),
+        serde_json::json!({"groups": {"max": 2}}),
+    )
+    .await;
+    let _op = Operator::start(&ns);
+    let parker = dlq_client::park::Parker::new(client.clone());
+    let reasons = [
+        "order 1 has no customer",
+        "card 4 expired",
+        "deadlock detected on row 7",
+        "payer 0b11e0aa refused the signature",
+    ];
+    for (i, reason) in reasons.iter().enumerate() {
+        for copy in 0..2 {
+            let req = parked_as(format!("o/{i}/{copy}"), reason.to_string());
+            parker.park(&ns, req).await.expect("parked");
+        }
+    }
+    let groups: Api<DeadLetterGroup> = Api::namespaced(client.clone(), &ns);
+    let overflow = group_name("relayer", OVERFLOW);
+    let items = eventually(
+        30,
+        "two groups and the overflow group, 8 records",
+        || async {
+            let items = groups.list(&ListParams::default()).await.ok()?.items;
+            let total: i64 = items
+                .iter()
+                .filter_map(|g| g.status.as_ref().map(|s| s.parked))
+                .sum();
+            (items.len() == 3 && total == 8).then_some(items)
+        },
+    )
+    .await;
+    let of = items
+        .iter()
+        .find(|g| g.metadata.name.as_deref() == Some(overflow.as_str()))
+        .expect("the overflow group exists");
+    let status = of.status.clone().unwrap_or_default();
+    assert_eq!(
+        status.parked, 4,
+        "the records of the two groups beyond the bound"
+    );
+    assert!(
+        status.template.contains("2 more groups"),
+        "{}",
+        status.template
+    );
+    for g in items
+        .iter()
+        .filter(|g| g.metadata.name.as_ref() != Some(&overflow))
+    {
+        assert_eq!(
+            g.status.as_ref().map(|s| s.parked),
+            Some(2),
+            "{:?}",
+            g.metadata.name
+        );
+    }
+    let warned = eventually(30, "a GroupsOverflow Warning on the queue", || async {
+        let events = dlq_testenv::events_for(&client, &ns, "relayer", "GroupsOverflow").await;
+        events.into_iter().next()
+    })
+    .await;
+    assert_eq!(warned.type_.as_deref(), Some("Warning"));
+    assert!(
+        warned
+            .note
+            .as_deref()
+            .unwrap_or("")
+            .contains("spec.groups.max"),
+        "{:?}",
+        warned.note
+    );
+}
+
+/// A storm raises a group's tier from info to warning to critical at the queue's thresholds,
+/// and an acknowledged group whose tier rises is no longer silenced: acknowledging never hides
+/// a worse failure of the same kind.
+#[tokio::test]
+async fn a_storm_raises_the_tier_and_ends_the_acknowledgements_silence() {
+    use dlq_core::groups::{DeadLetterGroup, DeadLetterGroupStatus, Tier};
+    use kube::api::{Patch, PatchParams};
+    let (client, ns) = setup("group-tiers").await;
+    dlq_testenv::create_queue(
+        &client,
+        &ns,
+        "redis://127.0.0.1:1/",
+        dlq_testenv::list_target(),
+        serde_json::json!({"groups": {"warningPerHour": 5, "criticalPerMinute": 12}}),
+    )
+    .await;
+    let _op = Operator::start(&ns);
+    let parker = dlq_client::park::Parker::new(client.clone());
+    let mut group = String::new();
+    let mut park = async |range: std::ops::Range<usize>| {
+        for i in range {
+            let req = parked_as(format!("t/{i}"), format!("order {i} has no customer"));
+            let outcome = parker.park(&ns, req).await.expect("parked");
+            group = labelled(outcome.record()).expect("labelled").to_string();
+        }
+        group.clone()
+    };
+    let name = format!("relayer-{}", park(0..3).await);
+    let groups: Api<DeadLetterGroup> = Api::namespaced(client.clone(), &ns);
+    let status_at = |n: i64| {
+        let groups = groups.clone();
+        let name = name.clone();
+        async move {
+            let s: DeadLetterGroupStatus = groups.get_opt(&name).await.ok().flatten()?.status?;
+            (s.parked == n).then_some(s)
+        }
+    };
+    let trickle = eventually(30, "3 parked", || status_at(3)).await;
+    assert_eq!(trickle.tier, Tier::Info, "3 an hour is a trickle");
+    groups
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"spec": {"acknowledged": {"by": "carol", "note": "DQ-7"}}}),
+            ),
+        )
+        .await
+        .expect("acknowledged");
+    eventually(30, "silenced at 3, info", || async {
+        let s = status_at(3).await?;
+        s.silenced.then_some(())
+    })
+    .await;
+    park(3..5).await;
+    let sustained = eventually(30, "5 parked", || status_at(5)).await;
+    assert_eq!(
+        sustained.tier,
+        Tier::Warning,
+        "5 an hour reaches warningPerHour"
+    );
+    assert!(
+        !sustained.silenced,
+        "the tier rose (5 < 2 x 3, so not by doubling): alert again"
+    );
+    park(5..12).await;
+    let storm = eventually(30, "12 parked", || status_at(12)).await;
+    assert_eq!(storm.tier, Tier::Critical, "12 within a minute: a storm");
+    assert!(storm.rate_per_minute >= 12, "{storm:?}");
+}
