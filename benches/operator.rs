@@ -17,6 +17,8 @@
 
 #[path = "operator/ab.rs"]
 mod ab;
+#[path = "operator/http.rs"]
+mod http;
 #[path = "operator/profile.rs"]
 mod profile;
 #[path = "operator/scale.rs"]
@@ -71,7 +73,7 @@ fn operator_env() -> Vec<(String, String)> {
 }
 
 /// Whether `BENCH_PHASES` (a comma list; default: every phase) names `phase`: park, redrive,
-/// latency, storm, ab, memory, capacity, records, scale. For investigating one phase at a time.
+/// latency, http, storm, ab, memory, capacity, records, scale. For investigating one phase at a time.
 fn wanted(phase: &str) -> bool {
     std::env::var("BENCH_PHASES").map_or(true, |list| list.split(',').any(|p| p.trim() == phase))
 }
@@ -883,6 +885,23 @@ async fn main() -> anyhow::Result<()> {
             "latency_ms".into(),
             json!({"samples": 200, "p50": p50, "p99": p99, "max": max}),
         );
+    }
+
+    if wanted("http") {
+        // 3b. Parks through the HTTP park endpoint (CloudEvents over TLS, tokens reviewed)
+        // against plain creates of as many records, in alternating rounds.
+        let r = http::phase(&mut b, n, c, rounds).await?;
+        let (ceiling, endpoint) = (r.rate("ceiling"), r.rate("endpoint"));
+        eprintln!(
+            "http: {endpoint:.0}/s vs create {ceiling:.0}/s over {rounds} rounds: {}",
+            r.each()
+        );
+        rows.push(ratio_row(
+            "park, HTTP endpoint, CloudEvents (records/s)",
+            endpoint,
+            ceiling,
+        ));
+        json.insert("http".into(), json!({"n": n, "c": c, "rounds": rounds, "records_per_s": endpoint, "ceiling_per_s": ceiling, "ratio": endpoint / ceiling, "each": r.json()}));
     }
 
     // 4. Parking storm into a queue with a hard maxParked. Before the memory points: those leave

@@ -15,7 +15,7 @@ esac
 
 missing=()
 command -v go >/dev/null || missing+=("go (Go toolchain >= 1.26: https://go.dev/doc/install)")
-command -v cargo >/dev/null || missing+=("cargo (Rust >= 1.89: https://rustup.rs)")
+command -v cargo >/dev/null || missing+=("cargo (Rust >= 1.91: https://rustup.rs)")
 if [ ${#missing[@]} -gt 0 ]; then
   printf 'missing: %s\n' "${missing[@]}" >&2
   exit 1

@@ -71,6 +71,14 @@ where
     Ok(Client::builder(TokioExecutor::new()).build(https))
 }
 
+/// Makes rustls' ring provider the process default. Clients that build their own TLS config
+/// (Google's Pub/Sub client, which is built without its aws-lc-rs default) take the process
+/// default; installed once at start, before any of them. A second call changes nothing.
+pub fn install_crypto_provider() {
+    // Err: a provider is installed already (a second call, or a test harness did it).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// "source: cause: cause" — hyper's top-level error alone says little ("client error").
 pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();

@@ -13,6 +13,7 @@ use deadletter::metrics::Metrics;
 use deadletter::reconcile::{Mechanisms, Settings};
 use deadletter::run::{self, Process};
 use deadletter::server::{self, Probes};
+use deadletter::source::http::ParkEndpoint;
 use deadletter::state::leadership::Leadership;
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
@@ -79,10 +80,34 @@ struct RunArgs {
     backoff_cap_seconds: u64,
     #[command(flatten)]
     alerts: AlertArgs,
+    #[command(flatten)]
+    park: ParkArgs,
     /// Throughput mechanisms to switch off, comma-separated (`deadletter::reconcile::Mechanisms`):
     /// only for the bench's A/B of what each buys, so not in `--help`.
     #[arg(long, env = "DLQ_DISABLE", value_delimiter = ',', hide = true)]
     disable: Vec<String>,
+}
+
+/// The HTTP park endpoint: on once an address is given.
+#[derive(clap::Args)]
+struct ParkArgs {
+    /// Serve the HTTP park endpoint (CloudEvents or a plain body POSTed to
+    /// /v1/namespaces/{ns}/queues/{queue}) on this address.
+    #[arg(long, env = "DLQ_PARK_ADDR")]
+    park_addr: Option<SocketAddr>,
+    /// Directory holding tls.crt and tls.key (a kubernetes.io/tls Secret mounted, as
+    /// cert-manager writes it); re-read every minute.
+    #[arg(long, env = "DLQ_PARK_TLS_DIR")]
+    park_tls_dir: Option<std::path::PathBuf>,
+    /// Serve the endpoint without TLS (bearer tokens then travel in clear: only on loopback
+    /// or behind a mesh that encrypts).
+    #[arg(long, env = "DLQ_PARK_PLAINTEXT", default_value_t = false)]
+    park_plaintext: bool,
+    /// The endpoint's URL as senders reach it (its Service), e.g.
+    /// https://deadletter-operator-park.dlq-system.svc; queues with spec.http show
+    /// status.address under it.
+    #[arg(long, env = "DLQ_PARK_URL")]
+    park_url: Option<String>,
 }
 
 /// Per-record alerts: on once an Alertmanager URL is given.
@@ -215,6 +240,7 @@ fn termination() -> Shutdown {
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     init_tracing(args.log_format);
+    deadletter::https::install_crypto_provider();
     let mut settings = settings(&args)?;
     let client = kube::Client::try_default()
         .await
@@ -235,6 +261,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         },
         shutdown.clone(),
     ));
+    let park_endpoint = park_endpoint(&args.park, &client, &metrics, &shutdown).await?;
     let Some(Lead { lost, lease }) = lead(&args, &client, &identity, &ready, &shutdown).await?
     else {
         return Ok(());
@@ -255,6 +282,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         reporter,
         settings,
         alerts,
+        park_endpoint,
     };
     futures::future::join_all(
         scopes
@@ -270,6 +298,42 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     lease.release().await;
     let _ = server.await;
     Ok(())
+}
+
+/// Starts the HTTP park endpoint when `--park-addr` is given: from the start, so a standby
+/// answers 503 (its scopes register once it leads).
+async fn park_endpoint(
+    args: &ParkArgs,
+    client: &kube::Client,
+    metrics: &Metrics,
+    shutdown: &Shutdown,
+) -> anyhow::Result<Option<ParkEndpoint>> {
+    let Some(addr) = args.park_addr else {
+        return Ok(None);
+    };
+    let tls = match (&args.park_tls_dir, args.park_plaintext) {
+        (Some(dir), false) => {
+            Some(deadletter::source::http::tls::server_config(dir).context("--park-tls-dir")?)
+        }
+        (None, true) => None,
+        (Some(_), true) => anyhow::bail!("--park-tls-dir and --park-plaintext exclude each other"),
+        (None, false) => anyhow::bail!(
+            "--park-addr needs --park-tls-dir (tls.crt, tls.key), or --park-plaintext"
+        ),
+    };
+    let endpoint = ParkEndpoint::new(client.clone(), metrics.clone());
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the park endpoint to {addr}"))?;
+    tracing::info!(%addr, tls = tls.is_some(), url = args.park_url.as_deref().unwrap_or(""), "serving the HTTP park endpoint");
+    let served = endpoint.clone();
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        if let Err(e) = deadletter::source::http::serve(served, listener, tls, shutdown).await {
+            tracing::error!(error = %e, "the HTTP park endpoint stopped");
+        }
+    });
+    Ok(Some(endpoint))
 }
 
 /// A leader's term: `lost` resolves when the Lease is lost (losing it ends the process, and the
@@ -461,6 +525,11 @@ fn settings(args: &RunArgs) -> anyhow::Result<Settings> {
         backoff_cap: Duration::from_secs(args.backoff_cap_seconds.max(1)),
         concurrency: args.concurrency.max(1),
         mechanisms,
+        park_url: args
+            .park
+            .park_addr
+            .and(args.park.park_url.clone())
+            .filter(|u| !u.trim().is_empty()),
         ..Settings::default()
     })
 }

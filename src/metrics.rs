@@ -55,6 +55,12 @@ pub struct AlertResultLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabels {
+    /// The HTTP status answered.
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
     pub kind: String,
 }
@@ -70,6 +76,7 @@ pub struct Metrics {
     pub reconcile_errors: Family<ErrorLabels, Counter>,
     pub rejected: Family<RejectedLabels, Counter>,
     pub alerts_sent: Family<AlertResultLabels, Counter>,
+    pub http_park_requests: Family<CodeLabels, Counter>,
     pub registry: Arc<Registry>,
 }
 
@@ -126,7 +133,14 @@ impl Default for Metrics {
             "Per-record alerts posted to Alertmanager, by result (success, failure)",
             alerts_sent.clone(),
         );
+        let http_park_requests = Family::<CodeLabels, Counter>::default();
+        registry.register(
+            "dlq_http_park_requests",
+            "Requests to the HTTP park endpoint, by the status answered",
+            http_park_requests.clone(),
+        );
         Metrics {
+            http_park_requests,
             rejected,
             parked,
             records,
@@ -167,6 +181,15 @@ impl Metrics {
                 result: result.into(),
             })
             .inc_by(n);
+    }
+
+    /// One more request to the HTTP park endpoint, answered with `code`.
+    pub fn http_park_request(&self, code: u16) {
+        self.http_park_requests
+            .get_or_create(&CodeLabels {
+                code: code.to_string(),
+            })
+            .inc();
     }
 
     /// Carries out one metric change of a plan.

@@ -25,8 +25,8 @@ use std::time::Duration;
 
 use dlq_core::api::{Action, DeadLetter, DeadLetterQueue, Phase};
 use dlq_testenv::backends::{
-    Backend, Broker, Delivered, HttpBackend, KafkaBackend, NatsBackend, RabbitBackend,
-    RedisBackend, Source, SqsBackend,
+    Backend, Broker, Delivered, HttpBackend, KafkaBackend, NatsBackend, PubsubBackend,
+    RabbitBackend, RedisBackend, Source, SqsBackend,
 };
 use dlq_testenv::{
     Operator, condition, decide, events_for, eventually, record, redrive_many, setup, wait_phase,
@@ -44,6 +44,13 @@ struct Rig<B> {
     api: Api<DeadLetter>,
     backend: B,
     op: Operator,
+    /// The operator's environment: the scenario's and the backend's.
+    env: Vec<(String, String)>,
+}
+
+/// `env` as `Operator::start_with` takes it.
+fn pairs(env: &[(String, String)]) -> Vec<(&str, &str)> {
+    env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
 }
 
 async fn rig<B: Backend>(
@@ -55,8 +62,14 @@ async fn rig<B: Backend>(
     let (client, ns) = setup(&format!("{}-{scenario}", B::NAME)).await;
     let backend = B::start(&ns, broker).await;
     backend.create_queue(&client, &ns, with_source).await;
-    let op = Operator::start_with(&ns, &[], env);
+    let mut env: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    env.extend(backend.operator_env());
+    let op = Operator::start_with(&ns, &[], &pairs(&env));
     Rig {
+        env,
         api: Api::namespaced(client.clone(), &ns),
         client,
         ns,
@@ -327,7 +340,14 @@ async fn a_crash_between_park_and_ack_parks_each_message_once<B: Source>() {
     })
     .await;
 
-    let _op = Operator::start(&r.ns);
+    // The next operator without the failpoint, with what the backend needs.
+    let env: Vec<(String, String)> = r
+        .env
+        .iter()
+        .filter(|(k, _)| k != "DLQ_FAILPOINT")
+        .cloned()
+        .collect();
+    let _op = Operator::start_with(&r.ns, &[], &pairs(&env));
     let items = parked_and_acknowledged(&r, N).await;
     let ids: BTreeSet<&str> = items.iter().map(|i| i.spec.job.id.as_str()).collect();
     let want: BTreeSet<&str> = sent.iter().map(|s| s.job_id.as_str()).collect();
@@ -454,8 +474,12 @@ async fn a_failing_status_write_never_enqueues_twice<B: Backend>() {
     let backend = B::start(&ns, Broker::Shared).await;
     backend.create_queue(&client, &ns, false).await;
     // Held 3 s after each confirmation: the plane breaks meanwhile, so the write meets it.
-    let env = [("DLQ_FAILPOINT", "after-requeue@3000")];
-    let op = Operator::start_on(&plane.kubeconfig, &ns, &[], &env);
+    let mut env = vec![(
+        "DLQ_FAILPOINT".to_string(),
+        "after-requeue@3000".to_string(),
+    )];
+    env.extend(backend.operator_env());
+    let op = Operator::start_on(&plane.kubeconfig, &ns, &[], &pairs(&env));
     let headers = backend.headers();
     let pairs: Vec<(&str, &str)> = headers
         .iter()
@@ -707,6 +731,7 @@ run_for!(a_dead_message_is_parked_once_and_redriven_back_untouched:
     nats = NatsBackend,
     kafka = KafkaBackend,
     sqs = SqsBackend,
+    pubsub = PubsubBackend,
 );
 
 run_for!(a_record_is_redriven_byte_for_byte_once_decided:
@@ -715,6 +740,7 @@ run_for!(a_record_is_redriven_byte_for_byte_once_decided:
     nats = NatsBackend,
     kafka = KafkaBackend,
     sqs = SqsBackend,
+    pubsub = PubsubBackend,
     http = HttpBackend,
 );
 
@@ -724,6 +750,7 @@ run_for!(decided_records_wait_parked_while_the_broker_is_down:
     nats = NatsBackend,
     kafka = KafkaBackend,
     sqs = SqsBackend,
+    pubsub = PubsubBackend,
     http = HttpBackend,
 );
 
@@ -734,6 +761,7 @@ run_for!(a_crash_between_park_and_ack_parks_each_message_once:
     nats = NatsBackend,
     kafka = KafkaBackend,
     sqs = SqsBackend,
+    pubsub = PubsubBackend,
 );
 
 #[cfg(feature = "failpoints")]
@@ -743,6 +771,7 @@ run_for!(a_failing_status_write_never_enqueues_twice:
     nats = NatsBackend,
     kafka = KafkaBackend,
     sqs = SqsBackend,
+    pubsub = PubsubBackend,
     http = HttpBackend,
 );
 
@@ -752,6 +781,7 @@ run_for!(many_records_are_each_redriven_exactly_once:
     nats = NatsBackend,
     kafka = KafkaBackend,
     sqs = SqsBackend,
+    pubsub = PubsubBackend,
     http = HttpBackend,
 );
 
@@ -761,4 +791,5 @@ run_for!(a_refused_message_is_accounted_for_and_the_next_one_parks:
     nats = NatsBackend,
     kafka = KafkaBackend,
     sqs = SqsBackend,
+    pubsub = PubsubBackend,
 );

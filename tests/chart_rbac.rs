@@ -388,3 +388,64 @@ async fn operator_with_exactly_the_charts_rbac_parks_redrives_and_retains() {
     apply(plane, &release.rbac);
     wait_phase(&records, &r2, Phase::Parked, 60).await;
 }
+
+/// With the park endpoint (issue 33) the operator may ask the apiserver who a caller is and
+/// what it may do (TokenReview, SubjectAccessReview: cluster-scoped, so a ClusterRole even
+/// with watchNamespaces), and nothing more: no tokens of its own making, no impersonation.
+#[tokio::test]
+async fn park_endpoint_rbac_reviews_callers_and_nothing_else() {
+    let plane = dlq_testenv::plane();
+    let client = plane.client().await;
+    chart_crds(&client).await;
+    let ns = dlq_testenv::namespace(&client, "chart-rbac-park").await;
+    let app = dlq_testenv::namespace(&client, "chart-park-app").await;
+    let rel = release("rp");
+    let sa = format!("{rel}-deadletter-operator");
+    let values = format!(
+        "watchNamespaces: [{app}]\nparkEndpoint: {{enabled: true, tlsSecretName: park-tls}}\n"
+    );
+    apply(plane, &operator_rbac(&render(&rel, &ns, &values)));
+    let me = (ns.as_str(), sa.as_str());
+    let admin = &client;
+    until_ok(
+        "the park endpoint's ClusterRole is in effect",
+        || async move {
+            can(
+                admin,
+                me,
+                "create",
+                "authentication.k8s.io",
+                "tokenreviews",
+                "",
+                "",
+            )
+            .await
+            .then_some(())
+            .ok_or_else(|| "cannot create tokenreviews".to_string())
+        },
+    )
+    .await;
+    assert!(
+        can(
+            &client,
+            me,
+            "create",
+            "authorization.k8s.io",
+            "subjectaccessreviews",
+            "",
+            ""
+        )
+        .await,
+        "cannot ask SubjectAccessReviews"
+    );
+    for (verb, group, resource, target) in [
+        ("create", "", "serviceaccounts/token", app.as_str()),
+        ("impersonate", "", "users", ""),
+        ("list", "", "secrets", app.as_str()),
+    ] {
+        assert!(
+            !can(&client, me, verb, group, resource, target, "").await,
+            "operator may {verb} {group}/{resource} in {target:?}"
+        );
+    }
+}

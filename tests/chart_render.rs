@@ -677,3 +677,98 @@ async fn non_default_render_is_namespaced_and_accepted_by_the_apiserver() {
         "warnings from the apiserver: {warnings}"
     );
 }
+
+/// The HTTP park endpoint (issue 33): its port, flags, certificate mount and Service; the
+/// cluster-wide reviews it asks; Knative's read of queues, aggregated by label; all accepted
+/// by the apiserver. Without a TLS Secret the chart refuses to render.
+#[tokio::test]
+async fn park_endpoint_render_serves_tls_reviews_tokens_and_lets_knative_resolve_queues() {
+    let plane = dlq_testenv::plane();
+    let client = plane.client().await;
+    chart_crds(&client).await;
+    let ns = dlq_testenv::namespace(&client, "chart-park").await;
+    let rel = release("p");
+    let full = format!("{rel}-deadletter-operator");
+    let docs = render(
+        &rel,
+        &ns,
+        "parkEndpoint: {enabled: true, tlsSecretName: dlq-park-tls}\nknative: {addressableResolver: {enabled: true}}\nnetworkPolicy: {enabled: true}\n",
+    );
+    let deploy = only(&docs, "Deployment");
+    let pod = &deploy["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let url = format!("--park-url=https://{full}-park.{ns}.svc:8443");
+    for want in [
+        "--park-addr=0.0.0.0:8443",
+        "--park-tls-dir=/etc/deadletter-operator/park-tls",
+        url.as_str(),
+    ] {
+        assert!(args.contains(&want), "{want} in {args:?}");
+    }
+    assert!(
+        c["ports"]
+            .as_array()
+            .expect("ports")
+            .iter()
+            .any(|p| p["name"] == "park" && p["containerPort"] == 8443),
+        "{c:#}"
+    );
+    assert_eq!(pod["volumes"][0]["secret"]["secretName"], "dlq-park-tls");
+    assert_eq!(
+        c["volumeMounts"][0]["mountPath"],
+        "/etc/deadletter-operator/park-tls"
+    );
+    let service = docs
+        .iter()
+        .find(|d| kind_of(d) == "Service" && name_of(d) == format!("{full}-park"))
+        .expect("the park Service");
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], "park");
+    let role = |name: String| {
+        docs.iter()
+            .find(|d| kind_of(d) == "ClusterRole" && name_of(d) == name)
+            .unwrap_or_else(|| panic!("ClusterRole {name}"))
+            .clone()
+    };
+    let reviews = role(format!("{full}-park-endpoint"));
+    let resources: Vec<&str> = reviews["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .flat_map(|r| r["resources"].as_array().expect("resources").iter())
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(resources, ["tokenreviews", "subjectaccessreviews"]);
+    let knative = role(format!("{full}-knative-addressable-resolver"));
+    assert_eq!(
+        knative["metadata"]["labels"]["duck.knative.dev/addressable"],
+        "true"
+    );
+    let policy = only(&docs, "NetworkPolicy");
+    assert!(
+        policy["spec"]["ingress"]
+            .as_array()
+            .expect("ingress")
+            .iter()
+            .any(|i| i["ports"][0]["port"] == "park"),
+        "{policy:#}"
+    );
+    let warnings = dry_run_apply(plane, &docs);
+    assert!(
+        !warnings.contains("Warning"),
+        "warnings from the apiserver: {warnings}"
+    );
+
+    let refused = template_with("parkEndpoint.enabled=true");
+    assert!(!refused.status.success(), "rendered without a TLS Secret");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("parkEndpoint.tlsSecretName"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+}

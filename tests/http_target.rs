@@ -162,7 +162,7 @@ async fn the_apiserver_refuses_ambiguous_targets_and_credentials_in_urls() {
     let secret = json!({"name": "s", "key": "url"});
     refused(
         json!({"target": {"http": {"url": "https://h/x"}, "nats": {"url": "nats://n:4222", "subject": "a"}}}),
-        "exactly one backend (redis, amqp, nats, http, sqs, kafka or sidekiq)",
+        "exactly one backend (redis, amqp, nats, http, sqs, kafka, sidekiq or pubsub)",
     )
     .await;
     refused(json!({"target": {}}), "exactly one backend").await;
@@ -189,7 +189,7 @@ async fn the_apiserver_refuses_ambiguous_targets_and_credentials_in_urls() {
     refused(
         json!({"target": {"amqp": {"urlSecretRef": secret, "routingKey": "k"}},
                "source": {"amqp": {"queue": "q.dlq"}, "nats": {"stream": "S", "consumer": "c"}}}),
-        "exactly one broker (redis, amqp, nats, sqs, kafka or sidekiq)",
+        "exactly one broker (redis, amqp, nats, sqs, kafka, sidekiq or pubsub)",
     )
     .await;
     // The shapes from the spec are accepted.

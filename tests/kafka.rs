@@ -313,7 +313,7 @@ async fn spring_dead_letters_round_trip_to_their_origin_topic_byte_for_byte() {
 }
 
 /// Spring headers the apiserver refuses to hold as an origin (a partition of -1, a topic over
-/// Kafka's 249 characters) once stalled the partition; now the message is an Invalid record of
+/// the 1024 characters an origin's topic may have) once stalled the partition; now the message is an Invalid record of
 /// its exact bytes with the apiserver's words as reason, and the good one behind it parks.
 #[tokio::test]
 async fn forged_dead_letter_headers_become_invalid_records_and_the_partition_moves_on() {
@@ -325,7 +325,7 @@ async fn forged_dead_letter_headers_become_invalid_records_and_the_partition_mov
     let mut minus_one = spring_headers(&jobs, 3, "java.lang.RuntimeException", "boom");
     minus_one[1] = h("kafka_dlt-original-partition", &(-1i32).to_be_bytes());
     minus_one.push(h("trace", b"t-1"));
-    let long_topic = spring_headers(&"t".repeat(300), 4, "java.lang.RuntimeException", "boom");
+    let long_topic = spring_headers(&"t".repeat(1100), 4, "java.lang.RuntimeException", "boom");
     let good = spring_headers(&jobs, 5, "java.lang.RuntimeException", "boom");
     send(&p, &dlt, Some(b"k0"), b"forged partition", &minus_one).await;
     send(&p, &dlt, Some(b"k1"), b"forged topic", &long_topic).await;

@@ -328,7 +328,7 @@ async fn the_apiserver_refuses_sqs_urls_with_credentials_and_accepts_the_documen
         ),
         (
             json!({"target": {"sqs": {"queueUrl": url}, "nats": {"url": "nats://n:4222", "subject": "a"}}}),
-            "exactly one backend (redis, amqp, nats, http, sqs, kafka or sidekiq)",
+            "exactly one backend (redis, amqp, nats, http, sqs, kafka, sidekiq or pubsub)",
         ),
     ] {
         match create("bad", spec).await {

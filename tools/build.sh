@@ -13,12 +13,17 @@
 # `gitserver` (tools/flux/gitserver: `git http-backend` on loopback), for tests/gitops.rs;
 # Flux's CRDs, from the same modules, go to the directory's `crds/` beside `bin/`.
 # `actionlint` lints .github/workflows (scripts/workflows-check.sh).
+# `pstest-server` (tools/pstest-server: Google's in-process Pub/Sub server, pstest, on loopback
+# with a JSON admin shim) is built from a vendored copy of its modules in a scratch directory,
+# pstest's fake.go patched there by tools/pstest-server/fake.go.sed (part of the cache key).
+# `cesender` (tools/cesender, on the CloudEvents Go SDK) posts CloudEvents to the park endpoint
+# for tests/http_park.rs and the bench's `http` phase.
 #
 # `kube:<binary>,...` builds only those binaries of the kube set (`make demo` needs only
 # kube-apiserver and kubectl) into the same directory; a later `kube` builds only the missing
 # ones. Each binary gets its own marker there; `.done` means the whole set is built.
 #
-#   tools/build.sh kube[:bin,...]|etcd|helm|promtool|toxiproxy|cni|pause|elasticmq|kafka|flux|actionlint [...]
+#   tools/build.sh kube[:bin,...]|etcd|helm|promtool|toxiproxy|cni|pause|elasticmq|kafka|flux|actionlint|pstest-server|cesender [...]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${DLQ_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/deadletter-operator/tools}
@@ -92,8 +97,9 @@ build() (
   [ -f "$dir/go.mod" ] || { echo "tools/build.sh: unknown tool '$tool' (no $dir/go.mod)" >&2; exit 2; }
   local version key out
   version=$(cat "$dir/VERSION")
-  # The tool's own Go sources (flux's gitserver) are part of the key too.
-  key=$(cat "$dir/go.mod" "$dir/go.sum" $(find "$dir" -name '*.go' | sort) | sha256sum | cut -c1-12)
+  # The tool's own Go sources (flux's gitserver) and patches (*.sed) are part of the key too.
+  key=$(cat "$dir/go.mod" "$dir/go.sum" $(find "$dir" -name '*.go' -o -name '*.sed' | sort) \
+    | sha256sum | cut -c1-12)
   out="$cache/$tool/$version-$key"
   if [ -f "$out/.done" ]; then echo "$out/bin"; return; fi
   # One build per directory at a time (a second caller waits, then finds the binaries built).
@@ -137,17 +143,35 @@ build() (
       pkgs=("$m/main/bridge" "$m/ipam/host-local" "$m/main/loopback" "$m/meta/portmap") ;;
     flux)
       pkgs=(github.com/fluxcd/source-controller github.com/fluxcd/kustomize-controller ./gitserver) ;;
+    cesender)
+      pkgs=(.) ;;
     actionlint)
       ldflags+=" -X github.com/rhysd/actionlint.version=$version"
       pkgs=(github.com/rhysd/actionlint/cmd/actionlint) ;;
+    pstest-server)
+      pkgs=(.) ;;
   esac
   local dest="$out/bin/"
   # etcd's and toxiproxy's main packages would both be named "server" by go.
-  case $tool in etcd) dest="$out/bin/etcd" ;; toxiproxy) dest="$out/bin/toxiproxy-server" ;; esac
+  case $tool in etcd) dest="$out/bin/etcd" ;; toxiproxy) dest="$out/bin/toxiproxy-server" ;; cesender) dest="$out/bin/cesender" ;; esac
   # The linker drops DWARF anyway (-w): the compiler need not make it (about a tenth of the
   # compile time; the binaries behave the same).
-  (cd "$dir" && CGO_ENABLED=0 go build -trimpath -gcflags=all=-dwarf=false -ldflags "$ldflags" \
-    -o "$dest" "${pkgs[@]}")
+  local src=$dir mod=()
+  if [ "$tool" = pstest-server ]; then
+    # pstest patched (fake.go.sed) in a vendored copy: never the module cache or the repo.
+    src="$out/src"; mod=(-mod=vendor)
+    rm -rf "$src"; mkdir -p "$src"
+    cp "$dir"/go.mod "$dir"/go.sum "$dir"/*.go "$src/"
+    (cd "$src" && go mod vendor)
+    local fake="$src/vendor/cloud.google.com/go/pubsub/v2/pstest/fake.go"
+    chmod u+w "$fake"
+    sed -i -f "$dir/fake.go.sed" "$fake"
+    grep -q 'func (s \*Server) Pending' "$fake" \
+      || { echo "tools/build.sh: fake.go.sed did not apply to $fake" >&2; exit 1; }
+  fi
+  (cd "$src" && CGO_ENABLED=0 go build "${mod[@]}" -trimpath -gcflags=all=-dwarf=false \
+    -ldflags "$ldflags" -o "$dest" "${pkgs[@]}")
+  if [ "$tool" = pstest-server ]; then rm -rf "$src"; fi
   if [ "$tool" = flux ]; then flux_crds "$dir" "$out/crds"; fi
   local complete=1
   if [ "$tool" = kube ]; then
@@ -159,5 +183,5 @@ build() (
   echo "$out/bin"
 )
 
-[ $# -gt 0 ] || { echo "usage: tools/build.sh kube[:bin,...]|etcd|helm|promtool|toxiproxy|cni|pause|elasticmq|kafka|flux|actionlint ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: tools/build.sh kube[:bin,...]|etcd|helm|promtool|toxiproxy|cni|pause|elasticmq|kafka|flux|actionlint|pstest-server|cesender ..." >&2; exit 2; }
 for t in "$@"; do build "$t"; done

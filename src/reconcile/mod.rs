@@ -47,6 +47,9 @@ pub struct Settings {
     pub leadership: Leadership,
     /// The throughput mechanisms switched on (all but in the bench's A/B).
     pub mechanisms: Mechanisms,
+    /// The park endpoint's advertised base URL (`--park-url`): queues with `spec.http` show
+    /// their `status.address` under it. None when the endpoint is not served.
+    pub park_url: Option<String>,
 }
 
 impl Default for Settings {
@@ -57,6 +60,7 @@ impl Default for Settings {
             concurrency: 32,
             leadership: Leadership::always(),
             mechanisms: Mechanisms::default(),
+            park_url: None,
         }
     }
 }

@@ -69,7 +69,8 @@ pub async fn reconcile(
     let counts = plan::count(live);
     let readiness = readiness(&ctx, &queue).await;
     tracing::debug!(namespace = %ns, queue = %name, ready = readiness.ready, "probed the queue's target");
-    let plan = plan::queue_status(&queue, counts, settled, readiness, now);
+    let mut plan = plan::queue_status(&queue, counts, settled, readiness, now);
+    plan.status.address = plan::address(&queue, ctx.settings.park_url.as_deref());
     for change in &plan.metrics {
         ctx.metrics.apply(change);
     }

@@ -77,6 +77,9 @@ pub struct Process {
     pub settings: Settings,
     /// Per-record Alertmanager alerts; None when no Alertmanager is configured.
     pub alerts: Option<Arc<Alerting>>,
+    /// The HTTP park endpoint, which parks through each scope while it runs; None when not
+    /// served.
+    pub park_endpoint: Option<crate::source::http::ParkEndpoint>,
 }
 
 /// Runs the controllers, the sources and the alert sender over `namespace` (all namespaces
@@ -92,6 +95,7 @@ pub async fn run_scope(
         reporter,
         settings,
         alerts,
+        park_endpoint,
     } = process;
     let records = RecordIndex::default();
     // The records controller's store: only records with something to do (see [`feeder`]).
@@ -175,27 +179,25 @@ pub async fn run_scope(
         shutdown.clone(),
     );
     let client_for_replays = client.clone();
-    let sources = crate::source::supervise(
-        crate::source::Shared {
-            parker: dlq_client::park::Parker::with_options(
-                client.clone(),
-                dlq_client::park::ParkOptions {
-                    ask_ahead: settings.mechanisms.ask_ahead,
-                },
-            ),
-            client,
-            queues: queues.clone(),
-            jobs,
-            apiserver: ctx.apiserver.clone(),
-            metrics: ctx.metrics.clone(),
-            leadership: settings.leadership.clone(),
-            in_flight: Default::default(),
-            parking_first: ctx.parking_first.clone(),
-        },
-        queue_changes,
-        targets,
-        shutdown.clone(),
-    );
+    let shared = crate::source::Shared {
+        parker: dlq_client::park::Parker::with_options(
+            client.clone(),
+            dlq_client::park::ParkOptions {
+                ask_ahead: settings.mechanisms.ask_ahead,
+            },
+        ),
+        client,
+        queues: queues.clone(),
+        jobs,
+        apiserver: ctx.apiserver.clone(),
+        metrics: ctx.metrics.clone(),
+        leadership: settings.leadership.clone(),
+        in_flight: Default::default(),
+        parking_first: ctx.parking_first.clone(),
+    };
+    // Parks over HTTP while this scope runs.
+    let _registration = park_endpoint.map(|e| e.register(namespace.clone(), shared.clone()));
+    let sources = crate::source::supervise(shared, queue_changes, targets, shutdown.clone());
     let queues_ctl = Controller::for_shared_stream(queue_events, queues.clone())
         .with_config(cfg.clone().debounce(Duration::from_millis(500)))
         .reconcile_on(woken_queues)

@@ -8,10 +8,13 @@
 //! and is re-parked (deduplicated) on the next start.
 
 pub mod amqp;
+pub mod http;
 pub mod in_flight;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod nats;
+#[cfg(feature = "pubsub")]
+pub mod pubsub;
 pub mod redis;
 pub mod sidekiq;
 #[cfg(feature = "sqs")]
@@ -219,15 +222,22 @@ fn start(client: &Client, into: ParkInto, queue: &DeadLetterQueue) -> Option<Joi
         #[cfg(not(feature = "kafka"))]
         let task = tokio::spawn(not_built(into, "kafka"));
         Some(task)
+    } else if let Some(src) = source.pubsub {
+        tracing::info!(namespace = %ns, queue = %name, subscription = %src.subscription, "starting pubsub source");
+        #[cfg(feature = "pubsub")]
+        let task = tokio::spawn(pubsub::run(client, into, queue, src));
+        #[cfg(not(feature = "pubsub"))]
+        let task = tokio::spawn(not_built(into, "pubsub"));
+        Some(task)
     } else {
         None
     }
 }
 
-/// The source of a backend this build left out (cargo feature `kafka` or `sqs`): says so once,
+/// The source of a backend this build left out (cargo feature `kafka`, `sqs` or `pubsub`): says so once,
 /// as an error log and a Warning Event on the queue, and then waits (a task that ended would be
 /// restarted, and would say it again, at every resync).
-#[cfg(not(all(feature = "kafka", feature = "sqs")))]
+#[cfg(not(all(feature = "kafka", feature = "sqs", feature = "pubsub")))]
 async fn not_built(into: ParkInto, backend: &'static str) {
     let why = crate::target::not_built(backend);
     tracing::error!(namespace = %into.namespace(), queue = %into.queue(), source = backend, "{why}");

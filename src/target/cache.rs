@@ -28,6 +28,8 @@ use crate::target::http::HttpTarget;
 #[cfg(feature = "kafka")]
 use crate::target::kafka::{KafkaConn, KafkaTarget, SaslCredentials};
 use crate::target::nats::NatsTarget;
+#[cfg(feature = "pubsub")]
+use crate::target::pubsub::PubsubTarget;
 use crate::target::redis::{RedisKey, RedisTarget};
 use crate::target::sidekiq::SidekiqTarget;
 #[cfg(feature = "sqs")]
@@ -140,6 +142,9 @@ pub struct TargetSecrets {
     /// Kafka SASL user and password.
     #[cfg(feature = "kafka")]
     pub sasl: Option<SaslCredentials>,
+    /// Pub/Sub service-account key (JSON; else the pod's workload identity).
+    #[cfg(feature = "pubsub")]
+    pub google_key: Option<String>,
     versions: Vec<String>,
 }
 
@@ -209,6 +214,20 @@ pub async fn read_target_secrets(
             s.versions.extend(versions);
             s.sasl = sasl;
             ca = kafka_ca;
+        }
+    } else if let Some(_pubsub) = &target.pubsub {
+        #[cfg(not(feature = "pubsub"))]
+        return Err(TargetError::Config(super::not_built("pubsub")));
+        #[cfg(feature = "pubsub")]
+        {
+            let source = spec.source.as_ref().and_then(|s| s.pubsub.as_ref());
+            let r = _pubsub
+                .credentials_secret_ref
+                .as_ref()
+                .or_else(|| source.and_then(|s| s.credentials_secret_ref.as_ref()));
+            if let Some(r) = r {
+                s.google_key = Some(read(r).await?);
+            }
         }
     } else if let Some(http) = &target.http {
         if let Some(r) = &http.bearer_token_secret_ref {
@@ -286,6 +305,17 @@ fn build(target: &TargetSpec, secrets: &TargetSecrets) -> Result<Arc<dyn Target>
         );
         return Ok(Arc::new(KafkaTarget::new(kafka, conn)));
     }
+    #[cfg(not(feature = "pubsub"))]
+    if target.pubsub.is_some() {
+        return Err(TargetError::Config(super::not_built("pubsub")));
+    }
+    #[cfg(feature = "pubsub")]
+    if let Some(pubsub) = &target.pubsub {
+        return Ok(Arc::new(PubsubTarget::new(
+            pubsub,
+            secrets.google_key.clone(),
+        )));
+    }
     Err(TargetError::Config("spec.target names no backend".into()))
 }
 
@@ -362,7 +392,7 @@ pub async fn read_kafka_secrets(
     Ok((sasl, ca, versions))
 }
 
-#[cfg(all(test, not(all(feature = "kafka", feature = "sqs"))))]
+#[cfg(all(test, not(all(feature = "kafka", feature = "sqs", feature = "pubsub"))))]
 mod not_built_tests {
     use super::*;
 
@@ -379,6 +409,11 @@ mod not_built_tests {
             (
                 "sqs",
                 serde_json::json!({"sqs": {"queueUrl": "http://127.0.0.1:9324/1/q"}}),
+            ),
+            #[cfg(not(feature = "pubsub"))]
+            (
+                "pubsub",
+                serde_json::json!({"pubsub": {"project": "p", "topic": "t"}}),
             ),
         ];
         for (backend, spec) in specs {

@@ -3,9 +3,9 @@
 //!
 //! One file per backend: [`redis`], [`amqp`] (RabbitMQ), [`nats`] (JetStream or core NATS) and
 //! [`http`] (the consumer's own endpoint), [`sqs`] (Amazon SQS), [`kafka`], [`sidekiq`] (the job's
-//! own Sidekiq queue); [`cache`] builds them from a queue's spec and Secrets and keeps their
-//! connections. docs/backends.md describes what each one carries. The Kafka and
-//! SQS backends are cargo features (`kafka`, `sqs`, on by default); a build without one answers
+//! own Sidekiq queue), [`pubsub`] (Google Cloud Pub/Sub); [`cache`] builds them from a queue's spec and Secrets and keeps their
+//! connections. docs/backends.md describes what each one carries. The Kafka,
+//! SQS and Pub/Sub backends are cargo features (`kafka`, `sqs`, `pubsub`, on by default); a build without one answers
 //! a queue naming it with [`not_built`].
 
 pub mod amqp;
@@ -14,6 +14,8 @@ pub mod http;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod nats;
+#[cfg(feature = "pubsub")]
+pub mod pubsub;
 pub mod redis;
 pub mod sidekiq;
 #[cfg(feature = "sqs")]
@@ -168,7 +170,7 @@ pub trait Target: Send + Sync {
 
 /// Why a queue naming `backend` (`kafka`, `sqs`) cannot be served: this operator was built
 /// without that cargo feature.
-#[cfg(not(all(feature = "kafka", feature = "sqs")))]
+#[cfg(not(all(feature = "kafka", feature = "sqs", feature = "pubsub")))]
 pub fn not_built(backend: &str) -> String {
     format!(
         "this operator was built without the {backend} backend (cargo feature `{backend}`, on by \

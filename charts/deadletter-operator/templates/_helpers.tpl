@@ -63,6 +63,21 @@ app.kubernetes.io/part-of: deadletter-operator
 {{- printf "%s-metrics" (include "dlo.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{- define "dlo.parkServiceName" -}}
+{{- printf "%s-park" (include "dlo.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The park endpoint's advertised URL: parkEndpoint.url, else its Service's in-cluster name.
+*/}}
+{{- define "dlo.parkUrl" -}}
+{{- if .Values.parkEndpoint.url -}}
+{{- .Values.parkEndpoint.url -}}
+{{- else -}}
+{{- printf "https://%s.%s.svc:%d" (include "dlo.parkServiceName" .) .Release.Namespace (int .Values.parkEndpoint.port) -}}
+{{- end -}}
+{{- end }}
+
 {{/*
 What the operator does against the API in the namespaces it watches, and nothing more:
 - deadletters: read, park (create / server-side apply), retention (delete);

@@ -188,10 +188,20 @@ pub struct Origin {
     #[schemars(length(max = 1024))]
     pub queue_arn: Option<String>,
     /// Kafka: the topic the record was consumed from before it was dead-lettered (Spring's
-    /// `kafka_dlt-original-topic`, Connect's `__connect.errors.topic`).
+    /// `kafka_dlt-original-topic`, Connect's `__connect.errors.topic`). Pub/Sub: the topic of
+    /// the subscription that gave up on it (`projects/<p>/topics/<t>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 249))]
+    #[schemars(length(max = 1024))]
     pub topic: Option<String>,
+    /// Pub/Sub: the subscription that gave up on it (`projects/<p>/subscriptions/<s>`, from
+    /// `CloudPubSubDeadLetterSourceSubscription` and its project).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub subscription: Option<String>,
+    /// Pub/Sub: the message's ordering key, published with it again on redrive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub ordering_key: Option<String>,
     /// Kafka: its partition there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
@@ -376,6 +386,54 @@ pub struct DeadLetterQueueSpec {
     /// Its failure groups (`DeadLetterGroup`): how many at most, and the tiers' thresholds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub groups: Option<crate::groups::GroupSettings>,
+    /// Accept parkings over HTTP (CloudEvents or a plain body) at the operator's park
+    /// endpoint; the queue's `status.address` then says where.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpParkSpec>,
+}
+
+/// Who may park into a queue over HTTP.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpParkSpec {
+    /// The audience a caller's bearer token must carry (a projected ServiceAccount token's
+    /// `audience`). Default: the queue's URL path, `/v1/namespaces/{ns}/queues/{name}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub audience: Option<String>,
+    /// Park requests without a token too (from inside the cluster: the endpoint's Service is
+    /// not exposed). Off by default: a token checked with a TokenReview and a
+    /// SubjectAccessReview for `create deadletters` in the queue's namespace.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_anonymous: bool,
+}
+
+impl DeadLetterQueue {
+    /// The audience HTTP parkers' tokens must carry, when the queue accepts HTTP.
+    pub fn http_audience(&self) -> Option<String> {
+        let http = self.spec.http.as_ref()?;
+        Some(http.audience.clone().unwrap_or_else(|| {
+            park_path(
+                self.metadata.namespace.as_deref().unwrap_or_default(),
+                self.metadata.name.as_deref().unwrap_or_default(),
+            )
+        }))
+    }
+}
+
+/// The park endpoint's path for a queue.
+pub fn park_path(namespace: &str, queue: &str) -> String {
+    format!("/v1/namespaces/{namespace}/queues/{queue}")
+}
+
+/// Where an Addressable receives events (Knative's duck type `status.address`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Address {
+    pub url: String,
+    /// The audience a sender's token must carry (Knative's `address.audience`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audience: Option<String>,
 }
 
 /// Default for `maxParked`: at 64 KiB payloads about 330 MiB of etcd (68 KB a record,
@@ -396,7 +454,7 @@ impl DeadLetterQueueSpec {
 /// Exactly one backend.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = kube::core::Rule::new("[has(self.redis), has(self.amqp), has(self.nats), has(self.http), has(self.sqs), has(self.kafka), has(self.sidekiq)].filter(x, x).size() == 1").message("spec.target needs exactly one backend (redis, amqp, nats, http, sqs, kafka or sidekiq)"))]
+#[x_kube(validation = kube::core::Rule::new("[has(self.redis), has(self.amqp), has(self.nats), has(self.http), has(self.sqs), has(self.kafka), has(self.sidekiq), has(self.pubsub)].filter(x, x).size() == 1").message("spec.target needs exactly one backend (redis, amqp, nats, http, sqs, kafka, sidekiq or pubsub)"))]
 #[x_kube(validation = kube::core::Rule::new("!has(self.idempotencyKeyHeader) || self.idempotencyKeyHeader.matches('^[A-Za-z0-9_.-]*$')").message("spec.target.idempotencyKeyHeader must be a header name (letters, digits, '-', '_', '.'), or empty for none"))]
 pub struct TargetSpec {
     /// The header every redrive adds beside the job's own headers, carrying its idempotency
@@ -421,6 +479,8 @@ pub struct TargetSpec {
     pub kafka: Option<KafkaTargetSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sidekiq: Option<SidekiqTargetSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pubsub: Option<PubsubTargetSpec>,
 }
 
 /// Push the job's JSON, untouched, onto `queue:<its queue>` and add the queue to `queues`,
@@ -607,6 +667,51 @@ pub struct SqsSourceSpec {
     pub credentials_secret_ref: Option<AwsCredentialsRef>,
 }
 
+/// Publish to the topic a collected record's subscription reads (or, with `route: target` or for
+/// a record without one, to `topic`), and wait for the server's message id. Credentials from
+/// `credentialsSecretRef` (a service-account key), else the pod's workload identity (ADC);
+/// `PUBSUB_EMULATOR_HOST` in the operator's environment connects to an emulator instead.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PubsubTargetSpec {
+    /// The Google Cloud project of `topic` (when it is a bare topic id).
+    #[schemars(length(min = 1, max = 64))]
+    pub project: String,
+    /// A topic id or `projects/<p>/topics/<t>`; needed for records without an origin topic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub topic: Option<String>,
+    /// Secret key holding a service-account key (JSON); defaults to the pubsub source's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret_ref: Option<SecretKeyRef>,
+    /// `origin` (default): records collected from a dead-letter subscription go back to the topic
+    /// of the subscription that gave up on them; `target`: always `topic`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<Route>,
+}
+
+/// Pull a subscription on a dead-letter topic (one a subscription's dead-letter policy feeds).
+/// A message is acknowledged only once its record exists. Credentials default to the pubsub
+/// target's.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PubsubSourceSpec {
+    /// The Google Cloud project of `subscription` (when it is a bare subscription id).
+    #[schemars(length(min = 1, max = 64))]
+    pub project: String,
+    /// A subscription id or `projects/<p>/subscriptions/<s>`.
+    #[schemars(length(min = 1, max = 1024))]
+    pub subscription: String,
+    /// Secret key holding a service-account key (JSON); else the target's, else the pod's
+    /// workload identity (ADC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret_ref: Option<SecretKeyRef>,
+    /// The attribute holding the job id (default: the message id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 256))]
+    pub job_id_attribute: Option<String>,
+}
+
 /// Produce to `topic` (or, with `route: origin`, to the topic a collected record was consumed
 /// from) with `acks=all` and an idempotent producer; confirmed once every in-sync replica has it.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
@@ -686,7 +791,7 @@ pub struct SecretKeyRef {
 /// Exactly one broker to collect dead messages from.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = kube::core::Rule::new("[has(self.redis), has(self.amqp), has(self.nats), has(self.sqs), has(self.kafka), has(self.sidekiq)].filter(x, x).size() == 1").message("spec.source needs exactly one broker (redis, amqp, nats, sqs, kafka or sidekiq)"))]
+#[x_kube(validation = kube::core::Rule::new("[has(self.redis), has(self.amqp), has(self.nats), has(self.sqs), has(self.kafka), has(self.sidekiq), has(self.pubsub)].filter(x, x).size() == 1").message("spec.source needs exactly one broker (redis, amqp, nats, sqs, kafka, sidekiq or pubsub)"))]
 pub struct SourceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redis: Option<RedisSourceSpec>,
@@ -700,6 +805,8 @@ pub struct SourceSpec {
     pub kafka: Option<KafkaSourceSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sidekiq: Option<SidekiqSourceSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pubsub: Option<PubsubSourceSpec>,
 }
 
 /// Collect Sidekiq's `dead` sorted set (jobs that exhausted their retries): each job's exact
@@ -825,6 +932,10 @@ pub struct DeadLetterQueueStatus {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend("x-kubernetes-map-type" = "atomic"))]
     pub blocks: BTreeMap<String, SlotBlock>,
+    /// Where to POST events to park them, once `spec.http` is set and the operator serves its
+    /// park endpoint (this makes the queue a Knative Addressable: a `deadLetterSink`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<Address>,
 }
 
 /// A block of slots one parker process holds (see `DeadLetterQueueStatus::blocks`).
@@ -859,13 +970,29 @@ pub struct KindCounts {
     pub oldest_parked_at: Option<Time>,
 }
 
+/// The label Knative finds Addressable CRDs by (and grants its resolver read on).
+pub const LABEL_ADDRESSABLE: &str = "duck.knative.dev/addressable";
+
+/// The DeadLetterQueue CRD, labelled Addressable: a queue can be a Knative `deadLetterSink`.
+/// (On the CRD only: kube-derive's `label` would also put it on every queue `new` makes.)
+pub fn queue_crd()
+-> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    use kube_core::CustomResourceExt;
+    let mut crd = DeadLetterQueue::crd();
+    crd.metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(LABEL_ADDRESSABLE.into(), "true".into());
+    crd
+}
+
 /// The CRDs as YAML documents, as `deadletter-operator crds` prints them and `crds/` holds them.
 pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
     use kube_core::CustomResourceExt;
     Ok(format!(
         "---\n{}---\n{}---\n{}---\n{}",
         serde_yaml::to_string(&DeadLetter::crd())?,
-        serde_yaml::to_string(&DeadLetterQueue::crd())?,
+        serde_yaml::to_string(&queue_crd())?,
         serde_yaml::to_string(&crate::replay::DeadLetterReplay::crd())?,
         serde_yaml::to_string(&crate::groups::DeadLetterGroup::crd())?
     ))

@@ -501,6 +501,24 @@ pub struct QueueStatusWrite {
     /// Blocks of slots: `{"counted": n}` merged into a block, or null to remove it.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub blocks: BTreeMap<String, Option<BlockCount>>,
+    /// Where to POST events to park them ([`address`]); null removes it.
+    pub address: Option<crate::api::Address>,
+}
+
+/// A queue's `status.address` (Knative's Addressable duck type): its path at the park
+/// endpoint's advertised base URL `park_url`, once the queue accepts HTTP (`spec.http`) and the
+/// operator serves the endpoint.
+pub fn address(queue: &DeadLetterQueue, park_url: Option<&str>) -> Option<crate::api::Address> {
+    let base = park_url?.trim_end_matches('/');
+    let audience = queue.http_audience()?;
+    let path = crate::api::park_path(
+        queue.metadata.namespace.as_deref().unwrap_or_default(),
+        queue.metadata.name.as_deref().unwrap_or_default(),
+    );
+    Some(crate::api::Address {
+        url: format!("{base}{path}"),
+        audience: Some(audience),
+    })
 }
 
 /// The part of a block the operator writes.
@@ -574,6 +592,7 @@ pub fn queue_status(
                 .into_iter()
                 .map(|(id, c)| (id, c.map(|counted| BlockCount { counted })))
                 .collect(),
+            address: None,
         },
         metrics,
         events,
@@ -666,6 +685,28 @@ mod tests {
             ..Default::default()
         });
         r
+    }
+
+    #[test]
+    fn a_queue_that_accepts_http_is_addressable() {
+        let mut q = DeadLetterQueue::new("relayer", Default::default());
+        q.metadata.namespace = Some("payments".into());
+        assert_eq!(
+            address(&q, Some("https://dlq.example/")),
+            None,
+            "no spec.http"
+        );
+        q.spec.http = Some(crate::api::HttpParkSpec::default());
+        assert_eq!(address(&q, None), None, "no endpoint served");
+        let a = address(&q, Some("https://dlq.example/")).expect("an address");
+        assert_eq!(
+            a.url,
+            "https://dlq.example/v1/namespaces/payments/queues/relayer"
+        );
+        assert_eq!(
+            a.audience.as_deref(),
+            Some("/v1/namespaces/payments/queues/relayer")
+        );
     }
 
     #[test]

@@ -138,6 +138,7 @@ const SCRATCH_KINDS: &[&str] = &[
     "kafka",
     "nats",
     "operator",
+    "pstest",
     "rabbit",
     "redis",
     "testenv",

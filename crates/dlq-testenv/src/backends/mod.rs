@@ -1,7 +1,8 @@
 //! Every backend behind one trait, so that a scenario every backend must pass (park from the
 //! source, redrive byte for byte, broker down and back, a crash between park and ack, many
 //! redrives) is written once, in `tests/backends.rs`, and run against each: Redis, RabbitMQ,
-//! NATS JetStream, Kafka, SQS (ElasticMQ) and, as a target only, HTTP.
+//! NATS JetStream, Kafka, SQS (ElasticMQ), Google Cloud Pub/Sub (pstest) and, as a target only,
+//! HTTP.
 //!
 //! A backend owns its broker (a fresh one, or the binary's shared one isolated by names when
 //! the scenario never stops it), the DeadLetterQueue `relayer` that points at it, and the
@@ -17,6 +18,7 @@ mod http;
 #[cfg(feature = "kafka")]
 mod kafka;
 mod nats;
+mod pubsub;
 mod redis;
 #[cfg(feature = "sqs")]
 mod sqs;
@@ -26,6 +28,7 @@ pub use self::http::HttpBackend;
 #[cfg(feature = "kafka")]
 pub use self::kafka::KafkaBackend;
 pub use self::nats::NatsBackend;
+pub use self::pubsub::PubsubBackend;
 pub use self::redis::RedisBackend;
 #[cfg(feature = "sqs")]
 pub use self::sqs::SqsBackend;
@@ -91,6 +94,12 @@ pub trait Backend: Sized {
 
     /// How the queue's status names the target (`status.target`: no credentials).
     fn described(&self) -> String;
+
+    /// What the operator's environment needs to reach the broker (Pub/Sub's
+    /// `PUBSUB_EMULATOR_HOST`); nothing for most.
+    fn operator_env(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
 
     /// The headers a job redriven here carries in the scenarios (none for a Redis list, which
     /// refuses them).

@@ -1,5 +1,6 @@
 //! Real brokers for the backend tests: redis-server, RabbitMQ (Debian's rabbitmq-server),
-//! nats-server with JetStream, ElasticMQ (SQS-compatible), Kafka (KRaft), a small HTTP(S) sink,
+//! nats-server with JetStream, ElasticMQ (SQS-compatible), Kafka (KRaft), Google's Pub/Sub test
+//! server (pstest), a small HTTP(S) sink,
 //! Alertmanager, and a Sidekiq process (Debian's ruby-sidekiq) running the test worker. Each runs
 //! as a child on free loopback ports with its data in a temp dir, and dies with the test process.
 
@@ -8,6 +9,7 @@ pub mod elasticmq;
 mod http;
 pub mod kafka;
 mod nats;
+pub mod pstest;
 mod rabbit;
 mod redis_server;
 mod sidekiq;
@@ -17,6 +19,7 @@ pub use self::elasticmq::{ElasticMq, shared_elasticmq};
 pub use self::http::{HttpSink, Received, TestCa};
 pub use self::kafka::{Kafka, shared_kafka};
 pub use self::nats::Nats;
+pub use self::pstest::Pstest;
 pub use self::rabbit::{
     Rabbit, declare_exchange, declare_queue, drain, queue_depth, shared_rabbit,
 };

@@ -1,0 +1,176 @@
+//! The `http` phase: parks per second through the HTTP park endpoint (issue 33), binary-mode
+//! CloudEvents POSTed over TLS by `BENCH_C` concurrent senders, each with a ServiceAccount
+//! token from a real TokenRequest, against plain creates of the same number of records in the
+//! same run (in rounds that alternate the order, see `Rounds`).
+//!
+//! Each sender keeps one TLS connection (a pooled client, as an SDK does), so the figure is the
+//! endpoint's cost per event (TokenReview and SubjectAccessReview cached, one create), not a
+//! handshake per event.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use futures::StreamExt;
+use http_body_util::{BodyExt, Full};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::Api;
+use kube::api::PostParams;
+
+use super::{Bench, Guard, Rounds, clear, create_plain, kubectl_apply, testenv};
+
+/// The endpoint's certificate (for 127.0.0.1) in a directory, and its CA's PEM.
+fn certs(dir: &std::path::Path) -> anyhow::Result<String> {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    std::fs::create_dir_all(dir)?;
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate()?)?;
+    let key = KeyPair::generate()?;
+    let cert = CertificateParams::new(vec!["127.0.0.1".into()])?.signed_by(&key, &ca)?;
+    std::fs::write(dir.join("tls.crt"), cert.pem())?;
+    std::fs::write(dir.join("tls.key"), key.serialize_pem())?;
+    Ok(ca.pem())
+}
+
+/// A ServiceAccount allowed to park in `ns`, and its token for the queue's audience.
+async fn sender_token(b: &Bench, ns: &str) -> anyhow::Result<String> {
+    kubectl_apply(
+        &b.plane,
+        &format!(
+            "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: sender, namespace: {ns}}}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: parker, namespace: {ns}}}\nrules: [{{apiGroups: [dlq.dev], resources: [deadletters], verbs: [create]}}]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: parker, namespace: {ns}}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: parker}}\nsubjects: [{{kind: ServiceAccount, name: sender, namespace: {ns}}}]\n---\napiVersion: dlq.dev/v1alpha1\nkind: DeadLetterQueue\nmetadata: {{name: relayer, namespace: {ns}}}\nspec:\n  maxParked: 1000000\n  http: {{}}\n  target:\n    redis: {{urlSecretRef: {{name: redis, key: url}}, list: \"bench:{ns}\"}}\n"
+        ),
+    )?;
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            audiences: Some(vec![dlq_core::api::park_path(ns, "relayer")]),
+            expiration_seconds: Some(3600),
+            ..TokenRequestSpec::default()
+        }),
+        ..TokenRequest::default()
+    };
+    let answer = Api::<ServiceAccount>::namespaced(b.client.clone(), ns)
+        .create_token_request("sender", &PostParams::default(), &request)
+        .await?;
+    answer.status.and_then(|s| s.token).context("no token")
+}
+
+/// The operator serving the endpoint for `ns` on a free port: its guard and base URL.
+fn operator_with_endpoint(
+    b: &Bench,
+    ns: &str,
+    tls: &std::path::Path,
+) -> anyhow::Result<(Guard, String)> {
+    let (metrics, park) = (testenv::free_port()?, testenv::free_port()?);
+    let child = testenv::spawn_guarded(
+        std::process::Command::new(&b.operator_bin)
+            .args([
+                "run",
+                "--leader-election=false",
+                &format!("--metrics-addr=127.0.0.1:{metrics}"),
+                &format!("--watch-namespaces={ns}"),
+                &format!("--park-addr=127.0.0.1:{park}"),
+                &format!("--park-tls-dir={}", tls.display()),
+            ])
+            .env("KUBECONFIG", &b.plane.kubeconfig)
+            .env(
+                "RUST_LOG",
+                std::env::var("BENCH_OPERATOR_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .envs(super::operator_env()),
+        &b.plane.dir().join(format!("operator-{ns}.log")),
+    )?;
+    Ok((Guard(child), format!("https://127.0.0.1:{park}")))
+}
+
+/// One binary-mode CloudEvent, 64 bytes of data, like the ceiling's records.
+fn event(url: &str, token: &str, i: usize) -> anyhow::Result<hyper::Request<Full<Bytes>>> {
+    Ok(hyper::Request::post(url)
+        .header("authorization", format!("Bearer {token}"))
+        .header("ce-specversion", "1.0")
+        .header("ce-id", format!("bench-{i:06}"))
+        .header("ce-source", "/bench")
+        .header("ce-type", "dev.dlq.bench")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from("x".repeat(64))))?)
+}
+
+/// `n` events parked through the endpoint, `c` senders at once: records/s.
+async fn park_over_http(b: &mut Bench, n: usize, c: usize) -> anyhow::Result<f64> {
+    let ns = b.namespace("http").await?;
+    let token = sender_token(b, &ns).await?;
+    let tls: PathBuf = b.plane.dir().join(format!("park-tls-{ns}"));
+    let ca = certs(&tls)?;
+    let (op, base) = operator_with_endpoint(b, &ns, &tls)?;
+    let url = format!("{base}{}", dlq_core::api::park_path(&ns, "relayer"));
+    let client =
+        deadletter::https::client::<Full<Bytes>>(Some(&ca), "bench CA", Duration::from_secs(5))?;
+    // Ready once a request gets past 503 (the scope registered) and 404 (the queue seen).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let probe = client.request(event(&url, &token, n + 1)?).await;
+        if let Ok(r) = probe
+            && r.status().is_success()
+        {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("the park endpoint did not come up within a minute");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let pid = op.0.id();
+    let before = super::profile::Sample::take(&b.plane, Some(pid));
+    let start = Instant::now();
+    let results: Vec<anyhow::Result<()>> = futures::stream::iter(0..n)
+        .map(|i| {
+            let (client, url, token) = (&client, &url, &token);
+            async move {
+                loop {
+                    let res = client.request(event(url, token, i)?).await?;
+                    let status = res.status().as_u16();
+                    let _ = res.into_body().collect().await;
+                    match status {
+                        200 | 201 => return Ok(()),
+                        429 | 503 => tokio::time::sleep(Duration::from_millis(50)).await,
+                        other => bail!("event {i}: HTTP {other}"),
+                    }
+                }
+            }
+        })
+        .buffer_unordered(c)
+        .collect()
+        .await;
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    if let Some(s) = &before {
+        s.report("http, endpoint", &b.plane, Some(pid), n);
+    }
+    for r in results {
+        r?;
+    }
+    clear(&b.client, &ns).await?;
+    Ok(rate)
+}
+
+/// The phase: endpoint and ceiling in `rounds` alternating rounds; (endpoint, ceiling) records/s.
+pub async fn phase(b: &mut Bench, n: usize, c: usize, rounds: usize) -> anyhow::Result<Rounds> {
+    let mut r = Rounds::default();
+    for round in 0..rounds {
+        for endpoint_first in [round % 2 == 0, round % 2 == 1] {
+            if endpoint_first {
+                r.add("endpoint", n, park_over_http(b, n, c).await?);
+            } else {
+                let ns = b.namespace("http-ceiling").await?;
+                let before = super::profile::Sample::take(&b.plane, None);
+                r.add("ceiling", n, create_plain(&b.client, &ns, n, c, 64).await?);
+                if let Some(s) = &before {
+                    s.report("http, ceiling", &b.plane, None, n);
+                }
+                clear(&b.client, &ns).await?;
+            }
+        }
+    }
+    Ok(r)
+}

@@ -1,0 +1,406 @@
+//! The HTTP park endpoint: `POST /v1/namespaces/{ns}/queues/{queue}` with a CloudEvent (binary,
+//! structured or batched mode) or a plain body parks it into that DeadLetterQueue, if the queue
+//! has `spec.http` and the caller may (see [`auth`]). It makes any HTTP sender a parker: a
+//! Knative `deadLetterSink`, Argo Events' `dlqTrigger`, a webhook relay.
+//!
+//! It parks through the same rules as every broker source (`dlq_core::park::dispose` and
+//! `after_refusal`: what is not what it claims to be becomes an Invalid record of its exact
+//! bytes), but it never waits: the sender holds the event, so a full queue answers 429 with
+//! `Retry-After` and an apiserver that cannot take it 503. An answer of 201 (a new record) or
+//! 200 (this event's record already exists) comes only once the record exists.
+//!
+//! The server runs from the start of the process; a scope of the operator (its queue store,
+//! job index and parker) registers here while it runs, so a standby replica, or one whose
+//! term on the Lease ran out, answers 503.
+
+pub mod auth;
+pub mod tls;
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use http_body_util::BodyExt;
+use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
+
+use dlq_client::park::{ParkError, ParkOutcome};
+use dlq_core::cloudevent::{self, HttpRequest, Incoming, MAX_BODY};
+use dlq_core::park::{Disposition, ParkInvalid, after_refusal, dispose};
+
+use crate::metrics::Metrics;
+
+use super::{ParkInto, Shared};
+use auth::Auth;
+
+/// What a full queue tells the sender to wait: about when the operator looks at it again.
+const RETRY_AFTER_FULL: u64 = 2;
+/// What an apiserver that cannot take the record tells the sender to wait.
+const RETRY_AFTER_UNAVAILABLE: u64 = 1;
+/// Longest wait for a request's body.
+const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One scope of the operator (a namespace, or all of them) that parks while it runs.
+struct Scope {
+    namespace: Option<String>,
+    shared: Shared,
+}
+
+/// The endpoint: the scopes that park, who may, and its metric.
+#[derive(Clone)]
+pub struct ParkEndpoint {
+    scopes: Arc<RwLock<Vec<(u64, Scope)>>>,
+    next: Arc<std::sync::atomic::AtomicU64>,
+    auth: Arc<Auth>,
+    metrics: Metrics,
+}
+
+/// Unregisters its scope when dropped (the scope stopped).
+pub struct Registration {
+    id: u64,
+    scopes: Arc<RwLock<Vec<(u64, Scope)>>>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Ok(mut scopes) = self.scopes.write() {
+            scopes.retain(|(id, _)| *id != self.id);
+        }
+    }
+}
+
+impl ParkEndpoint {
+    pub fn new(client: kube::Client, metrics: Metrics) -> Self {
+        ParkEndpoint {
+            scopes: Arc::default(),
+            next: Arc::default(),
+            auth: Arc::new(Auth::new(client)),
+            metrics,
+        }
+    }
+
+    /// Parks into `namespace` (all when None) through `shared` until the returned
+    /// registration is dropped.
+    pub fn register(&self, namespace: Option<String>, shared: Shared) -> Registration {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Ok(mut scopes) = self.scopes.write() {
+            scopes.push((id, Scope { namespace, shared }));
+        }
+        Registration {
+            id,
+            scopes: self.scopes.clone(),
+        }
+    }
+
+    /// The scope parking into `namespace`, if this replica runs one.
+    fn scope(&self, namespace: &str) -> Option<Shared> {
+        let scopes = self.scopes.read().ok()?;
+        scopes
+            .iter()
+            .find(|(_, s)| s.namespace.as_deref().is_none_or(|n| n == namespace))
+            .map(|(_, s)| s.shared.clone())
+    }
+
+    /// The endpoint's routes.
+    pub fn router(self) -> Router {
+        Router::new()
+            .route("/v1/namespaces/{namespace}/queues/{queue}", any(park))
+            .with_state(self)
+    }
+}
+
+/// Serves the endpoint on `listener` (TLS when `tls` is given) until `shutdown` resolves.
+pub async fn serve(
+    endpoint: ParkEndpoint,
+    listener: tokio::net::TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = endpoint.router();
+    match tls {
+        Some(config) => {
+            let listener = tls::TlsListener::new(listener, config)?;
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+        None => {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+    }
+}
+
+/// An answer: its status, and a JSON body saying what happened or what to fix.
+struct Answer {
+    status: StatusCode,
+    body: serde_json::Value,
+    retry_after: Option<u64>,
+}
+
+impl Answer {
+    fn error(status: u16, message: impl std::fmt::Display) -> Self {
+        Answer {
+            status: StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST),
+            body: serde_json::json!({ "error": message.to_string() }),
+            retry_after: None,
+        }
+    }
+
+    fn retry_after(mut self, secs: u64) -> Self {
+        self.retry_after = Some(secs);
+        self
+    }
+}
+
+impl IntoResponse for Answer {
+    fn into_response(self) -> Response {
+        let mut response = (
+            self.status,
+            [(header::CONTENT_TYPE, "application/json")],
+            self.body.to_string(),
+        )
+            .into_response();
+        if let Some(secs) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if self.status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+async fn park(
+    State(endpoint): State<ParkEndpoint>,
+    Path((namespace, queue)): Path<(String, String)>,
+    request: Request,
+) -> Response {
+    let answer = answer(&endpoint, &namespace, &queue, request).await;
+    endpoint.metrics.http_park_request(answer.status.as_u16());
+    if answer.status.is_server_error() || answer.status == StatusCode::TOO_MANY_REQUESTS {
+        tracing::debug!(%namespace, %queue, status = answer.status.as_u16(), "park request not taken");
+    }
+    answer.into_response()
+}
+
+async fn answer(endpoint: &ParkEndpoint, namespace: &str, queue: &str, request: Request) -> Answer {
+    if request.method() != axum::http::Method::POST {
+        return Answer::error(405, "only POST parks");
+    }
+    let Some(shared) = endpoint.scope(namespace) else {
+        return Answer::error(
+            503,
+            "this replica is not parking (a standby, or starting): try again",
+        )
+        .retry_after(RETRY_AFTER_UNAVAILABLE);
+    };
+    if !shared.leadership.holds() {
+        return Answer::error(503, "this replica's term on the Lease ran out: try again")
+            .retry_after(RETRY_AFTER_UNAVAILABLE);
+    }
+    let into = ParkInto {
+        key: ObjectRef::new(queue).within(namespace),
+        shared,
+    };
+    let Some(q) = into.shared.queues.get(&into.key) else {
+        return Answer::error(
+            404,
+            format!("no DeadLetterQueue {queue} in namespace {namespace}"),
+        );
+    };
+    let (Some(http), Some(audience)) = (q.spec.http.as_ref(), q.http_audience()) else {
+        return Answer::error(
+            404,
+            format!("DeadLetterQueue {namespace}/{queue} does not accept HTTP (no spec.http)"),
+        );
+    };
+    let token = bearer(request.headers());
+    let caller = match endpoint
+        .auth
+        .check(token, &audience, namespace, http.allow_anonymous)
+        .await
+    {
+        Ok(caller) => caller,
+        Err(e) => {
+            let answer = Answer::error(e.status(), &e);
+            return if e.status() == 503 {
+                answer.retry_after(RETRY_AFTER_UNAVAILABLE)
+            } else {
+                answer
+            };
+        }
+    };
+    let (parts, body) = request.into_parts();
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY) {
+        return too_large();
+    }
+    let body = match read_body(body).await {
+        Ok(body) => body,
+        Err(answer) => return answer,
+    };
+    let headers = lower_case_headers(&parts.headers);
+    let http_request = HttpRequest {
+        method: parts.method.as_str(),
+        headers,
+        body: &body,
+    };
+    let events = match cloudevent::parse(queue, &http_request) {
+        Ok((_, events)) => events,
+        Err(e) => return Answer::error(e.status(), e),
+    };
+    let mut created = Vec::new();
+    let mut existing = Vec::new();
+    for event in events {
+        match park_one(&into, event).await {
+            Ok((name, true)) => created.push(name),
+            Ok((name, false)) => existing.push(name),
+            Err(answer) => return answer,
+        }
+    }
+    tracing::debug!(%namespace, %queue, %caller, created = created.len(), existing = existing.len(), "parked over HTTP");
+    let status = if created.is_empty() {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Answer {
+        status,
+        body: serde_json::json!({
+            "namespace": namespace,
+            "created": created,
+            "existing": existing,
+        }),
+        retry_after: None,
+    }
+}
+
+fn too_large() -> Answer {
+    Answer::error(
+        413,
+        format!("the body is over {MAX_BODY} bytes, more than a record holds"),
+    )
+}
+
+/// The body, at most [`MAX_BODY`] bytes and within [`BODY_TIMEOUT`].
+async fn read_body(body: Body) -> Result<Vec<u8>, Answer> {
+    let limited = http_body_util::Limited::new(body, MAX_BODY);
+    match tokio::time::timeout(BODY_TIMEOUT, limited.collect()).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes().to_vec()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Ok(Err(e)) => Err(Answer::error(400, format!("reading the body: {e}"))),
+        Err(_) => Err(Answer::error(408, "the body did not arrive in time")),
+    }
+}
+
+/// The bearer token of `Authorization`, if any.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
+/// Header names in lower case (HTTP's are case-insensitive), repeated ones joined by ", ";
+/// values that are not text are left out (a record could not hold them).
+fn lower_case_headers(headers: &HeaderMap) -> std::collections::BTreeMap<String, String> {
+    let mut out: std::collections::BTreeMap<String, String> = Default::default();
+    for (name, value) in headers {
+        let Ok(value) = value.to_str() else { continue };
+        out.entry(name.as_str().to_ascii_lowercase())
+            .and_modify(|v| {
+                v.push_str(", ");
+                v.push_str(value);
+            })
+            .or_insert_with(|| value.to_string());
+    }
+    out
+}
+
+/// Parks one event once: its record's name and whether it is new, or the answer to give.
+async fn park_one(into: &ParkInto, event: Incoming) -> Result<(String, bool), Answer> {
+    let Incoming { request, raw } = event;
+    let mut req = match dispose(request, &raw) {
+        Disposition::Park(req) => *req,
+        Disposition::Reject(why @ ParkInvalid::PayloadTooLarge { .. }) => {
+            return Err(Answer::error(413, why));
+        }
+        Disposition::Reject(why) => return Err(Answer::error(400, why)),
+    };
+    let mut tried = 0;
+    loop {
+        let mut attempt = req.clone();
+        // Two copies of one event posted at once (a sender's retry racing its first try): the
+        // second waits and then finds the first's record.
+        let _turn = into.shared.in_flight.turn(&mut attempt).await;
+        let refused = match into.park(attempt).await {
+            Ok(ParkOutcome::Parked(r)) => return Ok((r.name_any(), true)),
+            Ok(outcome) => return Ok((outcome.record().name_any(), false)),
+            Err(e @ ParkError::MaxParked { .. }) => {
+                return Err(Answer::error(429, e).retry_after(RETRY_AFTER_FULL));
+            }
+            Err(e) if e.final_refusal().is_some() => e,
+            Err(e @ ParkError::Invalid(_)) => return Err(Answer::error(400, e)),
+            Err(e @ ParkError::UnknownQueue { .. }) => return Err(Answer::error(404, e)),
+            Err(e) => {
+                tracing::warn!(namespace = %into.namespace(), queue = %into.queue(), job = %req.job.id, error = %e, "parking over HTTP failed; the sender keeps the event");
+                return Err(Answer::error(503, e).retry_after(RETRY_AFTER_UNAVAILABLE));
+            }
+        };
+        let refusal = refused.final_refusal().unwrap_or_default();
+        let Some(next) = after_refusal(&req, &raw, refusal, tried) else {
+            return Err(Answer::error(400, refused));
+        };
+        tracing::warn!(namespace = %into.namespace(), queue = %into.queue(), job = %req.job.id, error = %refused, fallback = tried + 1, "the apiserver refused the record for good; parking the event as Invalid with its exact bytes");
+        req = next;
+        tried += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_bearer_token_is_a_token() {
+        let mut h = HeaderMap::new();
+        assert_eq!(bearer(&h), None);
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Basic abc"));
+        assert_eq!(bearer(&h), None);
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("bearer  t0k "),
+        );
+        assert_eq!(bearer(&h), Some("t0k"));
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer "));
+        assert_eq!(bearer(&h), None);
+    }
+
+    #[test]
+    fn repeated_headers_are_joined_and_names_lowered() {
+        let mut h = HeaderMap::new();
+        h.append("Ce-Id", HeaderValue::from_static("1"));
+        h.append("x-a", HeaderValue::from_static("1"));
+        h.append("x-a", HeaderValue::from_static("2"));
+        let out = lower_case_headers(&h);
+        assert_eq!(out.get("ce-id").map(String::as_str), Some("1"));
+        assert_eq!(out.get("x-a").map(String::as_str), Some("1, 2"));
+    }
+}

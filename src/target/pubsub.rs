@@ -1,0 +1,366 @@
+//! Google Cloud Pub/Sub target: publishes a redriven job to the topic of the subscription that
+//! gave up on it (or the configured topic), and answers once the server returned its message id.
+//!
+//! The data goes back byte for byte with the original attributes and ordering key. The
+//! `CloudPubSubDeadLetter*` attributes Pub/Sub added when it dead-lettered the message stay on
+//! the record but are not sent: the next dead-lettering adds them again. The redrive's
+//! idempotency key rides as one more attribute (`spec.target.idempotencyKeyHeader`).
+//!
+//! [`PubsubConn`] (emulator or Google, credentials) is shared with the source.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use google_cloud_gax::error::rpc::Code;
+use google_cloud_gax::retry_policy::RetryPolicyExt;
+use google_cloud_pubsub::client::{BasePublisher, Publisher, TopicAdmin};
+use google_cloud_pubsub::error::PublishError;
+use google_cloud_pubsub::model::Message;
+use google_cloud_pubsub::retry_policy::RetryableErrors;
+use tokio::sync::{Mutex, OnceCell};
+
+use dlq_core::api::{PubsubTargetSpec, Route};
+
+use super::{JobMessage, Target, TargetError};
+
+/// The environment variable every Google client reads to talk to an emulator instead.
+pub const EMULATOR_HOST: &str = "PUBSUB_EMULATOR_HOST";
+/// The prefix of the attributes Pub/Sub adds when it dead-letters a message.
+pub const DEAD_LETTER_PREFIX: &str = "CloudPubSubDeadLetter";
+/// A redrive answered within this, or it is `BrokerUnreachable`.
+const PUBLISH_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the client itself retries a publish (its default is 10 minutes). It must give up
+/// before [`PUBLISH_TIMEOUT`]: a publish still retried in the background after the redrive was
+/// reported failed would arrive beside the reconcile's next one, twice.
+const CLIENT_RETRY_LIMIT: Duration = Duration::from_secs(20);
+/// The Ready probe answered within this, or the target is unreachable.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How to reach Pub/Sub: the emulator named by `PUBSUB_EMULATOR_HOST` (plaintext, no
+/// credentials), else Google with a service-account key or the pod's workload identity (ADC).
+/// No `Debug`: the key must not reach a log line.
+#[derive(Clone, Default)]
+pub struct PubsubConn {
+    /// A service-account key (JSON), from a Secret.
+    pub key: Option<String>,
+}
+
+impl PubsubConn {
+    /// `http://<host:port>` when `PUBSUB_EMULATOR_HOST` is set.
+    pub fn emulator() -> Option<String> {
+        std::env::var(EMULATOR_HOST)
+            .ok()
+            .filter(|h| !h.is_empty())
+            .map(|h| {
+                if h.contains("://") {
+                    h
+                } else {
+                    format!("http://{h}")
+                }
+            })
+    }
+
+    /// The endpoint override and the credentials to connect with.
+    pub fn settings(
+        &self,
+    ) -> Result<(Option<String>, google_cloud_auth::credentials::Credentials), String> {
+        use google_cloud_auth::credentials;
+        if let Some(endpoint) = Self::emulator() {
+            return Ok((
+                Some(endpoint),
+                credentials::anonymous::Builder::new().build(),
+            ));
+        }
+        let creds = match &self.key {
+            Some(json) => {
+                let value: serde_json::Value = serde_json::from_str(json)
+                    .map_err(|e| format!("the service-account key is not JSON: {e}"))?;
+                credentials::service_account::Builder::new(value)
+                    .build()
+                    .map_err(|e| format!("the service-account key is unusable: {e}"))?
+            }
+            None => credentials::Builder::default()
+                .build()
+                .map_err(|e| format!("no application default credentials: {e}"))?,
+        };
+        Ok((None, creds))
+    }
+}
+
+/// `projects/<project>/<kind>/<name>` unless `name` is a full resource name already.
+pub fn resource_name(project: &str, kind: &str, name: &str) -> String {
+    if name.starts_with("projects/") {
+        name.to_string()
+    } else {
+        format!("projects/{project}/{kind}/{name}")
+    }
+}
+
+/// Publishes redriven jobs; one connection, one batching publisher per topic.
+pub struct PubsubTarget {
+    topic: Option<String>,
+    route: Route,
+    conn: PubsubConn,
+    base: OnceCell<BasePublisher>,
+    admin: OnceCell<TopicAdmin>,
+    publishers: Mutex<HashMap<String, Publisher>>,
+}
+
+impl PubsubTarget {
+    pub fn new(spec: &PubsubTargetSpec, key: Option<String>) -> PubsubTarget {
+        PubsubTarget {
+            topic: spec
+                .topic
+                .as_deref()
+                .map(|t| resource_name(&spec.project, "topics", t)),
+            route: spec.route.unwrap_or_default(),
+            conn: PubsubConn { key },
+            base: OnceCell::new(),
+            admin: OnceCell::new(),
+            publishers: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The topic `job` goes to: its origin's unless the route is `target` or it has none.
+    pub fn topic_for(&self, job: &JobMessage) -> Result<String, TargetError> {
+        let origin = job.origin.as_ref().and_then(|o| o.topic.as_deref());
+        match (self.route, origin, &self.topic) {
+            (Route::Origin, Some(topic), _) if topic.starts_with("projects/") => {
+                Ok(topic.to_string())
+            }
+            (_, _, Some(topic)) => Ok(topic.clone()),
+            _ => Err(TargetError::Config(
+                "the record names no origin topic and the pubsub target has no topic".into(),
+            )),
+        }
+    }
+
+    async fn base(&self) -> Result<&BasePublisher, TargetError> {
+        self.base
+            .get_or_try_init(|| async {
+                let (endpoint, creds) = self.conn.settings().map_err(TargetError::Config)?;
+                let mut builder = BasePublisher::builder()
+                    .with_credentials(creds)
+                    .with_retry_policy(RetryableErrors.with_time_limit(CLIENT_RETRY_LIMIT));
+                if let Some(endpoint) = endpoint {
+                    builder = builder.with_endpoint(endpoint);
+                }
+                builder
+                    .build()
+                    .await
+                    .map_err(|e| TargetError::Unreachable(format!("connecting to Pub/Sub: {e}")))
+            })
+            .await
+    }
+
+    async fn admin(&self) -> Result<&TopicAdmin, TargetError> {
+        self.admin
+            .get_or_try_init(|| async {
+                let (endpoint, creds) = self.conn.settings().map_err(TargetError::Config)?;
+                let mut builder = TopicAdmin::builder().with_credentials(creds);
+                if let Some(endpoint) = endpoint {
+                    builder = builder.with_endpoint(endpoint);
+                }
+                builder
+                    .build()
+                    .await
+                    .map_err(|e| TargetError::Unreachable(format!("connecting to Pub/Sub: {e}")))
+            })
+            .await
+    }
+
+    async fn publisher(&self, topic: &str) -> Result<Publisher, TargetError> {
+        let base = self.base().await?;
+        let mut publishers = self.publishers.lock().await;
+        let publisher = publishers.entry(topic.to_string()).or_insert_with(|| {
+            // A redrive is one message a human waits for: no batching delay.
+            base.publisher(topic.to_string())
+                .set_delay_threshold(Duration::ZERO)
+                .build()
+        });
+        Ok(publisher.clone())
+    }
+}
+
+/// The message a redrive publishes: the job's data, its attributes but Pub/Sub's dead-letter
+/// ones, the idempotency key's attribute, and its ordering key.
+pub fn message_for(job: &JobMessage) -> Message {
+    let attributes: Vec<(String, String)> = job
+        .headers_with_key()
+        .iter()
+        .filter(|(k, _)| !k.starts_with(DEAD_LETTER_PREFIX))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let mut msg = Message::new()
+        .set_data(bytes::Bytes::from(job.payload.clone()))
+        .set_attributes(attributes);
+    if let Some(key) = job.origin.as_ref().and_then(|o| o.ordering_key.as_deref()) {
+        msg = msg.set_ordering_key(key);
+    }
+    msg
+}
+
+/// Refused (the server will not take it as it is) or unreachable (retrying may help).
+fn failure(topic: &str, e: &PublishError) -> TargetError {
+    let text = format!("publishing to {topic}: {e}");
+    let code = match e {
+        PublishError::Rpc(e) => e.status().map(|s| s.code),
+        _ => None,
+    };
+    match code {
+        Some(
+            Code::NotFound
+            | Code::PermissionDenied
+            | Code::InvalidArgument
+            | Code::FailedPrecondition
+            | Code::Unauthenticated,
+        ) => TargetError::Refused(text),
+        _ => TargetError::Unreachable(text),
+    }
+}
+
+impl Target for PubsubTarget {
+    fn describe(&self) -> String {
+        match (&self.topic, self.route) {
+            (Some(t), Route::Origin) => format!("pubsub topic {t} (or the record's origin)"),
+            (Some(t), Route::Target) => format!("pubsub topic {t}"),
+            (None, _) => "pubsub (the record's origin topic)".to_string(),
+        }
+    }
+
+    fn requeue<'a>(&'a self, job: &'a JobMessage) -> BoxFuture<'a, Result<(), TargetError>> {
+        async move {
+            let topic = self.topic_for(job)?;
+            let msg = message_for(job);
+            let ordering_key = msg.ordering_key.clone();
+            let publisher = self.publisher(&topic).await?;
+            let answer = tokio::time::timeout(PUBLISH_TIMEOUT, publisher.publish(msg)).await;
+            match answer {
+                Ok(Ok(message_id)) => {
+                    tracing::debug!(job = %job.id, topic = %topic, message_id = %message_id, "pubsub accepted the redrive");
+                    Ok(())
+                }
+                Ok(Err(e)) => {
+                    // A failed publish pauses its ordering key; the next redrive tries again.
+                    if !ordering_key.is_empty() {
+                        publisher.resume_publish(ordering_key);
+                    }
+                    Err(failure(&topic, &e))
+                }
+                Err(_) => Err(TargetError::Unreachable(format!(
+                    "publishing to {topic}: no answer within {}s",
+                    PUBLISH_TIMEOUT.as_secs()
+                ))),
+            }
+        }
+        .boxed()
+    }
+
+    fn probe(&self) -> BoxFuture<'_, Result<(), TargetError>> {
+        async move {
+            self.base().await?;
+            let Some(topic) = &self.topic else {
+                // Only origin topics, which records name: nothing to ask about.
+                return Ok(());
+            };
+            let admin = self.admin().await?;
+            let ask = admin.get_topic().set_topic(topic.clone()).send();
+            match tokio::time::timeout(PROBE_TIMEOUT, ask).await {
+                Err(_) => Err(TargetError::Unreachable(format!(
+                    "reading topic {topic}: no answer within {}s",
+                    PROBE_TIMEOUT.as_secs()
+                ))),
+                Ok(Ok(_)) => Ok(()),
+                // Publishing needs only `pubsub.topics.publish`: a denied read still says the
+                // service is there and knows the operator.
+                Ok(Err(e)) => match e.status().map(|s| s.code) {
+                    Some(Code::PermissionDenied) => Ok(()),
+                    Some(Code::NotFound) => Err(TargetError::Refused(format!(
+                        "topic {topic} does not exist"
+                    ))),
+                    _ => Err(TargetError::Unreachable(format!(
+                        "reading topic {topic}: {e}"
+                    ))),
+                },
+            }
+        }
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dlq_core::api::Origin;
+    use std::collections::BTreeMap;
+
+    fn job(topic: Option<&str>) -> JobMessage {
+        JobMessage {
+            id: "m-1".into(),
+            payload: vec![0, 159, 146, 150],
+            null_payload: false,
+            headers: BTreeMap::from([
+                ("trace".to_string(), "abc".to_string()),
+                (
+                    "CloudPubSubDeadLetterSourceDeliveryCount".to_string(),
+                    "5".to_string(),
+                ),
+            ]),
+            origin: Some(Origin {
+                topic: topic.map(Into::into),
+                ordering_key: Some("customer-7".into()),
+                ..Origin::default()
+            }),
+            idempotency_key: Some("uid-1".into()),
+            key_header: Some("Idempotency-Key".into()),
+        }
+    }
+
+    fn target(topic: Option<&str>, route: Option<Route>) -> PubsubTarget {
+        PubsubTarget::new(
+            &PubsubTargetSpec {
+                project: "p".into(),
+                topic: topic.map(Into::into),
+                route,
+                ..PubsubTargetSpec::default()
+            },
+            None,
+        )
+    }
+
+    #[test]
+    fn records_go_back_to_their_origin_topic_unless_routed_to_the_target() {
+        let origin = job(Some("projects/o/topics/orders"));
+        assert_eq!(
+            target(Some("jobs"), None).topic_for(&origin),
+            Ok("projects/o/topics/orders".into())
+        );
+        assert_eq!(
+            target(Some("jobs"), Some(Route::Target)).topic_for(&origin),
+            Ok("projects/p/topics/jobs".into())
+        );
+        assert_eq!(
+            target(Some("jobs"), None).topic_for(&job(None)),
+            Ok("projects/p/topics/jobs".into())
+        );
+        let err = target(None, None)
+            .topic_for(&job(None))
+            .expect_err("nowhere");
+        assert_eq!(err.reason(), "TargetMisconfigured");
+    }
+
+    #[test]
+    fn the_message_is_untouched_but_for_pubsubs_dead_letter_attributes() {
+        let msg = message_for(&job(None));
+        assert_eq!(msg.data.as_ref(), &[0, 159, 146, 150]);
+        assert_eq!(msg.ordering_key, "customer-7");
+        assert_eq!(msg.attributes.get("trace").map(String::as_str), Some("abc"));
+        assert_eq!(
+            msg.attributes.get("Idempotency-Key").map(String::as_str),
+            Some("uid-1")
+        );
+        assert_eq!(msg.attributes.len(), 2, "{:?}", msg.attributes);
+    }
+}

@@ -1,0 +1,588 @@
+//! The HTTP park endpoint (issue 33) against the real apiserver and operator: CloudEvents sent
+//! by a sender built on the CloudEvents Go SDK (`tools/cesender`), with ServiceAccount tokens
+//! from a real TokenRequest; the answers a sender acts on (201/200, 400, 401, 403, 404, 413,
+//! 429 with Retry-After); and the redrive of a parked event as the same event.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use dlq_core::api::{Action, DeadLetter, DeadLetterQueue, FailureKind, Phase};
+use dlq_testenv::brokers::HttpSink;
+use dlq_testenv::{Operator, create_dlq, decide, eventually, setup, wait_phase};
+use http_body_util::{BodyExt, Full};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::api::{Api, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+/// The endpoint's certificate and the CA senders trust, in a directory of their own.
+struct Certs {
+    dir: PathBuf,
+    ca: PathBuf,
+    ca_pem: String,
+}
+
+fn certs() -> Certs {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let dir = std::env::temp_dir().join(format!(
+        "dlq-park-tls-{}-{}",
+        std::process::id(),
+        rand_suffix()
+    ));
+    std::fs::create_dir_all(&dir).expect("cert dir");
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().expect("CA key")).expect("CA");
+    let params = CertificateParams::new(vec!["127.0.0.1".into(), "localhost".into()])
+        .expect("serving parameters");
+    let key = KeyPair::generate().expect("serving key");
+    let cert = params.signed_by(&key, &ca).expect("serving certificate");
+    std::fs::write(dir.join("tls.crt"), cert.pem()).expect("tls.crt");
+    std::fs::write(dir.join("tls.key"), key.serialize_pem()).expect("tls.key");
+    let ca_pem = ca.pem();
+    let ca_path = dir.join("ca.crt");
+    std::fs::write(&ca_path, &ca_pem).expect("ca.crt");
+    Certs {
+        dir,
+        ca: ca_path,
+        ca_pem,
+    }
+}
+
+fn rand_suffix() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default()
+}
+
+/// An operator serving the park endpoint over TLS, and its base URL.
+fn operator_with_endpoint(ns: &str, certs: &Certs) -> (Operator, String) {
+    let port = dlq_testenv::plane::free_port().expect("a free port");
+    let base = format!("https://127.0.0.1:{port}");
+    let op = Operator::start_with(
+        ns,
+        &[
+            &format!("--park-addr=127.0.0.1:{port}"),
+            &format!("--park-tls-dir={}", certs.dir.display()),
+            &format!("--park-url={base}"),
+        ],
+        &[],
+    );
+    (op, base)
+}
+
+fn queue_url(base: &str, ns: &str, queue: &str) -> String {
+    format!("{base}{}", dlq_core::api::park_path(ns, queue))
+}
+
+/// A ServiceAccount `name`, allowed to create deadletters in `ns` when `may_park`.
+async fn service_account(client: &Client, ns: &str, name: &str, may_park: bool) {
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    let sa: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": name}})).expect("sa");
+    sas.create(&PostParams::default(), &sa)
+        .await
+        .expect("create sa");
+    if may_park {
+        let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(json!({
+            "metadata": {"name": format!("{name}-parker")},
+            "rules": [{"apiGroups": ["dlq.dev"], "resources": ["deadletters"], "verbs": ["create"]}]
+        }))
+        .expect("role");
+        Api::namespaced(client.clone(), ns)
+            .create(&PostParams::default(), &role)
+            .await
+            .expect("create role");
+        let binding: k8s_openapi::api::rbac::v1::RoleBinding = serde_json::from_value(json!({
+            "metadata": {"name": format!("{name}-parker")},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": format!("{name}-parker")},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]
+        }))
+        .expect("binding");
+        Api::namespaced(client.clone(), ns)
+            .create(&PostParams::default(), &binding)
+            .await
+            .expect("create binding");
+    }
+}
+
+/// A token of ServiceAccount `name` for `audience` (a real TokenRequest), written to a file.
+async fn token(client: &Client, ns: &str, name: &str, audience: &str, dir: &Path) -> PathBuf {
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            audiences: Some(vec![audience.to_string()]),
+            expiration_seconds: Some(3600),
+            ..TokenRequestSpec::default()
+        }),
+        ..TokenRequest::default()
+    };
+    let answer = sas
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .expect("TokenRequest");
+    let token = answer.status.and_then(|s| s.token).expect("a token");
+    let path = dir.join(format!("{name}-{}.token", rand_suffix()));
+    std::fs::write(&path, token).expect("token file");
+    path
+}
+
+/// What one POST got back.
+struct Reply {
+    status: u16,
+    headers: BTreeMap<String, String>,
+    body: String,
+}
+
+/// POSTs `body` with `headers` to `url`, trusting `ca`.
+async fn post(url: &str, ca: &str, headers: &[(&str, &str)], body: Vec<u8>) -> Reply {
+    let client =
+        deadletter::https::client::<Full<Bytes>>(Some(ca), "test CA", Duration::from_secs(5))
+            .expect("client");
+    let mut req = hyper::Request::post(url);
+    for (n, v) in headers {
+        req = req.header(*n, *v);
+    }
+    let req = req.body(Full::new(Bytes::from(body))).expect("request");
+    let res = client.request(req).await.expect("an answer");
+    let status = res.status().as_u16();
+    let headers = res
+        .headers()
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.to_str().unwrap_or_default().to_string()))
+        .collect();
+    let body = res
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    Reply {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}
+
+/// Waits until the endpoint parks for the queue at `url` (a standby or starting scope says 503,
+/// an unknown queue 404): then a request without a token gets `want`.
+async fn endpoint_ready(url: &str, ca: &str, want: u16) {
+    eventually(20, "the park endpoint to serve the queue", || async move {
+        let r = post(
+            url,
+            ca,
+            &[("content-type", "text/plain")],
+            b"probe".to_vec(),
+        )
+        .await;
+        (r.status == want).then_some(())
+    })
+    .await;
+}
+
+/// Runs cesender with `args`; returns its stdout (one `copy=N status=S` line per copy, then a
+/// `codes` summary).
+fn cesender(args: &[&str]) -> String {
+    let dirs = dlq_testenv::plane::tool_dirs(&["cesender"]).expect("building cesender");
+    let bin = dirs
+        .iter()
+        .map(|d| d.join("cesender"))
+        .find(|p| p.is_file())
+        .expect("cesender built");
+    let out = std::process::Command::new(bin)
+        .args(args)
+        .output()
+        .expect("running cesender");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "cesender failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The status codes of cesender's copies, sorted.
+fn codes(out: &str) -> Vec<u16> {
+    let mut codes: Vec<u16> = out
+        .lines()
+        .filter_map(|l| l.split("status=").nth(1))
+        .filter_map(|s| s.split_whitespace().next())
+        .filter_map(|s| s.parse().ok())
+        .collect();
+    codes.sort();
+    codes
+}
+
+async fn records(client: &Client, ns: &str) -> Vec<DeadLetter> {
+    Api::<DeadLetter>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .expect("list records")
+        .items
+}
+
+#[tokio::test]
+async fn go_sdk_events_park_once_with_a_real_token_and_redrive_as_the_same_event() {
+    let (client, ns) = setup("http-park").await;
+    let certs = certs();
+    let sink = HttpSink::start(None);
+    create_dlq(
+        &client,
+        &ns,
+        "relayer",
+        json!({"target": {"http": {"url": sink.url("/events")}}, "http": {}}),
+    )
+    .await;
+    service_account(&client, &ns, "sender", true).await;
+    let (op, base) = operator_with_endpoint(&ns, &certs);
+    let url = queue_url(&base, &ns, "relayer");
+    endpoint_ready(&url, &certs.ca_pem, 401).await;
+    let audience = dlq_core::api::park_path(&ns, "relayer");
+    let token = token(&client, &ns, "sender", &audience, &certs.dir).await;
+    let ca = certs.ca.display().to_string();
+    let tok = token.display().to_string();
+    let base_args = ["-url", &url, "-ca", &ca, "-token-file", &tok];
+
+    // Binary mode, three copies of one event at once: one record, answered 201 once.
+    let data = base64_of("payer said no");
+    let mut args = base_args.to_vec();
+    let ext_code = "knativeerrorcode=503".to_string();
+    let ext_data = format!("knativeerrordata={data}");
+    args.extend([
+        "-mode",
+        "binary",
+        "-id",
+        "e-1",
+        "-source",
+        "/payments/relayer",
+        "-type",
+        "dev.payments.settle",
+        "-data",
+        r#"{"intent":"pi_1"}"#,
+        "-copies",
+        "3",
+        "-ext",
+        &ext_code,
+        "-ext",
+        &ext_data,
+    ]);
+    let started = Instant::now();
+    let out = cesender(&args);
+    assert_eq!(codes(&out), [200, 200, 201], "{out}");
+    dlq_testenv::report(&format!(
+        "http_park: 3 concurrent copies answered in {:?}",
+        started.elapsed()
+    ));
+    // A retry later: the same record again.
+    let again = cesender(&[&args[..args.len() - 6], &["-copies", "1"]].concat());
+    assert_eq!(codes(&again), [200], "{again}");
+    let all = records(&client, &ns).await;
+    assert_eq!(all.len(), 1, "one record for one event");
+    let rec = &all[0];
+    assert_eq!(rec.spec.job.id, "e-1@/payments/relayer");
+    assert_eq!(
+        rec.spec.job.payload.as_deref(),
+        Some(r#"{"intent":"pi_1"}"#)
+    );
+    assert_eq!(
+        rec.spec.job.headers.get("ce-type").map(String::as_str),
+        Some("dev.payments.settle")
+    );
+    assert!(
+        rec.spec
+            .reason
+            .contains("failed with HTTP 503: payer said no"),
+        "{}",
+        rec.spec.reason
+    );
+    assert_eq!(rec.spec.error_class.as_deref(), Some("HTTP 503"));
+
+    // Structured mode: the document is the job.
+    let mut args = base_args.to_vec();
+    args.extend([
+        "-mode",
+        "structured",
+        "-id",
+        "e-2",
+        "-source",
+        "/payments/relayer",
+    ]);
+    assert_eq!(codes(&cesender(&args)), [201]);
+    let e2 = records(&client, &ns)
+        .await
+        .into_iter()
+        .find(|r| r.spec.job.id == "e-2@/payments/relayer")
+        .expect("e-2 parked");
+    let doc: serde_json::Value =
+        serde_json::from_str(e2.spec.job.payload.as_deref().unwrap_or_default()).expect("JSON");
+    assert_eq!(doc["id"], "e-2");
+    assert_eq!(
+        e2.spec.job.headers.get("content-type").map(String::as_str),
+        Some("application/cloudevents+json")
+    );
+
+    // The queue is Addressable.
+    let queues: Api<DeadLetterQueue> = Api::namespaced(client.clone(), &ns);
+    let (queues, want_url, want_audience) = (&queues, url.as_str(), audience.as_str());
+    eventually(20, "status.address", || async move {
+        let q = queues.get("relayer").await.ok()?;
+        let a = q.status?.address?;
+        (a.url == want_url && a.audience.as_deref() == Some(want_audience)).then_some(())
+    })
+    .await;
+
+    // Redrive: the same event arrives (binary mode: ce-* headers and the data).
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let name = rec.name_any();
+    wait_phase(&api, &name, Phase::Parked, 20).await;
+    decide(&api, &name, Action::Redrive, "ops").await;
+    wait_phase(&api, &name, Phase::Redriven, 30).await;
+    let posts = sink.posts();
+    assert_eq!(posts.len(), 1);
+    let p = &posts[0];
+    assert_eq!(p.body, br#"{"intent":"pi_1"}"#);
+    for (h, v) in [
+        ("ce-id", "e-1"),
+        ("ce-source", "/payments/relayer"),
+        ("ce-type", "dev.payments.settle"),
+        ("ce-specversion", "1.0"),
+        ("ce-time", "2025-12-03T12:00:00Z"),
+        ("content-type", "application/json"),
+    ] {
+        assert_eq!(p.header(h), Some(v), "{h}");
+    }
+    assert!(
+        p.header("authorization").is_none(),
+        "the sender's token is not kept"
+    );
+    assert!(op.metric("dlq_http_park_requests_total", &[("code", "201")]) >= 2.0);
+}
+
+fn base64_of(s: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+#[tokio::test]
+async fn callers_without_the_right_and_bodies_that_cannot_be_records_are_refused() {
+    let (client, ns) = setup("http-park-auth").await;
+    let certs = certs();
+    create_dlq(
+        &client,
+        &ns,
+        "relayer",
+        json!({"target": {"http": {"url": "http://127.0.0.1:9/x"}}, "http": {}}),
+    )
+    .await;
+    create_dlq(
+        &client,
+        &ns,
+        "closed",
+        json!({"target": {"http": {"url": "http://127.0.0.1:9/x"}}}),
+    )
+    .await;
+    service_account(&client, &ns, "sender", true).await;
+    service_account(&client, &ns, "stranger", false).await;
+    let (op, base) = operator_with_endpoint(&ns, &certs);
+    let url = queue_url(&base, &ns, "relayer");
+    let ca = certs.ca_pem.as_str();
+    endpoint_ready(&url, ca, 401).await;
+    let audience = dlq_core::api::park_path(&ns, "relayer");
+    let read = |p: PathBuf| std::fs::read_to_string(p).expect("token");
+    let good = read(token(&client, &ns, "sender", &audience, &certs.dir).await);
+    let wrong_audience = read(token(&client, &ns, "sender", "https://elsewhere", &certs.dir).await);
+    let stranger = read(token(&client, &ns, "stranger", &audience, &certs.dir).await);
+    let bearer = |t: &str| format!("Bearer {t}");
+    fn event(id: &str) -> Vec<(&'static str, &str)> {
+        vec![
+            ("ce-specversion", "1.0"),
+            ("ce-id", id),
+            ("ce-source", "/t"),
+            ("ce-type", "t"),
+            ("content-type", "application/json"),
+        ]
+    }
+
+    let none = post(&url, ca, &event("a"), b"{}".to_vec()).await;
+    assert_eq!(none.status, 401, "{}", none.body);
+    assert_eq!(
+        none.headers.get("www-authenticate").map(String::as_str),
+        Some("Bearer")
+    );
+    let auth = bearer(&wrong_audience);
+    let mut h = event("a");
+    h.push(("authorization", &auth));
+    assert_eq!(post(&url, ca, &h, b"{}".to_vec()).await.status, 401);
+    let auth = bearer(&stranger);
+    let mut h = event("a");
+    h.push(("authorization", &auth));
+    let r = post(&url, ca, &h, b"{}".to_vec()).await;
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert!(r.body.contains("may not create deadletters"), "{}", r.body);
+    let auth = bearer(&good);
+    let mut h = event("a");
+    h.push(("authorization", &auth));
+    let closed = post(&queue_url(&base, &ns, "closed"), ca, &h, b"{}".to_vec()).await;
+    assert_eq!(closed.status, 404, "no spec.http: {}", closed.body);
+
+    // Over the size limit: 413, nothing parked.
+    let big = vec![b'x'; dlq_core::cloudevent::MAX_BODY + 1];
+    let r = post(&url, ca, &h, big).await;
+    assert_eq!(r.status, 413, "{}", r.body);
+    // A batch too long to park: 400 with the reason.
+    let batch = format!("[{}]", vec!["{}"; 101].join(","));
+    let r = post(
+        &url,
+        ca,
+        &[
+            ("authorization", &auth),
+            ("content-type", "application/cloudevents-batch+json"),
+        ],
+        batch.into_bytes(),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("at most 100"), "{}", r.body);
+    // Hostile bytes claiming to be a structured event: an Invalid record of exactly them.
+    let garbage: Vec<u8> = b"{\"specversion\":\"1.0\",\x00\xff\xfe<script>".to_vec();
+    let r = post(
+        &url,
+        ca,
+        &[
+            ("authorization", &auth),
+            ("content-type", "application/cloudevents+json"),
+        ],
+        garbage.clone(),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let all = records(&client, &ns).await;
+    assert_eq!(all.len(), 1, "only the garbage is a record");
+    assert_eq!(all[0].spec.failure_kind, FailureKind::Invalid);
+    assert_eq!(all[0].spec.job.payload_bytes().expect("bytes"), garbage);
+    assert!(
+        all[0].spec.reason.starts_with("not a CloudEvent 1.0"),
+        "{}",
+        all[0].spec.reason
+    );
+    // The same garbage again: the same record.
+    let r = post(
+        &url,
+        ca,
+        &[
+            ("authorization", &auth),
+            ("content-type", "application/cloudevents+json"),
+        ],
+        garbage,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(records(&client, &ns).await.len(), 1);
+    let logs = op.logs();
+    assert!(
+        !logs.contains(&good) && !logs.contains(&stranger),
+        "a token in the log"
+    );
+    assert!(op.metric("dlq_http_park_requests_total", &[("code", "401")]) >= 2.0);
+}
+
+#[tokio::test]
+async fn a_full_queue_answers_429_and_the_senders_retry_parks_it_later() {
+    let (client, ns) = setup("http-park-full").await;
+    let certs = certs();
+    create_dlq(
+        &client,
+        &ns,
+        "relayer",
+        json!({"target": {"http": {"url": "http://127.0.0.1:9/x"}}, "maxParked": 1,
+               "http": {"allowAnonymous": true}}),
+    )
+    .await;
+    let (_op, base) = operator_with_endpoint(&ns, &certs);
+    let url = queue_url(&base, &ns, "relayer");
+    let ca = certs.ca_pem.as_str();
+    // Anonymous parking is allowed here: a plain body with its headers, no token.
+    let plain = |id: &'static str| {
+        vec![
+            ("content-type", "text/plain"),
+            ("x-trace", "t-1"),
+            ("x-dlq-job-id", id),
+            ("x-dlq-reason", "gave up after 5 tries"),
+        ]
+    };
+    let url_ref = url.as_str();
+    let first = eventually(20, "the endpoint to park", || async move {
+        let r = post(url_ref, ca, &plain("job-1"), b"first".to_vec()).await;
+        (r.status != 503 && r.status != 404).then_some(r)
+    })
+    .await;
+    assert_eq!(first.status, 201, "{}", first.body);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let rec = records(&client, &ns).await.remove(0);
+    assert_eq!(
+        rec.spec.job.headers.get("x-trace").map(String::as_str),
+        Some("t-1")
+    );
+    assert!(!rec.spec.job.headers.contains_key("x-dlq-job-id"));
+    assert_eq!(rec.spec.reason, "gave up after 5 tries");
+    wait_phase(&api, &rec.name_any(), Phase::Parked, 20).await;
+
+    // Full: 429 at once, with Retry-After; nothing parked.
+    let started = Instant::now();
+    let full = post(&url, ca, &plain("job-2"), b"second".to_vec()).await;
+    assert_eq!(full.status, 429, "{}", full.body);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "answered without waiting"
+    );
+    assert!(
+        full.headers.contains_key("retry-after"),
+        "{:?}",
+        full.headers
+    );
+
+    // The Go sender keeps its event and retries; a human drops the first record meanwhile.
+    let ca_path = certs.ca.display().to_string();
+    let sender = {
+        let url = url.clone();
+        std::thread::spawn(move || {
+            cesender(&[
+                "-url",
+                &url,
+                "-ca",
+                &ca_path,
+                "-mode",
+                "batch",
+                "-id",
+                "e-late",
+                "-source",
+                "/t",
+                "-retry-for",
+                "60s",
+            ])
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    decide(&api, &rec.name_any(), Action::Drop, "ops").await;
+    let out = tokio::task::spawn_blocking(move || sender.join().expect("sender"))
+        .await
+        .expect("join");
+    assert_eq!(codes(&out), [201], "{out}");
+    let attempts: u32 = out
+        .lines()
+        .filter_map(|l| l.split("attempts=").nth(1))
+        .filter_map(|s| s.trim().parse().ok())
+        .next()
+        .unwrap_or(0);
+    assert!(attempts > 1, "the first tries met a full queue: {out}");
+    let all = records(&client, &ns).await;
+    assert!(
+        all.iter().any(|r| r.spec.job.id == "e-late@/t"),
+        "the retried event is parked: nothing lost"
+    );
+}
