@@ -21,6 +21,8 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 
+use dlq_core::cloudevent::HTTP_MANAGED;
+
 use crate::https::error_chain;
 
 use super::{JobMessage, Target, TargetError, redact_url};
@@ -29,19 +31,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 /// How much of an error body goes into the condition.
 pub const MAX_ERROR_BODY: usize = 256;
-
-/// Headers HTTP manages itself; a job carrying one cannot be sent untouched.
-const RESERVED: &[&str] = &[
-    "host",
-    "content-length",
-    "transfer-encoding",
-    "connection",
-    "keep-alive",
-    "upgrade",
-    "te",
-    "trailer",
-    "proxy-connection",
-];
 
 type Body = http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>;
 
@@ -113,7 +102,7 @@ pub fn request_headers(
     let mut refused = Vec::new();
     for (name, value) in headers {
         let lower = name.to_ascii_lowercase();
-        if RESERVED.contains(&lower.as_str()) || (with_token && lower == "authorization") {
+        if HTTP_MANAGED.contains(&lower.as_str()) || (with_token && lower == "authorization") {
             refused.push(name.clone());
             continue;
         }

@@ -30,9 +30,9 @@ pub const MAX_BATCH: usize = 100;
 /// Largest body read: a record's payload limit, plus room for a batch's framing.
 pub const MAX_BODY: usize = api::MAX_PAYLOAD_BYTES + 4096;
 
-/// Request headers a plain (non-CloudEvent) body does not keep: HTTP's own, the caller's
-/// credentials, and the endpoint's `x-dlq-*` controls.
-const NOT_KEPT: &[&str] = &[
+/// Headers HTTP manages itself (framing, the connection): a request's own, never a job's.
+/// The park endpoint does not keep them and the `http` target cannot send a job carrying them.
+pub const HTTP_MANAGED: &[&str] = &[
     "host",
     "content-length",
     "transfer-encoding",
@@ -41,8 +41,13 @@ const NOT_KEPT: &[&str] = &[
     "upgrade",
     "te",
     "trailer",
-    "expect",
     "proxy-connection",
+];
+
+/// Request headers a plain (non-CloudEvent) body does not keep beside [`HTTP_MANAGED`]: the
+/// caller's credentials, its client's preferences, and the endpoint's `x-dlq-*` controls.
+const NOT_KEPT: &[&str] = &[
+    "expect",
     "proxy-authorization",
     "authorization",
     "cookie",
@@ -251,7 +256,8 @@ fn batched(queue: &str, body: &[u8]) -> Result<Vec<Incoming>, CeError> {
 fn plain(queue: &str, req: &HttpRequest<'_>) -> Incoming {
     let mut headers = BTreeMap::new();
     for (name, value) in &req.headers {
-        if !NOT_KEPT.contains(&name.as_str()) && !name.starts_with("x-dlq-") {
+        let own = HTTP_MANAGED.contains(&name.as_str()) || NOT_KEPT.contains(&name.as_str());
+        if !own && !name.starts_with("x-dlq-") {
             headers.insert(name.clone(), value.clone());
         }
     }
