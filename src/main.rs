@@ -108,6 +108,11 @@ struct ParkArgs {
     /// status.address under it.
     #[arg(long, env = "DLQ_PARK_URL")]
     park_url: Option<String>,
+    /// Networks (CIDRs, comma-separated or repeated) inside the cluster, usually its pod
+    /// network: queues with spec.http.allowAnonymous take callers without a token only from
+    /// these. None: no anonymous parking at all.
+    #[arg(long, env = "DLQ_PARK_ANONYMOUS_FROM", value_delimiter = ',')]
+    park_anonymous_from: Vec<ipnet::IpNet>,
 }
 
 /// Per-record alerts: on once an Alertmanager URL is given.
@@ -321,7 +326,11 @@ async fn park_endpoint(
             "--park-addr needs --park-tls-dir (tls.crt, tls.key), or --park-plaintext"
         ),
     };
-    let endpoint = ParkEndpoint::new(client.clone(), metrics.clone());
+    let endpoint = ParkEndpoint::new(
+        client.clone(),
+        metrics.clone(),
+        args.park_anonymous_from.clone(),
+    );
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding the park endpoint to {addr}"))?;

@@ -692,7 +692,7 @@ async fn park_endpoint_render_serves_tls_reviews_tokens_and_lets_knative_resolve
     let docs = render(
         &rel,
         &ns,
-        "parkEndpoint: {enabled: true, tlsSecretName: dlq-park-tls}\nknative: {addressableResolver: {enabled: true}}\nnetworkPolicy: {enabled: true}\n",
+        "parkEndpoint: {enabled: true, tlsSecretName: dlq-park-tls, anonymousFrom: [198.18.0.0/16, 'fd00::/8']}\nknative: {addressableResolver: {enabled: true}}\nnetworkPolicy: {enabled: true}\n",
     );
     let deploy = only(&docs, "Deployment");
     let pod = &deploy["spec"]["template"]["spec"];
@@ -707,6 +707,7 @@ async fn park_endpoint_render_serves_tls_reviews_tokens_and_lets_knative_resolve
     for want in [
         "--park-addr=0.0.0.0:8443",
         "--park-tls-dir=/etc/deadletter-operator/park-tls",
+        "--park-anonymous-from=198.18.0.0/16,fd00::/8",
         url.as_str(),
     ] {
         assert!(args.contains(&want), "{want} in {args:?}");

@@ -60,7 +60,9 @@ fn rand_suffix() -> u128 {
 }
 
 /// An operator serving the park endpoint over TLS, and its base URL.
-fn operator_with_endpoint(ns: &str, certs: &Certs) -> (Operator, String) {
+/// The operator serving its park endpoint on loopback, taking callers without a token (for
+/// queues that allow them) from `anonymous_from`.
+fn operator_with_endpoint(ns: &str, certs: &Certs, anonymous_from: &str) -> (Operator, String) {
     let port = dlq_testenv::plane::free_port().expect("a free port");
     let base = format!("https://127.0.0.1:{port}");
     let op = Operator::start_with(
@@ -69,6 +71,7 @@ fn operator_with_endpoint(ns: &str, certs: &Certs) -> (Operator, String) {
             &format!("--park-addr=127.0.0.1:{port}"),
             &format!("--park-tls-dir={}", certs.dir.display()),
             &format!("--park-url={base}"),
+            &format!("--park-anonymous-from={anonymous_from}"),
         ],
         &[],
     );
@@ -239,7 +242,7 @@ async fn go_sdk_events_park_once_with_a_real_token_and_redrive_as_the_same_event
     )
     .await;
     service_account(&client, &ns, "sender", true).await;
-    let (op, base) = operator_with_endpoint(&ns, &certs);
+    let (op, base) = operator_with_endpoint(&ns, &certs, "127.0.0.0/8");
     let url = queue_url(&base, &ns, "relayer");
     endpoint_ready(&url, &certs.ca_pem, 401).await;
     let audience = dlq_core::api::park_path(&ns, "relayer");
@@ -386,9 +389,17 @@ async fn callers_without_the_right_and_bodies_that_cannot_be_records_are_refused
         json!({"target": {"http": {"url": "http://127.0.0.1:9/x"}}}),
     )
     .await;
+    create_dlq(
+        &client,
+        &ns,
+        "open",
+        json!({"target": {"http": {"url": "http://127.0.0.1:9/x"}}, "http": {"allowAnonymous": true}}),
+    )
+    .await;
     service_account(&client, &ns, "sender", true).await;
     service_account(&client, &ns, "stranger", false).await;
-    let (op, base) = operator_with_endpoint(&ns, &certs);
+    // Anonymous callers are taken only from the pod network, which loopback is not.
+    let (op, base) = operator_with_endpoint(&ns, &certs, "198.18.0.0/15");
     let url = queue_url(&base, &ns, "relayer");
     let ca = certs.ca_pem.as_str();
     endpoint_ready(&url, ca, 401).await;
@@ -413,6 +424,20 @@ async fn callers_without_the_right_and_bodies_that_cannot_be_records_are_refused
     assert_eq!(
         none.headers.get("www-authenticate").map(String::as_str),
         Some("Bearer")
+    );
+    // A queue that allows anonymous parking still refuses a caller from outside the cluster.
+    let outside = post(
+        &queue_url(&base, &ns, "open"),
+        ca,
+        &event("a"),
+        b"{}".to_vec(),
+    )
+    .await;
+    assert_eq!(outside.status, 401, "{}", outside.body);
+    assert!(
+        outside.body.contains("--park-anonymous-from") && outside.body.contains("127.0.0.1"),
+        "{}",
+        outside.body
     );
     let auth = bearer(&wrong_audience);
     let mut h = event("a");
@@ -503,7 +528,8 @@ async fn a_full_queue_answers_429_and_the_senders_retry_parks_it_later() {
                "http": {"allowAnonymous": true}}),
     )
     .await;
-    let (_op, base) = operator_with_endpoint(&ns, &certs);
+    // Loopback stands for the pod network here: anonymous parking is allowed from it.
+    let (_op, base) = operator_with_endpoint(&ns, &certs, "127.0.0.0/8");
     let url = queue_url(&base, &ns, "relayer");
     let ca = certs.ca_pem.as_str();
     // Anonymous parking is allowed here: a plain body with its headers, no token.

@@ -401,9 +401,11 @@ pub struct HttpParkSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub audience: Option<String>,
-    /// Park requests without a token too (from inside the cluster: the endpoint's Service is
-    /// not exposed). Off by default: a token checked with a TokenReview and a
-    /// SubjectAccessReview for `create deadletters` in the queue's namespace.
+    /// Park requests without a token too, from inside the cluster only: from the addresses
+    /// the operator was given with `--park-anonymous-from` (the chart's
+    /// `parkEndpoint.anonymousFrom`, usually the pod network). Off by default: a token checked
+    /// with a TokenReview and a SubjectAccessReview for `create deadletters` in the queue's
+    /// namespace.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_anonymous: bool,
 }

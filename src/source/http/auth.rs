@@ -4,9 +4,11 @@
 //! two reviews, not two per event. Tokens are never logged and kept only as their hash.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use ipnet::IpNet;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, UserInfo};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
@@ -28,6 +30,11 @@ const MAX_ENTRIES: usize = 4096;
 pub enum AuthError {
     #[error("a bearer token is required (this queue does not allow anonymous parking)")]
     NoToken,
+    #[error(
+        "a bearer token is required: anonymous parking is taken only from the in-cluster \
+         addresses this operator was given (--park-anonymous-from), and {0} is not among them"
+    )]
+    NotInCluster(IpAddr),
     #[error("the token was not accepted for audience {0:?}")]
     Unauthenticated(String),
     #[error("{user} may not create deadletters in namespace {namespace}")]
@@ -39,7 +46,7 @@ pub enum AuthError {
 impl AuthError {
     pub fn status(&self) -> u16 {
         match self {
-            AuthError::NoToken | AuthError::Unauthenticated(_) => 401,
+            AuthError::NoToken | AuthError::NotInCluster(_) | AuthError::Unauthenticated(_) => 401,
             AuthError::Forbidden { .. } => 403,
             AuthError::Unavailable(_) => 503,
         }
@@ -81,6 +88,24 @@ impl<K: std::hash::Hash + Eq, V: Clone> Cache<K, V> {
     }
 }
 
+/// A caller without a token: "system:anonymous" when the queue allows it and `peer` is one of
+/// `from`.
+fn anonymous(allowed: bool, peer: IpAddr, from: &[IpNet]) -> Result<String, AuthError> {
+    if !allowed {
+        return Err(AuthError::NoToken);
+    }
+    // An IPv4 client of a dual-stack socket shows as ::ffff:a.b.c.d.
+    let peer = match peer {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(peer, IpAddr::V4),
+        v4 => v4,
+    };
+    if from.iter().any(|net| net.contains(&peer)) {
+        Ok("system:anonymous".into())
+    } else {
+        Err(AuthError::NotInCluster(peer))
+    }
+}
+
 /// The reviews and their answers.
 pub struct Auth {
     client: Client,
@@ -88,32 +113,35 @@ pub struct Auth {
     tokens: Cache<[u8; 32], Option<UserInfo>>,
     /// (user, groups, namespace) → allowed.
     access: Cache<(String, Vec<String>, String), bool>,
+    /// Where anonymous parkers may connect from (the cluster's pod network): a queue's
+    /// `allowAnonymous` means callers inside the cluster, and only the operator's deployer
+    /// knows which addresses those are.
+    anonymous_from: Vec<IpNet>,
 }
 
 impl Auth {
-    pub fn new(client: Client) -> Self {
+    pub fn new(client: Client, anonymous_from: Vec<IpNet>) -> Self {
         Auth {
             client,
             tokens: Cache::new(),
             access: Cache::new(),
+            anonymous_from,
         }
     }
 
     /// The caller's name when it may park into `namespace`: `token` (a bearer token, if any)
-    /// checked for `audience`; without one, "system:anonymous" only when `allow_anonymous`.
+    /// checked for `audience`; without one, "system:anonymous" only when `allow_anonymous`
+    /// and the caller connected from `peer` inside the cluster.
     pub async fn check(
         &self,
         token: Option<&str>,
         audience: &str,
         namespace: &str,
         allow_anonymous: bool,
+        peer: IpAddr,
     ) -> Result<String, AuthError> {
         let Some(token) = token else {
-            return if allow_anonymous {
-                Ok("system:anonymous".into())
-            } else {
-                Err(AuthError::NoToken)
-            };
+            return anonymous(allow_anonymous, peer, &self.anonymous_from);
         };
         let user = self
             .authenticate(token, audience)
@@ -219,5 +247,27 @@ mod tests {
             cache.put(i, false, Duration::from_secs(60));
         }
         assert!(cache.entries.lock().expect("lock").len() <= MAX_ENTRIES);
+    }
+
+    #[test]
+    fn anonymous_parkers_are_taken_only_from_the_given_networks() {
+        let pods: Vec<ipnet::IpNet> = vec!["198.18.0.0/16".parse().unwrap()];
+        let inside = "198.18.3.4".parse().unwrap();
+        assert_eq!(anonymous(true, inside, &pods).unwrap(), "system:anonymous");
+        let mapped = "::ffff:198.18.3.4".parse().unwrap();
+        assert!(anonymous(true, mapped, &pods).is_ok(), "dual-stack socket");
+        let outside = "198.19.0.1".parse().unwrap();
+        assert!(matches!(
+            anonymous(true, outside, &pods),
+            Err(AuthError::NotInCluster(_))
+        ));
+        assert!(matches!(
+            anonymous(true, inside, &[]),
+            Err(AuthError::NotInCluster(_))
+        ));
+        assert!(matches!(
+            anonymous(false, inside, &pods),
+            Err(AuthError::NoToken)
+        ));
     }
 }

@@ -16,15 +16,18 @@
 pub mod auth;
 pub mod tls;
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Path, Request, State};
+use axum::extract::connect_info::Connected;
+use axum::extract::{ConnectInfo, Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
+use axum::serve::IncomingStream;
 use http_body_util::BodyExt;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
@@ -75,11 +78,13 @@ impl Drop for Registration {
 }
 
 impl ParkEndpoint {
-    pub fn new(client: kube::Client, metrics: Metrics) -> Self {
+    /// An endpoint checking callers with `client`'s apiserver; callers without a token are
+    /// taken (by queues that allow it) only from `anonymous_from`.
+    pub fn new(client: kube::Client, metrics: Metrics, anonymous_from: Vec<ipnet::IpNet>) -> Self {
         ParkEndpoint {
             scopes: Arc::default(),
             next: Arc::default(),
-            auth: Arc::new(Auth::new(client)),
+            auth: Arc::new(Auth::new(client, anonymous_from)),
             metrics,
         }
     }
@@ -114,6 +119,22 @@ impl ParkEndpoint {
     }
 }
 
+/// The address a request's connection came from (axum knows it only for its own listener).
+#[derive(Clone, Copy, Debug)]
+struct Peer(SocketAddr);
+
+impl Connected<IncomingStream<'_, tls::TlsListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, tls::TlsListener>) -> Self {
+        Peer(*stream.remote_addr())
+    }
+}
+
+impl Connected<IncomingStream<'_, tokio::net::TcpListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, tokio::net::TcpListener>) -> Self {
+        Peer(*stream.remote_addr())
+    }
+}
+
 /// Serves the endpoint on `listener` (TLS when `tls` is given) until `shutdown` resolves.
 pub async fn serve(
     endpoint: ParkEndpoint,
@@ -121,7 +142,10 @@ pub async fn serve(
     tls: Option<Arc<rustls::ServerConfig>>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = endpoint.router();
+    // The peer's address decides whether a caller without a token is inside the cluster.
+    let app = endpoint
+        .router()
+        .into_make_service_with_connect_info::<Peer>();
     match tls {
         Some(config) => {
             let listener = tls::TlsListener::new(listener, config)?;
@@ -184,9 +208,10 @@ impl IntoResponse for Answer {
 async fn park(
     State(endpoint): State<ParkEndpoint>,
     Path((namespace, queue)): Path<(String, String)>,
+    ConnectInfo(Peer(peer)): ConnectInfo<Peer>,
     request: Request,
 ) -> Response {
-    let answer = answer(&endpoint, &namespace, &queue, request).await;
+    let answer = answer(&endpoint, &namespace, &queue, peer.ip(), request).await;
     endpoint.metrics.http_park_request(answer.status.as_u16());
     if answer.status.is_server_error() || answer.status == StatusCode::TOO_MANY_REQUESTS {
         tracing::debug!(%namespace, %queue, status = answer.status.as_u16(), "park request not taken");
@@ -194,7 +219,13 @@ async fn park(
     answer.into_response()
 }
 
-async fn answer(endpoint: &ParkEndpoint, namespace: &str, queue: &str, request: Request) -> Answer {
+async fn answer(
+    endpoint: &ParkEndpoint,
+    namespace: &str,
+    queue: &str,
+    peer: IpAddr,
+    request: Request,
+) -> Answer {
     if request.method() != axum::http::Method::POST {
         return Answer::error(405, "only POST parks");
     }
@@ -228,7 +259,7 @@ async fn answer(endpoint: &ParkEndpoint, namespace: &str, queue: &str, request: 
     let token = bearer(request.headers());
     let caller = match endpoint
         .auth
-        .check(token, &audience, namespace, http.allow_anonymous)
+        .check(token, &audience, namespace, http.allow_anonymous, peer)
         .await
     {
         Ok(caller) => caller,
