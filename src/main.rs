@@ -14,6 +14,7 @@ use deadletter::reconcile::{Mechanisms, Settings};
 use deadletter::run::{self, Process};
 use deadletter::server::{self, Probes};
 use deadletter::source::http::ParkEndpoint;
+use deadletter::source::http::service::LeaderService;
 use deadletter::state::leadership::Leadership;
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
@@ -113,6 +114,14 @@ struct ParkArgs {
     /// these. None: no anonymous parking at all.
     #[arg(long, env = "DLQ_PARK_ANONYMOUS_FROM", value_delimiter = ',')]
     park_anonymous_from: Vec<ipnet::IpNet>,
+    /// A selector-less Service in the operator's namespace (POD_NAMESPACE) that the leader
+    /// points at itself with an EndpointSlice of the same name, so that senders never reach a
+    /// standby. Needs --pod-ip.
+    #[arg(long, env = "DLQ_PARK_SERVICE", requires = "pod_ip")]
+    park_service: Option<String>,
+    /// This replica's address in the park Service's EndpointSlice (the pod's IP).
+    #[arg(long, env = "POD_IP")]
+    pod_ip: Option<std::net::IpAddr>,
 }
 
 /// Per-record alerts: on once an Alertmanager URL is given.
@@ -271,6 +280,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     else {
         return Ok(());
     };
+    if let Some(service) = leader_service(&args, &identity) {
+        let client = client.clone();
+        tokio::spawn(async move { service.point_here(client).await });
+    }
     let leadership = follow_lease(&args, &client, &identity);
     let stop = either(shutdown.clone(), lost.clone());
     let scopes = scopes(&args.watch_namespaces);
@@ -303,6 +316,18 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     lease.release().await;
     let _ = server.await;
     Ok(())
+}
+
+/// The park Service to point at this replica once it leads, when `--park-service` is given.
+fn leader_service(args: &RunArgs, identity: &str) -> Option<LeaderService> {
+    let park = &args.park;
+    Some(LeaderService {
+        namespace: args.lease_namespace.clone(),
+        service: park.park_service.clone()?,
+        pod: identity.to_string(),
+        ip: park.pod_ip?,
+        port: park.park_addr?.port(),
+    })
 }
 
 /// Starts the HTTP park endpoint when `--park-addr` is given: from the start, so a standby

@@ -448,4 +448,22 @@ async fn park_endpoint_rbac_reviews_callers_and_nothing_else() {
             "operator may {verb} {group}/{resource} in {target:?}"
         );
     }
+    // The leader's EndpointSlice for the park Service: that one, in its own namespace.
+    let service = format!("{sa}-park");
+    let slices = "endpointslices";
+    let discovery = "discovery.k8s.io";
+    for (verb, target, name, allowed) in [
+        ("create", ns.as_str(), "", true),
+        ("patch", ns.as_str(), service.as_str(), true),
+        ("get", ns.as_str(), service.as_str(), true),
+        ("patch", ns.as_str(), "kubernetes", false),
+        ("delete", ns.as_str(), service.as_str(), false),
+        ("create", app.as_str(), "", false),
+    ] {
+        assert_eq!(
+            can(&client, me, verb, discovery, slices, target, name).await,
+            allowed,
+            "{verb} endpointslices {name:?} in {target}"
+        );
+    }
 }

@@ -712,6 +712,26 @@ async fn park_endpoint_render_serves_tls_reviews_tokens_and_lets_knative_resolve
     ] {
         assert!(args.contains(&want), "{want} in {args:?}");
     }
+    // The Service has no selector: the leader points it at itself.
+    let service = format!("--park-service={full}-park");
+    assert!(args.contains(&service.as_str()), "{args:?}");
+    assert!(
+        c["env"]
+            .as_array()
+            .expect("env")
+            .iter()
+            .any(|e| e["name"] == "POD_IP"
+                && e["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"),
+        "{c:#}"
+    );
+    let park_service = docs
+        .iter()
+        .find(|d| d["kind"] == "Service" && d["metadata"]["name"] == format!("{full}-park"))
+        .expect("the park Service");
+    assert!(
+        park_service["spec"]["selector"].is_null(),
+        "{park_service:#}"
+    );
     assert!(
         c["ports"]
             .as_array()

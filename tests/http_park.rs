@@ -612,3 +612,63 @@ async fn a_full_queue_answers_429_and_the_senders_retry_parks_it_later() {
         "the retried event is parked: nothing lost"
     );
 }
+
+/// The park Service reaches only the replica that parks: the leader points the Service's
+/// EndpointSlice at itself, a standby leaves it alone, and after a failover the new leader
+/// takes it. (The replicas run on loopback; the addresses they announce stand for pod IPs.)
+#[tokio::test]
+async fn the_park_service_points_at_the_leader_and_follows_a_failover() {
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    let (client, ns) = setup("http-park-leader").await;
+    let certs = certs();
+    let replica = |ns: &str, ip: &str| {
+        let port = dlq_testenv::plane::free_port().expect("a free port");
+        Operator::start_with(
+            ns,
+            &[
+                "--leader-election=true",
+                &format!("--park-addr=127.0.0.1:{port}"),
+                &format!("--park-tls-dir={}", certs.dir.display()),
+                "--park-service=dlq-park",
+            ],
+            &[("POD_NAMESPACE", ns), ("POD_IP", ip)],
+        )
+    };
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &ns);
+    let address = || {
+        let slices = slices.clone();
+        async move {
+            let slice = slices.get_opt("dlq-park").await.ok().flatten()?;
+            slice.endpoints?.first()?.addresses.first().cloned()
+        }
+    };
+    let mut first = replica(&ns, "198.18.0.1");
+    eventually(30, "the slice at the first replica", || async {
+        (address().await.as_deref() == Some("198.18.0.1")).then_some(())
+    })
+    .await;
+    let _second = replica(&ns, "198.18.0.2");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        address().await.as_deref(),
+        Some("198.18.0.1"),
+        "a standby leaves the slice alone"
+    );
+    first.terminate();
+    eventually(60, "the slice at the new leader", || async {
+        (address().await.as_deref() == Some("198.18.0.2")).then_some(())
+    })
+    .await;
+    let slice = slices.get("dlq-park").await.expect("the slice");
+    assert_eq!(
+        slice
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get("kubernetes.io/service-name")
+            .map(String::as_str),
+        Some("dlq-park")
+    );
+    let ports = slice.ports.unwrap_or_default();
+    assert_eq!(ports[0].name.as_deref(), Some("park"));
+}

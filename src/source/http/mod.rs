@@ -11,9 +11,11 @@
 //!
 //! The server runs from the start of the process; a scope of the operator (its queue store,
 //! job index and parker) registers here while it runs, so a standby replica, or one whose
-//! term on the Lease ran out, answers 503.
+//! term on the Lease ran out, answers 503. Senders do not reach a standby through the park
+//! Service: the leader points it at itself ([`service`]).
 
 pub mod auth;
+pub mod service;
 pub mod tls;
 
 use std::net::{IpAddr, SocketAddr};
