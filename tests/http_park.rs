@@ -25,6 +25,13 @@ struct Certs {
     ca_pem: String,
 }
 
+/// The directory holds a private key: it goes with the test.
+impl Drop for Certs {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 fn certs() -> Certs {
     use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
     let dir = std::env::temp_dir().join(format!(
