@@ -206,7 +206,14 @@ async fn a_group_is_listed_and_dropped_as_one_through_a_replay() {
     };
     let listed = eventually(30, "kubectl dlq groups lists both groups", || async {
         let (ok, out, _) = kubectl_dlq(&ns, &["groups"]);
-        (ok && out.lines().count() == 3 && out.contains(&small)).then_some(out)
+        // Both counted: status writes are coalesced, so a group can exist before its count.
+        let counted = out
+            .lines()
+            .any(|l| l.starts_with(&big) && l.contains(" 6 "))
+            && out
+                .lines()
+                .any(|l| l.starts_with(&small) && l.contains(" 3 "));
+        (ok && out.lines().count() == 3 && counted).then_some(out)
     })
     .await;
     let lines: Vec<&str> = listed.lines().collect();

@@ -33,7 +33,11 @@ pub fn sort(groups: &mut [DeadLetterGroup]) {
 
 /// One line of the table.
 fn row(g: &DeadLetterGroup, with_ns: bool) -> Vec<String> {
+    // A group the operator has created but not yet counted (its status writes are coalesced)
+    // shows dashes, not a parked count of 0 it does not have.
+    let counted = g.status.is_some();
     let s: DeadLetterGroupStatus = g.status.clone().unwrap_or_default();
+    let or_dash = |v: String| if counted { v } else { "-".into() };
     let label = |k: &str| g.labels().get(k).cloned().unwrap_or_else(|| "-".into());
     let ack = acknowledged(g, &s);
     let mut row = Vec::new();
@@ -45,9 +49,9 @@ fn row(g: &DeadLetterGroup, with_ns: bool) -> Vec<String> {
         label(LABEL_QUEUE),
         s.failure_kind.map_or("-".into(), |k| k.label().to_string()),
         s.service_version.unwrap_or_else(|| "-".into()),
-        s.parked.to_string(),
-        format!("{}/min", s.rate_per_minute),
-        s.tier.as_str().to_string(),
+        or_dash(s.parked.to_string()),
+        or_dash(format!("{}/min", s.rate_per_minute)),
+        or_dash(s.tier.as_str().to_string()),
         ack,
         s.template,
     ]);
@@ -121,6 +125,15 @@ mod tests {
             ..Default::default()
         });
         g
+    }
+
+    #[test]
+    fn a_group_not_yet_counted_shows_dashes_not_zero() {
+        let fresh = DeadLetterGroup::new("f", DeadLetterGroupSpec::default());
+        let fresh = row(&fresh, false);
+        assert_eq!(fresh[4..7], ["-", "-", "-"], "{fresh:?}");
+        let counted = super::row(&group("g", 0, 0, Tier::Info), false);
+        assert_eq!(counted[4..7], ["0", "0/min", "info"], "{counted:?}");
     }
 
     #[test]
