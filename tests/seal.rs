@@ -53,6 +53,15 @@ async fn identity_secret(client: &Client, ns: &str, name: &str) -> String {
     recipient
 }
 
+/// The recipient of the identity in Secret `name` (key `identity`).
+async fn recipient_in(client: &Client, ns: &str, name: &str) -> String {
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), ns);
+    let secret = secrets.get(name).await.unwrap();
+    let identity = &secret.data.unwrap()["identity"].0;
+    let mut keys = Keyring::default();
+    keys.add(std::str::from_utf8(identity).unwrap()).unwrap()
+}
+
 /// Waits until the queue publishes `recipients` (in order) and returns its status protection.
 async fn published(client: &Client, ns: &str, recipients: &[&str]) -> DeadLetterQueue {
     let queues: Api<DeadLetterQueue> = Api::namespaced(client.clone(), ns);
@@ -242,6 +251,13 @@ async fn plaintext_control(client: &Client, ns: &str) {
         String::from_utf8_lossy(&raw).contains(CARD),
         "a plaintext record's card is readable in etcd"
     );
+    // Shown to a human, its card is masked all the same.
+    let (ok, out, err) = kubectl_dlq(ns, &["show", "plain/1"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("411111******1111") && !out.contains(CARD),
+        "{out}"
+    );
 }
 
 #[tokio::test]
@@ -265,6 +281,13 @@ async fn parked_through_plugin_client_and_source_the_card_is_nowhere_and_redrive
         records.push(r);
     }
     sealed_counts(&client, &ns, &[(&recipient, 3)]).await;
+    let (ok, out, err) = kubectl_dlq(&ns, &["show", "card/plugin"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains(&format!("sealed (recipient {recipient})")),
+        "{out}"
+    );
+    assert!(!out.contains("4111"), "{out}");
     plaintext_control(&client, &ns).await;
     for r in &records {
         redrive_exact(&api, &redis, r).await;
@@ -302,15 +325,19 @@ async fn rotation_seals_new_records_to_the_first_key_and_old_ones_still_redrive(
     park_with_client(&client, &ns, "rot/1").await;
     let first = record_of(&api, "rot/1").await;
 
-    // Rotation: a new key first, the old one kept to open older records.
-    let new = identity_secret(&client, &ns, "seal-new").await;
-    let queues: Api<DeadLetterQueue> = Api::namespaced(client.clone(), &ns);
-    let keys = json!({"spec": {"protection": {"seal": {"keys": [{"secretName": "seal-new"}, {"secretName": "seal-old"}]}}}});
-    queues
-        .patch("relayer", &PatchParams::default(), &Patch::Merge(&keys))
-        .await
-        .unwrap();
+    // Rotation with `kubectl dlq seal-key`: a new key first, the old one kept to open older
+    // records.
+    let (ok, out, err) = kubectl_dlq(&ns, &["seal-key", "relayer", "--secret", "seal-new"]);
+    assert!(ok, "kubectl dlq seal-key: {out}{err}");
+    let new = recipient_in(&client, &ns, "seal-new").await;
+    assert!(out.contains(&new) && out.contains("seal-old"), "{out}");
+    assert!(!out.contains("AGE-SECRET-KEY") && !err.contains("AGE-SECRET-KEY"));
     published(&client, &ns, &[&new, &old]).await;
+    let (ok, _, err) = kubectl_dlq(&ns, &["seal-key", "relayer", "--secret", "seal-new"]);
+    assert!(
+        !ok && err.contains("Secret seal-new already exists"),
+        "{err}"
+    );
     park_with_client(&client, &ns, "rot/2").await;
     let second = record_of(&api, "rot/2").await;
     assert_sealed_in_etcd(&first, &old).await;
