@@ -138,7 +138,7 @@ pub fn luhn(digits: &[u8]) -> bool {
         .enumerate()
         .map(|(i, &d)| {
             let d = u32::from(d);
-            if i % 2 == 1 {
+            if !i.is_multiple_of(2) {
                 let twice = d * 2;
                 if twice > 9 { twice - 9 } else { twice }
             } else {
