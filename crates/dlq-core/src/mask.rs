@@ -146,7 +146,7 @@ pub fn luhn(digits: &[u8]) -> bool {
             }
         })
         .sum();
-    !digits.is_empty() && sum % 10 == 0
+    !digits.is_empty() && sum.is_multiple_of(10)
 }
 
 /// Replaces the values at `path` (`$.a.b`, `$.items[0].pan`, `$.items[*].pan`, `$.*.x`) with
