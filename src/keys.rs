@@ -5,10 +5,14 @@
 //! The reveal API loads a queue's keys with [`load`] and opens a record with
 //! `dlq_core::seal::open(record, &keyring)`, as the redrive does.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
 use futures::future::BoxFuture;
 use kube::{Client, ResourceExt};
 
-use dlq_core::api::{DeadLetterQueue, SecretKeyRef};
+use dlq_core::api::{DeadLetterQueue, SealKeyRef, SecretKeyRef};
 use dlq_core::seal::Keyring;
 
 use crate::secret::read_secret;
@@ -41,21 +45,63 @@ pub trait Keys: Send + Sync {
     fn load<'a>(&'a self, queue: &'a DeadLetterQueue) -> BoxFuture<'a, Loaded>;
 }
 
-/// Reads the keys' Secrets on every call (a key removed or rotated takes effect at once).
+/// Reads a queue's key Secrets at most once per [`KEYS_REUSE`] for the same list of keys, so a
+/// bulk redrive of sealed records does not read them once per record; a changed list of keys
+/// is read at once, a changed Secret within [`KEYS_REUSE`].
 pub struct SecretKeys {
     client: Client,
+    read: Mutex<HashMap<(String, String), KeysRead>>,
 }
+
+/// When a queue's keys were read, which keys, and what was read.
+type KeysRead = (Instant, Vec<SealKeyRef>, Loaded);
+
+/// How long [`SecretKeys`] reuses what it read.
+pub const KEYS_REUSE: Duration = Duration::from_secs(2);
 
 impl SecretKeys {
     pub fn new(client: Client) -> Self {
-        SecretKeys { client }
+        SecretKeys {
+            client,
+            read: Mutex::default(),
+        }
+    }
+
+    fn reuse(&self, key: &(String, String), refs: &[SealKeyRef]) -> Option<Loaded> {
+        let read = self.read.lock().unwrap_or_else(|e| e.into_inner());
+        let (at, keys, loaded) = read.get(key)?;
+        (at.elapsed() < KEYS_REUSE && keys.as_slice() == refs).then(|| loaded.clone())
+    }
+
+    async fn load_reusing(&self, queue: &DeadLetterQueue) -> Loaded {
+        let key = (queue.namespace().unwrap_or_default(), queue.name_any());
+        let refs = key_refs(queue);
+        if let Some(loaded) = self.reuse(&key, refs) {
+            return loaded;
+        }
+        let loaded = load(&self.client, queue).await;
+        let mut read = self.read.lock().unwrap_or_else(|e| e.into_inner());
+        read.retain(|_, (at, _, _)| at.elapsed() < KEYS_REUSE);
+        read.insert(key, (Instant::now(), refs.to_vec(), loaded.clone()));
+        loaded
     }
 }
 
 impl Keys for SecretKeys {
     fn load<'a>(&'a self, queue: &'a DeadLetterQueue) -> BoxFuture<'a, Loaded> {
-        Box::pin(load(&self.client, queue))
+        Box::pin(self.load_reusing(queue))
     }
+}
+
+/// The queue's `spec.protection.seal.keys`.
+fn key_refs(queue: &DeadLetterQueue) -> &[SealKeyRef] {
+    queue
+        .spec
+        .protection
+        .as_ref()
+        .and_then(|p| p.seal.as_ref())
+        .map(|s| s.keys.as_slice())
+        .unwrap_or_default()
 }
 
 /// No keys at all: every sealed record is refused as `SealKeyMissing` (in-process tests).
@@ -71,13 +117,7 @@ impl Keys for NoKeys {
 /// namespace. A queue without sealing has none.
 pub async fn load(client: &Client, queue: &DeadLetterQueue) -> Loaded {
     let namespace = queue.namespace().unwrap_or_default();
-    let refs = queue
-        .spec
-        .protection
-        .as_ref()
-        .and_then(|p| p.seal.as_ref())
-        .map(|s| s.keys.as_slice())
-        .unwrap_or_default();
+    let refs = key_refs(queue);
     let mut loaded = Loaded::default();
     for (i, key) in refs.iter().enumerate() {
         let r = SecretKeyRef {
