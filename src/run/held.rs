@@ -72,10 +72,7 @@ fn keeps_job_bytes(dl: &DeadLetter) -> bool {
     let job = &dl.spec.job;
     let size = job.payload.as_ref().map_or(0, String::len)
         + job.payload_base64.as_ref().map_or(0, |b| b.len() / 4 * 3)
-        + job
-            .sealed
-            .as_ref()
-            .map_or(0, |s| s.ciphertext.len() / 4 * 3);
+        + job.sealed.as_deref().map_or(0, dlq_core::seal::content_len);
     dl.spec.action.is_some() && dl.phase() == Phase::Parked && size <= CACHED_PAYLOAD_MAX
 }
 

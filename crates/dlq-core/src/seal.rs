@@ -282,6 +282,17 @@ pub fn protection_write(
     }
 }
 
+/// The most an age file to one X25519 recipient adds to its plaintext: its header (about 210
+/// bytes, plus the random "grease" stanza age adds, up to about 300), a 16-byte tag per 64 KiB
+/// chunk, and the JSON around the content.
+pub const SEAL_OVERHEAD: usize = 600;
+
+/// About how many bytes of content a sealed job holds, never more: its ciphertext decoded, less
+/// [`SEAL_OVERHEAD`]. A sealed job is then held like a plaintext one of about that size.
+pub fn content_len(sealed: &SealedJob) -> usize {
+    (sealed.ciphertext.len() / 4 * 3).saturating_sub(SEAL_OVERHEAD)
+}
+
 /// What a human sees instead of a sealed payload.
 pub fn sealed_label(sealed: &SealedJob) -> String {
     format!("sealed (recipient {})", sealed.recipient)
@@ -315,6 +326,23 @@ mod tests {
         assert!(sealed.payload.is_none() && sealed.headers.is_empty());
         assert_eq!(sealed.id, "pi_0003/settle");
         assert_eq!(open(&record(sealed), &keys).unwrap(), job());
+    }
+
+    #[test]
+    fn content_len_never_overstates_the_plaintext() {
+        let (_, recipient) = generate_identity();
+        let mut most = 0;
+        for size in [0usize, 1024, 65536] {
+            let job = Job::from_bytes("j", "x".repeat(size).as_bytes());
+            for _ in 0..64 {
+                let sealed = seal(&job, &recipient).unwrap();
+                let len = content_len(sealed.sealed.as_ref().unwrap());
+                assert!(len <= size, "{size}: {len}");
+                most = most.max(size - len);
+            }
+        }
+        eprintln!("most understated: {most}");
+        assert!(most <= SEAL_OVERHEAD, "{most}");
     }
 
     #[test]
