@@ -13,7 +13,8 @@
 //! requests made per record, and `BENCH_PPROF=DIR` an apiserver CPU profile of each park phase
 //! (see `profile`). `BENCH_PHASES` runs only the phases it names, `BENCH_OPERATOR_ENV` gives
 //! the operator extra environment. The `ab` phase measures what each throughput mechanism buys
-//! (`BENCH_AB_N`, `BENCH_AB_ROUNDS`, `BENCH_AB_MEMORY`: see `ab`).
+//! (`BENCH_AB_N`, `BENCH_AB_ROUNDS`, `BENCH_AB_MEMORY`: see `ab`). The `seal` phase measures
+//! payload sealing on against off (`BENCH_SEAL_N`, `BENCH_SEAL_ROUNDS`: see `seal`).
 
 #[path = "operator/ab.rs"]
 mod ab;
@@ -23,6 +24,8 @@ mod http;
 mod profile;
 #[path = "operator/scale.rs"]
 mod scale;
+#[path = "operator/seal.rs"]
+mod seal;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -73,7 +76,7 @@ fn operator_env() -> Vec<(String, String)> {
 }
 
 /// Whether `BENCH_PHASES` (a comma list; default: every phase) names `phase`: park, redrive,
-/// latency, http, storm, ab, memory, capacity, records, scale. For investigating one phase at a time.
+/// latency, http, storm, seal, ab, memory, capacity, records, scale. For investigating one phase at a time.
 fn wanted(phase: &str) -> bool {
     std::env::var("BENCH_PHASES").map_or(true, |list| list.split(',').any(|p| p.trim() == phase))
 }
@@ -557,6 +560,19 @@ async fn redrive_run(b: &mut Bench, n: usize) -> anyhow::Result<f64> {
 async fn redrive_without(b: &mut Bench, n: usize, disable: &[&str]) -> anyhow::Result<f64> {
     let ns = b.namespace("redrive").await?;
     create_plain(&b.client, &ns, n, b.c, 64).await?;
+    redrive_in(b, &ns, n, disable, "redrive").await
+}
+
+/// The redrive of the `n` records already created in `ns` (named as [`plain_record`] names
+/// them) by an operator with `disable`d mechanisms: records/s; the namespace is removed after.
+async fn redrive_in(
+    b: &mut Bench,
+    ns: &str,
+    n: usize,
+    disable: &[&str],
+    label: &str,
+) -> anyhow::Result<f64> {
+    let ns = ns.to_string();
     let (_op, pid) = b.operator_without(&ns, disable)?;
     let api: Api<DeadLetter> = Api::namespaced(b.client.clone(), &ns);
     // Wait for the operator to have marked them Parked: the run measures redrive only.
@@ -594,7 +610,7 @@ async fn redrive_without(b: &mut Bench, n: usize, disable: &[&str]) -> anyhow::R
     }
     let rate = n as f64 / start.elapsed().as_secs_f64();
     if let Some(before) = before {
-        before.report("redrive", &b.plane, Some(pid), n);
+        before.report(label, &b.plane, Some(pid), n);
     }
     clear(&b.client, &ns).await?;
     Api::<Namespace>::all(b.client.clone())
@@ -957,6 +973,12 @@ async fn main() -> anyhow::Result<()> {
     // 5. What each throughput mechanism buys: the same build with and without it (see `ab`).
     // Before the memory points, as the storm.
     let mut ab_rows = Vec::new();
+    if wanted("seal") {
+        let (seal_rows, seal_json) = seal::run(&mut b, n, rounds).await?;
+        rows.extend(seal_rows);
+        json.insert("seal".into(), seal_json);
+    }
+
     if wanted("ab") {
         let (rows, ab_json) = ab::run(&mut b).await?;
         ab_rows = rows;

@@ -56,6 +56,8 @@ command -v chromium >/dev/null || pkgs+=(chromium)
 command -v chromedriver >/dev/null || pkgs+=(chromium-driver)
 command -v redis-server >/dev/null || pkgs+=(redis-server)
 command -v nats-server >/dev/null || pkgs+=(nats-server)
+# age + age-keygen: tests/seal.rs checks that age's own CLI opens what a parker sealed
+command -v age >/dev/null || pkgs+=(age)
 # ruby + Debian's Sidekiq 6.4: the real Sidekiq process of tests/sidekiq.rs
 command -v ruby >/dev/null || pkgs+=(ruby)
 command -v sidekiq >/dev/null || pkgs+=(ruby-sidekiq)

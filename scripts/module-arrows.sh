@@ -11,7 +11,7 @@ cd "${1:-$(dirname "$0")/..}"
 declare -A layer=(
   [run]=4
   [reconcile]=3 [source]=3 [alert]=3
-  [state]=2 [target]=2 [server]=2
+  [state]=2 [target]=2 [server]=2 [keys]=2
   [metrics]=1 [secret]=1 [https]=1 [failpoint]=1
 )
 
@@ -43,5 +43,5 @@ for dir in src/*/ src/*.rs; do
     done
   done < <(find "${dir%/}" -name '*.rs' | sort)
 done
-[ $fail = 0 ] && echo "module-arrows: every arrow in src/ runs down (run > reconcile, source, alert > state, target, server > metrics, secret, https, failpoint)"
+[ $fail = 0 ] && echo "module-arrows: every arrow in src/ runs down (run > reconcile, source, alert > state, target, server, keys > metrics, secret, https, failpoint)"
 exit $fail

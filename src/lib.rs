@@ -6,12 +6,13 @@
 //! (`make deps-check`): [`run`] wires the process; beneath it [`reconcile`] (the reconcilers),
 //! [`source`] (collecting a broker's dead messages into records) and [`alert`] (per-record
 //! alerts) stand side by side; beneath those, [`state`] (what they share) and [`target`] (where
-//! redrive puts a job back, one file per backend); [`metrics`], [`server`], [`secret`],
+//! redrive puts a job back, one file per backend) and [`keys`] (the queues' sealing keys); [`metrics`], [`server`], [`secret`],
 //! [`https`] and [`failpoint`] at the bottom.
 
 pub mod alert;
 pub mod failpoint;
 pub mod https;
+pub mod keys;
 pub mod metrics;
 pub mod reconcile;
 pub mod run;

@@ -224,6 +224,60 @@ async fn payload_forms_and_sizes_are_bounded() {
     assert_eq!(code, 422);
 }
 
+/// A sealed job (issue 32) holds its payload and headers only in `sealed`: the CRD refuses a
+/// plaintext form beside it and a recipient that is not an age one.
+#[tokio::test]
+async fn a_sealed_job_holds_nothing_in_plaintext_beside_it() {
+    let (_c, api) = setup().await;
+    let (_, recipient) = dlq_core::seal::generate_identity();
+    let sealed = json!({"recipient": recipient, "ciphertext": "YWdl"});
+    let exclusive = "a sealed job holds its payload and headers only in spec.job.sealed";
+    for (name, job) in [
+        (
+            "sealed-payload",
+            json!({"id": "j", "sealed": sealed, "payload": "4111111111111111"}),
+        ),
+        (
+            "sealed-b64",
+            json!({"id": "j", "sealed": sealed, "payloadBase64": "YQ=="}),
+        ),
+        (
+            "sealed-null",
+            json!({"id": "j", "sealed": sealed, "payloadNull": true}),
+        ),
+        (
+            "sealed-headers",
+            json!({"id": "j", "sealed": sealed, "headers": {"x-card": "4111"}}),
+        ),
+    ] {
+        let (code, msg) = refusal(api.create(&PostParams::default(), &record(name, job)).await);
+        assert_eq!(code, 422, "{name}");
+        assert!(msg.contains(exclusive), "{name}: {msg}");
+    }
+    let bad = json!({"id": "j", "sealed": {"recipient": "ssh-ed25519 AAAA", "ciphertext": "YWdl"}});
+    let (code, msg) = refusal(
+        api.create(&PostParams::default(), &record("bad", bad))
+            .await,
+    );
+    assert_eq!(code, 422);
+    assert!(msg.contains("spec.job.sealed.recipient"), "{msg}");
+    api.create(
+        &PostParams::default(),
+        &record("sealed", json!({"id": "j", "sealed": sealed})),
+    )
+    .await
+    .expect("a sealed job alone is a payload");
+    let (_, msg) = refusal(
+        merge(
+            &api,
+            "sealed",
+            json!({"spec": {"job": {"sealed": null, "payload": "x"}}}),
+        )
+        .await,
+    );
+    assert!(msg.contains("spec.job is immutable"), "{msg}");
+}
+
 #[tokio::test]
 async fn decision_is_frozen_once_resolved() {
     let (_c, api) = setup().await;

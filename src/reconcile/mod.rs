@@ -147,6 +147,9 @@ pub struct Context {
     /// DeadLetterGroups as the watch sees them (their acknowledgements); None in tests that
     /// do not watch them.
     pub group_store: Option<Store<dlq_core::groups::DeadLetterGroup>>,
+    /// The queues' sealing keys (opening sealed jobs to redrive them, the recipients a queue
+    /// publishes); [`crate::keys::NoKeys`] unless set with [`Context::with_keys`].
+    pub keys: Arc<dyn crate::keys::Keys>,
 }
 
 /// How long a reconcile waits for the record cache's first complete list before it steps aside
@@ -206,8 +209,15 @@ impl Context {
             parking_first: parking_first::ParkingFirst::new(settings.mechanisms.parking_first),
             groups: groups::GroupKeeper::default(),
             group_store: None,
+            keys: Arc::new(crate::keys::NoKeys),
             settings,
         }
+    }
+
+    /// Reads the queues' sealing keys with `keys`.
+    pub fn with_keys(mut self, keys: Arc<dyn crate::keys::Keys>) -> Self {
+        self.keys = keys;
+        self
     }
 
     /// Reads the groups' acknowledgements from `store` (see [`groups`]).

@@ -18,6 +18,7 @@ use dlq_core::capacity;
 use dlq_core::conditions::reason;
 use dlq_core::plan::{self, Readiness};
 use dlq_core::record::{Facts, Summary};
+use dlq_core::seal;
 
 use super::Context;
 use crate::state::apiserver::reference;
@@ -71,6 +72,7 @@ pub async fn reconcile(
     tracing::debug!(namespace = %ns, queue = %name, ready = readiness.ready, "probed the queue's target");
     let mut plan = plan::queue_status(&queue, counts, settled, readiness, now);
     plan.status.address = plan::address(&queue, ctx.settings.park_url.as_deref());
+    plan.status.protection = protection(&ctx, &queue, &records, &deleted).await;
     for change in &plan.metrics {
         ctx.metrics.apply(change);
     }
@@ -102,6 +104,32 @@ pub async fn reconcile(
         next = next.min(wait);
     }
     Ok(Action::requeue(next))
+}
+
+/// The queue's `status.protection`: the recipients of the keys it seals with (read from their
+/// Secrets) and its live records per recipient. None for a queue that neither seals nor holds
+/// sealed records.
+async fn protection(
+    ctx: &Context,
+    queue: &DeadLetterQueue,
+    records: &[Arc<Summary>],
+    deleted: &HashSet<String>,
+) -> Option<seal::ProtectionWrite> {
+    let sealed_to = records
+        .iter()
+        .filter(|r| !deleted.contains(&*r.name))
+        .filter_map(|r| r.sealed_to.as_deref());
+    let before = queue.status.as_ref().and_then(|s| s.protection.as_ref());
+    if !queue.seals() && before.is_none() && records.iter().all(|r| r.sealed_to.is_none()) {
+        return None;
+    }
+    let published = if queue.seals() {
+        ctx.keys.load(queue).await.published()
+    } else {
+        Vec::new()
+    };
+    let now = seal::protection_status(published, sealed_to);
+    Some(seal::protection_write(before, now))
 }
 
 /// Records labelled with their group in one reconcile (the rest in the next ones).

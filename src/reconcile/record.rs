@@ -8,6 +8,7 @@
 //! the two leaves the record Parked with its decision, so the next run enqueues again: at worst
 //! one more delivery, never a lost job.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,10 +16,11 @@ use jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 
-use dlq_core::api::{DeadLetter, Phase};
+use dlq_core::api::{DeadLetter, DeadLetterQueue, Job, Phase};
 use dlq_core::conditions::reason;
 use dlq_core::decide::{self, AfterConflict, Decision, RedriveStep};
 use dlq_core::plan::{self, RequeueFailure, Write};
+use dlq_core::seal::{self, OpenError};
 
 use super::Context;
 use super::claims::Unwritten;
@@ -304,8 +306,9 @@ async fn requeue(ctx: &Context, ns: &str, record: &DeadLetter) -> Result<(), Req
                 record.spec.queue
             ),
         })?;
+    let job = opened(ctx, &queue, record).await?;
     let target = ctx.targets.target(&queue).await.map_err(failure)?;
-    let mut message = JobMessage::from_job(&record.spec.job).map_err(failure)?;
+    let mut message = JobMessage::from_job(&job).map_err(failure)?;
     message.idempotency_key = Some(decide::redrive_key(record));
     message.key_header = queue
         .spec
@@ -319,6 +322,29 @@ async fn requeue(ctx: &Context, ns: &str, record: &DeadLetter) -> Result<(), Req
         .requeue_duration
         .observe(started.elapsed().as_secs_f64());
     result.map_err(failure)
+}
+
+/// The record's job as it was parked: opened with its queue's keys when sealed
+/// (`dlq_core::seal::open`), whole or not at all. A record whose key is gone is refused
+/// (`SealKeyMissing`) and stays Parked.
+async fn opened<'r>(
+    ctx: &Context,
+    queue: &DeadLetterQueue,
+    record: &'r DeadLetter,
+) -> Result<Cow<'r, Job>, RequeueFailure> {
+    if record.spec.job.sealed.is_none() {
+        return Ok(Cow::Borrowed(&record.spec.job));
+    }
+    let loaded = ctx.keys.load(queue).await;
+    seal::open(record, &loaded.keyring)
+        .map(Cow::Owned)
+        .map_err(|e| RequeueFailure {
+            reason: match e {
+                OpenError::KeyMissing { .. } => reason::SEAL_KEY_MISSING,
+                OpenError::Corrupt { .. } => reason::SEAL_BROKEN,
+            },
+            message: e.to_string(),
+        })
 }
 
 fn failure(e: TargetError) -> RequeueFailure {

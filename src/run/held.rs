@@ -42,6 +42,7 @@ pub fn strip(dl: &mut DeadLetter) {
         dl.spec.job.payload = None;
         dl.spec.job.payload_base64 = None;
         dl.spec.job.headers = Default::default();
+        dl.spec.job.sealed = None;
     }
     let meta = &mut dl.metadata;
     meta.managed_fields = None;
@@ -70,7 +71,8 @@ fn keep(map: Option<BTreeMap<String, String>>, kept: &[&str]) -> Option<BTreeMap
 fn keeps_job_bytes(dl: &DeadLetter) -> bool {
     let job = &dl.spec.job;
     let size = job.payload.as_ref().map_or(0, String::len)
-        + job.payload_base64.as_ref().map_or(0, |b| b.len() / 4 * 3);
+        + job.payload_base64.as_ref().map_or(0, |b| b.len() / 4 * 3)
+        + job.sealed.as_deref().map_or(0, dlq_core::seal::content_len);
     dl.spec.action.is_some() && dl.phase() == Phase::Parked && size <= CACHED_PAYLOAD_MAX
 }
 

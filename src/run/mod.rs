@@ -160,7 +160,9 @@ pub async fn run_scope(
         metrics,
         settings.clone(),
     );
-    ctx = ctx.with_group_store(group_store);
+    ctx = ctx
+        .with_group_store(group_store)
+        .with_keys(Arc::new(crate::keys::SecretKeys::new(client.clone())));
     if settings.mechanisms.aggregation {
         ctx = ctx.with_aggregator(aggregate::Aggregator::spawn(apiserver));
     }

@@ -15,6 +15,7 @@ use kube::{Api, Client, ResourceExt};
 
 use dlq_core::api::{self, DeadLetter, DeadLetterQueue, Phase};
 use dlq_core::park::{Cycle, FirstTry, first_try, job_key, new_record, next_cycle, validate};
+use dlq_core::seal::{SealError, seal};
 
 use crate::admission::{Admissions, AdmitError, Slot};
 pub use dlq_core::park::{KnownCycle, ParkInvalid, ParkRequest};
@@ -69,13 +70,24 @@ pub enum ParkError {
     Admission(String),
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+    /// The queue seals payloads but has no recipient in its status yet: parking plaintext
+    /// would defeat the seal, so the park waits (the operator publishes it once it read the key).
+    #[error(
+        "queue {queue} seals payloads (spec.protection.seal) but publishes no recipient (status.protection.recipients is empty: the operator has not read its key Secret yet, or cannot); refusing to park the job in plaintext"
+    )]
+    NoRecipient { queue: String },
+    #[error(transparent)]
+    Seal(#[from] SealError),
 }
 
 impl ParkError {
     /// Whether trying again later can succeed (the apiserver, the queue's capacity or its
     /// existence may change); the rest are properties of the message itself.
     pub fn is_transient(&self) -> bool {
-        !matches!(self, ParkError::Invalid(_)) && self.final_refusal().is_none()
+        !matches!(
+            self,
+            ParkError::Invalid(_) | ParkError::Seal(SealError::TooLarge { .. })
+        ) && self.final_refusal().is_none()
     }
 
     /// The apiserver's words when it refused the record for good
@@ -194,6 +206,7 @@ impl Parker {
         known: Option<&[KnownCycle]>,
     ) -> Result<ParkOutcome, ParkError> {
         validate(&req)?;
+        let req = seal_for(queue, req)?;
         let namespace = queue.namespace().unwrap_or_default();
         let records: Api<DeadLetter> = Api::namespaced(self.client.clone(), &namespace);
         match first_try(&req, known) {
@@ -347,6 +360,25 @@ impl Parker {
             },
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+/// `req` with its job sealed to the queue's current recipient when the queue seals
+/// (`dlq_core::seal`), before anything reaches the apiserver; untouched otherwise. A queue that
+/// seals but publishes no recipient refuses ([`ParkError::NoRecipient`]), never plaintext.
+pub fn seal_for(queue: &DeadLetterQueue, mut req: ParkRequest) -> Result<ParkRequest, ParkError> {
+    if req.job.sealed.is_some() {
+        return Ok(req);
+    }
+    match queue.seal_recipient() {
+        Some(recipient) => {
+            req.job = seal(&req.job, recipient)?;
+            Ok(req)
+        }
+        None if queue.seals() => Err(ParkError::NoRecipient {
+            queue: queue.name_any(),
+        }),
+        None => Ok(req),
     }
 }
 

@@ -122,7 +122,8 @@ pub struct DeadLetterSpec {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
-    validation = kube::core::Rule::new("(has(self.payloadNull) && self.payloadNull) ? !has(self.payload) && !has(self.payloadBase64) : has(self.payload) != has(self.payloadBase64)").message("exactly one of spec.job.payload, spec.job.payloadBase64 and spec.job.payloadNull must be set"),
+    validation = kube::core::Rule::new("has(self.sealed) || ((has(self.payloadNull) && self.payloadNull) ? !has(self.payload) && !has(self.payloadBase64) : has(self.payload) != has(self.payloadBase64))").message("exactly one of spec.job.payload, spec.job.payloadBase64 and spec.job.payloadNull must be set"),
+    validation = kube::core::Rule::new("!has(self.sealed) || (!has(self.payload) && !has(self.payloadBase64) && !has(self.payloadNull) && !has(self.headers))").message("a sealed job holds its payload and headers only in spec.job.sealed: payload, payloadBase64, payloadNull and headers must not be set"),
 )]
 pub struct Job {
     #[schemars(length(min = 1, max = 253))]
@@ -148,6 +149,30 @@ pub struct Job {
     // Boxed: most jobs have none, and inline it would cost each cached record 0.2 KiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<Box<Origin>>,
+    /// The job's payload and headers sealed to the queue's age recipient (`dlq_core::seal`),
+    /// instead of `payload`/`payloadBase64`/`payloadNull`/`headers`.
+    // Boxed: most jobs are not sealed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed: Option<Box<SealedJob>>,
+}
+
+/// A job's content (payload, payloadBase64, payloadNull, headers) as one age file encrypted to
+/// an X25519 recipient: opened only with that recipient's identity.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct SealedJob {
+    /// The age recipient (`age1...`) it is sealed to: which of the queue's keys opens it.
+    #[schemars(
+        length(min = 1, max = 128),
+        regex(pattern = r"^age1[02-9ac-hj-np-z]+$")
+    )]
+    pub recipient: String,
+    /// Base64 of the binary age file; its plaintext is the JSON of the job's content.
+    #[schemars(
+        length(min = 1, max = 1048576),
+        regex(pattern = r"^[A-Za-z0-9+/]*={0,2}$")
+    )]
+    pub ciphertext: String,
 }
 
 /// The address a broker-collected job had before it died. Each backend reads only its fields.
@@ -252,8 +277,12 @@ impl Job {
     }
 
     /// Whether the (possibly stripped) job still carries its payload (a null one counts).
+    /// A sealed job counts: its payload is in `sealed`.
     pub fn has_payload(&self) -> bool {
-        self.payload.is_some() || self.payload_base64.is_some() || self.payload_null
+        self.payload.is_some()
+            || self.payload_base64.is_some()
+            || self.payload_null
+            || self.sealed.is_some()
     }
 }
 
@@ -390,6 +419,100 @@ pub struct DeadLetterQueueSpec {
     /// endpoint; the queue's `status.address` then says where.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<HttpParkSpec>,
+    /// Payload protection: sealing new records' payload and headers, and more JSON paths to
+    /// mask wherever a payload is shown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protection: Option<Protection>,
+}
+
+/// A queue's payload protection (see `dlq_core::seal` and `dlq_core::mask`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Protection {
+    /// Seal every new record's payload and headers to the queue's current age recipient.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seal: Option<SealSpec>,
+    /// JSON paths (`$.card.number`, `$.items[*].pan`) whose values are masked wherever a
+    /// payload is shown; card numbers (Luhn-valid digit runs) always are.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(min = 1, max = 256)))]
+    pub mask_paths: Vec<String>,
+}
+
+/// The queue's age identities: the first seals new records, the others only open older ones
+/// (rotation: put a new key first, retire an old one once its count in
+/// `status.protection.sealedRecords` is 0).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct SealSpec {
+    #[schemars(length(min = 1, max = 8))]
+    pub keys: Vec<SealKeyRef>,
+}
+
+/// A Secret (same namespace) holding an age X25519 identity (`AGE-SECRET-KEY-1...`, as
+/// `age-keygen` or `kubectl dlq seal-key` writes it).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct SealKeyRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_name: String,
+    /// The Secret's key; default `identity`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub key: Option<String>,
+}
+
+/// The Secret key an identity is read from when a [`SealKeyRef`] names none.
+pub const DEFAULT_SEAL_KEY: &str = "identity";
+
+impl SealKeyRef {
+    pub fn key(&self) -> &str {
+        self.key.as_deref().unwrap_or(DEFAULT_SEAL_KEY)
+    }
+}
+
+/// What the operator publishes about a queue's protection: public values only.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ProtectionStatus {
+    /// The recipients of `spec.protection.seal.keys` whose Secrets were read, in order: parkers
+    /// seal to the first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recipients: Vec<String>,
+    /// Records sealed to each recipient (any phase): a key can be retired at 0.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sealed_records: BTreeMap<String, i64>,
+}
+
+impl DeadLetterQueue {
+    /// Whether the queue asks for sealing.
+    pub fn seals(&self) -> bool {
+        self.spec
+            .protection
+            .as_ref()
+            .and_then(|p| p.seal.as_ref())
+            .is_some_and(|s| !s.keys.is_empty())
+    }
+
+    /// The recipient new records are sealed to, as the operator published it.
+    pub fn seal_recipient(&self) -> Option<&str> {
+        self.status
+            .as_ref()?
+            .protection
+            .as_ref()?
+            .recipients
+            .first()
+            .map(String::as_str)
+    }
+
+    /// The queue's extra JSON paths to mask.
+    pub fn mask_paths(&self) -> &[String] {
+        self.spec
+            .protection
+            .as_ref()
+            .map(|p| p.mask_paths.as_slice())
+            .unwrap_or_default()
+    }
 }
 
 /// Who may park into a queue over HTTP.
@@ -938,6 +1061,9 @@ pub struct DeadLetterQueueStatus {
     /// park endpoint (this makes the queue a Knative Addressable: a `deadLetterSink`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<Address>,
+    /// The queue's sealing recipients and how many records each sealed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protection: Option<ProtectionStatus>,
 }
 
 /// A block of slots one parker process holds (see `DeadLetterQueueStatus::blocks`).

@@ -24,6 +24,10 @@ pub mod reason {
     pub const KUBE_API: &str = "KubeApi";
     pub const MAX_PARKED_REACHED: &str = "MaxParkedReached";
     pub const BELOW_MAX_PARKED: &str = "BelowMaxParked";
+    /// A sealed job none of its queue's keys opens: refused, never sent half-opened.
+    pub const SEAL_KEY_MISSING: &str = "SealKeyMissing";
+    /// A sealed job whose ciphertext does not open with its key (damaged).
+    pub const SEAL_BROKEN: &str = "SealBroken";
 }
 
 /// Longest condition message we write (the API limit is 32 KiB; we keep status small).

@@ -30,10 +30,12 @@ pub mod events;
 pub mod group;
 pub mod groups;
 pub mod headers;
+pub mod mask;
 pub mod park;
 pub mod plan;
 pub mod record;
 pub mod replay;
+pub mod seal;
 pub mod sidekiq;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

@@ -503,6 +503,9 @@ pub struct QueueStatusWrite {
     pub blocks: BTreeMap<String, Option<BlockCount>>,
     /// Where to POST events to park them ([`address`]); null removes it.
     pub address: Option<crate::api::Address>,
+    /// Sealing recipients and records per recipient ([`crate::seal::protection_write`]);
+    /// null removes it.
+    pub protection: Option<crate::seal::ProtectionWrite>,
 }
 
 /// A queue's `status.address` (Knative's Addressable duck type): its path at the park
@@ -593,6 +596,7 @@ pub fn queue_status(
                 .map(|(id, c)| (id, c.map(|counted| BlockCount { counted })))
                 .collect(),
             address: None,
+            protection: None,
         },
         metrics,
         events,

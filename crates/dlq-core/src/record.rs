@@ -192,6 +192,9 @@ pub struct Summary {
     pub failing: Box<[Condition]>,
     /// The block of slots it was parked in (`dlq.dev/slot-block`), shared with its block.
     pub slot_block: Option<Arc<str>>,
+    /// The age recipient its job is sealed to (`spec.job.sealed.recipient`), shared with the
+    /// queue's other records sealed to it: the queue counts records per key.
+    pub sealed_to: Option<Arc<str>>,
     signed_by: Option<Box<SignedBy>>,
 }
 
@@ -244,6 +247,7 @@ impl Summary {
                 })
                 .unwrap_or_default(),
             slot_block: get(&meta.annotations, ANNOTATION_SLOT_BLOCK).map(|b| strings.get(b)),
+            sealed_to: spec.job.sealed.as_ref().map(|s| strings.get(&s.recipient)),
             signed_by,
         }
     }

@@ -218,3 +218,62 @@ proptest! {
         prop_assert_eq!(ka.fingerprint(), kb.fingerprint());
     }
 }
+
+/// A Luhn-valid card number of `len` digits (13–19) built from `body` digits: the check digit
+/// is computed.
+fn card(body: Vec<u8>) -> String {
+    let mut digits = body;
+    for check in 0..10 {
+        digits.push(check);
+        if dlq_core::mask::luhn(&digits) {
+            return digits.iter().map(|d| char::from(b'0' + d)).collect();
+        }
+        digits.pop();
+    }
+    unreachable!("one check digit always passes")
+}
+
+fn card_number() -> impl Strategy<Value = String> {
+    (12usize..=18).prop_flat_map(|n| proptest::collection::vec(0u8..10, n).prop_map(card))
+}
+
+/// Text around a card that ends and starts with no digit, space or dash.
+fn around() -> impl Strategy<Value = String> {
+    "([a-zA-Z\"{}:,]{1,12})?".prop_map(|s| if s.is_empty() { "x".into() } else { s })
+}
+
+proptest! {
+    // Issue 32, item 4: a Luhn-valid run of 13–19 digits shows only its first six and last four.
+    #[test]
+    fn every_card_number_is_masked(before in around(), pan in card_number(), after in around(), dash in any::<bool>()) {
+        let grouped: String = if dash {
+            pan.as_bytes().chunks(4).map(|c| std::str::from_utf8(c).unwrap()).collect::<Vec<_>>().join("-")
+        } else {
+            pan.clone()
+        };
+        let text = format!("{before}{grouped}{after}");
+        let masked = dlq_core::mask::mask_cards(&text);
+        let digits: String = masked.chars().filter(|c| c.is_ascii_digit() || *c == '*').collect();
+        prop_assert!(!masked.contains(&grouped), "{masked}");
+        prop_assert_eq!(masked.len(), text.len());
+        prop_assert!(digits.starts_with(&pan[..6]), "{masked}");
+        prop_assert!(digits.ends_with(&pan[pan.len() - 4..]), "{masked}");
+        prop_assert_eq!(digits.matches('*').count(), pan.len() - 10);
+        prop_assert!(masked.starts_with(&before) && masked.ends_with(&after));
+    }
+
+    #[test]
+    fn numbers_that_fail_luhn_are_untouched(pan in card_number(), bump in 1u8..10) {
+        let last = pan.as_bytes()[pan.len() - 1] - b'0';
+        let wrong = format!("{}{}", &pan[..pan.len() - 1], (last + bump) % 10);
+        prop_assert_eq!(dlq_core::mask::mask_cards(&wrong), wrong);
+    }
+
+    #[test]
+    fn masking_never_panics_and_keeps_text_without_digits(text in ".{0,200}", path in ".{0,40}") {
+        let _ = dlq_core::mask::mask_payload(&text, &[path]);
+        if !text.chars().any(|c| c.is_ascii_digit()) {
+            prop_assert_eq!(dlq_core::mask::mask_cards(&text), text);
+        }
+    }
+}

@@ -35,6 +35,8 @@ pub struct Plane {
     pub containerd: Option<PathBuf>,
     /// With a real node: seconds from starting it to the Node being Ready.
     pub node_ready_secs: Option<f64>,
+    /// etcd's client URL (`http://127.0.0.1:<port>`, no TLS): tests read raw stored values.
+    pub etcd_url: Option<String>,
     // Held, never read: dropping them (at process exit) stops the plane.
     _child: Mutex<Child>,
     _stdin: Mutex<ChildStdin>,
@@ -99,7 +101,7 @@ fn start_plane(extra: &[&str]) -> Plane {
     let stdin = child.stdin.take().expect("dlq-testenv stdin is piped");
     let stdout = BufReader::new(child.stdout.take().expect("dlq-testenv stdout is piped"));
     let (mut kubeconfig, mut server) = (None, String::new());
-    let (mut containerd, mut node_ready_secs) = (None, None);
+    let (mut containerd, mut node_ready_secs, mut etcd_url) = (None, None, None);
     for line in stdout.lines() {
         let line = line.expect("reading dlq-testenv's output");
         if let Some(p) = line.strip_prefix("KUBECONFIG=") {
@@ -108,6 +110,8 @@ fn start_plane(extra: &[&str]) -> Plane {
             server = s.to_string();
         } else if let Some(s) = line.strip_prefix("containerd=") {
             containerd = Some(PathBuf::from(s));
+        } else if let Some(s) = line.strip_prefix("etcd=") {
+            etcd_url = Some(s.to_string());
         } else if let Some(s) = line.strip_prefix("node_ready_secs=") {
             node_ready_secs = s.parse().ok();
         } else if line == "ready" {
@@ -121,6 +125,7 @@ fn start_plane(extra: &[&str]) -> Plane {
         bin_dirs,
         containerd,
         node_ready_secs,
+        etcd_url,
         _child: Mutex::new(child),
         _stdin: Mutex::new(stdin),
     }
@@ -141,6 +146,28 @@ impl Plane {
             .map(|d| d.join(name))
             .find(|p| p.is_file())
             .unwrap_or_else(|| panic!("{name} not in {:?}", self.bin_dirs))
+    }
+
+    /// The raw value etcd stores under `key` (e.g. `/registry/dlq.dev/deadletters/NS/NAME`),
+    /// read through etcd's JSON gateway (`POST /v3/kv/range`) past the apiserver: what a reader
+    /// of etcd's data sees. None when the key does not exist.
+    pub async fn etcd_value(&self, key: &str) -> Option<Vec<u8>> {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let url = self
+            .etcd_url
+            .as_deref()
+            .expect("dlq-testenv announced no etcd URL");
+        let body = serde_json::json!({ "key": b64.encode(key) }).to_string();
+        let answer = crate::http_post(url, "/v3/kv/range", &body).await;
+        let v: serde_json::Value = serde_json::from_slice(&answer).unwrap_or_else(|e| {
+            panic!(
+                "etcd answered no JSON ({e}): {}",
+                String::from_utf8_lossy(&answer)
+            )
+        });
+        let value = v["kvs"].get(0)?["value"].as_str()?;
+        Some(b64.decode(value).expect("etcd values are base64"))
     }
 
     /// The client configuration of the admin kubeconfig.

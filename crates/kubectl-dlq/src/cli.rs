@@ -3,7 +3,7 @@
 use clap::{Parser, Subcommand};
 
 use crate::session::{CliError, Global};
-use crate::{decision, groups_cmd, inspect, park_cmd, runbook, ui};
+use crate::{decision, groups_cmd, inspect, park_cmd, runbook, seal_key, ui};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -42,6 +42,9 @@ pub enum Command {
     /// A local web page (127.0.0.1, token in the printed URL) acting as you: queues, records,
     /// payloads, Events, decisions on explicit selections.
     Ui(ui::UiArgs),
+    /// Create a fresh age identity in a Secret and put it first in the queue's sealing keys
+    /// (new records are sealed to it; older keys stay to open older records).
+    SealKey(seal_key::SealKeyArgs),
 }
 
 /// Runs one command; the binary prints the error and picks the exit code.
@@ -55,6 +58,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Groups(args) => groups_cmd::run(&cli.global, args).await,
         Command::Park(args) => park_cmd::run(&cli.global, args).await,
         Command::Ui(args) => ui::run(&cli.global, args).await,
+        Command::SealKey(args) => seal_key::run(&cli.global, args).await,
     }
 }
 

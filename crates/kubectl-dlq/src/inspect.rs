@@ -270,7 +270,8 @@ pub async fn show(g: &Global, args: ShowArgs) -> Result<(), CliError> {
     let mut out = String::new();
     show_facts(&mut out, r, &ns, cycles.len());
     show_decision(&mut out, r);
-    show_job(&mut out, &r.spec.job);
+    let mask = mask_paths(&client, &ns, &r.spec.queue).await;
+    show_job(&mut out, &r.spec.job, &mask);
     show_conditions(&mut out, r);
     show_events(&mut out, &events);
     print!("{out}");
@@ -326,25 +327,45 @@ fn show_decision(out: &mut String, r: &DeadLetter) {
     }
 }
 
-/// The job's headers and payload: UTF-8 as text, anything else as its base64.
-fn show_job(out: &mut String, job: &Job) {
+/// The queue's `spec.protection.maskPaths` (none when the queue cannot be read: card numbers
+/// are masked anyway).
+pub async fn mask_paths(client: &kube::Client, ns: &str, queue: &str) -> Vec<String> {
+    let api: kube::Api<dlq_core::api::DeadLetterQueue> = kube::Api::namespaced(client.clone(), ns);
+    match api.get_opt(queue).await {
+        Ok(Some(q)) => q.mask_paths().to_vec(),
+        _ => Vec::new(),
+    }
+}
+
+/// The job's headers and payload: UTF-8 as text, anything else as its base64; card numbers and
+/// the queue's `mask` paths masked (`dlq_core::mask`); a sealed job as sealed.
+fn show_job(out: &mut String, job: &Job, mask: &[String]) {
+    if let Some(origin) = &job.origin {
+        kv(out, "Origin:", origin_line(origin));
+    }
+    if let Some(sealed) = &job.sealed {
+        kv(out, "Headers:", "sealed");
+        kv(out, "Payload:", dlq_core::seal::sealed_label(sealed));
+        return;
+    }
     let headers = if job.headers.is_empty() {
         "-".to_string()
     } else {
         job.headers
             .iter()
-            .map(|(k, v)| format!("{k}={v}"))
+            .map(|(k, v)| format!("{k}={}", dlq_core::mask::mask_cards(v)))
             .collect::<Vec<_>>()
             .join(", ")
     };
     kv(out, "Headers:", headers);
-    if let Some(origin) = &job.origin {
-        kv(out, "Origin:", origin_line(origin));
-    }
     let bytes = job.payload_bytes().unwrap_or_default();
     let payload = match std::str::from_utf8(&bytes) {
         _ if job.payload_null => "(null: no value at all, a Kafka tombstone)".to_string(),
-        Ok(text) => format!("({} bytes, UTF-8)\n{text}", bytes.len()),
+        Ok(text) => format!(
+            "({} bytes, UTF-8)\n{}",
+            bytes.len(),
+            dlq_core::mask::mask_payload(text, mask)
+        ),
         Err(_) => format!(
             "({} bytes, binary; base64)\n{}",
             bytes.len(),
@@ -548,7 +569,7 @@ mod tests {
         let raw = r#"{"jid":"j","queue":"default","class":"SettleJob","error_backtrace":"eJyLVkrUK0qyMrTKzFNIqFBX0lFKAvGNlGIBZEUHOw==\n"}"#;
         let job = dlq_core::sidekiq::request_for("relayer", raw.as_bytes()).job;
         let mut out = String::new();
-        show_job(&mut out, &job);
+        show_job(&mut out, &job, &[]);
         assert!(
             out.contains("Origin:         class=SettleJob, queue=default\n"),
             "{out}"
@@ -559,11 +580,39 @@ mod tests {
             "{out}"
         );
         let mut plain = String::new();
-        show_job(&mut plain, &Job::from_bytes("j", b"{}"));
+        show_job(&mut plain, &Job::from_bytes("j", b"{}"), &[]);
         assert!(
             !plain.contains("Origin:") && !plain.contains("Backtrace:"),
             "{plain}"
         );
+    }
+
+    /// Card numbers and the queue's paths are masked; a sealed job shows only its recipient.
+    #[test]
+    fn show_masks_cards_and_paths_and_keeps_sealed_jobs_sealed() {
+        let mut job = Job::from_bytes("j", br#"{"card":"4111 1111 1111 1111","holder":"Ada"}"#);
+        job.headers
+            .insert("x-card".into(), "4111111111111111".into());
+        let mut out = String::new();
+        show_job(&mut out, &job, &["$.holder".to_string()]);
+        assert!(out.contains("x-card=411111******1111"), "{out}");
+        assert!(
+            out.contains(r#"{"card":"4111 11** **** 1111","holder":"****"}"#),
+            "{out}"
+        );
+        assert!(
+            !out.contains("Ada") && !out.contains("4111111111111111"),
+            "{out}"
+        );
+        let (_, recipient) = dlq_core::seal::generate_identity();
+        let sealed = dlq_core::seal::seal(&job, &recipient).unwrap();
+        let mut out = String::new();
+        show_job(&mut out, &sealed, &[]);
+        assert!(
+            out.contains(&format!("sealed (recipient {recipient})")),
+            "{out}"
+        );
+        assert!(!out.contains("4111"), "{out}");
     }
 
     #[test]

@@ -13,6 +13,7 @@ mod inspect;
 mod lookup;
 mod park_cmd;
 mod runbook;
+mod seal_key;
 mod session;
 mod ui;
 

@@ -392,6 +392,10 @@ async fn park_one(into: &ParkInto, event: Incoming) -> Result<(String, bool), An
             Err(e) if e.final_refusal().is_some() => e,
             Err(e @ ParkError::Invalid(_)) => return Err(Answer::error(400, e)),
             Err(e @ ParkError::UnknownQueue { .. }) => return Err(Answer::error(404, e)),
+            // Sealed, the job outgrew a record: too large, as an oversize payload is.
+            Err(e @ ParkError::Seal(dlq_core::seal::SealError::TooLarge { .. })) => {
+                return Err(Answer::error(413, e));
+            }
             Err(e) => {
                 tracing::warn!(namespace = %into.namespace(), queue = %into.queue(), job = %req.job.id, error = %e, "parking over HTTP failed; the sender keeps the event");
                 return Err(Answer::error(503, e).retry_after(RETRY_AFTER_UNAVAILABLE));

@@ -83,6 +83,7 @@ async fn main() -> anyhow::Result<()> {
     }
     println!("server={}", plane.server);
     println!("dir={}", plane.dir().display());
+    println!("etcd={}", plane.etcd_url());
     if let Some(node) = &node {
         println!("containerd={}", node.socket().display());
         println!("node_ready_secs={:.1}", node.timings.ready.as_secs_f64());

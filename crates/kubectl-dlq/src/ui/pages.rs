@@ -320,15 +320,17 @@ pub async fn record(
         .await
         .unwrap_or_default();
     let events = recent_events(&ui.client, &ns, &name).await;
+    let mask = crate::inspect::mask_paths(&ui.client, &ns, &r.spec.queue).await;
     let decide = r.phase() == Phase::Parked && can_decide(&ui, &ns).await;
     let body = html! {
         h1 { "Job " (r.spec.job.id) }
         (facts(&r))
         @if decide { (super::act::decision_form(&ui, &[Snapshot::of(&r)])) }
         h2 { "Payload" }
-        (payload(&r))
+        (payload(&r, &mask))
         h2 { "Headers" }
-        table #headers { @for (k, v) in &r.spec.job.headers { tr { th { (k) } td { (v) } } } }
+        @if r.spec.job.sealed.is_some() { p.muted #headers { "sealed" } }
+        @else { table #headers { @for (k, v) in &r.spec.job.headers { tr { th { (k) } td { (dlq_core::mask::mask_cards(v)) } } } } }
         h2 { "Every cycle of this job" }
         table #cycles { @for c in &cycles { tr {
             td { a href=(format!("/r/{}/{}", ns, c.name_any())) { "cycle " (c.spec.cycle) } }
@@ -374,8 +376,8 @@ fn facts(r: &DeadLetter) -> Markup {
 }
 
 /// The payload as it reads best; always as text, never as markup.
-fn payload(r: &DeadLetter) -> Markup {
-    let (kind, text) = match view::payload(&r.spec.job) {
+fn payload(r: &DeadLetter, mask: &[String]) -> Markup {
+    let (kind, text) = match view::payload(&r.spec.job, mask) {
         Payload::Json(t) => ("JSON", t),
         Payload::Text(t) => ("text", t),
         Payload::Hex(t) => ("binary, hex", t),

@@ -125,16 +125,24 @@ pub enum Payload {
     Hex(String),
 }
 
-/// Pretty JSON when it parses, UTF-8 text otherwise, else a hex dump (16 bytes a line).
-pub fn payload(job: &Job) -> Payload {
+/// Pretty JSON when it parses, UTF-8 text otherwise, else a hex dump (16 bytes a line); card
+/// numbers and the queue's `mask` paths masked (`dlq_core::mask`); a sealed job as sealed.
+pub fn payload(job: &Job, mask: &[String]) -> Payload {
+    if let Some(sealed) = &job.sealed {
+        return Payload::Text(dlq_core::seal::sealed_label(sealed));
+    }
     let bytes = job.payload_bytes().unwrap_or_default();
     match std::str::from_utf8(&bytes) {
         _ if job.payload_null => Payload::Text("(null: no value at all, a Kafka tombstone)".into()),
         Ok(text) => match serde_json::from_str::<serde_json::Value>(text) {
-            Ok(v) if v.is_object() || v.is_array() => {
-                Payload::Json(serde_json::to_string_pretty(&v).unwrap_or_else(|_| text.into()))
+            Ok(mut v) if v.is_object() || v.is_array() => {
+                for path in mask {
+                    dlq_core::mask::mask_path(&mut v, path);
+                }
+                let pretty = serde_json::to_string_pretty(&v).unwrap_or_else(|_| text.into());
+                Payload::Json(dlq_core::mask::mask_cards(&pretty))
             }
-            _ => Payload::Text(text.to_string()),
+            _ => Payload::Text(dlq_core::mask::mask_cards(text)),
         },
         Err(_) => Payload::Hex(
             bytes
@@ -236,16 +244,42 @@ mod tests {
     use super::*;
 
     #[test]
+    fn payloads_show_cards_and_paths_masked_and_sealed_as_sealed() {
+        let job = Job::from_bytes("j", br#"{"pan":"4111111111111111","cvv":"123"}"#);
+        assert_eq!(
+            payload(&job, &["$.cvv".into()]),
+            Payload::Json("{\n  \"cvv\": \"****\",\n  \"pan\": \"411111******1111\"\n}".into())
+        );
+        let text = Job::from_bytes("t", b"pan 4111-1111-1111-1111");
+        assert_eq!(
+            payload(&text, &[]),
+            Payload::Text("pan 4111-11**-****-1111".into())
+        );
+        let (_, recipient) = dlq_core::seal::generate_identity();
+        let sealed = dlq_core::seal::seal(&job, &recipient).unwrap();
+        assert_eq!(
+            payload(&sealed, &[]),
+            Payload::Text(format!("sealed (recipient {recipient})"))
+        );
+    }
+
+    #[test]
     fn payloads_read_as_json_text_or_hex() {
         let json = Job::from_bytes("a", br#"{"b":1}"#);
-        assert_eq!(payload(&json), Payload::Json("{\n  \"b\": 1\n}".into()));
+        assert_eq!(
+            payload(&json, &[]),
+            Payload::Json("{\n  \"b\": 1\n}".into())
+        );
         let text = Job::from_bytes("a", b"<script>alert(1)</script>");
         assert_eq!(
-            payload(&text),
+            payload(&text, &[]),
             Payload::Text("<script>alert(1)</script>".into())
         );
         let bin = Job::from_bytes("a", &[0xff, 0x00, 0x41]);
-        assert_eq!(payload(&bin), Payload::Hex("00000000  ff 00 41".into()));
+        assert_eq!(
+            payload(&bin, &[]),
+            Payload::Hex("00000000  ff 00 41".into())
+        );
     }
 
     #[test]
