@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use dlq_core::api::DeadLetter;
 use dlq_core::group::{Key, LABEL_GROUP, labelled};
 use dlq_core::testing::RecordBuilder;
-use dlq_testenv::{Operator, create_offline_queue, eventually, setup, unplaced};
+use dlq_testenv::{Operator, create_offline_queue, eventually, kubectl_dlq, setup, unplaced};
 use kube::api::{Api, ListParams, PostParams};
 
 /// A record as an older parker made it: every label but the group.
@@ -145,26 +145,6 @@ async fn a_storm_ends_in_one_group_per_template_and_version_with_exact_counts() 
             "connection refused by <ip>".to_string(),
         ])
     );
-}
-
-fn kubectl_dlq(ns: &str, args: &[&str]) -> (bool, String, String) {
-    let plane = dlq_testenv::plane();
-    let out = std::process::Command::new(dlq_testenv::bin("kubectl-dlq"))
-        .args([
-            "--kubeconfig",
-            plane.kubeconfig.to_str().unwrap_or_default(),
-            "-n",
-            ns,
-        ])
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("kubectl-dlq runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).to_string(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    )
 }
 
 /// `kubectl dlq groups` lists the groups most parked first; `kubectl dlq drop --group G`

@@ -12,7 +12,7 @@ use dlq_core::api::{Action, DeadLetter, DeadLetterQueue, FailureKind, IntentSnap
 use dlq_testenv::brokers::Redis;
 use dlq_testenv::{
     LIST, Operator, create_offline_queue, create_queue, decide, events_for, eventually,
-    list_target, setup, setup_redis_queue, wait_phase,
+    kubectl_dlq, list_target, setup, setup_redis_queue, wait_phase,
 };
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -315,22 +315,6 @@ async fn bad_input_is_refused_with_a_clear_message() {
         "{err}"
     );
     assert!(err.to_string().contains("at its maxParked of 1"), "{err}");
-}
-
-/// Runs `kubectl-dlq -n NS args…` against the shared control plane: (success, stdout, stderr).
-fn kubectl_dlq(ns: &str, args: &[&str]) -> (bool, String, String) {
-    let plane = dlq_testenv::plane();
-    let out = std::process::Command::new(dlq_testenv::bin("kubectl-dlq"))
-        .args(["--kubeconfig", plane.kubeconfig.to_str().unwrap(), "-n", ns])
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).to_string(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    )
 }
 
 #[tokio::test]

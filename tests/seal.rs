@@ -5,13 +5,12 @@
 //! key); a lost key refuses the redrive (`SealKeyMissing`) and the record stays Parked; a queue
 //! that seals without a readable key refuses to park plaintext; `age` CLI interop.
 
-use std::process::Stdio;
-
 use dlq_core::api::{Action, DeadLetter, DeadLetterQueue, Job, Phase};
 use dlq_core::seal::{Keyring, generate_identity};
 use dlq_testenv::brokers::Redis;
 use dlq_testenv::{
-    Operator, condition, create_dlq, create_secret, decide, eventually, setup, wait_phase,
+    Operator, condition, create_dlq, create_secret, decide, eventually, kubectl_dlq, setup,
+    wait_phase,
 };
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -84,21 +83,6 @@ async fn sealed_counts(client: &Client, ns: &str, want: &[(&str, i64)]) {
         (*counts == want).then_some(())
     })
     .await;
-}
-
-fn kubectl_dlq(ns: &str, args: &[&str]) -> (bool, String, String) {
-    let plane = dlq_testenv::plane();
-    let out = std::process::Command::new(dlq_testenv::bin("kubectl-dlq"))
-        .args(["--kubeconfig", plane.kubeconfig.to_str().unwrap(), "-n", ns])
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).to_string(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    )
 }
 
 fn card_payload(id: &str) -> String {

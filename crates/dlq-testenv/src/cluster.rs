@@ -261,3 +261,20 @@ pub async fn setup(prefix: &str) -> (Client, String) {
     let ns = namespace(&client, prefix).await;
     (client, ns)
 }
+
+/// Runs `kubectl-dlq -n NS args…` as the admin against the shared control plane:
+/// (success, stdout, stderr).
+pub fn kubectl_dlq(ns: &str, args: &[&str]) -> (bool, String, String) {
+    let kubeconfig = plane().kubeconfig.to_string_lossy().into_owned();
+    let out = std::process::Command::new(crate::bin("kubectl-dlq"))
+        .args(["--kubeconfig", &kubeconfig, "-n", ns])
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("kubectl-dlq does not run: {e}"));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

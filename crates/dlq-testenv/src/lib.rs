@@ -40,7 +40,8 @@ use std::io::Write;
 use std::time::Duration;
 
 pub use cluster::{
-    CRDS, Plane, admin_client, apply_crds, install_crds, namespace, node_plane, plane, setup,
+    CRDS, Plane, admin_client, apply_crds, install_crds, kubectl_dlq, namespace, node_plane, plane,
+    setup,
 };
 pub use fixtures::{
     LIST, alerts_per_record, condition, create_dlq, create_offline_queue, create_queue,
