@@ -83,6 +83,8 @@ struct RunArgs {
     alerts: AlertArgs,
     #[command(flatten)]
     park: ParkArgs,
+    #[command(flatten)]
+    reveal: RevealArgs,
     /// Throughput mechanisms to switch off, comma-separated (`deadletter::reconcile::Mechanisms`):
     /// only for the bench's A/B of what each buys, so not in `--help`.
     #[arg(long, env = "DLQ_DISABLE", value_delimiter = ',', hide = true)]
@@ -122,6 +124,19 @@ struct ParkArgs {
     /// This replica's address in the park Service's EndpointSlice (the pod's IP).
     #[arg(long, env = "POD_IP")]
     pod_ip: Option<std::net::IpAddr>,
+}
+
+/// The reveal API (`deadletterpayloads.payloads.dlq.dev`, behind an APIService): on once an
+/// address is given.
+#[derive(clap::Args)]
+struct RevealArgs {
+    /// Serve the reveal API on this address (every replica serves it).
+    #[arg(long, env = "DLQ_REVEAL_ADDR", requires = "reveal_tls_dir")]
+    reveal_addr: Option<SocketAddr>,
+    /// Directory holding its tls.crt and tls.key (the APIService's caBundle trusts their
+    /// issuer); re-read every minute.
+    #[arg(long, env = "DLQ_REVEAL_TLS_DIR")]
+    reveal_tls_dir: Option<std::path::PathBuf>,
 }
 
 /// Per-record alerts: on once an Alertmanager URL is given.
@@ -276,6 +291,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         shutdown.clone(),
     ));
     let park_endpoint = park_endpoint(&args.park, &client, &metrics, &shutdown).await?;
+    let reporter = Reporter {
+        controller: "deadletter-operator".into(),
+        instance: Some(identity.clone()),
+    };
+    reveal_api(&args.reveal, &client, &reporter, &shutdown).await?;
     let Some(Lead { lost, lease }) = lead(&args, &client, &identity, &ready, &shutdown).await?
     else {
         return Ok(());
@@ -289,10 +309,6 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let scopes = scopes(&args.watch_namespaces);
     ready.store(true, Ordering::Relaxed);
     tracing::info!(namespaces = ?scopes, "controllers starting");
-    let reporter = Reporter {
-        controller: "deadletter-operator".into(),
-        instance: Some(identity),
-    };
     settings.leadership = leadership;
     let process = Process {
         client: client.clone(),
@@ -343,7 +359,7 @@ async fn park_endpoint(
     };
     let tls = match (&args.park_tls_dir, args.park_plaintext) {
         (Some(dir), false) => {
-            Some(deadletter::source::http::tls::server_config(dir).context("--park-tls-dir")?)
+            Some(deadletter::serving_tls::server_config(dir).context("--park-tls-dir")?)
         }
         (None, true) => None,
         (Some(_), true) => anyhow::bail!("--park-tls-dir and --park-plaintext exclude each other"),
@@ -368,6 +384,30 @@ async fn park_endpoint(
         }
     });
     Ok(Some(endpoint))
+}
+
+/// Starts the reveal API when `--reveal-addr` is given: on every replica, leading or not.
+async fn reveal_api(
+    args: &RevealArgs,
+    client: &kube::Client,
+    reporter: &Reporter,
+    shutdown: &Shutdown,
+) -> anyhow::Result<()> {
+    let (Some(addr), Some(dir)) = (args.reveal_addr, args.reveal_tls_dir.clone()) else {
+        return Ok(());
+    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the reveal API to {addr}"))?;
+    tracing::info!(%addr, "serving the reveal API (deadletterpayloads.payloads.dlq.dev)");
+    let (client, reporter, shutdown) = (client.clone(), reporter.clone(), shutdown.clone());
+    tokio::spawn(async move {
+        if let Err(e) = deadletter::reveal::serve(client, reporter, listener, &dir, shutdown).await
+        {
+            tracing::error!(error = %e, "the reveal API stopped");
+        }
+    });
+    Ok(())
 }
 
 /// A leader's term: `lost` resolves when the Lease is lost (losing it ends the process, and the

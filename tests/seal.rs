@@ -9,8 +9,8 @@ use dlq_core::api::{Action, DeadLetter, DeadLetterQueue, Job, Phase};
 use dlq_core::seal::{Keyring, generate_identity};
 use dlq_testenv::brokers::Redis;
 use dlq_testenv::{
-    Operator, condition, create_dlq, create_secret, decide, eventually, kubectl_dlq, setup,
-    wait_phase,
+    Operator, audited_plane, condition, create_dlq, create_secret, decide, eventually,
+    kubectl_dlq_on, setup_on, wait_phase,
 };
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -19,6 +19,10 @@ use serde_json::json;
 
 /// A Luhn-valid test card number: it must appear nowhere but in what redrive delivers.
 const CARD: &str = "4111111111111111";
+/// The plaintext control's card: in etcd and the audit log, as a payload that is not sealed is.
+const CONTROL_CARD: &str = "5555555555554444";
+/// The reveal test's card: an unmasked reveal shows it, so it is not [`CARD`].
+const REVEAL_CARD: &str = "4012888888881881";
 const STREAM: &str = "relayer:stream";
 const DEAD: &str = "relayer:dead";
 /// The operator's own modules at debug: whatever it would log about a record, it logs.
@@ -93,7 +97,8 @@ fn card_payload(id: &str) -> String {
 fn park_with_plugin(ns: &str, id: &str) {
     let payload = card_payload(id);
     let header = format!("x-card={CARD}");
-    let (ok, out, err) = kubectl_dlq(
+    let (ok, out, err) = kubectl_dlq_on(
+        audited_plane(),
         ns,
         &[
             "park",
@@ -151,7 +156,7 @@ async fn assert_sealed_in_etcd(r: &DeadLetter, recipient: &str) {
         r.namespace().unwrap(),
         r.name_any()
     );
-    let raw = dlq_testenv::plane()
+    let raw = audited_plane()
         .etcd_value(&key)
         .await
         .unwrap_or_else(|| panic!("etcd has no {key}"));
@@ -221,37 +226,48 @@ async fn plaintext_control(client: &Client, ns: &str) {
         json!({"target": {"redis": {"urlSecretRef": {"name": "redis", "key": "url"}, "stream": "plain"}}}),
     )
     .await;
-    let req = dlq_client::ParkRequest::new(
-        "plain",
-        Job::from_bytes("plain/1", card_payload("plain/1").as_bytes()),
-    );
+    let payload = card_payload("plain/1").replace(CARD, CONTROL_CARD);
+    let req = dlq_client::ParkRequest::new("plain", Job::from_bytes("plain/1", payload.as_bytes()));
     let outcome = dlq_client::park(client.clone(), ns, req).await.unwrap();
     let key = format!(
         "/registry/dlq.dev/deadletters/{ns}/{}",
         outcome.record().name_any()
     );
-    let raw = dlq_testenv::plane().etcd_value(&key).await.unwrap();
+    let raw = audited_plane().etcd_value(&key).await.unwrap();
     assert!(
-        String::from_utf8_lossy(&raw).contains(CARD),
+        String::from_utf8_lossy(&raw).contains(CONTROL_CARD),
         "a plaintext record's card is readable in etcd"
     );
+    eventually(10, "the plaintext card in the audit log", || async {
+        audit_log().contains(CONTROL_CARD).then_some(())
+    })
+    .await;
     // Shown to a human, its card is masked all the same.
-    let (ok, out, err) = kubectl_dlq(ns, &["show", "plain/1"]);
+    let (ok, out, err) = kubectl_dlq_on(audited_plane(), ns, &["show", "plain/1"]);
     assert!(ok, "{err}");
     assert!(
-        out.contains("411111******1111") && !out.contains(CARD),
+        out.contains("555555******4444") && !out.contains(CONTROL_CARD),
         "{out}"
     );
+}
+
+/// The audited plane's audit log as it is now.
+fn audit_log() -> String {
+    let path = audited_plane()
+        .audit_log
+        .as_ref()
+        .expect("an audited plane");
+    std::fs::read_to_string(path).unwrap_or_default()
 }
 
 #[tokio::test]
 async fn parked_through_plugin_client_and_source_the_card_is_nowhere_and_redrive_is_exact() {
     let started = std::time::Instant::now();
-    let (client, ns) = setup("seal").await;
+    let (client, ns) = setup_on(audited_plane(), "seal").await;
     let redis = Redis::start();
     let recipient = identity_secret(&client, &ns, "relayer-seal").await;
     sealed_queue(&client, &ns, &redis, &["relayer-seal"]).await;
-    let op = Operator::start_with(&ns, &[], &[LOG]);
+    let op = Operator::start_on(&audited_plane().kubeconfig, &ns, &[], &[LOG]);
     published(&client, &ns, &[&recipient]).await;
     let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
 
@@ -265,13 +281,19 @@ async fn parked_through_plugin_client_and_source_the_card_is_nowhere_and_redrive
         records.push(r);
     }
     sealed_counts(&client, &ns, &[(&recipient, 3)]).await;
-    let (ok, out, err) = kubectl_dlq(&ns, &["show", "card/plugin"]);
+    let (ok, out, err) = kubectl_dlq_on(audited_plane(), &ns, &["show", "card/plugin"]);
     assert!(ok, "{err}");
     assert!(
         out.contains(&format!("sealed (recipient {recipient})")),
         "{out}"
     );
     assert!(!out.contains("4111"), "{out}");
+    let audit = audit_log();
+    assert!(
+        records.iter().all(|r| audit.contains(&r.name_any())),
+        "the audit log has the parkings"
+    );
+    assert!(!audit.contains(CARD), "the card number is in the audit log");
     plaintext_control(&client, &ns).await;
     for r in &records {
         redrive_exact(&api, &redis, r).await;
@@ -299,11 +321,11 @@ async fn parked_through_plugin_client_and_source_the_card_is_nowhere_and_redrive
 
 #[tokio::test]
 async fn rotation_seals_new_records_to_the_first_key_and_old_ones_still_redrive() {
-    let (client, ns) = setup("rotate").await;
+    let (client, ns) = setup_on(audited_plane(), "rotate").await;
     let redis = Redis::start();
     let old = identity_secret(&client, &ns, "seal-old").await;
     sealed_queue(&client, &ns, &redis, &["seal-old"]).await;
-    let _op = Operator::start_with(&ns, &[], &[LOG]);
+    let _op = Operator::start_on(&audited_plane().kubeconfig, &ns, &[], &[LOG]);
     published(&client, &ns, &[&old]).await;
     let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
     park_with_client(&client, &ns, "rot/1").await;
@@ -311,13 +333,21 @@ async fn rotation_seals_new_records_to_the_first_key_and_old_ones_still_redrive(
 
     // Rotation with `kubectl dlq seal-key`: a new key first, the old one kept to open older
     // records.
-    let (ok, out, err) = kubectl_dlq(&ns, &["seal-key", "relayer", "--secret", "seal-new"]);
+    let (ok, out, err) = kubectl_dlq_on(
+        audited_plane(),
+        &ns,
+        &["seal-key", "relayer", "--secret", "seal-new"],
+    );
     assert!(ok, "kubectl dlq seal-key: {out}{err}");
     let new = recipient_in(&client, &ns, "seal-new").await;
     assert!(out.contains(&new) && out.contains("seal-old"), "{out}");
     assert!(!out.contains("AGE-SECRET-KEY") && !err.contains("AGE-SECRET-KEY"));
     published(&client, &ns, &[&new, &old]).await;
-    let (ok, _, err) = kubectl_dlq(&ns, &["seal-key", "relayer", "--secret", "seal-new"]);
+    let (ok, _, err) = kubectl_dlq_on(
+        audited_plane(),
+        &ns,
+        &["seal-key", "relayer", "--secret", "seal-new"],
+    );
     assert!(
         !ok && err.contains("Secret seal-new already exists"),
         "{err}"
@@ -339,11 +369,11 @@ async fn rotation_seals_new_records_to_the_first_key_and_old_ones_still_redrive(
 
 #[tokio::test]
 async fn a_record_whose_key_is_gone_is_refused_and_stays_parked() {
-    let (client, ns) = setup("lostkey").await;
+    let (client, ns) = setup_on(audited_plane(), "lostkey").await;
     let redis = Redis::start();
     let lost = identity_secret(&client, &ns, "seal-lost").await;
     sealed_queue(&client, &ns, &redis, &["seal-lost"]).await;
-    let _op = Operator::start_with(&ns, &[], &[LOG]);
+    let _op = Operator::start_on(&audited_plane().kubeconfig, &ns, &[], &[LOG]);
     published(&client, &ns, &[&lost]).await;
     let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
     park_with_client(&client, &ns, "lost/1").await;
@@ -395,18 +425,19 @@ async fn a_record_whose_key_is_gone_is_refused_and_stays_parked() {
 
 #[tokio::test]
 async fn a_sealed_queue_without_a_readable_key_refuses_to_park_plaintext() {
-    let (client, ns) = setup("nokey").await;
+    let (client, ns) = setup_on(audited_plane(), "nokey").await;
     let redis = Redis::start();
     // The Secret named by the queue does not exist: no recipient is ever published.
     sealed_queue(&client, &ns, &redis, &["seal-missing"]).await;
-    let _op = Operator::start_with(&ns, &[], &[LOG]);
+    let _op = Operator::start_on(&audited_plane().kubeconfig, &ns, &[], &[LOG]);
     let queues: Api<DeadLetterQueue> = Api::namespaced(client.clone(), &ns);
     eventually(30, "the queue's first status", || async {
         queues.get("relayer").await.ok()?.status?.protection
     })
     .await;
     let payload = card_payload("nokey/1");
-    let (ok, out, err) = kubectl_dlq(
+    let (ok, out, err) = kubectl_dlq_on(
+        audited_plane(),
         &ns,
         &[
             "park",
@@ -483,4 +514,265 @@ async fn the_age_cli_opens_sealed_jobs_and_its_keys_open_records() {
     assert_eq!(content["payload"], card_payload("age/1"));
     assert_eq!(content["headers"]["x-card"], CARD);
     assert_eq!(dlq_core::seal::open_job(&sealed, &keys).unwrap(), job);
+}
+
+/// The reveal API's Service (an ExternalName to loopback, where the operator serves it).
+const REVEAL_SERVICE: &str = "dlq-reveal";
+
+/// A serving certificate for Service `REVEAL_SERVICE` in `ns` from a CA of its own, written
+/// as tls.crt/tls.key into a fresh dir: (the dir, the CA's PEM for the APIService's caBundle).
+fn reveal_certificate(ns: &str) -> (std::path::PathBuf, String) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec![format!("{REVEAL_SERVICE}.{ns}.svc")])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!("dlq-reveal-{}-{ns}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("tls.crt"), cert.pem()).unwrap();
+    std::fs::write(dir.join("tls.key"), key.serialize_pem()).unwrap();
+    (dir, ca.pem())
+}
+
+/// The APIService `v1alpha1.payloads.dlq.dev` pointing at the operator on loopback `port`,
+/// once the apiserver says it is Available.
+async fn register_reveal_api(client: &Client, ns: &str, port: u16, ca_pem: &str) {
+    use base64::Engine;
+    let apply = |doc: serde_json::Value| dlq_testenv::chart::apply(audited_plane(), &[doc]);
+    apply(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": REVEAL_SERVICE, "namespace": ns},
+        "spec": {"type": "ExternalName", "externalName": "127.0.0.1",
+                 "ports": [{"name": "https", "port": port, "targetPort": port}]},
+    }));
+    apply(json!({
+        "apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
+        "metadata": {"name": "v1alpha1.payloads.dlq.dev"},
+        "spec": {
+            "group": "payloads.dlq.dev", "version": "v1alpha1",
+            "service": {"namespace": ns, "name": REVEAL_SERVICE, "port": port},
+            "caBundle": base64::engine::general_purpose::STANDARD.encode(ca_pem),
+            "groupPriorityMinimum": 1000, "versionPriority": 15,
+        },
+    }));
+    let services: Api<kube::api::DynamicObject> = Api::all_with(
+        client.clone(),
+        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+            "apiregistration.k8s.io",
+            "v1",
+            "APIService",
+        )),
+    );
+    eventually(60, "the APIService Available", || async {
+        let s = services.get("v1alpha1.payloads.dlq.dev").await.ok()?;
+        let conditions = s.data["status"]["conditions"].as_array()?.clone();
+        conditions
+            .iter()
+            .any(|c| c["type"] == "Available" && c["status"] == "True")
+            .then_some(())
+    })
+    .await;
+}
+
+/// The record's payload through the apiserver as `user`: the object, or the refusal's code.
+async fn reveal_as(
+    user: &str,
+    ns: &str,
+    name: &str,
+    unmasked: bool,
+) -> Result<serde_json::Value, u16> {
+    let client = audited_plane()
+        .client_as(user, &["system:authenticated"])
+        .await;
+    let mut path =
+        format!("/apis/payloads.dlq.dev/v1alpha1/namespaces/{ns}/deadletterpayloads/{name}");
+    if unmasked {
+        path.push_str("/unmasked");
+    }
+    let request = axum::http::Request::get(path).body(Vec::new()).unwrap();
+    match client.request::<serde_json::Value>(request).await {
+        Ok(v) => Ok(v),
+        Err(kube::Error::Api(status)) => Err(status.code),
+        Err(e) => panic!("reveal as {user}: {e}"),
+    }
+}
+
+/// A request straight to the operator's reveal port with curl (no apiserver in between),
+/// with the front proxy's certificate or none: (HTTP status, body).
+fn straight_to_operator(port: u16, path: &str, front_proxy: bool, user: &str) -> (u16, String) {
+    let pki = audited_plane().dir.join("pki");
+    let mut cmd = std::process::Command::new("curl");
+    cmd.args(["-sk", "-w", "\n%{http_code}", "-H"])
+        .arg(format!("X-Remote-User: {user}"))
+        .arg("-H")
+        .arg("X-Remote-Group: system:authenticated");
+    if front_proxy {
+        cmd.arg("--cert")
+            .arg(pki.join("front-proxy-client.crt"))
+            .arg("--key")
+            .arg(pki.join("front-proxy-client.key"));
+    }
+    let out = cmd
+        .arg(format!("https://127.0.0.1:{port}{path}"))
+        .output()
+        .expect("curl runs");
+    let out = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = out.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+/// Grants `user` the reveal of payloads in `ns`, with the unmasked view or without.
+fn grant_reveal(ns: &str, user: &str, unmasked: bool) {
+    let mut resources = vec!["deadletterpayloads"];
+    if unmasked {
+        resources.push("deadletterpayloads/unmasked");
+    }
+    let role = format!("reveal-{user}");
+    dlq_testenv::chart::apply(
+        audited_plane(),
+        &[
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+             "metadata": {"name": role, "namespace": ns},
+             "rules": [{"apiGroups": ["payloads.dlq.dev"], "resources": resources, "verbs": ["get"]}]}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+             "metadata": {"name": role, "namespace": ns},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}),
+        ],
+    );
+}
+
+#[tokio::test]
+async fn a_reveal_needs_the_role_is_masked_unless_asked_and_is_audited_and_announced() {
+    let (client, ns) = setup_on(audited_plane(), "reveal").await;
+    let redis = Redis::start();
+    let recipient = identity_secret(&client, &ns, "relayer-seal").await;
+    sealed_queue(&client, &ns, &redis, &["relayer-seal"]).await;
+    let (tls_dir, ca_pem) = reveal_certificate(&ns);
+    let port = dlq_testenv::plane::free_port().unwrap();
+    let op = Operator::start_on(
+        &audited_plane().kubeconfig,
+        &ns,
+        &[
+            &format!("--reveal-addr=127.0.0.1:{port}"),
+            &format!("--reveal-tls-dir={}", tls_dir.display()),
+        ],
+        &[LOG],
+    );
+    register_reveal_api(&client, &ns, port, &ca_pem).await;
+    published(&client, &ns, &[&recipient]).await;
+    let mut job = Job::from_bytes(
+        "reveal/1",
+        card_payload("reveal/1")
+            .replace(CARD, REVEAL_CARD)
+            .as_bytes(),
+    );
+    job.headers.insert("x-card".into(), REVEAL_CARD.into());
+    let parked = dlq_client::park(
+        client.clone(),
+        &ns,
+        dlq_client::ParkRequest::new("relayer", job),
+    )
+    .await
+    .unwrap();
+    let name = parked.record().name_any();
+
+    // Without the role the apiserver refuses; the operator refuses too when asked directly.
+    assert_eq!(reveal_as("bob", &ns, &name, false).await, Err(403));
+    let path = format!("/apis/payloads.dlq.dev/v1alpha1/namespaces/{ns}/deadletterpayloads/{name}");
+    let (code, body) = straight_to_operator(port, &path, false, "admin");
+    assert_eq!(code, 401, "no front-proxy certificate: {body}");
+    let (code, body) = straight_to_operator(port, &path, true, "bob");
+    assert_eq!(code, 403, "the operator's own SubjectAccessReview: {body}");
+    assert!(!body.contains(REVEAL_CARD));
+
+    // With it: masked, and unmasked only with the subresource.
+    grant_reveal(&ns, "alice", false);
+    let masked = eventually(10, "alice's reveal", || async {
+        reveal_as("alice", &ns, &name, false).await.ok()
+    })
+    .await;
+    assert_eq!(masked["kind"], "DeadLetterPayload");
+    assert_eq!(masked["sealedTo"], recipient.as_str());
+    let shown = masked.to_string();
+    assert!(
+        shown.contains("401288******1881") && !shown.contains(REVEAL_CARD),
+        "{shown}"
+    );
+    assert!(shown.contains("****"), "the queue's maskPaths: {shown}");
+    assert_eq!(reveal_as("alice", &ns, &name, true).await, Err(403));
+    grant_reveal(&ns, "carol", true);
+    let exact = eventually(10, "carol's unmasked reveal", || async {
+        reveal_as("carol", &ns, &name, true).await.ok()
+    })
+    .await;
+    assert_eq!(
+        exact["payload"],
+        card_payload("reveal/1").replace(CARD, REVEAL_CARD)
+    );
+    assert_eq!(exact["headers"]["x-card"], REVEAL_CARD);
+
+    // kubectl reads it like any resource.
+    let out = audited_plane()
+        .kubectl()
+        .args(["get", "deadletterpayload", "-n", &ns, &name, "-o", "yaml"])
+        .output()
+        .unwrap();
+    let yaml = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        yaml.contains("401288******1881"),
+        "{yaml}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Every reveal: an Event naming the user, a line in the apiserver's audit log.
+    let notes = eventually(10, "PayloadRevealed Events", || async {
+        let notes = event_notes(&client, &ns).await;
+        (notes
+            .iter()
+            .any(|n| n.contains("revealed to alice (masked)"))
+            && notes
+                .iter()
+                .any(|n| n.contains("revealed to carol (unmasked)")))
+        .then_some(notes)
+    })
+    .await;
+    assert!(!notes.iter().any(|n| n.contains(REVEAL_CARD)), "{notes:?}");
+    let audit = audit_log();
+    let reveals: Vec<serde_json::Value> = audit
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| {
+            e["objectRef"]["resource"] == "deadletterpayloads"
+                && e["objectRef"]["name"] == name.as_str()
+        })
+        .collect();
+    let by = |user: &str, code: i64| {
+        reveals.iter().any(|e| {
+            e["user"]["username"] == "admin"
+                && e["impersonatedUser"]["username"] == user
+                && e["responseStatus"]["code"] == code
+        })
+    };
+    assert!(
+        by("alice", 200) && by("bob", 403) && by("carol", 200),
+        "audit: {reveals:#?}"
+    );
+    assert!(
+        !op.logs().contains(REVEAL_CARD),
+        "the card is in the operator's log"
+    );
+    if std::env::var_os("DLQ_REVEAL_SHOW").is_some() {
+        let record = audited_plane()
+            .kubectl()
+            .args(["get", "dl", "-n", &ns, &name, "-o", "yaml"])
+            .output()
+            .unwrap();
+        eprintln!("{}\n---\n{yaml}", String::from_utf8_lossy(&record.stdout));
+    }
+    let _ = std::fs::remove_dir_all(tls_dir);
 }

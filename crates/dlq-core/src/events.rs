@@ -30,6 +30,8 @@ pub mod reason {
     pub const BACKEND_NOT_BUILT: &str = "BackendNotBuilt";
     /// A Sidekiq dead set is near the size at which Sidekiq drops its oldest jobs unparked.
     pub const DEAD_SET_NEAR_TRIM: &str = "DeadSetNearTrim";
+    /// Someone read a record's payload through the reveal API (`deadletterpayloads`).
+    pub const PAYLOAD_REVEALED: &str = "PayloadRevealed";
 }
 
 /// Event actions (what the reporter was doing).
@@ -40,6 +42,7 @@ pub mod action {
     pub const REPLAY: &str = "Replay";
     pub const ALERT: &str = "Alert";
     pub const GROUP: &str = "Group";
+    pub const REVEAL: &str = "Reveal";
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -35,6 +35,7 @@ pub mod park;
 pub mod plan;
 pub mod record;
 pub mod replay;
+pub mod reveal;
 pub mod seal;
 pub mod sidekiq;
 #[cfg(any(test, feature = "testing"))]

@@ -50,6 +50,29 @@ pub fn mask_cards(text: &str) -> String {
     out
 }
 
+/// [`mask_cards`] over bytes that need not be text (a binary payload): card numbers written
+/// as ASCII digits are masked in place, every other byte is kept, so the length never changes.
+pub fn mask_card_bytes(bytes: &[u8]) -> Vec<u8> {
+    // Every byte becomes one ASCII character (non-ASCII ones a NUL, which is no digit and no
+    // separator), so the masked text lines up with the bytes position for position.
+    let ascii: String = bytes
+        .iter()
+        .map(|&b| if b.is_ascii() { b as char } else { '\0' })
+        .collect();
+    let masked = mask_cards(&ascii);
+    bytes
+        .iter()
+        .zip(masked.bytes())
+        .map(|(&b, m)| {
+            if m == b'*' && b.is_ascii_digit() {
+                b'*'
+            } else {
+                b
+            }
+        })
+        .collect()
+}
+
 /// The end of the digit run starting at `start`: digits, each pair possibly separated by one
 /// space or dash.
 fn run_end(bytes: &[u8], start: usize) -> usize {
@@ -209,6 +232,18 @@ fn mask_at(value: &mut Value, segments: &[Segment]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn binary_payloads_have_their_card_numbers_masked_in_place() {
+        let mut bytes = vec![0xff, 0x00];
+        bytes.extend_from_slice(b"4111111111111111");
+        bytes.extend_from_slice(&[0xc3, 0x28, b'7']);
+        let masked = mask_card_bytes(&bytes);
+        assert_eq!(masked.len(), bytes.len());
+        assert_eq!(&masked[2..18], b"411111******1111");
+        assert_eq!(&masked[..2], &bytes[..2]);
+        assert_eq!(&masked[18..], &bytes[18..]);
+    }
 
     #[test]
     fn card_numbers_show_first_six_and_last_four() {

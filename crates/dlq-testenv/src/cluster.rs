@@ -37,6 +37,10 @@ pub struct Plane {
     pub node_ready_secs: Option<f64>,
     /// etcd's client URL (`http://127.0.0.1:<port>`, no TLS): tests read raw stored values.
     pub etcd_url: Option<String>,
+    /// With [`audited_plane`]: the apiserver's audit log.
+    pub audit_log: Option<PathBuf>,
+    /// The plane's state dir (`pki/` holds its certificates, the front proxy's among them).
+    pub dir: PathBuf,
     // Held, never read: dropping them (at process exit) stops the plane.
     _child: Mutex<Child>,
     _stdin: Mutex<ChildStdin>,
@@ -78,6 +82,25 @@ pub fn node_plane() -> &'static Plane {
     })
 }
 
+/// A control plane writing its audit log (request and response bodies; Secrets' only as
+/// metadata), shared by the tests of one binary, started on first use.
+pub fn audited_plane() -> &'static Plane {
+    static AUDITED_PLANE: OnceLock<Plane> = OnceLock::new();
+    AUDITED_PLANE.get_or_init(|| {
+        let plane = start_plane(&["--audit"]);
+        report(&format!(
+            "test control plane with audit log {} at {}",
+            plane
+                .audit_log
+                .as_deref()
+                .unwrap_or(Path::new("?"))
+                .display(),
+            plane.server
+        ));
+        plane
+    })
+}
+
 /// Starts `dlq-testenv --until-stdin-closes <extra>` and reads its announcement up to `ready`.
 fn start_plane(extra: &[&str]) -> Plane {
     let tools: &[&str] = match extra.contains(&"--node") {
@@ -102,6 +125,7 @@ fn start_plane(extra: &[&str]) -> Plane {
     let stdout = BufReader::new(child.stdout.take().expect("dlq-testenv stdout is piped"));
     let (mut kubeconfig, mut server) = (None, String::new());
     let (mut containerd, mut node_ready_secs, mut etcd_url) = (None, None, None);
+    let (mut audit_log, mut dir) = (None, PathBuf::new());
     for line in stdout.lines() {
         let line = line.expect("reading dlq-testenv's output");
         if let Some(p) = line.strip_prefix("KUBECONFIG=") {
@@ -112,6 +136,10 @@ fn start_plane(extra: &[&str]) -> Plane {
             containerd = Some(PathBuf::from(s));
         } else if let Some(s) = line.strip_prefix("etcd=") {
             etcd_url = Some(s.to_string());
+        } else if let Some(s) = line.strip_prefix("dir=") {
+            dir = PathBuf::from(s);
+        } else if let Some(s) = line.strip_prefix("audit=") {
+            audit_log = Some(PathBuf::from(s));
         } else if let Some(s) = line.strip_prefix("node_ready_secs=") {
             node_ready_secs = s.parse().ok();
         } else if line == "ready" {
@@ -126,6 +154,8 @@ fn start_plane(extra: &[&str]) -> Plane {
         containerd,
         node_ready_secs,
         etcd_url,
+        audit_log,
+        dir,
         _child: Mutex::new(child),
         _stdin: Mutex::new(stdin),
     }
@@ -256,7 +286,13 @@ pub async fn install_crds(client: &Client) {
 /// What most tests start with: an admin client of the shared plane, the dlq.dev CRDs
 /// installed, and a fresh namespace `<prefix>-…` of their own.
 pub async fn setup(prefix: &str) -> (Client, String) {
-    let client = plane().client().await;
+    setup_on(plane(), prefix).await
+}
+
+/// [`setup`] on `plane` (e.g. [`audited_plane`]); one plane per test binary, as the CRDs are
+/// installed once.
+pub async fn setup_on(plane: &Plane, prefix: &str) -> (Client, String) {
+    let client = plane.client().await;
     install_crds(&client).await;
     let ns = namespace(&client, prefix).await;
     (client, ns)
@@ -265,7 +301,12 @@ pub async fn setup(prefix: &str) -> (Client, String) {
 /// Runs `kubectl-dlq -n NS args…` as the admin against the shared control plane:
 /// (success, stdout, stderr).
 pub fn kubectl_dlq(ns: &str, args: &[&str]) -> (bool, String, String) {
-    let kubeconfig = plane().kubeconfig.to_string_lossy().into_owned();
+    kubectl_dlq_on(plane(), ns, args)
+}
+
+/// [`kubectl_dlq`] against `plane`.
+pub fn kubectl_dlq_on(plane: &Plane, ns: &str, args: &[&str]) -> (bool, String, String) {
+    let kubeconfig = plane.kubeconfig.to_string_lossy().into_owned();
     let out = std::process::Command::new(crate::bin("kubectl-dlq"))
         .args(["--kubeconfig", &kubeconfig, "-n", ns])
         .args(args)

@@ -40,8 +40,8 @@ use std::io::Write;
 use std::time::Duration;
 
 pub use cluster::{
-    CRDS, Plane, admin_client, apply_crds, install_crds, kubectl_dlq, namespace, node_plane, plane,
-    setup,
+    CRDS, Plane, admin_client, apply_crds, audited_plane, install_crds, kubectl_dlq,
+    kubectl_dlq_on, namespace, node_plane, plane, setup, setup_on,
 };
 pub use fixtures::{
     LIST, alerts_per_record, condition, create_dlq, create_offline_queue, create_queue,

@@ -141,6 +141,18 @@ pub const SERVICE_CIDR: &str = "198.19.0.0/24";
 pub const KUBERNETES_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 1);
 /// The node name of [`crate::node`]; its kubelet's client certificate is issued for it.
 pub const NODE_NAME: &str = "dlq-node";
+/// The front proxy's client certificate name (kube-apiserver's `--requestheader-allowed-names`).
+pub const FRONT_PROXY_CLIENT: &str = "front-proxy-client";
+/// The audit policy of [`ControlPlane::start_audited`]: request and response bodies of every
+/// request but Secrets' (whose bodies hold keys), as a PCI-minded cluster would log.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  resources: [{group: \"\", resources: [secrets]}]
+- level: RequestResponse
+";
 
 /// A free loopback port. There is a window between closing the probe socket and the server
 /// binding it; tests tolerate it because the next start picks another port.
@@ -225,6 +237,10 @@ struct Pki {
     /// the Node authorizer) and kube-proxy (`system:kube-proxy`, bound by the default RBAC).
     kubelet: (String, String),
     kube_proxy: (String, String),
+    /// The front proxy: kube-apiserver's client identity towards aggregated APIs (the reveal
+    /// API), from its own CA, as kubeadm sets it up.
+    front_proxy_ca_pem: String,
+    front_proxy_client: (String, String),
     sa_key_pem: String,
     sa_pub_pem: String,
 }
@@ -245,41 +261,55 @@ fn serving_names(address: IpAddr) -> Vec<String> {
     names
 }
 
-fn pki(address: IpAddr) -> Result<Pki> {
+/// A self-signed CA named `name`.
+fn new_ca(name: &str) -> Result<CertifiedIssuer<'static, KeyPair>> {
     let mut ca = CertificateParams::new(Vec::<String>::new())?;
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca.distinguished_name = DistinguishedName::new();
-    ca.distinguished_name
-        .push(DnType::CommonName, "dlq-testenv-ca");
+    ca.distinguished_name.push(DnType::CommonName, name);
     ca.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,
         KeyUsagePurpose::CrlSign,
         KeyUsagePurpose::DigitalSignature,
     ];
-    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate()?)?;
+    Ok(CertifiedIssuer::self_signed(ca, KeyPair::generate()?)?)
+}
 
-    let leaf = |sans: Vec<String>, cn: &str, org: Option<&str>| -> Result<(String, String)> {
-        let mut p = CertificateParams::new(sans)?;
-        p.distinguished_name = DistinguishedName::new();
-        p.distinguished_name.push(DnType::CommonName, cn);
-        if let Some(o) = org {
-            p.distinguished_name.push(DnType::OrganizationName, o);
-        }
-        let key = KeyPair::generate()?;
-        let cert = p.signed_by(&key, &ca)?;
-        Ok((cert.pem(), key.serialize_pem()))
-    };
+/// A certificate (PEM) and its key (PEM) for `cn` (in `org`) with `sans`, issued by `ca`.
+fn leaf(
+    ca: &CertifiedIssuer<'static, KeyPair>,
+    sans: Vec<String>,
+    cn: &str,
+    org: Option<&str>,
+) -> Result<(String, String)> {
+    let mut p = CertificateParams::new(sans)?;
+    p.distinguished_name = DistinguishedName::new();
+    p.distinguished_name.push(DnType::CommonName, cn);
+    if let Some(o) = org {
+        p.distinguished_name.push(DnType::OrganizationName, o);
+    }
+    let key = KeyPair::generate()?;
+    let cert = p.signed_by(&key, ca)?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+fn pki(address: IpAddr) -> Result<Pki> {
+    let ca = new_ca("dlq-testenv-ca")?;
+    let front_proxy_ca = new_ca("dlq-testenv-front-proxy-ca")?;
     let sa = KeyPair::generate()?;
     Ok(Pki {
         ca_pem: ca.pem(),
-        serving: leaf(serving_names(address), "kube-apiserver", None)?,
-        admin: leaf(vec![], "admin", Some("system:masters"))?,
+        serving: leaf(&ca, serving_names(address), "kube-apiserver", None)?,
+        admin: leaf(&ca, vec![], "admin", Some("system:masters"))?,
         kubelet: leaf(
+            &ca,
             vec![],
             &format!("system:node:{NODE_NAME}"),
             Some("system:nodes"),
         )?,
-        kube_proxy: leaf(vec![], "system:kube-proxy", None)?,
+        kube_proxy: leaf(&ca, vec![], "system:kube-proxy", None)?,
+        front_proxy_ca_pem: front_proxy_ca.pem(),
+        front_proxy_client: leaf(&front_proxy_ca, vec![], FRONT_PROXY_CLIENT, None)?,
         sa_key_pem: sa.serialize_pem(),
         sa_pub_pem: sa.public_key_pem(),
     })
@@ -338,6 +368,15 @@ fn write_pki(dir: &Path, pki: &Pki) -> Result<()> {
     // which the kubelet's webhook authorization allows.
     write(&dir.join("admin.crt"), &pki.admin.0)?;
     write(&dir.join("admin.key"), &pki.admin.1)?;
+    write(&dir.join("front-proxy-ca.crt"), &pki.front_proxy_ca_pem)?;
+    write(
+        &dir.join("front-proxy-client.crt"),
+        &pki.front_proxy_client.0,
+    )?;
+    write(
+        &dir.join("front-proxy-client.key"),
+        &pki.front_proxy_client.1,
+    )?;
     write(&dir.join("sa.key"), &pki.sa_key_pem)?;
     write(&dir.join("sa.pub"), &pki.sa_pub_pem)
 }
@@ -387,6 +426,26 @@ fn apiserver_command(
             "--service-account-signing-key-file={}",
             p("sa.key")
         ))
+        // The front proxy: how kube-apiserver tells an aggregated API (the reveal API) who is
+        // asking; the aggregated server finds these in kube-system/extension-apiserver-authentication.
+        .arg(format!(
+            "--requestheader-client-ca-file={}",
+            p("front-proxy-ca.crt")
+        ))
+        .arg(format!(
+            "--requestheader-allowed-names={FRONT_PROXY_CLIENT}"
+        ))
+        .arg("--requestheader-username-headers=X-Remote-User")
+        .arg("--requestheader-group-headers=X-Remote-Group")
+        .arg("--requestheader-extra-headers-prefix=X-Remote-Extra-")
+        .arg(format!(
+            "--proxy-client-cert-file={}",
+            p("front-proxy-client.crt")
+        ))
+        .arg(format!(
+            "--proxy-client-key-file={}",
+            p("front-proxy-client.key")
+        ))
         .arg("--authorization-mode=Node,RBAC")
         .arg("--enable-admission-plugins=ValidatingAdmissionPolicy")
         .arg("--allow-privileged=true")
@@ -414,6 +473,31 @@ impl ControlPlane {
     /// `--feature-gates=WatchList=false`, to act as an apiserver without a feature).
     pub fn start_with_apiserver_args(extra_args: &[&str]) -> Result<Self> {
         Self::start_with(IpAddr::V4(Ipv4Addr::LOCALHOST), extra_args)
+    }
+
+    /// Like [`ControlPlane::start`], with the apiserver's audit log on (request and response
+    /// bodies, [`AUDIT_POLICY`]) at [`ControlPlane::audit_log`].
+    pub fn start_audited() -> Result<Self> {
+        let dir = std::env::temp_dir().join(format!("dlq-testenv-{}-audit", std::process::id()));
+        io("creating the audit dir", fs::create_dir_all(&dir))?;
+        let policy = dir.join("policy.yaml");
+        write(&policy, AUDIT_POLICY)?;
+        let log = dir.join("audit.log");
+        let args = [
+            format!("--audit-policy-file={}", policy.display()),
+            format!("--audit-log-path={}", log.display()),
+            "--audit-log-mode=blocking".to_string(),
+        ];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Self::start_with(IpAddr::V4(Ipv4Addr::LOCALHOST), &args)
+    }
+
+    /// The audit log, when started with [`ControlPlane::start_audited`].
+    pub fn audit_log(&self) -> Option<PathBuf> {
+        self.extra_args
+            .iter()
+            .find_map(|a| a.strip_prefix("--audit-log-path="))
+            .map(PathBuf::from)
     }
 
     /// Ports are picked free, then bound by etcd and kube-apiserver a moment later; another

@@ -16,7 +16,6 @@
 
 pub mod auth;
 pub mod service;
-pub mod tls;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, RwLock};
@@ -39,6 +38,7 @@ use dlq_core::cloudevent::{self, HttpRequest, Incoming, MAX_BODY};
 use dlq_core::park::{Disposition, ParkInvalid, after_refusal, dispose};
 
 use crate::metrics::Metrics;
+use crate::serving_tls;
 
 use super::{ParkInto, Shared};
 use auth::Auth;
@@ -125,8 +125,8 @@ impl ParkEndpoint {
 #[derive(Clone, Copy, Debug)]
 struct Peer(SocketAddr);
 
-impl Connected<IncomingStream<'_, tls::TlsListener>> for Peer {
-    fn connect_info(stream: IncomingStream<'_, tls::TlsListener>) -> Self {
+impl Connected<IncomingStream<'_, serving_tls::TlsListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, serving_tls::TlsListener>) -> Self {
         Peer(*stream.remote_addr())
     }
 }
@@ -150,7 +150,7 @@ pub async fn serve(
         .into_make_service_with_connect_info::<Peer>();
     match tls {
         Some(config) => {
-            let listener = tls::TlsListener::new(listener, config)?;
+            let listener = serving_tls::TlsListener::new(listener, config)?;
             axum::serve(listener, app)
                 .with_graceful_shutdown(shutdown)
                 .await

@@ -25,11 +25,18 @@ struct Args {
     /// Also start a real node: kubelet, containerd, kube-proxy, CNI (needs root).
     #[arg(long)]
     node: bool,
+    /// Write the apiserver's audit log (request and response bodies, Secrets' left out).
+    #[arg(long, conflicts_with = "node")]
+    audit: bool,
 }
 
 /// The plane, and the node when asked for; the node goes first on stop (it lives in the
 /// plane's dir).
-fn start(with_node: bool) -> anyhow::Result<(ControlPlane, Option<Node>)> {
+fn start(with_node: bool, audit: bool) -> anyhow::Result<(ControlPlane, Option<Node>)> {
+    if audit {
+        let plane = ControlPlane::start_audited().context("starting the local control plane")?;
+        return Ok((plane, None));
+    }
     if !with_node {
         let plane = ControlPlane::start().context("starting the local control plane")?;
         return Ok((plane, None));
@@ -69,7 +76,7 @@ async fn until_stopped(until_stdin_closes: bool) -> anyhow::Result<()> {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let (mut plane, mut node) = start(args.node)?;
+    let (mut plane, mut node) = start(args.node, args.audit)?;
     let kubeconfig = match &args.kubeconfig_out {
         Some(path) => {
             plane.export_kubeconfig(path)?;
@@ -84,6 +91,9 @@ async fn main() -> anyhow::Result<()> {
     println!("server={}", plane.server);
     println!("dir={}", plane.dir().display());
     println!("etcd={}", plane.etcd_url());
+    if let Some(audit) = plane.audit_log() {
+        println!("audit={}", audit.display());
+    }
     if let Some(node) = &node {
         println!("containerd={}", node.socket().display());
         println!("node_ready_secs={:.1}", node.timings.ready.as_secs_f64());

@@ -1,4 +1,4 @@
-//! The park endpoint's TLS: the certificate and key from a directory (`tls.crt`, `tls.key`: a
+//! The TLS of the park endpoint and the reveal API: the certificate and key from a directory (`tls.crt`, `tls.key`: a
 //! Secret of type `kubernetes.io/tls` mounted, as cert-manager writes them), re-read every
 //! minute so a renewed certificate is served without a restart. Handshakes run beside the
 //! accept loop, so a slow client never holds up the others.
@@ -69,32 +69,75 @@ impl ResolvesServerCert for Current {
 
 /// A rustls server config serving the certificate in `dir`, re-read every [`RELOAD`].
 pub fn server_config(dir: &Path) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    build(dir, None)
+}
+
+/// [`server_config`] that also asks clients for a certificate and accepts only ones issued by
+/// `client_ca` (PEM); a client without one is let in, to be told apart by the handler (the
+/// reveal API's front proxy presents one, nothing else needs to).
+pub fn server_config_verifying(
+    dir: &Path,
+    client_ca: &str,
+) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    build(dir, Some(client_ca))
+}
+
+fn build(dir: &Path, client_ca: Option<&str>) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let current = Arc::new(Current(RwLock::new(load(dir)?)));
-    let reloaded = current.clone();
+    reload_every_minute(dir, current.clone());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Setup(e.to_string()))?;
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(pem) => builder.with_client_cert_verifier(client_verifier(pem, provider)?),
+    };
+    let mut config = builder.with_cert_resolver(current);
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Verifies client certificates against the PEM CAs in `pem`; no certificate is allowed too.
+fn client_verifier(
+    pem: &str,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, TlsError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(pem.as_bytes()).filter_map(Result::ok) {
+        roots
+            .add(cert)
+            .map_err(|e| TlsError::Setup(format!("client CA: {e}")))?;
+    }
+    if roots.is_empty() {
+        return Err(TlsError::Setup(
+            "the client CA holds no PEM certificate".into(),
+        ));
+    }
+    rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| TlsError::Setup(format!("client CA: {e}")))
+}
+
+/// Re-reads the certificate in `dir` into `current` every [`RELOAD`].
+fn reload_every_minute(dir: &Path, current: Arc<Current>) {
     let dir = dir.to_path_buf();
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(RELOAD).await;
             match load(&dir) {
                 Ok(key) => {
-                    if let Ok(mut k) = reloaded.0.write() {
+                    if let Ok(mut k) = current.0.write() {
                         *k = key;
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "re-reading the park endpoint's certificate failed; serving the previous one")
+                    tracing::warn!(error = %e, dir = %dir.display(), "re-reading a serving certificate failed; serving the previous one")
                 }
             }
         }
     });
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| TlsError::Setup(e.to_string()))?
-        .with_no_client_auth()
-        .with_cert_resolver(current);
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
 }
 
 /// A listener handing out connections whose TLS handshake is done (for `axum::serve`).

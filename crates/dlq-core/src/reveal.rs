@@ -1,0 +1,259 @@
+//! The reveal API as data: `deadletterpayloads.payloads.dlq.dev`, one read-only object per
+//! record holding its job's opened payload and headers. The operator serves it behind the
+//! apiserver (an aggregated API), so every reveal is authenticated by the apiserver, authorized
+//! twice (the apiserver's RBAC and the operator's SubjectAccessReview), written to the
+//! apiserver's audit log and announced by a `PayloadRevealed` Event.
+//!
+//! Two views: the resource itself shows card numbers and the queue's `maskPaths` masked (what a
+//! person needs to diagnose); its `unmasked` subresource shows the exact bytes, so RBAC can
+//! grant the two separately.
+
+use base64::Engine;
+use serde_json::{Value, json};
+
+use crate::api::{DeadLetter, Job};
+use crate::events::{EventPlan, action, reason};
+use crate::mask;
+
+pub const GROUP: &str = "payloads.dlq.dev";
+pub const VERSION: &str = "v1alpha1";
+pub const GROUP_VERSION: &str = "payloads.dlq.dev/v1alpha1";
+pub const RESOURCE: &str = "deadletterpayloads";
+pub const KIND: &str = "DeadLetterPayload";
+/// The subresource showing the exact bytes.
+pub const UNMASKED: &str = "unmasked";
+
+/// Which view of a payload a request asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum View {
+    Masked,
+    Unmasked,
+}
+
+impl View {
+    /// The subresource a SubjectAccessReview names for this view.
+    pub fn subresource(self) -> Option<&'static str> {
+        match self {
+            View::Masked => None,
+            View::Unmasked => Some(UNMASKED),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            View::Masked => "masked",
+            View::Unmasked => "unmasked",
+        }
+    }
+}
+
+/// `GET /apis` (legacy discovery): the one group served here.
+pub fn api_group_list() -> Value {
+    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [api_group()]})
+}
+
+/// `GET /apis/payloads.dlq.dev`.
+pub fn api_group() -> Value {
+    let version = json!({"groupVersion": GROUP_VERSION, "version": VERSION});
+    json!({
+        "kind": "APIGroup",
+        "apiVersion": "v1",
+        "name": GROUP,
+        "versions": [version.clone()],
+        "preferredVersion": version,
+    })
+}
+
+/// `GET /apis/payloads.dlq.dev/v1alpha1`: get only, no list or watch, so payloads are read one
+/// record at a time, each in the audit log.
+pub fn api_resource_list() -> Value {
+    let resource = |name: String| {
+        json!({
+            "name": name,
+            "singularName": if name == RESOURCE { "deadletterpayload" } else { "" },
+            "namespaced": true,
+            "kind": KIND,
+            "verbs": ["get"],
+        })
+    };
+    json!({
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": GROUP_VERSION,
+        "resources": [
+            resource(RESOURCE.to_string()),
+            resource(format!("{RESOURCE}/{UNMASKED}")),
+        ],
+    })
+}
+
+/// A `metav1.Status` failure, as the apiserver answers (kubectl prints its message).
+pub fn status(code: u16, reason: &str, message: &str) -> Value {
+    json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    })
+}
+
+/// The `DeadLetterPayload` of `record`, whose job `opened` is (`seal::open`), in `view`; masked,
+/// card numbers in the payload (text or binary) and header values and the values at
+/// `mask_paths` (a JSON payload) are masked.
+pub fn payload_object(
+    record: &DeadLetter,
+    opened: &Job,
+    view: View,
+    mask_paths: &[String],
+) -> Value {
+    let mut object = json!({
+        "apiVersion": GROUP_VERSION,
+        "kind": KIND,
+        "metadata": {
+            "name": record.metadata.name,
+            "namespace": record.metadata.namespace,
+            "creationTimestamp": record.metadata.creation_timestamp,
+        },
+        "queue": record.spec.queue,
+        "jobId": opened.id,
+        "view": view.name(),
+    });
+    let fields = match object.as_object_mut() {
+        Some(fields) => fields,
+        None => return object,
+    };
+    if let Some(sealed) = &record.spec.job.sealed {
+        fields.insert("sealedTo".into(), json!(sealed.recipient));
+    }
+    let masked = view == View::Masked;
+    if let Some(text) = &opened.payload {
+        let shown = if masked {
+            mask::mask_payload(text, mask_paths)
+        } else {
+            text.clone()
+        };
+        fields.insert("payload".into(), json!(shown));
+    }
+    if let Some(b64) = &opened.payload_base64 {
+        fields.insert("payloadBase64".into(), json!(binary(b64, masked)));
+    }
+    if opened.payload_null {
+        fields.insert("payloadNull".into(), json!(true));
+    }
+    let headers: serde_json::Map<String, Value> = opened
+        .headers
+        .iter()
+        .map(|(k, v)| {
+            let shown = if masked {
+                mask::mask_cards(v)
+            } else {
+                v.clone()
+            };
+            (k.clone(), json!(shown))
+        })
+        .collect();
+    if !headers.is_empty() {
+        fields.insert("headers".into(), Value::Object(headers));
+    }
+    object
+}
+
+/// A binary payload as shown: masked in place when asked (one that is not base64 shows as is:
+/// the schema makes that impossible for a record).
+fn binary(b64: &str, masked: bool) -> String {
+    let engine = base64::engine::general_purpose::STANDARD;
+    match (masked, engine.decode(b64)) {
+        (true, Ok(bytes)) => engine.encode(mask::mask_card_bytes(&bytes)),
+        _ => b64.to_string(),
+    }
+}
+
+/// The Event every reveal writes on its record: who, and which view.
+pub fn revealed_event(user: &str, view: View) -> EventPlan {
+    EventPlan::normal(
+        reason::PAYLOAD_REVEALED,
+        action::REVEAL,
+        format!("payload revealed to {user} ({})", view.name()),
+    )
+    .once()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::RecordBuilder;
+
+    fn record(id: &str) -> DeadLetter {
+        RecordBuilder::job(id).build()
+    }
+
+    fn job_with(payload: &str) -> Job {
+        let mut r = record("r1");
+        r.spec.job.payload = Some(payload.into());
+        r.spec
+            .job
+            .headers
+            .insert("x-card".into(), "4111 1111 1111 1111".into());
+        r.spec.job
+    }
+
+    #[test]
+    fn the_masked_view_masks_cards_paths_and_headers_and_the_unmasked_one_nothing() {
+        let r = record("r1");
+        let job = job_with(r#"{"pan":"4111111111111111","name":"Ada"}"#);
+        let paths = vec!["$.name".to_string()];
+        let masked = payload_object(&r, &job, View::Masked, &paths);
+        assert_eq!(masked["kind"], KIND);
+        assert_eq!(masked["view"], "masked");
+        assert_eq!(
+            masked["payload"],
+            r#"{"name":"****","pan":"411111******1111"}"#
+        );
+        assert_eq!(masked["headers"]["x-card"], "4111 11** **** 1111");
+        let raw = payload_object(&r, &job, View::Unmasked, &paths);
+        assert_eq!(raw["payload"], r#"{"pan":"4111111111111111","name":"Ada"}"#);
+        assert_eq!(raw["headers"]["x-card"], "4111 1111 1111 1111");
+    }
+
+    #[test]
+    fn binary_payloads_stay_base64_and_are_masked_in_place() {
+        let r = record("r1");
+        let mut job = r.spec.job.clone();
+        let engine = base64::engine::general_purpose::STANDARD;
+        job.payload = None;
+        job.payload_base64 = Some(engine.encode(b"\xff4111111111111111"));
+        let masked = payload_object(&r, &job, View::Masked, &[]);
+        let shown = engine
+            .decode(masked["payloadBase64"].as_str().unwrap())
+            .unwrap();
+        assert_eq!(shown, b"\xff411111******1111");
+    }
+
+    #[test]
+    fn discovery_offers_get_only_and_an_unmasked_subresource() {
+        let list = api_resource_list();
+        assert_eq!(list["groupVersion"], GROUP_VERSION);
+        let names: Vec<&str> = list["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["deadletterpayloads", "deadletterpayloads/unmasked"]);
+        for r in list["resources"].as_array().unwrap() {
+            assert_eq!(r["verbs"], json!(["get"]));
+        }
+        assert_eq!(api_group()["preferredVersion"]["version"], VERSION);
+    }
+
+    #[test]
+    fn every_reveal_is_its_own_event_naming_the_user() {
+        let e = revealed_event("alice", View::Unmasked);
+        assert_eq!(e.reason, "PayloadRevealed");
+        assert!(e.once);
+        assert!(e.note.contains("alice") && e.note.contains("unmasked"));
+    }
+}

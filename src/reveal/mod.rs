@@ -1,0 +1,392 @@
+//! The reveal API: `GET /apis/payloads.dlq.dev/v1alpha1/namespaces/{ns}/deadletterpayloads/{record}`
+//! (and its `/unmasked` subresource) returns the record's job opened, for a caller the
+//! apiserver authenticated and proxied here (an `APIService`, see [`front_proxy`]). Each reveal
+//! is authorized again with a SubjectAccessReview for exactly that record and view, and
+//! announced by a `PayloadRevealed` Event naming the user; the apiserver's audit log has the
+//! request with the user and the record. Get only: there is no list, so payloads are read one
+//! record at a time.
+//!
+//! Every replica serves it (reading records and keys needs no leadership). The pure parts (the
+//! objects, the discovery documents, masking) are `dlq_core::reveal`.
+
+pub mod front_proxy;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::connect_info::Connected;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::serve::IncomingStream;
+use k8s_openapi::api::authentication::v1::UserInfo;
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use kube::api::PostParams;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::{Api, Client, Resource};
+use serde_json::Value;
+
+use dlq_core::api::{DeadLetter, DeadLetterQueue};
+use dlq_core::reveal::{self, View};
+use dlq_core::seal::OpenError;
+
+use crate::serving_tls::{self as tls, TlsListener};
+use front_proxy::FrontProxy;
+
+/// Longest wait between attempts to read the front-proxy settings at start.
+const SETTINGS_RETRY_CAP: Duration = Duration::from_secs(30);
+
+/// The verified client certificate of a request's connection (DER), if it had one.
+#[derive(Clone, Debug, Default)]
+struct ClientCertificate(Option<Arc<Vec<u8>>>);
+
+impl Connected<IncomingStream<'_, TlsListener>> for ClientCertificate {
+    fn connect_info(stream: IncomingStream<'_, TlsListener>) -> Self {
+        let (_, connection) = stream.io().get_ref();
+        ClientCertificate(
+            connection
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .map(|c| Arc::new(c.to_vec())),
+        )
+    }
+}
+
+/// What the API needs to answer.
+#[derive(Clone)]
+pub struct RevealApi {
+    client: Client,
+    front_proxy: Arc<FrontProxy>,
+    recorder: Recorder,
+    reporter: Reporter,
+}
+
+/// Why the API could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+    #[error("serving the reveal API: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Serves the API on `listener` with the certificate in `tls_dir` until `shutdown` resolves;
+/// first waits for the apiserver's front-proxy settings (retrying, logged, while it cannot
+/// read them).
+pub async fn serve(
+    client: Client,
+    reporter: Reporter,
+    listener: tokio::net::TcpListener,
+    tls_dir: &std::path::Path,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let front_proxy = front_proxy_settings(&client).await;
+    let config = tls::server_config_verifying(tls_dir, &front_proxy.client_ca)?;
+    let api = RevealApi {
+        recorder: Recorder::new(client.clone(), reporter.clone()),
+        client,
+        front_proxy: Arc::new(front_proxy),
+        reporter,
+    };
+    let app = Router::new()
+        .fallback(answer)
+        .with_state(api)
+        .into_make_service_with_connect_info::<ClientCertificate>();
+    let listener = TlsListener::new(listener, config)?;
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    Ok(())
+}
+
+/// The front-proxy settings, read again with capped backoff until they can be.
+async fn front_proxy_settings(client: &Client) -> FrontProxy {
+    let mut wait = Duration::from_secs(1);
+    loop {
+        match FrontProxy::load(client).await {
+            Ok(settings) => return settings,
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in = ?wait, "the reveal API cannot start yet");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(SETTINGS_RETRY_CAP);
+            }
+        }
+    }
+}
+
+/// What a request asks for.
+#[derive(Debug, PartialEq, Eq)]
+enum Route {
+    Groups,
+    Group,
+    Resources,
+    Payload {
+        namespace: String,
+        name: String,
+        view: View,
+    },
+    Unknown,
+}
+
+/// The route of `path`.
+fn route(path: &str) -> Route {
+    let parts: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
+    match parts.as_slice() {
+        ["apis"] => Route::Groups,
+        ["apis", g] if *g == reveal::GROUP => Route::Group,
+        ["apis", g, v] if *g == reveal::GROUP && *v == reveal::VERSION => Route::Resources,
+        ["apis", g, v, "namespaces", ns, r, name, rest @ ..]
+            if *g == reveal::GROUP && *v == reveal::VERSION && *r == reveal::RESOURCE =>
+        {
+            let view = match rest {
+                [] => View::Masked,
+                [sub] if *sub == reveal::UNMASKED => View::Unmasked,
+                _ => return Route::Unknown,
+            };
+            Route::Payload {
+                namespace: ns.to_string(),
+                name: name.to_string(),
+                view,
+            }
+        }
+        _ => Route::Unknown,
+    }
+}
+
+/// An answer: a status and a JSON body (a `metav1.Status` when refused).
+struct Answer(StatusCode, Value);
+
+impl Answer {
+    fn refused(code: u16, reason: &str, message: impl std::fmt::Display) -> Self {
+        let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        Answer(status, reveal::status(code, reason, &message.to_string()))
+    }
+}
+
+impl IntoResponse for Answer {
+    fn into_response(self) -> Response {
+        (
+            self.0,
+            [(header::CONTENT_TYPE, "application/json")],
+            self.1.to_string(),
+        )
+            .into_response()
+    }
+}
+
+async fn answer(
+    State(api): State<RevealApi>,
+    ConnectInfo(certificate): ConnectInfo<ClientCertificate>,
+    request: Request,
+) -> Answer {
+    let caller = match api.front_proxy.caller(
+        certificate.0.as_deref().map(Vec::as_slice),
+        request.headers(),
+    ) {
+        Ok(caller) => caller,
+        Err(e) => return Answer::refused(401, "Unauthorized", e),
+    };
+    if request.method() != Method::GET {
+        return Answer::refused(405, "MethodNotAllowed", "this API is read-only: get only");
+    }
+    match route(request.uri().path()) {
+        Route::Groups => Answer(StatusCode::OK, reveal::api_group_list()),
+        Route::Group => Answer(StatusCode::OK, reveal::api_group()),
+        Route::Resources => Answer(StatusCode::OK, reveal::api_resource_list()),
+        Route::Payload {
+            namespace,
+            name,
+            view,
+        } => match api.reveal(&caller, &namespace, &name, view).await {
+            Ok(object) => Answer(StatusCode::OK, object),
+            Err(e) => e.answer(),
+        },
+        Route::Unknown => Answer::refused(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        ),
+    }
+}
+
+/// Why a payload was not revealed. Never carries the payload.
+#[derive(Debug, thiserror::Error)]
+enum RevealError {
+    #[error("{user} may not get {resource} {name} in namespace {namespace}")]
+    Forbidden {
+        user: String,
+        resource: String,
+        namespace: String,
+        name: String,
+    },
+    #[error("deadletter {name} not found in namespace {namespace}")]
+    NotFound { namespace: String, name: String },
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    #[error("asking the apiserver: {0}")]
+    Apiserver(#[source] kube::Error),
+}
+
+impl RevealError {
+    fn answer(&self) -> Answer {
+        let (code, reason) = match self {
+            RevealError::Forbidden { .. } => (403, "Forbidden"),
+            RevealError::NotFound { .. } => (404, "NotFound"),
+            // The key is gone: asking again does not help until it is back.
+            RevealError::Open(OpenError::KeyMissing { .. }) => (409, "Conflict"),
+            RevealError::Open(OpenError::Corrupt { .. }) => (500, "InternalError"),
+            RevealError::Apiserver(_) => (503, "ServiceUnavailable"),
+        };
+        Answer::refused(code, reason, self)
+    }
+}
+
+impl RevealApi {
+    /// The record's payload in `view`, for `caller`: authorize, read, open, show, announce.
+    async fn reveal(
+        &self,
+        caller: &UserInfo,
+        namespace: &str,
+        name: &str,
+        view: View,
+    ) -> Result<Value, RevealError> {
+        self.authorize(caller, namespace, name, view).await?;
+        let record = self.record(namespace, name).await?;
+        let queue = self.queue(namespace, &record.spec.queue).await?;
+        let mask_paths = queue
+            .as_ref()
+            .map(|q| q.mask_paths().to_vec())
+            .unwrap_or_default();
+        let keyring = match &queue {
+            Some(q) if record.spec.job.sealed.is_some() => {
+                crate::keys::load(&self.client, q).await.keyring
+            }
+            _ => Default::default(),
+        };
+        let opened = dlq_core::seal::open(&record, &keyring)?;
+        let object = reveal::payload_object(&record, &opened, view, &mask_paths);
+        self.announce(caller, &record, view).await;
+        Ok(object)
+    }
+
+    /// A SubjectAccessReview for `get deadletterpayloads[/unmasked]` of exactly this record.
+    async fn authorize(
+        &self,
+        caller: &UserInfo,
+        namespace: &str,
+        name: &str,
+        view: View,
+    ) -> Result<(), RevealError> {
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: caller.username.clone(),
+                groups: caller.groups.clone(),
+                uid: caller.uid.clone(),
+                extra: caller.extra.clone(),
+                resource_attributes: Some(ResourceAttributes {
+                    namespace: Some(namespace.into()),
+                    verb: Some("get".into()),
+                    group: Some(reveal::GROUP.into()),
+                    resource: Some(reveal::RESOURCE.into()),
+                    subresource: view.subresource().map(Into::into),
+                    name: Some(name.into()),
+                    ..ResourceAttributes::default()
+                }),
+                ..SubjectAccessReviewSpec::default()
+            },
+            ..SubjectAccessReview::default()
+        };
+        let answer = Api::<SubjectAccessReview>::all(self.client.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(RevealError::Apiserver)?;
+        if answer.status.is_some_and(|s| s.allowed) {
+            return Ok(());
+        }
+        let resource = match view.subresource() {
+            Some(sub) => format!("{}/{sub}", reveal::RESOURCE),
+            None => reveal::RESOURCE.to_string(),
+        };
+        Err(RevealError::Forbidden {
+            user: caller.username.clone().unwrap_or_default(),
+            resource,
+            namespace: namespace.into(),
+            name: name.into(),
+        })
+    }
+
+    async fn record(&self, namespace: &str, name: &str) -> Result<DeadLetter, RevealError> {
+        let api: Api<DeadLetter> = Api::namespaced(self.client.clone(), namespace);
+        api.get_opt(name)
+            .await
+            .map_err(RevealError::Apiserver)?
+            .ok_or_else(|| RevealError::NotFound {
+                namespace: namespace.into(),
+                name: name.into(),
+            })
+    }
+
+    /// The record's queue, if it still exists (its mask paths and keys).
+    async fn queue(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<DeadLetterQueue>, RevealError> {
+        let api: Api<DeadLetterQueue> = Api::namespaced(self.client.clone(), namespace);
+        api.get_opt(name).await.map_err(RevealError::Apiserver)
+    }
+
+    /// The `PayloadRevealed` Event on the record, and a log line (user and record, no payload).
+    async fn announce(&self, caller: &UserInfo, record: &DeadLetter, view: View) {
+        let user = caller.username.clone().unwrap_or_default();
+        let plan = reveal::revealed_event(&user, view);
+        tracing::info!(namespace = ?record.metadata.namespace, record = ?record.metadata.name, %user, ?view, "payload revealed");
+        dlq_client::events::publish(
+            &self.client,
+            &self.recorder,
+            &self.reporter,
+            &record.object_ref(&()),
+            &plan,
+        )
+        .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_route_to_discovery_the_payload_or_nowhere() {
+        assert_eq!(route("/apis"), Route::Groups);
+        assert_eq!(route("/apis/payloads.dlq.dev/"), Route::Group);
+        assert_eq!(route("/apis/payloads.dlq.dev/v1alpha1"), Route::Resources);
+        let base = "/apis/payloads.dlq.dev/v1alpha1/namespaces/pay/deadletterpayloads/r-1";
+        assert_eq!(
+            route(base),
+            Route::Payload {
+                namespace: "pay".into(),
+                name: "r-1".into(),
+                view: View::Masked
+            }
+        );
+        assert_eq!(
+            route(&format!("{base}/unmasked")),
+            Route::Payload {
+                namespace: "pay".into(),
+                name: "r-1".into(),
+                view: View::Unmasked
+            }
+        );
+        assert_eq!(route(&format!("{base}/status")), Route::Unknown);
+        assert_eq!(
+            route("/apis/payloads.dlq.dev/v1alpha1/namespaces/pay/deadletterpayloads"),
+            Route::Unknown,
+            "no list"
+        );
+        assert_eq!(route("/apis/dlq.dev/v1alpha1"), Route::Unknown);
+    }
+}
