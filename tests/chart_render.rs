@@ -186,6 +186,7 @@ fn default_inventory(ns: &str, full: &str) -> BTreeSet<(String, String, String)>
         ("ClusterRole", "", "dlq-viewer".into()),
         ("ClusterRole", "", "dlq-decider".into()),
         ("ClusterRole", "", "dlq-parker".into()),
+        ("ClusterRole", "", "dlq-payload-reader".into()),
         (
             "ValidatingAdmissionPolicy",
             "",
@@ -385,6 +386,23 @@ fn assert_user_roles(docs: &[Value]) {
     );
     assert_eq!(aggregated(decider), ["admin"].map(String::from).into());
     assert!(aggregated(parker).is_empty());
+    // Revealing payloads is its own role, in no built-in one: the viewer sees sealed jobs sealed.
+    let reader = find(docs, "ClusterRole", "", "dlq-payload-reader");
+    assert_eq!(
+        grants(&reader["rules"]),
+        [
+            grant("payloads.dlq.dev", "deadletterpayloads", &[], &["get"]),
+            grant(
+                "payloads.dlq.dev",
+                "deadletterpayloads/unmasked",
+                &[],
+                &["get"]
+            ),
+        ]
+        .into_iter()
+        .collect()
+    );
+    assert!(aggregated(reader).is_empty());
 }
 
 /// PodSecurity "restricted" is enforced on Pods: the operator's pod is admitted in a namespace
@@ -792,4 +810,124 @@ async fn park_endpoint_render_serves_tls_reviews_tokens_and_lets_knative_resolve
         "{}",
         String::from_utf8_lossy(&refused.stderr)
     );
+}
+
+/// The reveal API (issue 32): its port, flags and certificate mount on every replica, a Service
+/// selecting the pods, the APIService with its caBundle, the delegated authentication and
+/// authorization bindings, the NetworkPolicy's port; accepted by the apiserver. Without a
+/// certificate, or without a way for the apiserver to trust it, the chart refuses to render.
+#[tokio::test]
+async fn reveal_api_render_registers_the_api_service_and_delegates_auth() {
+    let plane = dlq_testenv::plane();
+    let client = plane.client().await;
+    chart_crds(&client).await;
+    let ns = dlq_testenv::namespace(&client, "chart-reveal").await;
+    let rel = release("v");
+    let full = format!("{rel}-deadletter-operator");
+    let ca = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+    let docs = render(
+        &rel,
+        &ns,
+        &format!(
+            "revealApi: {{enabled: true, tlsSecretName: dlq-reveal-tls, caBundle: {ca:?}}}\nnetworkPolicy: {{enabled: true}}\n"
+        ),
+    );
+    let pod = &only(&docs, "Deployment")["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for want in [
+        "--reveal-addr=0.0.0.0:9443",
+        "--reveal-tls-dir=/etc/deadletter-operator/reveal-tls",
+    ] {
+        assert!(args.contains(&want), "{want} in {args:?}");
+    }
+    assert!(
+        c["ports"]
+            .as_array()
+            .expect("ports")
+            .iter()
+            .any(|p| p["name"] == "reveal" && p["containerPort"] == 9443),
+        "{c:#}"
+    );
+    assert_eq!(pod["volumes"][0]["secret"]["secretName"], "dlq-reveal-tls");
+    let service = find(&docs, "Service", &ns, &format!("{full}-reveal"));
+    assert_eq!(service["spec"]["ports"][0]["port"], 443);
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], "reveal");
+    assert_eq!(
+        service["spec"]["selector"]["app.kubernetes.io/instance"],
+        rel.as_str(),
+        "every replica serves it: {service:#}"
+    );
+    let api = find(&docs, "APIService", "", "v1alpha1.payloads.dlq.dev");
+    assert_eq!(api["spec"]["service"]["name"], format!("{full}-reveal"));
+    assert_eq!(api["spec"]["service"]["namespace"], ns.as_str());
+    use base64::Engine;
+    let bundle = base64::engine::general_purpose::STANDARD
+        .decode(api["spec"]["caBundle"].as_str().expect("caBundle"))
+        .expect("base64");
+    assert_eq!(bundle, ca.as_bytes());
+    let delegator = find(
+        &docs,
+        "ClusterRoleBinding",
+        "",
+        &format!("{full}-reveal-auth-delegator"),
+    );
+    assert_eq!(delegator["roleRef"]["name"], "system:auth-delegator");
+    let reader = find(
+        &docs,
+        "RoleBinding",
+        "kube-system",
+        &format!("{full}-reveal-authentication-reader"),
+    );
+    assert_eq!(
+        reader["roleRef"]["name"],
+        "extension-apiserver-authentication-reader"
+    );
+    assert_eq!(reader["subjects"][0]["namespace"], ns.as_str());
+    let policy = only(&docs, "NetworkPolicy");
+    assert!(
+        policy["spec"]["ingress"]
+            .as_array()
+            .expect("ingress")
+            .iter()
+            .any(|i| i["ports"][0]["port"] == "reveal"),
+        "{policy:#}"
+    );
+    // Kept apart from the apiserver's real APIService list: a dry run only.
+    let warnings = dry_run_apply(plane, &docs);
+    assert!(
+        !warnings.contains("Warning"),
+        "warnings from the apiserver: {warnings}"
+    );
+
+    let injected = render(
+        &release("vi"),
+        &ns,
+        "revealApi: {enabled: true, tlsSecretName: t, certManagerCertificate: dlq-system/dlq-reveal}\n",
+    );
+    let api = find(&injected, "APIService", "", "v1alpha1.payloads.dlq.dev");
+    assert_eq!(
+        api["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        "dlq-system/dlq-reveal"
+    );
+    assert!(api["spec"]["caBundle"].is_null());
+    for (set, refusal) in [
+        ("revealApi.enabled=true", "revealApi.tlsSecretName"),
+        (
+            "revealApi.enabled=true,revealApi.tlsSecretName=t",
+            "revealApi.caBundle",
+        ),
+    ] {
+        let out = template_with(set);
+        assert!(
+            !out.status.success() && show(&out).contains(refusal),
+            "--set {set} must be refused with {refusal:?}: {}",
+            show(&out)
+        );
+    }
 }

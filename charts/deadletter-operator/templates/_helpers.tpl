@@ -63,6 +63,10 @@ app.kubernetes.io/part-of: deadletter-operator
 {{- printf "%s-metrics" (include "dlo.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{- define "dlo.revealServiceName" -}}
+{{- printf "%s-reveal" (include "dlo.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{- define "dlo.parkServiceName" -}}
 {{- printf "%s-park" (include "dlo.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}

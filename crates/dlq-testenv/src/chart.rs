@@ -19,7 +19,12 @@ use serde_json::{Value, json};
 use crate::{Plane, workspace_root};
 
 /// The user-facing roles the chart ships (issue 7, item 2).
-pub const USER_ROLES: [&str; 3] = ["dlq-viewer", "dlq-decider", "dlq-parker"];
+pub const USER_ROLES: [&str; 4] = [
+    "dlq-viewer",
+    "dlq-decider",
+    "dlq-parker",
+    "dlq-payload-reader",
+];
 
 /// `charts/deadletter-operator` of the checkout.
 pub fn chart_dir() -> PathBuf {
