@@ -3,8 +3,9 @@
 //! the operator image built here without a Docker daemon. One story, in order: two Ready
 //! replicas and a Lease held by a pod; a park → redrive → job on the broker; the leader pod
 //! deleted during a 500-record replay, none lost; no error lines in the pods' logs; /metrics
-//! through the chart's Service; `helm upgrade` rolls the pods; `helm uninstall` keeps the CRDs
-//! and the records.
+//! through the chart's Service; the reveal API (an APIService proxied by the apiserver to the
+//! pods through its Service) answers `kubectl get deadletterpayload`; `helm upgrade` rolls the
+//! pods; `helm uninstall` keeps the CRDs and the records.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -36,6 +37,8 @@ const RELEASE_NS: &str = "dlq-system";
 /// The chart's full name for release [`RELEASE`]: Deployment, Lease and Service prefix.
 const FULLNAME: &str = "dlo-deadletter-operator";
 const REPLAY: usize = 500;
+/// The reveal API's serving certificate (a `kubernetes.io/tls` Secret in [`RELEASE_NS`]).
+const REVEAL_TLS: &str = "dlo-reveal-tls";
 
 /// The operator image from this build's binaries, imported into the node; its reference.
 fn load_image(plane: &Plane) -> String {
@@ -70,8 +73,43 @@ fn helm_on(plane: &Plane) -> Command {
     cmd
 }
 
-/// `helm install` with only the image reference and pull policy set.
-fn install(plane: &Plane, reference: &str) {
+/// The reveal API's serving certificate, for its Service `<FULLNAME>-reveal.<RELEASE_NS>.svc`,
+/// from a CA of its own: the Secret [`REVEAL_TLS`] in [`RELEASE_NS`] (created with the
+/// namespace), and the CA's PEM in a file for the APIService's caBundle.
+async fn reveal_tls(client: &Client) -> PathBuf {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().expect("key")).expect("CA");
+    let key = KeyPair::generate().expect("key");
+    let cert = CertificateParams::new(vec![format!("{FULLNAME}-reveal.{RELEASE_NS}.svc")])
+        .expect("params")
+        .signed_by(&key, &ca)
+        .expect("certificate");
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let ns = serde_json::from_value(json!({"metadata": {"name": RELEASE_NS}})).expect("ns");
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .expect("creating the release namespace");
+    let secret = serde_json::from_value(json!({
+        "metadata": {"name": REVEAL_TLS},
+        "type": "kubernetes.io/tls",
+        "stringData": {"tls.crt": cert.pem(), "tls.key": key.serialize_pem()},
+    }))
+    .expect("secret");
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), RELEASE_NS)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("creating the reveal API's TLS Secret");
+    let path = dlq_testenv::paths::target_tmp_dir().join("node-reveal-ca.crt");
+    std::fs::write(&path, ca.pem()).expect("writing the CA");
+    path
+}
+
+/// `helm install` with only the image reference and pull policy set, and the reveal API on
+/// (its certificate's Secret and CA from [`reveal_tls`]).
+fn install(plane: &Plane, reference: &str, reveal_ca: &std::path::Path) {
     let (repository, tag) = reference.rsplit_once(':').expect("repository:tag");
     check(
         "helm install",
@@ -81,9 +119,42 @@ fn install(plane: &Plane, reference: &str) {
             .args(["--namespace", RELEASE_NS, "--create-namespace"])
             .args(["--set", &format!("image.repository={repository}")])
             .args(["--set", &format!("image.tag={tag}")])
-            .args(["--set", "image.pullPolicy=Never"]),
+            .args(["--set", "image.pullPolicy=Never"])
+            .args(["--set", "revealApi.enabled=true"])
+            .args(["--set", &format!("revealApi.tlsSecretName={REVEAL_TLS}")])
+            .arg("--set-file")
+            .arg(format!("revealApi.caBundle={}", reveal_ca.display())),
         None,
     );
+}
+
+/// `kubectl get deadletterpayload` of the redriven record `first`: the apiserver proxies it
+/// to a pod through the chart's Service, and the payload comes back.
+async fn reveal_through_pods(plane: &Plane, ns: &str) {
+    let started = Instant::now();
+    let mut last = String::new();
+    while started.elapsed().as_secs() < 90 {
+        let out = plane
+            .kubectl()
+            .args(["get", "deadletterpayload", "-n", ns, "first", "-o", "json"])
+            .output()
+            .expect("kubectl runs");
+        let object: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        if object["payload"] == "first" {
+            report(&format!(
+                "node: kubectl get deadletterpayload answered through the pods in {:.1}s",
+                started.elapsed().as_secs_f64()
+            ));
+            return;
+        }
+        last = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    panic!("the reveal API did not answer through the pods in 90s: {last}");
 }
 
 fn is_ready(pod: &Pod) -> bool {
@@ -409,8 +480,9 @@ async fn the_chart_runs_on_a_real_node() {
     let reference = load_image(plane);
     let redis = Redis::start_on(IpAddr::V4(NODE_ADDRESS));
 
+    let reveal_ca = reveal_tls(&client).await;
     let installed = Instant::now();
-    install(plane, &reference);
+    install(plane, &reference, &reveal_ca);
     let pods: Api<Pod> = Api::namespaced(client.clone(), RELEASE_NS);
     let first_pods = ready_pods(&pods, 2, 120).await;
     let per_pod: Vec<i64> = pods
@@ -435,6 +507,7 @@ async fn the_chart_runs_on_a_real_node() {
     let ns = namespace(&client, "node").await;
     create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
     park_redrive(&client, &ns, &redis).await;
+    reveal_through_pods(plane, &ns).await;
 
     let records: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
     park_many(&client, &ns, REPLAY).await;
