@@ -1,4 +1,4 @@
-//! The queues' sealing keys: the age identities named by `spec.protection.seal.keys`, read from
+//! The queues' sealing keys: the age identities named by `spec.protection.seal` (`identitySecretRef`, or `keys` while rotating), read from
 //! their Secrets into a [`Keyring`] (`dlq_core::seal`). Errors and logs name the Secret and
 //! key, never the value; a [`Keyring`]'s `Debug` shows recipients only.
 //!
@@ -29,8 +29,9 @@ pub struct Loaded {
 }
 
 impl Loaded {
-    /// The recipients to publish in `status.protection.recipients`: none while the first key
-    /// cannot be read, so parkers wait instead of sealing to a key being retired.
+    /// The recipients to count in `status.protection.records`, the first published as
+    /// `status.protection.recipient`: none while the first key cannot be read, so parkers wait
+    /// instead of sealing to a key being retired.
     pub fn published(&self) -> Vec<String> {
         if self.current_read {
             self.keyring.recipients()
@@ -93,14 +94,14 @@ impl Keys for SecretKeys {
     }
 }
 
-/// The queue's `spec.protection.seal.keys`.
+/// The queue's identities (`spec.protection.seal`: `identitySecretRef` or `keys`).
 fn key_refs(queue: &DeadLetterQueue) -> &[SealKeyRef] {
     queue
         .spec
         .protection
         .as_ref()
         .and_then(|p| p.seal.as_ref())
-        .map(|s| s.keys.as_slice())
+        .map(|s| s.key_refs())
         .unwrap_or_default()
 }
 
@@ -113,7 +114,7 @@ impl Keys for NoKeys {
     }
 }
 
-/// Reads the queue's keys (`spec.protection.seal.keys`) from their Secrets in the queue's
+/// Reads the queue's keys (`spec.protection.seal`) from their Secrets in the queue's
 /// namespace. A queue without sealing has none.
 pub async fn load(client: &Client, queue: &DeadLetterQueue) -> Loaded {
     let namespace = queue.namespace().unwrap_or_default();
@@ -121,7 +122,7 @@ pub async fn load(client: &Client, queue: &DeadLetterQueue) -> Loaded {
     let mut loaded = Loaded::default();
     for (i, key) in refs.iter().enumerate() {
         let r = SecretKeyRef {
-            name: key.secret_name.clone(),
+            name: key.name.clone(),
             key: key.key().to_string(),
         };
         let read = match read_secret(client, &namespace, &r).await {

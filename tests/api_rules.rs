@@ -471,3 +471,51 @@ async fn a_sidekiq_queue_names_its_redis_url_on_one_side_at_least() {
         }
     }
 }
+
+/// A queue seals with one identity (`identitySecretRef`) or, while rotating, a list (`keys`):
+/// exactly one of the two (issue 32).
+#[tokio::test]
+async fn a_queue_names_one_identity_or_a_list_of_keys_not_both() {
+    let (client, _) = setup().await;
+    let ns = dlq_testenv::namespace(&client, "rules-seal").await;
+    let queues: Api<DynamicObject> = Api::namespaced_with(
+        client,
+        &ns,
+        &ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "dlq.dev",
+            "v1alpha1",
+            "DeadLetterQueue",
+        )),
+    );
+    let queue = |name: &str, seal: Value| -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "dlq.dev/v1alpha1", "kind": "DeadLetterQueue",
+            "metadata": {"name": name},
+            "spec": {"target": {"redis": {"urlSecretRef": {"name": "r", "key": "url"}, "list": "l"}},
+                     "protection": {"seal": seal, "mask": ["$.holder"]}},
+        }))
+        .unwrap()
+    };
+    let one = json!({"name": "seal-1"});
+    for (name, seal) in [
+        ("one", json!({"identitySecretRef": one})),
+        ("rotating", json!({"keys": [{"name": "seal-2"}, one]})),
+    ] {
+        queues
+            .create(&PostParams::default(), &queue(name, seal))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    for (name, seal) in [
+        ("both", json!({"identitySecretRef": one, "keys": [one]})),
+        ("neither", json!({})),
+        ("empty", json!({"keys": []})),
+    ] {
+        let (code, msg) = refusal(
+            queues
+                .create(&PostParams::default(), &queue(name, seal))
+                .await,
+        );
+        assert_eq!(code, 422, "{name}: {msg}");
+    }
+}

@@ -73,7 +73,7 @@ pub enum ParkError {
     /// The queue seals payloads but has no recipient in its status yet: parking plaintext
     /// would defeat the seal, so the park waits (the operator publishes it once it read the key).
     #[error(
-        "queue {queue} seals payloads (spec.protection.seal) but publishes no recipient (status.protection.recipients is empty: the operator has not read its key Secret yet, or cannot); refusing to park the job in plaintext"
+        "queue {queue} seals payloads (spec.protection.seal) but publishes no recipient (status.protection.recipient is empty: the operator has not read its key Secret yet, or cannot); refusing to park the job in plaintext"
     )]
     NoRecipient { queue: String },
     #[error(transparent)]

@@ -436,17 +436,35 @@ pub struct Protection {
     /// payload is shown; card numbers (Luhn-valid digit runs) always are.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32), inner(length(min = 1, max = 256)))]
-    pub mask_paths: Vec<String>,
+    pub mask: Vec<String>,
 }
 
-/// The queue's age identities: the first seals new records, the others only open older ones
-/// (rotation: put a new key first, retire an old one once its count in
-/// `status.protection.sealedRecords` is 0).
+/// The queue's age identity: one (`identitySecretRef`), or several while rotating (`keys`: the
+/// first seals new records, the others only open older ones; retire one once its count in
+/// `status.protection.records` is 0).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = kube::core::Rule::new("has(self.identitySecretRef) != has(self.keys)").message("spec.protection.seal names one identity (identitySecretRef) or, while rotating, a list (keys): exactly one of them")
+)]
 pub struct SealSpec {
+    /// The Secret holding the queue's identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity_secret_ref: Option<SealKeyRef>,
+    /// Several identities while rotating: the first seals new records.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(min = 1, max = 8))]
     pub keys: Vec<SealKeyRef>,
+}
+
+impl SealSpec {
+    /// The identities in order (the first seals new records), whichever form names them.
+    pub fn key_refs(&self) -> &[SealKeyRef] {
+        match &self.identity_secret_ref {
+            Some(one) => std::slice::from_ref(one),
+            None => &self.keys,
+        }
+    }
 }
 
 /// A Secret (same namespace) holding an age X25519 identity (`AGE-SECRET-KEY-1...`, as
@@ -455,7 +473,7 @@ pub struct SealSpec {
 #[serde(rename_all = "camelCase")]
 pub struct SealKeyRef {
     #[schemars(length(min = 1, max = 253))]
-    pub secret_name: String,
+    pub name: String,
     /// The Secret's key; default `identity`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
@@ -475,13 +493,14 @@ impl SealKeyRef {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct ProtectionStatus {
-    /// The recipients of `spec.protection.seal.keys` whose Secrets were read, in order: parkers
-    /// seal to the first.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub recipients: Vec<String>,
-    /// Records sealed to each recipient (any phase): a key can be retired at 0.
+    /// The recipient parkers seal new records to (the first identity's, once its Secret was
+    /// read; absent while it cannot be, so parkers wait rather than seal to a retiring key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recipient: Option<String>,
+    /// Records sealed to each recipient (any phase), every readable identity's listed, 0
+    /// included: a key can be retired at 0.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub sealed_records: BTreeMap<String, i64>,
+    pub records: BTreeMap<String, i64>,
 }
 
 impl DeadLetterQueue {
@@ -491,7 +510,7 @@ impl DeadLetterQueue {
             .protection
             .as_ref()
             .and_then(|p| p.seal.as_ref())
-            .is_some_and(|s| !s.keys.is_empty())
+            .is_some_and(|s| !s.key_refs().is_empty())
     }
 
     /// The recipient new records are sealed to, as the operator published it.
@@ -500,9 +519,8 @@ impl DeadLetterQueue {
             .as_ref()?
             .protection
             .as_ref()?
-            .recipients
-            .first()
-            .map(String::as_str)
+            .recipient
+            .as_deref()
     }
 
     /// The queue's extra JSON paths to mask.
@@ -510,7 +528,7 @@ impl DeadLetterQueue {
         self.spec
             .protection
             .as_ref()
-            .map(|p| p.mask_paths.as_slice())
+            .map(|p| p.mask.as_slice())
             .unwrap_or_default()
     }
 }

@@ -247,24 +247,24 @@ pub fn protection_status<'a>(
     published: Vec<String>,
     sealed_to: impl IntoIterator<Item = &'a str>,
 ) -> crate::api::ProtectionStatus {
-    let mut sealed_records: BTreeMap<String, i64> =
-        published.iter().map(|r| (r.clone(), 0)).collect();
+    let mut records: BTreeMap<String, i64> = published.iter().map(|r| (r.clone(), 0)).collect();
     for recipient in sealed_to {
-        *sealed_records.entry(recipient.to_string()).or_default() += 1;
+        *records.entry(recipient.to_string()).or_default() += 1;
     }
     crate::api::ProtectionStatus {
-        recipients: published,
-        sealed_records,
+        recipient: published.into_iter().next(),
+        records,
     }
 }
 
 /// `status.protection` as a merge patch: [`protection_status`], with the recipients the queue
-/// showed before and no longer counts set to null (a merge patch keeps a map's other keys).
+/// showed before and no longer counts set to null (a merge patch keeps a map's other keys), and
+/// a recipient no longer published set to null.
 #[derive(Serialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct ProtectionWrite {
-    pub recipients: Vec<String>,
-    pub sealed_records: BTreeMap<String, Option<i64>>,
+    pub recipient: Option<String>,
+    pub records: BTreeMap<String, Option<i64>>,
 }
 
 /// The merge patch that turns `before` into `now`.
@@ -272,13 +272,13 @@ pub fn protection_write(
     before: Option<&crate::api::ProtectionStatus>,
     now: crate::api::ProtectionStatus,
 ) -> ProtectionWrite {
-    let mut sealed_records: BTreeMap<String, Option<i64>> = before
-        .map(|b| b.sealed_records.keys().map(|k| (k.clone(), None)).collect())
+    let mut records: BTreeMap<String, Option<i64>> = before
+        .map(|b| b.records.keys().map(|k| (k.clone(), None)).collect())
         .unwrap_or_default();
-    sealed_records.extend(now.sealed_records.into_iter().map(|(k, n)| (k, Some(n))));
+    records.extend(now.records.into_iter().map(|(k, n)| (k, Some(n))));
     ProtectionWrite {
-        recipients: now.recipients,
-        sealed_records,
+        recipient: now.recipient,
+        records,
     }
 }
 
@@ -399,9 +399,9 @@ mod tests {
             vec!["age1new".into(), "age1old".into()],
             ["age1old", "age1old", "age1gone"],
         );
-        assert_eq!(status.recipients, ["age1new", "age1old"]);
+        assert_eq!(status.recipient.as_deref(), Some("age1new"));
         assert_eq!(
-            status.sealed_records,
+            status.records,
             BTreeMap::from([
                 ("age1gone".to_string(), 1),
                 ("age1new".to_string(), 0),
