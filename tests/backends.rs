@@ -151,6 +151,56 @@ async fn a_dead_message_is_parked_once_and_redriven_back_untouched<B: Source>() 
     assert_eq!(sorted(r.backend.jobs().await), want, "back untouched, once");
 }
 
+/// Into a sealed queue (issue 32), each dead message becomes a record holding only the
+/// ciphertext (payload and headers sealed to the queue's recipient by the source, before the
+/// create), and a redrive opens it and brings it back exactly as it was.
+async fn a_sealed_dead_message_is_redriven_back_untouched<B: Source>() {
+    let r = rig::<B>("sealed", Broker::Shared, true, &[]).await;
+    let (identity, recipient) = dlq_core::seal::generate_identity();
+    dlq_testenv::create_secret(&r.client, &r.ns, "relayer-seal", "identity", &identity).await;
+    let queues: Api<DeadLetterQueue> = Api::namespaced(r.client.clone(), &r.ns);
+    let seal =
+        json!({"spec": {"protection": {"seal": {"identitySecretRef": {"name": "relayer-seal"}}}}});
+    queues
+        .patch("relayer", &PatchParams::default(), &Patch::Merge(&seal))
+        .await
+        .unwrap_or_else(|e| panic!("sealing queue relayer: {e}"));
+    eventually(30, "the queue's recipient published", || async {
+        let q = queues.get("relayer").await.ok()?;
+        (q.seal_recipient() == Some(recipient.as_str())).then_some(())
+    })
+    .await;
+    r.backend.wait_listening().await;
+    let sent = r.backend.put_dead(2).await;
+    let items = parked_and_acknowledged(&r, sent.len()).await;
+    assert_eq!(items.len(), sent.len(), "one record per dead message");
+    for rec in &items {
+        let job = &rec.spec.job;
+        let sealed = job
+            .sealed
+            .as_ref()
+            .unwrap_or_else(|| panic!("{} is not sealed", job.id));
+        assert_eq!(sealed.recipient, recipient);
+        assert!(
+            job.payload.is_none() && job.payload_base64.is_none() && job.headers.is_empty(),
+            "{}: plaintext beside the ciphertext",
+            job.id
+        );
+    }
+    for rec in &items {
+        let name = rec.name_any();
+        wait_phase(&r.api, &name, Phase::Parked, 20).await;
+        decide(&r.api, &name, Action::Redrive, "ops").await;
+        wait_phase(&r.api, &name, Phase::Redriven, 60).await;
+    }
+    let want = sorted(sent.iter().map(|s| s.delivered()).collect());
+    assert_eq!(
+        sorted(r.backend.jobs().await),
+        want,
+        "opened and back untouched, once"
+    );
+}
+
 /// A record made by a parker (not from the source) is redriven only once decided, and arrives
 /// byte for byte with its headers; the resolution is written, announced and counted, and the
 /// queue's counters and target follow.
@@ -726,6 +776,15 @@ macro_rules! run_for {
 }
 
 run_for!(a_dead_message_is_parked_once_and_redriven_back_untouched:
+    redis = RedisBackend,
+    rabbitmq = RabbitBackend,
+    nats = NatsBackend,
+    kafka = KafkaBackend,
+    sqs = SqsBackend,
+    pubsub = PubsubBackend,
+);
+
+run_for!(a_sealed_dead_message_is_redriven_back_untouched:
     redis = RedisBackend,
     rabbitmq = RabbitBackend,
     nats = NatsBackend,
