@@ -9,6 +9,7 @@
 //! redrive puts a job back, one file per backend) and [`keys`] (the queues' sealing keys); [`metrics`], [`server`], [`secret`],
 //! [`https`] and [`failpoint`] at the bottom.
 
+pub mod access;
 pub mod alert;
 pub mod failpoint;
 pub mod https;

@@ -482,11 +482,7 @@ async fn default_render_is_locked_down_and_accepted_by_the_apiserver() {
 
     // Every object is accepted by the real apiserver (RBAC escalation checks, schemas,
     // CEL type checks of the policy), and the pod template draws no PodSecurity warning.
-    let warnings = dry_run_apply(plane, &docs);
-    assert!(
-        !warnings.contains("Warning"),
-        "warnings from the apiserver: {warnings}"
-    );
+    accepted_without_warnings(plane, &docs);
     assert_pod_security_admits_only_the_locked_down_pod(plane, &docs, &ns, pod);
 }
 
@@ -689,11 +685,7 @@ async fn non_default_render_is_namespaced_and_accepted_by_the_apiserver() {
 
     // Against the apiserver: the monitoring CRDs come from the prometheus-operator module.
     let docs = with_monitoring_crds(&client, docs).await;
-    let warnings = dry_run_apply(plane, &docs);
-    assert!(
-        !warnings.contains("Warning"),
-        "warnings from the apiserver: {warnings}"
-    );
+    accepted_without_warnings(plane, &docs);
 }
 
 /// The HTTP park endpoint (issue 33): its port, flags, certificate mount and Service; the
@@ -788,20 +780,8 @@ async fn park_endpoint_render_serves_tls_reviews_tokens_and_lets_knative_resolve
         knative["metadata"]["labels"]["duck.knative.dev/addressable"],
         "true"
     );
-    let policy = only(&docs, "NetworkPolicy");
-    assert!(
-        policy["spec"]["ingress"]
-            .as_array()
-            .expect("ingress")
-            .iter()
-            .any(|i| i["ports"][0]["port"] == "park"),
-        "{policy:#}"
-    );
-    let warnings = dry_run_apply(plane, &docs);
-    assert!(
-        !warnings.contains("Warning"),
-        "warnings from the apiserver: {warnings}"
-    );
+    assert_ingress_to(&docs, "park");
+    accepted_without_warnings(plane, &docs);
 
     let refused = template_with("parkEndpoint.enabled=true");
     assert!(!refused.status.success(), "rendered without a TLS Secret");
@@ -889,21 +869,9 @@ async fn reveal_api_render_registers_the_api_service_and_delegates_auth() {
         "extension-apiserver-authentication-reader"
     );
     assert_eq!(reader["subjects"][0]["namespace"], ns.as_str());
-    let policy = only(&docs, "NetworkPolicy");
-    assert!(
-        policy["spec"]["ingress"]
-            .as_array()
-            .expect("ingress")
-            .iter()
-            .any(|i| i["ports"][0]["port"] == "reveal"),
-        "{policy:#}"
-    );
+    assert_ingress_to(&docs, "reveal");
     // Kept apart from the apiserver's real APIService list: a dry run only.
-    let warnings = dry_run_apply(plane, &docs);
-    assert!(
-        !warnings.contains("Warning"),
-        "warnings from the apiserver: {warnings}"
-    );
+    accepted_without_warnings(plane, &docs);
 
     let injected = render(
         &release("vi"),
@@ -930,4 +898,26 @@ async fn reveal_api_render_registers_the_api_service_and_delegates_auth() {
             show(&out)
         );
     }
+}
+
+/// The NetworkPolicy lets traffic in to the container port named `port`.
+fn assert_ingress_to(docs: &[Value], port: &str) {
+    let policy = only(docs, "NetworkPolicy");
+    assert!(
+        policy["spec"]["ingress"]
+            .as_array()
+            .expect("ingress")
+            .iter()
+            .any(|i| i["ports"][0]["port"] == port),
+        "{policy:#}"
+    );
+}
+
+/// The apiserver takes `docs` (a server-side dry run) without a warning.
+fn accepted_without_warnings(plane: &Plane, docs: &[Value]) {
+    let warnings = dry_run_apply(plane, docs);
+    assert!(
+        !warnings.contains("Warning"),
+        "warnings from the apiserver: {warnings}"
+    );
 }

@@ -21,10 +21,7 @@ use axum::http::{Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::serve::IncomingStream;
 use k8s_openapi::api::authentication::v1::UserInfo;
-use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
-};
-use kube::api::PostParams;
+use k8s_openapi::api::authorization::v1::ResourceAttributes;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client, Resource};
 use serde_json::Value;
@@ -280,30 +277,19 @@ impl RevealApi {
         name: &str,
         view: View,
     ) -> Result<(), RevealError> {
-        let review = SubjectAccessReview {
-            spec: SubjectAccessReviewSpec {
-                user: caller.username.clone(),
-                groups: caller.groups.clone(),
-                uid: caller.uid.clone(),
-                extra: caller.extra.clone(),
-                resource_attributes: Some(ResourceAttributes {
-                    namespace: Some(namespace.into()),
-                    verb: Some("get".into()),
-                    group: Some(reveal::GROUP.into()),
-                    resource: Some(reveal::RESOURCE.into()),
-                    subresource: view.subresource().map(Into::into),
-                    name: Some(name.into()),
-                    ..ResourceAttributes::default()
-                }),
-                ..SubjectAccessReviewSpec::default()
-            },
-            ..SubjectAccessReview::default()
+        let attributes = ResourceAttributes {
+            namespace: Some(namespace.into()),
+            verb: Some("get".into()),
+            group: Some(reveal::GROUP.into()),
+            resource: Some(reveal::RESOURCE.into()),
+            subresource: view.subresource().map(Into::into),
+            name: Some(name.into()),
+            ..ResourceAttributes::default()
         };
-        let answer = Api::<SubjectAccessReview>::all(self.client.clone())
-            .create(&PostParams::default(), &review)
+        let allowed = crate::access::allowed(&self.client, caller, attributes)
             .await
             .map_err(RevealError::Apiserver)?;
-        if answer.status.is_some_and(|s| s.allowed) {
+        if allowed {
             return Ok(());
         }
         let resource = match view.subresource() {

@@ -10,9 +10,7 @@ use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, UserInfo};
-use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
-};
+use k8s_openapi::api::authorization::v1::ResourceAttributes;
 use kube::api::PostParams;
 use kube::{Api, Client};
 use sha2::{Digest, Sha256};
@@ -204,28 +202,16 @@ impl Auth {
         if let Some(allowed) = self.access.get(&key) {
             return Ok(allowed);
         }
-        let review = SubjectAccessReview {
-            spec: SubjectAccessReviewSpec {
-                user: Some(name),
-                groups: Some(groups),
-                uid: user.uid.clone(),
-                extra: user.extra.clone(),
-                resource_attributes: Some(ResourceAttributes {
-                    namespace: Some(namespace.to_string()),
-                    verb: Some("create".into()),
-                    group: Some("dlq.dev".into()),
-                    resource: Some("deadletters".into()),
-                    ..ResourceAttributes::default()
-                }),
-                ..SubjectAccessReviewSpec::default()
-            },
-            ..SubjectAccessReview::default()
+        let attributes = ResourceAttributes {
+            namespace: Some(namespace.to_string()),
+            verb: Some("create".into()),
+            group: Some("dlq.dev".into()),
+            resource: Some("deadletters".into()),
+            ..ResourceAttributes::default()
         };
-        let answer = Api::<SubjectAccessReview>::all(self.client.clone())
-            .create(&PostParams::default(), &review)
+        let allowed = crate::access::allowed(&self.client, user, attributes)
             .await
             .map_err(|e| AuthError::Unavailable(format!("SubjectAccessReview: {e}")))?;
-        let allowed = answer.status.is_some_and(|s| s.allowed);
         let ttl = if allowed { TTL } else { TTL_REFUSED };
         self.access.put(key, allowed, ttl);
         Ok(allowed)
