@@ -77,8 +77,9 @@ pub async fn run(
     Ok((rows, json))
 }
 
-/// A namespace whose queue seals: a fresh identity in Secret `seal`, the queue's keys, and its
-/// status recipient written as the operator publishes it (park runs start no operator).
+/// A namespace whose queue seals: a fresh identity in Secret `seal` named as the queue's
+/// identity, and its status recipient written as the operator publishes it (park runs start no
+/// operator).
 async fn sealed_namespace(b: &mut Bench, prefix: &str) -> anyhow::Result<(String, String)> {
     let ns = b.namespace(prefix).await?;
     let (identity, recipient) = dlq_core::seal::generate_identity();
@@ -87,11 +88,11 @@ async fn sealed_namespace(b: &mut Bench, prefix: &str) -> anyhow::Result<(String
         .create(&PostParams::default(), &serde_json::from_value(secret)?)
         .await?;
     let queues: Api<dlq_core::api::DeadLetterQueue> = Api::namespaced(b.client.clone(), &ns);
-    let keys = json!({"spec": {"protection": {"seal": {"keys": [{"secretName": "seal"}]}}}});
+    let keys = json!({"spec": {"protection": {"seal": {"identitySecretRef": {"name": "seal"}}}}});
     queues
         .patch("relayer", &PatchParams::default(), &Patch::Merge(&keys))
         .await?;
-    let status = json!({"status": {"protection": {"recipients": [recipient]}}});
+    let status = json!({"status": {"protection": {"recipient": recipient}}});
     queues
         .patch_status("relayer", &PatchParams::default(), &Patch::Merge(&status))
         .await?;
