@@ -735,6 +735,24 @@ async fn a_reveal_needs_the_role_is_masked_unless_asked_and_is_audited_and_annou
         String::from_utf8_lossy(&out.stderr)
     );
 
+    // `kubectl dlq show --reveal` goes through the same API, as its user (admin here).
+    let (ok, out, err) = kubectl_dlq_on(audited_plane(), &ns, &["show", "reveal/1", "--reveal"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("401288******1881") && !out.contains(REVEAL_CARD),
+        "{out}"
+    );
+    assert!(!out.contains("sealed (recipient"), "{out}");
+    let (ok, out, err) = kubectl_dlq_on(
+        audited_plane(),
+        &ns,
+        &["show", "reveal/1", "--reveal", "--unmasked"],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains(&format!("x-card={REVEAL_CARD}")), "{out}");
+    let (ok, _, err) = kubectl_dlq_on(audited_plane(), &ns, &["show", "reveal/1", "--unmasked"]);
+    assert!(!ok && err.contains("--reveal"), "--unmasked alone: {err}");
+
     // Every reveal: an Event naming the user, a line in the apiserver's audit log.
     let notes = eventually(10, "PayloadRevealed Events", || async {
         let notes = event_notes(&client, &ns).await;

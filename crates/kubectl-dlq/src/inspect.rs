@@ -251,6 +251,14 @@ pub struct ShowArgs {
     pub job: String,
     #[arg(short = 'o', long, value_enum, default_value = "table")]
     pub output: Output,
+    /// Show the payload and headers through the reveal API (as you: needs the role
+    /// dlq-payload-reader; an Event and the apiserver's audit log record it), opened when
+    /// sealed, card numbers and the queue's mask paths masked.
+    #[arg(long)]
+    pub reveal: bool,
+    /// With --reveal: the exact bytes, nothing masked (the `unmasked` subresource).
+    #[arg(long, requires = "reveal")]
+    pub unmasked: bool,
 }
 
 /// One record in full; the table form reads the record's recent Events too.
@@ -270,8 +278,19 @@ pub async fn show(g: &Global, args: ShowArgs) -> Result<(), CliError> {
     let mut out = String::new();
     show_facts(&mut out, r, &ns, cycles.len());
     show_decision(&mut out, r);
-    let mask = mask_paths(&client, &ns, &r.spec.queue).await;
-    show_job(&mut out, &r.spec.job, &mask);
+    if args.reveal {
+        let revealed = crate::reveal::fetch(&client, &ns, &r.name_any(), args.unmasked).await?;
+        // Masked by the server already; the unmasked view is shown exactly.
+        let masking = if args.unmasked {
+            Masking::None
+        } else {
+            Masking::Cards(Vec::new())
+        };
+        show_job(&mut out, &revealed.into_job(&r.spec.job), &masking);
+    } else {
+        let mask = mask_paths(&client, &ns, &r.spec.queue).await;
+        show_job(&mut out, &r.spec.job, &Masking::Cards(mask));
+    }
     show_conditions(&mut out, r);
     show_events(&mut out, &events);
     print!("{out}");
@@ -327,7 +346,7 @@ fn show_decision(out: &mut String, r: &DeadLetter) {
     }
 }
 
-/// The queue's `spec.protection.maskPaths` (none when the queue cannot be read: card numbers
+/// The queue's `spec.protection.mask` paths (none when the queue cannot be read: card numbers
 /// are masked anyway).
 pub async fn mask_paths(client: &kube::Client, ns: &str, queue: &str) -> Vec<String> {
     let api: kube::Api<dlq_core::api::DeadLetterQueue> = kube::Api::namespaced(client.clone(), ns);
@@ -337,9 +356,33 @@ pub async fn mask_paths(client: &kube::Client, ns: &str, queue: &str) -> Vec<Str
     }
 }
 
+/// How a payload is shown.
+enum Masking {
+    /// Card numbers and these JSON paths masked (`dlq_core::mask`).
+    Cards(Vec<String>),
+    /// Exactly as it is (`show --reveal --unmasked`).
+    None,
+}
+
+impl Masking {
+    fn header(&self, value: &str) -> String {
+        match self {
+            Masking::Cards(_) => dlq_core::mask::mask_cards(value),
+            Masking::None => value.to_string(),
+        }
+    }
+
+    fn payload(&self, text: &str) -> String {
+        match self {
+            Masking::Cards(paths) => dlq_core::mask::mask_payload(text, paths),
+            Masking::None => text.to_string(),
+        }
+    }
+}
+
 /// The job's headers and payload: UTF-8 as text, anything else as its base64; card numbers and
-/// the queue's `mask` paths masked (`dlq_core::mask`); a sealed job as sealed.
-fn show_job(out: &mut String, job: &Job, mask: &[String]) {
+/// the queue's `mask` paths masked unless asked (`dlq_core::mask`); a sealed job as sealed.
+fn show_job(out: &mut String, job: &Job, masking: &Masking) {
     if let Some(origin) = &job.origin {
         kv(out, "Origin:", origin_line(origin));
     }
@@ -353,7 +396,7 @@ fn show_job(out: &mut String, job: &Job, mask: &[String]) {
     } else {
         job.headers
             .iter()
-            .map(|(k, v)| format!("{k}={}", dlq_core::mask::mask_cards(v)))
+            .map(|(k, v)| format!("{k}={}", masking.header(v)))
             .collect::<Vec<_>>()
             .join(", ")
     };
@@ -361,11 +404,7 @@ fn show_job(out: &mut String, job: &Job, mask: &[String]) {
     let bytes = job.payload_bytes().unwrap_or_default();
     let payload = match std::str::from_utf8(&bytes) {
         _ if job.payload_null => "(null: no value at all, a Kafka tombstone)".to_string(),
-        Ok(text) => format!(
-            "({} bytes, UTF-8)\n{}",
-            bytes.len(),
-            dlq_core::mask::mask_payload(text, mask)
-        ),
+        Ok(text) => format!("({} bytes, UTF-8)\n{}", bytes.len(), masking.payload(text)),
         Err(_) => format!(
             "({} bytes, binary; base64)\n{}",
             bytes.len(),
@@ -569,7 +608,7 @@ mod tests {
         let raw = r#"{"jid":"j","queue":"default","class":"SettleJob","error_backtrace":"eJyLVkrUK0qyMrTKzFNIqFBX0lFKAvGNlGIBZEUHOw==\n"}"#;
         let job = dlq_core::sidekiq::request_for("relayer", raw.as_bytes()).job;
         let mut out = String::new();
-        show_job(&mut out, &job, &[]);
+        show_job(&mut out, &job, &Masking::Cards(Vec::new()));
         assert!(
             out.contains("Origin:         class=SettleJob, queue=default\n"),
             "{out}"
@@ -580,7 +619,11 @@ mod tests {
             "{out}"
         );
         let mut plain = String::new();
-        show_job(&mut plain, &Job::from_bytes("j", b"{}"), &[]);
+        show_job(
+            &mut plain,
+            &Job::from_bytes("j", b"{}"),
+            &Masking::Cards(Vec::new()),
+        );
         assert!(
             !plain.contains("Origin:") && !plain.contains("Backtrace:"),
             "{plain}"
@@ -594,7 +637,11 @@ mod tests {
         job.headers
             .insert("x-card".into(), "4111111111111111".into());
         let mut out = String::new();
-        show_job(&mut out, &job, &["$.holder".to_string()]);
+        show_job(
+            &mut out,
+            &job,
+            &Masking::Cards(vec!["$.holder".to_string()]),
+        );
         assert!(out.contains("x-card=411111******1111"), "{out}");
         assert!(
             out.contains(r#"{"card":"4111 11** **** 1111","holder":"****"}"#),
@@ -607,12 +654,19 @@ mod tests {
         let (_, recipient) = dlq_core::seal::generate_identity();
         let sealed = dlq_core::seal::seal(&job, &recipient).unwrap();
         let mut out = String::new();
-        show_job(&mut out, &sealed, &[]);
+        show_job(&mut out, &sealed, &Masking::Cards(Vec::new()));
         assert!(
             out.contains(&format!("sealed (recipient {recipient})")),
             "{out}"
         );
         assert!(!out.contains("4111"), "{out}");
+        // `show --reveal --unmasked`: exactly as revealed.
+        let mut out = String::new();
+        show_job(&mut out, &job, &Masking::None);
+        assert!(
+            out.contains("x-card=4111111111111111") && out.contains("Ada"),
+            "{out}"
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@ mod groups_cmd;
 mod inspect;
 mod lookup;
 mod park_cmd;
+mod reveal;
 mod runbook;
 mod seal_key;
 mod session;
