@@ -652,6 +652,76 @@ fn grant_reveal(ns: &str, user: &str, unmasked: bool) {
     );
 }
 
+/// Lets `user` read records, queues and Events in `ns` (what dlq-viewer grants), nothing more.
+fn grant_viewing(ns: &str, user: &str) {
+    let role = format!("view-{user}");
+    dlq_testenv::chart::apply(
+        audited_plane(),
+        &[
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+             "metadata": {"name": role, "namespace": ns},
+             "rules": [
+                {"apiGroups": ["dlq.dev"], "resources": ["deadletters", "deadletterqueues"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["get", "list"]}]}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+             "metadata": {"name": role, "namespace": ns},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}),
+        ],
+    );
+}
+
+/// `kubectl dlq ui` as the admin: a sealed record's page has a Reveal button, and what the
+/// button fetches is the payload through the reveal API, masked.
+fn page_reveals(ns: &str, name: &str) {
+    use std::io::BufRead;
+    let kubeconfig = audited_plane().kubeconfig.display().to_string();
+    let mut child = std::process::Command::new(dlq_testenv::bin("kubectl-dlq"))
+        .args(["--kubeconfig", &kubeconfig, "-n", ns, "ui"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl dlq ui runs");
+    let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("the page's URL");
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    let url = line
+        .split_whitespace()
+        .last()
+        .unwrap_or_default()
+        .to_string();
+    let base = url.split("/?").next().unwrap_or_default().to_string();
+    let jar = std::env::temp_dir().join(format!("dlq-reveal-{}-{ns}.jar", std::process::id()));
+    let curl = |args: &[&str]| -> String {
+        let out = std::process::Command::new("curl")
+            .arg("-s")
+            .args(args)
+            .output()
+            .expect("curl runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let jar_path = jar.display().to_string();
+    curl(&["-c", &jar_path, "-o", "/dev/null", &url]);
+    let page = curl(&["-b", &jar_path, &format!("{base}/r/{ns}/{name}")]);
+    let part = curl(&["-b", &jar_path, &format!("{base}/r/{ns}/{name}/reveal")]);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        page.contains(&format!("hx-get=\"/r/{ns}/{name}/reveal\"")),
+        "no Reveal button: {page:.2000}"
+    );
+    assert!(
+        !page.contains("401288"),
+        "the page shows the sealed payload sealed"
+    );
+    assert!(
+        part.contains("401288******1881") && !part.contains(REVEAL_CARD),
+        "what Reveal shows: {part}"
+    );
+    let _ = std::fs::remove_file(&jar);
+}
+
 #[tokio::test]
 async fn a_reveal_needs_the_role_is_masked_unless_asked_and_is_audited_and_announced() {
     let (client, ns) = setup_on(audited_plane(), "reveal").await;
@@ -752,6 +822,20 @@ async fn a_reveal_needs_the_role_is_masked_unless_asked_and_is_audited_and_annou
     assert!(out.contains(&format!("x-card={REVEAL_CARD}")), "{out}");
     let (ok, _, err) = kubectl_dlq_on(audited_plane(), &ns, &["show", "reveal/1", "--unmasked"]);
     assert!(!ok && err.contains("--reveal"), "--unmasked alone: {err}");
+
+    // Who may read records but not reveal them hears which role is missing.
+    grant_viewing(&ns, "bob");
+    let refused = eventually(10, "bob's refusal", || async {
+        let (ok, out, err) = kubectl_dlq_on(
+            audited_plane(),
+            &ns,
+            &["--as", "bob", "show", "reveal/1", "--reveal"],
+        );
+        (!ok && err.contains("dlq-payload-reader")).then_some(format!("{out}{err}"))
+    })
+    .await;
+    assert!(!refused.contains("4012"), "{refused}");
+    page_reveals(&ns, &name);
 
     // Every reveal: an Event naming the user, a line in the apiserver's audit log.
     let notes = eventually(10, "PayloadRevealed Events", || async {

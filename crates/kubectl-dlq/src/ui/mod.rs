@@ -106,6 +106,7 @@ fn router(ui: Arc<Ui>) -> Router {
         .route("/records", get(pages::records))
         .route("/records/live", get(pages::records_live))
         .route("/r/{ns}/{name}", get(pages::record))
+        .route("/r/{ns}/{name}/reveal", get(pages::reveal))
         .route("/review", get(act::review))
         .route("/decide", post(act::decide))
         .route("/replay", get(replay::dry_run).post(replay::start))

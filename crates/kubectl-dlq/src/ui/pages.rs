@@ -328,6 +328,13 @@ pub async fn record(
         @if decide { (super::act::decision_form(&ui, &[Snapshot::of(&r)])) }
         h2 { "Payload" }
         (payload(&r, &mask))
+        @if r.spec.job.sealed.is_some() {
+            // Through the reveal API as the person running the page: refused without the role
+            // dlq-payload-reader, an Event and an audit log entry when allowed.
+            button #reveal type="button" hx-get=(format!("/r/{ns}/{name}/reveal"))
+                hx-target="#revealed" hx-swap="innerHTML" { "Reveal" }
+            div #revealed {}
+        }
         h2 { "Headers" }
         @if r.spec.job.sealed.is_some() { p.muted #headers { "sealed" } }
         @else { table #headers { @for (k, v) in &r.spec.job.headers { tr { th { (k) } td { (dlq_core::mask::mask_cards(v)) } } } } }
@@ -348,6 +355,30 @@ pub async fn record(
         }
     };
     layout(&ui, &r.spec.job.id, body)
+}
+
+/// `/r/{ns}/{name}/reveal`: the record's payload and headers through the reveal API (masked),
+/// as the part htmx swaps in; a refusal says why.
+pub async fn reveal(
+    State(ui): State<Arc<Ui>>,
+    Path((ns, name)): Path<(String, String)>,
+) -> Response {
+    let part = match crate::reveal::fetch(&ui.client, &ns, &name, false).await {
+        Ok(revealed) => {
+            let job = revealed.into_job(&dlq_core::api::Job::default());
+            let (kind, text) = match view::payload(&job, &[]) {
+                Payload::Json(t) => ("JSON, revealed", t),
+                Payload::Text(t) => ("text, revealed", t),
+                Payload::Hex(t) => ("binary, hex, revealed", t),
+            };
+            html! {
+                p.muted { (kind) } pre #revealed-payload { (text) }
+                table #revealed-headers { @for (k, v) in &job.headers { tr { th { (k) } td { (dlq_core::mask::mask_cards(v)) } } } }
+            }
+        }
+        Err(e) => html! { p.error #reveal-refused { (e) } },
+    };
+    Html(part.into_string()).into_response()
 }
 
 /// The record's facts as a definition list.
