@@ -3,7 +3,8 @@
 //!
 //! - park: `park()` of `BENCH_SEAL_N` (default N) jobs of 1 KiB into a queue that seals against
 //!   one that does not (the sealed queue's recipient is in its status as the operator publishes
-//!   it), in `BENCH_SEAL_ROUNDS` (default 2) rounds whose order alternates;
+//!   it), in `BENCH_SEAL_ROUNDS` (default 2) rounds whose order alternates; and, to tell the
+//!   record's growth from the sealing's CPU, plain jobs as large as the sealed ciphertext;
 //! - redrive: the operator redriving N / 2 sealed records (opened with the queue's key, read
 //!   from its Secret) against N / 2 plaintext ones, same rounds;
 //! - cost per record: `dlq_core::seal::seal` and `open_job` in this process, in microseconds, at
@@ -26,11 +27,21 @@ pub async fn run(
     let rounds = env_usize("BENCH_SEAL_ROUNDS", rounds.min(2)).max(1);
     let redrive_n = (park_n / 2).max(1);
     let mut runs = Rounds::default();
+    let sized = sealed_size();
     for round in 0..rounds {
         for sealed in [round % 2 == 1, round % 2 == 0] {
             let label = if sealed { "park-sealed" } else { "park-plain" };
-            runs.add(label, park_n, park_run(b, sealed, park_n).await?);
+            runs.add(
+                label,
+                park_n,
+                park_run(b, sealed, park_n, SEAL_PAYLOAD).await?,
+            );
         }
+        runs.add(
+            "park-plain-sized",
+            park_n,
+            park_run(b, false, park_n, sized).await?,
+        );
         for sealed in [round % 2 == 0, round % 2 == 1] {
             let label = if sealed {
                 "redrive-sealed"
@@ -42,6 +53,7 @@ pub async fn run(
     }
     let (park_on, park_off) = (runs.rate("park-sealed"), runs.rate("park-plain"));
     let (redrive_on, redrive_off) = (runs.rate("redrive-sealed"), runs.rate("redrive-plain"));
+    let park_sized = runs.rate("park-plain-sized");
     eprintln!(
         "seal: park {park_on:.0}/s sealed vs {park_off:.0}/s plain; redrive {redrive_on:.0}/s sealed vs {redrive_off:.0}/s plain; over {rounds} rounds: {}",
         runs.each()
@@ -51,6 +63,11 @@ pub async fn run(
         ratio_row(
             "park() of 1 KiB, sealed vs plain (records/s)",
             park_on,
+            park_off,
+        ),
+        ratio_row(
+            &format!("park() plain of {sized} B (the sealed size) vs 1 KiB"),
+            park_sized,
             park_off,
         ),
         ratio_row(
@@ -69,7 +86,8 @@ pub async fn run(
         ));
     }
     let json = json!({
-        "park": {"n": park_n, "rounds": rounds, "sealed_per_s": park_on, "plain_per_s": park_off, "ratio": park_on / park_off},
+        "park": {"n": park_n, "rounds": rounds, "sealed_per_s": park_on, "plain_per_s": park_off, "ratio": park_on / park_off,
+                 "plain_at_sealed_size": {"bytes": sized, "per_s": park_sized, "ratio": park_sized / park_off}},
         "redrive": {"n": redrive_n, "rounds": rounds, "sealed_per_s": redrive_on, "plain_per_s": redrive_off, "ratio": redrive_on / redrive_off},
         "cost_us": costs.iter().map(|(size, s, o)| json!({"payload": size, "seal_us": s, "open_us": o})).collect::<Vec<_>>(),
         "each": runs.json(),
@@ -99,14 +117,25 @@ async fn sealed_namespace(b: &mut Bench, prefix: &str) -> anyhow::Result<(String
     Ok((ns, recipient))
 }
 
-/// `park()` of `n` jobs of [`SEAL_PAYLOAD`] into a sealing (or plain) queue: records/s.
-async fn park_run(b: &mut Bench, sealed: bool, n: usize) -> anyhow::Result<f64> {
+/// How many bytes a job of [`SEAL_PAYLOAD`] takes sealed: its ciphertext, as the apiserver
+/// stores it.
+fn sealed_size() -> usize {
+    let (_, recipient) = dlq_core::seal::generate_identity();
+    let job = Job::from_bytes("bench/size", "x".repeat(SEAL_PAYLOAD).as_bytes());
+    dlq_core::seal::seal(&job, &recipient)
+        .ok()
+        .and_then(|j| j.sealed.map(|s| s.ciphertext.len()))
+        .unwrap_or(SEAL_PAYLOAD)
+}
+
+/// `park()` of `n` jobs of `size` bytes into a sealing (or plain) queue: records/s.
+async fn park_run(b: &mut Bench, sealed: bool, n: usize, size: usize) -> anyhow::Result<f64> {
     let ns = if sealed {
         sealed_namespace(b, "seal-park").await?.0
     } else {
         b.namespace("plain-park").await?
     };
-    let rate = park_all(&b.client, &ns, n, b.c, SEAL_PAYLOAD).await?;
+    let rate = park_all(&b.client, &ns, n, b.c, size).await?;
     clear(&b.client, &ns).await?;
     Ok(rate)
 }
