@@ -396,6 +396,7 @@ async fn reveal_api(
     let (Some(addr), Some(dir)) = (args.reveal_addr, args.reveal_tls_dir.clone()) else {
         return Ok(());
     };
+    deadletter::serving_tls::check(&dir).context("--reveal-tls-dir")?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding the reveal API to {addr}"))?;

@@ -67,6 +67,12 @@ impl ResolvesServerCert for Current {
     }
 }
 
+/// Whether `dir` holds a usable certificate and key (to refuse a bad flag at start, before a
+/// server that needs more setup is built).
+pub fn check(dir: &Path) -> Result<(), TlsError> {
+    load(dir).map(|_| ())
+}
+
 /// A rustls server config serving the certificate in `dir`, re-read every [`RELOAD`].
 pub fn server_config(dir: &Path) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     build(dir, None)
