@@ -742,14 +742,7 @@ async fn park_endpoint_render_serves_tls_reviews_tokens_and_lets_knative_resolve
         park_service["spec"]["selector"].is_null(),
         "{park_service:#}"
     );
-    assert!(
-        c["ports"]
-            .as_array()
-            .expect("ports")
-            .iter()
-            .any(|p| p["name"] == "park" && p["containerPort"] == 8443),
-        "{c:#}"
-    );
+    assert_container_port(c, "park", 8443);
     assert_eq!(pod["volumes"][0]["secret"]["secretName"], "dlq-park-tls");
     assert_eq!(
         c["volumeMounts"][0]["mountPath"],
@@ -826,14 +819,7 @@ async fn reveal_api_render_registers_the_api_service_and_delegates_auth() {
     ] {
         assert!(args.contains(&want), "{want} in {args:?}");
     }
-    assert!(
-        c["ports"]
-            .as_array()
-            .expect("ports")
-            .iter()
-            .any(|p| p["name"] == "reveal" && p["containerPort"] == 9443),
-        "{c:#}"
-    );
+    assert_container_port(c, "reveal", 9443);
     assert_eq!(pod["volumes"][0]["secret"]["secretName"], "dlq-reveal-tls");
     let service = find(&docs, "Service", &ns, &format!("{full}-reveal"));
     assert_eq!(service["spec"]["ports"][0]["port"], 443);
@@ -919,5 +905,17 @@ fn accepted_without_warnings(plane: &Plane, docs: &[Value]) {
     assert!(
         !warnings.contains("Warning"),
         "warnings from the apiserver: {warnings}"
+    );
+}
+
+/// The container declares port `name` as `number`.
+fn assert_container_port(c: &Value, name: &str, number: u16) {
+    assert!(
+        c["ports"]
+            .as_array()
+            .expect("ports")
+            .iter()
+            .any(|p| p["name"] == name && p["containerPort"] == number),
+        "{c:#}"
     );
 }

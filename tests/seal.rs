@@ -674,24 +674,8 @@ fn grant_viewing(ns: &str, user: &str) {
 /// `kubectl dlq ui` as the admin: a sealed record's page has a Reveal button, and what the
 /// button fetches is the payload through the reveal API, masked.
 fn page_reveals(ns: &str, name: &str) {
-    use std::io::BufRead;
-    let kubeconfig = audited_plane().kubeconfig.display().to_string();
-    let mut child = std::process::Command::new(dlq_testenv::bin("kubectl-dlq"))
-        .args(["--kubeconfig", &kubeconfig, "-n", ns, "ui"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("kubectl dlq ui runs");
-    let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    out.read_line(&mut line).expect("the page's URL");
-    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-    let url = line
-        .split_whitespace()
-        .last()
-        .unwrap_or_default()
-        .to_string();
-    let base = url.split("/?").next().unwrap_or_default().to_string();
+    let ui = dlq_testenv::ui_page::UiPage::start(audited_plane(), ns, None);
+    let (url, base) = (ui.url.clone(), ui.base());
     let jar = std::env::temp_dir().join(format!("dlq-reveal-{}-{ns}.jar", std::process::id()));
     let curl = |args: &[&str]| -> String {
         let out = std::process::Command::new("curl")
@@ -705,8 +689,7 @@ fn page_reveals(ns: &str, name: &str) {
     curl(&["-c", &jar_path, "-o", "/dev/null", &url]);
     let page = curl(&["-b", &jar_path, &format!("{base}/r/{ns}/{name}")]);
     let part = curl(&["-b", &jar_path, &format!("{base}/r/{ns}/{name}/reveal")]);
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(ui);
     assert!(
         page.contains(&format!("hx-get=\"/r/{ns}/{name}/reveal\"")),
         "no Reveal button: {page:.2000}"

@@ -1,14 +1,14 @@
 //! `kubectl dlq ui` in a real browser (Debian's headless Chromium over WebDriver) against the
 //! real apiserver, operator and redis-server, acting as an impersonated user.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::io::Write;
+use std::process::{Command, Stdio};
 
 use dlq_client::park::{ParkRequest, park};
 use dlq_core::api::{Action, DeadLetter, FailureKind, IntentSnapshot, Job, Phase};
 use dlq_testenv::brokers::Redis;
 use dlq_testenv::browser::{Browser, Locator};
+use dlq_testenv::ui_page::UiPage as Page;
 use dlq_testenv::{
     Operator, create_offline_queue, create_queue, decide, eventually, list_target, setup,
     wait_phase,
@@ -94,67 +94,9 @@ async fn park_one(
         .name_any()
 }
 
-/// The plugin serving the page as `user`; killed on drop.
-struct Page {
-    child: Child,
-    url: String,
-}
-
-impl Page {
-    fn start(ns: &str, user: &str) -> Page {
-        let plane = dlq_testenv::plane();
-        let mut child = Command::new(dlq_testenv::bin("kubectl-dlq"))
-            .args([
-                "--kubeconfig",
-                plane.kubeconfig.to_str().unwrap(),
-                "-n",
-                ns,
-                "--as",
-                user,
-                "ui",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        out.read_line(&mut line).unwrap();
-        // Keep reading so the plugin's later lines never meet a closed pipe.
-        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-        let url = line
-            .split_whitespace()
-            .last()
-            .unwrap_or_default()
-            .to_string();
-        assert!(
-            url.starts_with("http://127.0.0.1:") && url.contains("/?token="),
-            "{line}"
-        );
-        Page { child, url }
-    }
-
-    fn base(&self) -> String {
-        self.url.split("/?").next().unwrap().to_string()
-    }
-
-    /// A raw HTTP/1.1 request with exactly these headers; returns the status line.
-    fn raw(&self, request: &str) -> String {
-        let authority = self.base().trim_start_matches("http://").to_string();
-        let mut s = TcpStream::connect(&authority).unwrap();
-        s.write_all(request.replace("{host}", &authority).as_bytes())
-            .unwrap();
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
-        out.lines().next().unwrap_or_default().to_string()
-    }
-}
-
-impl Drop for Page {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The plugin serving the page as `user` on the shared plane.
+fn start_page(ns: &str, user: &str) -> Page {
+    Page::start(dlq_testenv::plane(), ns, Some(user))
 }
 
 fn sel_box(name: &str) -> String {
@@ -185,7 +127,7 @@ async fn decider_filters_opens_and_redrives_a_selection_as_themselves() {
     let (names, xss) = park_decider_records(&client, &ns).await;
     grant(&ns, "alice", "decider");
     wait_for_role(&ns, "alice").await;
-    let page = Page::start(&ns, "alice");
+    let page = start_page(&ns, "alice");
     let b = Browser::start("ui-decide").await;
 
     // The token URL trades the token for a cookie; the header says who acts.
@@ -391,7 +333,7 @@ async fn viewer_sees_no_buttons_and_a_forged_post_is_refused() {
     .await;
     grant(&ns, "bob", "viewer");
     wait_for_role(&ns, "bob").await;
-    let page = Page::start(&ns, "bob");
+    let page = start_page(&ns, "bob");
 
     // Without the token, or under another Host name, nothing is served.
     let no_token = page.raw("GET /records HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
@@ -459,7 +401,7 @@ async fn long_unbroken_values_wrap_within_the_viewport() {
         .name_any();
     grant(&ns, "bob", "viewer");
     wait_for_role(&ns, "bob").await;
-    let page = Page::start(&ns, "bob");
+    let page = start_page(&ns, "bob");
     let b = Browser::start("ui-wrap").await;
     b.client.goto(&page.url).await.unwrap();
     for (path, shot) in [
@@ -569,7 +511,7 @@ async fn replay_from_the_page_dry_runs_stops_then_redrives_through_a_deadletterr
     .await;
     grant(&ns, "alice", "decider");
     wait_for_role(&ns, "alice").await;
-    let page = Page::start(&ns, "alice");
+    let page = start_page(&ns, "alice");
     let b = Browser::start("ui-replay").await;
     b.client.goto(&page.url).await.unwrap();
     let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);

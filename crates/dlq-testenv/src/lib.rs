@@ -35,6 +35,7 @@ pub mod operator;
 pub mod paths;
 pub mod plane;
 pub mod replays;
+pub mod ui_page;
 
 use std::io::Write;
 use std::time::Duration;
