@@ -671,38 +671,30 @@ fn grant_viewing(ns: &str, user: &str) {
     );
 }
 
-/// `kubectl dlq ui` as the admin: a sealed record's page has a Reveal button, and what the
-/// button fetches is the payload through the reveal API, masked.
-fn page_reveals(ns: &str, name: &str) {
+/// `kubectl dlq ui` as the admin, in headless Chromium: a sealed record's page shows the
+/// payload sealed and a Reveal button; clicking it shows the payload through the reveal API,
+/// masked (a screenshot `reveal.png` in target/ui-screenshots).
+async fn page_reveals(ns: &str, name: &str) {
     let ui = dlq_testenv::ui_page::UiPage::start(audited_plane(), ns, None);
-    let (url, base) = (ui.url.clone(), ui.base());
-    let jar = std::env::temp_dir().join(format!("dlq-reveal-{}-{ns}.jar", std::process::id()));
-    let curl = |args: &[&str]| -> String {
-        let out = std::process::Command::new("curl")
-            .arg("-s")
-            .args(args)
-            .output()
-            .expect("curl runs");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    let jar_path = jar.display().to_string();
-    curl(&["-c", &jar_path, "-o", "/dev/null", &url]);
-    let page = curl(&["-b", &jar_path, &format!("{base}/r/{ns}/{name}")]);
-    let part = curl(&["-b", &jar_path, &format!("{base}/r/{ns}/{name}/reveal")]);
+    let b = dlq_testenv::browser::Browser::start("seal-reveal").await;
+    b.client.goto(&ui.url).await.expect("the page's URL");
+    b.client
+        .goto(&format!("{}/r/{ns}/{name}", ui.base()))
+        .await
+        .expect("the record's page");
+    let sealed = b.text("#payload").await;
+    assert!(sealed.contains("sealed (recipient"), "{sealed}");
+    b.click("#reveal").await;
+    let shown = b.text("#revealed-payload").await;
+    let headers = b.text("#revealed-headers").await;
+    b.screenshot("reveal").await;
+    b.stop().await;
     drop(ui);
     assert!(
-        page.contains(&format!("hx-get=\"/r/{ns}/{name}/reveal\"")),
-        "no Reveal button: {page:.2000}"
+        shown.contains("401288******1881") && !shown.contains(REVEAL_CARD),
+        "what Reveal shows: {shown}"
     );
-    assert!(
-        !page.contains("401288"),
-        "the page shows the sealed payload sealed"
-    );
-    assert!(
-        part.contains("401288******1881") && !part.contains(REVEAL_CARD),
-        "what Reveal shows: {part}"
-    );
-    let _ = std::fs::remove_file(&jar);
+    assert!(headers.contains("401288******1881"), "{headers}");
 }
 
 #[tokio::test]
@@ -818,7 +810,7 @@ async fn a_reveal_needs_the_role_is_masked_unless_asked_and_is_audited_and_annou
     })
     .await;
     assert!(!refused.contains("4012"), "{refused}");
-    page_reveals(&ns, &name);
+    page_reveals(&ns, &name).await;
 
     // Every reveal: an Event naming the user, a line in the apiserver's audit log.
     let notes = eventually(10, "PayloadRevealed Events", || async {
