@@ -118,7 +118,8 @@ fn install(plane: &Plane, reference: &str, reveal_ca: &std::path::Path) {
             .arg(chart_dir())
             .args(["--namespace", RELEASE_NS, "--create-namespace"])
             .args(["--set", &format!("image.repository={repository}")])
-            .args(["--set", &format!("image.tag={tag}")])
+            // --set-string: a tag of hex digits can be all digits, which --set makes a number.
+            .args(["--set-string", &format!("image.tag={tag}")])
             .args(["--set", "image.pullPolicy=Never"])
             .args(["--set", "revealApi.enabled=true"])
             .args(["--set", &format!("revealApi.tlsSecretName={REVEAL_TLS}")])
