@@ -44,7 +44,9 @@ struct Rig<B> {
     api: Api<DeadLetter>,
     backend: B,
     op: Operator,
-    /// The operator's environment: the scenario's and the backend's.
+    /// The operator's environment: the scenario's and the backend's (read again only by the
+    /// crash scenario, which needs the `failpoints` feature).
+    #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
     env: Vec<(String, String)>,
 }
 
