@@ -78,7 +78,7 @@ fn refusal(e: kube::Error, ns: &str, unmasked: bool) -> CliError {
     };
     match status.code {
         403 => CliError::Refused(format!(
-            "revealing payloads needs the role dlq-payload-reader (get {resource}.payloads.dlq.dev) in namespace {ns}: {}",
+            "revealing payloads needs the dlq-payload-reader role (get {resource}.payloads.dlq.dev) in namespace {ns}: {}",
             status.message
         )),
         404 if !status.message.contains("not found in namespace") => CliError::Refused(

@@ -363,7 +363,14 @@ pub async fn reveal(
     State(ui): State<Arc<Ui>>,
     Path((ns, name)): Path<(String, String)>,
 ) -> Response {
-    let part = match crate::reveal::fetch(&ui.client, &ns, &name, false).await {
+    let fetched = crate::reveal::fetch(&ui.client, &ns, &name, false).await;
+    Html(revealed_part(fetched).into_string()).into_response()
+}
+
+/// What the Reveal button swaps in: the payload and headers as the API answered them (masked;
+/// card numbers masked again, which changes nothing already masked), or why it was refused.
+fn revealed_part(fetched: Result<crate::reveal::Revealed, crate::session::CliError>) -> Markup {
+    match fetched {
         Ok(revealed) => {
             let job = revealed.into_job(&dlq_core::api::Job::default());
             let (kind, text) = match view::payload(&job, &[]) {
@@ -377,8 +384,7 @@ pub async fn reveal(
             }
         }
         Err(e) => html! { p.error #reveal-refused { (e) } },
-    };
-    Html(part.into_string()).into_response()
+    }
 }
 
 /// The record's facts as a definition list.
@@ -414,4 +420,41 @@ fn payload(r: &DeadLetter, mask: &[String]) -> Markup {
         Payload::Hex(t) => ("binary, hex", t),
     };
     html! { p.muted { (kind) } pre #payload { (text) } }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reveal::Revealed;
+    use crate::session::CliError;
+
+    #[test]
+    fn the_revealed_part_shows_the_masked_payload_and_headers_or_the_refusal() {
+        let revealed = Revealed {
+            payload: Some(r#"{"pan":"401288******1881","note":"<b>hi</b>"}"#.into()),
+            headers: [("x-card".to_string(), "401288******1881".to_string())].into(),
+            view: "masked".into(),
+            ..Revealed::default()
+        };
+        let part = revealed_part(Ok(revealed)).into_string();
+        assert!(part.contains("JSON, revealed"), "{part}");
+        assert!(part.contains(r#"<pre id="revealed-payload">"#), "{part}");
+        assert!(
+            part.contains("<th>x-card</th><td>401288******1881</td>"),
+            "{part}"
+        );
+        // The payload is text, never markup.
+        assert!(
+            part.contains("&lt;b&gt;hi&lt;/b&gt;") && !part.contains("<b>hi"),
+            "{part}"
+        );
+        let refused = revealed_part(Err(CliError::Refused(
+            "revealing payloads needs the dlq-payload-reader role <bob>".into(),
+        )))
+        .into_string();
+        assert_eq!(
+            refused,
+            r#"<p class="error" id="reveal-refused">revealing payloads needs the dlq-payload-reader role &lt;bob&gt;</p>"#
+        );
+    }
 }
