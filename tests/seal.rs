@@ -673,7 +673,8 @@ fn grant_viewing(ns: &str, user: &str) {
 
 /// `kubectl dlq ui` as the admin, in headless Chromium: a sealed record's page shows the
 /// payload sealed and a Reveal button; clicking it shows the payload through the reveal API,
-/// masked (a screenshot `reveal.png` in target/ui-screenshots).
+/// masked (a screenshot `reveal.png` in target/ui-screenshots); bob's page (who may read records
+/// but not reveal them) shows the refusal naming the role.
 async fn page_reveals(ns: &str, name: &str) {
     let ui = dlq_testenv::ui_page::UiPage::start(audited_plane(), ns, None);
     let b = dlq_testenv::browser::Browser::start("seal-reveal").await;
@@ -688,8 +689,24 @@ async fn page_reveals(ns: &str, name: &str) {
     let shown = b.text("#revealed-payload").await;
     let headers = b.text("#revealed-headers").await;
     b.screenshot("reveal").await;
-    b.stop().await;
     drop(ui);
+    // bob may read records but not reveal them: his page says which role he lacks.
+    let bobs = dlq_testenv::ui_page::UiPage::start(audited_plane(), ns, Some("bob"));
+    b.client.goto(&bobs.url).await.expect("bob's page's URL");
+    b.client
+        .goto(&format!("{}/r/{ns}/{name}", bobs.base()))
+        .await
+        .expect("the record's page, as bob");
+    b.click("#reveal").await;
+    let refused = b.text("#reveal-refused").await;
+    let bobs_payload = b.text("#payload").await;
+    b.stop().await;
+    drop(bobs);
+    assert!(refused.contains("dlq-payload-reader"), "{refused}");
+    assert!(
+        !refused.contains("4012") && !bobs_payload.contains("4012"),
+        "{refused} {bobs_payload}"
+    );
     assert!(
         shown.contains("401288******1881") && !shown.contains(REVEAL_CARD),
         "what Reveal shows: {shown}"
