@@ -109,6 +109,16 @@ async fn parked_and_acknowledged<B: Source>(r: &Rig<B>, n: usize) -> Vec<DeadLet
     items
 }
 
+/// Decides each of `items` for redrive once Parked, and waits until it is Redriven.
+async fn redrive_each<B>(r: &Rig<B>, items: &[DeadLetter]) {
+    for rec in items {
+        let name = rec.name_any();
+        wait_phase(&r.api, &name, Phase::Parked, 20).await;
+        decide(&r.api, &name, Action::Redrive, "ops").await;
+        wait_phase(&r.api, &name, Phase::Redriven, 60).await;
+    }
+}
+
 /// Each dead message becomes one record with its exact bytes and headers, is acknowledged, and
 /// once redriven arrives where it was published, exactly as it was.
 async fn a_dead_message_is_parked_once_and_redriven_back_untouched<B: Source>() {
@@ -143,12 +153,7 @@ async fn a_dead_message_is_parked_once_and_redriven_back_untouched<B: Source>() 
         );
     }
 
-    for rec in &items {
-        let name = rec.name_any();
-        wait_phase(&r.api, &name, Phase::Parked, 20).await;
-        decide(&r.api, &name, Action::Redrive, "ops").await;
-        wait_phase(&r.api, &name, Phase::Redriven, 60).await;
-    }
+    redrive_each(&r, &items).await;
     let want = sorted(sent.iter().map(|s| s.delivered()).collect());
     assert_eq!(sorted(r.backend.jobs().await), want, "back untouched, once");
 }
@@ -189,12 +194,7 @@ async fn a_sealed_dead_message_is_redriven_back_untouched<B: Source>() {
             job.id
         );
     }
-    for rec in &items {
-        let name = rec.name_any();
-        wait_phase(&r.api, &name, Phase::Parked, 20).await;
-        decide(&r.api, &name, Action::Redrive, "ops").await;
-        wait_phase(&r.api, &name, Phase::Redriven, 60).await;
-    }
+    redrive_each(&r, &items).await;
     let want = sorted(sent.iter().map(|s| s.delivered()).collect());
     assert_eq!(
         sorted(r.backend.jobs().await),
