@@ -905,7 +905,7 @@ async fn main() -> anyhow::Result<()> {
 
     if wanted("http") {
         // 3b. Parks through the HTTP park endpoint (CloudEvents over TLS, tokens reviewed)
-        // against plain creates of as many records, in alternating rounds.
+        // against plain creates of the same records, in alternating rounds.
         let r = http::phase(&mut b, n, c, rounds).await?;
         let (ceiling, endpoint) = (r.rate("ceiling"), r.rate("endpoint"));
         eprintln!(

@@ -19,7 +19,9 @@ use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::Api;
 use kube::api::PostParams;
 
-use super::{Bench, Guard, Rounds, clear, create_plain, kubectl_apply, testenv};
+use dlq_core::api::DeadLetter;
+
+use super::{Bench, Guard, Rounds, clear, kubectl_apply, testenv};
 
 /// The endpoint's certificate (for 127.0.0.1) in a directory, and its CA's PEM.
 fn certs(dir: &std::path::Path) -> anyhow::Result<String> {
@@ -85,7 +87,12 @@ fn operator_with_endpoint(
     Ok((Guard(child), format!("https://127.0.0.1:{park}")))
 }
 
-/// One binary-mode CloudEvent, 64 bytes of data, like the ceiling's records.
+/// The data of every event: 64 bytes.
+fn event_data() -> Bytes {
+    Bytes::from("x".repeat(64))
+}
+
+/// One binary-mode CloudEvent of [`event_data`].
 fn event(url: &str, token: &str, i: usize) -> anyhow::Result<hyper::Request<Full<Bytes>>> {
     Ok(hyper::Request::post(url)
         .header("authorization", format!("Bearer {token}"))
@@ -94,7 +101,7 @@ fn event(url: &str, token: &str, i: usize) -> anyhow::Result<hyper::Request<Full
         .header("ce-source", "/bench")
         .header("ce-type", "dev.dlq.bench")
         .header("content-type", "application/json")
-        .body(Full::new(Bytes::from("x".repeat(64))))?)
+        .body(Full::new(event_data()))?)
 }
 
 type Sender = hyper_util::client::legacy::Client<
@@ -116,8 +123,18 @@ async fn send(client: &Sender, url: &str, token: &str, i: usize) -> anyhow::Resu
     }
 }
 
-/// `n` events parked through the endpoint, `c` senders at once: records/s.
-async fn park_over_http(b: &mut Bench, n: usize, c: usize) -> anyhow::Result<f64> {
+/// A namespace whose queue takes HTTP, with an operator serving and watching it, ready (a probe
+/// event parked) and warm: what both the endpoint run and the watched ceiling start from.
+struct Served {
+    ns: String,
+    op: Guard,
+    client: Sender,
+    url: String,
+    token: String,
+}
+
+/// [`Served`] for `n` timed events of `c` senders (probe and warm-up events use ids past `n`).
+async fn served(b: &mut Bench, n: usize, c: usize) -> anyhow::Result<Served> {
     let ns = b.namespace("http").await?;
     let token = sender_token(b, &ns).await?;
     let tls: PathBuf = b.plane.dir().join(format!("park-tls-{ns}"));
@@ -151,17 +168,134 @@ async fn park_over_http(b: &mut Bench, n: usize, c: usize) -> anyhow::Result<f64
     for w in warm {
         w?;
     }
-    let pid = op.0.id();
+    Ok(Served {
+        ns,
+        op,
+        client,
+        url,
+        token,
+    })
+}
+
+/// `n` events parked through the endpoint, `c` senders at once: records/s.
+async fn park_over_http(b: &mut Bench, n: usize, c: usize) -> anyhow::Result<f64> {
+    let s = served(b, n, c).await?;
+    let pid = s.op.0.id();
     let before = super::profile::Sample::take(&b.plane, Some(pid));
+    let pprof = super::profile::pprof(&b.plane, "http-endpoint");
     let start = Instant::now();
     let results: Vec<anyhow::Result<()>> = futures::stream::iter(0..n)
-        .map(|i| send(&client, &url, &token, i))
+        .map(|i| send(&s.client, &s.url, &s.token, i))
         .buffer_unordered(c)
         .collect()
         .await;
     let rate = n as f64 / start.elapsed().as_secs_f64();
-    if let Some(s) = &before {
-        s.report("http, endpoint", &b.plane, Some(pid), n);
+    if let Some(p) = &before {
+        p.report("http, endpoint", &b.plane, Some(pid), n);
+    }
+    if let Some(p) = pprof {
+        let _ = tokio::task::spawn_blocking(move || p.join()).await;
+    }
+    for r in results {
+        r?;
+    }
+    same_as_ceiling(b, &s.ns).await?;
+    clear(&b.client, &s.ns).await?;
+    Ok(rate)
+}
+
+/// The record the endpoint creates for event `i` of queue `relayer`, built by the endpoint's
+/// own pure steps (`cloudevent::parse`, `dispose`, `new_record`) with the slot annotation the
+/// parker adds: the ceiling creates exactly these objects, so the two differ only in the path.
+fn endpoint_record(i: usize) -> anyhow::Result<DeadLetter> {
+    let req = event("https://127.0.0.1/", "t", i)?;
+    let headers = req
+        .headers()
+        .iter()
+        .filter(|(name, _)| *name != "authorization")
+        .map(|(name, value)| {
+            (
+                name.as_str().to_string(),
+                value.to_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    let body = event_data();
+    let (_, events) = dlq_core::cloudevent::parse(
+        "relayer",
+        &dlq_core::cloudevent::HttpRequest {
+            method: "POST",
+            headers,
+            body: &body,
+        },
+    )?;
+    let event = events
+        .into_iter()
+        .next()
+        .context("the event parses to no request")?;
+    let dlq_core::park::Disposition::Park(park) =
+        dlq_core::park::dispose(event.request, &event.raw)
+    else {
+        bail!("event {i} would not be parked");
+    };
+    let mut record = dlq_core::park::new_record(&park, 1);
+    record.metadata.annotations.get_or_insert_default().insert(
+        dlq_core::api::ANNOTATION_SLOT_BLOCK.into(),
+        "0123456789ab-0".into(),
+    );
+    Ok(record)
+}
+
+/// Fails unless the endpoint's record of event 0 is the object the ceiling creates for it
+/// (same name, spec but its time, and labels): a ceiling of other records would not be this one's ceiling.
+async fn same_as_ceiling(b: &Bench, ns: &str) -> anyhow::Result<()> {
+    let built = endpoint_record(0)?;
+    let name = built.metadata.name.clone().unwrap_or_default();
+    let parked = Api::<DeadLetter>::namespaced(b.client.clone(), ns)
+        .get(&name)
+        .await
+        .with_context(|| format!("the endpoint parked no record {name}"))?;
+    // All but the moment of failure, which is when each was built.
+    let spec = |r: &DeadLetter| {
+        let mut spec = serde_json::to_value(&r.spec).unwrap_or_default();
+        if let Some(fields) = spec.as_object_mut() {
+            fields.remove("failedAt");
+        }
+        spec
+    };
+    if spec(&parked) != spec(&built) || parked.metadata.labels != built.metadata.labels {
+        bail!(
+            "the ceiling's record differs from the endpoint's:\n{}\n{}",
+            serde_json::to_string(&parked.spec)?,
+            serde_json::to_string(&built.spec)?
+        );
+    }
+    Ok(())
+}
+
+/// The apiserver's ceiling: the endpoint's `n` records ([`endpoint_record`]) created straight,
+/// `c` at once, by the parker's field manager into a fresh namespace: records/s.
+async fn ceiling(b: &mut Bench, n: usize, c: usize) -> anyhow::Result<f64> {
+    let ns = b.namespace("http-ceiling").await?;
+    let records = (0..n)
+        .map(endpoint_record)
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let api: Api<DeadLetter> = Api::namespaced(b.client.clone(), &ns);
+    let pp = super::as_parker();
+    let before = super::profile::Sample::take(&b.plane, None);
+    let pprof = super::profile::pprof(&b.plane, "http-ceiling");
+    let start = Instant::now();
+    let results: Vec<Result<DeadLetter, kube::Error>> = futures::stream::iter(&records)
+        .map(|r| api.create(&pp, r))
+        .buffer_unordered(c)
+        .collect()
+        .await;
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    if let Some(p) = &before {
+        p.report("http, ceiling", &b.plane, None, n);
+    }
+    if let Some(p) = pprof {
+        let _ = tokio::task::spawn_blocking(move || p.join()).await;
     }
     for r in results {
         r?;
@@ -170,7 +304,8 @@ async fn park_over_http(b: &mut Bench, n: usize, c: usize) -> anyhow::Result<f64
     Ok(rate)
 }
 
-/// The phase: endpoint and ceiling in `rounds` alternating rounds; (endpoint, ceiling) records/s.
+/// The phase: endpoint and ceiling in `rounds` rounds alternating which goes first;
+/// (endpoint, ceiling) records/s under "endpoint" and "ceiling".
 pub async fn phase(b: &mut Bench, n: usize, c: usize, rounds: usize) -> anyhow::Result<Rounds> {
     let mut r = Rounds::default();
     for round in 0..rounds {
@@ -178,13 +313,7 @@ pub async fn phase(b: &mut Bench, n: usize, c: usize, rounds: usize) -> anyhow::
             if endpoint_first {
                 r.add("endpoint", n, park_over_http(b, n, c).await?);
             } else {
-                let ns = b.namespace("http-ceiling").await?;
-                let before = super::profile::Sample::take(&b.plane, None);
-                r.add("ceiling", n, create_plain(&b.client, &ns, n, c, 64).await?);
-                if let Some(s) = &before {
-                    s.report("http, ceiling", &b.plane, None, n);
-                }
-                clear(&b.client, &ns).await?;
+                r.add("ceiling", n, ceiling(b, n, c).await?);
             }
         }
     }

@@ -42,6 +42,36 @@ fn cpu_secs(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
+/// The apiserver's open watches of dlq.dev resources now (`apiserver_longrunning_requests`),
+/// as "resource count": a watch left behind costs every later write its dispatch.
+fn watches(plane: &ControlPlane) -> String {
+    let out = plane
+        .kubectl()
+        .ok()
+        .and_then(|mut k| k.args(["get", "--raw", "/metrics"]).output().ok())
+        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+        .unwrap_or_default();
+    let mut by: BTreeMap<String, f64> = BTreeMap::new();
+    for line in out.lines().filter(|l| {
+        l.starts_with("apiserver_longrunning_requests{")
+            && l.contains("group=\"dlq.dev\"")
+            && l.contains("verb=\"WATCH\"")
+    }) {
+        let Some((labels, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let resource = labels
+            .split_once("resource=\"")
+            .and_then(|(_, rest)| rest.split_once('"'))
+            .map_or("", |(v, _)| v);
+        *by.entry(resource.to_string()).or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
+    }
+    by.iter()
+        .map(|(r, n)| format!("{r} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// `apiserver_request_total` summed over codes except 409, which is kept apart, keyed by
 /// "VERB resource[/subresource]".
 fn requests(plane: &ControlPlane) -> BTreeMap<String, f64> {
@@ -122,9 +152,10 @@ impl Sample {
             })
             .collect();
         eprintln!(
-            "profile {label}: CPU ms/record: {}; requests/record (all): {}",
+            "profile {label}: CPU ms/record: {}; requests/record (all): {}; open watches: {}",
             cpu.join(", "),
-            requests.join(", ")
+            requests.join(", "),
+            watches(plane)
         );
     }
 }
