@@ -135,7 +135,16 @@ async fn park_run(b: &mut Bench, sealed: bool, n: usize, size: usize) -> anyhow:
     } else {
         b.namespace("plain-park").await?
     };
+    let kind = if sealed { "sealed" } else { "plain" };
+    let before = super::profile::Sample::take(&b.plane, None);
+    let pprof = super::profile::pprof(&b.plane, &format!("seal-park-{kind}-{size}"));
     let rate = park_all(&b.client, &ns, n, b.c, size).await?;
+    if let Some(p) = &before {
+        p.report(&format!("seal, park {kind} of {size} B"), &b.plane, None, n);
+    }
+    if let Some(p) = pprof {
+        let _ = tokio::task::spawn_blocking(move || p.join()).await;
+    }
     clear(&b.client, &ns).await?;
     Ok(rate)
 }
