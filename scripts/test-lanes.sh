@@ -46,7 +46,7 @@ weight() {
   case $1 in
     chaos) echo 170 ;; backends) echo 280 ;; redrive) echo 58 ;; chart_node) echo 50 ;;
     alerts|chart_rbac) echo 50 ;; kafka|sidekiq) echo 35 ;; gitops|cli|sqs|nats|pubsub) echo 30 ;;
-    leader|park|ui) echo 22 ;; http_park) echo 14 ;; *) echo 12 ;;
+    knative) echo 56 ;; leader|park|ui) echo 22 ;; http_park) echo 14 ;; *) echo 12 ;;
   esac
 }
 

@@ -17,13 +17,16 @@
 # with a JSON admin shim) is built from a vendored copy of its modules in a scratch directory,
 # pstest's fake.go patched there by tools/pstest-server/fake.go.sed (part of the cache key).
 # `cesender` (tools/cesender, on the CloudEvents Go SDK) posts CloudEvents to the park endpoint
-# for tests/http_park.rs and the bench's `http` phase.
+# for tests/http_park.rs.
+# `knative` builds Knative Eventing's controller, mt-broker controller, broker ingress and
+# filter, and the in-memory channel's controller and dispatcher from their Go module, for
+# tests/knative.rs; Knative's CRDs and ConfigMaps, from the same module, go to `config/`.
 #
 # `kube:<binary>,...` builds only those binaries of the kube set (`make demo` needs only
 # kube-apiserver and kubectl) into the same directory; a later `kube` builds only the missing
 # ones. Each binary gets its own marker there; `.done` means the whole set is built.
 #
-#   tools/build.sh kube[:bin,...]|etcd|helm|promtool|toxiproxy|cni|pause|elasticmq|kafka|flux|actionlint|pstest-server|cesender [...]
+#   tools/build.sh kube[:bin,...]|etcd|helm|promtool|toxiproxy|cni|pause|elasticmq|kafka|flux|actionlint|pstest-server|cesender|knative [...]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${DLQ_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/deadletter-operator/tools}
@@ -68,6 +71,17 @@ build_pause() {
 }
 
 # Flux's CRDs as its modules ship them (config/crd/bases), one file per kind.
+# Knative Eventing's CRDs (core and in-memory channel), namespace and ConfigMaps.
+knative_config() {
+  local dir=$1 dest=$2 src
+  src=$(cd "$dir" && go list -m -f '{{.Dir}}' knative.dev/eventing)/config
+  mkdir -p "$dest/crds" "$dest/configmaps"
+  cp "$src"/core/resources/*.yaml "$src"/channels/in-memory-channel/resources/*.yaml "$dest/crds/"
+  cp "$src"/core/configmaps/*.yaml "$src"/channels/in-memory-channel/configmaps/*.yaml "$dest/configmaps/"
+  cp "$src"/core/100-namespace.yaml "$dest/"
+  chmod -R u+w "$dest"
+}
+
 flux_crds() {
   local dir=$1 dest=$2 m
   mkdir -p "$dest"
@@ -145,6 +159,10 @@ build() (
       pkgs=(github.com/fluxcd/source-controller github.com/fluxcd/kustomize-controller ./gitserver) ;;
     cesender)
       pkgs=(.) ;;
+    knative)
+      local k=knative.dev/eventing/cmd
+      pkgs=("$k/controller" "$k/mtchannel_broker" "$k/broker/ingress" "$k/broker/filter"
+        "$k/in_memory/channel_controller" "$k/in_memory/channel_dispatcher") ;;
     actionlint)
       ldflags+=" -X github.com/rhysd/actionlint.version=$version"
       pkgs=(github.com/rhysd/actionlint/cmd/actionlint) ;;
@@ -173,6 +191,7 @@ build() (
     -ldflags "$ldflags" -o "$dest" "${pkgs[@]}")
   if [ "$tool" = pstest-server ]; then rm -rf "$src"; fi
   if [ "$tool" = flux ]; then flux_crds "$dir" "$out/crds"; fi
+  if [ "$tool" = knative ]; then knative_config "$dir" "$out/config"; fi
   local complete=1
   if [ "$tool" = kube ]; then
     for b in "${todo[@]}"; do touch "$out/.built-$b"; done
@@ -183,5 +202,5 @@ build() (
   echo "$out/bin"
 )
 
-[ $# -gt 0 ] || { echo "usage: tools/build.sh kube[:bin,...]|etcd|helm|promtool|toxiproxy|cni|pause|elasticmq|kafka|flux|actionlint|pstest-server|cesender ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: tools/build.sh kube[:bin,...]|etcd|helm|promtool|toxiproxy|cni|pause|elasticmq|kafka|flux|actionlint|pstest-server|cesender|knative ..." >&2; exit 2; }
 for t in "$@"; do build "$t"; done

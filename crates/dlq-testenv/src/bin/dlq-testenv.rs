@@ -28,17 +28,29 @@ struct Args {
     /// Write the apiserver's audit log (request and response bodies, Secrets' left out).
     #[arg(long, conflicts_with = "node")]
     audit: bool,
+    /// Serve the apiserver on this local address instead of 127.0.0.1 (one that processes in
+    /// other network namespaces reach over a bridge: tests/knative).
+    #[arg(long, conflicts_with_all = ["node", "audit"])]
+    address: Option<std::net::IpAddr>,
 }
 
 /// The plane, and the node when asked for; the node goes first on stop (it lives in the
 /// plane's dir).
-fn start(with_node: bool, audit: bool) -> anyhow::Result<(ControlPlane, Option<Node>)> {
+fn start(
+    with_node: bool,
+    audit: bool,
+    address: Option<std::net::IpAddr>,
+) -> anyhow::Result<(ControlPlane, Option<Node>)> {
     if audit {
         let plane = ControlPlane::start_audited().context("starting the local control plane")?;
         return Ok((plane, None));
     }
     if !with_node {
-        let plane = ControlPlane::start().context("starting the local control plane")?;
+        let plane = match address {
+            Some(address) => ControlPlane::start_at(address),
+            None => ControlPlane::start(),
+        }
+        .context("starting the local control plane")?;
         return Ok((plane, None));
     }
     let network = Network::create().context("creating the node's bridge")?;
@@ -76,7 +88,7 @@ async fn until_stopped(until_stdin_closes: bool) -> anyhow::Result<()> {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let (mut plane, mut node) = start(args.node, args.audit)?;
+    let (mut plane, mut node) = start(args.node, args.audit, args.address)?;
     let kubeconfig = match &args.kubeconfig_out {
         Some(path) => {
             plane.export_kubeconfig(path)?;
