@@ -605,6 +605,7 @@ fn settings(args: &RunArgs) -> anyhow::Result<Settings> {
             .park_addr
             .and(args.park.park_url.clone())
             .filter(|u| !u.trim().is_empty()),
+        park_ca_file: args.park.park_tls_dir.as_ref().map(|d| d.join("ca.crt")),
         ..Settings::default()
     })
 }

@@ -122,6 +122,16 @@ fn a_triggers_dead_letter_sink_that_is_a_queue_parks_the_event_knative_gave_up_o
         "https://127.0.0.1:19443/v1/namespaces/kn/queues/relayer"
     );
     assert_eq!(address["audience"], "/v1/namespaces/kn/queues/relayer");
+    // ...and the endpoint's CA, which Knative carried to the channel's dispatcher (it trusts no
+    // other way here).
+    let ca = std::fs::read_to_string(out.join("ca.crt")).unwrap();
+    assert_eq!(address["CACerts"], ca.trim_end().to_string() + "\n");
+    let delivery: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("delivery.json")).unwrap()).unwrap();
+    assert_eq!(
+        delivery["deadLetterSink"]["CACerts"], address["CACerts"],
+        "{delivery}"
+    );
 
     // The subscriber refused the event twice (retry: 1) before Knative gave up on it.
     let attempts = std::fs::read_to_string(out.join("attempts")).unwrap_or_default();

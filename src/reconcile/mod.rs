@@ -50,6 +50,9 @@ pub struct Settings {
     /// The park endpoint's advertised base URL (`--park-url`): queues with `spec.http` show
     /// their `status.address` under it. None when the endpoint is not served.
     pub park_url: Option<String>,
+    /// The CA bundle beside the endpoint's certificate (`ca.crt` in `--park-tls-dir`, as
+    /// cert-manager writes it), read at each queue reconcile into `status.address.CACerts`.
+    pub park_ca_file: Option<std::path::PathBuf>,
 }
 
 impl Default for Settings {
@@ -61,6 +64,7 @@ impl Default for Settings {
             leadership: Leadership::always(),
             mechanisms: Mechanisms::default(),
             park_url: None,
+            park_ca_file: None,
         }
     }
 }

@@ -71,7 +71,12 @@ pub async fn reconcile(
     let readiness = readiness(&ctx, &queue).await;
     tracing::debug!(namespace = %ns, queue = %name, ready = readiness.ready, "probed the queue's target");
     let mut plan = plan::queue_status(&queue, counts, settled, readiness, now);
-    plan.status.address = plan::address(&queue, ctx.settings.park_url.as_deref());
+    let ca_certs = park_ca(&ctx.settings);
+    plan.status.address = plan::address(
+        &queue,
+        ctx.settings.park_url.as_deref(),
+        ca_certs.as_deref(),
+    );
     plan.status.protection = protection(&ctx, &queue, &records, &deleted).await;
     for change in &plan.metrics {
         ctx.metrics.apply(change);
@@ -258,4 +263,17 @@ async fn retain(
         }
     }
     deleted
+}
+
+/// The park endpoint's CA bundle, when `--park-tls-dir` holds a readable `ca.crt` of at most
+/// [`plan::MAX_CA_CERTS`] bytes (a missing one is normal: the certificate's issuer is then
+/// trusted some other way).
+fn park_ca(settings: &super::Settings) -> Option<String> {
+    let path = settings.park_ca_file.as_ref()?;
+    let meta = std::fs::metadata(path).ok()?;
+    if meta.len() > plan::MAX_CA_CERTS as u64 {
+        tracing::warn!(path = %path.display(), bytes = meta.len(), "the park endpoint's ca.crt is too large to publish in status.address.CACerts");
+        return None;
+    }
+    std::fs::read_to_string(path).ok()
 }

@@ -65,13 +65,14 @@ k -n knative-eventing create configmap config-observability --from-literal=metri
   --from-literal=tracing-protocol=none --dry-run=client -o yaml | k apply -f - > /dev/null
 k wait --for condition=established crd --all --timeout=60s > /dev/null
 
-# The park endpoint's certificate; the dispatcher trusts its CA (SSL_CERT_FILE).
+# The park endpoint's certificate, its CA beside it as cert-manager writes it (ca.crt): the
+# operator publishes that CA in the queue's status.address.CACerts, which is how Knative's
+# dispatcher comes to trust the endpoint.
 openssl req -x509 -newkey rsa:2048 -nodes -keyout "$OUT/ca.key" -out "$OUT/ca.crt" -days 1 -subj /CN=dlq-test-ca 2> /dev/null
 openssl req -newkey rsa:2048 -nodes -keyout "$OUT/tls.key" -out "$OUT/tls.csr" -subj /CN=park 2> /dev/null
 printf 'subjectAltName=IP:127.0.0.1\n' > "$OUT/san"
 openssl x509 -req -in "$OUT/tls.csr" -CA "$OUT/ca.crt" -CAkey "$OUT/ca.key" -CAcreateserial \
   -out "$OUT/tls.crt" -days 1 -extfile "$OUT/san" 2> /dev/null
-cat "$OUT/ca.crt" > "$OUT/trust.crt"
 
 KUBECONFIG="$OUT/kubeconfig" "$OPERATOR" run --leader-election=false --metrics-addr=127.0.0.1:19090 \
   --park-addr=127.0.0.1:19443 --park-tls-dir="$OUT" --park-url=https://127.0.0.1:19443 \
@@ -131,8 +132,7 @@ knative ingress 18003 NAMESPACE=knative-eventing INGRESS_PORT=18080 INGRESS_PORT
 knative filter 18004 NAMESPACE=knative-eventing FILTER_PORT=28080 FILTER_PORT_HTTPS=28443 "$KB/filter"
 isolated imc-controller 18005 WEBHOOK_NAME=inmemorychannel-webhook WEBHOOK_PORT=18444 \
   DISPATCHER_IMAGE=unused "$KB/channel_controller"
-knative imc-dispatcher 18006 SSL_CERT_FILE="$OUT/trust.crt" MAX_IDLE_CONNS=100 \
-  MAX_IDLE_CONNS_PER_HOST=100 "$KB/channel_dispatcher"
+knative imc-dispatcher 18006 MAX_IDLE_CONNS=100 MAX_IDLE_CONNS_PER_HOST=100 "$KB/channel_dispatcher"
 
 # What the cluster would have: the data plane's Services with Endpoints (an address of the
 # benchmark range; traffic goes by /etc/hosts), the dispatcher's Deployment Available.
@@ -193,6 +193,7 @@ Y
 ready() { [ "$(k get "$1" -n kn -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]; }
 until_ok 90 ready trigger/settle || fail "the Trigger is not Ready: $(k get trigger settle -n kn -o jsonpath='{.status.conditions}')"
 k get dlq relayer -n kn -o jsonpath='{.status.address}' > "$OUT/address.json"
+k get inmemorychannel -n kn -o jsonpath='{.items[0].spec.subscribers[0].delivery}' > "$OUT/delivery.json"
 
 # One event into the Broker; the subscriber refuses it twice (retry: 1), then the dead-letter sink.
 code=$(curl -s -o "$OUT/ingress.out" -w '%{http_code}' -X POST http://broker-ingress.knative-eventing.svc.cluster.local/kn/default \

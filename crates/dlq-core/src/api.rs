@@ -577,6 +577,12 @@ pub struct Address {
     /// The audience a sender's token must carry (Knative's `address.audience`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audience: Option<String>,
+    /// The CA certificates (PEM) that issued the endpoint's certificate, so that a sender such
+    /// as Knative's dispatcher trusts it without cluster-wide configuration (Knative's
+    /// `address.CACerts`).
+    #[serde(rename = "CACerts", default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 65536))]
+    pub ca_certs: Option<String>,
 }
 
 /// Default for `maxParked`: at 64 KiB payloads about 330 MiB of etcd (68 KB a record,

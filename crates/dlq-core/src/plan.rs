@@ -508,19 +508,32 @@ pub struct QueueStatusWrite {
     pub protection: Option<crate::seal::ProtectionWrite>,
 }
 
+/// The longest `status.address.CACerts` published: a bundle of a few PEM certificates.
+pub const MAX_CA_CERTS: usize = 65_536;
+
 /// A queue's `status.address` (Knative's Addressable duck type): its path at the park
 /// endpoint's advertised base URL `park_url`, once the queue accepts HTTP (`spec.http`) and the
-/// operator serves the endpoint.
-pub fn address(queue: &DeadLetterQueue, park_url: Option<&str>) -> Option<crate::api::Address> {
+/// operator serves the endpoint; with `ca_certs`, the PEM of the CA that issued the endpoint's
+/// certificate (left out when it is not PEM or not under [`MAX_CA_CERTS`]).
+pub fn address(
+    queue: &DeadLetterQueue,
+    park_url: Option<&str>,
+    ca_certs: Option<&str>,
+) -> Option<crate::api::Address> {
     let base = park_url?.trim_end_matches('/');
     let audience = queue.http_audience()?;
     let path = crate::api::park_path(
         queue.metadata.namespace.as_deref().unwrap_or_default(),
         queue.metadata.name.as_deref().unwrap_or_default(),
     );
+    let ca_certs = ca_certs
+        .map(str::trim)
+        .filter(|pem| pem.starts_with("-----BEGIN CERTIFICATE-----") && pem.len() < MAX_CA_CERTS)
+        .map(|pem| format!("{pem}\n"));
     Some(crate::api::Address {
         url: format!("{base}{path}"),
         audience: Some(audience),
+        ca_certs,
     })
 }
 
@@ -696,13 +709,14 @@ mod tests {
         let mut q = DeadLetterQueue::new("relayer", Default::default());
         q.metadata.namespace = Some("payments".into());
         assert_eq!(
-            address(&q, Some("https://dlq.example/")),
+            address(&q, Some("https://dlq.example/"), None),
             None,
             "no spec.http"
         );
         q.spec.http = Some(crate::api::HttpParkSpec::default());
-        assert_eq!(address(&q, None), None, "no endpoint served");
-        let a = address(&q, Some("https://dlq.example/")).expect("an address");
+        assert_eq!(address(&q, None, None), None, "no endpoint served");
+        let a = address(&q, Some("https://dlq.example/"), None).expect("an address");
+        assert_eq!(a.ca_certs, None);
         assert_eq!(
             a.url,
             "https://dlq.example/v1/namespaces/payments/queues/relayer"
@@ -711,6 +725,31 @@ mod tests {
             a.audience.as_deref(),
             Some("/v1/namespaces/payments/queues/relayer")
         );
+    }
+
+    #[test]
+    fn an_address_carries_the_endpoints_ca_when_it_is_pem_and_bounded() {
+        let mut q = DeadLetterQueue::new("relayer", Default::default());
+        q.metadata.namespace = Some("payments".into());
+        q.spec.http = Some(crate::api::HttpParkSpec::default());
+        let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n\n";
+        let a = address(&q, Some("https://dlq.example"), Some(pem)).expect("an address");
+        assert_eq!(
+            a.ca_certs.as_deref(),
+            Some("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+        );
+        let yaml = serde_json::to_value(&a).expect("json");
+        assert!(
+            yaml.get("CACerts").is_some(),
+            "Knative's field name: {yaml}"
+        );
+        for refused in [
+            "not a certificate",
+            &"-----BEGIN CERTIFICATE-----".repeat(3000),
+        ] {
+            let a = address(&q, Some("https://dlq.example"), Some(refused)).expect("an address");
+            assert_eq!(a.ca_certs, None, "{}", &refused[..20]);
+        }
     }
 
     #[test]
