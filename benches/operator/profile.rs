@@ -24,6 +24,8 @@ pub fn also(who: &'static str, pid: u32) {
 pub struct Sample {
     cpu: Vec<(&'static str, f64)>,
     requests: BTreeMap<String, f64>,
+    /// Open watches of dlq.dev resources ([`watches`]).
+    watches: String,
 }
 
 /// CPU seconds (user + system) a process has used; 0 once it is gone.
@@ -42,29 +44,42 @@ fn cpu_secs(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-/// The apiserver's open watches of dlq.dev resources now (`apiserver_longrunning_requests`),
-/// as "resource count": a watch left behind costs every later write its dispatch.
-fn watches(plane: &ControlPlane) -> String {
-    let out = plane
+/// The apiserver's `/metrics` now (empty when it cannot be read).
+fn metrics(plane: &ControlPlane) -> String {
+    plane
         .kubectl()
         .ok()
         .and_then(|mut k| k.args(["get", "--raw", "/metrics"]).output().ok())
         .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// The value of label `key` in a Prometheus line's `{...}` part.
+fn label<'a>(labels: &'a str, key: &str) -> &'a str {
+    labels
+        .split_once(&format!("{key}=\""))
+        .and_then(|(_, rest)| rest.split_once('"'))
+        .map_or("", |(v, _)| v)
+}
+
+/// The samples of metric `name` in `metrics`: (labels, value).
+fn samples<'a>(metrics: &'a str, name: &'a str) -> impl Iterator<Item = (&'a str, f64)> + 'a {
+    metrics
+        .lines()
+        .filter(move |l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+        .filter_map(|line| line.rsplit_once(' '))
+        .map(|(labels, value)| (labels, value.parse::<f64>().unwrap_or(0.0)))
+}
+
+/// The apiserver's open watches of dlq.dev resources (`apiserver_longrunning_requests`), as
+/// "resource count": a watch left behind costs every later write its dispatch.
+fn watches(metrics: &str) -> String {
     let mut by: BTreeMap<String, f64> = BTreeMap::new();
-    for line in out.lines().filter(|l| {
-        l.starts_with("apiserver_longrunning_requests{")
-            && l.contains("group=\"dlq.dev\"")
-            && l.contains("verb=\"WATCH\"")
-    }) {
-        let Some((labels, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let resource = labels
-            .split_once("resource=\"")
-            .and_then(|(_, rest)| rest.split_once('"'))
-            .map_or("", |(v, _)| v);
-        *by.entry(resource.to_string()).or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
+    for (labels, value) in samples(metrics, "apiserver_longrunning_requests") {
+        if label(labels, "group") == "dlq.dev" && label(labels, "verb") == "WATCH" {
+            *by.entry(label(labels, "resource").to_string())
+                .or_insert(0.0) += value;
+        }
     }
     by.iter()
         .map(|(r, n)| format!("{r} {n}"))
@@ -74,35 +89,17 @@ fn watches(plane: &ControlPlane) -> String {
 
 /// `apiserver_request_total` summed over codes except 409, which is kept apart, keyed by
 /// "VERB resource[/subresource]".
-fn requests(plane: &ControlPlane) -> BTreeMap<String, f64> {
-    let out = plane
-        .kubectl()
-        .ok()
-        .and_then(|mut k| k.args(["get", "--raw", "/metrics"]).output().ok())
-        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
-        .unwrap_or_default();
+fn requests(metrics: &str) -> BTreeMap<String, f64> {
     let mut by = BTreeMap::new();
-    for line in out
-        .lines()
-        .filter(|l| l.starts_with("apiserver_request_total{"))
-    {
-        let Some((labels, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let label = |k: &str| {
-            labels
-                .split_once(&format!("{k}=\""))
-                .and_then(|(_, rest)| rest.split_once('"'))
-                .map_or("", |(v, _)| v)
-        };
-        let mut key = format!("{} {}", label("verb"), label("resource"));
-        if !label("subresource").is_empty() {
-            key = format!("{key}/{}", label("subresource"));
+    for (labels, value) in samples(metrics, "apiserver_request_total") {
+        let mut key = format!("{} {}", label(labels, "verb"), label(labels, "resource"));
+        if !label(labels, "subresource").is_empty() {
+            key = format!("{key}/{}", label(labels, "subresource"));
         }
-        if label("code") == "409" {
+        if label(labels, "code") == "409" {
             key.push_str(" (409)");
         }
-        *by.entry(key).or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
+        *by.entry(key).or_insert(0.0) += value;
     }
     by
 }
@@ -123,9 +120,11 @@ impl Sample {
         for (who, pid) in ALSO.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             cpu.push((who, cpu_secs(*pid)));
         }
+        let metrics = metrics(plane);
         Some(Sample {
             cpu,
-            requests: requests(plane),
+            requests: requests(&metrics),
+            watches: watches(&metrics),
         })
     }
 
@@ -155,7 +154,7 @@ impl Sample {
             "profile {label}: CPU ms/record: {}; requests/record (all): {}; open watches: {}",
             cpu.join(", "),
             requests.join(", "),
-            watches(plane)
+            now.watches
         );
     }
 }
