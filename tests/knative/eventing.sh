@@ -22,6 +22,10 @@
 set -euo pipefail
 : "${OUT:?}" "${KNATIVE:?}" "${KUBECTL:?}" "${TESTENV:?}" "${OPERATOR:?}" "${CRDS:?}"
 KB=$KNATIVE/bin CFG=$KNATIVE/config
+# A temp dir of its own: the scratch dirs of the tests beside this one stay out of reach (from
+# inside this PID namespace their processes are invisible, so they would look abandoned).
+export TMPDIR=$OUT/tmp
+mkdir -p "$TMPDIR"
 k() { "$KUBECTL" --kubeconfig "$OUT/kubeconfig" "$@"; }
 fail() { echo "knative: $*" >&2; exit 1; }
 # until CMD succeeds, at most $1 seconds
