@@ -141,6 +141,7 @@ const SCRATCH_KINDS: &[&str] = &[
     "pstest",
     "rabbit",
     "redis",
+    "reveal",
     "testenv",
 ];
 
@@ -193,6 +194,11 @@ mod scratch_tests {
         assert_eq!(
             scratch_owner("dlq-testenv-12990-1796093557232646958"),
             Some(12990)
+        );
+        assert_eq!(
+            scratch_owner("dlq-reveal-14437-reveal-14437-0"),
+            Some(14437),
+            "tests/seal's reveal API certificates"
         );
         assert_eq!(
             scratch_owner("dlq-cli-park-12-3"),
