@@ -149,8 +149,13 @@ async fn decider_filters_opens_and_redrives_a_selection_as_themselves() {
 /// The landing page lists the failure groups (the operator keeps them), most parked first; a
 /// group's link is its page: exactly its records, ready for "Review selection".
 async fn a_group_is_the_landing_page_and_opens_its_records(b: &Browser, page: &Page) {
-    eventually(20, "the timeouts' group on the landing page", || async {
+    eventually(40, "the timeouts' group on the landing page", || async {
         b.client.goto(&page.url).await.ok()?;
+        // Until the operator has made the groups the page says "No failure groups." and has
+        // no table: look again rather than wait on an element that is not coming.
+        if b.count("#groups").await == 0 {
+            return None;
+        }
         let text = b.text("#groups").await;
         text.contains("timeout talking to the payer").then_some(())
     })
