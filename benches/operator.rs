@@ -471,8 +471,7 @@ const _: () = assert!(ROUNDS == ParkKind::ALL.len());
 /// One park measurement in a namespace of its own, cleared after: records/s.
 async fn park_phase(b: &mut Bench, kind: ParkKind, n: usize, c: usize) -> anyhow::Result<f64> {
     let ns = b.namespace(&format!("park-{}", kind.name())).await?;
-    let before = profile::Sample::take(&b.plane, None);
-    let pprof = profile::pprof(&b.plane, &format!("park-{}", kind.name()));
+    let profiled = profile::Profiled::start(&b.plane, &format!("park, {}", kind.name()), None);
     let rate = match kind {
         ParkKind::Ceiling => create_plain(&b.client, &ns, n, c, 64).await?,
         ParkKind::CeilingWatched => {
@@ -483,12 +482,7 @@ async fn park_phase(b: &mut Bench, kind: ParkKind, n: usize, c: usize) -> anyhow
         }
         ParkKind::External => park_all(&b.client, &ns, n, c, 64).await?,
     };
-    if let Some(s) = &before {
-        s.report(&format!("park, {}", kind.name()), &b.plane, None, n);
-    }
-    if let Some(p) = pprof {
-        let _ = tokio::task::spawn_blocking(move || p.join()).await;
-    }
+    profiled.end(&b.plane, n).await;
     clear(&b.client, &ns).await?;
     Ok(rate)
 }

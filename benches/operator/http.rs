@@ -124,7 +124,7 @@ async fn send(client: &Sender, url: &str, token: &str, i: usize) -> anyhow::Resu
 }
 
 /// A namespace whose queue takes HTTP, with an operator serving and watching it, ready (a probe
-/// event parked) and warm: what both the endpoint run and the watched ceiling start from.
+/// event parked) and warm: what the endpoint run starts from.
 struct Served {
     ns: String,
     op: Guard,
@@ -180,9 +180,7 @@ async fn served(b: &mut Bench, n: usize, c: usize) -> anyhow::Result<Served> {
 /// `n` events parked through the endpoint, `c` senders at once: records/s.
 async fn park_over_http(b: &mut Bench, n: usize, c: usize) -> anyhow::Result<f64> {
     let s = served(b, n, c).await?;
-    let pid = s.op.0.id();
-    let before = super::profile::Sample::take(&b.plane, Some(pid));
-    let pprof = super::profile::pprof(&b.plane, "http-endpoint");
+    let profiled = super::profile::Profiled::start(&b.plane, "http, endpoint", Some(s.op.0.id()));
     let start = Instant::now();
     let results: Vec<anyhow::Result<()>> = futures::stream::iter(0..n)
         .map(|i| send(&s.client, &s.url, &s.token, i))
@@ -190,12 +188,7 @@ async fn park_over_http(b: &mut Bench, n: usize, c: usize) -> anyhow::Result<f64
         .collect()
         .await;
     let rate = n as f64 / start.elapsed().as_secs_f64();
-    if let Some(p) = &before {
-        p.report("http, endpoint", &b.plane, Some(pid), n);
-    }
-    if let Some(p) = pprof {
-        let _ = tokio::task::spawn_blocking(move || p.join()).await;
-    }
+    profiled.end(&b.plane, n).await;
     for r in results {
         r?;
     }
@@ -282,8 +275,7 @@ async fn ceiling(b: &mut Bench, n: usize, c: usize) -> anyhow::Result<f64> {
         .collect::<anyhow::Result<Vec<_>>>()?;
     let api: Api<DeadLetter> = Api::namespaced(b.client.clone(), &ns);
     let pp = super::as_parker();
-    let before = super::profile::Sample::take(&b.plane, None);
-    let pprof = super::profile::pprof(&b.plane, "http-ceiling");
+    let profiled = super::profile::Profiled::start(&b.plane, "http, ceiling", None);
     let start = Instant::now();
     let results: Vec<Result<DeadLetter, kube::Error>> = futures::stream::iter(&records)
         .map(|r| api.create(&pp, r))
@@ -291,12 +283,7 @@ async fn ceiling(b: &mut Bench, n: usize, c: usize) -> anyhow::Result<f64> {
         .collect()
         .await;
     let rate = n as f64 / start.elapsed().as_secs_f64();
-    if let Some(p) = &before {
-        p.report("http, ceiling", &b.plane, None, n);
-    }
-    if let Some(p) = pprof {
-        let _ = tokio::task::spawn_blocking(move || p.join()).await;
-    }
+    profiled.end(&b.plane, n).await;
     for r in results {
         r?;
     }

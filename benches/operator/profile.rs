@@ -163,7 +163,7 @@ impl Sample {
 /// phase, from 0.5 s after it starts for `BENCH_PPROF_SECS` (default 3), written to
 /// `DIR/<label>-<n>.pb.gz` for `go tool pprof` (e.g. `-top -diff_base` of two phases). The
 /// handle ends when the profile is written; a phase shorter than the profile waits for it.
-pub fn pprof(plane: &ControlPlane, label: &str) -> Option<std::thread::JoinHandle<()>> {
+fn pprof(plane: &ControlPlane, label: &str) -> Option<std::thread::JoinHandle<()>> {
     static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let dir = std::path::PathBuf::from(std::env::var_os("BENCH_PPROF")?);
     let secs = std::env::var("BENCH_PPROF_SECS").unwrap_or_else(|_| "3".into());
@@ -184,4 +184,40 @@ pub fn pprof(plane: &ControlPlane, label: &str) -> Option<std::thread::JoinHandl
             eprintln!("pprof {}: {e}", path.display());
         }
     }))
+}
+
+/// One timed run's profile: the counters at its start ([`Sample`], `BENCH_PROFILE`) and the
+/// apiserver's CPU profile taken meanwhile ([`pprof`], `BENCH_PPROF`), both under one label.
+pub struct Profiled {
+    label: String,
+    operator: Option<u32>,
+    before: Option<Sample>,
+    pprof: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Profiled {
+    /// Starts both, for a run labelled `label` (the pprof file takes it with `-` for
+    /// punctuation) whose operator, if any, is `operator`.
+    pub fn start(plane: &ControlPlane, label: &str, operator: Option<u32>) -> Profiled {
+        let file: String = label
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        Profiled {
+            label: label.to_string(),
+            operator,
+            before: Sample::take(plane, operator),
+            pprof: pprof(plane, &file),
+        }
+    }
+
+    /// Prints the counters per record of `n` and waits for the CPU profile to be written.
+    pub async fn end(self, plane: &ControlPlane, n: usize) {
+        if let Some(before) = &self.before {
+            before.report(&self.label, plane, self.operator, n);
+        }
+        if let Some(p) = self.pprof {
+            let _ = tokio::task::spawn_blocking(move || p.join()).await;
+        }
+    }
 }

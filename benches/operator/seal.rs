@@ -136,15 +136,10 @@ async fn park_run(b: &mut Bench, sealed: bool, n: usize, size: usize) -> anyhow:
         b.namespace("plain-park").await?
     };
     let kind = if sealed { "sealed" } else { "plain" };
-    let before = super::profile::Sample::take(&b.plane, None);
-    let pprof = super::profile::pprof(&b.plane, &format!("seal-park-{kind}-{size}"));
+    let label = format!("seal, park {kind} of {size} B");
+    let profiled = super::profile::Profiled::start(&b.plane, &label, None);
     let rate = park_all(&b.client, &ns, n, b.c, size).await?;
-    if let Some(p) = &before {
-        p.report(&format!("seal, park {kind} of {size} B"), &b.plane, None, n);
-    }
-    if let Some(p) = pprof {
-        let _ = tokio::task::spawn_blocking(move || p.join()).await;
-    }
+    profiled.end(&b.plane, n).await;
     clear(&b.client, &ns).await?;
     Ok(rate)
 }
