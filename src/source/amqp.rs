@@ -34,6 +34,9 @@ use super::{ParkInto, SourceError};
 use crate::target::TargetError;
 use crate::target::amqp::{AmqpConn, carried_headers, classify};
 
+/// Headers RabbitMQ changes between copies of one death (see [`message_identity`]).
+const UNSTABLE_HEADERS: &[&str] = &["x-death", "x-delivery-count"];
+
 /// Unacked messages in flight at once (the channel's prefetch).
 const PREFETCH: u16 = 32;
 
@@ -189,10 +192,12 @@ fn job_id(data: &[u8], props: &BasicProperties, headers: &BTreeMap<String, Strin
 }
 
 /// This one dead-lettering of a message, as far as its bytes tell: body, message id, every
-/// header but `x-death`, and the latest x-death entry's queue, reason and count (RabbitMQ
-/// writes a new entry for each death, and a redrive drops the old ones). Not its time: a
-/// quorum queue's at-least-once dead-lettering forwards a message again after a node restart
-/// or a lost confirm, stamping the copy with a new time, and that copy is the same death.
+/// header but `x-death` and `x-delivery-count`, and the latest x-death entry's queue, reason
+/// and count (RabbitMQ writes a new entry for each death, and a redrive drops the old ones).
+/// Not its time: a quorum queue's at-least-once dead-lettering forwards a message again after
+/// a node restart or a lost confirm, stamping the copy with a new time, and that copy is the
+/// same death. Not `x-delivery-count`: a quorum dead-letter queue stamps it on a message it
+/// hands out again after the bridge's connection closed unacked, and that is a re-read.
 /// Only probably unique, so it is matched against resolved records only when a later death of
 /// the same message must differ from it (see [`Bridge::handle`]).
 fn message_identity(data: &[u8], props: &BasicProperties) -> String {
@@ -201,7 +206,7 @@ fn message_identity(data: &[u8], props: &BasicProperties) -> String {
     h.update(format!("{:?}", props.message_id()).as_bytes());
     if let Some(headers) = props.headers() {
         for (name, value) in headers.inner() {
-            if name.as_str() != "x-death" {
+            if !UNSTABLE_HEADERS.contains(&name.as_str()) {
                 h.update(format!("{name:?}={value:?};").as_bytes());
             }
         }
@@ -462,6 +467,18 @@ mod tests {
             &dead_at("rejected", 1, 1_700_000_180, vec![]),
         );
         assert_eq!(first.message, again.message);
+        // A quorum dead-letter queue handing it out again after the bridge crashed unacked.
+        let reread = request_for(
+            "orders",
+            b"{}",
+            &dead_at(
+                "rejected",
+                1,
+                1_700_000_000,
+                vec![("x-delivery-count", AMQPValue::LongLongInt(1))],
+            ),
+        );
+        assert_eq!(first.message, reread.message);
         // The same job dying again after a redrive carries the redrive's idempotency key.
         let key = vec![("Idempotency-Key", s("0b6c-1"))];
         let later = request_for("orders", b"{}", &dead_at("rejected", 1, 1_700_000_500, key));

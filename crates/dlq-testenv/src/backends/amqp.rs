@@ -1,5 +1,5 @@
 //! RabbitMQ: a worker queue `<ns>.orders` dead-lettering through exchange `<ns>.dlx` into
-//! `<ns>.orders.dlq` (the source); the target publishes to `<ns>.orders` through the default
+//! `<ns>.orders.dlq` (the source, a quorum queue); the target publishes to `<ns>.orders` through the default
 //! exchange, which is also the origin `x-death` names.
 
 use std::collections::BTreeMap;
@@ -60,7 +60,11 @@ impl RabbitBackend {
         let mut args = FieldTable::default();
         args.insert(ShortString::from("x-dead-letter-exchange"), text(&self.dlx));
         declare_queue(&ch, &self.orders, args).await;
-        declare_queue(&ch, &self.dlq, FieldTable::default()).await;
+        // A quorum queue, as docs/backends.md advises: it stamps `x-delivery-count` on a
+        // message it hands out again, which the source must not take for a new death.
+        let mut quorum = FieldTable::default();
+        quorum.insert(ShortString::from("x-queue-type"), text("quorum"));
+        declare_queue(&ch, &self.dlq, quorum).await;
         ch.queue_bind(
             self.dlq.as_str().into(),
             self.dlx.as_str().into(),
