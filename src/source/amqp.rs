@@ -123,11 +123,15 @@ pub fn last_death(props: &BasicProperties) -> Result<Death, DeathError> {
     })
 }
 
-/// Deliveries in this cycle: the dead-letter count, or what a quorum queue counted.
-pub fn deliveries(death: &Death, props: &BasicProperties) -> i32 {
+/// Deliveries in this cycle: the dead-letter count, or what a quorum queue counted. On a copy
+/// the dead-letter queue hands out `again` (its connection to the bridge closed unacked), an
+/// `x-delivery-count` is the dead-letter queue's own count, if that is a quorum queue, so only
+/// the x-death count is left to go by.
+pub fn deliveries(death: &Death, props: &BasicProperties, again: bool) -> i32 {
     let counted = props
         .headers()
         .as_ref()
+        .filter(|_| !again)
         .and_then(|t| t.inner().get("x-delivery-count"))
         .and_then(number)
         // x-delivery-count is the number of earlier deliveries; the last one counts too.
@@ -217,8 +221,9 @@ fn message_identity(data: &[u8], props: &BasicProperties) -> String {
     format!("amqp:{}", hex::encode(&h.finalize()[..16]))
 }
 
-/// Turns one dead-lettered message into a park request (see the module doc).
-pub fn request_for(queue: &str, data: &[u8], props: &BasicProperties) -> ParkRequest {
+/// Turns one dead-lettered message into a park request (see the module doc); `again`: RabbitMQ
+/// flagged the delivery redelivered.
+pub fn request_for(queue: &str, data: &[u8], props: &BasicProperties, again: bool) -> ParkRequest {
     let carried = carried_headers(props);
     let id = job_id(data, props, &carried.headers);
     let death = last_death(props);
@@ -238,7 +243,7 @@ pub fn request_for(queue: &str, data: &[u8], props: &BasicProperties) -> ParkReq
     );
     match death {
         Ok(d) => {
-            req.deliveries = deliveries(&d, props);
+            req.deliveries = deliveries(&d, props, again);
             req.reason = reason_in_words(&d, req.deliveries);
             // `rejected`, `expired`, `maxlen` or `delivery_limit`: why RabbitMQ dead-lettered it.
             req.error_class = dlq_core::group::bounded_error_class(&d.reason);
@@ -347,7 +352,12 @@ struct Bridge {
 
 impl Bridge {
     async fn handle(&self, delivery: Delivery) {
-        let mut req = request_for(self.into.queue(), &delivery.data, &delivery.properties);
+        let mut req = request_for(
+            self.into.queue(),
+            &delivery.data,
+            &delivery.properties,
+            delivery.redelivered,
+        );
         // A copy RabbitMQ did not flag is still this death when at-least-once dead-lettering
         // forwarded it twice; with the queue's idempotency key on, every redrive stamps a key
         // of its own on the job, so a later death of it can never hash like an earlier one.
@@ -459,12 +469,14 @@ mod tests {
             "orders",
             b"{}",
             &dead_at("rejected", 1, 1_700_000_000, vec![]),
+            false,
         );
         // At-least-once dead-lettering re-forwarding after a restart stamps a new time.
         let again = request_for(
             "orders",
             b"{}",
             &dead_at("rejected", 1, 1_700_000_180, vec![]),
+            false,
         );
         assert_eq!(first.message, again.message);
         // A quorum dead-letter queue handing it out again after the bridge crashed unacked.
@@ -477,18 +489,24 @@ mod tests {
                 1_700_000_000,
                 vec![("x-delivery-count", AMQPValue::LongLongInt(1))],
             ),
+            false,
         );
         assert_eq!(first.message, reread.message);
         // The same job dying again after a redrive carries the redrive's idempotency key.
         let key = vec![("Idempotency-Key", s("0b6c-1"))];
-        let later = request_for("orders", b"{}", &dead_at("rejected", 1, 1_700_000_500, key));
+        let later = request_for(
+            "orders",
+            b"{}",
+            &dead_at("rejected", 1, 1_700_000_500, key),
+            false,
+        );
         assert_ne!(first.message, later.message);
         assert_eq!(first.job.id, later.job.id, "one job, two deaths");
     }
 
     #[test]
     fn x_death_gives_deliveries_reason_and_origin() {
-        let r = request_for("orders", b"{\"o\":1}", &dead("rejected", 2, vec![]));
+        let r = request_for("orders", b"{\"o\":1}", &dead("rejected", 2, vec![]), false);
         assert_eq!(r.job.id, "order-1");
         assert_eq!(r.failure_kind, FailureKind::Transient);
         assert_eq!(r.deliveries, 2);
@@ -519,8 +537,22 @@ mod tests {
                 1,
                 vec![("x-delivery-count", AMQPValue::LongLongInt(4))],
             ),
+            false,
         );
         assert_eq!(q.deliveries, 5);
+        // The same copy handed out again by a quorum dead-letter queue: its x-delivery-count is
+        // that queue's, not the work queue's.
+        let again = request_for(
+            "orders",
+            b"x",
+            &dead(
+                "delivery_limit",
+                1,
+                vec![("x-delivery-count", AMQPValue::LongLongInt(1))],
+            ),
+            true,
+        );
+        assert_eq!(again.deliveries, 1);
         assert_eq!(r.error_class.as_deref(), Some("rejected"));
         assert_eq!(q.error_class.as_deref(), Some("delivery_limit"));
         assert!(q.reason.contains("delivered 5 times"), "{}", q.reason);
@@ -529,13 +561,13 @@ mod tests {
     #[test]
     fn a_message_that_is_no_dead_letter_is_invalid_with_its_exact_bytes() {
         let raw = b"\xff\x00raw";
-        let r = request_for("orders", raw, &BasicProperties::default());
+        let r = request_for("orders", raw, &BasicProperties::default(), false);
         assert_eq!(r.failure_kind, FailureKind::Invalid);
         assert_eq!(r.job.payload_bytes().unwrap(), raw);
         assert!(r.job.id.starts_with("amqp-"));
         assert!(r.reason.contains("no headers"), "{}", r.reason);
         assert_eq!(
-            request_for("orders", raw, &BasicProperties::default())
+            request_for("orders", raw, &BasicProperties::default(), false)
                 .job
                 .id,
             r.job.id,
