@@ -219,6 +219,16 @@ async fn dlx_topology(
     ns: &str,
     queue_args: Vec<(&str, AMQPValue)>,
 ) -> (String, String, String) {
+    dlx_topology_into(ch, ns, queue_args, FieldTable::default()).await
+}
+
+/// [`dlx_topology`] with the dead-letter queue declared with `dlq_args`.
+async fn dlx_topology_into(
+    ch: &lapin::Channel,
+    ns: &str,
+    queue_args: Vec<(&str, AMQPValue)>,
+    dlq_args: FieldTable,
+) -> (String, String, String) {
     let (shop, dlx) = (format!("{ns}.shop"), format!("{ns}.dlx"));
     let (orders, dlq) = (format!("{ns}.orders"), format!("{ns}.orders.dlq"));
     declare_exchange(ch, &shop, ExchangeKind::Direct).await;
@@ -226,7 +236,7 @@ async fn dlx_topology(
     let mut args = vec![("x-dead-letter-exchange", s(&dlx))];
     args.extend(queue_args);
     declare_queue(ch, &orders, table(args)).await;
-    declare_queue(ch, &dlq, FieldTable::default()).await;
+    declare_queue(ch, &dlq, dlq_args).await;
     ch.queue_bind(
         orders.as_str().into(),
         shop.as_str().into(),
@@ -396,6 +406,58 @@ async fn a_rejected_message_becomes_a_record_from_x_death_and_redrives_to_its_or
         !t.contains_key("x-death"),
         "the old death is not carried back: {t:?}"
     );
+}
+
+/// The bridge is killed after RabbitMQ handed it a dead message but before its record exists.
+/// A quorum dead-letter queue hands the message out again stamped with its own
+/// `x-delivery-count`: the record still says the job was delivered once (x-death's count), and
+/// there is one record.
+#[cfg(feature = "failpoints")]
+#[tokio::test]
+async fn a_dead_message_handed_out_again_by_a_quorum_dlq_counts_the_jobs_deliveries() {
+    let (client, ns) = setup("amqp-again").await;
+    let rabbit = shared_rabbit();
+    let (_conn, ch) = rabbit.channel().await;
+    ch.confirm_select(Default::default()).await.unwrap();
+    let quorum = table(vec![("x-queue-type", s("quorum"))]);
+    let (shop, orders, dlq) = dlx_topology_into(&ch, &ns, vec![], quorum).await;
+    amqp_queue(
+        &client,
+        &ns,
+        &rabbit.url(),
+        json!({"exchange": shop, "routingKey": "orders.created"}),
+        Some(json!({"queue": dlq})),
+    )
+    .await;
+    let props = BasicProperties::default().with_message_id("again-1".into());
+    publish(&ch, &shop, "orders.created", b"once", props).await;
+    let m = eventually(10, "the worker to get the message", || async {
+        ch.basic_get(orders.as_str().into(), BasicGetOptions { no_ack: false })
+            .await
+            .ok()
+            .flatten()
+    })
+    .await;
+    m.delivery
+        .acker
+        .reject(BasicRejectOptions { requeue: false })
+        .await
+        .unwrap();
+
+    let mut op = Operator::start_with(&ns, &[], &[("DLQ_FAILPOINT", "amqp-before-park")]);
+    op.reached_failpoint("amqp-before-park", 60).await;
+    op.kill();
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    assert!(records(&api).await.is_empty(), "killed before parking");
+    let _op = Operator::start(&ns);
+    let r = eventually(60, "the record", || async {
+        records(&api).await.into_iter().next()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(records(&api).await.len(), 1, "one record");
+    assert_eq!(r.spec.job.id, "again-1");
+    assert_eq!(r.spec.deliveries, 1, "x-death's count: {}", r.spec.reason);
 }
 
 #[tokio::test]

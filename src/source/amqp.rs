@@ -370,6 +370,7 @@ impl Bridge {
             tracing::debug!(namespace = %ns, queue = %queue, job = %job, "channel closed before parking; RabbitMQ delivers the message again");
             return;
         }
+        crate::failpoint::hit("amqp-before-park").await;
         let parked = self
             .into
             .park_message(req, &delivery.data, "unacked in RabbitMQ", || async {})
