@@ -5,8 +5,9 @@
 //!
 //! What becomes of a message (headers map as described in [`crate::target::amqp`]):
 //! - `x-death` (the most recent entry) gives `deliveries` (its count, or a quorum queue's
-//!   `x-delivery-count` + 1 when the broker kept it; RabbitMQ 3.10 drops that header when it
-//!   dead-letters, so there a delivery-limit death counts 1), the reason in words, the time and
+//!   `x-delivery-count` + 1 when the broker kept it, on the DLQ's first delivery only;
+//!   RabbitMQ 3.10 drops that header when it dead-letters, so there a delivery-limit death
+//!   counts 1), the reason in words, the time and
 //!   `spec.job.origin` (queue, exchange, first routing key), so redrive returns the job where it
 //!   was published.
 //! - the job id is the `message-id` property; without one it is `amqp-` + a hash of the body,
@@ -490,9 +491,10 @@ mod tests {
                 1_700_000_000,
                 vec![("x-delivery-count", AMQPValue::LongLongInt(1))],
             ),
-            false,
+            true,
         );
         assert_eq!(first.message, reread.message);
+        assert_eq!(reread.deliveries, first.deliveries);
         // The same job dying again after a redrive carries the redrive's idempotency key.
         let key = vec![("Idempotency-Key", s("0b6c-1"))];
         let later = request_for(
