@@ -258,6 +258,23 @@ async fn dlx_topology_into(
     (shop, orders, dlq)
 }
 
+/// A failing worker: takes the next message off `queue` and rejects it without requeue, so
+/// RabbitMQ dead-letters it.
+async fn worker_rejects(ch: &lapin::Channel, queue: &str) {
+    let m = eventually(10, "the worker to get a message", || async {
+        ch.basic_get(queue.into(), BasicGetOptions { no_ack: false })
+            .await
+            .ok()
+            .flatten()
+    })
+    .await;
+    m.delivery
+        .acker
+        .reject(BasicRejectOptions { requeue: false })
+        .await
+        .unwrap();
+}
+
 async fn publish(
     ch: &lapin::Channel,
     exchange: &str,
@@ -306,18 +323,7 @@ async fn a_rejected_message_becomes_a_record_from_x_death_and_redrives_to_its_or
             ("x-attempt", AMQPValue::LongInt(7)),
         ]));
     publish(&ch, &shop, "orders.created", body, props).await;
-    let m = eventually(10, "the worker to get the message", || async {
-        ch.basic_get(orders.as_str().into(), BasicGetOptions { no_ack: false })
-            .await
-            .ok()
-            .flatten()
-    })
-    .await;
-    m.delivery
-        .acker
-        .reject(BasicRejectOptions { requeue: false })
-        .await
-        .unwrap();
+    worker_rejects(&ch, &orders).await;
     // And a message that RabbitMQ never dead-lettered, pushed straight into the DLQ.
     let stray = b"\xff\xfenot a dead letter";
     publish(&ch, "", &dlq, stray, BasicProperties::default()).await;
@@ -431,18 +437,7 @@ async fn a_dead_message_handed_out_again_by_a_quorum_dlq_counts_the_jobs_deliver
     .await;
     let props = BasicProperties::default().with_message_id("again-1".into());
     publish(&ch, &shop, "orders.created", b"once", props).await;
-    let m = eventually(10, "the worker to get the message", || async {
-        ch.basic_get(orders.as_str().into(), BasicGetOptions { no_ack: false })
-            .await
-            .ok()
-            .flatten()
-    })
-    .await;
-    m.delivery
-        .acker
-        .reject(BasicRejectOptions { requeue: false })
-        .await
-        .unwrap();
+    worker_rejects(&ch, &orders).await;
 
     let mut op = Operator::start_with(&ns, &[], &[("DLQ_FAILPOINT", "amqp-before-park")]);
     op.reached_failpoint("amqp-before-park", 60).await;
@@ -601,18 +596,7 @@ async fn odd_headers_are_carried_and_oversize_dead_letters_are_reported() {
     )
     .await;
     for _ in 0..2 {
-        let m = eventually(10, "the worker to get a message", || async {
-            ch.basic_get(orders.as_str().into(), BasicGetOptions { no_ack: false })
-                .await
-                .ok()
-                .flatten()
-        })
-        .await;
-        m.delivery
-            .acker
-            .reject(BasicRejectOptions { requeue: false })
-            .await
-            .unwrap();
+        worker_rejects(&ch, &orders).await;
     }
 
     let op = Operator::start(&ns);
