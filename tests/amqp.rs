@@ -8,14 +8,16 @@ use std::time::{Duration, Instant};
 
 use dlq_core::api::DEFAULT_IDEMPOTENCY_KEY_HEADER as KEY_HEADER;
 use dlq_core::api::{Action, DeadLetter, FailureKind, Origin, Phase};
-use dlq_testenv::brokers::{declare_exchange, declare_queue, drain, queue_depth, shared_rabbit};
+use dlq_testenv::brokers::{
+    declare_exchange, declare_queue, drain, queue_depth, shared_rabbit, worker_rejects,
+};
 use dlq_testenv::{
     Operator, condition, create_dlq, create_secret, decide, events_for, eventually, record, setup,
     wait_phase,
 };
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
-use lapin::options::{BasicGetOptions, BasicNackOptions, BasicPublishOptions, BasicRejectOptions};
+use lapin::options::{BasicGetOptions, BasicNackOptions, BasicPublishOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, ExchangeKind};
 use serde_json::json;
@@ -256,23 +258,6 @@ async fn dlx_topology_into(
     .await
     .unwrap();
     (shop, orders, dlq)
-}
-
-/// A failing worker: takes the next message off `queue` and rejects it without requeue, so
-/// RabbitMQ dead-letters it.
-async fn worker_rejects(ch: &lapin::Channel, queue: &str) {
-    let m = eventually(10, "the worker to get a message", || async {
-        ch.basic_get(queue.into(), BasicGetOptions { no_ack: false })
-            .await
-            .ok()
-            .flatten()
-    })
-    .await;
-    m.delivery
-        .acker
-        .reject(BasicRejectOptions { requeue: false })
-        .await
-        .unwrap();
 }
 
 async fn publish(

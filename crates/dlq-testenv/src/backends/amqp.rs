@@ -6,14 +6,16 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use kube::Client;
-use lapin::options::{BasicGetOptions, BasicPublishOptions, BasicRejectOptions, QueueBindOptions};
+use lapin::options::{BasicPublishOptions, QueueBindOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, ExchangeKind};
 use serde_json::json;
 
 use super::{Backend, Broker, Delivered, Sent, Source};
-use crate::brokers::{Rabbit, declare_exchange, declare_queue, drain, queue_depth, shared_rabbit};
-use crate::{create_dlq, create_secret, eventually};
+use crate::brokers::{
+    Rabbit, declare_exchange, declare_queue, drain, queue_depth, shared_rabbit, worker_rejects,
+};
+use crate::{create_dlq, create_secret};
 
 /// A RabbitMQ node: the binary's shared one, or this test's own.
 enum Node {
@@ -189,21 +191,7 @@ impl Source for RabbitBackend {
             sent.push(s);
         }
         for _ in 0..n {
-            let m = eventually(10, "the worker to get a message", || async {
-                ch.basic_get(
-                    self.orders.as_str().into(),
-                    BasicGetOptions { no_ack: false },
-                )
-                .await
-                .ok()
-                .flatten()
-            })
-            .await;
-            m.delivery
-                .acker
-                .reject(BasicRejectOptions { requeue: false })
-                .await
-                .unwrap_or_else(|e| panic!("rejecting a message: {e}"));
+            worker_rejects(&ch, &self.orders).await;
         }
         sent
     }

@@ -269,6 +269,26 @@ pub async fn queue_depth(ch: &lapin::Channel, queue: &str) -> u32 {
     .message_count()
 }
 
+/// A failing worker: takes the next message off `queue` (waiting up to 10 s for one) and
+/// rejects it without requeue, so RabbitMQ dead-letters it.
+pub async fn worker_rejects(ch: &lapin::Channel, queue: &str) {
+    let m = crate::eventually(10, "the worker to get a message", || async {
+        ch.basic_get(
+            queue.into(),
+            lapin::options::BasicGetOptions { no_ack: false },
+        )
+        .await
+        .ok()
+        .flatten()
+    })
+    .await;
+    m.delivery
+        .acker
+        .reject(lapin::options::BasicRejectOptions { requeue: false })
+        .await
+        .unwrap_or_else(|e| panic!("rejecting a message from {queue}: {e}"));
+}
+
 /// Takes every message now in `queue` (acking them).
 pub async fn drain(ch: &lapin::Channel, queue: &str) -> Vec<lapin::message::BasicGetMessage> {
     let mut out = Vec::new();
