@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use dlq_core::api::DEFAULT_IDEMPOTENCY_KEY_HEADER as KEY_HEADER;
 use dlq_core::api::{Action, DeadLetter, FailureKind, Origin, Phase};
 use dlq_testenv::brokers::{
-    declare_exchange, declare_queue, drain, queue_depth, shared_rabbit, worker_rejects,
+    declare_exchange, declare_queue, drain, queue_depth, quorum_args, shared_rabbit, worker_rejects,
 };
 use dlq_testenv::{
     Operator, condition, create_dlq, create_secret, decide, events_for, eventually, record, setup,
@@ -410,8 +410,7 @@ async fn a_dead_message_handed_out_again_by_a_quorum_dlq_counts_the_jobs_deliver
     let rabbit = shared_rabbit();
     let (_conn, ch) = rabbit.channel().await;
     ch.confirm_select(Default::default()).await.unwrap();
-    let quorum = table(vec![("x-queue-type", s("quorum"))]);
-    let (shop, orders, dlq) = dlx_topology_into(&ch, &ns, vec![], quorum).await;
+    let (shop, orders, dlq) = dlx_topology_into(&ch, &ns, vec![], quorum_args()).await;
     amqp_queue(
         &client,
         &ns,

@@ -70,7 +70,6 @@ build_pause() {
   echo "$out/bin"
 }
 
-# Flux's CRDs as its modules ship them (config/crd/bases), one file per kind.
 # Knative Eventing's CRDs (core and in-memory channel), namespace and ConfigMaps.
 knative_config() {
   local dir=$1 dest=$2 src
@@ -82,6 +81,7 @@ knative_config() {
   chmod -R u+w "$dest"
 }
 
+# Flux's CRDs as its modules ship them (config/crd/bases), one file per kind.
 flux_crds() {
   local dir=$1 dest=$2 m
   mkdir -p "$dest"

@@ -7,9 +7,8 @@
 //! - `x-death` (the most recent entry) gives `deliveries` (its count, or a quorum queue's
 //!   `x-delivery-count` + 1 when the broker kept it, on the DLQ's first delivery only;
 //!   RabbitMQ 3.10 drops that header when it dead-letters, so there a delivery-limit death
-//!   counts 1), the reason in words, the time and
-//!   `spec.job.origin` (queue, exchange, first routing key), so redrive returns the job where it
-//!   was published.
+//!   counts 1), the reason in words, the time and `spec.job.origin` (queue, exchange, first
+//!   routing key), so redrive returns the job where it was published.
 //! - the job id is the `message-id` property; without one it is `amqp-` + a hash of the body,
 //!   headers and x-death entry, so a redelivered copy of the same message dedupes.
 //! - "unparseable" means the message is not a RabbitMQ dead letter (no usable `x-death`), or its

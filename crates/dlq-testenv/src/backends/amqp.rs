@@ -1,6 +1,6 @@
 //! RabbitMQ: a worker queue `<ns>.orders` dead-lettering through exchange `<ns>.dlx` into
-//! `<ns>.orders.dlq` (the source, a quorum queue); the target publishes to `<ns>.orders` through the default
-//! exchange, which is also the origin `x-death` names.
+//! `<ns>.orders.dlq` (the source, a quorum queue); the target publishes to `<ns>.orders`
+//! through the default exchange, which is also the origin `x-death` names.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -13,7 +13,8 @@ use serde_json::json;
 
 use super::{Backend, Broker, Delivered, Sent, Source};
 use crate::brokers::{
-    Rabbit, declare_exchange, declare_queue, drain, queue_depth, shared_rabbit, worker_rejects,
+    Rabbit, declare_exchange, declare_queue, drain, queue_depth, quorum_args, shared_rabbit,
+    worker_rejects,
 };
 use crate::{create_dlq, create_secret};
 
@@ -64,9 +65,7 @@ impl RabbitBackend {
         declare_queue(&ch, &self.orders, args).await;
         // A quorum queue, as docs/backends.md advises: it stamps `x-delivery-count` on a
         // message it hands out again, which the source must not take for a new death.
-        let mut quorum = FieldTable::default();
-        quorum.insert(ShortString::from("x-queue-type"), text("quorum"));
-        declare_queue(&ch, &self.dlq, quorum).await;
+        declare_queue(&ch, &self.dlq, quorum_args()).await;
         ch.queue_bind(
             self.dlq.as_str().into(),
             self.dlx.as_str().into(),

@@ -21,7 +21,8 @@ pub use self::kafka::{Kafka, shared_kafka};
 pub use self::nats::Nats;
 pub use self::pstest::Pstest;
 pub use self::rabbit::{
-    Rabbit, declare_exchange, declare_queue, drain, queue_depth, shared_rabbit, worker_rejects,
+    Rabbit, declare_exchange, declare_queue, drain, queue_depth, quorum_args, shared_rabbit,
+    worker_rejects,
 };
 pub use self::redis_server::Redis;
 pub use self::sidekiq::Sidekiq;

@@ -269,6 +269,16 @@ pub async fn queue_depth(ch: &lapin::Channel, queue: &str) -> u32 {
     .message_count()
 }
 
+/// Arguments that declare a quorum queue (what docs/backends.md advises for dead-letter queues).
+pub fn quorum_args() -> lapin::types::FieldTable {
+    let mut args = lapin::types::FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        lapin::types::AMQPValue::LongString("quorum".into()),
+    );
+    args
+}
+
 /// A failing worker: takes the next message off `queue` (waiting up to 10 s for one) and
 /// rejects it without requeue, so RabbitMQ dead-letters it.
 pub async fn worker_rejects(ch: &lapin::Channel, queue: &str) {

@@ -17,7 +17,7 @@ use super::proxy::Toxiproxy;
 use super::report::{Report, count_enqueues, count_panics};
 use super::workload::{self, Brokers, DecideCtx};
 use super::{ChaosConfig, Rng, Spawner, lock};
-use crate::brokers::{Rabbit, Redis, declare_exchange, declare_queue};
+use crate::brokers::{Rabbit, Redis, declare_exchange, declare_queue, quorum_args};
 use crate::plane::ControlPlane;
 
 /// Everything one run owns.
@@ -53,12 +53,7 @@ async fn amqp_topology(rabbit: &Rabbit, ns: &str) -> (String, String, String, St
     // may drop a message it is dead-lettering when the node restarts, a loss no consumer of
     // the dead-letter queue could prevent. This is what docs/backends.md tells users to set.
     let text = |v: &str| AMQPValue::LongString(LongString::from(v.as_bytes()));
-    let quorum = || {
-        let mut args = FieldTable::default();
-        args.insert(ShortString::from("x-queue-type"), text("quorum"));
-        args
-    };
-    let mut args = quorum();
+    let mut args = quorum_args();
     args.insert(ShortString::from("x-dead-letter-exchange"), text(&dlx));
     args.insert(
         ShortString::from("x-dead-letter-strategy"),
@@ -66,8 +61,8 @@ async fn amqp_topology(rabbit: &Rabbit, ns: &str) -> (String, String, String, St
     );
     args.insert(ShortString::from("x-overflow"), text("reject-publish"));
     declare_queue(&ch, &orders, args).await;
-    declare_queue(&ch, &dlq, quorum()).await;
-    declare_queue(&ch, &jobs, quorum()).await;
+    declare_queue(&ch, &dlq, quorum_args()).await;
+    declare_queue(&ch, &jobs, quorum_args()).await;
     let bind = |q: String, x: String, key: &'static str| {
         let ch = ch.clone();
         async move {
