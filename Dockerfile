@@ -34,8 +34,11 @@ FROM gcr.io/distroless/cc-debian12:nonroot
 LABEL org.opencontainers.image.title="deadletter-operator" \
       org.opencontainers.image.description="Parks given-up queue jobs as DeadLetter resources; redrives or drops them on a signed decision" \
       org.opencontainers.image.source="https://github.com/deadletter-operator/deadletter-operator" \
-      org.opencontainers.image.licenses="Apache-2.0"
+      org.opencontainers.image.licenses="Apache-2.0" \
+      dev.dlq.license.file="/usr/share/doc/deadletter-operator/LICENSE"
 COPY --from=build /out/deadletter-operator /out/kubectl-dlq /usr/local/bin/
+# The licence travels with the binaries (Apache-2.0, the LICENSE at the repository's root).
+COPY LICENSE /usr/share/doc/deadletter-operator/LICENSE
 USER 65532:65532
 EXPOSE 8080
 ENTRYPOINT ["/usr/local/bin/deadletter-operator"]

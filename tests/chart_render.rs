@@ -89,6 +89,26 @@ fn chart_ships_exactly_the_generated_crds() {
     );
 }
 
+#[test]
+fn chart_packages_the_repositorys_apache_license() {
+    let root = std::fs::read_to_string(workspace_root().join("LICENSE")).expect("LICENSE");
+    assert!(
+        root.contains("Apache License") && root.contains("Version 2.0, January 2004"),
+        "LICENSE is the Apache License 2.0 every manifest declares"
+    );
+    let shipped = std::fs::read_to_string(chart_dir().join("LICENSE")).expect("chart LICENSE");
+    assert!(
+        root == shipped,
+        "charts/deadletter-operator/LICENSE differs from LICENSE: copy it"
+    );
+    let chart = std::fs::read_to_string(chart_dir().join("Chart.yaml")).expect("Chart.yaml");
+    assert!(chart.contains("artifacthub.io/license: Apache-2.0"));
+    assert!(
+        chart.contains("/blob/main/LICENSE"),
+        "Chart.yaml links the LICENSE"
+    );
+}
+
 /// `helm lint --strict` of the chart with `extra` arguments.
 fn lint(extra: &[&str]) -> Output {
     run(

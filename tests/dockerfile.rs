@@ -115,8 +115,18 @@ fn dockerfile_is_hadolint_clean_and_builds_a_non_root_image() {
     let text = std::fs::read_to_string(workspace_root().join("Dockerfile")).expect("Dockerfile");
     assert_locked_multi_stage_release_build(&text);
     assert_final_stage_is_non_root(&text);
+    assert!(
+        text.contains("org.opencontainers.image.licenses=\"Apache-2.0\"")
+            && text.contains("COPY LICENSE /usr/share/doc/deadletter-operator/LICENSE")
+            && text.contains("dev.dlq.license.file=\"/usr/share/doc/deadletter-operator/LICENSE\""),
+        "the image carries its LICENSE and labels point at it"
+    );
     let ignore =
         std::fs::read_to_string(workspace_root().join(".dockerignore")).expect(".dockerignore");
+    assert!(
+        !ignore.lines().any(|l| l.trim() == "LICENSE"),
+        "the LICENSE must reach the build context"
+    );
     for entry in ["target", ".git"] {
         assert!(
             ignore.lines().any(|l| l.trim() == entry),

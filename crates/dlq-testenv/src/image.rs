@@ -31,6 +31,9 @@ pub struct FinalStage {
     /// Where `COPY --from=…` puts the binaries, and their names.
     pub copy_dest: String,
     pub copied: Vec<String>,
+    /// Files `COPY`d from the build context (the LICENSE): (path in the context, path in the
+    /// image).
+    pub context_files: Vec<(String, String)>,
 }
 
 /// The instructions of `dockerfile`, continuation lines joined, comments dropped.
@@ -111,18 +114,31 @@ impl FinalStage {
     }
 
     fn read_copy(&mut self, rest: &str) {
+        let from_stage = rest.split_whitespace().any(|w| w.starts_with("--from="));
         let words: Vec<&str> = rest
             .split_whitespace()
             .filter(|w| !w.starts_with("--"))
             .collect();
-        if let Some((dest, sources)) = words.split_last() {
-            self.copy_dest = dest.to_string();
-            self.copied.extend(
-                sources
-                    .iter()
-                    .filter_map(|s| Path::new(s).file_name()?.to_str().map(String::from)),
-            );
+        let Some((dest, sources)) = words.split_last() else {
+            return;
+        };
+        if !from_stage {
+            for source in sources {
+                let name = Path::new(source).file_name().and_then(|n| n.to_str());
+                let target = match (dest.ends_with('/'), name) {
+                    (true, Some(name)) => format!("{dest}{name}"),
+                    _ => dest.to_string(),
+                };
+                self.context_files.push((source.to_string(), target));
+            }
+            return;
         }
+        self.copy_dest = dest.to_string();
+        self.copied.extend(
+            sources
+                .iter()
+                .filter_map(|s| Path::new(s).file_name()?.to_str().map(String::from)),
+        );
     }
 
     /// The repository's Dockerfile.
@@ -450,6 +466,10 @@ pub fn operator_image(binaries: &[&Path], work: &Path, out: &Path) -> Result<Arc
         let dest = format!("{}/{name}", stage.copy_dest.trim_end_matches('/'));
         app = app.file(&dest, host, 0o755);
     }
+    let root = crate::paths::workspace_root();
+    for (source, dest) in &stage.context_files {
+        app = app.file(dest, &root.join(source), 0o644);
+    }
     build(
         OPERATOR_REPOSITORY,
         &[distroless_cc(binaries)?, app],
@@ -488,6 +508,13 @@ mod tests {
         assert_eq!(stage.runtime.exposed, ["8080/tcp"]);
         assert_eq!(stage.copy_dest, "/usr/local/bin/");
         assert_eq!(stage.copied, ["deadletter-operator", "kubectl-dlq"]);
+        assert_eq!(
+            stage.context_files,
+            [(
+                "LICENSE".to_string(),
+                "/usr/share/doc/deadletter-operator/LICENSE".to_string()
+            )]
+        );
         assert_eq!(
             stage
                 .runtime
