@@ -4,14 +4,21 @@ CARGO ?= cargo
 # Features the test suite needs: failpoints lets tests crash the operator at chosen points.
 TEST_FEATURES := deadletter-operator/failpoints
 
-.PHONY: all test fmt-check clippy crds crds-check deps-check tools cluster cluster-down demo bench
+.PHONY: all test ensure-deps fmt-check clippy crds crds-check deps-check tools cluster cluster-down demo bench
 
 all: test
 
+## install what the tests and their checks need, or say exactly what is missing (idempotent: a
+## machine that has everything is left alone in a second). Every target below that needs more
+## than Go, Rust and a C compiler depends on it, so each works on a fresh machine on its own.
+ensure-deps:
+	@bash scripts/ensure-deps.sh
+
 ## the reference scenario end to end: control plane, redis, operator, sample worker
-# Only what the demo runs: kube-apiserver and etcd (the control plane's tools), the
-# operator without the Kafka and SQS backends and jemalloc (C builds of minutes; `make test` and
-# the image keep them), kubectl-dlq, and the demo and worker examples.
+# Only what the demo runs: redis-server, kube-apiserver and etcd (the control plane's tools),
+# the operator built without its default features (the Kafka, SQS and Pub/Sub backends and the
+# jemalloc allocator: C and gRPC builds of minutes; `make test` and the image keep them),
+# kubectl-dlq, and the demo and worker examples. About 7 minutes on a fresh 2-core machine.
 DEMO_TOOLS := kube:kube-apiserver etcd
 DEMO_CARGO := --no-default-features -p deadletter-operator -p kubectl-dlq \
   --bin deadletter-operator --bin kubectl-dlq --example demo --example worker
@@ -29,8 +36,7 @@ demo:
 	@RUST_BACKTRACE=0 target/debug/examples/demo
 
 ## benchmarks against the apiserver's own ceiling (release build; BENCH_N / BENCH_C override)
-bench:
-	@bash scripts/ensure-deps.sh
+bench: ensure-deps
 	@bash tools/build.sh kube etcd >/dev/null
 	$(CARGO) build --release --workspace --bins
 	RUST_BACKTRACE=0 $(CARGO) bench -p deadletter-operator --bench operator
@@ -39,12 +45,16 @@ bench:
 
 ## every check CI runs: rustfmt, clippy -D warnings, CRDs up to date, dependency rules, the docs'
 ## links, the GitHub workflows, all tests (in-process reconciler tests, then real apiserver + brokers)
-test: tools fmt-check clippy crds-check deps-check docs-check workflows-check
+test: ensure-deps tools fmt-check clippy crds-check deps-check docs-check workflows-check
 	@# The tests run the workspace's binaries (operator, kubectl-dlq, dlq-testenv) and the demo
 	@# example, which `cargo test` alone does not build.
 	$(CARGO) build --workspace --features $(TEST_FEATURES) --bins --examples
 	@# In-process tests first, then the integration binaries in TEST_LANES (default 2) lanes.
 	@bash scripts/test-lanes.sh --workspace --features $(TEST_FEATURES) --lib --bins --tests --examples
+
+# Each check that needs an installed tool (rustfmt, clippy, shellcheck, Java, ...) depends on
+# ensure-deps, so `make -j test` and `make <check>` alone install first too.
+tools fmt-check clippy crds-check docs-check workflows-check: ensure-deps
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -91,6 +101,7 @@ tools:
 ## node (kubelet, containerd, kube-proxy; needs root): see docs/development.md. Its state (kubeconfig,
 ## log, the node's containerd socket) goes to DLQ_CLUSTER_DIR, default target/cluster
 cluster:
+	@bash scripts/ensure-deps.sh $(if $(filter 1,$(NODE)),,demo)
 	@NODE=$(NODE) bash scripts/cluster.sh up
 
 ## stop the cluster started by `make cluster`
@@ -100,8 +111,7 @@ cluster-down:
 .PHONY: chaos
 ## chaos run: kills, pauses, restarts and cut links during parking storms and replays, checked
 ## against the invariants (CHAOS_FAULTS, CHAOS_MESSAGES, CHAOS_SEED; report in target/chaos/)
-chaos:
-	@bash scripts/ensure-deps.sh
+chaos: ensure-deps
 	@bash tools/build.sh kube etcd toxiproxy >/dev/null
 	$(CARGO) build --workspace --features $(TEST_FEATURES) --bins
 	RUST_BACKTRACE=0 target/debug/dlq-chaos
@@ -127,6 +137,7 @@ image:
 ## imported into the node of `make cluster NODE=1` when one runs (the cluster at DLQ_CLUSTER_DIR,
 ## default target/cluster, as for `make cluster`); the last line is the image ref
 image-local:
+	@bash scripts/ensure-deps.sh build
 	@$(CARGO) build -q --release --locked -p deadletter-operator -p kubectl-dlq
 	@$(CARGO) build -q -p dlq-testenv --bin dlq-image
 	@sock=$${DLQ_CLUSTER_DIR:-$(CURDIR)/target/cluster}/containerd; \

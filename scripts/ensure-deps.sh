@@ -4,13 +4,16 @@
 # is left alone.
 #
 #   scripts/ensure-deps.sh        everything the test suite and CI need
-#   scripts/ensure-deps.sh demo   only what `make demo` needs: Go, cargo and redis-server
+#   scripts/ensure-deps.sh demo   only what `make demo` (and `make cluster`) needs: Go, cargo
+#                                 and redis-server
+#   scripts/ensure-deps.sh build  only what a full release build needs (`make image-local`):
+#                                 Go, cargo, and make, pkg-config and libssl-dev for librdkafka
 set -euo pipefail
 
 profile=${1:-all}
 case $profile in
-  all|demo) ;;
-  *) echo "usage: scripts/ensure-deps.sh [demo]" >&2; exit 2 ;;
+  all|demo|build) ;;
+  *) echo "usage: scripts/ensure-deps.sh [demo|build]" >&2; exit 2 ;;
 esac
 
 missing=()
@@ -49,6 +52,19 @@ if [ "$profile" = demo ]; then
   exit 0
 fi
 
+# The rdkafka crate builds librdkafka from source (make, C compiler) against system OpenSSL.
+build_pkgs() {
+  command -v make >/dev/null || pkgs+=(make)
+  command -v pkg-config >/dev/null || pkgs+=(pkg-config)
+  [ -f /usr/include/openssl/ssl.h ] || pkgs+=(libssl-dev)
+}
+if [ "$profile" = build ]; then
+  pkgs=()
+  build_pkgs
+  install_pkgs ${pkgs[@]+"${pkgs[@]}"}
+  exit 0
+fi
+
 # Debian packages for the real brokers the tests start (never a running system service).
 pkgs=()
 # chromium + chromedriver: the browser tests of `kubectl dlq ui` (tests/ui.rs)
@@ -66,11 +82,9 @@ command -v sidekiq >/dev/null || pkgs+=(ruby-sidekiq)
 command -v java >/dev/null || pkgs+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || pkgs+=(maven)
 [ -x /usr/bin/prometheus-alertmanager ] || pkgs+=(prometheus-alertmanager)
-# The rdkafka crate builds librdkafka from source (make, C compiler) against system OpenSSL;
-# the same Java runs the Kafka broker of tests/kafka.rs (tools/build.sh kafka).
-command -v make >/dev/null || pkgs+=(make)
-command -v pkg-config >/dev/null || pkgs+=(pkg-config)
-[ -f /usr/include/openssl/ssl.h ] || pkgs+=(libssl-dev)
+# librdkafka's build (above); the same Java runs the Kafka broker of tests/kafka.rs
+# (tools/build.sh kafka).
+build_pkgs
 # The real node of tests/chart_node.rs and `make cluster NODE=1` (crates/dlq-testenv/src/node.rs):
 # containerd 1.6 and runc from Debian (kubelet 1.36 is within its CRI skew), iptables for
 # kube-proxy. Never started as a service: the node runs its own containerd.
