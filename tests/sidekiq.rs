@@ -241,11 +241,12 @@ async fn a_dead_job_is_parked_and_performed_once_by_the_same_sidekiq_after_a_red
     assert_eq!(queues, vec!["default".to_string()]);
 }
 
-/// Sidekiq's own speed of filling the dead set against the operator's of draining it, then
-/// every job redriven at once and performed exactly once. `DLQ_SIDEKIQ_JOBS` sets how many
-/// (default 300).
+/// Every dead job of a burst becomes one record and, redriven at once, is performed exactly once.
+/// It reports (never asserts: a timed assertion on a shared machine is noise) Sidekiq's speed of
+/// filling the dead set against the source's of draining it; the source is the slower today
+/// (docs/backends.md). `DLQ_SIDEKIQ_JOBS` sets how many (default 300).
 #[tokio::test]
-async fn many_dead_jobs_drain_faster_than_sidekiq_fills_the_dead_set_and_each_runs_once() {
+async fn many_dead_jobs_each_become_one_record_and_each_runs_once_after_one_redrive() {
     let n: usize = std::env::var("DLQ_SIDEKIQ_JOBS")
         .ok()
         .and_then(|v| v.parse().ok())
