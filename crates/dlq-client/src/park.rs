@@ -15,7 +15,7 @@ use kube::{Api, Client, ResourceExt};
 
 use dlq_core::api::{self, DeadLetter, DeadLetterQueue, Phase};
 use dlq_core::park::{Cycle, FirstTry, first_try, job_key, new_record, next_cycle, validate};
-use dlq_core::seal::{SealError, seal};
+use dlq_core::seal::{SealError, seal_request};
 
 use crate::admission::{Admissions, AdmitError, Slot};
 pub use dlq_core::park::{KnownCycle, ParkInvalid, ParkRequest};
@@ -352,8 +352,16 @@ impl Parker {
                 Ok(Some(ParkOutcome::Parked(Box::new(created))))
             }
             // A racing parker created this cycle (then it is ours too), or the list was stale.
+            // Only a record of this very job answers for it: a name holds 32 bits of its job's
+            // key, and another job's record of the same name (or, for an own death, another
+            // message's) must never take this job's place.
             Err(kube::Error::Api(s)) if s.code == 409 => match records.get_opt(&name).await? {
-                Some(r) if r.phase() == Phase::Parked => {
+                Some(r)
+                    if r.phase() == Phase::Parked
+                        && r.spec.job.id == req.job.id
+                        && r.spec.queue == req.queue
+                        && req.answered_by(dlq_core::park::source_message(&r)) =>
+                {
                     Ok(Some(ParkOutcome::AlreadyParked(Box::new(r))))
                 }
                 _ => Ok(None),
@@ -364,17 +372,15 @@ impl Parker {
 }
 
 /// `req` with its job sealed to the queue's current recipient when the queue seals
-/// (`dlq_core::seal`), before anything reaches the apiserver; untouched otherwise. A queue that
-/// seals but publishes no recipient refuses ([`ParkError::NoRecipient`]), never plaintext.
-pub fn seal_for(queue: &DeadLetterQueue, mut req: ParkRequest) -> Result<ParkRequest, ParkError> {
+/// (`dlq_core::seal::seal_request`: its reason then quotes nothing of the message), before
+/// anything reaches the apiserver; untouched otherwise. A queue that seals but publishes no
+/// recipient refuses ([`ParkError::NoRecipient`]), never plaintext.
+pub fn seal_for(queue: &DeadLetterQueue, req: ParkRequest) -> Result<ParkRequest, ParkError> {
     if req.job.sealed.is_some() {
         return Ok(req);
     }
     match queue.seal_recipient() {
-        Some(recipient) => {
-            req.job = seal(&req.job, recipient)?;
-            Ok(req)
-        }
+        Some(recipient) => Ok(seal_request(req, recipient)?),
         None if queue.seals() => Err(ParkError::NoRecipient {
             queue: queue.name_any(),
         }),

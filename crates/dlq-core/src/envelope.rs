@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use crate::api::{FailureKind, IntentSnapshot, Job};
-use crate::park::{ParkRequest, invalid_request};
+use crate::park::{ParkRequest, invalid_request, json_error_without_values};
 
 /// The JSON a consumer pushes onto the dead list.
 #[derive(Debug, Deserialize)]
@@ -47,7 +47,7 @@ pub struct Envelope {
 pub fn request_for(queue: &str, raw: &[u8]) -> ParkRequest {
     let value = match serde_json::from_slice::<serde_json::Value>(raw) {
         Ok(v) => v,
-        Err(e) => return invalid(queue, raw, e.to_string()),
+        Err(e) => return not_json(queue, raw, &e),
     };
     if !value.is_object() {
         let shape = match value {
@@ -84,6 +84,8 @@ pub fn request_for(queue: &str, raw: &[u8]) -> ParkRequest {
                 failed_at: env.failed_at,
                 message: None,
                 redelivered: false,
+                sealed_reason: None,
+                own_death: false,
             }
         }
         Ok(_) => invalid(
@@ -91,12 +93,23 @@ pub fn request_for(queue: &str, raw: &[u8]) -> ParkRequest {
             raw,
             "envelope needs a non-empty id and exactly one of payload, payloadBase64".into(),
         ),
-        Err(e) => invalid(queue, raw, e.to_string()),
+        Err(e) => not_json(queue, raw, &e),
     }
 }
 
 fn invalid(queue: &str, raw: &[u8], why: String) -> ParkRequest {
     invalid_request(queue, raw, format!("not a dead-letter envelope: {why}"))
+}
+
+/// An Invalid record for a parse error: serde's words quote the offending value, so a sealed
+/// queue's record says what was wrong without it.
+fn not_json(queue: &str, raw: &[u8], e: &serde_json::Error) -> ParkRequest {
+    let mut req = invalid(queue, raw, e.to_string());
+    req.sealed_reason = Some(format!(
+        "not a dead-letter envelope: {}",
+        json_error_without_values(e)
+    ));
+    req
 }
 
 #[cfg(test)]
@@ -116,6 +129,37 @@ mod tests {
         assert_eq!(r.intent.unwrap().state, "failed");
         assert_eq!(r.job.headers["x-trace"], "t");
         assert!(r.failed_at.is_some());
+    }
+
+    /// A card number where a header value (a string) belongs: serde's words quote it, so the
+    /// reason a sealed queue keeps says what was wrong without it.
+    #[test]
+    fn a_parse_error_is_described_without_the_value_for_a_sealed_queue() {
+        let raw = br#"{"id":"j","payload":"p","headers":{"x-card":4242424242424242}}"#;
+        let r = request_for("relayer", raw);
+        assert_eq!(r.failure_kind, FailureKind::Invalid);
+        let sealed = r.sealed_reason.as_deref().unwrap_or_default();
+        assert_eq!(
+            sealed,
+            "not a dead-letter envelope: a value of the wrong type (expected a string)"
+        );
+        assert!(r.reason.contains("4242424242424242"), "{}", r.reason);
+        for raw in [
+            &br#"{"id":"j","payload":"p","x4242424242424242":1}"#[..],
+            br#"{"id":"j","payload":"p","failedAt":"4242424242424242"}"#,
+            br#"{"id":"j","payload":"p","failureKind":"4242424242424242"}"#,
+            br#"{"id":"j","payload":"p","deliveries":"4242424242424242"}"#,
+            br#"{"id":4242424242424242}"#,
+            b"{\"id\":\"4242424242424242\" x}",
+        ] {
+            let r = request_for("relayer", raw);
+            let sealed = r.sealed_reason.unwrap_or(r.reason);
+            assert!(!sealed.contains("4242"), "{sealed}");
+            assert!(
+                sealed.starts_with("not a dead-letter envelope: "),
+                "{sealed}"
+            );
+        }
     }
 
     #[test]

@@ -39,6 +39,17 @@ pub struct ParkRequest {
     /// probably unique, sets RabbitMQ's `redelivered` flag, so a first delivery can never be
     /// taken for an earlier, resolved death.
     pub redelivered: bool,
+    /// What [`ParkRequest::reason`] says instead on a queue that seals
+    /// (`crate::seal::seal_request`), when the reason quotes the message's bytes (a parse
+    /// error's words, a header name, the job id an Invalid message claimed): the same diagnosis
+    /// without the value, since a sealed record's reason is readable by anyone who reads
+    /// records. None: the reason quotes nothing of the message.
+    pub sealed_reason: Option<String>,
+    /// Whether every message (by `message`) is a death of its own, so a Parked record of the
+    /// same job made from another message does not answer for this one: it is parked as the
+    /// next cycle beside it. Sidekiq's dead set, whose members are distinct by their bytes
+    /// while a `jid` is not unique across them (a job enqueued twice, a client that sets jids).
+    pub own_death: bool,
 }
 
 impl ParkRequest {
@@ -56,6 +67,8 @@ impl ParkRequest {
             failed_at: None,
             message: None,
             redelivered: false,
+            sealed_reason: None,
+            own_death: false,
         }
     }
 
@@ -85,6 +98,12 @@ impl ParkRequest {
     /// The source message identity to match earlier records against, if any.
     fn reread_of(&self) -> Option<&str> {
         self.message.as_deref().filter(|_| self.redelivered)
+    }
+
+    /// Whether a Parked record of this job, parked from message `other`, answers for this
+    /// request (see [`ParkRequest::own_death`]).
+    pub fn answered_by(&self, other: Option<&str>) -> bool {
+        !self.own_death || self.message.is_none() || other == self.message.as_deref()
     }
 }
 
@@ -128,6 +147,22 @@ pub enum ParkInvalid {
 const MAX_REASON: usize = 1024;
 
 impl ParkInvalid {
+    /// The refusal in words that quote nothing of the message (no header name, no decoder's
+    /// quote of the bytes): what a sealed record's reason says (see
+    /// [`ParkRequest::sealed_reason`]).
+    pub fn without_values(&self) -> String {
+        match self {
+            ParkInvalid::BadBase64(_) => "payloadBase64 is not valid base64".into(),
+            ParkInvalid::InvalidHeaderName(_) => {
+                "invalid header name: use RFC 7230 token characters, at most 256".into()
+            }
+            ParkInvalid::InvalidHeaderValue { why, .. } => {
+                format!("a header value is invalid: {why}")
+            }
+            other => other.to_string(),
+        }
+    }
+
     /// Short, stable label for metrics (`dlq_rejected_total{reason}`).
     pub fn category(&self) -> &'static str {
         match self {
@@ -185,12 +220,17 @@ pub fn dispose(req: ParkRequest, raw: &[u8]) -> Disposition {
             truncate_chars(&req.job.id, 64)
         ),
     );
+    invalid.sealed_reason = Some(format!(
+        "cannot be parked as the job it names: {}; parked with {kept}",
+        why.without_values()
+    ));
     if let Some(h) = headers {
         invalid.job.headers = h.clone();
     }
     let mut invalid = ParkRequest {
         message: req.message,
         redelivered: req.redelivered,
+        own_death: req.own_death,
         ..invalid
     };
     // A message without a value stays one: its Invalid record says null, not empty.
@@ -261,7 +301,48 @@ pub fn after_refusal(
     }
     next.message = req.message.clone();
     next.redelivered = req.redelivered;
+    next.own_death = req.own_death;
     Some(next)
+}
+
+/// A JSON parse error in words that quote nothing of the input: serde's own words quote the
+/// offending value (``invalid type: integer `4242424242424242`, expected a string``), which a
+/// sealed record's reason must not (see [`ParkRequest::sealed_reason`]). Syntax errors are
+/// serde_json's fixed words and stay as they are; data errors keep what was wrong and what the
+/// schema expected; anything else (a custom error of a field's own parser) says only where.
+pub fn json_error_without_values(e: &serde_json::Error) -> String {
+    use serde_json::error::Category;
+    let full = e.to_string();
+    let at = if e.line() == 0 {
+        String::new()
+    } else {
+        format!(" at line {} column {}", e.line(), e.column())
+    };
+    if matches!(e.classify(), Category::Syntax | Category::Eof) {
+        return full;
+    }
+    let said = full.strip_suffix(&at).unwrap_or(&full);
+    // The schema's words come last (serde writes `<what> <value>, expected <schema>`), so
+    // the last ", expected " is the schema's even when the quoted value holds one.
+    let expected = said
+        .rfind(", expected ")
+        .map(|i| format!(" (expected {})", &said[i + ", expected ".len()..]))
+        .unwrap_or_default();
+    let what = [
+        ("invalid type", "a value of the wrong type"),
+        ("invalid value", "an invalid value"),
+        ("invalid length", "a list or map of the wrong length"),
+        ("unknown field", "an unknown field"),
+        ("unknown variant", "an unknown variant"),
+    ]
+    .into_iter()
+    .find(|(prefix, _)| said.starts_with(prefix));
+    match what {
+        Some((_, what)) => format!("{what}{expected}{at}"),
+        // Field names serde quotes here are the schema's own.
+        None if said.starts_with("missing field") || said.starts_with("duplicate field") => full,
+        None => format!("a value that could not be read{at}"),
+    }
 }
 
 /// An Invalid record of `raw` exactly. Its id comes from the bytes, so re-parking the same
@@ -343,7 +424,7 @@ fn validate_payload(job: &Job) -> Result<(), ParkInvalid> {
 }
 
 /// Headers that can travel back to any broker: token names, bounded values without CR/LF/NUL.
-fn validate_headers(headers: &BTreeMap<String, String>) -> Result<(), ParkInvalid> {
+pub fn validate_headers(headers: &BTreeMap<String, String>) -> Result<(), ParkInvalid> {
     if headers.len() > api::MAX_HEADERS {
         return Err(ParkInvalid::TooManyHeaders {
             count: headers.len(),
@@ -546,7 +627,9 @@ pub fn next_cycle<'a>(req: &ParkRequest, existing: &'a [DeadLetter]) -> Cycle<'a
     {
         return Cycle::SameMessage(record);
     }
-    if let Some(parked) = same().find(|r| r.phase() == Phase::Parked) {
+    if let Some(parked) =
+        same().find(|r| r.phase() == Phase::Parked && req.answered_by(source_message(r)))
+    {
         return Cycle::AlreadyParked(parked);
     }
     Cycle::Next(same().map(|r| r.spec.cycle).max().unwrap_or(0) + 1)
@@ -620,7 +703,9 @@ pub fn first_try(req: &ParkRequest, known: Option<&[KnownCycle]>) -> FirstTry {
     {
         return FirstTry::SameMessage(record.name.clone());
     }
-    if let Some(parked) = same().find(|k| k.phase == Phase::Parked) {
+    if let Some(parked) =
+        same().find(|k| k.phase == Phase::Parked && req.answered_by(k.message.as_deref()))
+    {
         return FirstTry::Confirm(parked.name.clone());
     }
     FirstTry::Create(same().map(|k| k.cycle).max().unwrap_or(0) + 1)
@@ -787,6 +872,65 @@ mod tests {
         assert!(matches!(dispose(req(), b"{}"), Disposition::Park(r) if *r == req()));
     }
 
+    /// What a request that fails validation quotes of the message (the job id it claims, a
+    /// header name) is left out of the reason a sealed queue keeps.
+    #[test]
+    fn an_invalid_request_has_a_reason_without_its_values_for_a_sealed_queue() {
+        let mut bad = req();
+        bad.job.id = "pan 6011111111111117".into();
+        bad.job
+            .headers
+            .insert("x pan 6011111111111117".into(), "v".into());
+        let Disposition::Park(parked) = dispose(bad, b"raw") else {
+            panic!("fits in a record");
+        };
+        assert!(
+            parked.reason.contains("6011111111111117"),
+            "{}",
+            parked.reason
+        );
+        let sealed = parked.sealed_reason.unwrap_or_default();
+        assert_eq!(
+            sealed,
+            "cannot be parked as the job it names: invalid header name: use RFC 7230 token characters, at most 256; parked with its exact bytes"
+        );
+        let mut bad = req();
+        bad.job
+            .headers
+            .insert("x-pan".into(), "6011111111111117\n".into());
+        let Disposition::Park(parked) = dispose(bad, b"raw") else {
+            panic!("fits in a record");
+        };
+        let sealed = parked.sealed_reason.unwrap_or_default();
+        assert!(
+            sealed.contains("a header value is invalid: contains CR, LF or NUL")
+                && !sealed.contains("x-pan"),
+            "{sealed}"
+        );
+    }
+
+    #[test]
+    fn json_errors_are_described_without_the_input() {
+        let parse = |raw: &str| {
+            serde_json::from_str::<BTreeMap<String, String>>(raw).expect_err("not a map")
+        };
+        assert_eq!(
+            json_error_without_values(&parse(r#"{"a":4242424242424242}"#)),
+            "a value of the wrong type (expected a string) at line 1 column 21"
+        );
+        assert_eq!(
+            json_error_without_values(&parse(r#"{"a":"4242, expected 1" 1}"#)),
+            "expected `,` or `}` at line 1 column 25",
+            "syntax errors are serde_json's fixed words"
+        );
+        let custom = serde_json::from_str::<jiff::Timestamp>(r#""4242424242424242""#)
+            .expect_err("not a time");
+        assert_eq!(
+            json_error_without_values(&custom),
+            "a value that could not be read at line 1 column 18"
+        );
+    }
+
     #[test]
     fn only_what_can_never_be_a_record_is_rejected() {
         let raw = vec![b'x'; api::MAX_PAYLOAD_BYTES + 1];
@@ -897,6 +1041,35 @@ mod tests {
             panic!("an invalid request is parked as Invalid")
         };
         assert_eq!(invalid.message, req.message);
+    }
+
+    #[test]
+    fn an_own_death_beside_a_parked_record_of_its_job_is_the_next_cycle() {
+        let mut second = req().with_message("sidekiq#2");
+        second.own_death = true;
+        let mut first = known(1, Phase::Parked);
+        first.message = Some("sidekiq#1".into());
+        assert_eq!(
+            first_try(&second, Some(std::slice::from_ref(&first))),
+            FirstTry::Create(2)
+        );
+        let mut parked = new_record(&req().with_message("sidekiq#1"), 1);
+        parked.status = None;
+        assert!(matches!(
+            next_cycle(&second, std::slice::from_ref(&parked)),
+            Cycle::Next(2)
+        ));
+        // Its own record, re-read, still answers for it; without the flag the Parked one does.
+        let again = new_record(&second, 2);
+        assert!(matches!(
+            next_cycle(&second, &[parked.clone(), again]),
+            Cycle::SameMessage(_)
+        ));
+        second.own_death = false;
+        assert!(matches!(
+            next_cycle(&second, &[parked]),
+            Cycle::AlreadyParked(_)
+        ));
     }
 
     #[test]

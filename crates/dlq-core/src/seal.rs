@@ -20,6 +20,7 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 
 use crate::api::{DeadLetter, Job, SealedJob};
+use crate::park::ParkRequest;
 
 /// Longest `sealed.ciphertext` (base64): a 256 KiB payload with 64 headers of 8 KiB, as JSON,
 /// sealed and encoded, fits.
@@ -201,6 +202,19 @@ pub fn seal(job: &Job, recipient: &str) -> Result<Job, SealError> {
     Ok(sealed)
 }
 
+/// `req` as a queue that seals parks it: its job sealed to `recipient` ([`seal`]), and its
+/// reason one that quotes nothing of the message's bytes, since the reason stays readable: the
+/// request's [`ParkRequest::sealed_reason`] when it has one, and card numbers masked in
+/// whatever reason is left (a consumer's own words may quote one).
+pub fn seal_request(mut req: ParkRequest, recipient: &str) -> Result<ParkRequest, SealError> {
+    req.job = seal(&req.job, recipient)?;
+    if let Some(reason) = req.sealed_reason.take() {
+        req.reason = reason;
+    }
+    req.reason = crate::mask::mask_cards(&req.reason);
+    Ok(req)
+}
+
 /// The one entry point for opening a record: its job with the content restored exactly as it
 /// was parked (payload bytes and headers byte for byte), opened with the key of the record's
 /// recipient from `keyring` (the queue's identities). A job that is not sealed comes back as
@@ -231,8 +245,13 @@ pub fn open_job(job: &Job, keyring: &Keyring) -> Result<Job, OpenError> {
         .decode(&sealed.ciphertext)
         .map_err(|e| corrupt(format!("ciphertext is not base64: {e}")))?;
     let plaintext = age::decrypt(identity, &file).map_err(|e| corrupt(e.to_string()))?;
-    let content: Content = serde_json::from_slice(&plaintext)
-        .map_err(|e| corrupt(format!("sealed content is not a job's content: {e}")))?;
+    // serde's own words would quote the opened content: say only what was wrong.
+    let content: Content = serde_json::from_slice(&plaintext).map_err(|e| {
+        corrupt(format!(
+            "sealed content is not a job's content: {}",
+            crate::park::json_error_without_values(&e)
+        ))
+    })?;
     let mut opened = job.clone();
     opened.sealed = None;
     content.put_into(&mut opened);
@@ -326,6 +345,24 @@ mod tests {
         assert!(sealed.payload.is_none() && sealed.headers.is_empty());
         assert_eq!(sealed.id, "pi_0003/settle");
         assert_eq!(open(&record(sealed), &keys).unwrap(), job());
+    }
+
+    /// Nothing read from the message's bytes reaches a sealed record's readable reason: an
+    /// Invalid envelope's parse error is described without the value, and a consumer's own
+    /// reason has its card numbers masked.
+    #[test]
+    fn a_sealed_request_keeps_no_card_number_in_its_reason() {
+        let (_, recipient) = generate_identity();
+        let raw = br#"{"id":"j","payload":"p","headers":{"x-card":4242424242424242}}"#;
+        let invalid =
+            seal_request(crate::envelope::request_for("relayer", raw), &recipient).unwrap();
+        assert!(!invalid.reason.contains("4242"), "{}", invalid.reason);
+        assert!(invalid.reason.contains("wrong type"), "{}", invalid.reason);
+        assert!(invalid.job.sealed.is_some() && invalid.job.payload.is_none());
+        let mut told = ParkRequest::new("relayer", job());
+        told.reason = "card 4242424242424242 declined".into();
+        let told = seal_request(told, &recipient).unwrap();
+        assert_eq!(told.reason, "card 424242******4242 declined");
     }
 
     #[test]

@@ -7,7 +7,7 @@
 use serde::Deserialize;
 
 use crate::api::{FailureKind, Job, Origin};
-use crate::park::{ParkRequest, invalid_request};
+use crate::park::{ParkRequest, invalid_request, json_error_without_values};
 
 /// Longest reason a record holds (its schema's bound).
 const MAX_REASON_CHARS: usize = 1024;
@@ -39,11 +39,11 @@ pub fn request_for(queue: &str, raw: &[u8]) -> ParkRequest {
     let job = match serde_json::from_slice::<serde_json::Value>(raw) {
         Ok(v) if v.is_object() => serde_json::from_value::<DeadJob>(v),
         Ok(_) => return invalid(queue, raw, "not a JSON object".into()),
-        Err(e) => return invalid(queue, raw, e.to_string()),
+        Err(e) => return not_json(queue, raw, &e),
     };
     let job = match job {
         Ok(job) => job,
-        Err(e) => return invalid(queue, raw, e.to_string()),
+        Err(e) => return not_json(queue, raw, &e),
     };
     if job.jid.trim().is_empty() {
         return invalid(queue, raw, "its jid is empty".into());
@@ -72,6 +72,8 @@ pub fn request_for(queue: &str, raw: &[u8]) -> ParkRequest {
         .and_then(crate::group::bounded_error_class);
     req.failure_kind = FailureKind::Transient;
     req.failed_at = job.failed_at.and_then(timestamp);
+    // Two members of the dead set are two deaths (their bytes differ), even with one jid.
+    req.own_death = true;
     req
 }
 
@@ -144,6 +146,17 @@ fn invalid(queue: &str, raw: &[u8], why: String) -> ParkRequest {
     invalid_request(queue, raw, format!("not a Sidekiq job: {why}"))
 }
 
+/// An Invalid record for a parse error: serde's words quote the offending value, so a sealed
+/// queue's record says what was wrong without it.
+fn not_json(queue: &str, raw: &[u8], e: &serde_json::Error) -> ParkRequest {
+    let mut req = invalid(queue, raw, e.to_string());
+    req.sealed_reason = Some(format!(
+        "not a Sidekiq job: {}",
+        json_error_without_values(e)
+    ));
+    req
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,6 +181,19 @@ mod tests {
         assert_eq!(origin.queue.as_deref(), Some("payments"));
         assert_eq!(origin.class.as_deref(), Some("SettleJob"));
         assert_eq!(job_queue(DEAD).as_deref(), Ok("payments"));
+    }
+
+    /// serde's words for a jid that is a number quote it: the reason a sealed queue keeps
+    /// does not.
+    #[test]
+    fn a_job_that_does_not_parse_is_described_without_its_values_for_a_sealed_queue() {
+        let r = request_for("relayer", br#"{"jid":4242424242424242,"queue":"q"}"#);
+        assert_eq!(r.failure_kind, FailureKind::Invalid);
+        assert!(r.reason.contains("4242424242424242"), "{}", r.reason);
+        assert_eq!(
+            r.sealed_reason.as_deref(),
+            Some("not a Sidekiq job: a value of the wrong type (expected a string)")
+        );
     }
 
     #[test]
