@@ -53,9 +53,26 @@ fn row(g: &DeadLetterGroup, with_ns: bool) -> Vec<String> {
         or_dash(format!("{}/min", s.rate_per_minute)),
         or_dash(s.tier.as_str().to_string()),
         ack,
-        s.template,
+        visible(&s.template),
     ]);
     row
+}
+
+/// A template as a person can tell it apart from every other: each character outside
+/// printable ASCII written as its code point (`\u{43e}`), so a Cyrillic `о` never reads as a
+/// Latin `o`, and a control character or an invisible one (a zero-width space, a direction
+/// override) shows where it is. The backslash itself is doubled, so nothing reads as an escape
+/// that is not one.
+pub fn visible(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            ' '..='~' => out.push(c),
+            other => out.push_str(&format!("\\u{{{:x}}}", u32::from(other))),
+        }
+    }
+    out
 }
 
 /// Who acknowledged the group; `(new failures)` once that no longer silences it (parked count
@@ -125,6 +142,21 @@ mod tests {
             ..Default::default()
         });
         g
+    }
+
+    /// Latin `o` against Cyrillic `о`: two groups whose templates look alike print apart.
+    #[test]
+    fn look_alike_templates_print_apart() {
+        let mut latin = group("l", 1, 0, Tier::Info);
+        let mut cyrillic = group("c", 1, 0, Tier::Info);
+        if let (Some(l), Some(c)) = (latin.status.as_mut(), cyrillic.status.as_mut()) {
+            l.template = "timeout talking to payer <hex>".into();
+            c.template = "timeout talking t\u{43e} payer <hex>".into();
+        }
+        let (l, c) = (row(&latin, false), row(&cyrillic, false));
+        assert_eq!(l[8], "timeout talking to payer <hex>");
+        assert_eq!(c[8], "timeout talking t\\u{43e} payer <hex>");
+        assert_eq!(visible("a\\u{43e}\u{200b}\t"), "a\\\\u{43e}\\u{200b}\\u{9}");
     }
 
     #[test]
