@@ -101,8 +101,8 @@ pub fn status(code: u16, reason: &str, message: &str) -> Value {
 }
 
 /// The `DeadLetterPayload` of `record`, whose job `opened` is (`seal::open`), in `view`; masked,
-/// card numbers in the payload (text or binary) and header values and the values at
-/// `mask_paths` (a JSON payload) are masked.
+/// card numbers in the payload (text or binary) and in header names and values, and the values
+/// at `mask_paths` (a JSON payload) are masked.
 pub fn payload_object(
     record: &DeadLetter,
     opened: &Job,
@@ -143,18 +143,22 @@ pub fn payload_object(
     if opened.payload_null {
         fields.insert("payloadNull".into(), json!(true));
     }
-    let headers: serde_json::Map<String, Value> = opened
-        .headers
-        .iter()
-        .map(|(k, v)| {
-            let shown = if masked {
-                mask::mask_cards(v)
-            } else {
-                v.clone()
-            };
-            (k.clone(), json!(shown))
-        })
-        .collect();
+    let mut headers = serde_json::Map::new();
+    for (name, value) in &opened.headers {
+        if !masked {
+            headers.insert(name.clone(), json!(value));
+            continue;
+        }
+        // A name can carry a card number too; two names masked alike both stay shown.
+        let mut shown = mask::mask_cards(name);
+        let base = shown.clone();
+        let mut n = 1;
+        while headers.contains_key(&shown) {
+            n += 1;
+            shown = format!("{base} ({n})");
+        }
+        headers.insert(shown, json!(mask::mask_cards(value)));
+    }
     if !headers.is_empty() {
         fields.insert("headers".into(), Value::Object(headers));
     }
@@ -179,6 +183,19 @@ pub fn revealed_event(user: &str, view: View) -> EventPlan {
         format!("payload revealed to {user} ({})", view.name()),
     )
     .once()
+}
+
+/// The Event a reveal writes on a record it could not open (`why`: the key is gone, or the
+/// ciphertext is damaged): a Warning naming who asked, which view, and why (never the payload).
+pub fn unopenable_event(user: &str, view: View, why: &crate::seal::OpenError) -> EventPlan {
+    EventPlan::warning(
+        reason::REVEAL_FAILED,
+        action::REVEAL,
+        format!(
+            "payload could not be revealed to {user} ({}): {why}",
+            view.name()
+        ),
+    )
 }
 
 #[cfg(test)]
@@ -216,6 +233,26 @@ mod tests {
         let raw = payload_object(&r, &job, View::Unmasked, &paths);
         assert_eq!(raw["payload"], r#"{"pan":"4111111111111111","name":"Ada"}"#);
         assert_eq!(raw["headers"]["x-card"], "4111 1111 1111 1111");
+    }
+
+    #[test]
+    fn the_masked_view_masks_card_numbers_in_header_names_and_keeps_every_header() {
+        let r = record("r1");
+        let mut job = r.spec.job.clone();
+        job.headers
+            .insert("x-pan-6011111111111117".into(), "a".into());
+        job.headers
+            .insert("x-pan-6011110000091117".into(), "b".into());
+        let masked = payload_object(&r, &job, View::Masked, &[]);
+        let shown = masked["headers"].to_string();
+        assert!(!shown.contains("6011111111111117"), "{shown}");
+        let headers = masked["headers"].as_object().expect("headers");
+        assert_eq!(headers.len(), job.headers.len(), "{shown}");
+        // In the names' order: ...0000091117 before ...1111111117.
+        assert_eq!(headers["x-pan-601111******1117"], "b");
+        assert_eq!(headers["x-pan-601111******1117 (2)"], "a");
+        let raw = payload_object(&r, &job, View::Unmasked, &[]);
+        assert_eq!(raw["headers"]["x-pan-6011111111111117"], "a");
     }
 
     #[test]

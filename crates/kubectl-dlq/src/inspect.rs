@@ -9,6 +9,8 @@ use dlq_core::api::{
     DeadLetter, DeadLetterQueue, Job, KindCounts, LABEL_FAILURE_KIND, LABEL_QUEUE, Phase,
 };
 
+use dlq_core::mask::mask_cards;
+
 use crate::lookup;
 use crate::session::{CliError, Global, connect};
 
@@ -127,13 +129,13 @@ pub fn row(r: &DeadLetter, with_ns: bool) -> Vec<String> {
         r.spec
             .intent
             .as_ref()
-            .map_or("-".into(), |i| i.state.clone()),
+            .map_or("-".into(), |i| mask_cards(&i.state)),
         r.spec
             .by
             .clone()
             .filter(|b| !b.is_empty())
             .unwrap_or_else(|| "-".into()),
-        r.spec.reason.clone(),
+        mask_cards(&r.spec.reason),
     ]);
     row
 }
@@ -302,7 +304,9 @@ fn kv(out: &mut String, k: &str, v: impl std::fmt::Display) {
     out.push_str(&format!("{k:<16}{v}\n"));
 }
 
-/// What was parked and why: name, job, queue, cycle, phase, failure, intent snapshot.
+/// What was parked and why: name, job, queue, cycle, phase, failure, intent snapshot. The
+/// reason and the intent are never sealed, and are shown with card numbers masked like the
+/// payload (`-o yaml` keeps them as they are).
 fn show_facts(out: &mut String, r: &DeadLetter, ns: &str, cycles: usize) {
     let s = &r.spec;
     kv(out, "Name:", r.name_any());
@@ -313,14 +317,14 @@ fn show_facts(out: &mut String, r: &DeadLetter, ns: &str, cycles: usize) {
     kv(out, "Phase:", r.phase().as_str());
     kv(out, "Failure kind:", format!("{:?}", s.failure_kind));
     kv(out, "Deliveries:", s.deliveries);
-    kv(out, "Reason:", &s.reason);
+    kv(out, "Reason:", mask_cards(&s.reason));
     kv(out, "Failed at:", s.failed_at.0);
     kv(out, "Service:", s.service_version.as_deref().unwrap_or("-"));
     kv(
         out,
         "Intent:",
         s.intent.as_ref().map_or("-".into(), |i| {
-            format!("{} was {} when parked", i.id, i.state)
+            mask_cards(&format!("{} was {} when parked", i.id, i.state))
         }),
     );
 }
@@ -378,6 +382,17 @@ impl Masking {
             Masking::None => text.to_string(),
         }
     }
+
+    /// A binary payload's base64, card numbers masked in the bytes before encoding (base64 of
+    /// the bytes as they are decodes to the whole number).
+    fn binary(&self, bytes: &[u8]) -> String {
+        use base64::Engine;
+        let engine = base64::engine::general_purpose::STANDARD;
+        match self {
+            Masking::Cards(_) => engine.encode(dlq_core::mask::mask_card_bytes(bytes)),
+            Masking::None => engine.encode(bytes),
+        }
+    }
 }
 
 /// The job's headers and payload: UTF-8 as text, anything else as its base64; card numbers and
@@ -396,7 +411,7 @@ fn show_job(out: &mut String, job: &Job, masking: &Masking) {
     } else {
         job.headers
             .iter()
-            .map(|(k, v)| format!("{k}={}", masking.header(v)))
+            .map(|(k, v)| format!("{}={}", masking.header(k), masking.header(v)))
             .collect::<Vec<_>>()
             .join(", ")
     };
@@ -408,7 +423,7 @@ fn show_job(out: &mut String, job: &Job, masking: &Masking) {
         Err(_) => format!(
             "({} bytes, binary; base64)\n{}",
             bytes.len(),
-            job.payload_base64.as_deref().unwrap_or_default()
+            masking.binary(&bytes)
         ),
     };
     kv(out, "Payload:", payload);
@@ -667,6 +682,52 @@ mod tests {
             out.contains("x-card=4111111111111111") && out.contains("Ada"),
             "{out}"
         );
+    }
+
+    /// A binary payload's base64 decodes to its card number masked, a header's name is masked
+    /// like its value, and so are the reason and the intent (never sealed).
+    #[test]
+    fn show_masks_binary_payloads_header_names_reasons_and_intents() {
+        use base64::Engine;
+        let engine = base64::engine::general_purpose::STANDARD;
+        let mut job = Job::from_bytes("j", b"\xff\x00pan=4242424242424242;");
+        job.headers
+            .insert("x-pan-6011111111111117".into(), "v".into());
+        let mut out = String::new();
+        show_job(&mut out, &job, &Masking::Cards(Vec::new()));
+        let shown = out
+            .lines()
+            .skip_while(|l| !l.contains("binary; base64"))
+            .nth(1)
+            .unwrap_or_default();
+        let decoded = engine.decode(shown.trim()).expect("base64");
+        assert_eq!(decoded, b"\xff\x00pan=424242******4242;");
+        assert!(out.contains("x-pan-601111******1117=v"), "{out}");
+        assert!(!out.contains("6011111111111117"), "{out}");
+        let mut exact = String::new();
+        show_job(&mut exact, &job, &Masking::None);
+        assert!(
+            exact.contains(job.payload_base64.as_deref().unwrap_or("?")),
+            "{exact}"
+        );
+
+        let mut req = dlq_core::park::ParkRequest::new("q", Job::from_bytes("j", b"{}"));
+        req.reason = "card 4000056655665556 declined".into();
+        req.intent = Some(dlq_core::api::IntentSnapshot {
+            id: "card-4000056655665556".into(),
+            state: "failed".into(),
+        });
+        let r = dlq_core::park::new_record(&req, 1);
+        let mut facts = String::new();
+        show_facts(&mut facts, &r, "ns", 1);
+        assert!(!facts.contains("4000056655665556"), "{facts}");
+        assert!(
+            facts.contains("card-400005******5556 was failed"),
+            "{facts}"
+        );
+        assert!(facts.contains("card 400005******5556 declined"), "{facts}");
+        let listed = row(&r, false).join(" ");
+        assert!(!listed.contains("4000056655665556"), "{listed}");
     }
 
     #[test]

@@ -17,6 +17,7 @@ use serde_json::json;
 use dlq_core::api::{DeadLetter, DeadLetterQueue, LABEL_QUEUE, Phase};
 use dlq_core::group::LABEL_GROUP;
 use dlq_core::groups::DeadLetterGroup;
+use dlq_core::mask::mask_cards;
 
 use super::Ui;
 use super::view::{self, Filter, PAGE, Payload, Snapshot};
@@ -172,7 +173,7 @@ async fn failure_groups(ui: &Ui) -> Markup {
                         tr data-group=(fingerprint) {
                             td { (g.namespace().unwrap_or_default()) }
                             td { (queue) }
-                            td { a.group href=(format!("/records?queue={queue}&group={fingerprint}")) { (s.template) } }
+                            td { a.group href=(format!("/records?queue={queue}&group={fingerprint}")) { (crate::groups_cmd::visible(&s.template)) } }
                             td { (s.failure_kind.map_or("-", |k| k.as_str())) }
                             td { (s.service_version.as_deref().unwrap_or("-")) }
                             td.num { (s.parked) }
@@ -289,9 +290,9 @@ fn row(r: &DeadLetter, deciding: bool) -> Markup {
             td { a href=(format!("/r/{}/{}", snap.namespace, snap.name)) { (s.job.id) } }
             td.num { (s.deliveries) }
             td class=(format!("phase {}", r.phase().as_str().to_lowercase())) { (r.phase().as_str()) }
-            td { (s.intent.as_ref().map_or("-", |i| i.state.as_str())) }
+            td { (s.intent.as_ref().map_or("-".into(), |i| mask_cards(&i.state))) }
             td { (s.by.as_deref().unwrap_or("-")) }
-            td.reason { (s.reason) }
+            td.reason { (mask_cards(&s.reason)) }
             td { (s.queue) }
             td { (s.failure_kind.label()) }
             td { (age) }
@@ -337,11 +338,11 @@ pub async fn record(
         }
         h2 { "Headers" }
         @if r.spec.job.sealed.is_some() { p.muted #headers { "sealed" } }
-        @else { table #headers { @for (k, v) in &r.spec.job.headers { tr { th { (k) } td { (dlq_core::mask::mask_cards(v)) } } } } }
+        @else { table #headers { @for (k, v) in &r.spec.job.headers { tr { th { (mask_cards(k)) } td { (mask_cards(v)) } } } } }
         h2 { "Every cycle of this job" }
         table #cycles { @for c in &cycles { tr {
             td { a href=(format!("/r/{}/{}", ns, c.name_any())) { "cycle " (c.spec.cycle) } }
-            td { (c.phase().as_str()) } td { (c.spec.failed_at.0) } td { (c.spec.reason) } } } }
+            td { (c.phase().as_str()) } td { (c.spec.failed_at.0) } td { (mask_cards(&c.spec.reason)) } } } }
         h2 { "Conditions" }
         table #conditions { @for c in r.status.iter().flat_map(|s| &s.conditions) { tr {
             td { (c.type_) } td { (c.status) } td { (c.reason) } td { (c.message) } td { (c.last_transition_time.0) } } } }
@@ -380,7 +381,7 @@ fn revealed_part(fetched: Result<crate::reveal::Revealed, crate::session::CliErr
             };
             html! {
                 p.muted { (kind) } pre #revealed-payload { (text) }
-                table #revealed-headers { @for (k, v) in &job.headers { tr { th { (k) } td { (dlq_core::mask::mask_cards(v)) } } } }
+                table #revealed-headers { @for (k, v) in &job.headers { tr { th { (mask_cards(k)) } td { (mask_cards(v)) } } } }
             }
         }
         Err(e) => html! { p.error #reveal-refused { (e) } },
@@ -399,10 +400,10 @@ fn facts(r: &DeadLetter) -> Markup {
             dt { "Cycle" } dd { (s.cycle) }
             dt { "Failure kind" } dd { (s.failure_kind.label()) }
             dt { "Deliveries" } dd { (s.deliveries) }
-            dt { "Reason" } dd #reason { (s.reason) }
+            dt { "Reason" } dd #reason { (mask_cards(&s.reason)) }
             dt { "Failed at" } dd { (s.failed_at.0) }
             dt { "Service version" } dd { (s.service_version.as_deref().unwrap_or("-")) }
-            dt { "Intent when parked" } dd { (s.intent.as_ref().map_or("-".into(), |i| format!("{} was {}", i.id, i.state))) }
+            dt { "Intent when parked" } dd { (s.intent.as_ref().map_or("-".into(), |i| mask_cards(&format!("{} was {}", i.id, i.state)))) }
             dt { "Decision" } dd #decision { (match (&s.action, &s.by) {
                 (Some(a), Some(by)) => format!("{a:?} by {by}").to_lowercase(), _ => "none yet".into() }) }
             dt { "Note" } dd { (s.note.as_deref().unwrap_or("-")) }

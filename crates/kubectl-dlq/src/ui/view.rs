@@ -144,8 +144,9 @@ pub fn payload(job: &Job, mask: &[String]) -> Payload {
             }
             _ => Payload::Text(dlq_core::mask::mask_cards(text)),
         },
+        // Masked before the dump: a card number's digits read back from their hex all the same.
         Err(_) => Payload::Hex(
-            bytes
+            dlq_core::mask::mask_card_bytes(&bytes)
                 .chunks(16)
                 .enumerate()
                 .map(|(i, c)| format!("{:08x}  {}", i * 16, hex_bytes(c)))
