@@ -221,8 +221,14 @@ enum RevealError {
     },
     #[error("deadletter {name} not found in namespace {namespace}")]
     NotFound { namespace: String, name: String },
-    #[error(transparent)]
-    Open(#[from] OpenError),
+    /// The record exists but cannot be opened: its key is gone or its ciphertext is damaged.
+    /// Asking again does not help until the record or its key is fixed.
+    #[error("deadletter {name} in namespace {namespace} cannot be opened: {why}")]
+    Open {
+        namespace: String,
+        name: String,
+        why: OpenError,
+    },
     #[error("asking the apiserver: {0}")]
     Apiserver(#[source] kube::Error),
 }
@@ -232,9 +238,9 @@ impl RevealError {
         let (code, reason) = match self {
             RevealError::Forbidden { .. } => (403, "Forbidden"),
             RevealError::NotFound { .. } => (404, "NotFound"),
-            // The key is gone: asking again does not help until it is back.
-            RevealError::Open(OpenError::KeyMissing { .. }) => (409, "Conflict"),
-            RevealError::Open(OpenError::Corrupt { .. }) => (500, "InternalError"),
+            // The key is gone, or the ciphertext damaged: a state of the record, not a fault of
+            // the server; asking again does not help until the key or the record is fixed.
+            RevealError::Open { .. } => (409, "Conflict"),
             RevealError::Apiserver(_) => (503, "ServiceUnavailable"),
         };
         Answer::refused(code, reason, self)
@@ -263,7 +269,17 @@ impl RevealApi {
             }
             _ => Default::default(),
         };
-        let opened = dlq_core::seal::open(&record, &keyring)?;
+        let opened = match dlq_core::seal::open(&record, &keyring) {
+            Ok(opened) => opened,
+            Err(why) => {
+                self.refuse_unopenable(caller, &record, view, &why).await;
+                return Err(RevealError::Open {
+                    namespace: namespace.into(),
+                    name: name.into(),
+                    why,
+                });
+            }
+        };
         let object = reveal::payload_object(&record, &opened, view, &mask_paths);
         self.announce(caller, &record, view).await;
         Ok(object)
@@ -325,6 +341,27 @@ impl RevealApi {
         api.get_opt(name).await.map_err(RevealError::Apiserver)
     }
 
+    /// The `RevealFailed` Warning on a record that could not be opened, and a log line.
+    async fn refuse_unopenable(
+        &self,
+        caller: &UserInfo,
+        record: &DeadLetter,
+        view: View,
+        why: &OpenError,
+    ) {
+        let user = caller.username.clone().unwrap_or_default();
+        let plan = reveal::unopenable_event(&user, view, why);
+        tracing::warn!(namespace = ?record.metadata.namespace, record = ?record.metadata.name, %user, ?view, error = %why, "payload could not be revealed");
+        dlq_client::events::publish(
+            &self.client,
+            &self.recorder,
+            &self.reporter,
+            &record.object_ref(&()),
+            &plan,
+        )
+        .await;
+    }
+
     /// The `PayloadRevealed` Event on the record, and a log line (user and record, no payload).
     async fn announce(&self, caller: &UserInfo, record: &DeadLetter, view: View) {
         let user = caller.username.clone().unwrap_or_default();
@@ -344,6 +381,37 @@ impl RevealApi {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A record the operator cannot open (damaged ciphertext, or its key gone) is a state of
+    /// that record: 409 naming it, never a 500.
+    #[test]
+    fn an_unopenable_record_is_a_conflict_naming_it() {
+        for why in [
+            OpenError::Corrupt {
+                job: "j".into(),
+                recipient: "age1x".into(),
+                why: "header is invalid".into(),
+            },
+            OpenError::KeyMissing {
+                job: "j".into(),
+                recipient: "age1x".into(),
+            },
+        ] {
+            let Answer(code, body) = RevealError::Open {
+                namespace: "pay".into(),
+                name: "j-1a2b3c4d-1".into(),
+                why,
+            }
+            .answer();
+            assert_eq!(code, StatusCode::CONFLICT);
+            assert_eq!(body["reason"], "Conflict");
+            let message = body["message"].as_str().unwrap_or_default();
+            assert!(
+                message.starts_with("deadletter j-1a2b3c4d-1 in namespace pay cannot be opened"),
+                "{message}"
+            );
+        }
+    }
 
     #[test]
     fn paths_route_to_discovery_the_payload_or_nowhere() {

@@ -32,6 +32,9 @@ pub mod reason {
     pub const DEAD_SET_NEAR_TRIM: &str = "DeadSetNearTrim";
     /// Someone read a record's payload through the reveal API (`deadletterpayloads`).
     pub const PAYLOAD_REVEALED: &str = "PayloadRevealed";
+    /// A reveal of a record's payload found it unopenable (its key is gone, or its ciphertext
+    /// is damaged): the record stays as it is, and whoever asked hears why.
+    pub const REVEAL_FAILED: &str = "RevealFailed";
 }
 
 /// Event actions (what the reporter was doing).
