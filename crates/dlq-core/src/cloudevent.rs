@@ -80,6 +80,10 @@ pub enum CeError {
     EmptyBatch,
     #[error("{0}")]
     Unparkable(String),
+    #[error(
+        "header {0:?} is not ASCII text, and a record keeps headers as text: refused rather than parked without it (CloudEvents' HTTP binding percent-encodes other characters)"
+    )]
+    UnreadableHeader(String),
 }
 
 impl CeError {
@@ -89,7 +93,10 @@ impl CeError {
             CeError::MethodNotAllowed => 405,
             CeError::TooLarge { .. } => 413,
             CeError::Encoded(_) => 415,
-            CeError::BatchTooLong { .. } | CeError::EmptyBatch | CeError::Unparkable(_) => 400,
+            CeError::BatchTooLong { .. }
+            | CeError::EmptyBatch
+            | CeError::Unparkable(_)
+            | CeError::UnreadableHeader(_) => 400,
         }
     }
 }
@@ -113,6 +120,30 @@ impl HttpRequest<'_> {
             .and_then(|c| c.split(';').next())
             .map(|m| m.trim().to_ascii_lowercase())
             .unwrap_or_default()
+    }
+}
+
+/// Refuses a request whose header the record would keep arrived as bytes that are not text
+/// (`unreadable`: their names; `headers`: the readable ones). Parked without it, the event
+/// would lose it silently; headers the endpoint never keeps do not matter.
+pub fn refuse_unreadable(
+    headers: &BTreeMap<String, String>,
+    unreadable: &[String],
+) -> Result<(), CeError> {
+    let binary = headers.contains_key("ce-specversion");
+    match unreadable.iter().find(|n| keeps_header(binary, n)) {
+        Some(name) => Err(CeError::UnreadableHeader(name.clone())),
+        None => Ok(()),
+    }
+}
+
+/// Whether a record of a request keeps header `name` (lower case): a binary-mode event its
+/// `ce-*` and `content-type`, a plain body all but HTTP's and the endpoint's own.
+fn keeps_header(binary: bool, name: &str) -> bool {
+    if binary {
+        name.starts_with("ce-") || name == "content-type"
+    } else {
+        !HTTP_MANAGED.contains(&name) && !NOT_KEPT.contains(&name) && !name.starts_with("x-dlq-")
     }
 }
 
@@ -175,7 +206,7 @@ struct Attributes {
 fn binary(queue: &str, req: &HttpRequest<'_>) -> Incoming {
     let mut headers = BTreeMap::new();
     for (name, value) in &req.headers {
-        if name.starts_with("ce-") || name == "content-type" {
+        if keeps_header(true, name) {
             headers.insert(name.clone(), value.clone());
         }
     }
@@ -221,16 +252,17 @@ fn structured(queue: &str, body: &[u8]) -> Incoming {
 
 /// Batched mode: a JSON array of structured events, each its own record.
 fn batched(queue: &str, body: &[u8]) -> Result<Vec<Incoming>, CeError> {
-    let events: Vec<serde_json::Value> = match serde_json::from_slice(body) {
-        Ok(serde_json::Value::Array(events)) => events,
-        Ok(_) => {
-            return Ok(vec![not_an_event(
-                queue,
-                body,
-                "a CloudEvents batch is a JSON array",
-            )]);
+    // Each event as the exact text the sender wrote: parsed into values, a number such as
+    // 12345678901234567890.12345678901234567890 would come back as another number.
+    let events: Vec<Box<serde_json::value::RawValue>> = match serde_json::from_slice(body) {
+        Ok(events) => events,
+        Err(e) => {
+            let why = match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
+                Ok(_) => "a CloudEvents batch is a JSON array".to_string(),
+                Err(_) => format!("not JSON ({e})"),
+            };
+            return Ok(vec![not_an_event(queue, body, &why)]);
         }
-        Err(e) => return Ok(vec![not_an_event(queue, body, &format!("not JSON ({e})"))]),
     };
     if events.is_empty() {
         return Err(CeError::EmptyBatch);
@@ -241,14 +273,10 @@ fn batched(queue: &str, body: &[u8]) -> Result<Vec<Incoming>, CeError> {
             max: MAX_BATCH,
         });
     }
-    events
+    Ok(events
         .iter()
-        .map(|e| {
-            // Serializing a parsed Value cannot fail (its keys are strings).
-            let bytes = serde_json::to_vec(e).map_err(|e| CeError::Unparkable(e.to_string()))?;
-            Ok(structured(queue, &bytes))
-        })
-        .collect()
+        .map(|e| structured(queue, e.get().as_bytes()))
+        .collect())
 }
 
 /// A plain body: the sender's headers but HTTP's and the endpoint's own; the id from
@@ -256,8 +284,7 @@ fn batched(queue: &str, body: &[u8]) -> Result<Vec<Incoming>, CeError> {
 fn plain(queue: &str, req: &HttpRequest<'_>) -> Incoming {
     let mut headers = BTreeMap::new();
     for (name, value) in &req.headers {
-        let own = HTTP_MANAGED.contains(&name.as_str()) || NOT_KEPT.contains(&name.as_str());
-        if !own && !name.starts_with("x-dlq-") {
+        if keeps_header(false, name) {
             headers.insert(name.clone(), value.clone());
         }
     }
@@ -293,17 +320,43 @@ fn plain(queue: &str, req: &HttpRequest<'_>) -> Incoming {
     }
 }
 
-/// The job id of an event: its `id`, and its `source` unless that would make it too long (the
-/// pair is unique per CloudEvents 1.0; the id alone is not across sources).
+/// The job id of an event: `id@source`, whole when it fits. The pair is unique per
+/// CloudEvents 1.0 (the id alone is not across sources), so no two different pairs may ever
+/// share a job id: what is too long is cut with a digest of the whole pair.
+///
+/// Earlier versions hashed only the source (`<id>@sha256:<16 hex of source>`); that form is
+/// kept while the id is whole in it, so a retry of an event they parked finds its record.
+/// A source that looks like a digest itself is hashed too: `e-1` from `sha256:<hex>` must not
+/// take the job id of `e-1` from the long source whose digest that is.
 pub fn job_id(id: &str, source: &str) -> String {
     let both = format!("{id}@{source}");
-    if both.len() <= api::MAX_SOURCE_MESSAGE_LEN {
-        both
-    } else {
-        let digest = hex::encode(&Sha256::digest(source.as_bytes())[..8]);
-        let id: String = id.chars().take(200).collect();
-        format!("{id}@sha256:{digest}")
+    let max = api::MAX_SOURCE_MESSAGE_LEN;
+    if both.len() <= max && !looks_hashed(source) {
+        return both;
     }
+    if id.chars().count() <= 200 {
+        let earlier = format!(
+            "{id}@sha256:{}",
+            hex::encode(&Sha256::digest(source.as_bytes())[..8])
+        );
+        if earlier.len() <= max && !looks_hashed(source) {
+            return earlier;
+        }
+    }
+    // The id does not fit whole: its beginning (for humans), then the digest of the pair.
+    let suffix = format!("~@sha256:{}", hex::encode(Sha256::digest(both.as_bytes())));
+    let mut cut = max - suffix.len();
+    while !id.is_char_boundary(cut.min(id.len())) {
+        cut -= 1;
+    }
+    format!("{}{suffix}", &id[..cut.min(id.len())])
+}
+
+/// Whether `source` has the shape of a digest [`job_id`] writes (`sha256:` and hex).
+fn looks_hashed(source: &str) -> bool {
+    source
+        .strip_prefix("sha256:")
+        .is_some_and(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 fn event(
@@ -617,6 +670,61 @@ mod tests {
         let id = job_id("e-1", &"s".repeat(400));
         assert!(id.len() <= api::MAX_SOURCE_MESSAGE_LEN && id.starts_with("e-1@sha256:"));
         assert_ne!(id, job_id("e-1", &"t".repeat(400)));
+    }
+
+    #[test]
+    fn long_ids_differing_only_at_the_end_are_two_jobs() {
+        let a = format!("{}a", "x".repeat(299));
+        let b = format!("{}b", "x".repeat(299));
+        let (ja, jb) = (job_id(&a, "/s"), job_id(&b, "/s"));
+        assert_ne!(ja, jb);
+        assert!(ja.len() <= api::MAX_SOURCE_MESSAGE_LEN, "{}", ja.len());
+        let wide = "é".repeat(150);
+        let jw = job_id(&wide, "/s");
+        assert!(jw.len() <= api::MAX_SOURCE_MESSAGE_LEN && jw.starts_with('é'));
+        assert_ne!(jw, job_id(&format!("{wide}é"), "/s"));
+    }
+
+    #[test]
+    fn job_ids_that_fit_keep_the_form_earlier_versions_parked() {
+        assert_eq!(job_id("e-1", "/s"), "e-1@/s");
+        let long = "s".repeat(400);
+        let digest = hex::encode(&Sha256::digest(long.as_bytes())[..8]);
+        assert_eq!(job_id("e-1", &long), format!("e-1@sha256:{digest}"));
+        // A source shaped like that digest does not take the long source's job id.
+        assert_ne!(
+            job_id("e-1", &format!("sha256:{digest}")),
+            job_id("e-1", &long)
+        );
+    }
+
+    #[test]
+    fn a_batch_keeps_each_event_as_the_exact_text_sent() {
+        let one = r#"{"specversion":"1.0","id":"1","source":"s","type":"t","data":{"n":12345678901234567890.12345678901234567890,"i":123456789012345678901234567890}}"#;
+        let two = r#"{ "specversion" : "1.0", "id":"2","source":"s","type":"t","data":1.0e1 }"#;
+        let body = format!("[ {one},\n  {two} ]");
+        let (_, all) =
+            parse("relayer", &req(&[("content-type", BATCH)], body.as_bytes())).expect("a batch");
+        let kept: Vec<_> = all
+            .iter()
+            .map(|e| e.request.job.payload_bytes().expect("bytes"))
+            .collect();
+        assert_eq!(kept, [one.as_bytes(), two.as_bytes()]);
+    }
+
+    #[test]
+    fn an_unreadable_header_the_record_would_keep_refuses_the_request() {
+        let binary: BTreeMap<String, String> = [("ce-specversion", "1.0")]
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect();
+        let err = refuse_unreadable(&binary, &["ce-subject".into()]).expect_err("refused");
+        assert_eq!(err.status(), 400);
+        assert!(err.to_string().contains("ce-subject"), "{err}");
+        assert_eq!(refuse_unreadable(&binary, &["user-agent".into()]), Ok(()));
+        let plain = BTreeMap::new();
+        assert!(refuse_unreadable(&plain, &["x-note".into()]).is_err());
+        assert_eq!(refuse_unreadable(&plain, &["cookie".into()]), Ok(()));
     }
 
     proptest! {

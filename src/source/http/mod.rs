@@ -23,12 +23,10 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::connect_info::Connected;
 use axum::extract::{ConnectInfo, Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
-use axum::serve::IncomingStream;
 use http_body_util::BodyExt;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
@@ -38,7 +36,6 @@ use dlq_core::cloudevent::{self, HttpRequest, Incoming, MAX_BODY};
 use dlq_core::park::{Disposition, ParkInvalid, after_refusal, dispose};
 
 use crate::metrics::Metrics;
-use crate::serving_tls;
 
 use super::{ParkInto, Shared};
 use auth::Auth;
@@ -47,8 +44,16 @@ use auth::Auth;
 const RETRY_AFTER_FULL: u64 = 2;
 /// What an apiserver that cannot take the record tells the sender to wait.
 const RETRY_AFTER_UNAVAILABLE: u64 = 1;
-/// Longest wait for a request's body.
+/// Longest wait for a request's body (at most [`MAX_BODY`] bytes).
 const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest wait for a request's headers, from its first byte (or the connection's).
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections one client address may hold open at once.
+const MAX_CONNECTIONS_PER_CLIENT: usize = 32;
+/// Connections the endpoint holds open at once.
+const MAX_CONNECTIONS: usize = 4096;
 
 /// One scope of the operator (a namespace, or all of them) that parks while it runs.
 struct Scope {
@@ -121,44 +126,144 @@ impl ParkEndpoint {
     }
 }
 
-/// The address a request's connection came from (axum knows it only for its own listener).
+/// The address a request's connection came from.
 #[derive(Clone, Copy, Debug)]
 struct Peer(SocketAddr);
 
-impl Connected<IncomingStream<'_, serving_tls::TlsListener>> for Peer {
-    fn connect_info(stream: IncomingStream<'_, serving_tls::TlsListener>) -> Self {
-        Peer(*stream.remote_addr())
+/// Connections open per client address, and in all: a client that opens many and trickles
+/// its headers (slowloris) cannot take every file descriptor.
+#[derive(Clone, Default)]
+struct Connections {
+    open: Arc<std::sync::Mutex<(usize, std::collections::HashMap<IpAddr, usize>)>>,
+}
+
+/// One open connection, counted until dropped.
+struct Counted {
+    connections: Connections,
+    client: IpAddr,
+}
+
+impl Connections {
+    /// A place for one more connection from `client`, or None when it (or the endpoint) holds
+    /// as many as it may.
+    fn enter(&self, client: IpAddr) -> Option<Counted> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let (total, per_client) = &mut *open;
+        let mine = per_client.entry(client).or_default();
+        if *mine >= MAX_CONNECTIONS_PER_CLIENT || *total >= MAX_CONNECTIONS {
+            return None;
+        }
+        *mine += 1;
+        *total += 1;
+        Some(Counted {
+            connections: self.clone(),
+            client,
+        })
     }
 }
 
-impl Connected<IncomingStream<'_, tokio::net::TcpListener>> for Peer {
-    fn connect_info(stream: IncomingStream<'_, tokio::net::TcpListener>) -> Self {
-        Peer(*stream.remote_addr())
+impl Drop for Counted {
+    fn drop(&mut self) {
+        let mut open = self
+            .connections
+            .open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let (total, per_client) = &mut *open;
+        *total = total.saturating_sub(1);
+        if let Some(mine) = per_client.get_mut(&self.client) {
+            *mine = mine.saturating_sub(1);
+            if *mine == 0 {
+                per_client.remove(&self.client);
+            }
+        }
     }
 }
 
-/// Serves the endpoint on `listener` (TLS when `tls` is given) until `shutdown` resolves.
+/// Serves the endpoint on `listener` (TLS when `tls` is given) until `shutdown` resolves, then
+/// lets the requests under way finish.
+///
+/// Its own accept loop rather than `axum::serve`, whose connections have no header timeout:
+/// each connection has [`HANDSHAKE_TIMEOUT`] for TLS, [`HEADER_TIMEOUT`] for each request's
+/// headers and [`BODY_TIMEOUT`] for its body, and a client holds at most
+/// [`MAX_CONNECTIONS_PER_CLIENT`] at once (more are closed as they arrive).
 pub async fn serve(
     endpoint: ParkEndpoint,
     listener: tokio::net::TcpListener,
     tls: Option<Arc<rustls::ServerConfig>>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    // The peer's address decides whether a caller without a token is inside the cluster.
-    let app = endpoint
-        .router()
-        .into_make_service_with_connect_info::<Peer>();
-    match tls {
-        Some(config) => {
-            let listener = serving_tls::TlsListener::new(listener, config)?;
-            axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown)
-                .await
+    let router = endpoint.router();
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    let connections = Connections::default();
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let mut served = tokio::task::JoinSet::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        while served.try_join_next().is_some() {}
+        let (tcp, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(c) => c,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait rather than spin.
+                    tracing::warn!(error = %e, "accepting a park endpoint connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let Some(counted) = connections.enter(peer.ip()) else {
+            tracing::debug!(%peer, "park endpoint connection closed: its client holds as many as it may");
+            continue;
+        };
+        let _ = tcp.set_nodelay(true);
+        // The peer's address decides whether a caller without a token is inside the cluster.
+        let app = router
+            .clone()
+            .layer(axum::Extension(ConnectInfo(Peer(peer))));
+        let (acceptor, stopping) = (acceptor.clone(), stopping.clone());
+        served.spawn(async move {
+            let _counted = counted;
+            match acceptor {
+                None => connection(tcp, app, stopping).await,
+                Some(acceptor) => {
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                        Ok(Ok(tls)) => connection(tls, app, stopping).await,
+                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
+                }
+            }
+        });
+    }
+    let _ = stop.send(true);
+    while served.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// Serves HTTP/1 on one connection, its headers bounded by [`HEADER_TIMEOUT`], until the
+/// client closes it or the endpoint stops (then the request under way finishes first).
+async fn connection<Io>(io: Io, app: Router, mut stopping: tokio::sync::watch::Receiver<bool>)
+where
+    Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT);
+    let service = hyper_util::service::TowerToHyperService::new(app);
+    let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io), service);
+    let mut conn = std::pin::pin!(conn);
+    tokio::select! {
+        done = conn.as_mut() => {
+            if let Err(e) = done {
+                tracing::debug!(error = %e, "park endpoint connection ended");
+            }
         }
-        None => {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown)
-                .await
+        _ = async { stopping.wait_for(|stop| *stop).await.map(|_| ()) } => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
         }
     }
 }
@@ -287,7 +392,10 @@ async fn answer(
         Ok(body) => body,
         Err(answer) => return answer,
     };
-    let headers = lower_case_headers(&parts.headers);
+    let (headers, unreadable) = lower_case_headers(&parts.headers);
+    if let Err(e) = cloudevent::refuse_unreadable(&headers, &unreadable) {
+        return Answer::error(e.status(), e);
+    }
     let http_request = HttpRequest {
         method: parts.method.as_str(),
         headers,
@@ -352,19 +460,26 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// Header names in lower case (HTTP's are case-insensitive), repeated ones joined by ", ";
-/// values that are not text are left out (a record could not hold them).
-fn lower_case_headers(headers: &HeaderMap) -> std::collections::BTreeMap<String, String> {
+/// and the names of those whose values are not text (a record could not hold them as they are).
+fn lower_case_headers(
+    headers: &HeaderMap,
+) -> (std::collections::BTreeMap<String, String>, Vec<String>) {
     let mut out: std::collections::BTreeMap<String, String> = Default::default();
+    let mut unreadable = Vec::new();
     for (name, value) in headers {
-        let Ok(value) = value.to_str() else { continue };
-        out.entry(name.as_str().to_ascii_lowercase())
+        let name = name.as_str().to_ascii_lowercase();
+        let Ok(value) = value.to_str() else {
+            unreadable.push(name);
+            continue;
+        };
+        out.entry(name)
             .and_modify(|v| {
                 v.push_str(", ");
                 v.push_str(value);
             })
             .or_insert_with(|| value.to_string());
     }
-    out
+    (out, unreadable)
 }
 
 /// Parks one event once: its record's name and whether it is new, or the answer to give.
@@ -436,8 +551,13 @@ mod tests {
         h.append("Ce-Id", HeaderValue::from_static("1"));
         h.append("x-a", HeaderValue::from_static("1"));
         h.append("x-a", HeaderValue::from_static("2"));
-        let out = lower_case_headers(&h);
+        h.append(
+            "Ce-Subject",
+            HeaderValue::from_bytes(b"caf\xe9").expect("obs-text"),
+        );
+        let (out, unreadable) = lower_case_headers(&h);
         assert_eq!(out.get("ce-id").map(String::as_str), Some("1"));
         assert_eq!(out.get("x-a").map(String::as_str), Some("1, 2"));
+        assert_eq!(unreadable, ["ce-subject"]);
     }
 }
