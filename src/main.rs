@@ -79,6 +79,15 @@ struct RunArgs {
     /// Longest wait between requeue attempts while a broker is down, in seconds.
     #[arg(long, default_value_t = 60)]
     backoff_cap_seconds: u64,
+    /// How often the records decided and still Parked are listed again, in seconds (a watch
+    /// event lost across an apiserver restart costs one period, not the decision).
+    #[arg(long, default_value_t = 30)]
+    decided_resync_seconds: u64,
+    /// A leader that has not attempted a decided record for this long (seconds; at least two
+    /// backoff caps plus a resync period) gives up its Lease: /readyz false, a Warning Event
+    /// `LeaderStalled` on the queue, a log line, and the process exits for a standby to lead.
+    #[arg(long, default_value_t = 180)]
+    stall_after_seconds: u64,
     #[command(flatten)]
     alerts: AlertArgs,
     #[command(flatten)]
@@ -305,7 +314,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         tokio::spawn(async move { service.point_here(client).await });
     }
     let leadership = follow_lease(&args, &client, &identity);
-    let stop = either(shutdown.clone(), lost.clone());
+    let (stall_alarm, stalled) = run::decided::StallAlarm::new();
+    let stalled = stalled_leader(stalled, ready.clone());
+    let stop = either(shutdown.clone(), either(lost.clone(), stalled.clone()));
     let scopes = scopes(&args.watch_namespaces);
     ready.store(true, Ordering::Relaxed);
     tracing::info!(namespaces = ?scopes, "controllers starting");
@@ -317,6 +328,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         settings,
         alerts,
         park_endpoint,
+        vigil: run::decided::Vigil {
+            resync: Duration::from_secs(args.decided_resync_seconds.max(1)),
+            stall_after: Duration::from_secs(args.stall_after_seconds.max(1)),
+        },
+        stall_alarm: Some(stall_alarm),
     };
     futures::future::join_all(
         scopes
@@ -326,6 +342,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     .await;
     if lost.clone().now_or_never().is_some() {
         anyhow::bail!("lost leadership");
+    }
+    if stalled.clone().now_or_never().is_some() {
+        // Handed over at once: the standby need not wait for the Lease to expire.
+        lease.release().await;
+        anyhow::bail!("gave up leadership: no progress on decided records");
     }
     // The controllers have stopped: hand the Lease over now rather than make the standby
     // wait for it to expire.
@@ -560,6 +581,28 @@ fn follow_lease(args: &RunArgs, client: &kube::Client, identity: &str) -> Leader
         std::time::Duration::from_secs(1),
     ));
     leadership
+}
+
+/// Resolves once this leader stalled on decided records (`deadletter::run::decided`), after
+/// turning `/readyz` false.
+fn stalled_leader(
+    mut stalled: tokio::sync::watch::Receiver<Option<String>>,
+    ready: Arc<AtomicBool>,
+) -> Shutdown {
+    async move {
+        let why = stalled
+            .wait_for(Option::is_some)
+            .await
+            .map(|why| why.clone().unwrap_or_default());
+        let Ok(why) = why else {
+            // The alarm is gone with its scopes: nothing will raise it.
+            return std::future::pending::<()>().await;
+        };
+        ready.store(false, Ordering::Relaxed);
+        tracing::error!(why = %why, "stepping down: not ready, giving up the Lease");
+    }
+    .boxed()
+    .shared()
 }
 
 /// Resolves when either does.

@@ -11,6 +11,10 @@
 //! A redrive whose job a broker confirmed is remembered too, by its key
 //! (`dlq_core::decide::redrive_key`), until its resolution is written: a failed status write
 //! (etcd restarting, the apiserver away) is retried alone, without a second enqueue.
+//!
+//! When each decided record's last attempt ended is remembered too: the leader's stall check
+//! (`crate::run::decided`) reads it to tell a record waiting out a broker's backoff from one
+//! nobody is acting on.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -27,6 +31,8 @@ pub struct Claims {
     working: Arc<Mutex<HashSet<String>>>,
     resolved: Mutex<Resolved>,
     confirmed: Mutex<HashMap<String, Unwritten>>,
+    /// When the last reconcile that acted on each decided record ended, by uid.
+    attempts: Mutex<HashMap<String, Instant>>,
 }
 
 /// A redrive whose job the broker confirmed and whose resolution is not written yet.
@@ -101,6 +107,21 @@ impl Claims {
             .collect()
     }
 
+    /// A reconcile acting on the decision of record `uid` ended (whatever its outcome).
+    pub fn attempted(&self, uid: &str) {
+        lock(&self.attempts).insert(uid.to_string(), Instant::now());
+    }
+
+    /// When a reconcile acting on the decision of record `uid` last ended.
+    pub fn last_attempt(&self, uid: &str) -> Option<Instant> {
+        lock(&self.attempts).get(uid).copied()
+    }
+
+    /// Forgets the attempts of records `keep` says no (resolved or gone).
+    pub fn retain_attempts(&self, keep: impl Fn(&str) -> bool) {
+        lock(&self.attempts).retain(|uid, _| keep(uid));
+    }
+
     /// Whether the record `uid` was resolved within [`RESOLVED_MEMORY`].
     pub fn resolved_here(&self, uid: &str) -> bool {
         lock(&self.resolved)
@@ -140,6 +161,18 @@ mod tests {
             claims.remember_resolved(&format!("other-{i}"));
         }
         assert!(claims.resolved_here("uid-1"), "pruning keeps recent ones");
+    }
+
+    #[test]
+    fn attempts_are_remembered_until_pruned() {
+        let claims = Claims::default();
+        assert_eq!(claims.last_attempt("uid-1"), None);
+        claims.attempted("uid-1");
+        claims.attempted("uid-2");
+        assert!(claims.last_attempt("uid-1").is_some());
+        claims.retain_attempts(|uid| uid == "uid-2");
+        assert_eq!(claims.last_attempt("uid-1"), None);
+        assert!(claims.last_attempt("uid-2").is_some());
     }
 
     #[test]

@@ -77,10 +77,36 @@ pub async fn reconcile(dl: Arc<DeadLetter>, ctx: Arc<Context>) -> Result<Action,
         Decision::Done | Decision::Wait => Action::await_change(),
         Decision::MarkParked => mark_parked(&ctx, &dl).await?,
         Decision::Refuse { reason } => refuse(&ctx, &dl, &reason).await,
-        Decision::Drop { by } => resolve(&ctx, (*dl).clone(), Phase::Dropped, &by).await?,
-        Decision::Redrive { .. } => redrive(&ctx, &ns, &dl, confirmed_by).await?,
+        Decision::Drop { by } => {
+            attempt(&ctx, &dl, resolve(&ctx, (*dl).clone(), Phase::Dropped, &by)).await?
+        }
+        Decision::Redrive { .. } => {
+            attempt(&ctx, &dl, redrive(&ctx, &ns, &dl, confirmed_by)).await?
+        }
     };
     Ok(action)
+}
+
+/// Runs `acting` on the decision of `dl` and notes when it ended, failed or not: an attempt
+/// that never ends (an await that hangs) is what the leader's stall check looks for.
+async fn attempt<T>(
+    ctx: &Context,
+    dl: &DeadLetter,
+    acting: impl std::future::Future<Output = T>,
+) -> T {
+    let out = acting.await;
+    ctx.claims.attempted(&dl.uid().unwrap_or_default());
+    out
+}
+
+/// When a reconcile acting on the decision of record `uid` last ended (see [`attempt`]).
+pub fn last_attempt(ctx: &Context, uid: &str) -> Option<Instant> {
+    ctx.claims.last_attempt(uid)
+}
+
+/// Forgets the attempts of records `keep` says no (resolved or gone).
+pub fn retain_attempts(ctx: &Context, keep: impl Fn(&str) -> bool) {
+    ctx.claims.retain_attempts(keep);
 }
 
 /// Writes `write.status` as a compare-and-swap; on success carries out what follows it.
@@ -192,6 +218,8 @@ async fn enqueue(
         // not known to be missing. Ask again shortly and write nothing.
         return Some(Action::requeue(super::CACHE_WAIT));
     }
+    // A test hangs a reconcile here (an await that never ends) to show the leader steps down.
+    crate::failpoint::hit("before-requeue").await;
     if let Err(failure) = requeue(ctx, ns, record).await {
         return Some(requeue_failed(ctx, record, failure).await);
     }

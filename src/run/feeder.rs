@@ -20,7 +20,7 @@ use futures::channel::mpsc::UnboundedSender;
 use kube::runtime::reflector::{ObjectRef, store::Writer};
 use kube::runtime::watcher::Event;
 
-use dlq_core::api::{DeadLetter, DeadLetterQueue};
+use dlq_core::api::{DeadLetter, DeadLetterQueue, Phase};
 use dlq_core::record::Interner;
 
 use crate::state::records::RecordIndex;
@@ -229,8 +229,15 @@ impl Feeder {
             .get(&key)
             .is_none_or(|b| b.generation != held.generation);
         super::held::strip(&mut dl);
-        self.store.apply_watcher_event(&Event::InitApply(dl));
+        self.store
+            .apply_watcher_event(&Event::InitApply(dl.clone()));
         if wakes {
+            // The live store too: a list only reaches the store at its end, and kube's
+            // controller drops a wake for an object its store lacks (ObjectNotFound). On a
+            // re-list (the apiserver restarted) the store is ready, so the wake ran at once
+            // against the old store and was lost: records decided while the watch was down
+            // stayed Parked with no attempt (issue 44).
+            self.store.apply_watcher_event(&Event::Apply(dl));
             self.wake(&key);
         }
     }
@@ -284,6 +291,41 @@ impl Feeder {
         if self.live.release(&key) {
             self.store.apply_watcher_event(&Event::Delete(dl));
             self.fill();
+        }
+    }
+
+    /// Takes the decided records the periodic re-list found ([`super::decided`]). One this
+    /// feeder does not hold (its event was lost), or holds at an older generation, is held and
+    /// woken; one it holds is woken again when `nudge` says it was not attempted lately. A
+    /// record the watch already saw resolved is skipped: the list is older than that event.
+    /// The copy held drops the job's bytes, so the reconcile reads the record fresh before
+    /// acting (the list may be older than the watch's view of a record it does not hold).
+    pub fn resync(&mut self, decided: Vec<super::decided::Listed>) {
+        for (mut dl, nudge) in decided {
+            let Some(key) = self.key(&dl) else { continue };
+            let resolved = self
+                .index
+                .get(&key.0, &key.1)
+                .is_some_and(|s| s.status_phase.is_some_and(|p| p != Phase::Parked));
+            if resolved || work_of(&dl) != Work::Decision {
+                continue;
+            }
+            match self.live.held.get(&key) {
+                Some(held) if held.generation >= dl.metadata.generation => {
+                    if nudge {
+                        self.wake(&key);
+                    }
+                }
+                _ => {
+                    tracing::info!(namespace = %key.0, name = %key.1, "a decided record the watch did not bring; acting on it from the re-list");
+                    dl.spec.job.payload = None;
+                    dl.spec.job.payload_base64 = None;
+                    dl.spec.job.sealed = None;
+                    dl.spec.job.payload_null = false;
+                    dl.spec.job.headers = Default::default();
+                    self.hold(key, dl, false);
+                }
+            }
         }
     }
 
@@ -522,6 +564,58 @@ mod tests {
         rig.event(Event::Apply(marked(record(0))));
         assert!(rig.woken().is_empty(), "nothing left waiting");
         assert_eq!(rig.feeder.counts(), (MARK_WINDOW, MARK_WINDOW - 1, 0));
+    }
+
+    /// The records controller as `run_scope` builds it (woken by bare references, reading the
+    /// feeder's store), over the rig's store; returns the names it reconciled, as they come.
+    fn records_controller(rig: &mut Rig) -> futures::channel::mpsc::UnboundedReceiver<String> {
+        use kube::runtime::controller::{Action as Then, Controller};
+        // The feeder's wakes go to the controller from now on.
+        let wakes = std::mem::replace(&mut rig.wakes, unbounded().1);
+        let (seen_tx, seen) = unbounded();
+        let controller =
+            Controller::for_shared_stream(futures::stream::pending(), rig.store.clone())
+                .reconcile_on(wakes)
+                .run(
+                    move |dl: Arc<DeadLetter>, seen: Arc<UnboundedSender<String>>| {
+                        let _ = seen.unbounded_send(dl.metadata.name.clone().unwrap_or_default());
+                        futures::future::ready(Ok::<_, std::convert::Infallible>(
+                            Then::await_change(),
+                        ))
+                    },
+                    |_, _, _| Then::await_change(),
+                    Arc::new(seen_tx),
+                )
+                .for_each(|_| futures::future::ready(()));
+        tokio::spawn(controller);
+        seen
+    }
+
+    /// The next name `seen` reconciles, waiting at most 5 s.
+    async fn next_reconciled(
+        seen: &mut futures::channel::mpsc::UnboundedReceiver<String>,
+    ) -> Option<String> {
+        tokio::time::timeout(Duration::from_secs(5), seen.next())
+            .await
+            .ok()
+            .flatten()
+    }
+
+    #[tokio::test]
+    async fn a_decision_a_relist_brings_is_reconciled() {
+        let mut rig = Rig::new();
+        let mut seen = records_controller(&mut rig);
+        rig.list([marked(record(1))]);
+        // The watch was down while record 1 was decided (an apiserver restart): the re-list
+        // brings the decision. The store is ready, so the wake runs at once.
+        let d = decided(marked(record(1)));
+        let name = d.metadata.name.clone().unwrap_or_default();
+        rig.event(Event::Init);
+        rig.event(Event::InitApply(d));
+        // The rest of the list is still on its way: the controller runs the wake meanwhile.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        rig.event(Event::InitDone);
+        assert_eq!(next_reconciled(&mut seen).await, Some(name));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! ([`crate::alert`]). Everything below this module is started from here and nothing below
 //! reaches back up.
 
+pub mod decided;
 pub mod feeder;
 pub mod held;
 
@@ -80,6 +81,10 @@ pub struct Process {
     /// The HTTP park endpoint, which parks through each scope while it runs; None when not
     /// served.
     pub park_endpoint: Option<crate::source::http::ParkEndpoint>,
+    /// How often decided records are re-listed, and how long one may go unattempted.
+    pub vigil: decided::Vigil,
+    /// Raised when this leader stalls on decided records; None: it only logs and says so.
+    pub stall_alarm: Option<decided::StallAlarm>,
 }
 
 /// Runs the controllers, the sources and the alert sender over `namespace` (all namespaces
@@ -96,6 +101,8 @@ pub async fn run_scope(
         settings,
         alerts,
         park_endpoint,
+        vigil,
+        stall_alarm,
     } = process;
     let records = RecordIndex::default();
     // The records controller's store: only records with something to do (see [`feeder`]).
@@ -116,12 +123,14 @@ pub async fn run_scope(
     if !settings.mechanisms.mark_window {
         feeder = feeder.without_mark_window();
     }
+    let (relisted, decided_relists) = futures::channel::mpsc::unbounded();
     let record_watch = watch_records(
         api_for(&client, &namespace),
         initial,
         jobs.clone(),
         records.clone(),
         feeder,
+        decided_relists,
     );
     let queue_watch = watcher(
         api_for(&client, &namespace),
@@ -214,8 +223,28 @@ pub async fn run_scope(
         cfg.clone(),
         shutdown.clone(),
     );
-    let replays_ctl =
-        replay_controller(&client_for_replays, &namespace, ctx.clone(), cfg, shutdown);
+    let replays_ctl = replay_controller(
+        &client_for_replays,
+        &namespace,
+        ctx.clone(),
+        cfg,
+        shutdown.clone(),
+    );
+    let watch = decided::keep_watch(
+        api_for(&client_for_replays, &namespace),
+        ctx.clone(),
+        relisted,
+        vigil,
+        stall_alarm,
+    );
+    // A stalled leader stops (the alarm ends `shutdown`); a reconcile that hangs would hold
+    // the controllers' graceful shutdown for ever, so it gets STEP_DOWN_GRACE and is dropped
+    // (at worst one more delivery of a job it was enqueueing, as after a crash).
+    let stalled = async move {
+        watch.await;
+        tokio::time::sleep(STEP_DOWN_GRACE).await;
+        tracing::warn!("reconciles still running after the step-down grace; dropping them");
+    };
 
     tokio::select! {
         _ = record_watch => {}
@@ -224,11 +253,15 @@ pub async fn run_scope(
         // The controllers end after `shutdown`, once in-flight reconciles finished (the
         // decisions controller already once the full record list has arrived).
         _ = async { tokio::join!(records_ctl, decisions_ctl, queues_ctl, sources, alerts, replays_ctl) } => {}
+        _ = stalled => {}
     }
     // Stopping (shutdown, or the Lease lost while the apiserver was away): write the
     // resolutions of jobs already enqueued, else the next leader enqueues them again.
     reconcile::record::flush_confirmed(&ctx, reconcile::record::FLUSH_WINDOW).await;
 }
+
+/// How long a leader that stalled on decided records lets running reconciles finish.
+pub const STEP_DOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Records with a decision not yet carried out: Parked, `spec.action` set (both selectable
 /// fields of the CRD; an unset field selects as "").
@@ -401,26 +434,40 @@ fn watch_records(
     jobs: JobIndex,
     records: RecordIndex,
     mut feeder: feeder::Feeder,
+    relisted: futures::channel::mpsc::UnboundedReceiver<Vec<decided::Listed>>,
 ) -> impl std::future::Future<Output = ()> {
+    /// What the feeder is given, one at a time.
+    enum Input {
+        Watch(Result<watcher::Event<DeadLetter>, watcher::Error>),
+        Tick,
+        Relisted(Vec<decided::Listed>),
+    }
     let config = match initial {
         InitialState::Streamed => watcher::Config::default().streaming_lists(),
         InitialState::Paged => watcher::Config::default().any_semantic().page_size(50),
     };
-    let events = watcher(api, config).default_backoff().map(Some);
+    let events = watcher(api, config).default_backoff().map(Input::Watch);
     // Without any event, records whose marks keep failing still free their room in time.
     let ticks = futures::stream::unfold((), |()| async {
         tokio::time::sleep(feeder::MARK_STALE / 3).await;
-        Some((None, ()))
+        Some((Input::Tick, ()))
     });
-    let watch = futures::stream::select(events, ticks).for_each(move |event| {
-        match event {
-            Some(Ok(event)) => {
+    let inputs = futures::stream::select(
+        futures::stream::select(events, ticks),
+        relisted.map(Input::Relisted),
+    );
+    let watch = inputs.for_each(move |input| {
+        match input {
+            Input::Watch(Ok(event)) => {
                 jobs.observe(&event);
                 records.observe(&event);
                 feeder.observe(event);
             }
-            Some(Err(_)) => {}
-            None => feeder.fill(),
+            Input::Watch(Err(e)) => {
+                tracing::debug!(error = %e, "the record watch failed; retrying");
+            }
+            Input::Tick => feeder.fill(),
+            Input::Relisted(decided) => feeder.resync(decided),
         }
         futures::future::ready(())
     });

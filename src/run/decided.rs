@@ -1,0 +1,261 @@
+//! The safety nets under the record watch for decided records (issue 44): whatever the watch
+//! or a reconcile lost, a decision is never left unattempted for long.
+//!
+//! - Every [`Vigil::resync`] the records decided and still Parked are listed from the
+//!   apiserver ([`super::DECIDED`]) and handed to the feeder ([`super::feeder::Feeder::resync`]),
+//!   which holds and wakes those it does not hold and nudges those not attempted lately. A
+//!   watch event lost across an apiserver restart costs one period, not the decision.
+//! - A leader that has not attempted a decided record for [`Vigil::stall_after`] (a reconcile
+//!   that hangs, a wake nobody runs) makes no progress and will not: it says so (a log line, a
+//!   Warning Event `LeaderStalled` on the queue, `/readyz` false) and gives up its Lease, so the
+//!   standby takes over. Waiting out a broker's backoff is progress: each retry is an attempt.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::channel::mpsc::UnboundedSender;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Api, ListParams};
+use kube::{Resource, ResourceExt};
+
+use dlq_core::api::DeadLetter;
+use dlq_core::decide::{self, Decision};
+use dlq_core::events::EventPlan;
+
+use crate::reconcile::{Context, record};
+use crate::state::apiserver;
+
+/// Why a Warning Event says this replica gave up its Lease.
+pub const REASON_STALLED: &str = "LeaderStalled";
+
+/// Records per page of the re-list (few are decided and not yet carried out).
+const PAGE: u32 = 100;
+
+/// How often decided records are re-listed and how long one may go unattempted.
+#[derive(Clone, Copy, Debug)]
+pub struct Vigil {
+    /// Between two re-lists of the decided records.
+    pub resync: Duration,
+    /// A decided record listed and not attempted for this long means the leader is stalled.
+    /// Kept above twice the backoff cap (see [`Vigil::bound`]): a record whose broker is down
+    /// is retried at least once per cap.
+    pub stall_after: Duration,
+}
+
+impl Default for Vigil {
+    fn default() -> Self {
+        Vigil {
+            resync: Duration::from_secs(30),
+            stall_after: Duration::from_secs(180),
+        }
+    }
+}
+
+impl Vigil {
+    /// The stall bound in effect: `stall_after`, but never below two backoff caps plus a
+    /// re-list period, so a record waiting out its backoff never looks stalled.
+    pub fn bound(&self, backoff_cap: Duration) -> Duration {
+        self.stall_after.max(2 * backoff_cap + self.resync)
+    }
+}
+
+/// Tells the process that this leader stalled (it gives up the Lease): the message says why.
+#[derive(Clone)]
+pub struct StallAlarm {
+    tx: Arc<tokio::sync::watch::Sender<Option<String>>>,
+}
+
+impl StallAlarm {
+    /// An alarm and the receiver the process waits on.
+    pub fn new() -> (StallAlarm, tokio::sync::watch::Receiver<Option<String>>) {
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        (StallAlarm { tx: Arc::new(tx) }, rx)
+    }
+
+    fn raise(&self, why: String) {
+        self.tx.send_replace(Some(why));
+    }
+}
+
+/// A record the re-list found decided, and whether the feeder should wake it even when it
+/// holds it already (not attempted for a while: its wake may have been lost).
+pub type Listed = (DeadLetter, bool);
+
+/// What one look at the decided records found.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Look {
+    /// Records to wake even if held (by uid).
+    pub nudge: HashSet<String>,
+    /// Records listed for longer than the bound and not attempted within it (namespace,
+    /// queue, name).
+    pub stalled: Vec<(String, String, String)>,
+}
+
+/// Follows which decided records were seen when, across re-lists.
+#[derive(Default)]
+pub struct Watchman {
+    /// When each decided record (uid) was first listed.
+    first_listed: HashMap<String, Instant>,
+}
+
+impl Watchman {
+    /// Judges one re-list at `now`: `last_attempt` says when a reconcile acting on a record
+    /// last ended. Records no longer listed are forgotten.
+    pub fn look(
+        &mut self,
+        now: Instant,
+        decided: &[DeadLetter],
+        last_attempt: impl Fn(&str) -> Option<Instant>,
+        vigil: &Vigil,
+        backoff_cap: Duration,
+    ) -> Look {
+        let bound = vigil.bound(backoff_cap);
+        // A record not attempted within one cap and one period should have been retried.
+        let overdue = backoff_cap + vigil.resync;
+        let listed: HashSet<String> = decided.iter().filter_map(|d| d.uid()).collect();
+        self.first_listed.retain(|uid, _| listed.contains(uid));
+        let mut look = Look::default();
+        for d in decided {
+            // Only signed decisions are carried out; an unsigned one waits, refused, for a
+            // signature (and the apiserver refuses those anyway).
+            if !matches!(
+                decide::for_record(d),
+                Decision::Redrive { .. } | Decision::Drop { .. }
+            ) {
+                continue;
+            }
+            let Some(uid) = d.uid() else { continue };
+            let first = *self.first_listed.entry(uid.clone()).or_insert(now);
+            let last = last_attempt(&uid);
+            let idle_since = |limit: Duration| {
+                now.duration_since(first) >= limit
+                    && last.is_none_or(|t| now.duration_since(t) >= limit)
+            };
+            if idle_since(overdue) {
+                look.nudge.insert(uid.clone());
+            }
+            if idle_since(bound) {
+                look.stalled.push((
+                    d.namespace().unwrap_or_default(),
+                    d.spec.queue.clone(),
+                    d.name_any(),
+                ));
+            }
+        }
+        look
+    }
+}
+
+/// Re-lists the decided records every `vigil.resync` and hands them to the feeder; raises
+/// `alarm` (and returns) once a decided record went unattempted past the bound.
+pub async fn keep_watch(
+    api: Api<DeadLetter>,
+    ctx: Arc<Context>,
+    feeder: UnboundedSender<Vec<Listed>>,
+    vigil: Vigil,
+    alarm: Option<StallAlarm>,
+) {
+    let mut watchman = Watchman::default();
+    let backoff_cap = ctx.settings.backoff_cap;
+    loop {
+        tokio::time::sleep(vigil.resync).await;
+        let decided = match list_decided(&api).await {
+            Ok(d) => d,
+            Err(e) => {
+                // The apiserver away: nothing is known, and a leader that cannot reach it
+                // cannot renew its Lease either.
+                tracing::debug!(error = %e, "re-listing decided records failed; trying again next period");
+                continue;
+            }
+        };
+        let look = watchman.look(
+            Instant::now(),
+            &decided,
+            |uid| record::last_attempt(&ctx, uid),
+            &vigil,
+            backoff_cap,
+        );
+        let listed: HashSet<String> = decided.iter().filter_map(|d| d.uid()).collect();
+        record::retain_attempts(&ctx, |uid| listed.contains(uid));
+        if !look.stalled.is_empty() {
+            step_down(
+                &ctx,
+                &look.stalled,
+                vigil.bound(backoff_cap),
+                alarm.as_ref(),
+            )
+            .await;
+            return;
+        }
+        let batch: Vec<Listed> = decided
+            .into_iter()
+            .map(|d| {
+                let nudge = d.uid().is_some_and(|u| look.nudge.contains(&u));
+                (d, nudge)
+            })
+            .collect();
+        if !batch.is_empty() && feeder.unbounded_send(batch).is_err() {
+            return;
+        }
+    }
+}
+
+/// Every record decided and still Parked, page by page.
+async fn list_decided(api: &Api<DeadLetter>) -> Result<Vec<DeadLetter>, kube::Error> {
+    let mut out = Vec::new();
+    let mut params = ListParams::default().fields(super::DECIDED).limit(PAGE);
+    loop {
+        let page = api.list(&params).await?;
+        out.extend(page.items);
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(out),
+        }
+    }
+}
+
+/// Says why this leader gives up (a log line, a Warning Event per queue) and raises the alarm.
+async fn step_down(
+    ctx: &Context,
+    stalled: &[(String, String, String)],
+    bound: Duration,
+    alarm: Option<&StallAlarm>,
+) {
+    let examples: Vec<&str> = stalled.iter().take(5).map(|s| s.2.as_str()).collect();
+    let why = format!(
+        "{} decided records not attempted for {}s (e.g. {}); giving up the Lease so that another replica carries them out",
+        stalled.len(),
+        bound.as_secs(),
+        examples.join(", ")
+    );
+    tracing::error!(stalled = stalled.len(), bound_secs = bound.as_secs(), examples = ?examples, "no progress on decided records; giving up the Lease");
+    let mut per_queue: BTreeMap<(&str, &str), Vec<&str>> = BTreeMap::new();
+    for (ns, queue, name) in stalled {
+        per_queue.entry((ns, queue)).or_default().push(name);
+    }
+    for ((ns, queue), names) in per_queue {
+        let note = format!(
+            "{} decided records of this queue not attempted for {}s (e.g. {}): this replica gives up its Lease so that another carries them out",
+            names.len(),
+            bound.as_secs(),
+            names.first().copied().unwrap_or_default()
+        );
+        let plan = EventPlan::warning(REASON_STALLED, "StepDown", note);
+        // About the queue; about its first stalled record when the queue is not cached.
+        let regarding = match ctx.queue(ns, queue) {
+            Some(q) => apiserver::reference(q.as_ref()),
+            None => ObjectReference {
+                api_version: Some(DeadLetter::api_version(&()).to_string()),
+                kind: Some(DeadLetter::kind(&()).to_string()),
+                namespace: Some(ns.to_string()),
+                name: names.first().map(|n| n.to_string()),
+                ..ObjectReference::default()
+            },
+        };
+        ctx.apiserver.publish(regarding, &plan).await;
+    }
+    if let Some(alarm) = alarm {
+        alarm.raise(why);
+    }
+}
