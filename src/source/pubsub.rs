@@ -7,6 +7,10 @@
 //! message unacknowledged: Pub/Sub redelivers it, and its identity (subscription and message
 //! id) finds the record already made.
 //!
+//! A message whose attributes a record cannot all hold (more than 64, Pub/Sub allows 100; a
+//! name that is not a token) is left in the subscription, counted and announced as rejected,
+//! rather than parked as an Invalid record without them and acknowledged.
+//!
 //! Each record carries: the data untouched, every attribute as a job header (the
 //! `CloudPubSubDeadLetter*` ones too; the target does not send those back), the job id from
 //! `jobIdAttribute` or the message id, `deliveries` from
@@ -24,8 +28,9 @@ use google_cloud_pubsub::subscriber::handler::Handler;
 use kube::Client;
 use tokio::sync::{Mutex, Semaphore};
 
-use dlq_client::park::ParkRequest;
+use dlq_client::park::{ParkError, ParkInvalid, ParkRequest};
 use dlq_core::api::{self, DeadLetterQueue, Job, Origin, PubsubSourceSpec};
+use dlq_core::park::validate_headers;
 
 use super::{ParkInto, SourceError};
 use crate::secret::read_secret;
@@ -140,6 +145,13 @@ pub fn request_for(
         },
     };
     req
+}
+
+/// Why a message's attributes cannot all be a record's headers (more than a record holds, a
+/// name that is not a token), if so. Such a message stays in the subscription: parked, it
+/// would be an Invalid record without them, and acknowledged, they would be gone.
+pub fn unholdable(dead: &Dead) -> Option<ParkInvalid> {
+    validate_headers(&dead.attributes).err()
 }
 
 /// Runs one bridge until aborted.
@@ -258,15 +270,19 @@ impl Bridge {
         let job = req.job.id.clone();
         // The client extends the message's lease by itself while the handler is held: nothing
         // to tell the server while parking waits.
-        let parked = self
-            .into
-            .park_message(
-                req,
-                &dead.data,
-                "in the Pub/Sub subscription (its lease extended meanwhile)",
-                || async {},
-            )
-            .await;
+        let parked = match unholdable(&dead) {
+            Some(why) => Err(ParkError::Invalid(why)),
+            None => {
+                self.into
+                    .park_message(
+                        req,
+                        &dead.data,
+                        "in the Pub/Sub subscription (its lease extended meanwhile)",
+                        || async {},
+                    )
+                    .await
+            }
+        };
         if let Err(e) = parked {
             // Can never be a record (over the payload limit, or refused by the apiserver even
             // as Invalid): left unacknowledged in Pub/Sub, held a while so it does not come
@@ -388,6 +404,20 @@ mod tests {
         );
         let own = request_for("relayer", sub, &spec(Some("job")), &dead(), None);
         assert_eq!(own.job.id, "pi_0003/settle");
+    }
+
+    #[test]
+    fn attributes_a_record_cannot_hold_keep_the_message_in_the_subscription() {
+        assert_eq!(unholdable(&dead()), None);
+        let mut many = dead();
+        many.attributes = (0..100).map(|i| (format!("a{i}"), "v".into())).collect();
+        assert!(matches!(
+            unholdable(&many),
+            Some(ParkInvalid::TooManyHeaders { count: 100, .. })
+        ));
+        let mut spaced = dead();
+        spaced.attributes.insert("not a token".into(), "v".into());
+        assert!(unholdable(&spaced).is_some());
     }
 
     #[test]
