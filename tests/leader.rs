@@ -4,7 +4,7 @@ use dlq_client::park::{ParkRequest, park};
 use dlq_core::api::{Action, DeadLetter, Job, Phase};
 use dlq_testenv::brokers::Redis;
 use dlq_testenv::{
-    LIST, Operator, create_queue, decide, eventually, list_target, setup, wait_phase,
+    LIST, Operator, create_queue, decide, events_for, eventually, list_target, setup, wait_phase,
 };
 use kube::ResourceExt;
 use kube::api::Api;
@@ -124,4 +124,91 @@ async fn a_leader_stopped_cleanly_hands_the_lease_over_at_once() {
         took.as_secs() < 8,
         "took {took:?}: the Lease was not handed over"
     );
+}
+
+/// A leader whose reconcile of a decision hangs (failpoint `before-requeue`, held for ever)
+/// makes no progress on it, and never would: past the stall bound it says so (a log line, a
+/// Warning Event `LeaderStalled` on the queue, `/readyz` false), gives up the Lease and exits.
+/// The standby takes over and carries the decision out; the job arrives once.
+#[tokio::test]
+async fn a_leader_stalled_on_a_decision_steps_down_and_the_standby_carries_it_out() {
+    let (client, ns) = setup("leader-stall").await;
+    let redis = Redis::start();
+    create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
+    // Bound: max(4 s, 2 x 1 s cap + 1 s re-list) = 4 s.
+    let args = [
+        "--leader-election=true",
+        "--lease-namespace",
+        &ns,
+        "--decided-resync-seconds",
+        "1",
+        "--stall-after-seconds",
+        "4",
+        "--backoff-cap-seconds",
+        "1",
+    ];
+    let mut a = Operator::start_with(&ns, &args, &[("DLQ_FAILPOINT", "before-requeue")]);
+    eventually(30, "the first replica to lead", || async {
+        leads(&a).then_some(())
+    })
+    .await;
+    let b = Operator::start_with(&ns, &args, &[]);
+
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let parked = park(
+        client.clone(),
+        &ns,
+        ParkRequest::new(
+            "relayer",
+            Job {
+                id: "l/stall".into(),
+                payload: Some("stalled".into()),
+                ..Job::default()
+            },
+        ),
+    )
+    .await
+    .unwrap();
+    let name = parked.record().name_any();
+    decide(&api, &name, Action::Redrive, "ops").await;
+    a.reached_failpoint("before-requeue", 20).await;
+    assert!(
+        !leads(&b),
+        "the standby waits while the leader holds the Lease"
+    );
+
+    // It stops being ready before it exits (running reconciles get a grace of 10 s).
+    eventually(30, "the stalled leader to turn /readyz false", || async {
+        a.http_get("/readyz")
+            .is_some_and(|body| !body.starts_with("ok"))
+            .then_some(())
+    })
+    .await;
+    let logs = a.logs();
+    assert!(
+        logs.contains("no progress on decided records; giving up the Lease"),
+        "{logs}"
+    );
+    eventually(30, "the stalled leader to exit", || async {
+        (!a.running()).then_some(())
+    })
+    .await;
+    let status = a.terminate().expect("its exit status");
+    assert!(
+        !status.success(),
+        "a replica that gave up leading exits with an error: {status:?}"
+    );
+    let events = events_for(&client, &ns, "relayer", "LeaderStalled").await;
+    assert_eq!(
+        events.len(),
+        1,
+        "one Warning Event on the queue: {events:?}"
+    );
+
+    eventually(30, "the standby to take over", || async {
+        leads(&b).then_some(())
+    })
+    .await;
+    wait_phase(&api, &name, Phase::Redriven, 30).await;
+    assert_eq!(redis.list(LIST).await, vec![b"stalled".to_vec()]);
 }

@@ -259,3 +259,88 @@ async fn step_down(
         alarm.raise(why);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dlq_core::api::{Action, DeadLetterStatus, Phase};
+    use dlq_core::testing::RecordBuilder;
+
+    fn decided(id: &str, uid: &str) -> DeadLetter {
+        let mut r = RecordBuilder::job(id).queue("orders").build();
+        r.metadata.uid = Some(uid.into());
+        r.spec.action = Some(Action::Redrive);
+        r.spec.by = Some("ops".into());
+        r.status = Some(DeadLetterStatus {
+            phase: Some(Phase::Parked),
+            ..Default::default()
+        });
+        r
+    }
+
+    const VIGIL: Vigil = Vigil {
+        resync: Duration::from_secs(30),
+        stall_after: Duration::from_secs(180),
+    };
+    const CAP: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn the_bound_never_falls_below_two_backoff_caps_and_a_period() {
+        assert_eq!(VIGIL.bound(CAP), Duration::from_secs(180));
+        assert_eq!(
+            VIGIL.bound(Duration::from_secs(120)),
+            Duration::from_secs(270)
+        );
+    }
+
+    #[test]
+    fn a_record_retried_within_its_backoff_is_progress_and_one_never_attempted_is_a_stall() {
+        let mut w = Watchman::default();
+        let t0 = Instant::now();
+        let records = [decided("a", "u-a"), decided("b", "u-b")];
+        let look = w.look(t0, &records, |_| None, &VIGIL, CAP);
+        assert_eq!(look, Look::default(), "just listed: nothing to say yet");
+
+        // 100 s later: a was retried 50 s ago (its broker is down), b never was.
+        let t1 = t0 + Duration::from_secs(100);
+        let retried = |uid: &str| (uid == "u-a").then(|| t1 - Duration::from_secs(50));
+        let look = w.look(t1, &records, retried, &VIGIL, CAP);
+        assert_eq!(look.nudge, HashSet::from(["u-b".to_string()]));
+        assert!(look.stalled.is_empty(), "not past the bound yet");
+
+        let t2 = t0 + Duration::from_secs(181);
+        let retried = |uid: &str| (uid == "u-a").then(|| t2 - Duration::from_secs(40));
+        let look = w.look(t2, &records, retried, &VIGIL, CAP);
+        let b = (
+            "payments".to_string(),
+            "orders".to_string(),
+            records[1].name_any(),
+        );
+        assert_eq!(look.stalled, [b], "only b, never attempted");
+    }
+
+    #[test]
+    fn a_record_listed_again_later_starts_its_clock_again() {
+        let mut w = Watchman::default();
+        let t0 = Instant::now();
+        let a = [decided("a", "u-a")];
+        w.look(t0, &a, |_| None, &VIGIL, CAP);
+        // Resolved (no longer listed), then decided again much later.
+        w.look(t0 + Duration::from_secs(30), &[], |_| None, &VIGIL, CAP);
+        let t1 = t0 + Duration::from_secs(600);
+        let look = w.look(t1, &a, |_| None, &VIGIL, CAP);
+        assert_eq!(look, Look::default());
+    }
+
+    #[test]
+    fn an_unsigned_decision_waiting_for_a_signature_is_no_stall() {
+        let mut w = Watchman::default();
+        let mut unsigned = decided("a", "u-a");
+        unsigned.spec.by = None;
+        let t0 = Instant::now();
+        w.look(t0, std::slice::from_ref(&unsigned), |_| None, &VIGIL, CAP);
+        let later = t0 + Duration::from_secs(3600);
+        let look = w.look(later, &[unsigned], |_| None, &VIGIL, CAP);
+        assert_eq!(look, Look::default());
+    }
+}

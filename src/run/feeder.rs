@@ -619,6 +619,47 @@ mod tests {
     }
 
     #[test]
+    fn a_relisted_decision_the_watch_missed_is_held_read_fresh_and_woken() {
+        let mut rig = Rig::new();
+        rig.list([marked(record(1)), marked(record(2))]);
+        assert!(rig.woken().is_empty());
+        // The watch never brought record 1's decision; the re-list does.
+        let d = decided(marked(record(1)));
+        let name = d.metadata.name.clone().unwrap_or_default();
+        rig.feeder.resync(vec![(d.clone(), false)]);
+        assert_eq!(rig.woken(), [name.clone()]);
+        let held = rig
+            .store
+            .get(&ObjectRef::new(&name).within("payments"))
+            .expect("held");
+        assert!(
+            !held.spec.job.has_payload(),
+            "the reconcile reads it fresh before acting"
+        );
+        // Listed again: held already, woken only when not attempted lately.
+        rig.feeder.resync(vec![(d.clone(), false)]);
+        assert!(rig.woken().is_empty());
+        rig.feeder.resync(vec![(d, true)]);
+        assert_eq!(rig.woken(), [name]);
+    }
+
+    #[test]
+    fn a_relisted_decision_the_watch_saw_resolved_is_left_alone() {
+        let mut rig = Rig::new();
+        let d = decided(marked(record(1)));
+        let mut done = d.clone();
+        done.status = Some(DeadLetterStatus {
+            phase: Some(Phase::Redriven),
+            ..Default::default()
+        });
+        rig.list([done]);
+        rig.woken();
+        rig.feeder.resync(vec![(d, true)]);
+        assert!(rig.woken().is_empty(), "the list is older than the watch");
+        assert_eq!(rig.store.len(), 0);
+    }
+
+    #[test]
     fn records_whose_marks_keep_failing_stop_holding_the_window() {
         let mut rig = Rig::new();
         rig.list((0..MARK_WINDOW + 2).map(record));

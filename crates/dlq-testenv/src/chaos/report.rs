@@ -185,7 +185,8 @@ impl Report {
         }
     }
 
-    /// True when every invariant held.
+    /// True when every invariant held (effectively once included: no job on a target its
+    /// record did not redrive, none a deduplicating consumer would take twice).
     pub fn passed(&self) -> bool {
         self.lost == 0
             && self.duplicate_records == 0
@@ -195,6 +196,8 @@ impl Report {
             && self.duplicate_resolutions == 0
             && self.status_regressions == 0
             && self.panics == 0
+            && self.stray_enqueues == 0
+            && self.duplicates_after_dedupe_total == 0
     }
 
     /// The table `make chaos` prints (and the README quotes).
