@@ -30,6 +30,7 @@ pub const MAX_ERROR_CLASS: usize = 256;
 pub const FINGERPRINT_LEN: usize = 10;
 const HEX_PLACEHOLDER: &str = "<hex>";
 const BASE64_PLACEHOLDER: &str = "<b64>";
+const TOKEN_PLACEHOLDER: &str = "<id>";
 const NUMBER_PLACEHOLDER: &str = "<n>";
 /// The hashed form's version, hashed first.
 const SCHEME: &str = "dlq.dev/group/v1";
@@ -64,12 +65,13 @@ impl<'a> Key<'a> {
     /// The group's fingerprint: [`FINGERPRINT_LEN`] hex digits of a sha256 over the parts,
     /// each length-prefixed so no two different keys hash the same text.
     /// The template as hashed: a random id is now and then all digits (`00012345`) or a
-    /// base64 token all hex letters, so numbers, hex and base64 runs count as one kind of id
-    /// there, and such a record stays in its group.
+    /// base64 token all hex letters, so numbers, hex, base64 runs and prefixed tokens count as
+    /// one kind of id there, and such a record stays in its group.
     pub fn hashed_template(&self) -> String {
         self.template()
             .replace(HEX_PLACEHOLDER, NUMBER_PLACEHOLDER)
             .replace(BASE64_PLACEHOLDER, NUMBER_PLACEHOLDER)
+            .replace(TOKEN_PLACEHOLDER, NUMBER_PLACEHOLDER)
     }
 
     pub fn fingerprint(&self) -> String {
@@ -136,10 +138,40 @@ fn any(_: &str) -> bool {
     true
 }
 
-/// Hex that is not an English word: `0x...`, or at least one digit and one letter.
+/// Hex that is not an English word: `0x...`, at least one digit and one letter, or letters
+/// alone in a run of [`MIN_LETTER_HEX`] or more (a random 32-bit id is now and then all
+/// letters: `baaeaaed`). All digits is left to the number mask (it hashes alike).
 fn random_hex(s: &str) -> bool {
+    let letters = s.bytes().any(|b| b.is_ascii_alphabetic());
     s.starts_with("0x")
-        || (s.bytes().any(|b| b.is_ascii_digit()) && s.bytes().any(|b| b.is_ascii_alphabetic()))
+        || (letters && s.len() >= MIN_LETTER_HEX)
+        || (letters && s.bytes().any(|b| b.is_ascii_digit()))
+}
+
+/// The shortest hex run that is an id even without a digit. No English word of 8 or more
+/// letters is made of a-f alone (the longest are 7: `defaced`, `effaced`), so prose is safe.
+const MIN_LETTER_HEX: usize = 8;
+
+/// The random part of a prefixed token (`pi_psHMeLRpDKwPMJaRaIsAMVrz`): digits and letters,
+/// or both cases not in the shape of a CamelCase name (every capital followed by at least
+/// two small letters: `on_MessageReceived` is a name). All small letters is a snake_case
+/// name (`api_connection_error`), never masked.
+fn random_token(s: &str) -> bool {
+    let b = s.as_bytes();
+    let has = |f: fn(&u8) -> bool| b.iter().any(f);
+    let letters = has(u8::is_ascii_alphabetic);
+    if has(u8::is_ascii_digit) {
+        return true;
+    }
+    if !(letters && has(u8::is_ascii_uppercase) && has(u8::is_ascii_lowercase)) {
+        return false;
+    }
+    let camel = b.iter().enumerate().all(|(i, c)| {
+        !c.is_ascii_uppercase()
+            || (b.get(i + 1).is_some_and(u8::is_ascii_lowercase)
+                && b.get(i + 2).is_some_and(u8::is_ascii_lowercase))
+    });
+    !camel
 }
 
 /// Base64 that is not an identifier: upper- and lower-case letters and a digit, or padding.
@@ -223,6 +255,12 @@ static MASKS: LazyLock<Vec<Mask>> = LazyLock::new(|| {
             "<host>",
             any,
         ),
+        // A prefixed token (Stripe's `pi_...`, `cus_...`): the prefix says what it is, kept.
+        mask(
+            &format!("{L}(?P<p>[a-z]{{2,4}}_)(?P<v>[A-Za-z0-9]{{10,}}){T}"),
+            TOKEN_PLACEHOLDER,
+            random_token,
+        ),
         mask(
             &format!("{L}(?P<v>(?:[0-9]+(?:\\.[0-9]+)?(?:ns|us|µs|ms|s|m|h|d))+){T}"),
             "<dur>",
@@ -239,9 +277,11 @@ static MASKS: LazyLock<Vec<Mask>> = LazyLock::new(|| {
             random_base64,
         ),
         // The placeholders are matched whole so that they are skipped; any other `<...>`
-        // (`<12345>` in a reason) is text whose numbers are masked.
+        // (`<12345>` in a reason) is text whose numbers are masked. A number is a run of
+        // decimal digits of any script (`٣٠٢١`, `１２３`), with thousands separators
+        // (`1,024.00`) and decimals.
         mask(
-            r"(?P<v><(?:n|hex|b64|uuid|q|dur|time|ip|host|email)>|[0-9]+(?:\.[0-9]+)*)",
+            r"(?P<v><(?:n|hex|b64|id|uuid|q|dur|time|ip|host|email)>|\d{1,3}(?:,\d{3})+(?:\.\d+)*|\d+(?:\.\d+)*)",
             NUMBER_PLACEHOLDER,
             not_placeholder,
         ),
@@ -258,7 +298,13 @@ fn apply<'t>(m: &Mask, text: &'t str) -> std::borrow::Cow<'t, str> {
         let group = |name: &str| c.name(name).map_or("", |g| g.as_str());
         let value = group("v");
         if (m.accept)(value) {
-            format!("{}{}{}", group("l"), m.placeholder, group("t"))
+            format!(
+                "{}{}{}{}",
+                group("l"),
+                group("p"),
+                m.placeholder,
+                group("t")
+            )
         } else {
             c.get(0).map_or("", |g| g.as_str()).to_string()
         }
@@ -310,7 +356,7 @@ mod tests {
 
     #[test]
     fn every_mask_compiles() {
-        assert_eq!(MASKS.len(), 12);
+        assert_eq!(MASKS.len(), 13);
     }
 
     #[test]
@@ -393,6 +439,122 @@ mod tests {
         ];
         for (reason, want) in cases {
             assert_eq!(template(reason), want, "{reason}");
+        }
+    }
+
+    /// Issue 45 item 12 and issue 44 item 6: ids that did not look like ids split groups.
+    #[test]
+    fn ids_of_every_shape_fold_into_one_group() {
+        let same = |a: &str, b: &str| {
+            assert_eq!(
+                key(a, None).fingerprint(),
+                key(b, None).fingerprint(),
+                "{a:?} ({}) and {b:?} ({})",
+                template(a),
+                template(b)
+            )
+        };
+        same(
+            "charge pi_psHMeLRpDKwPMJaRaIsAMVrz declined",
+            "charge pi_3MtwBwLkdIwHu7ix28a3tqPa declined",
+        );
+        same("retry ٣٠٢١ of order", "retry 3021 of order");
+        same("retry １２３ of order", "retry 3021 of order");
+        same("amount 1,024.00 over limit", "amount 12.50 over limit");
+        same(
+            "timeout talking to payer baaeaaed",
+            "timeout talking to payer 7f3a9c21",
+        );
+        same(
+            "timeout talking to payer DEADBEEFCAFEFACE",
+            "timeout talking to payer 0b11e0aa0b11e0aa",
+        );
+        assert_eq!(
+            template("charge pi_psHMeLRpDKwPMJaRaIsAMVrz declined"),
+            "charge pi_<id> declined"
+        );
+        assert_eq!(template("amount 1,024.00 over"), "amount <n> over");
+        assert_eq!(template("payer baaeaaed"), "payer <hex>");
+    }
+
+    /// What looks like an id only by its shape stays text: snake_case and CamelCase names
+    /// after a short prefix, a-f words shorter than 8 letters, lists of small numbers.
+    #[test]
+    fn names_and_words_are_not_taken_for_ids() {
+        let kept = [
+            "api_connection_error from upstream",
+            "handler on_MessageReceived failed",
+            "record defaced, effaced and faded",
+            "a decade of added faces",
+            "cafe and feedback and deadbeat",
+        ];
+        for reason in kept {
+            assert_eq!(template(reason), reason);
+        }
+        assert_eq!(template("values 1,2,3"), "values <n>,<n>,<n>");
+    }
+
+    use proptest::prelude::Strategy;
+
+    /// A random hex id of `len` digits: any, letters alone, or digits alone.
+    fn hex_id(len: usize) -> impl Strategy<Value = String> {
+        proptest::prop_oneof![
+            proptest::collection::vec(proptest::num::u8::ANY, len / 2).prop_map(hex::encode),
+            proptest::string::string_regex(&format!("[a-f]{{{len}}}")).expect("a pattern"),
+            proptest::string::string_regex(&format!("[0-9]{{{len}}}")).expect("a pattern"),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Random ids of each kind (32-, 64- and 128-bit hex in either case, prefixed tokens,
+        /// numbers of any script or with thousands separators) fold into one group.
+        #[test]
+        fn random_ids_of_each_kind_fold_into_one_group(
+            // Uniform hex is all letters once in 2,600 draws (32 bits): drawn on purpose too.
+            hex32 in hex_id(8),
+            hex64 in hex_id(16),
+            hex128 in hex_id(32),
+            upper in proptest::bool::ANY,
+            prefix in "[a-z]{2,4}",
+            // A token of letters alone in CamelCase shape is taken for a name (see
+            // `names_and_words_are_not_taken_for_ids`); at these lengths about 1 in 10^4 is.
+            token in "[A-Za-z0-9]{14,28}".prop_filter("a CamelCase name", |t| random_token(t)),
+            number in proptest::num::u32::ANY,
+            script in proptest::sample::select(vec!['0', '٠', '０', '०', '০']),
+        ) {
+            let case = |s: String| if upper { s.to_uppercase() } else { s };
+            let digits: String = number
+                .to_string()
+                .chars()
+                .map(|c| {
+                    let d = c.to_digit(10).unwrap_or(0);
+                    char::from_u32(script as u32 + d).unwrap_or(c)
+                })
+                .collect();
+            let thousands = {
+                let plain = number.to_string();
+                let mut out = String::new();
+                for (i, c) in plain.chars().enumerate() {
+                    if i > 0 && (plain.len() - i) % 3 == 0 {
+                        out.push(',');
+                    }
+                    out.push(c);
+                }
+                out
+            };
+            let reason = format!(
+                "timeout after {digits} ms ({thousands}.00 units) talking to payer {} via {} and {} for {prefix}_{token}",
+                case(hex32),
+                case(hex64),
+                case(hex128),
+            );
+            let pinned = "timeout after 3021 ms (1.50 units) talking to payer 7f3a9c21 via 0b11e0aa0b11e0aa and 123e4567e89b12d3a456426614174000 for pi_3MtwBwLkdIwHu7ix28a3tqPa";
+            let prefixed = pinned.replace("pi_", &format!("{prefix}_"));
+            proptest::prop_assert_eq!(
+                key(&reason, None).fingerprint(),
+                key(&prefixed, None).fingerprint(),
+                "{} vs {}", template(&reason), template(&prefixed)
+            );
         }
     }
 
@@ -479,6 +641,18 @@ mod tests {
                 },
                 "ef5d3fb3e9",
             ),
+            // Fingerprints that changed once (issue 45 item 12, issue 44 item 6): these ids
+            // were not masked before, and each record was a group of its own.
+            (
+                key("timeout talking to payer baaeaaed", Some("relayer@1.4.2")),
+                "bc30a95e39",
+            ),
+            (
+                key("charge pi_psHMeLRpDKwPMJaRaIsAMVrz declined", None),
+                "79c3c532af",
+            ),
+            (key("amount 1,024.00 over limit", None), "60b919744e"),
+            (key("retry ٣٠٢١ of order", None), "ed25546342"),
         ];
         for (key, want) in pinned {
             assert_eq!(key.fingerprint(), want, "{key:?}");
