@@ -1,7 +1,7 @@
 //! The DeadLetterQueue reconciler: retention of resolved records, counters, target readiness.
 //!
 //! Steps: select the queue's records from the store, delete the expired resolved ones
-//! (`dlq_core::plan::expired`), label records parked before failure groups existed with their
+//! (`dlq_core::plan::expired`), label records whose group label is missing or wrong with their
 //! group, keep its failure groups (`super::groups`), probe the target, build the status and gauges (`dlq_core::plan::queue_status`),
 //! write.
 
@@ -144,9 +144,12 @@ const LABEL_CONCURRENCY: usize = 8;
 /// When the next batch of labels goes out.
 const LABEL_AGAIN: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Labels records parked before failure groups existed (or by an older parker) with their
-/// group, a batch per reconcile, so `-l dlq.dev/group=...` and replays by group find them.
-/// Returns how many are still unlabelled after this batch.
+/// Labels records with their group (computed from their facts) where the `dlq.dev/group`
+/// label is missing (parked before failure groups existed, or by an older parker) or wrong
+/// (edited by hand, or a fingerprint the masks now compute differently), a batch per
+/// reconcile, so `-l dlq.dev/group=...` finds exactly a group's records. The label is the
+/// operator's: counts and replays read the facts, never the label. Returns how many are still
+/// to label after this batch.
 async fn label_groups(ctx: &Context, records: &[Arc<Summary>]) -> usize {
     let unlabelled: Vec<Arc<Summary>> = records
         .iter()
@@ -168,7 +171,7 @@ async fn label_groups(ctx: &Context, records: &[Arc<Summary>]) -> usize {
     tracing::info!(
         labelled,
         remaining,
-        "labelled records parked before failure groups with their group"
+        "labelled records whose group label was missing or wrong with their group"
     );
     remaining
 }

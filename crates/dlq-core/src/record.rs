@@ -35,8 +35,9 @@ pub trait Facts {
     fn failed_at(&self) -> Timestamp;
     fn service_version(&self) -> Option<&str>;
     fn error_class(&self) -> Option<&str>;
-    /// Its failure group: the `dlq.dev/group` label a parker set, else computed (a record
-    /// parked before groups existed).
+    /// Its failure group, computed from its immutable facts ([`crate::group::Key`]). Never the
+    /// `dlq.dev/group` label: anyone who may edit a record may edit its labels, and a forged
+    /// label must not move a record into another group's counts or replays.
     fn group(&self) -> std::borrow::Cow<'_, str>;
     /// When the apiserver created it (None only for an object never stored).
     fn created(&self) -> Option<Timestamp>;
@@ -95,10 +96,7 @@ impl Facts for DeadLetter {
         self.spec.error_class.as_deref()
     }
     fn group(&self) -> std::borrow::Cow<'_, str> {
-        match crate::group::labelled(self) {
-            Some(label) => label.into(),
-            None => crate::group::Key::of(self).fingerprint().into(),
-        }
+        crate::group::Key::of(self).fingerprint().into()
     }
     fn created(&self) -> Option<Timestamp> {
         self.metadata.creation_timestamp.as_ref().map(|t| t.0)
@@ -179,8 +177,9 @@ pub struct Summary {
     pub error_class: Option<Box<str>>,
     /// Its failure group ([`Facts::group`]), shared by the group's records.
     pub group: Arc<str>,
-    /// Whether it carries its group as a label (records parked before groups existed do not
-    /// until the operator labels them).
+    /// Whether its `dlq.dev/group` label holds exactly that group. Records parked before
+    /// groups existed have none, and a hand-edited one is wrong, until the operator
+    /// (re)labels them.
     pub group_labelled: bool,
     /// The business state when it failed (alerts describe it).
     pub intent: Option<Box<IntentSnapshot>>,
@@ -209,6 +208,7 @@ impl Summary {
         let spec = &dl.spec;
         let status = dl.status.as_ref();
         let (replay, uid) = dl.signed_by_replay();
+        let group = strings.get(&dl.group());
         let signed_by = (replay.is_some() || uid.is_some()).then(|| {
             Box::new(SignedBy {
                 replay: replay.map(boxed),
@@ -231,8 +231,8 @@ impl Summary {
             failed_at: spec.failed_at.0,
             service_version: spec.service_version.as_deref().map(boxed),
             error_class: spec.error_class.as_deref().map(boxed),
-            group: strings.get(&dl.group()),
-            group_labelled: crate::group::labelled(dl).is_some(),
+            group: group.clone(),
+            group_labelled: crate::group::labelled(dl) == Some(&*group),
             intent: spec.intent.clone(),
             action: spec.action,
             status_phase: status.and_then(|s| s.phase),
@@ -505,6 +505,29 @@ mod tests {
             get(&s.to_record().metadata.labels, LABEL_GROUP),
             Some(&*s.group)
         );
+    }
+
+    /// Issue 45 item 10: a decider edited `dlq.dev/group` to move a record into another group.
+    #[test]
+    fn a_forged_group_label_is_not_the_records_group_and_is_marked_for_restoring() {
+        let mut strings = Interner::default();
+        let honest = record();
+        let mut forged = record();
+        forged
+            .metadata
+            .labels
+            .get_or_insert_default()
+            .insert(LABEL_GROUP.into(), "0123456789".into());
+        assert_eq!(forged.group(), honest.group(), "the facts decide");
+        let s = Summary::of(&forged, &mut strings);
+        assert_eq!(&*s.group, &*honest.group());
+        assert!(!s.group_labelled, "the operator labels it again");
+        let selector = crate::replay::ReplaySelector {
+            group: Some("0123456789".into()),
+            ..Default::default()
+        };
+        assert!(!selector.matches(&forged) && !selector.matches(&s));
+        assert!(Summary::of(&honest, &mut strings).group_labelled);
     }
 
     #[test]
