@@ -1,6 +1,10 @@
 //! Keeping a queue's DeadLetterGroups: the plan from the record index
 //! (`dlq_core::groups::plan`), written only where it changed and at most once per group every
 //! [`MIN_INTERVAL`], so a storm of parkings costs a group a few writes, not one per record.
+//!
+//! The groups are the operator's: one deleted by hand while it has records is created again
+//! from them (at its next write, which finds it gone, or at the next pass once the group watch
+//! has not shown it for [`GONE_AFTER`]).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -20,6 +24,9 @@ use crate::state::apiserver::reference;
 
 /// Shortest time between two status writes of one group.
 pub const MIN_INTERVAL: Duration = Duration::from_secs(2);
+/// How long after this process wrote a group the group watch may still not show it (its
+/// own lag) before the group counts as deleted.
+pub const GONE_AFTER: Duration = Duration::from_secs(5);
 
 /// What this process wrote of one group.
 struct Written {
@@ -80,7 +87,10 @@ pub async fn keep(
         for (fingerprint, status) in plan.groups.iter_mut() {
             acknowledge(ctx, known, &ns, &name, fingerprint, status);
         }
-        let due = due_writes(known, &plan.groups);
+        let mut due = due_writes(known, &plan.groups);
+        for fingerprint in deleted_by_hand(ctx, known, &ns, &name, &plan.groups) {
+            due.insert(fingerprint, Due::Now { create: true });
+        }
         (plan, due)
     };
     let mut later: Option<Duration> = None;
@@ -142,6 +152,35 @@ fn acknowledge(
     status.silenced = groups::silenced(status);
 }
 
+/// Planned groups this process wrote at least [`GONE_AFTER`] ago that the group watch does not
+/// hold: deleted by someone else, to be created again.
+fn deleted_by_hand(
+    ctx: &Context,
+    known: &QueueGroups,
+    ns: &str,
+    queue: &str,
+    planned: &std::collections::BTreeMap<String, DeadLetterGroupStatus>,
+) -> Vec<String> {
+    let Some(store) = &ctx.group_store else {
+        return Vec::new();
+    };
+    planned
+        .keys()
+        .filter(|f| {
+            known
+                .groups
+                .get(*f)
+                .and_then(|w| w.as_ref())
+                .is_some_and(|w| w.at.elapsed() >= GONE_AFTER)
+        })
+        .filter(|f| {
+            let name = groups::group_name(queue, f);
+            store.get(&ObjectRef::new(&name).within(ns)).is_none()
+        })
+        .cloned()
+        .collect()
+}
+
 /// When a planned group's status is to be written.
 enum Due {
     Now { create: bool },
@@ -197,7 +236,13 @@ async fn write(
     create: bool,
 ) {
     let object = groups::group_object(queue, fingerprint, status.clone());
-    match ctx.apiserver.apply_group(&object, create).await {
+    let mut result = ctx.apiserver.apply_group(&object, create).await;
+    if !create && matches!(&result, Err(kube::Error::Api(s)) if s.code == 404) {
+        // Deleted by hand (or by a former leader's retention): its records say it exists.
+        tracing::info!(namespace = %key.0, queue = %key.1, group = %fingerprint, "a failure group with records was gone; creating it again");
+        result = ctx.apiserver.apply_group(&object, true).await;
+    }
+    match result {
         Ok(()) => {
             if let Some(q) = lock(&ctx.groups.queues).get_mut(key) {
                 let written = Written {
