@@ -679,3 +679,242 @@ async fn the_park_service_points_at_the_leader_and_follows_a_failover() {
     let ports = slice.ports.unwrap_or_default();
     assert_eq!(ports[0].name.as_deref(), Some("park"));
 }
+
+/// POSTs with header values given as bytes (a sender writing Latin-1, say).
+async fn post_raw(url: &str, ca: &str, headers: &[(&str, &[u8])], body: Vec<u8>) -> Reply {
+    let client =
+        deadletter::https::client::<Full<Bytes>>(Some(ca), "test CA", Duration::from_secs(5))
+            .expect("client");
+    let mut req = hyper::Request::post(url);
+    for (n, v) in headers {
+        req = req.header(
+            *n,
+            hyper::header::HeaderValue::from_bytes(v).expect("a value"),
+        );
+    }
+    let res = client
+        .request(req.body(Full::new(Bytes::from(body))).expect("request"))
+        .await
+        .expect("an answer");
+    let status = res.status().as_u16();
+    let body = res.into_body().collect().await.map(|b| b.to_bytes());
+    Reply {
+        status,
+        headers: BTreeMap::new(),
+        body: String::from_utf8_lossy(&body.unwrap_or_default()).into_owned(),
+    }
+}
+
+/// Hostile events from issue 45: two events whose 300-character ids differ only in the last
+/// character are two records; a batch keeps each event's exact text (numbers no float can
+/// hold); an extension attribute in bytes that are not text is refused, never accepted and
+/// dropped.
+#[tokio::test]
+async fn hostile_events_are_parked_apart_and_exactly_or_refused() {
+    let (client, ns) = setup("http-park-hostile").await;
+    let certs = certs();
+    create_dlq(
+        &client,
+        &ns,
+        "open",
+        json!({"target": {"http": {"url": "http://127.0.0.1:9/x"}}, "http": {"allowAnonymous": true}}),
+    )
+    .await;
+    let (_op, base) = operator_with_endpoint(&ns, &certs, "127.0.0.0/8");
+    let url = queue_url(&base, &ns, "open");
+    let ca = certs.ca_pem.as_str();
+    endpoint_ready(&url, ca, 201).await;
+    let all = |client: Client, ns: String| async move {
+        let mut r = records(&client, &ns).await;
+        r.retain(|r| r.spec.failure_kind != FailureKind::Invalid || r.spec.job.id != "probe");
+        r
+    };
+
+    // 1. Long ids differing only at the end: two records, each with its own data.
+    let stem = "x".repeat(299);
+    let mut names = Vec::new();
+    for (last, data) in [("a", "{\"n\":1}"), ("b", "{\"n\":2}")] {
+        let id = format!("{stem}{last}");
+        let h = [
+            ("ce-specversion", "1.0"),
+            ("ce-id", id.as_str()),
+            ("ce-source", "/hostile"),
+            ("ce-type", "t"),
+            ("content-type", "application/json"),
+        ];
+        let r = post(&url, ca, &h, data.as_bytes().to_vec()).await;
+        assert_eq!(r.status, 201, "{}", r.body);
+        names.push(r.body);
+    }
+    assert_ne!(names[0], names[1]);
+    let parked = all(client.clone(), ns.clone()).await;
+    let long: Vec<_> = parked
+        .iter()
+        .filter(|r| r.spec.job.id.starts_with("xxxx"))
+        .collect();
+    assert_eq!(long.len(), 2, "two events, two records");
+    let mut data: Vec<_> = long
+        .iter()
+        .filter_map(|r| r.spec.job.payload.clone())
+        .collect();
+    data.sort();
+    assert_eq!(data, ["{\"n\":1}", "{\"n\":2}"]);
+
+    // 2. A batch: each event's exact text, numbers included.
+    let one = r#"{"specversion":"1.0","id":"big-1","source":"/hostile","type":"t","data":{"d":12345678901234567890.12345678901234567890}}"#;
+    let two = r#"{"specversion":"1.0","id":"big-2","source":"/hostile","type":"t","data":123456789012345678901234567890}"#;
+    let batch = format!("[{one}, {two}]");
+    let r = post(
+        &url,
+        ca,
+        &[("content-type", "application/cloudevents-batch+json")],
+        batch.into_bytes(),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let parked = all(client.clone(), ns.clone()).await;
+    for (id, text) in [("big-1@/hostile", one), ("big-2@/hostile", two)] {
+        let rec = parked
+            .iter()
+            .find(|r| r.spec.job.id == id)
+            .unwrap_or_else(|| panic!("{id} parked"));
+        assert_eq!(rec.spec.job.payload.as_deref(), Some(text));
+    }
+
+    // 3. ce-subject in Latin-1: refused, nothing parked.
+    let before = all(client.clone(), ns.clone()).await.len();
+    let r = post_raw(
+        &url,
+        ca,
+        &[
+            ("ce-specversion", b"1.0"),
+            ("ce-id", b"latin-1"),
+            ("ce-source", b"/hostile"),
+            ("ce-type", b"t"),
+            ("ce-subject", b"caf\xe9"),
+        ],
+        b"{}".to_vec(),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("ce-subject"), "{}", r.body);
+    assert_eq!(all(client.clone(), ns.clone()).await.len(), before);
+    // Percent-encoded, as the HTTP binding asks, it parks and keeps the header.
+    let r = post(
+        &url,
+        ca,
+        &[
+            ("ce-specversion", "1.0"),
+            ("ce-id", "latin-1"),
+            ("ce-source", "/hostile"),
+            ("ce-type", "t"),
+            ("ce-subject", "caf%C3%A9"),
+        ],
+        b"{}".to_vec(),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let rec = all(client.clone(), ns.clone())
+        .await
+        .into_iter()
+        .find(|r| r.spec.job.id == "latin-1@/hostile")
+        .expect("parked");
+    assert_eq!(
+        rec.spec.job.headers.get("ce-subject").map(String::as_str),
+        Some("caf%C3%A9")
+    );
+}
+
+/// Slowloris (issue 45 item 14): one client opening many connections gets at most 32 at once
+/// (the rest are closed at once), and a connection that never finishes its TLS handshake, or
+/// trickles its headers, is closed within about 10 s, so file descriptors cannot be exhausted.
+#[tokio::test]
+async fn trickling_clients_are_cut_off_and_cannot_hold_every_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (_client, ns) = setup("http-park-slow").await;
+    let certs = certs();
+    let (_op, base) = operator_with_endpoint(&ns, &certs, "127.0.0.0/8");
+    let url = queue_url(&base, &ns, "none");
+    endpoint_ready(&url, &certs.ca_pem, 404).await;
+    let addr = base.trim_start_matches("https://").to_string();
+
+    // 60 connections that say nothing: 32 held, 28 closed at once.
+    let started = Instant::now();
+    let mut held = Vec::new();
+    for _ in 0..60 {
+        held.push(
+            tokio::net::TcpStream::connect(&addr)
+                .await
+                .expect("connect"),
+        );
+    }
+    let mut closed_at_once = 0;
+    let mut ends = Vec::new();
+    for mut c in held {
+        ends.push(tokio::spawn(async move {
+            let mut buf = [0u8; 64];
+            let _ = tokio::time::timeout(Duration::from_secs(30), c.read(&mut buf)).await;
+            Instant::now()
+        }));
+    }
+    let mut last = started;
+    for end in ends {
+        let at = end.await.expect("joined");
+        if at.duration_since(started) < Duration::from_secs(2) {
+            closed_at_once += 1;
+        }
+        last = last.max(at);
+    }
+    let all_closed = last.duration_since(started);
+    dlq_testenv::report(&format!(
+        "http_park slowloris: 60 silent connections, {closed_at_once} closed at once, all closed after {all_closed:?}"
+    ));
+    assert!(closed_at_once >= 28, "{closed_at_once} closed at once");
+    assert!(all_closed < Duration::from_secs(15), "{all_closed:?}");
+
+    // Headers trickled one line a second over TLS: closed within the header timeout.
+    let mut roots = rustls::RootCertStore::empty();
+    use rustls::pki_types::pem::PemObject;
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(certs.ca_pem.as_bytes()) {
+        roots.add(cert.expect("CA pem")).expect("a root");
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("protocol versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+    let mut tls = connector.connect(name, tcp).await.expect("handshake");
+    let path = dlq_core::api::park_path(&ns, "none");
+    tls.write_all(format!("POST {path} HTTP/1.1\r\nHost: x\r\n").as_bytes())
+        .await
+        .expect("request line");
+    let started = Instant::now();
+    let cut = loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let line = format!("x-trickle-{}: 1\r\n", started.elapsed().as_secs());
+        if tls.write_all(line.as_bytes()).await.is_err() || tls.flush().await.is_err() {
+            break started.elapsed();
+        }
+        let mut buf = [0u8; 256];
+        match tokio::time::timeout(Duration::from_millis(10), tls.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break started.elapsed(),
+            Ok(Ok(_)) => break started.elapsed(), // an answer (408) ends it too
+            Err(_) => {}
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "still open after 30 s"
+        );
+    };
+    dlq_testenv::report(&format!(
+        "http_park slowloris: trickled headers cut after {cut:?}"
+    ));
+    assert!(cut < Duration::from_secs(15), "{cut:?}");
+}
