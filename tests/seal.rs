@@ -1,9 +1,12 @@
 //! Payload sealing (issue 32) against a real apiserver, etcd and redis-server: a sealed queue's
-//! records parked through `kubectl dlq park`, `dlq-client` and the Redis source hold no card
-//! number in etcd's raw value, the operator's log or the records' Events; redrive delivers the
-//! exact bytes and headers; rotation (a new key first, old records still redrive, counts per
-//! key); a lost key refuses the redrive (`SealKeyMissing`) and the record stays Parked; a queue
-//! that seals without a readable key refuses to park plaintext; `age` CLI interop.
+//! records parked through `kubectl dlq park`, `dlq-client`, the Redis source, the HTTP park
+//! endpoint and the Sidekiq source (a real Sidekiq) hold no card number in etcd's raw value, the
+//! operator's log or the records' Events; redrive delivers the exact bytes and headers; an
+//! element that is no envelope (a card as a JSON number) is an Invalid record whose reason does
+//! not quote it; rotation (a new key first, old records still redrive, counts per key); a lost
+//! key refuses the redrive (`SealKeyMissing`) and the record stays Parked; a queue that seals
+//! without a readable key refuses to park plaintext; the reveal API (masked, unmasked, a damaged
+//! record a 409); `age` CLI interop.
 
 use dlq_core::api::{Action, DeadLetter, DeadLetterQueue, Job, Phase};
 use dlq_core::seal::{Keyring, generate_identity};
@@ -866,6 +869,7 @@ async fn a_reveal_needs_the_role_is_masked_unless_asked_and_is_audited_and_annou
         !op.logs().contains(REVEAL_CARD),
         "the card is in the operator's log"
     );
+    revealing_a_damaged_record_is_a_conflict_naming_it(&client, &ns, &name, port).await;
     if std::env::var_os("DLQ_REVEAL_SHOW").is_some() {
         let record = audited_plane()
             .kubectl()
@@ -875,4 +879,381 @@ async fn a_reveal_needs_the_role_is_masked_unless_asked_and_is_audited_and_annou
         eprintln!("{}\n---\n{yaml}", String::from_utf8_lossy(&record.stdout));
     }
     let _ = std::fs::remove_dir_all(tls_dir);
+}
+
+/// Issue 45 item 15: a record whose ciphertext was damaged (a copy of record `name` with one
+/// byte of its age file flipped) cannot be opened: the reveal answers 409 naming the record,
+/// not 500, and a Warning Event `RevealFailed` on it says who asked and why.
+async fn revealing_a_damaged_record_is_a_conflict_naming_it(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    port: u16,
+) {
+    use base64::Engine;
+    let engine = base64::engine::general_purpose::STANDARD;
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), ns);
+    let original = api.get(name).await.unwrap();
+    let mut spec = original.spec.clone();
+    spec.job.id = "damaged/1".into();
+    let sealed = spec.job.sealed.as_mut().expect("a sealed record");
+    let mut bytes = engine.decode(&sealed.ciphertext).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    sealed.ciphertext = engine.encode(bytes);
+    let damaged = DeadLetter::new("damaged-1", spec);
+    api.create(&Default::default(), &damaged).await.unwrap();
+
+    assert_eq!(reveal_as("carol", ns, "damaged-1", false).await, Err(409));
+    let path =
+        format!("/apis/payloads.dlq.dev/v1alpha1/namespaces/{ns}/deadletterpayloads/damaged-1");
+    let (code, body) = straight_to_operator(port, &path, true, "carol");
+    assert_eq!(code, 409, "{body}");
+    assert!(
+        body.contains(&format!(
+            "deadletter damaged-1 in namespace {ns} cannot be opened"
+        )),
+        "{body}"
+    );
+    let notes = eventually(10, "the RevealFailed Event", || async {
+        let events: Api<Event> = Api::namespaced(client.clone(), ns);
+        let lp = ListParams::default().fields("regarding.name=damaged-1");
+        let list = events.list(&lp).await.ok()?;
+        let failed: Vec<String> = list
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("RevealFailed"))
+            .filter_map(|e| e.note)
+            .collect();
+        (!failed.is_empty()).then_some(failed)
+    })
+    .await;
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("could not be revealed to carol") && n.contains("does not open")),
+        "{notes:?}"
+    );
+}
+
+/// Every Event's note about record `name`.
+async fn notes_about(client: &Client, ns: &str, name: &str) -> Vec<String> {
+    let events: Api<Event> = Api::namespaced(client.clone(), ns);
+    let lp = ListParams::default().fields(&format!("regarding.name={name}"));
+    let list = events.list(&lp).await.unwrap();
+    list.items.into_iter().filter_map(|e| e.note).collect()
+}
+
+/// Asserts etcd's raw value of record `r` holds no card number.
+async fn no_card_in_etcd(r: &DeadLetter) {
+    let key = format!(
+        "/registry/dlq.dev/deadletters/{}/{}",
+        r.namespace().unwrap(),
+        r.name_any()
+    );
+    let raw = audited_plane()
+        .etcd_value(&key)
+        .await
+        .unwrap_or_else(|| panic!("etcd has no {key}"));
+    let raw = String::from_utf8_lossy(&raw);
+    assert!(raw.contains(&r.name_any()), "etcd's value is this record's");
+    assert!(
+        !raw.contains(CARD),
+        "the card number is in etcd: {raw:.900}"
+    );
+}
+
+/// Issue 45 item 6: a dead-list element whose header value is a JSON number (a card number)
+/// is no envelope. On a sealed queue its Invalid record says what was wrong without quoting the
+/// number, in etcd and in the `Parked` Event; its exact bytes are sealed and redrive them.
+#[tokio::test]
+async fn an_envelope_that_is_not_one_is_parked_sealed_and_its_reason_quotes_no_card() {
+    let (client, ns) = setup_on(audited_plane(), "seal-invalid").await;
+    let redis = Redis::start();
+    let recipient = identity_secret(&client, &ns, "relayer-seal").await;
+    sealed_queue(&client, &ns, &redis, &["relayer-seal"]).await;
+    let op = Operator::start_on(&audited_plane().kubeconfig, &ns, &[], &[LOG]);
+    published(&client, &ns, &[&recipient]).await;
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let raw = format!(r#"{{"id":"inv/1","payload":"p","headers":{{"x-card":{CARD}}}}}"#);
+    let mut c = redis.conn().await;
+    let _: i64 = redis::cmd("LPUSH")
+        .arg(DEAD)
+        .arg(&raw)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let r = eventually(30, "the Invalid record", || async {
+        let list = api.list(&ListParams::default()).await.ok()?;
+        list.items
+            .into_iter()
+            .find(|r| r.spec.failure_kind == dlq_core::api::FailureKind::Invalid)
+    })
+    .await;
+    assert_eq!(
+        r.spec.reason,
+        "not a dead-letter envelope: a value of the wrong type (expected a string)"
+    );
+    assert_sealed_in_etcd(&r, &recipient).await;
+    wait_phase(&api, &r.name_any(), Phase::Parked, 30).await;
+    let notes = eventually(30, "the Parked Event", || async {
+        let notes = notes_about(&client, &ns, &r.name_any()).await;
+        (!notes.is_empty()).then_some(notes)
+    })
+    .await;
+    assert!(!notes.iter().any(|n| n.contains(CARD)), "{notes:?}");
+    decide(&api, &r.name_any(), Action::Redrive, "ops").await;
+    wait_phase(&api, &r.name_any(), Phase::Redriven, 30).await;
+    let mut c = redis.conn().await;
+    let entries: Vec<(String, Vec<(Vec<u8>, Vec<u8>)>)> = redis::cmd("XRANGE")
+        .arg(STREAM)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(
+        entries
+            .iter()
+            .any(|(_, f)| f.contains(&(b"payload".to_vec(), raw.clone().into_bytes()))),
+        "the exact bytes redriven: {entries:?}"
+    );
+    assert!(
+        !op.logs().contains(CARD),
+        "the card is in the operator's log"
+    );
+}
+
+/// Issue 44: the HTTP park endpoint seals like every parker. A plain body and its headers (a
+/// card in both, and in the sender's reason), and a structured CloudEvent that is not one (a
+/// card where its id's string belongs): no card number in etcd or the records' Events; the
+/// redrive posts the exact body and header.
+#[tokio::test]
+async fn parked_through_the_http_endpoint_the_card_is_nowhere_and_redrive_is_exact() {
+    use rcgen::{CertificateParams, KeyPair};
+    let (client, ns) = setup_on(audited_plane(), "seal-http").await;
+    let sink = dlq_testenv::brokers::HttpSink::start(None);
+    let recipient = identity_secret(&client, &ns, "relayer-seal").await;
+    create_dlq(
+        &client,
+        &ns,
+        "relayer",
+        json!({
+            "target": {"http": {"url": sink.url("/settle")}},
+            "http": {"allowAnonymous": true},
+            "protection": {"seal": {"identitySecretRef": {"name": "relayer-seal"}}},
+        }),
+    )
+    .await;
+    let dir = std::env::temp_dir().join(format!("dlq-seal-http-{}-{ns}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec!["127.0.0.1".into()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    std::fs::write(dir.join("tls.crt"), cert.pem()).unwrap();
+    std::fs::write(dir.join("tls.key"), key.serialize_pem()).unwrap();
+    let port = dlq_testenv::plane::free_port().unwrap();
+    let base = format!("https://127.0.0.1:{port}");
+    let op = Operator::start_on(
+        &audited_plane().kubeconfig,
+        &ns,
+        &[
+            &format!("--park-addr=127.0.0.1:{port}"),
+            &format!("--park-tls-dir={}", dir.display()),
+            &format!("--park-url={base}"),
+            "--park-anonymous-from=127.0.0.0/8",
+        ],
+        &[LOG],
+    );
+    published(&client, &ns, &[&recipient]).await;
+    let url = format!("{base}{}", dlq_core::api::park_path(&ns, "relayer"));
+    let payload = card_payload("http/1");
+    let reason = format!("card {CARD} declined");
+    let x_card = format!("x-card: {CARD}");
+    let post = |headers: Vec<String>, body: String| {
+        let mut cmd = std::process::Command::new("curl");
+        cmd.args([
+            "-sk",
+            "-w",
+            "\n%{http_code}",
+            "-X",
+            "POST",
+            "--data-binary",
+            "@-",
+        ]);
+        for h in &headers {
+            cmd.arg("-H").arg(h);
+        }
+        let mut child = cmd
+            .arg(&url)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("curl runs");
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(body.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let out = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = out.rsplit_once('\n').unwrap_or(("", "0"));
+        (code.trim().parse::<u16>().unwrap_or(0), body.to_string())
+    };
+    let plain = vec![
+        "content-type: application/json".to_string(),
+        x_card.clone(),
+        "x-dlq-job-id: http/1".to_string(),
+        format!("x-dlq-reason: {reason}"),
+    ];
+    let (code, body) = eventually(30, "the endpoint to park", || async {
+        let (code, body) = post(plain.clone(), payload.clone());
+        (code != 503 && code != 404 && code != 0).then_some((code, body))
+    })
+    .await;
+    assert_eq!(code, 201, "{body}");
+    assert!(!body.contains(CARD), "the answer quotes the card: {body}");
+    let not_an_event = format!(r#"{{"specversion":"1.0","id":{CARD},"source":"/t","type":"t"}}"#);
+    let (code, body) = post(
+        vec!["content-type: application/cloudevents+json".to_string()],
+        not_an_event.clone(),
+    );
+    assert_eq!(code, 201, "an Invalid record of it: {body}");
+    assert!(!body.contains(CARD), "the answer quotes the card: {body}");
+
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let r = record_of(&api, "http/1").await;
+    assert_sealed_in_etcd(&r, &recipient).await;
+    assert_eq!(r.spec.reason, "card 411111******1111 declined");
+    let invalid = eventually(30, "the Invalid record", || async {
+        let list = api.list(&ListParams::default()).await.ok()?;
+        list.items
+            .into_iter()
+            .find(|r| r.spec.failure_kind == dlq_core::api::FailureKind::Invalid)
+    })
+    .await;
+    assert!(
+        invalid.spec.job.sealed.is_some(),
+        "the Invalid record is sealed"
+    );
+    no_card_in_etcd(&invalid).await;
+    for name in [r.name_any(), invalid.name_any()] {
+        wait_phase(&api, &name, Phase::Parked, 30).await;
+        let notes = eventually(30, "the Parked Event", || async {
+            let notes = notes_about(&client, &ns, &name).await;
+            (!notes.is_empty()).then_some(notes)
+        })
+        .await;
+        assert!(!notes.iter().any(|n| n.contains(CARD)), "{notes:?}");
+    }
+
+    decide(&api, &r.name_any(), Action::Redrive, "ops").await;
+    wait_phase(&api, &r.name_any(), Phase::Redriven, 30).await;
+    let posted = eventually(30, "the redrive's POST", || async {
+        sink.posts().into_iter().next()
+    })
+    .await;
+    assert_eq!(posted.body, payload.as_bytes(), "the exact body");
+    assert_eq!(posted.header("x-card"), Some(CARD), "{:?}", posted.headers);
+    assert!(
+        !op.logs().contains(CARD),
+        "the card is in the operator's log"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Issue 44: the Sidekiq source seals like every parker. A real Sidekiq kills a job whose
+/// argument holds a card (its error message quotes it): no card number in etcd or the record's
+/// Events, and after the redrive the same Sidekiq fetches the dead job's JSON byte for byte.
+#[tokio::test]
+async fn parked_from_sidekiqs_dead_set_the_card_is_nowhere_and_redrive_is_exact() {
+    use dlq_testenv::brokers::Sidekiq;
+    let (client, ns) = setup_on(audited_plane(), "seal-sidekiq").await;
+    let redis = Redis::start();
+    let recipient = identity_secret(&client, &ns, "relayer-seal").await;
+    create_secret(&client, &ns, "redis", "url", &redis.url()).await;
+    create_dlq(
+        &client,
+        &ns,
+        "relayer",
+        json!({
+            "target": {"sidekiq": {"urlSecretRef": {"name": "redis", "key": "url"}}},
+            "source": {"sidekiq": {}},
+            "protection": {"seal": {"identitySecretRef": {"name": "relayer-seal"}}},
+        }),
+    )
+    .await;
+    let _sidekiq = Sidekiq::start(&redis.url(), 1).await;
+    let jids = Sidekiq::enqueue(&redis.url(), 1, &format!("card-{CARD}"));
+    let mut c = redis.conn().await;
+    let dead: Vec<u8> = eventually(30, "the job in the dead set", || {
+        let mut c = c.clone();
+        async move {
+            let members: Vec<Vec<u8>> = redis::cmd("ZRANGE")
+                .arg("dead")
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut c)
+                .await
+                .ok()?;
+            members.into_iter().next()
+        }
+    })
+    .await;
+    assert!(
+        String::from_utf8_lossy(&dead).contains(CARD),
+        "the control: the dead job holds the card"
+    );
+
+    let op = Operator::start_on(&audited_plane().kubeconfig, &ns, &[], &[LOG]);
+    published(&client, &ns, &[&recipient]).await;
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let r = record_of(&api, &jids[0]).await;
+    assert_sealed_in_etcd(&r, &recipient).await;
+    assert!(
+        r.spec
+            .reason
+            .starts_with("GatewayError: gateway said no to card-411111******1111"),
+        "{}",
+        r.spec.reason
+    );
+    wait_phase(&api, &r.name_any(), Phase::Parked, 30).await;
+    let notes = eventually(30, "the Parked Event", || async {
+        let notes = notes_about(&client, &ns, &r.name_any()).await;
+        (!notes.is_empty()).then_some(notes)
+    })
+    .await;
+    assert!(!notes.iter().any(|n| n.contains(CARD)), "{notes:?}");
+
+    let _: () = redis::cmd("SET")
+        .arg("test:flag")
+        .arg("1")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    decide(&api, &r.name_any(), Action::Redrive, "ops").await;
+    wait_phase(&api, &r.name_any(), Phase::Redriven, 60).await;
+    let received: Vec<Vec<u8>> = eventually(30, "Sidekiq fetches the redriven job", || {
+        let mut c = c.clone();
+        async move {
+            let got: Vec<Vec<u8>> = redis::cmd("LRANGE")
+                .arg("test:received")
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut c)
+                .await
+                .ok()?;
+            (got.len() >= 2).then_some(got)
+        }
+    })
+    .await;
+    assert_eq!(received[1], dead, "the dead job's JSON, byte for byte");
+    assert!(
+        !op.logs().contains(CARD),
+        "the card is in the operator's log"
+    );
 }
