@@ -643,3 +643,43 @@ async fn one_redrive_enqueued_twice_pushes_one_job() {
         .expect("TTL");
     assert!(ttl > 0 && ttl <= 24 * 3600, "the marker expires: {ttl}");
 }
+
+/// Two dead jobs with one jid and different args (a job enqueued twice, a client that sets
+/// jids): two deaths. Each is parked with its own exact bytes, the second as the next cycle
+/// beside the first (which is still Parked), and neither is acknowledged without its record.
+#[tokio::test]
+async fn two_dead_jobs_with_one_jid_and_different_args_are_two_records() {
+    let r = rig("same-jid", Redis::start(), true).await;
+    let now = jiff::Timestamp::now().as_second();
+    let one = json!({"retry": 0, "queue": "default", "class": "SettleJob", "args": ["pi_1"],
+        "jid": "dup-jid", "error_class": "RuntimeError", "error_message": "no", "failed_at": 1.5});
+    let two = json!({"retry": 0, "queue": "default", "class": "SettleJob", "args": ["pi_2"],
+        "jid": "dup-jid", "error_class": "RuntimeError", "error_message": "no", "failed_at": 1.5});
+    let (one, two) = (one.to_string(), two.to_string());
+    let _: () = r
+        .cmd(
+            redis::cmd("ZADD")
+                .arg(DEAD)
+                .arg(now)
+                .arg(&one)
+                .arg(now)
+                .arg(&two),
+        )
+        .await;
+    let _op = Operator::start(&r.ns);
+    let items = r.all_parked(2, 60).await;
+    assert_eq!(items.len(), 2, "one record per dead job");
+    let mut kept: Vec<Vec<u8>> = items
+        .iter()
+        .map(|i| i.spec.job.payload_bytes().expect("bytes"))
+        .collect();
+    kept.sort();
+    let mut sent = vec![one.into_bytes(), two.into_bytes()];
+    sent.sort();
+    assert_eq!(kept, sent, "each job's exact bytes");
+    let mut cycles: Vec<i32> = items.iter().map(|i| i.spec.cycle).collect();
+    cycles.sort();
+    assert_eq!(cycles, [1, 2]);
+    assert!(items.iter().all(|i| i.spec.job.id == "dup-jid"));
+    assert!(items.iter().all(|i| i.phase() == Phase::Parked));
+}
