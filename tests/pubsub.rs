@@ -325,3 +325,56 @@ async fn the_apiserver_accepts_the_documented_pubsub_shape_and_one_backend_only(
         .await
         .expect("the documented shape is accepted");
 }
+
+/// A message with 100 attributes (Pub/Sub's limit; a record holds 64 headers): it stays in the
+/// subscription, counted and announced as Rejected, instead of an Invalid record without its
+/// attributes and an acknowledgement that lost them. A message beside it still parks.
+#[tokio::test]
+async fn a_message_with_more_attributes_than_a_record_holds_stays_in_the_subscription() {
+    let (client, ns) = setup("pubsub-many-attrs").await;
+    let ps = Pstest::start();
+    topology(&ps, false);
+    pubsub_dlq(&client, &ns, "jobs").await;
+    let _op = operator(&ns, &ps, &[]);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let many: BTreeMap<String, String> = (0..100)
+        .map(|i| (format!("attr-{i:03}"), format!("v{i}")))
+        .collect();
+    ps.publish(
+        "dead",
+        &[PsMessage {
+            data: b"{\"many\":true}".to_vec(),
+            attributes: many,
+            ordering_key: String::new(),
+        }],
+    );
+    let events = eventually(60, "a Rejected event on the queue", || async {
+        let events = dlq_testenv::events_for(&client, &ns, "relayer", "Rejected").await;
+        (!events.is_empty()).then_some(events)
+    })
+    .await;
+    let note = events[0].note.clone().unwrap_or_default();
+    assert!(note.contains("100 headers; at most 64"), "{note}");
+    assert!(note.contains("Pub/Sub subscription"), "{note}");
+    ps.publish(
+        "dead",
+        &[PsMessage {
+            data: b"{\"few\":true}".to_vec(),
+            attributes: attrs(&[("x-trace", "t-1")]),
+            ordering_key: String::new(),
+        }],
+    );
+    let r = one_record(&api).await;
+    assert_eq!(r.spec.job.payload.as_deref(), Some("{\"few\":true}"));
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert_eq!(
+        records(&api).await.len(),
+        1,
+        "no record of the rejected message"
+    );
+    assert_eq!(
+        ps.pending("dead"),
+        1,
+        "the rejected message is still in the subscription"
+    );
+}
