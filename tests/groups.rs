@@ -496,3 +496,161 @@ async fn a_storm_raises_the_tier_and_ends_the_acknowledgements_silence() {
     assert_eq!(storm.tier, Tier::Critical, "12 within a minute: a storm");
     assert!(storm.rate_per_minute >= 12, "{storm:?}");
 }
+
+/// Issue 45 item 10: a decider who may edit records moved one into another group by editing
+/// its `dlq.dev/group` label. The group is the record's facts': a replay by the forged group
+/// does not take it, the counts do not follow the label, and the operator labels it again.
+#[tokio::test]
+async fn a_hand_edited_group_label_moves_no_record_and_is_restored() {
+    use dlq_core::api::Phase;
+    use dlq_core::groups::DeadLetterGroup;
+    use dlq_core::replay::{DeadLetterReplay, ReplayPhase};
+    use kube::api::{Patch, PatchParams};
+    let (client, ns) = setup("group-forged").await;
+    create_offline_queue(&client, &ns).await;
+    let _op = Operator::start(&ns);
+    let parker = dlq_client::park::Parker::new(client.clone());
+    let mut names: Vec<(String, String)> = Vec::new();
+    for i in 0..5 {
+        let reason = if i < 3 {
+            format!("order {i} has no customer")
+        } else {
+            format!("payer {:08x} refused the signature", 0xa0_0000 + i)
+        };
+        let outcome = parker
+            .park(&ns, parked_as(format!("f/{i}"), reason))
+            .await
+            .expect("parked");
+        let group = labelled(outcome.record()).expect("labelled").to_string();
+        let name = outcome.record().metadata.name.clone().unwrap_or_default();
+        names.push((name, group));
+    }
+    let (mover, own) = names[0].clone();
+    let other = names[4].1.clone();
+    assert_ne!(own, other);
+    let groups: Api<DeadLetterGroup> = Api::namespaced(client.clone(), &ns);
+    let counts = || {
+        let groups = groups.clone();
+        async move {
+            let items = groups.list(&ListParams::default()).await.ok()?.items;
+            let counts: std::collections::BTreeMap<String, i64> = items
+                .iter()
+                .filter_map(|g| {
+                    let f = g.metadata.labels.as_ref()?.get(LABEL_GROUP)?.clone();
+                    Some((f, g.status.as_ref()?.parked))
+                })
+                .collect();
+            Some(counts)
+        }
+    };
+    let want = std::collections::BTreeMap::from([(own.clone(), 3), (other.clone(), 2)]);
+    eventually(30, "3 and 2 parked", || async {
+        (counts().await? == want).then_some(())
+    })
+    .await;
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    api.patch(
+        &mover,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"labels": {LABEL_GROUP: other}}})),
+    )
+    .await
+    .expect("the label edited");
+    // At once, before the operator can have labelled it again: a replay of the other group.
+    let replays: Api<DeadLetterReplay> = Api::namespaced(client.clone(), &ns);
+    let spec = serde_json::from_value(serde_json::json!({
+        "queue": "relayer", "action": "drop", "rate": "50/s", "by": "ops",
+        "selector": {"group": other}, "settleSeconds": 5
+    }))
+    .expect("a spec");
+    replays
+        .create(
+            &PostParams::default(),
+            &DeadLetterReplay::new("other", spec),
+        )
+        .await
+        .expect("the replay");
+    let done = eventually(60, "the replay to complete", || async {
+        let r = replays.get("other").await.ok()?;
+        (r.phase() == ReplayPhase::Completed).then_some(r)
+    })
+    .await;
+    let status = done.status.unwrap_or_default();
+    assert_eq!((status.selected, status.dropped), (2, 2), "{status:?}");
+    let moved = api.get(&mover).await.expect("the edited record");
+    assert_eq!(
+        moved.phase(),
+        Phase::Parked,
+        "not taken by the other group's replay"
+    );
+    let restored = eventually(30, "the label restored", || async {
+        let r = api.get(&mover).await.ok()?;
+        (labelled(&r) == Some(own.as_str())).then_some(r)
+    })
+    .await;
+    assert_eq!(Key::of(&restored).fingerprint(), own);
+    // Status writes are coalesced: the drops show a moment after the replay completed.
+    eventually(
+        30,
+        "3 parked in its own group, the other's 2 dropped",
+        || async {
+            let own_group = groups.get(&format!("relayer-{own}")).await.ok()?;
+            let other_group = groups.get(&format!("relayer-{other}")).await.ok()?;
+            let (a, b) = (own_group.status?, other_group.status?);
+            ((a.parked, a.dropped, b.parked, b.dropped) == (3, 0, 0, 2)).then_some(())
+        },
+    )
+    .await;
+    let by_label = api
+        .list(&ListParams::default().labels(&format!("{LABEL_GROUP}={other}")))
+        .await
+        .expect("list");
+    assert_eq!(
+        by_label.items.len(),
+        2,
+        "the label selects the facts' group"
+    );
+}
+
+/// Issue 45 item 11: a DeadLetterGroup deleted by hand never came back. Its records say it
+/// exists: it is created again, both when nothing changes and when a record is parked.
+#[tokio::test]
+async fn a_group_deleted_by_hand_is_created_again_from_its_records() {
+    use dlq_core::groups::DeadLetterGroup;
+    use kube::api::DeleteParams;
+    let (client, ns) = setup("group-deleted").await;
+    create_offline_queue(&client, &ns).await;
+    let _op = Operator::start(&ns);
+    let parker = dlq_client::park::Parker::new(client.clone());
+    let mut group = String::new();
+    for i in 0..2 {
+        let req = parked_as(format!("d/{i}"), format!("order {i} has no customer"));
+        let outcome = parker.park(&ns, req).await.expect("parked");
+        group = labelled(outcome.record()).expect("labelled").to_string();
+    }
+    let groups: Api<DeadLetterGroup> = Api::namespaced(client.clone(), &ns);
+    let name = format!("relayer-{group}");
+    let parked = |n: i64| {
+        let (groups, name) = (groups.clone(), name.clone());
+        async move {
+            let g = groups.get_opt(&name).await.ok().flatten()?;
+            (g.status?.parked == n).then_some(g.metadata.uid?)
+        }
+    };
+    let first = eventually(30, "the group with 2 parked", || parked(2)).await;
+    groups
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("deleted by hand");
+    // Nothing parked meanwhile: the next queue pass (resync 30 s) finds it gone.
+    let second = eventually(60, "the group back with 2 parked", || parked(2)).await;
+    assert_ne!(first, second, "a new object");
+    groups
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("deleted by hand again");
+    let req = parked_as("d/2".into(), "order 2 has no customer".into());
+    parker.park(&ns, req).await.expect("parked");
+    let third = eventually(60, "the group back with 3 parked", || parked(3)).await;
+    assert_ne!(third, second, "a new object");
+}
