@@ -201,18 +201,25 @@ pub async fn keep_watch(
     }
 }
 
-/// Every record decided and still Parked, page by page.
+/// Records decided before the operator marked them: no phase yet (an unset field selects as
+/// ""). They are Parked to every reader, and a decision on one is carried out like any other.
+const DECIDED_UNMARKED: &str = "status.phase=,spec.action!=";
+
+/// Every record decided and not resolved (marked Parked or not yet marked), page by page.
 async fn list_decided(api: &Api<DeadLetter>) -> Result<Vec<DeadLetter>, kube::Error> {
     let mut out = Vec::new();
-    let mut params = ListParams::default().fields(super::DECIDED).limit(PAGE);
-    loop {
-        let page = api.list(&params).await?;
-        out.extend(page.items);
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => return Ok(out),
+    for selector in [super::DECIDED, DECIDED_UNMARKED] {
+        let mut params = ListParams::default().fields(selector).limit(PAGE);
+        loop {
+            let page = api.list(&params).await?;
+            out.extend(page.items);
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => params = params.continue_token(&token),
+                None => break,
+            }
         }
     }
+    Ok(out)
 }
 
 /// Says why this leader gives up (a log line, a Warning Event per queue) and raises the alarm.

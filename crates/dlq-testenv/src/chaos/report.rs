@@ -99,7 +99,14 @@ impl Report {
             match (d.phase(), d.spec.action) {
                 (Phase::Parked, Some(_)) => {
                     r.unresolved += 1;
-                    r.example("unresolved", [d.spec.job.id.as_str()]);
+                    // Never marked: the operator did not see the record at all.
+                    let unmarked = d.status.as_ref().and_then(|s| s.phase).is_none();
+                    let id = format!(
+                        "{}{}",
+                        d.spec.job.id,
+                        if unmarked { "(unmarked)" } else { "" }
+                    );
+                    r.example("unresolved", [id.as_str()]);
                 }
                 (Phase::Parked, None) => r.undecided += 1,
                 (Phase::Redriven, a) => {
