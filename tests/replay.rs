@@ -102,3 +102,91 @@ async fn a_replay_continues_after_its_operator_is_killed_without_deciding_twice(
         status.summary.unwrap_or_default()
     ));
 }
+
+/// Issue 45 item 13: a replay of a group (5 selected, seen Running) also redrove 2 records of
+/// the group parked right after it started. The reviewer approved the 5: exactly those are
+/// decided, and the 2 are new parkings, left Parked.
+#[tokio::test]
+async fn a_replay_decides_exactly_the_records_selected_at_its_start() {
+    use dlq_core::group::labelled;
+    let (client, ns) = setup("replay-frozen").await;
+    dlq_testenv::create_offline_queue(&client, &ns).await;
+    let _op = Operator::start(&ns);
+    let parker = dlq_client::park::Parker::new(client.clone());
+    let park = |i: usize| {
+        let mut req = ParkRequest::new(
+            "relayer",
+            Job {
+                id: format!("frozen/{i}"),
+                payload: Some("{}".into()),
+                ..Job::default()
+            },
+        );
+        req.reason = format!("order {i} has no customer");
+        req
+    };
+    let mut group = String::new();
+    for i in 0..5 {
+        let outcome = parker.park(&ns, park(i)).await.expect("parked");
+        group = labelled(outcome.record()).expect("labelled").to_string();
+    }
+    let replays: Api<DeadLetterReplay> = Api::namespaced(client.clone(), &ns);
+    // 2/s: the run lasts about two seconds, so the late parkings land while it decides.
+    let spec: DeadLetterReplaySpec = serde_json::from_value(json!({
+        "queue": "relayer", "action": "drop", "rate": "2/s", "by": "ops",
+        "selector": {"group": group}, "settleSeconds": 5
+    }))
+    .expect("a spec");
+    replays
+        .create(
+            &PostParams::default(),
+            &DeadLetterReplay::new("group", spec),
+        )
+        .await
+        .expect("the replay");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = replays.get("group").await.expect("the replay");
+        if r.phase() == ReplayPhase::Running {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never Running: {:?}",
+            r.status
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut late = Vec::new();
+    for i in 5..7 {
+        let outcome = parker.park(&ns, park(i)).await.expect("parked");
+        assert_eq!(
+            labelled(outcome.record()),
+            Some(group.as_str()),
+            "the same group"
+        );
+        late.push(outcome.record().metadata.name.clone().unwrap_or_default());
+    }
+    let done = eventually(60, "the replay to complete", || async {
+        let r = replays.get("group").await.ok()?;
+        (r.phase() == ReplayPhase::Completed).then_some(r)
+    })
+    .await;
+    let status = done.status.unwrap_or_default();
+    assert_eq!(
+        (
+            status.selected,
+            status.decided,
+            status.dropped,
+            status.new_parked
+        ),
+        (5, 5, 5, 2),
+        "{status:?}"
+    );
+    let records: Api<DeadLetter> = Api::namespaced(client, &ns);
+    for name in &late {
+        let r = records.get(name).await.expect("a late record");
+        assert_eq!(r.phase(), Phase::Parked, "{name}: parked after the start");
+        assert_eq!(r.spec.action, None, "{name}: undecided");
+    }
+}

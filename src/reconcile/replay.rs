@@ -177,14 +177,17 @@ async fn step(run: &mut Run<'_>) -> Result<Action> {
     if run.replay.spec.dry_run() && run.status.started_at.is_none() {
         return dry_run(run).await;
     }
-    let started = match &run.status.started_at {
-        Some(t) => t.0,
-        None => start(run).await?,
+    if run.status.started_at.is_none() {
+        start(run).await?;
+    }
+    let status = run.status.clone();
+    let Some(started) = replay::Start::of(&status) else {
+        return Ok(Action::requeue(PENDING_RETRY));
     };
     let observed = replay::observe(
         run.records.iter().map(|r| r.as_ref()),
         run.replay_ref(),
-        started,
+        &started,
         &run.mem.signed,
     );
     replay::counts(&mut run.status, &observed);
@@ -196,7 +199,7 @@ async fn step(run: &mut Run<'_>) -> Result<Action> {
     if let Some(why) = stop {
         return finish(run, &observed, Some(why)).await;
     }
-    decide(run, started, &observed).await
+    decide(run, &started, &observed).await
 }
 
 /// The queue does not exist (yet): say so and look again.
@@ -240,15 +243,20 @@ async fn dry_run(run: &mut Run<'_>) -> Result<Action> {
     Ok(Action::requeue(DRY_RUN_RESYNC))
 }
 
-/// The run starts now: the selection is frozen to the records that exist now.
-async fn start(run: &mut Run<'_>) -> Result<Timestamp> {
+/// The run starts now: the selection is frozen to the records that exist now (which ones is
+/// written in the status before any is decided).
+async fn start(run: &mut Run<'_>) -> Result<()> {
     let now = Timestamp::now();
     let spec = &run.replay.spec;
+    let frozen = replay::Frozen::of(run.records.iter().map(|r| r.as_ref()));
     let selected = replay::select(
         run.records.iter().map(|r| r.as_ref()),
         &spec.queue,
         &spec.selector(),
-        Some(now),
+        Some(&replay::Start {
+            at: now,
+            frozen: Some(&frozen),
+        }),
         spec.max(),
     );
     let count = selected.len();
@@ -256,15 +264,20 @@ async fn start(run: &mut Run<'_>) -> Result<Timestamp> {
     tracing::info!(namespace = %run.ns, replay = %run.name, queue = %spec.queue, selected = count, cached = run.records.len(), all = run.ctx.records.len(), by = %spec.by, "replay started");
     run.status.selected = i64::try_from(count).unwrap_or(i64::MAX);
     run.status.started_at = Some(Time(now));
+    run.status.frozen = Some(frozen);
     set_phase(run, ReplayPhase::Running, "Running", &message);
     write(run).await?;
     // The first decision's progress is written at once, not a throttle period later.
     run.mem.written_at = None;
-    Ok(now)
+    Ok(())
 }
 
 /// Signs the next records the pace allows; when none are left, waits for outcomes.
-async fn decide(run: &mut Run<'_>, started: Timestamp, observed: &Observed) -> Result<Action> {
+async fn decide(
+    run: &mut Run<'_>,
+    started: &replay::Start<'_>,
+    observed: &Observed,
+) -> Result<Action> {
     let spec = &run.replay.spec;
     let decided = usize::try_from(run.status.decided).unwrap_or(0);
     let quota = spec.max().map_or(usize::MAX, |m| m.saturating_sub(decided));
@@ -283,7 +296,8 @@ async fn decide(run: &mut Run<'_>, started: Timestamp, observed: &Observed) -> R
     if candidates.is_empty() {
         return settle(run, observed).await;
     }
-    let elapsed = Duration::try_from(Timestamp::now().duration_since(started)).unwrap_or_default();
+    let elapsed =
+        Duration::try_from(Timestamp::now().duration_since(started.at)).unwrap_or_default();
     let n = replay::budget(spec.rate(), elapsed, decided);
     if n > 0 && run.ctx.settings.leadership.holds() {
         let clock = Instant::now();

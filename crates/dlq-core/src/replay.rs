@@ -266,6 +266,10 @@ pub struct DeadLetterReplayStatus {
     /// Records parked on the queue during the run.
     #[serde(default)]
     pub new_parked: i64,
+    /// Which of the queue's records existed when the run started: the selection is taken from
+    /// those alone, whatever is parked later (a restarted leader reads it here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frozen: Option<Frozen>,
     /// A dry run's first selected record names.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub first_names: Vec<String>,
@@ -441,19 +445,90 @@ impl DeadLetterReplaySpec {
     }
 }
 
+/// The queue's records when a run started, told apart from any parked later. A creation time
+/// has whole seconds, so "created at or before the start" also took records parked in the
+/// start's second after it (and ones the operator's cache had not shown yet): the newest
+/// second the start saw is kept by name.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Frozen {
+    /// The newest creation time among the queue's records the start saw (none: it saw none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub newest: Option<Time>,
+    /// The records the start saw created in that second.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub newest_names: Vec<String>,
+}
+
+impl Frozen {
+    /// What a run starting now over `queue_records` (every record of its queue) freezes.
+    pub fn of<'a, R: Facts + 'a>(queue_records: impl IntoIterator<Item = &'a R>) -> Frozen {
+        let records: Vec<&R> = queue_records.into_iter().collect();
+        let newest = records.iter().filter_map(|r| r.created()).max();
+        let second = newest.map(|t| t.as_second());
+        let mut newest_names: Vec<String> = records
+            .iter()
+            .filter(|r| r.created().map(|c| c.as_second()) == second && second.is_some())
+            .map(|r| r.name().to_string())
+            .collect();
+        newest_names.sort();
+        Frozen {
+            newest: newest.map(Time),
+            newest_names,
+        }
+    }
+
+    /// Whether `r` was one of the queue's records when the run started.
+    pub fn existed(&self, r: &impl Facts) -> bool {
+        let (Some(created), Some(newest)) = (r.created(), &self.newest) else {
+            return false;
+        };
+        let (c, n) = (created.as_second(), newest.0.as_second());
+        c < n || (c == n && self.newest_names.iter().any(|x| x == r.name()))
+    }
+}
+
+/// When a run started and what it froze: which records it may take, and which are new.
+#[derive(Debug, Clone, Copy)]
+pub struct Start<'a> {
+    pub at: Timestamp,
+    /// None for a run started by an operator that froze nothing (before 0.3): then records
+    /// created at or before `at` count as existing.
+    pub frozen: Option<&'a Frozen>,
+}
+
+impl<'a> Start<'a> {
+    /// A run's start from its status (None: not started).
+    pub fn of(status: &'a DeadLetterReplayStatus) -> Option<Start<'a>> {
+        Some(Start {
+            at: status.started_at.as_ref()?.0,
+            frozen: status.frozen.as_ref(),
+        })
+    }
+
+    /// Whether `r` existed when the run started.
+    pub fn existed(&self, r: &impl Facts) -> bool {
+        match self.frozen {
+            Some(f) => f.existed(r),
+            None => r.created().is_some_and(|c| c <= self.at),
+        }
+    }
+}
+
 /// The records of a queue a replay takes, oldest failure first, at most `max`. With `started`,
-/// only records that existed when the run started: the selection does not grow during a run.
+/// only records that existed when the run started: the selection does not grow during a run
+/// (records parked later are new parkings, not more of the selection).
 pub fn select<'a, R: Facts + 'a>(
     records: impl IntoIterator<Item = &'a R>,
     queue: &str,
     selector: &ReplaySelector,
-    started: Option<Timestamp>,
+    started: Option<&Start<'_>>,
     max: Option<usize>,
 ) -> Vec<&'a R> {
     let mut out: Vec<&R> = records
         .into_iter()
         .filter(|r| r.queue() == queue && selector.matches(*r))
-        .filter(|r| started.is_none_or(|s| r.created().is_some_and(|c| c <= s)))
+        .filter(|r| started.is_none_or(|s| s.existed(*r)))
         .collect();
     out.sort_by(|a, b| (a.failed_at(), a.name()).cmp(&(b.failed_at(), b.name())));
     if let Some(max) = max {
@@ -545,17 +620,17 @@ impl Observed {
 
 /// Observes a replay from its queue's records: the ones it signed (plus
 /// `just_signed`, names signed that the records' view does not show yet, counted Pending) and
-/// the parkings since `started`.
+/// the records that did not exist when it `started`.
 pub fn observe<'a, R: Facts + 'a>(
     queue_records: impl IntoIterator<Item = &'a R>,
     replay: ReplayRef<'_>,
-    started: Timestamp,
+    started: &Start<'_>,
     just_signed: &[String],
 ) -> Observed {
     let mut mine: Vec<&R> = Vec::new();
     let mut new_parked = 0;
     for r in queue_records {
-        if r.created().is_some_and(|c| c > started) {
+        if !started.existed(r) {
             new_parked += 1;
         }
         if decided_by(r, replay) {

@@ -46,6 +46,72 @@ fn spec(selector: ReplaySelector) -> DeadLetterReplaySpec {
     }
 }
 
+/// A start by an operator that froze nothing: records created at or before it existed.
+fn legacy(second: i64) -> Start<'static> {
+    Start {
+        at: at(second),
+        frozen: None,
+    }
+}
+
+/// Issue 45 item 13: a replay of 5 selected records also redrove 2 parked right after it
+/// started, in the same second (creation times have whole seconds).
+#[test]
+fn the_selection_is_frozen_to_the_records_the_start_saw_even_within_its_second() {
+    let seen = vec![
+        record("a", 10, 99),
+        record("b", 11, 100),
+        signed_by(record("c", 12, 100), "other", Phase::Redriven),
+    ];
+    let frozen = Frozen::of(&seen);
+    assert_eq!(frozen.newest, Some(Time(at(100))));
+    assert_eq!(
+        frozen.newest_names,
+        ["b", "c"],
+        "the newest second, by name"
+    );
+    // Parked after the start: in its second (the start was at 100.5), and later.
+    let later = [record("d", 1, 100), record("e", 2, 101)];
+    let all: Vec<DeadLetter> = seen.iter().chain(&later).cloned().collect();
+    let start = Start {
+        at: at(100) + jiff::SignedDuration::from_millis(500),
+        frozen: Some(&frozen),
+    };
+    let sel = ReplaySelector::default();
+    let names = |v: Vec<&DeadLetter>| -> Vec<String> {
+        v.iter()
+            .map(|r| r.metadata.name.clone().unwrap_or_default())
+            .collect()
+    };
+    assert_eq!(
+        names(select(&all, "relayer", &sel, Some(&start), None)),
+        ["a", "b"],
+        "exactly what the start saw"
+    );
+    let mine = ReplayRef {
+        name: "inc",
+        uid: "uid-inc",
+    };
+    assert_eq!(observe(&all, mine, &start, &[]).new_parked, 2);
+    // Without the frozen names, `d` (created in the start's second) was taken.
+    let loose = Start {
+        frozen: None,
+        ..start
+    };
+    assert_eq!(
+        names(select(&all, "relayer", &sel, Some(&loose), None)),
+        ["d", "a", "b"]
+    );
+    // A start that saw no record of its queue takes none.
+    let empty = Frozen::of(std::iter::empty::<&DeadLetter>());
+    let start = Start {
+        frozen: Some(&empty),
+        ..start
+    };
+    assert!(select(&all, "relayer", &sel, Some(&start), None).is_empty());
+    assert_eq!(observe(&all, mine, &start, &[]).new_parked, 5);
+}
+
 #[test]
 fn selection_takes_parked_undecided_matching_records_oldest_failure_first() {
     let mut other_queue = record("d", 1, 1);
@@ -75,7 +141,7 @@ fn selection_takes_parked_undecided_matching_records_oldest_failure_first() {
         ["late", "a", "b"]
     );
     assert_eq!(
-        names(select(&records, "relayer", &sel, Some(at(50)), None)),
+        names(select(&records, "relayer", &sel, Some(&legacy(50)), None)),
         ["a", "b"],
         "records parked after the start are not taken"
     );
@@ -176,7 +242,7 @@ fn observation_counts_this_replays_records_in_decision_order() {
         name: "inc",
         uid: "uid-inc",
     };
-    let o = observe(&records, inc, at(50), &["e".into(), "c".into()]);
+    let o = observe(&records, inc, &legacy(50), &["e".into(), "c".into()]);
     assert_eq!(o.outcomes, [Redriven, Failing, Pending, Withdrawn, Pending]);
     assert_eq!(o.new_parked, 1);
     let mut status = DeadLetterReplayStatus {
