@@ -264,6 +264,21 @@ mod tests {
         );
     }
 
+    /// The hex dump of a binary payload shows a card number's digits masked: hex reads back.
+    #[test]
+    fn a_binary_payloads_hex_dump_masks_card_numbers() {
+        // The card fills the dump's first line (16 bytes), the byte after it is not UTF-8.
+        let job = Job::from_bytes("j", b"4242424242424242\xff");
+        let Payload::Hex(dump) = payload(&job, &[]) else {
+            panic!("binary shows as hex");
+        };
+        let digits = |s: &str| s.bytes().map(|b| format!("{b:02x}")).collect::<Vec<_>>();
+        let whole = digits("4242424242424242").join(" ");
+        let masked = digits("424242******4242").join(" ");
+        let flat = dump.replace('\n', " ");
+        assert!(!flat.contains(&whole) && flat.contains(&masked), "{dump}");
+    }
+
     #[test]
     fn payloads_read_as_json_text_or_hex() {
         let json = Job::from_bytes("a", br#"{"b":1}"#);
