@@ -4,8 +4,10 @@
 //! plain creates of the same records into a queue of their own with the operator running there
 //! too, measured just before (the apiserver's ceiling in this run with the operator's own writes
 //! per record beside it, so that the ratio is what parking and grouping cost, not what the
-//! operator's status writes cost), whether it ends in exactly 24 DeadLetterGroups with exact counts, how long after the
-//! storm's last park every group's status was current, and, once the queue holds
+//! operator's status writes cost), and how long after the storm's last park every group's
+//! status was current; it fails unless the storm ends in exactly the 24 DeadLetterGroups the
+//! generator made (fingerprints of its templates, counts of its requests, not the parker's
+//! labels). Then, once the queue holds
 //! `BENCH_GROUP_LIST_RECORDS` records (default 100,000), how long `kubectl dlq groups` takes.
 
 use std::collections::BTreeMap;
@@ -104,21 +106,65 @@ async fn ceiling(client: &Client, range: std::ops::Range<usize>, operator: bool)
     rate
 }
 
-/// Parks `request(range)` through the client library, 16 at a time; the group each landed in.
-async fn park_storm(parker: &Parker, ns: &str, range: std::ops::Range<usize>) -> Vec<String> {
+/// Parks `request(range)` through the client library, 16 at a time.
+async fn park_storm(parker: &Parker, ns: &str, range: std::ops::Range<usize>) {
     futures::stream::iter(range)
         .map(|i| {
             let parker = parker.clone();
             async move {
-                let outcome = parker.park(ns, request(i)).await.expect("parked");
-                dlq_core::group::labelled(outcome.record())
-                    .unwrap_or_default()
-                    .to_string()
+                parker.park(ns, request(i)).await.expect("parked");
             }
         })
         .buffer_unordered(PARKERS)
+        .collect::<Vec<()>>()
+        .await;
+}
+
+/// Templates x versions of [`request`]: the groups a storm must end in.
+const GROUPS: usize = 24;
+
+/// The groups `request(0..n)` must end in, from the generator alone (not from what the
+/// parker labelled): template `i % 12` and version `i / 12 % 2` make the group, named by the
+/// fingerprint of its first request; each counts the requests it generated. Exits when two
+/// templates share a fingerprint (fewer than 24 groups could never be right).
+fn expected(n: usize) -> BTreeMap<String, i64> {
+    let mut counts = [0i64; GROUPS];
+    for i in 0..n {
+        counts[i % 12 + 12 * (i / 12 % 2)] += 1;
+    }
+    let mut want = BTreeMap::new();
+    for (g, count) in counts.into_iter().enumerate().filter(|(_, c)| *c > 0) {
+        // Request `g` is the group's first: template g % 12, version g / 12.
+        let record = dlq_core::park::new_record(&request(g), 1);
+        let fingerprint = dlq_core::group::Key::of(&record).fingerprint();
+        want.insert(fingerprint, count);
+    }
+    if n >= GROUPS && want.len() != GROUPS {
+        fail(&format!(
+            "{} fingerprints for the generator's {GROUPS} templates x versions",
+            want.len()
+        ));
+    }
+    want
+}
+
+/// A wrong result ends the bench with a failure, not a line to overlook.
+fn fail(why: &str) -> ! {
+    eprintln!("groups: FAILED: {why}");
+    std::process::exit(1)
+}
+
+/// The groups as the operator counts them: fingerprint -> parked.
+async fn counted(api: &Api<DeadLetterGroup>) -> BTreeMap<String, i64> {
+    let items = api.list(&ListParams::default()).await.map(|l| l.items);
+    items
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|g| {
+            let f = g.metadata.labels.as_ref()?.get("dlq.dev/group")?.clone();
+            Some((f, g.status.as_ref()?.parked))
+        })
         .collect()
-        .await
 }
 
 /// How long after `since` every group's status counted exactly `want` parked records (None
@@ -130,22 +176,35 @@ async fn groups_exact(
     wait: Duration,
 ) -> Option<Duration> {
     loop {
-        let items = api.list(&ListParams::default()).await.map(|l| l.items);
-        let got: BTreeMap<String, i64> = items
-            .unwrap_or_default()
-            .iter()
-            .filter_map(|g| {
-                let f = g.metadata.labels.as_ref()?.get("dlq.dev/group")?.clone();
-                Some((f, g.status.as_ref()?.parked))
-            })
-            .collect();
-        if &got == want {
+        if &counted(api).await == want {
             return Some(since.elapsed());
         }
         if since.elapsed() > wait {
             return None;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Fails the bench unless the groups are exactly `want` within `wait` of `since`: how long
+/// they took.
+async fn require_exact(
+    api: &Api<DeadLetterGroup>,
+    want: &BTreeMap<String, i64>,
+    since: Instant,
+    wait: Duration,
+) -> Duration {
+    match groups_exact(api, want, since, wait).await {
+        Some(t) => t,
+        None => {
+            let got = counted(api).await;
+            fail(&format!(
+                "{} DeadLetterGroups, not exactly the {} groups with their counts {} s after the storm; counted {got:?}, want {want:?}",
+                got.len(),
+                want.len(),
+                wait.as_secs()
+            ))
+        }
     }
 }
 
@@ -167,12 +226,6 @@ fn time_groups_cli(ns: &str, times: usize) -> (Duration, Duration, usize) {
     }
     took.sort();
     (took[took.len() / 2], took[took.len() - 1], lines)
-}
-
-fn tally(want: &mut BTreeMap<String, i64>, groups: Vec<String>) {
-    for g in groups {
-        *want.entry(g).or_default() += 1;
-    }
 }
 
 #[tokio::main]
@@ -197,27 +250,23 @@ async fn main() {
     .await;
     let _op = Operator::start(&ns);
     let parker = Parker::new(client.clone());
-    let mut want: BTreeMap<String, i64> = BTreeMap::new();
+    let want = expected(n);
     let start = Instant::now();
-    let landed = park_storm(&parker, &ns, 0..n).await;
+    park_storm(&parker, &ns, 0..n).await;
     let parked_at = Instant::now();
     let rate = n as f64 / start.elapsed().as_secs_f64();
-    tally(&mut want, landed);
     let api: Api<DeadLetterGroup> = Api::namespaced(client.clone(), &ns);
-    let current = groups_exact(&api, &want, parked_at, Duration::from_secs(120)).await;
+    let current = require_exact(&api, &want, parked_at, Duration::from_secs(120)).await;
     println!(
         "groups: {n} records from 12 templates x 2 versions parked at {rate:.0}/s with grouping and the operator on: {:.0}% of plain creates with the operator on ({plain:.0}/s, this run; {:.0}% of {bare:.0}/s without it)",
         100.0 * rate / plain,
         100.0 * rate / bare
     );
-    println!("groups: {} groups by label (want 24)", want.len());
-    match current {
-        Some(t) => println!(
-            "groups: every DeadLetterGroup exact {} ms after the storm's last park",
-            t.as_millis()
-        ),
-        None => println!("groups: DeadLetterGroups NOT exact 120 s after the storm"),
-    }
+    println!(
+        "groups: exactly {} DeadLetterGroups (12 templates x 2 versions, from the generator) with exact counts {} ms after the storm's last park",
+        want.len(),
+        current.as_millis()
+    );
     let (median, slowest, lines) = time_groups_cli(&ns, 5);
     println!(
         "groups: kubectl dlq groups with {n} records: median {} ms, slowest {} ms ({lines} lines)",
@@ -225,19 +274,14 @@ async fn main() {
         slowest.as_millis()
     );
     if total > n {
-        let landed = park_storm(&parker, &ns, n..total).await;
-        tally(&mut want, landed);
-        let exact = groups_exact(&api, &want, Instant::now(), Duration::from_secs(900)).await;
+        park_storm(&parker, &ns, n..total).await;
+        let want = expected(total);
+        require_exact(&api, &want, Instant::now(), Duration::from_secs(900)).await;
         let (median, slowest, lines) = time_groups_cli(&ns, 5);
         println!(
-            "groups: kubectl dlq groups with {total} records: median {} ms, slowest {} ms ({lines} lines; groups {})",
+            "groups: kubectl dlq groups with {total} records: median {} ms, slowest {} ms ({lines} lines; groups exact)",
             median.as_millis(),
             slowest.as_millis(),
-            if exact.is_some() {
-                "exact"
-            } else {
-                "NOT exact after 900 s"
-            }
         );
     }
 }
