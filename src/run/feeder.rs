@@ -627,7 +627,7 @@ mod tests {
         let d = decided(marked(record(1)));
         let name = d.metadata.name.clone().unwrap_or_default();
         rig.feeder.resync(vec![(d.clone(), false)]);
-        assert_eq!(rig.woken(), [name.clone()]);
+        assert_eq!(rig.woken(), std::slice::from_ref(&name));
         let held = rig
             .store
             .get(&ObjectRef::new(&name).within("payments"))

@@ -436,9 +436,10 @@ fn watch_records(
     mut feeder: feeder::Feeder,
     relisted: futures::channel::mpsc::UnboundedReceiver<Vec<decided::Listed>>,
 ) -> impl std::future::Future<Output = ()> {
-    /// What the feeder is given, one at a time.
+    /// What the feeder is given, one at a time (a watch event boxed: a whole record, the
+    /// other two are small).
     enum Input {
-        Watch(Result<watcher::Event<DeadLetter>, watcher::Error>),
+        Watch(Box<Result<watcher::Event<DeadLetter>, watcher::Error>>),
         Tick,
         Relisted(Vec<decided::Listed>),
     }
@@ -446,7 +447,9 @@ fn watch_records(
         InitialState::Streamed => watcher::Config::default().streaming_lists(),
         InitialState::Paged => watcher::Config::default().any_semantic().page_size(50),
     };
-    let events = watcher(api, config).default_backoff().map(Input::Watch);
+    let events = watcher(api, config)
+        .default_backoff()
+        .map(|e| Input::Watch(Box::new(e)));
     // Without any event, records whose marks keep failing still free their room in time.
     let ticks = futures::stream::unfold((), |()| async {
         tokio::time::sleep(feeder::MARK_STALE / 3).await;
@@ -458,14 +461,14 @@ fn watch_records(
     );
     let watch = inputs.for_each(move |input| {
         match input {
-            Input::Watch(Ok(event)) => {
-                jobs.observe(&event);
-                records.observe(&event);
-                feeder.observe(event);
-            }
-            Input::Watch(Err(e)) => {
-                tracing::debug!(error = %e, "the record watch failed; retrying");
-            }
+            Input::Watch(event) => match *event {
+                Ok(event) => {
+                    jobs.observe(&event);
+                    records.observe(&event);
+                    feeder.observe(event);
+                }
+                Err(e) => tracing::debug!(error = %e, "the record watch failed; retrying"),
+            },
             Input::Tick => feeder.fill(),
             Input::Relisted(decided) => feeder.resync(decided),
         }
