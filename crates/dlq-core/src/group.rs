@@ -5,9 +5,12 @@
 //! 7f3a9c21` and `timeout after 15 ms talking to payer 0b11e0aa` share one, and a record of
 //! another service version does not. Every record carries it as [`LABEL_GROUP`].
 //!
-//! Stable across operator versions: the masks and the hashed form below are part of the
-//! contract (records keep their label for ever; a test pins known fingerprints). Changing
-//! them needs a new [`SCHEME`].
+//! The label is an index the operator keeps, never read as the truth: a record's group is
+//! computed from its immutable facts, and the operator labels again a record whose label is
+//! missing or wrong. The hashed form below is part of the contract (a test pins known
+//! fingerprints; changing it needs a new [`SCHEME`]). A mask that stops a group splitting
+//! changes only the fingerprints of the reasons it now masks; the operator relabels those
+//! records, and their split groups become one.
 
 use std::sync::LazyLock;
 
