@@ -20,6 +20,9 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
+/// One entry of a Redis stream as XRANGE answers it: its id and its (field, value) pairs.
+type StreamEntry = (String, Vec<(Vec<u8>, Vec<u8>)>);
+
 /// A Luhn-valid test card number: it must appear nowhere but in what redrive delivers.
 const CARD: &str = "4111111111111111";
 /// The plaintext control's card: in etcd and the audit log, as a payload that is not sealed is.
@@ -1005,7 +1008,7 @@ async fn an_envelope_that_is_not_one_is_parked_sealed_and_its_reason_quotes_no_c
     decide(&api, &r.name_any(), Action::Redrive, "ops").await;
     wait_phase(&api, &r.name_any(), Phase::Redriven, 30).await;
     let mut c = redis.conn().await;
-    let entries: Vec<(String, Vec<(Vec<u8>, Vec<u8>)>)> = redis::cmd("XRANGE")
+    let entries: Vec<StreamEntry> = redis::cmd("XRANGE")
         .arg(STREAM)
         .arg("-")
         .arg("+")
