@@ -44,7 +44,11 @@ fn ci_runs_exactly_the_readmes_test_command() {
         .lines()
         .find_map(|l| l.strip_prefix("make test"))
         .map(|_| "make test");
-    assert_eq!(test_command, Some("make test"), "the README names `make test`");
+    assert_eq!(
+        test_command,
+        Some("make test"),
+        "the README names `make test`"
+    );
     let ci = std::fs::read_to_string(root().join(".ci/run")).expect(".ci/run");
     let commands = commands_of(&ci);
     assert!(
@@ -61,7 +65,11 @@ fn make_test_installs_what_it_needs_before_anything_else() {
         first.contains("scripts/ensure-deps.sh"),
         "make test must run scripts/ensure-deps.sh first; it starts with {first:?}"
     );
-    for later in ["tools/build.sh", "cargo clippy", "scripts/workflows-check.sh"] {
+    for later in [
+        "tools/build.sh",
+        "cargo clippy",
+        "scripts/workflows-check.sh",
+    ] {
         let at = plan.find(later);
         assert!(
             at.is_some_and(|at| at > plan.find("ensure-deps.sh").unwrap_or(usize::MAX)),

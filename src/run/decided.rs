@@ -1,4 +1,4 @@
-//! The safety nets under the record watch for decided records (issue 44): whatever the watch
+//! The safety nets under the record watch for decided records: whatever the watch
 //! or a reconcile lost, a decision is never left unattempted for long.
 //!
 //! - Every [`Vigil::resync`] the records decided and still Parked are listed from the
