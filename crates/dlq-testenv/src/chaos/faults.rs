@@ -56,7 +56,12 @@ impl Targets {
                 .spawner
                 .run(move || {
                     let args = ["--leader-election=true", "--lease-namespace", &ns];
-                    Operator::start_on(&kubeconfig, &ns, &args, &[])
+                    // CHAOS_OPERATOR_LOG: the replicas' RUST_LOG (e.g.
+                    // `info,deadletter=debug,kube_runtime=debug` to follow the watches).
+                    let log = std::env::var("CHAOS_OPERATOR_LOG").ok();
+                    let env: Vec<(&str, &str)> =
+                        log.iter().map(|l| ("RUST_LOG", l.as_str())).collect();
+                    Operator::start_on(&kubeconfig, &ns, &args, &env)
                 })
                 .await;
             match started {
