@@ -6,8 +6,12 @@
 //! reaches back up.
 
 pub mod decided;
+pub mod endpoints;
 pub mod feeder;
 pub mod held;
+pub mod lease;
+pub mod shutdown;
+pub mod start;
 
 use std::sync::Arc;
 use std::time::Duration;
