@@ -1,17 +1,6 @@
-//! The reconcilers: a signed decision on a record carried out once ([`record`]), a queue's
-//! counters, readiness and retention ([`queue`]), a runbook paced step by step ([`replay`]).
-//! They share a [`Context`], constructible in tests with a fake apiserver and fake targets, and
-//! one error type ([`Error`]); the process wiring that runs them is [`crate::run`].
-
-pub mod aggregate;
-mod claims;
-pub mod error;
-pub mod groups;
-pub mod queue;
-pub mod record;
-pub mod replay;
-
-pub use error::{Error, Result};
+//! What the reconcilers share: their [`Context`] (constructible in tests with a fake apiserver
+//! and fake targets), their [`Settings`] and the throughput [`Mechanisms`]. Its own file, so the
+//! reconcilers and the parts they share name it without going through the module's facade.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -27,6 +16,7 @@ use dlq_core::events::EventPlan;
 use dlq_core::plan::{Effects, Then};
 use k8s_openapi::api::core::v1::ObjectReference;
 
+use super::{aggregate, claims, kept_groups};
 use crate::metrics::Metrics;
 use crate::state::apiserver::{self, Apiserver};
 use crate::state::leadership::Leadership;
@@ -137,17 +127,17 @@ pub struct Context {
     pub queues: Store<DeadLetterQueue>,
     /// Consecutive requeue failures per record (by uid), for backoff. Entries of records that
     /// are gone are pruned on the next failure.
-    failures: Mutex<HashMap<String, (ObjectRef<DeadLetter>, u32)>>,
+    pub(super) failures: Mutex<HashMap<String, (ObjectRef<DeadLetter>, u32)>>,
     /// Records being reconciled, records resolved by this process, and redrives a broker
     /// confirmed whose resolution is not yet written, across the two records controllers.
-    claims: claims::Claims,
+    pub(super) claims: claims::Claims,
     /// Folds Normal resolution Events per queue during bulk resolutions; None publishes
     /// every Event as planned (the in-process tests).
-    aggregator: Option<aggregate::Aggregator>,
+    pub(super) aggregator: Option<aggregate::Aggregator>,
     /// Marks yield to this process's sources while they park (see [`parking_first`]).
     pub parking_first: parking_first::ParkingFirst,
     /// The failure groups this process keeps (see [`groups`]).
-    pub groups: groups::GroupKeeper,
+    pub groups: kept_groups::GroupKeeper,
     /// DeadLetterGroups as the watch sees them (their acknowledgements); None in tests that
     /// do not watch them.
     pub group_store: Option<Store<dlq_core::groups::DeadLetterGroup>>,
@@ -211,7 +201,7 @@ impl Context {
             claims: claims::Claims::default(),
             aggregator: None,
             parking_first: parking_first::ParkingFirst::new(settings.mechanisms.parking_first),
-            groups: groups::GroupKeeper::default(),
+            groups: kept_groups::GroupKeeper::default(),
             group_store: None,
             keys: Arc::new(crate::keys::NoKeys),
             settings,
@@ -288,7 +278,7 @@ impl Context {
     }
 
     /// Counts one more consecutive requeue failure of `record`.
-    async fn note_failure(&self, record: &DeadLetter) -> u32 {
+    pub(super) async fn note_failure(&self, record: &DeadLetter) -> u32 {
         let mut map = self.failures.lock().await;
         map.retain(|_, (r, _)| {
             let ns = r.namespace.as_deref().unwrap_or_default();
@@ -301,7 +291,7 @@ impl Context {
         entry.1
     }
 
-    async fn clear_failures(&self, record: &DeadLetter) {
+    pub(super) async fn clear_failures(&self, record: &DeadLetter) {
         self.failures
             .lock()
             .await
@@ -316,21 +306,6 @@ pub fn action(then: Then) -> Action {
         Then::RequeueAfter(d) => Action::requeue(d),
     }
 }
-
-/// Counts a failed reconcile by its category and tries again in 5 s.
-pub(crate) fn error_policy<K>(_obj: Arc<K>, err: &Error, ctx: Arc<Context>) -> Action {
-    ctx.metrics
-        .reconcile_errors
-        .get_or_create(&crate::metrics::ErrorLabels {
-            kind: err.category().into(),
-        })
-        .inc();
-    tracing::warn!(error = %err, kind = err.category(), "reconcile failed");
-    Action::requeue(Duration::from_secs(5))
-}
-
-#[cfg(test)]
-mod tests;
 
 #[cfg(test)]
 mod mechanisms_tests {

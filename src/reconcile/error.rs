@@ -1,29 +1,32 @@
-//! The operator's reconcile error: one enum per reconciler step set, each with a category that
-//! becomes the `kind` label of `dlq_reconcile_errors_total`.
+//! The one error policy of the reconcilers: each reconciler owns its error (one enum per
+//! reconciler, e.g. `record::RecordError`), whose category becomes the `kind` label of
+//! `dlq_reconcile_errors_total`; this file names none of them.
 
-use super::queue::QueueError;
-use super::record::RecordError;
-use super::replay::ReplayError;
+use std::sync::Arc;
+use std::time::Duration;
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error(transparent)]
-    Record(#[from] RecordError),
-    #[error(transparent)]
-    Queue(#[from] QueueError),
-    #[error(transparent)]
-    Replay(#[from] ReplayError),
-}
+use kube::runtime::controller::Action;
 
-impl Error {
+use super::context::Context;
+
+/// A reconciler's error: what went wrong, and a short, stable category for metrics.
+pub trait ReconcileError: std::error::Error {
     /// Short, stable label for metrics and Event reasons.
-    pub fn category(&self) -> &'static str {
-        match self {
-            Error::Record(e) => e.category(),
-            Error::Queue(e) => e.category(),
-            Error::Replay(e) => e.category(),
-        }
-    }
+    fn category(&self) -> &'static str;
 }
 
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+/// Counts a failed reconcile by its category and tries again in 5 s.
+pub(crate) fn error_policy<K, E: ReconcileError>(
+    _obj: Arc<K>,
+    err: &E,
+    ctx: Arc<Context>,
+) -> Action {
+    ctx.metrics
+        .reconcile_errors
+        .get_or_create(&crate::metrics::ErrorLabels {
+            kind: err.category().into(),
+        })
+        .inc();
+    tracing::warn!(error = %err, kind = err.category(), "reconcile failed");
+    Action::requeue(Duration::from_secs(5))
+}

@@ -7,7 +7,6 @@
 //! has not shown it for [`GONE_AFTER`]).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
@@ -19,7 +18,8 @@ use dlq_core::events::{EventPlan, action, reason};
 use dlq_core::groups::{self, DeadLetterGroupStatus, Existing};
 use dlq_core::record::Summary;
 
-use super::Context;
+use super::context::Context;
+use super::kept_groups::{QueueGroups, Written, lock};
 use crate::state::apiserver::reference;
 
 /// Shortest time between two status writes of one group.
@@ -27,32 +27,6 @@ pub const MIN_INTERVAL: Duration = Duration::from_secs(2);
 /// How long after this process wrote a group the group watch may still not show it (its
 /// own lag) before the group counts as deleted.
 pub const GONE_AFTER: Duration = Duration::from_secs(5);
-
-/// What this process wrote of one group.
-struct Written {
-    status: DeadLetterGroupStatus,
-    at: Instant,
-}
-
-/// One queue's groups as this process knows them.
-#[derive(Default)]
-struct QueueGroups {
-    /// By fingerprint: what was last written (None: exists, not written by this process).
-    groups: HashMap<String, Option<Written>>,
-    /// Fingerprints folded into the overflow group when last announced.
-    overflow_announced: usize,
-}
-
-/// The groups of every queue, as this process wrote them; loaded from the apiserver the first
-/// time a queue is kept (a new leader starts from what exists).
-#[derive(Default)]
-pub struct GroupKeeper {
-    queues: Mutex<HashMap<(String, String), QueueGroups>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// Brings `queue`'s groups up to date with `records`. Returns when it should run again for
 /// writes it held back (None: nothing held).

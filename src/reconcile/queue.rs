@@ -20,7 +20,8 @@ use dlq_core::plan::{self, Readiness};
 use dlq_core::record::{Facts, Summary};
 use dlq_core::seal;
 
-use super::Context;
+use super::context::{CACHE_WAIT, Context, Settings};
+use super::error::ReconcileError;
 use crate::state::apiserver::reference;
 
 /// Why a DeadLetterQueue reconcile failed.
@@ -36,9 +37,8 @@ pub enum QueueError {
     },
 }
 
-impl QueueError {
-    /// Short, stable label for metrics and Event reasons.
-    pub fn category(&self) -> &'static str {
+impl ReconcileError for QueueError {
+    fn category(&self) -> &'static str {
         match self {
             QueueError::NoNamespace => "InvalidObject",
             QueueError::WriteStatus { .. } => "KubeApi",
@@ -49,14 +49,14 @@ impl QueueError {
 pub async fn reconcile(
     queue: Arc<DeadLetterQueue>,
     ctx: Arc<Context>,
-) -> Result<Action, super::Error> {
+) -> Result<Action, QueueError> {
     let ns = queue.namespace().ok_or(QueueError::NoNamespace)?;
     let name = queue.name_any();
     tracing::debug!(namespace = %ns, queue = %name, "queue reconcile");
     // Counting from a store that has not listed yet would under-count, and the count settles
     // blocks of slots: maxParked would no longer hold.
     if !ctx.cache_ready().await {
-        return Ok(Action::requeue(super::CACHE_WAIT));
+        return Ok(Action::requeue(CACHE_WAIT));
     }
     let records = records_of(&ctx, &ns, &name);
     tracing::debug!(namespace = %ns, queue = %name, records = records.len(), "counting the queue's records");
@@ -271,7 +271,7 @@ async fn retain(
 /// The park endpoint's CA bundle, when `--park-tls-dir` holds a readable `ca.crt` of at most
 /// [`plan::MAX_CA_CERTS`] bytes (a missing one is normal: the certificate's issuer is then
 /// trusted some other way).
-fn park_ca(settings: &super::Settings) -> Option<String> {
+fn park_ca(settings: &Settings) -> Option<String> {
     let path = settings.park_ca_file.as_ref()?;
     let meta = std::fs::metadata(path).ok()?;
     if meta.len() > plan::MAX_CA_CERTS as u64 {

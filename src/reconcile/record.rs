@@ -22,8 +22,9 @@ use dlq_core::decide::{self, AfterConflict, Decision, RedriveStep};
 use dlq_core::plan::{self, RequeueFailure, Write};
 use dlq_core::seal::{self, OpenError};
 
-use super::Context;
 use super::claims::Unwritten;
+use super::context::Context;
+use super::error::ReconcileError;
 use crate::state::apiserver::is_conflict;
 use crate::target::{JobMessage, TargetError};
 
@@ -50,9 +51,8 @@ pub enum RecordError {
     },
 }
 
-impl RecordError {
-    /// Short, stable label for metrics and Event reasons.
-    pub fn category(&self) -> &'static str {
+impl ReconcileError for RecordError {
+    fn category(&self) -> &'static str {
         match self {
             RecordError::NoNamespace => "InvalidObject",
             RecordError::Read { .. } | RecordError::WriteStatus { .. } => "KubeApi",
@@ -65,7 +65,7 @@ type Result<T, E = RecordError> = std::result::Result<T, E>;
 /// How soon a record another reconcile in this process holds is looked at again.
 const CLAIMED_RETRY: Duration = Duration::from_millis(500);
 
-pub async fn reconcile(dl: Arc<DeadLetter>, ctx: Arc<Context>) -> Result<Action, super::Error> {
+pub async fn reconcile(dl: Arc<DeadLetter>, ctx: Arc<Context>) -> Result<Action> {
     let ns = dl.namespace().ok_or(RecordError::NoNamespace)?;
     // The other records controller is on it (see `super::claims`).
     let Some(_claim) = ctx.claims.claim(&dl.uid().unwrap_or_default()) else {

@@ -27,7 +27,8 @@ use dlq_core::replay::{
     self, DeadLetterReplay, DeadLetterReplayStatus, Observed, Outcome, ReplayPhase, ReplayRef,
 };
 
-use super::Context;
+use super::context::{CACHE_WAIT, Context};
+use super::error::ReconcileError;
 use crate::state::apiserver::{Signature, is_conflict, reference};
 
 /// Signatures in flight at once within one step.
@@ -68,8 +69,8 @@ pub enum ReplayError {
     },
 }
 
-impl ReplayError {
-    pub fn category(&self) -> &'static str {
+impl ReconcileError for ReplayError {
+    fn category(&self) -> &'static str {
         match self {
             ReplayError::NoNamespace => "InvalidObject",
             _ => "KubeApi",
@@ -118,10 +119,7 @@ struct Run<'a> {
     status: DeadLetterReplayStatus,
 }
 
-pub async fn reconcile(
-    replay: Arc<DeadLetterReplay>,
-    replays: Arc<Replays>,
-) -> Result<Action, super::Error> {
+pub async fn reconcile(replay: Arc<DeadLetterReplay>, replays: Arc<Replays>) -> Result<Action> {
     let ns = replay.namespace().ok_or(ReplayError::NoNamespace)?;
     let uid = replay.uid().unwrap_or_default();
     let mem = replays
@@ -144,7 +142,7 @@ pub async fn reconcile(
     if !ctx.cache_ready().await || !ctx.queues_ready().await {
         // Right after start-up the caches may still be filling: a selection taken now would be
         // empty, and a queue not listed yet would look missing.
-        return Ok(Action::requeue(super::CACHE_WAIT));
+        return Ok(Action::requeue(CACHE_WAIT));
     }
     let mut run = Run {
         records: queue_records(ctx, &ns, &replay.spec.queue),

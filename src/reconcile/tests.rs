@@ -18,7 +18,7 @@ use dlq_core::api::{Action, DeadLetter, DeadLetterQueue, DeadLetterStatus, Phase
 use dlq_core::conditions;
 use dlq_core::testing::RecordBuilder;
 
-use super::{Context, Settings, record};
+use super::{Context, ReconcileError, Settings, record};
 use crate::metrics::Metrics;
 use crate::state::apiserver::fake::FakeApiserver;
 use crate::target::{JobMessage, Target, TargetError, Targets};
@@ -163,7 +163,7 @@ impl Harness {
         }
     }
 
-    async fn reconcile(&self) -> Result<ReconcileAction, super::Error> {
+    async fn reconcile(&self) -> Result<ReconcileAction, super::record::RecordError> {
         record::reconcile(Arc::new(self.apiserver.current()), self.ctx.clone()).await
     }
 

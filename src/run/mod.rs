@@ -29,7 +29,9 @@ use dlq_core::api::DeadLetter;
 
 use crate::alert::Alerting;
 use crate::metrics::Metrics;
-use crate::reconcile::{self, Context, Error, Settings, aggregate, error_policy};
+use crate::reconcile::{
+    self, Context, Settings, aggregate, error_policy, record::RecordError as Error,
+};
 use crate::state::apiserver::{Apiserver, KubeApiserver};
 use crate::state::jobs::JobIndex;
 use crate::state::records::RecordIndex;
