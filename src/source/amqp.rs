@@ -30,7 +30,7 @@ use sha2::{Digest, Sha256};
 use dlq_client::park::ParkRequest;
 use dlq_core::api::{self, AmqpSourceSpec, DeadLetterQueue, FailureKind, Job, Origin};
 
-use super::{ParkInto, SourceError};
+use super::park_into::{ParkInto, SourceError, keep_running, url_from_secret};
 use crate::target::TargetError;
 use crate::target::amqp::{AmqpConn, carried_headers, classify};
 
@@ -271,7 +271,7 @@ pub fn request_for(queue: &str, data: &[u8], props: &BasicProperties, again: boo
 
 /// Runs one bridge until aborted.
 pub async fn run(client: Client, into: ParkInto, queue: DeadLetterQueue, source: AmqpSourceSpec) {
-    super::keep_running("amqp", &into, || run_once(&client, &into, &queue, &source)).await
+    keep_running("amqp", &into, || run_once(&client, &into, &queue, &source)).await
 }
 
 async fn run_once(
@@ -281,7 +281,7 @@ async fn run_once(
     source: &AmqpSourceSpec,
 ) -> Result<(), SourceError> {
     let (ns, name) = (into.namespace(), into.queue());
-    let url = super::url_from_secret(
+    let url = url_from_secret(
         client,
         into,
         source.url_secret_ref.as_ref(),

@@ -25,7 +25,7 @@ use dlq_client::park::{ParkError, ParkRequest};
 use dlq_core::api::{DeadLetterQueue, FailureKind, Job, KafkaSourceSpec, Origin};
 use dlq_core::headers::kafka::{self as codec, Header as RawHeader};
 
-use super::{ParkInto, SourceError};
+use super::park_into::{ParkInto, SourceError, keep_running};
 use crate::target::cache::read_kafka_secrets;
 use crate::target::kafka::KafkaConn;
 
@@ -135,7 +135,7 @@ pub fn request_for(queue: &str, dead: &Dead) -> ParkRequest {
 
 /// Runs one source until aborted.
 pub async fn run(client: Client, into: ParkInto, queue: DeadLetterQueue, source: KafkaSourceSpec) {
-    super::keep_running("kafka", &into, || run_once(&client, &into, &queue, &source)).await
+    keep_running("kafka", &into, || run_once(&client, &into, &queue, &source)).await
 }
 
 /// Servers and security of the source: its own, else the kafka target's.

@@ -34,7 +34,7 @@ use async_nats::jetstream::{self, AckKind};
 use dlq_client::park::ParkRequest;
 use dlq_core::api::{self, DeadLetterQueue, FailureKind, Job, NatsSourceSpec, OnParked, Origin};
 
-use super::{ParkInto, SourceError};
+use super::park_into::{ParkInto, SourceError, keep_running};
 use crate::secret::read_secret;
 use crate::target::nats::{NatsConn, carried_headers, parse_header_block};
 
@@ -190,7 +190,7 @@ pub fn request_for(queue: &str, adv: &Advisory, msg: &Stored) -> ParkRequest {
 
 /// Runs one bridge until aborted.
 pub async fn run(client: Client, into: ParkInto, queue: DeadLetterQueue, source: NatsSourceSpec) {
-    super::keep_running("nats", &into, || run_once(&client, &into, &queue, &source)).await
+    keep_running("nats", &into, || run_once(&client, &into, &queue, &source)).await
 }
 
 /// The source's server URL: its own, else the nats target's.

@@ -32,7 +32,7 @@ use dlq_client::park::{ParkError, ParkInvalid, ParkRequest};
 use dlq_core::api::{self, DeadLetterQueue, Job, Origin, PubsubSourceSpec};
 use dlq_core::park::validate_headers;
 
-use super::{ParkInto, SourceError};
+use super::park_into::{ParkInto, SourceError, keep_running};
 use crate::secret::read_secret;
 use crate::target::pubsub::{PubsubConn, resource_name};
 
@@ -156,7 +156,7 @@ pub fn unholdable(dead: &Dead) -> Option<ParkInvalid> {
 
 /// Runs one bridge until aborted.
 pub async fn run(client: Client, into: ParkInto, queue: DeadLetterQueue, source: PubsubSourceSpec) {
-    super::keep_running("pubsub", &into, || {
+    keep_running("pubsub", &into, || {
         run_once(&client, &into, &queue, &source)
     })
     .await

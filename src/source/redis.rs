@@ -27,8 +27,8 @@ use tokio::sync::Semaphore;
 use dlq_core::api::{DeadLetterQueue, RedisSourceSpec};
 use dlq_core::envelope::request_for;
 
+use super::park_into::{ParkInto, SourceError, keep_running, url_from_secret};
 use super::taken::{Failpoints, Taken, free_slots, pairs, spawn_handle};
-use super::{ParkInto, SourceError};
 use crate::target::redis::RedisConn;
 
 /// Parks in flight at once per bridge: parkings waiting together share one reservation under
@@ -71,7 +71,7 @@ return out
 
 /// Runs one bridge until aborted.
 pub async fn run(client: Client, into: ParkInto, queue: DeadLetterQueue, source: RedisSourceSpec) {
-    super::keep_running("redis", &into, || run_once(&client, &into, &queue, &source)).await
+    keep_running("redis", &into, || run_once(&client, &into, &queue, &source)).await
 }
 
 async fn run_once(
@@ -81,7 +81,7 @@ async fn run_once(
     source: &RedisSourceSpec,
 ) -> Result<(), SourceError> {
     let (ns, name) = (into.namespace(), into.queue());
-    let url = super::url_from_secret(
+    let url = url_from_secret(
         client,
         into,
         source.url_secret_ref.as_ref(),

@@ -28,8 +28,8 @@ use tokio::sync::Semaphore;
 use dlq_core::api::{DeadLetterQueue, SidekiqSourceSpec};
 use dlq_core::events;
 
+use super::park_into::{ParkInto, SourceError, keep_running, url_from_secret};
 use super::taken::{Failpoints, Taken, free_slots, pairs, spawn_handle};
-use super::{ParkInto, SourceError};
 use crate::target::redis::RedisConn;
 
 /// Parks in flight at once per bridge (as the Redis source: a backlog is taken in batches).
@@ -105,7 +105,7 @@ pub async fn run(
     queue: DeadLetterQueue,
     source: SidekiqSourceSpec,
 ) {
-    super::keep_running("sidekiq", &into, || {
+    keep_running("sidekiq", &into, || {
         run_once(&client, &into, &queue, &source)
     })
     .await
@@ -117,7 +117,7 @@ async fn run_once(
     queue: &DeadLetterQueue,
     source: &SidekiqSourceSpec,
 ) -> Result<(), SourceError> {
-    let url = super::url_from_secret(
+    let url = url_from_secret(
         client,
         into,
         source.url_secret_ref.as_ref(),

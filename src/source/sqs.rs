@@ -26,7 +26,7 @@ use dlq_client::park::ParkRequest;
 use dlq_core::api::{self, DeadLetterQueue, FailureKind, Job, Origin, SqsSourceSpec};
 use dlq_core::headers::sqs::{Attribute, to_headers};
 
-use super::{ParkInto, SourceError};
+use super::park_into::{ParkInto, SourceError, keep_running};
 use crate::target::cache::read_aws_keys;
 use crate::target::redact_url;
 use crate::target::sqs::SqsConn;
@@ -155,7 +155,7 @@ pub fn request_for(queue: &str, dead: &Dead) -> ParkRequest {
 
 /// Runs one bridge until aborted.
 pub async fn run(client: Client, into: ParkInto, queue: DeadLetterQueue, source: SqsSourceSpec) {
-    super::keep_running("sqs", &into, || run_once(&client, &into, &queue, &source)).await
+    keep_running("sqs", &into, || run_once(&client, &into, &queue, &source)).await
 }
 
 /// Region, endpoint and keys of the source: its own, else the sqs target's.

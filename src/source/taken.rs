@@ -11,7 +11,7 @@ use std::time::Duration;
 use dlq_core::park::ParkRequest;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::{ParkInto, SourceError};
+use super::park_into::{ParkInto, SourceError};
 use crate::target::redis::RedisConn;
 
 /// Which failpoints a source's parking passes (`crate::failpoint`).

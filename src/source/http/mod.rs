@@ -37,7 +37,7 @@ use dlq_core::park::{Disposition, ParkInvalid, after_refusal, dispose};
 
 use crate::metrics::Metrics;
 
-use super::{ParkInto, Shared};
+use super::park_into::{ParkInto, Shared};
 use auth::Auth;
 
 /// What a full queue tells the sender to wait: about when the operator looks at it again.

@@ -1,0 +1,392 @@
+//! What every source shares: where it parks ([`ParkInto`], the one path of a dead message into
+//! a record), why one of its runs ended ([`SourceError`]), and how it is kept running. Its own
+//! file, so each backend's source names it without going through the supervisor (`super`),
+//! which starts them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::Client;
+use kube::runtime::reflector::{ObjectRef, Store};
+
+use dlq_client::park::{ParkError, ParkOutcome, ParkRequest, Parker};
+use dlq_core::api::{DeadLetterQueue, SecretKeyRef};
+use dlq_core::events::{self, EventPlan};
+use dlq_core::park::{Disposition, after_refusal, dispose, job_key};
+
+use super::in_flight::InFlight;
+use crate::metrics::Metrics;
+use crate::secret::{SecretError, read_secret};
+use crate::state::apiserver::{Apiserver, reference};
+use crate::state::jobs::JobIndex;
+use crate::state::leadership::Leadership;
+use crate::state::parking_first::ParkingFirst;
+
+/// Why one run of a source ended. It is restarted with backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("source misconfigured: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Secret(#[from] SecretError),
+    #[error("unreadable answer from the broker: {0}")]
+    Decode(String),
+    #[error("{context}: {source}")]
+    Broker {
+        context: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl SourceError {
+    /// Wraps a broker client's error with what the source was doing.
+    pub fn broker<E>(context: impl Into<String>) -> impl FnOnce(E) -> SourceError
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let context = context.into();
+        move |e| SourceError::Broker {
+            context,
+            source: Box::new(e),
+        }
+    }
+}
+
+/// Longest wait of a source whose queue is full before it tries to park again.
+const FULL_RECHECK: Duration = Duration::from_secs(2);
+
+/// How often a source whose replica's term ran out looks whether it was renewed.
+const TERM_RECHECK: Duration = Duration::from_secs(1);
+
+/// What every source shares: how it parks, and how it reports what it cannot park.
+#[derive(Clone)]
+pub struct Shared {
+    pub client: Client,
+    pub parker: Parker,
+    pub queues: Store<DeadLetterQueue>,
+    /// The operator's records by job: sources create the right cycle without listing first.
+    pub jobs: JobIndex,
+    pub apiserver: Arc<dyn Apiserver>,
+    pub metrics: Metrics,
+    /// This replica's term on the Lease: a source parks only while it holds.
+    pub leadership: Leadership,
+    /// One park at a time per dead message (see [`in_flight`]).
+    pub in_flight: InFlight,
+    /// Parks in flight, which the records controller's marks yield to.
+    pub parking_first: ParkingFirst,
+}
+
+/// Where a source parks: its DeadLetterQueue as the operator's store holds it right now (its
+/// `maxParked` and counters), so a parking storm costs no queue reads.
+#[derive(Clone)]
+pub struct ParkInto {
+    pub(super) shared: Shared,
+    pub(super) key: ObjectRef<DeadLetterQueue>,
+}
+
+impl ParkInto {
+    pub fn namespace(&self) -> &str {
+        self.key.namespace.as_deref().unwrap_or_default()
+    }
+
+    pub fn queue(&self) -> &str {
+        &self.key.name
+    }
+
+    /// Parks once, choosing the cycle from the operator's own records (a create, and a
+    /// consistent list only when that create meets a record the watch had not yet shown).
+    pub async fn park(&self, req: ParkRequest) -> Result<ParkOutcome, ParkError> {
+        let _parking = self.shared.parking_first.parking();
+        let queue = self
+            .shared
+            .queues
+            .get(&self.key)
+            .ok_or_else(|| ParkError::UnknownQueue {
+                namespace: self.namespace().to_string(),
+                queue: self.queue().to_string(),
+            })?;
+        let known = self
+            .shared
+            .jobs
+            .cycles(self.namespace(), &job_key(&req.queue, &req.job.id));
+        self.shared
+            .parker
+            .park_known(&queue, req, known.as_deref())
+            .await
+    }
+
+    /// The one rule for every source (`dlq_core::park::dispose`): `req` if it is valid, else an
+    /// Invalid record of the message's exact bytes `raw`; `Err` only for what can never be a
+    /// record, which the source then keeps where rejected messages go and reports with
+    /// [`ParkInto::rejected`].
+    pub fn dispose(&self, req: ParkRequest, raw: &[u8]) -> Result<ParkRequest, ParkError> {
+        match dispose(req, raw) {
+            Disposition::Park(req) => Ok(*req),
+            Disposition::Reject(why) => Err(ParkError::Invalid(why)),
+        }
+    }
+
+    /// Parks one dead message of exact bytes `raw`, read as `req`: the one path of every
+    /// source. Retries what may succeed later ([`ParkInto::park_until_known`]); when the
+    /// apiserver refuses the record for good (400, 413, 422: a schema or CEL rule), parks the
+    /// message as an Invalid record of its bytes with the refusal as reason instead
+    /// (`dlq_core::park::after_refusal`), so one bad message never stalls those behind it.
+    /// `Err` only when even that is refused or the message is over the payload limit: the
+    /// source then keeps it where rejected messages go and reports it with
+    /// [`ParkInto::rejected`].
+    pub async fn park_message<W, Fut>(
+        &self,
+        req: ParkRequest,
+        raw: &[u8],
+        where_it_stays: &str,
+        waiting: W,
+    ) -> Result<(), ParkError>
+    where
+        W: Fn() -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let mut req = self.dispose(req, raw)?;
+        let mut tried = 0;
+        loop {
+            let refused = match self.park_until_known(&req, where_it_stays, &waiting).await {
+                Err(e) if e.final_refusal().is_some() => e,
+                done => return done,
+            };
+            let refusal = refused.final_refusal().unwrap_or_default();
+            let Some(next) = after_refusal(&req, raw, refusal, tried) else {
+                return Err(refused);
+            };
+            tracing::warn!(namespace = %self.namespace(), queue = %self.queue(), job = %req.job.id, error = %refused, fallback = tried + 1, "the apiserver refused the record for good; parking the message as Invalid with its exact bytes");
+            req = next;
+            tried += 1;
+        }
+    }
+
+    /// Counts and announces a message that could not become a record and was kept at
+    /// `kept_in` (`dlq_rejected_total`, Warning Event `Rejected` on the DeadLetterQueue).
+    pub async fn rejected(&self, why: &ParkError, size: usize, kept_in: &str) {
+        let reason = match why {
+            ParkError::Invalid(e) => e.category(),
+            e if e.final_refusal().is_some() => "Refused",
+            _ => "Unparkable",
+        };
+        self.shared
+            .metrics
+            .rejected(self.namespace(), self.queue(), reason);
+        tracing::error!(namespace = %self.namespace(), queue = %self.queue(), error = %why, size, kept_in, "dead message cannot be a record; kept in the broker");
+        let Some(queue) = self.shared.queues.get(&self.key) else {
+            return;
+        };
+        let note = format!(
+            "a dead message of {size} bytes cannot be a record ({why}); its bytes are kept in {kept_in}"
+        );
+        let event = EventPlan::warning(events::reason::REJECTED, events::action::PARK, note);
+        self.shared
+            .apiserver
+            .publish(reference(queue.as_ref()), &event)
+            .await;
+    }
+
+    /// Says something about the source's broker as a Warning Event on the queue (`reason`:
+    /// `dlq_core::events::reason`).
+    pub async fn warn(&self, reason: &'static str, note: String) {
+        let Some(queue) = self.shared.queues.get(&self.key) else {
+            return;
+        };
+        let event = EventPlan::warning(reason, events::action::PARK, note);
+        self.shared
+            .apiserver
+            .publish(reference(queue.as_ref()), &event)
+            .await;
+    }
+
+    /// Parks, retrying what may succeed later (apiserver down, queue full) with capped
+    /// backoff; `waiting` runs before each wait (to tell the broker the message is still being
+    /// worked on) and the message stays in the broker meanwhile. Returns an error only for a
+    /// request that can never be a record.
+    pub async fn park_until_known<W, Fut>(
+        &self,
+        req: &ParkRequest,
+        where_it_stays: &str,
+        waiting: W,
+    ) -> Result<(), ParkError>
+    where
+        W: Fn() -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let mut req = req.clone();
+        let _turn = self.shared.in_flight.turn(&mut req).await;
+        let mut attempt = 0u32;
+        loop {
+            if !self.shared.leadership.holds() {
+                // A replica that was paused past its term wakes up with messages in hand that
+                // the broker has meanwhile handed to the new leader, whose records may even be
+                // resolved by now: park nothing until the term is renewed, and then only as a
+                // re-read of the message (matched by its identity), never as a new death.
+                req.retrying();
+                tracing::debug!(namespace = %self.namespace(), queue = %self.queue(), job = %req.job.id, "this replica's term on the Lease ran out; the dead message stays {where_it_stays}");
+                waiting().await;
+                tokio::time::sleep(TERM_RECHECK).await;
+                continue;
+            }
+            match self.park(req.clone()).await {
+                Ok(_) => return Ok(()),
+                Err(e @ ParkError::MaxParked { .. }) => {
+                    // Backpressure, not a failure: the queue's Full condition and QueueFull
+                    // Event say so once. Look again soon, so parking resumes shortly after
+                    // records are resolved.
+                    attempt = attempt.saturating_add(1);
+                    let wait = dlq_core::decide::backoff(attempt, FULL_RECHECK);
+                    tracing::debug!(namespace = %self.namespace(), queue = %self.queue(), job = %req.job.id, error = %e, retry_in = ?wait, "queue full; the dead message stays {where_it_stays}");
+                    waiting().await;
+                    tokio::time::sleep(wait).await;
+                }
+                Err(e) if e.is_transient() => {
+                    // The create may have been stored before the error (a reply lost in an
+                    // apiserver restart), and its record resolved before the retry: match
+                    // by message identity from now on, or the retry parks a second cycle.
+                    req.retrying();
+                    attempt = attempt.saturating_add(1);
+                    let wait = dlq_core::decide::backoff(attempt, Duration::from_secs(30));
+                    tracing::warn!(namespace = %self.namespace(), queue = %self.queue(), job = %req.job.id, error = %e, retry_in = ?wait, "parking a dead message failed; it stays {where_it_stays}");
+                    waiting().await;
+                    tokio::time::sleep(wait).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// The broker URL a source connects with: from its own Secret, else from its queue's target's
+/// (the same broker), read fresh at every (re)start of the source.
+pub(crate) async fn url_from_secret(
+    client: &Client,
+    into: &ParkInto,
+    own: Option<&SecretKeyRef>,
+    target: Option<&SecretKeyRef>,
+    kind: &str,
+) -> Result<String, SourceError> {
+    let secret_ref = own.or(target).ok_or_else(|| {
+        SourceError::Config(format!(
+            "source.{kind} needs urlSecretRef (the target has none of {kind})"
+        ))
+    })?;
+    Ok(read_secret(client, into.namespace(), secret_ref).await?.0)
+}
+
+/// Runs one source's `once` again and again: after it ends or fails, waits with capped
+/// exponential backoff (reset once a run lasted a minute), so a broker outage is retried
+/// without hammering it.
+pub(crate) async fn keep_running<F, Fut>(kind: &str, into: &ParkInto, mut once: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), SourceError>>,
+{
+    let mut attempt = 0u32;
+    loop {
+        let started = std::time::Instant::now();
+        let result = once().await;
+        if started.elapsed() > Duration::from_secs(60) {
+            attempt = 0;
+        }
+        attempt = attempt.saturating_add(1);
+        let wait = dlq_core::decide::backoff(attempt, Duration::from_secs(30));
+        match result {
+            Ok(()) => {
+                tracing::info!(namespace = into.namespace(), queue = into.queue(), source = kind, retry_in = ?wait, "source ended; restarting")
+            }
+            Err(e) => {
+                tracing::warn!(namespace = into.namespace(), queue = into.queue(), source = kind, error = %e, retry_in = ?wait, "source failed")
+            }
+        }
+        tokio::time::sleep(wait).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use dlq_core::api::Job;
+    use kube::runtime::events::Reporter;
+    use kube::runtime::{reflector, watcher};
+
+    use super::*;
+    use crate::state::apiserver::KubeApiserver;
+
+    /// A replica whose term on the Lease ran out (a leader paused past it) parks nothing, not
+    /// even a first try: the broker may have handed the same message to the new leader, whose
+    /// record of it may be resolved by now. It parks again once the term is renewed.
+    #[tokio::test]
+    async fn a_source_parks_nothing_while_its_replica_has_no_term() {
+        // An "apiserver" that only counts the connections made to it.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let connections = Arc::new(AtomicUsize::new(0));
+        let seen = connections.clone();
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                seen.fetch_add(1, Ordering::SeqCst);
+                drop(socket);
+            }
+        });
+        let url = format!("http://{addr}").parse().expect("url");
+        let client = Client::try_from(kube::Config::new(url)).expect("client");
+        let mut queue = DeadLetterQueue::new("relayer", Default::default());
+        queue.metadata.namespace = Some("payments".into());
+        let (queues, mut writer) = reflector::store();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitApply(queue));
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        let leadership = Leadership::not_yet();
+        let into = ParkInto {
+            shared: Shared {
+                parker: Parker::new(client.clone()),
+                queues,
+                jobs: JobIndex::default(),
+                apiserver: Arc::new(KubeApiserver::new(client.clone(), Reporter::from("t"))),
+                metrics: Metrics::default(),
+                leadership: leadership.clone(),
+                in_flight: InFlight::default(),
+                parking_first: ParkingFirst::default(),
+                client,
+            },
+            key: ObjectRef::new("relayer").within("payments"),
+        };
+        let job = Job {
+            id: "pi_0003/settle".into(),
+            payload: Some("{}".into()),
+            ..Job::default()
+        };
+        let req = ParkRequest::new("relayer", job).with_message("relayer:dead#1".to_string());
+        let parking = tokio::spawn(async move {
+            let _ = into
+                .park_until_known(&req, "in the broker", || async {})
+                .await;
+        });
+
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(
+            connections.load(Ordering::SeqCst),
+            0,
+            "parked without a term"
+        );
+        let now = jiff::Timestamp::now().as_millisecond();
+        leadership.renewed(now, Duration::from_secs(15));
+        for _ in 0..50 {
+            if connections.load(Ordering::SeqCst) > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(
+            connections.load(Ordering::SeqCst) > 0,
+            "parking resumes once the term is renewed"
+        );
+        parking.abort();
+    }
+}
