@@ -8,11 +8,12 @@
 use std::collections::BTreeMap;
 
 use jiff::{SignedDuration, Timestamp};
-use kube_derive::KubeSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::api::{DeadLetter, DeadLetterQueue, FailureKind, Phase};
 use crate::conditions::REQUEUED;
+use crate::dead_letter::{DeadLetter, FailureKind, Phase};
+use crate::queue::DeadLetterQueue;
+pub use crate::queue::{AlertPer, AlertSettings, Severities};
 
 /// Alert raised while a record is Parked.
 pub const PARKED: &str = "DeadLetterParked";
@@ -36,50 +37,6 @@ pub const RESERVED_LABELS: &[&str] = &[
 ];
 /// Longest annotation value we send (the reason and intent come from producers).
 const MAX_ANNOTATION: usize = 1024;
-
-/// `spec.alerts` of a DeadLetterQueue: per-record alerts of its records.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
-#[serde(rename_all = "camelCase")]
-pub struct AlertSettings {
-    /// Raise alerts for parked records (default true when an Alertmanager is configured).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub enabled: Option<bool>,
-    /// `group` (default): one `DeadLetterGroupParked` alert per failure group, silenced by
-    /// its acknowledgement; `record`: one `DeadLetterParked` per parked record.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub per: Option<AlertPer>,
-    /// The `severity` label per failure kind (default `warning`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub severity: Option<Severities>,
-    /// Extra labels on every alert of this queue (for routing to a team).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(extend("maxProperties" = 32))]
-    #[x_kube(
-        validation = kube::core::Rule::new("self.all(k, k.matches('^[a-zA-Z_][a-zA-Z0-9_]{0,127}$'))").message("alerts.labels names must be Prometheus label names ([a-zA-Z_][a-zA-Z0-9_]*)"),
-        validation = kube::core::Rule::new("self.all(k, !(k in ['alertname', 'namespace', 'queue', 'deadletter', 'job', 'failure_kind', 'severity', 'service_version']))").message("alerts.labels cannot set alertname, namespace, queue, deadletter, job, failure_kind, severity or service_version: the operator sets them"),
-        validation = kube::core::Rule::new("self.all(k, size(self[k]) <= 256)").message("alerts.labels values are at most 256 characters"),
-    )]
-    pub labels: BTreeMap<String, String>,
-}
-
-/// What one parked-alert stands for.
-#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum AlertPer {
-    Group,
-    Record,
-}
-
-/// The severity label per failure kind.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
-pub struct Severities {
-    #[serde(rename = "Invalid", default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 63))]
-    pub invalid: Option<String>,
-    #[serde(rename = "Transient", default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 63))]
-    pub transient: Option<String>,
-}
 
 impl AlertSettings {
     pub fn enabled(&self) -> bool {
@@ -325,7 +282,7 @@ pub fn group_alert(
     let meta = &group.metadata;
     let label = |k: &str| meta.labels.as_ref().and_then(|l| l.get(k)).cloned();
     let (queue_name, fingerprint) = (
-        label(crate::api::LABEL_QUEUE)?,
+        label(crate::dead_letter::LABEL_QUEUE)?,
         label(crate::group::LABEL_GROUP)?,
     );
     let ns = meta.namespace.clone().unwrap_or_default();
@@ -394,7 +351,7 @@ fn truncate(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::DeadLetterQueueSpec;
+    use crate::queue::DeadLetterQueueSpec;
     use crate::testing::{RecordBuilder, at};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 

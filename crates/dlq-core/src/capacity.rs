@@ -30,7 +30,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::api::{DeadLetterQueueStatus, SlotBlock};
+use crate::queue::{DeadLetterQueueStatus, SlotBlock};
 
 /// How long a block the operator has not seen every record of is kept.
 pub const BLOCK_TTL_SECS: i64 = 300;

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use base64::Engine;
 use sha2::{Digest, Sha256};
 
-use crate::api::{self, FailureKind, Job};
+use crate::dead_letter::{self, FailureKind, Job};
 use crate::park::{ParkRequest, invalid_request};
 
 /// Content type of a structured-mode event.
@@ -28,7 +28,7 @@ pub const BATCH: &str = "application/cloudevents-batch+json";
 /// Most events in one batch: each becomes its own record, parked one after the other.
 pub const MAX_BATCH: usize = 100;
 /// Largest body read: a record's payload limit, plus room for a batch's framing.
-pub const MAX_BODY: usize = api::MAX_PAYLOAD_BYTES + 4096;
+pub const MAX_BODY: usize = dead_letter::MAX_PAYLOAD_BYTES + 4096;
 
 /// Headers HTTP manages itself (framing, the connection): a request's own, never a job's.
 /// The park endpoint does not keep them and the `http` target cannot send a job carrying them.
@@ -330,7 +330,7 @@ fn plain(queue: &str, req: &HttpRequest<'_>) -> Incoming {
 /// take the job id of `e-1` from the long source whose digest that is.
 pub fn job_id(id: &str, source: &str) -> String {
     let both = format!("{id}@{source}");
-    let max = api::MAX_SOURCE_MESSAGE_LEN;
+    let max = dead_letter::MAX_SOURCE_MESSAGE_LEN;
     if both.len() <= max && !looks_hashed(source) {
         return both;
     }
@@ -458,7 +458,7 @@ fn not_an_event_with(
     if headers
         .iter()
         .all(|(n, v)| crate::park::header_holdable(n, v))
-        && headers.len() <= api::MAX_HEADERS
+        && headers.len() <= dead_letter::MAX_HEADERS
     {
         request.job.headers = headers;
     }
@@ -668,7 +668,7 @@ mod tests {
     #[test]
     fn long_sources_are_hashed_into_a_bounded_job_id() {
         let id = job_id("e-1", &"s".repeat(400));
-        assert!(id.len() <= api::MAX_SOURCE_MESSAGE_LEN && id.starts_with("e-1@sha256:"));
+        assert!(id.len() <= dead_letter::MAX_SOURCE_MESSAGE_LEN && id.starts_with("e-1@sha256:"));
         assert_ne!(id, job_id("e-1", &"t".repeat(400)));
     }
 
@@ -678,10 +678,14 @@ mod tests {
         let b = format!("{}b", "x".repeat(299));
         let (ja, jb) = (job_id(&a, "/s"), job_id(&b, "/s"));
         assert_ne!(ja, jb);
-        assert!(ja.len() <= api::MAX_SOURCE_MESSAGE_LEN, "{}", ja.len());
+        assert!(
+            ja.len() <= dead_letter::MAX_SOURCE_MESSAGE_LEN,
+            "{}",
+            ja.len()
+        );
         let wide = "é".repeat(150);
         let jw = job_id(&wide, "/s");
-        assert!(jw.len() <= api::MAX_SOURCE_MESSAGE_LEN && jw.starts_with('é'));
+        assert!(jw.len() <= dead_letter::MAX_SOURCE_MESSAGE_LEN && jw.starts_with('é'));
         assert_ne!(jw, job_id(&format!("{wide}é"), "/s"));
     }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
 
-use crate::api::{Action, DeadLetter, Phase};
+use crate::dead_letter::{Action, DeadLetter, Phase};
 
 /// What the reconciler should do next with one record (its effects are built by [`crate::plan`]).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use crate::api::{FailureKind, IntentSnapshot, Job};
+use crate::dead_letter::{FailureKind, IntentSnapshot, Job};
 use crate::park::{ParkRequest, invalid_request, json_error_without_values};
 
 /// The JSON a consumer pushes onto the dead list.
@@ -191,7 +191,7 @@ mod tests {
 #[cfg(test)]
 mod dispositions {
     use super::request_for;
-    use crate::api::FailureKind;
+    use crate::dead_letter::FailureKind;
     use crate::park::{Disposition, dispose};
 
     /// Well-formed envelopes that fail validation still fit in a record: Invalid, exact bytes.

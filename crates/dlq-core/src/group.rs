@@ -17,8 +17,8 @@ use std::sync::LazyLock;
 use regex::{Captures, Regex};
 use sha2::{Digest, Sha256};
 
-use crate::api::{DeadLetter, FailureKind};
-use crate::record::Facts;
+use crate::dead_letter::{DeadLetter, FailureKind};
+use crate::facts::Facts;
 
 /// Label with a record's fingerprint: `kubectl get dl -l dlq.dev/group=...`.
 pub const LABEL_GROUP: &str = "dlq.dev/group";

@@ -13,9 +13,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube_derive::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use crate::api::{DeadLetterQueue, FailureKind, Phase};
+use crate::dead_letter::{FailureKind, Phase};
+use crate::facts::Facts;
 use crate::group::{self, LABEL_GROUP};
-use crate::record::Facts;
+use crate::queue::DeadLetterQueue;
+pub use crate::queue::GroupSettings;
 
 /// Most groups of one queue by default; beyond it records fall in the overflow group.
 pub const DEFAULT_MAX_GROUPS: usize = 100;
@@ -193,25 +195,6 @@ pub struct DeadLetterGroupStatus {
     pub silenced: bool,
 }
 
-/// A queue's `spec.groups`: the bound on its groups and its tier thresholds.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
-#[serde(rename_all = "camelCase")]
-pub struct GroupSettings {
-    /// Most groups of this queue (default 100); records of further groups are counted in one
-    /// `overflow` group, announced by a Warning Event.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 1000))]
-    pub max: Option<i32>,
-    /// A group parking at least this many records a minute is `critical` (default 100).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
-    pub critical_per_minute: Option<i64>,
-    /// A group parking at least this many records an hour is `warning` (default 60).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
-    pub warning_per_hour: Option<i64>,
-}
-
 impl GroupSettings {
     pub fn max(&self) -> usize {
         self.max
@@ -255,7 +238,7 @@ pub fn group_object(
     );
     g.metadata.namespace = queue.meta().namespace.clone();
     g.metadata.labels = Some(BTreeMap::from([
-        (crate::api::LABEL_QUEUE.to_string(), queue_name),
+        (crate::dead_letter::LABEL_QUEUE.to_string(), queue_name),
         (LABEL_GROUP.to_string(), fingerprint.to_string()),
     ]));
     g.metadata.owner_references = queue.controller_owner_ref(&()).map(|mut o| {
@@ -448,7 +431,8 @@ fn merge<'a>(into: &mut Tally<'a>, from: Tally<'a>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{DeadLetter, DeadLetterQueueSpec, Retention};
+    use crate::dead_letter::DeadLetter;
+    use crate::queue::{DeadLetterQueueSpec, Retention};
     use crate::testing::{RecordBuilder, at};
 
     fn queue(groups: Option<GroupSettings>) -> DeadLetterQueue {
@@ -679,7 +663,7 @@ mod tests {
         assert_eq!(g.metadata.namespace.as_deref(), Some("payments"));
         let labels = g.metadata.labels.clone().unwrap_or_default();
         assert_eq!(labels[LABEL_GROUP], "3f9a1c07d2");
-        assert_eq!(labels[crate::api::LABEL_QUEUE], "relayer");
+        assert_eq!(labels[crate::dead_letter::LABEL_QUEUE], "relayer");
         let owner = &g.metadata.owner_references.clone().unwrap_or_default()[0];
         assert_eq!(
             (owner.kind.as_str(), owner.uid.as_str()),

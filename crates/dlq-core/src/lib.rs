@@ -1,6 +1,7 @@
 //! The pure core of deadletter-operator.
 //!
-//! Everything here is a function of its inputs: the `dlq.dev` API types, what to do with a
+//! Everything here is a function of its inputs: the `dlq.dev` API types (one module per kind:
+//! [`dead_letter`], [`queue`], [`replay`], [`groups`]; [`api`] re-exports the first two), what to do with a
 //! record ([`decide`]), the whole outcome of a reconcile as data ([`plan`]: the status to write,
 //! the Events to publish, the metric changes), the park rules ([`park`]: validation, naming,
 //! cycles), and the codecs shared by sources and targets ([`headers`], [`envelope`],
@@ -23,16 +24,20 @@ pub mod api;
 pub mod capacity;
 pub mod cloudevent;
 pub mod conditions;
+pub mod crds;
+pub mod dead_letter;
 pub mod decide;
 pub mod duration;
 pub mod envelope;
 pub mod events;
+pub mod facts;
 pub mod group;
 pub mod groups;
 pub mod headers;
 pub mod mask;
 pub mod park;
 pub mod plan;
+pub mod queue;
 pub mod record;
 pub mod replay;
 pub mod reveal;

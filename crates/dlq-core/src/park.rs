@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use sha2::{Digest, Sha256};
 
-use crate::api::{self, DeadLetter, DeadLetterSpec, FailureKind, IntentSnapshot, Job, Phase};
+use crate::dead_letter::{
+    self, DeadLetter, DeadLetterSpec, FailureKind, IntentSnapshot, Job, Phase,
+};
 
 /// Everything known about a given-up job.
 #[derive(Debug, Clone, PartialEq)]
@@ -75,7 +77,7 @@ impl ParkRequest {
     /// Sets [`ParkRequest::message`], hashed when longer than an annotation should be.
     pub fn with_message(mut self, message: impl Into<String>) -> Self {
         let message = message.into();
-        self.message = Some(if message.len() > api::MAX_SOURCE_MESSAGE_LEN {
+        self.message = Some(if message.len() > dead_letter::MAX_SOURCE_MESSAGE_LEN {
             format!("sha256:{}", hex::encode(Sha256::digest(message.as_bytes())))
         } else {
             message
@@ -390,10 +392,10 @@ fn validate_id(id: &str) -> Result<(), ParkInvalid> {
     if id.trim().is_empty() {
         return Err(ParkInvalid::MissingJobId);
     }
-    if id.len() > api::MAX_JOB_ID_LEN {
+    if id.len() > dead_letter::MAX_JOB_ID_LEN {
         return Err(ParkInvalid::JobIdTooLong {
             len: id.len(),
-            max: api::MAX_JOB_ID_LEN,
+            max: dead_letter::MAX_JOB_ID_LEN,
         });
     }
     Ok(())
@@ -414,10 +416,10 @@ fn validate_payload(job: &Job) -> Result<(), ParkInvalid> {
             .map_err(|e| ParkInvalid::BadBase64(e.to_string()))?
             .len(),
     };
-    if size > api::MAX_PAYLOAD_BYTES {
+    if size > dead_letter::MAX_PAYLOAD_BYTES {
         return Err(ParkInvalid::PayloadTooLarge {
             size,
-            limit: api::MAX_PAYLOAD_BYTES,
+            limit: dead_letter::MAX_PAYLOAD_BYTES,
         });
     }
     Ok(())
@@ -425,23 +427,23 @@ fn validate_payload(job: &Job) -> Result<(), ParkInvalid> {
 
 /// Headers that can travel back to any broker: token names, bounded values without CR/LF/NUL.
 pub fn validate_headers(headers: &BTreeMap<String, String>) -> Result<(), ParkInvalid> {
-    if headers.len() > api::MAX_HEADERS {
+    if headers.len() > dead_letter::MAX_HEADERS {
         return Err(ParkInvalid::TooManyHeaders {
             count: headers.len(),
-            max: api::MAX_HEADERS,
+            max: dead_letter::MAX_HEADERS,
         });
     }
     for (name, value) in headers {
         if name.is_empty() || name.len() > 256 || !name.bytes().all(is_tchar) {
             return Err(ParkInvalid::InvalidHeaderName(name.clone()));
         }
-        if value.len() > api::MAX_HEADER_VALUE_LEN {
+        if value.len() > dead_letter::MAX_HEADER_VALUE_LEN {
             return Err(ParkInvalid::InvalidHeaderValue {
                 name: name.clone(),
                 why: format!(
                     "{} bytes, at most {}",
                     value.len(),
-                    api::MAX_HEADER_VALUE_LEN
+                    dead_letter::MAX_HEADER_VALUE_LEN
                 ),
             });
         }
@@ -572,12 +574,12 @@ pub fn new_record(req: &ParkRequest, cycle: i32) -> DeadLetter {
         },
     );
     record.metadata.labels = Some(BTreeMap::from([
-        (api::LABEL_QUEUE.to_string(), req.queue.clone()),
+        (dead_letter::LABEL_QUEUE.to_string(), req.queue.clone()),
         (
-            api::LABEL_FAILURE_KIND.to_string(),
+            dead_letter::LABEL_FAILURE_KIND.to_string(),
             req.failure_kind.label().to_string(),
         ),
-        (api::LABEL_JOB_KEY.to_string(), key),
+        (dead_letter::LABEL_JOB_KEY.to_string(), key),
         (
             crate::group::LABEL_GROUP.to_string(),
             crate::group::Key::of(&record).fingerprint(),
@@ -585,7 +587,7 @@ pub fn new_record(req: &ParkRequest, cycle: i32) -> DeadLetter {
     ]));
     if let Some(message) = &req.message {
         record.metadata.annotations = Some(BTreeMap::from([(
-            api::ANNOTATION_SOURCE_MESSAGE.to_string(),
+            dead_letter::ANNOTATION_SOURCE_MESSAGE.to_string(),
             message.clone(),
         )]));
     }
@@ -598,7 +600,7 @@ pub fn source_message(record: &DeadLetter) -> Option<&str> {
         .metadata
         .annotations
         .as_ref()?
-        .get(api::ANNOTATION_SOURCE_MESSAGE)
+        .get(dead_letter::ANNOTATION_SOURCE_MESSAGE)
         .map(String::as_str)
 }
 
@@ -761,7 +763,7 @@ mod tests {
         check(&|r| r.job.payload = None, "no payload");
         check(&|r| r.job.payload_null = true, "payloadNull and a payload");
         check(
-            &|r| r.job.payload = Some("x".repeat(api::MAX_PAYLOAD_BYTES + 1)),
+            &|r| r.job.payload = Some("x".repeat(dead_letter::MAX_PAYLOAD_BYTES + 1)),
             "the limit is 262144 bytes",
         );
         check(
@@ -796,7 +798,7 @@ mod tests {
         let request = req();
         assert!(matches!(next_cycle(&request, &[]), Cycle::Next(1)));
         let mut first = new_record(&request, 1);
-        first.status = Some(crate::api::DeadLetterStatus {
+        first.status = Some(crate::dead_letter::DeadLetterStatus {
             phase: Some(Phase::Redriven),
             ..Default::default()
         });
@@ -826,7 +828,7 @@ mod tests {
                 .metadata
                 .labels
                 .as_ref()
-                .and_then(|l| l.get(api::LABEL_JOB_KEY)),
+                .and_then(|l| l.get(dead_letter::LABEL_JOB_KEY)),
             Some(&job_key("relayer", "pi_0003/settle"))
         );
     }
@@ -933,7 +935,7 @@ mod tests {
 
     #[test]
     fn only_what_can_never_be_a_record_is_rejected() {
-        let raw = vec![b'x'; api::MAX_PAYLOAD_BYTES + 1];
+        let raw = vec![b'x'; dead_letter::MAX_PAYLOAD_BYTES + 1];
         let mut big = req();
         big.job.payload = Some(String::from_utf8(raw.clone()).expect("utf8"));
         match dispose(big, &raw) {
@@ -981,7 +983,7 @@ mod tests {
     fn the_record_carries_the_message_identity_and_next_cycle_finds_it() {
         let req = req().with_message("kafka/orders.DLT/0/17");
         let mut first = new_record(&req, 1);
-        first.status = Some(crate::api::DeadLetterStatus {
+        first.status = Some(crate::dead_letter::DeadLetterStatus {
             phase: Some(Phase::Redriven),
             ..Default::default()
         });
@@ -1000,7 +1002,7 @@ mod tests {
         let mut first_delivery = req().with_message("amqp:sha256:ab12");
         first_delivery.redelivered = false;
         let mut created = new_record(&first_delivery, 1);
-        created.status = Some(crate::api::DeadLetterStatus {
+        created.status = Some(crate::dead_letter::DeadLetterStatus {
             phase: Some(Phase::Dropped),
             ..Default::default()
         });
@@ -1034,7 +1036,7 @@ mod tests {
     fn long_message_identities_are_hashed_and_invalid_requests_keep_them() {
         let req = req().with_message("x".repeat(400));
         let id = req.message.clone().unwrap_or_default();
-        assert!(id.starts_with("sha256:") && id.len() < crate::api::MAX_SOURCE_MESSAGE_LEN);
+        assert!(id.starts_with("sha256:") && id.len() < crate::dead_letter::MAX_SOURCE_MESSAGE_LEN);
         let mut bad = req.clone();
         bad.job.id = String::new();
         let Disposition::Park(invalid) = dispose(bad, b"raw") else {
@@ -1143,9 +1145,9 @@ mod tests {
         }
         let mut r = req();
         r.job.headers.insert("trace".into(), "t-1".into());
-        r.job.origin = Some(Box::new(api::Origin {
+        r.job.origin = Some(Box::new(dead_letter::Origin {
             partition: Some(-1),
-            ..api::Origin::default()
+            ..dead_letter::Origin::default()
         }));
         r.service_version = Some("v1".into());
         r = r.with_message("kafka:dlt/0/7");

@@ -12,13 +12,11 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use crate::api::{
-    Action, DeadLetter, DeadLetterQueue, DeadLetterQueueStatus, DeadLetterStatus, FailureKind,
-    KindCounts, Phase,
-};
 use crate::capacity;
 use crate::conditions::{self, Cond, reason};
+use crate::dead_letter::{Action, DeadLetter, DeadLetterStatus, FailureKind, Phase};
 use crate::events::{self, EventPlan};
+use crate::queue::{DeadLetterQueue, DeadLetterQueueStatus, KindCounts};
 use crate::record::Facts;
 
 /// Outcome of a redrive as `dlq_redrives_total{result}` counts it.
@@ -502,7 +500,7 @@ pub struct QueueStatusWrite {
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub blocks: BTreeMap<String, Option<BlockCount>>,
     /// Where to POST events to park them ([`address`]); null removes it.
-    pub address: Option<crate::api::Address>,
+    pub address: Option<crate::queue::Address>,
     /// Sealing recipients and records per recipient ([`crate::seal::protection_write`]);
     /// null removes it.
     pub protection: Option<crate::seal::ProtectionWrite>,
@@ -519,10 +517,10 @@ pub fn address(
     queue: &DeadLetterQueue,
     park_url: Option<&str>,
     ca_certs: Option<&str>,
-) -> Option<crate::api::Address> {
+) -> Option<crate::queue::Address> {
     let base = park_url?.trim_end_matches('/');
     let audience = queue.http_audience()?;
-    let path = crate::api::park_path(
+    let path = crate::queue::park_path(
         queue.metadata.namespace.as_deref().unwrap_or_default(),
         queue.metadata.name.as_deref().unwrap_or_default(),
     );
@@ -530,7 +528,7 @@ pub fn address(
         .map(str::trim)
         .filter(|pem| pem.starts_with("-----BEGIN CERTIFICATE-----") && pem.len() < MAX_CA_CERTS)
         .map(|pem| format!("{pem}\n"));
-    Some(crate::api::Address {
+    Some(crate::queue::Address {
         url: format!("{base}{path}"),
         audience: Some(audience),
         ca_certs,
@@ -664,8 +662,9 @@ fn fullness(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{DeadLetterSpec, Job, Retention};
+    use crate::dead_letter::{DeadLetterSpec, Job};
     use crate::events::EventType;
+    use crate::queue::Retention;
 
     fn at(secs: i64) -> Timestamp {
         Timestamp::from_second(secs).expect("timestamp")
@@ -713,7 +712,7 @@ mod tests {
             None,
             "no spec.http"
         );
-        q.spec.http = Some(crate::api::HttpParkSpec::default());
+        q.spec.http = Some(crate::queue::HttpParkSpec::default());
         assert_eq!(address(&q, None, None), None, "no endpoint served");
         let a = address(&q, Some("https://dlq.example/"), None).expect("an address");
         assert_eq!(a.ca_certs, None);
@@ -731,7 +730,7 @@ mod tests {
     fn an_address_carries_the_endpoints_ca_when_it_is_pem_and_bounded() {
         let mut q = DeadLetterQueue::new("relayer", Default::default());
         q.metadata.namespace = Some("payments".into());
-        q.spec.http = Some(crate::api::HttpParkSpec::default());
+        q.spec.http = Some(crate::queue::HttpParkSpec::default());
         let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n\n";
         let a = address(&q, Some("https://dlq.example"), Some(pem)).expect("an address");
         assert_eq!(
@@ -1026,7 +1025,7 @@ mod tests {
 
     #[test]
     fn a_queue_reaching_max_parked_is_full_once_and_settled_blocks_are_removed() {
-        use crate::api::SlotBlock;
+        use crate::queue::SlotBlock;
         let mut queue = DeadLetterQueue::new("relayer", Default::default());
         queue.spec.max_parked = Some(3);
         let one = SlotBlock {
@@ -1095,7 +1094,7 @@ mod tests {
 
     #[test]
     fn uncounted_block_slots_keep_a_queue_full_and_settled_blocks_are_written() {
-        use crate::api::SlotBlock;
+        use crate::queue::SlotBlock;
         let mut queue = DeadLetterQueue::new("relayer", Default::default());
         queue.spec.max_parked = Some(10);
         let block = |size, counted| SlotBlock {

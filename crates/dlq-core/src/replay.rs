@@ -14,9 +14,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube_derive::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use crate::api::{Action, FailureKind, Phase};
 use crate::conditions::truncate;
-use crate::record::Facts;
+use crate::dead_letter::{Action, FailureKind, Phase};
+use crate::facts::Facts;
 
 /// Label on every record a replay signed: the replay's name.
 pub const LABEL_REPLAY: &str = "dlq.dev/replay";

@@ -11,7 +11,7 @@
 use base64::Engine;
 use serde_json::{Value, json};
 
-use crate::api::{DeadLetter, Job};
+use crate::dead_letter::{DeadLetter, Job};
 use crate::events::{EventPlan, action, reason};
 use crate::mask;
 

@@ -19,7 +19,7 @@ use age::secrecy::ExposeSecret;
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 
-use crate::api::{DeadLetter, Job, SealedJob};
+use crate::dead_letter::{DeadLetter, Job, SealedJob};
 use crate::park::ParkRequest;
 
 /// Longest `sealed.ciphertext` (base64): a 256 KiB payload with 64 headers of 8 KiB, as JSON,
@@ -265,12 +265,12 @@ pub fn open_job(job: &Job, keyring: &Keyring) -> Result<Job, OpenError> {
 pub fn protection_status<'a>(
     published: Vec<String>,
     sealed_to: impl IntoIterator<Item = &'a str>,
-) -> crate::api::ProtectionStatus {
+) -> crate::queue::ProtectionStatus {
     let mut records: BTreeMap<String, i64> = published.iter().map(|r| (r.clone(), 0)).collect();
     for recipient in sealed_to {
         *records.entry(recipient.to_string()).or_default() += 1;
     }
-    crate::api::ProtectionStatus {
+    crate::queue::ProtectionStatus {
         recipient: published.into_iter().next(),
         records,
     }
@@ -288,8 +288,8 @@ pub struct ProtectionWrite {
 
 /// The merge patch that turns `before` into `now`.
 pub fn protection_write(
-    before: Option<&crate::api::ProtectionStatus>,
-    now: crate::api::ProtectionStatus,
+    before: Option<&crate::queue::ProtectionStatus>,
+    now: crate::queue::ProtectionStatus,
 ) -> ProtectionWrite {
     let mut records: BTreeMap<String, Option<i64>> = before
         .map(|b| b.records.keys().map(|k| (k.clone(), None)).collect())

@@ -6,7 +6,7 @@
 
 use serde::Deserialize;
 
-use crate::api::{FailureKind, Job, Origin};
+use crate::dead_letter::{FailureKind, Job, Origin};
 use crate::park::{ParkRequest, invalid_request, json_error_without_values};
 
 /// Longest reason a record holds (its schema's bound).

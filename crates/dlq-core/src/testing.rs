@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::api::{
+use crate::dead_letter::{
     Action, DeadLetter, DeadLetterStatus, FailureKind, IntentSnapshot, Job, Origin, Phase,
 };
 use crate::park::{ParkRequest, new_record};
@@ -265,7 +265,7 @@ impl RecordBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{ANNOTATION_SOURCE_MESSAGE, LABEL_JOB_KEY, LABEL_QUEUE};
+    use crate::dead_letter::{ANNOTATION_SOURCE_MESSAGE, LABEL_JOB_KEY, LABEL_QUEUE};
     use crate::park::{job_key, record_name};
 
     #[test]

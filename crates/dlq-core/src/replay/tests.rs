@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::api::{DeadLetter, DeadLetterStatus};
+use crate::dead_letter::{DeadLetter, DeadLetterStatus};
 use crate::testing::at;
 use Outcome::*;
 
