@@ -17,6 +17,10 @@ use tokio::sync::oneshot;
 use dlq_core::api::DeadLetterQueue;
 use dlq_core::capacity::{self, Grant};
 
+/// Field manager of every write a parker makes: its records (`park`) and its queue's slot
+/// blocks (here).
+pub const PARKER: &str = "dlq-parker";
+
 /// Why no slot was granted.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum AdmitError {
@@ -482,7 +486,7 @@ impl GiveBack {
         let api: Api<DeadLetterQueue> = Api::namespaced(self.client, &self.namespace);
         let patch = json!({"status": {"blocks": {id.as_str(): {"size": used}}}});
         let pp = PatchParams {
-            field_manager: Some(crate::park::PARKER.into()),
+            field_manager: Some(PARKER.into()),
             ..PatchParams::default()
         };
         if let Err(e) = api
@@ -585,7 +589,7 @@ async fn write(
         "status": {"blocks": {id: {"size": size, "at": now}}},
     });
     let pp = PatchParams {
-        field_manager: Some(crate::park::PARKER.into()),
+        field_manager: Some(PARKER.into()),
         ..PatchParams::default()
     };
     api.patch_status(&current.name_any(), &pp, &Patch::Merge(patch))

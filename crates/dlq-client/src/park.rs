@@ -20,8 +20,9 @@ use dlq_core::seal::{SealError, seal_request};
 use crate::admission::{Admissions, AdmitError, Slot};
 pub use dlq_core::park::{KnownCycle, ParkInvalid, ParkRequest};
 
-/// Field manager of every record the parker creates.
-pub const PARKER: &str = "dlq-parker";
+/// Field manager of every record the parker creates (its home is `admission`, which writes the
+/// queue's slot blocks under the same name and sits below this module).
+pub use crate::admission::PARKER;
 
 /// What parking did.
 #[derive(Debug, Clone)]
