@@ -3,7 +3,7 @@
 use clap::{Parser, Subcommand};
 
 use crate::session::{CliError, Global};
-use crate::{decision, groups_cmd, inspect, park_cmd, runbook, seal_key, ui};
+use crate::{groups_cmd, inspect, park_cmd, runbook, seal_key, ui};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -33,7 +33,7 @@ pub enum Command {
     Redrive(runbook::RedriveArgs),
     /// Drop jobs (resolve without enqueueing), or a selection with --queue or --group (a
     /// replay that drops).
-    Drop(decision::DropArgs),
+    Drop(runbook::DropArgs),
     /// Failure groups (DeadLetterGroups), most parked first: group, queue, kind, version,
     /// parked, rate, tier, template. Act on one with redrive/drop --group G.
     Groups(groups_cmd::GroupsArgs),
@@ -54,7 +54,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Show(args) => inspect::show(&cli.global, args).await,
         Command::Stats(args) => inspect::stats(&cli.global, args).await,
         Command::Redrive(args) => runbook::redrive(&cli.global, args).await,
-        Command::Drop(args) => decision::drop_jobs(&cli.global, args).await,
+        Command::Drop(args) => runbook::drop_jobs(&cli.global, args).await,
         Command::Groups(args) => groups_cmd::run(&cli.global, args).await,
         Command::Park(args) => park_cmd::run(&cli.global, args).await,
         Command::Ui(args) => ui::run(&cli.global, args).await,

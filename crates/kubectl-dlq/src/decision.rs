@@ -1,4 +1,6 @@
-//! `redrive JOB...` and `drop JOB...`: a signed decision per record.
+//! A signed decision per record, what `redrive JOB...` and `drop JOB...` come to: who signs
+//! ([`Sign`], [`signer`]) and the decision written to each record. The commands themselves,
+//! which may also start a replay over a selection, are `runbook`'s.
 
 use std::time::Duration;
 
@@ -12,19 +14,6 @@ use dlq_core::api::{Action, DeadLetter, Phase};
 
 use crate::lookup;
 use crate::session::{CliError, Global, connect};
-
-#[derive(Args, Debug)]
-pub struct DropArgs {
-    /// Job ids or record names. Without them, --queue or --group selects records (a replay
-    /// that drops).
-    pub jobs: Vec<String>,
-    #[command(flatten)]
-    pub sign: Sign,
-    #[command(flatten)]
-    pub select: crate::runbook::Selector,
-    #[command(flatten)]
-    pub pace: crate::runbook::Pace,
-}
 
 /// Who decides and why.
 #[derive(Args, Debug, Clone)]
@@ -66,19 +55,6 @@ pub async fn signer(client: &Client, sign: &Sign) -> Result<String, CliError> {
         Some(_) => Err(CliError::Usage("--by must not be empty".into())),
         None => whoami(client).await,
     }
-}
-
-/// `drop JOB...`, or a replay that drops a selection; named apart from `std::mem::drop`.
-pub async fn drop_jobs(g: &Global, args: DropArgs) -> Result<(), CliError> {
-    crate::runbook::decide(
-        g,
-        &args.jobs,
-        &args.sign,
-        &args.select,
-        &args.pace,
-        Action::Drop,
-    )
-    .await
 }
 
 /// The verb in front of each output line.

@@ -1,4 +1,4 @@
-//! `redrive`: per job, or a replay over a selection (`--queue ...`). A dry run lists what the
+//! `redrive` and `drop`: per job, or a replay over a selection (`--queue ...`). A dry run lists what the
 //! selection takes; a real replay is a `DeadLetterReplay` that the operator carries out (pace,
 //! stop conditions, withdrawal, the decision record), which this command creates and follows.
 
@@ -28,6 +28,19 @@ use crate::session::{CliError, Global, connect};
 #[derive(Args, Debug)]
 pub struct RedriveArgs {
     /// Job ids or record names. Without them, --queue selects records (the runbook).
+    pub jobs: Vec<String>,
+    #[command(flatten)]
+    pub sign: Sign,
+    #[command(flatten)]
+    pub select: Selector,
+    #[command(flatten)]
+    pub pace: Pace,
+}
+
+#[derive(Args, Debug)]
+pub struct DropArgs {
+    /// Job ids or record names. Without them, --queue or --group selects records (a replay
+    /// that drops).
     pub jobs: Vec<String>,
     #[command(flatten)]
     pub sign: Sign,
@@ -155,6 +168,19 @@ impl Selector {
             Err(e) => e,
         }
     }
+}
+
+/// `drop JOB...`, or a replay that drops a selection; named apart from `std::mem::drop`.
+pub async fn drop_jobs(g: &Global, args: DropArgs) -> Result<(), CliError> {
+    decide(
+        g,
+        &args.jobs,
+        &args.sign,
+        &args.select,
+        &args.pace,
+        Action::Drop,
+    )
+    .await
 }
 
 /// `redrive JOB...` signs those jobs; `redrive --queue Q ...` or `--group G` runs a replay.

@@ -12,6 +12,7 @@
 //! - [`replay`]: bulk replay through the runbook: dry run, confirmation, progress, Stop.
 
 mod act;
+mod frame;
 mod guard;
 mod live;
 mod pages;

@@ -11,7 +11,7 @@ use axum::response::{Html, IntoResponse, Response};
 use k8s_openapi::api::authorization::v1::SelfSubjectAccessReview;
 use kube::api::{ListParams, PostParams};
 use kube::{Api, ResourceExt};
-use maud::{DOCTYPE, Markup, html};
+use maud::{Markup, html};
 use serde_json::json;
 
 use dlq_core::api::{DeadLetter, DeadLetterQueue, LABEL_QUEUE, Phase};
@@ -20,51 +20,10 @@ use dlq_core::groups::DeadLetterGroup;
 use dlq_core::mask::mask_cards;
 
 use super::Ui;
+use super::frame::{failure, layout};
 use super::view::{self, Filter, PAGE, Payload, Snapshot};
 use crate::inspect::{human_age, recent_events};
 use crate::lookup;
-
-/// The frame of every page: who you are, where you look.
-pub fn layout(ui: &Ui, title: &str, body: Markup) -> Response {
-    let scope = ui
-        .namespace
-        .as_deref()
-        .map_or("all namespaces".to_string(), |n| format!("namespace {n}"));
-    Html(
-        html! {
-            (DOCTYPE)
-            html lang="en" {
-                head {
-                    meta charset="utf-8";
-                    // htmx would otherwise inject an inline <style>, which the CSP forbids.
-                    meta name="htmx-config" content=r#"{"includeIndicatorStyles":false}"#;
-                    // Same-origin scripts may read it; another site's page cannot.
-                    meta name="csrf-token" content=(ui.csrf);
-                    title { (title) " · kubectl dlq" }
-                    link rel="stylesheet" href="/static/app.css";
-                    script src="/static/htmx-2.0.4.min.js" {}
-                }
-                body {
-                    header {
-                        a.brand href="/" { "kubectl dlq" }
-                        nav { a href="/" { "Groups & queues" } a href="/records" { "Records" } }
-                        span #who { "acting as " b #user { (ui.user) } " · " (scope) }
-                    }
-                    main { (body) }
-                }
-            }
-        }
-        .into_string(),
-    )
-    .into_response()
-}
-
-/// An error in the page's words (the apiserver's message included).
-pub fn failure(ui: &Ui, code: StatusCode, msg: &str) -> Response {
-    let mut r = layout(ui, "Error", html! { p.error { (msg) } });
-    *r.status_mut() = code;
-    r
-}
 
 /// Whether the user may patch records in `ns` (a SelfSubjectAccessReview): buttons are shown
 /// only to those who may use them; the apiserver still decides every write. Answers are kept

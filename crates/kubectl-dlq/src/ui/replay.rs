@@ -17,8 +17,8 @@ use dlq_core::api::{DeadLetter, DeadLetterQueue};
 
 use super::Ui;
 use super::act::CONFIRM_ABOVE;
+use super::frame::{failure, layout};
 use super::guard::csrf_ok;
-use super::pages::{failure, layout};
 use super::view::{self, Filter};
 use crate::runbook::{Control, Pace, ReplayPlan, parse_rate, select_records};
 
