@@ -5,7 +5,8 @@
 # - the operator and kubectl-dlq carry no test infrastructure (rcgen: certificates for the
 #   local control plane), and kubectl-dlq does not depend on the operator;
 # - inside the operator crate, module arrows run one way (scripts/module-arrows.sh), and
-#   docs/architecture.md has one row per module (scripts/architecture-check.sh).
+#   docs/architecture.md has one row per module (scripts/architecture-check.sh);
+# - no module cycle inside the crates scripts/module-cycles.sh lists.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fail=0
@@ -27,8 +28,10 @@ check kubectl-dlq 'rcgen|dlq-testenv|deadletter-operator' 'the plugin depends on
 # architecture's module table in step with the code.
 bash scripts/module-arrows.sh || fail=1
 bash scripts/architecture-check.sh || fail=1
+bash scripts/module-cycles.sh || fail=1
 probe=$(mktemp -d)
-trap 'rm -rf "$probe"' EXIT
+cycles=$(mktemp -d)
+trap 'rm -rf "$probe" "$cycles"' EXIT
 cp -r src "$probe/src"
 sed -i '1i use crate::run::Process;' "$probe/src/state/jobs.rs"
 if bash scripts/module-arrows.sh "$probe" >/dev/null 2>&1; then
@@ -42,6 +45,23 @@ cp -r crates/dlq-client/src "$probe/crates/dlq-client/src"
 touch "$probe/src/state/undocumented.rs"
 if bash scripts/architecture-check.sh "$probe" >/dev/null 2>&1; then
   echo "deps-check: scripts/architecture-check.sh did not catch a module without a row" >&2
+  fail=1
+fi
+
+# Cycles injected into a copy must fail the cycle check, each by name: one through `super::`
+# (the pages' frame naming the pages, which use it) and one through `crate::` (admission naming
+# the parker, which uses it).
+cp -r src "$cycles/src"
+for d in crates/*/src; do mkdir -p "$cycles/${d%/src}"; cp -r "$d" "$cycles/$d"; done
+sed -i '1i use super::pages::can_decide;' "$cycles/crates/kubectl-dlq/src/ui/frame.rs"
+sed -i '1i use crate::park::Parker;' "$cycles/crates/dlq-client/src/admission.rs"
+found=$(bash scripts/module-cycles.sh "$cycles" 2>&1 || true)
+if ! grep -q 'a cycle among .*ui::frame' <<<"$found"; then
+  echo "deps-check: scripts/module-cycles.sh did not catch a super:: cycle (ui::frame, ui::pages)" >&2
+  fail=1
+fi
+if ! grep -q 'a cycle among admission, park' <<<"$found"; then
+  echo "deps-check: scripts/module-cycles.sh did not catch a crate:: cycle (admission, park)" >&2
   fail=1
 fi
 exit $fail
