@@ -24,7 +24,7 @@ ensure-deps:
 # jemalloc allocator: C and gRPC builds of minutes; `make test` and the image keep them),
 # kubectl-dlq, and the demo and worker examples. About 7 minutes on a fresh 2-core machine.
 DEMO_TOOLS := kube:kube-apiserver etcd
-DEMO_CARGO := --no-default-features -p deadletter-operator -p kubectl-dlq \
+DEMO_CARGO := --no-default-features -p deadletter-operator -p kubectl-dlq -p dlq-examples \
   --bin deadletter-operator --bin kubectl-dlq --example demo --example worker
 demo:
 	@bash scripts/ensure-deps.sh demo
