@@ -24,8 +24,11 @@ ensure-deps:
 # jemalloc allocator: C and gRPC builds of minutes; `make test` and the image keep them),
 # kubectl-dlq, and the demo and worker examples. About 7 minutes on a fresh 2-core machine.
 DEMO_TOOLS := kube:kube-apiserver etcd
-DEMO_CARGO := --no-default-features -p deadletter-operator -p kubectl-dlq -p dlq-examples \
-  --bin deadletter-operator --bin kubectl-dlq --example demo --example worker
+# Two builds: in one, the examples' dev-dependency view would pull in the operator's
+# dev-dependencies too (the test environment's Kafka and SQS clients), features and all.
+DEMO_CARGO := --no-default-features -p deadletter-operator -p kubectl-dlq \
+  --bin deadletter-operator --bin kubectl-dlq
+DEMO_EXAMPLES := -p dlq-examples --example demo --example worker
 demo:
 	@bash scripts/ensure-deps.sh demo
 	@# The Go tools build beside the cargo build, so that each one's downloads and single-threaded
@@ -34,7 +37,8 @@ demo:
 	@# would only add its bookkeeping.
 	@setsid bash tools/build.sh $(DEMO_TOOLS) >/dev/null & tools=$$!; \
 	  trap 'kill -- -$$tools 2>/dev/null; wait; exit 130' INT TERM; \
-	  if ! CARGO_INCREMENTAL=0 $(CARGO) build -q $(DEMO_CARGO); then \
+	  if ! { CARGO_INCREMENTAL=0 $(CARGO) build -q $(DEMO_CARGO) && \
+	         CARGO_INCREMENTAL=0 $(CARGO) build -q $(DEMO_EXAMPLES); }; then \
 	    kill -- -$$tools 2>/dev/null; wait; exit 1; fi; \
 	  wait $$tools
 	@RUST_BACKTRACE=0 target/debug/examples/demo
