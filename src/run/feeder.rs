@@ -176,12 +176,14 @@ impl Feeder {
     pub fn observe(&mut self, event: Event<DeadLetter>) {
         match event {
             Event::Init => {
+                tracing::debug!("the record watch re-lists");
                 self.listing = Some(Window::new(self.live.limit));
                 self.listed_queues.clear();
                 self.store.apply_watcher_event(&Event::Init);
             }
             Event::InitApply(dl) => self.listed(dl),
             Event::InitDone => {
+                tracing::debug!("the record watch's list is complete");
                 self.store.apply_watcher_event(&Event::InitDone);
                 if let Some(window) = self.listing.take() {
                     self.live = window;
@@ -215,7 +217,10 @@ impl Feeder {
                 return;
             }
             Work::Mark => true,
-            Work::Decision => false,
+            Work::Decision => {
+                tracing::debug!(name = %key.1, "a decided record listed");
+                false
+            }
         };
         let held = Held {
             generation: dl.metadata.generation,
@@ -259,7 +264,10 @@ impl Feeder {
                 return;
             }
             Work::Mark => true,
-            Work::Decision => false,
+            Work::Decision => {
+                tracing::debug!(name = %key.1, "a decided record watched");
+                false
+            }
         };
         self.hold(key, dl, mark_only);
         if work == Work::Decision {

@@ -10,6 +10,7 @@ pub mod endpoints;
 pub mod feeder;
 pub mod held;
 pub mod lease;
+pub mod relist;
 pub mod shutdown;
 pub mod start;
 
@@ -298,8 +299,8 @@ fn decisions_controller(
     let decided = watcher(
         api_for::<DeadLetter>(client, namespace),
         watcher::Config::default().fields(DECIDED).any_semantic(),
-    )
-    .default_backoff()
+    );
+    let decided = relist::backoff_unless_expired(decided)
     .inspect(|event| match event {
         // An operator newer than its CRDs meets this: the field selector needs `.spec.action`
         // among the CRD's selectableFields (the operator works on without it; waiting
@@ -453,9 +454,9 @@ fn watch_records(
         InitialState::Streamed => watcher::Config::default().streaming_lists(),
         InitialState::Paged => watcher::Config::default().any_semantic().page_size(50),
     };
-    let events = watcher(api, config)
-        .default_backoff()
-        .map(|e| Input::Watch(Box::new(e)));
+    // An apiserver restart expires the watch: it re-lists at once (see [`relist`]).
+    let events =
+        relist::backoff_unless_expired(watcher(api, config)).map(|e| Input::Watch(Box::new(e)));
     // Without any event, records whose marks keep failing still free their room in time.
     let ticks = futures::stream::unfold((), |()| async {
         tokio::time::sleep(feeder::MARK_STALE / 3).await;
