@@ -662,45 +662,24 @@ fn fullness(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dead_letter::{DeadLetterSpec, Job};
     use crate::events::EventType;
     use crate::queue::Retention;
+    use crate::testing::RecordBuilder;
 
     fn at(secs: i64) -> Timestamp {
         Timestamp::from_second(secs).expect("timestamp")
     }
 
     fn record(phase: Option<Phase>, created: i64) -> DeadLetter {
-        let mut r = DeadLetter::new(
-            "pi-0003-settle-5d41402a-1",
-            DeadLetterSpec {
-                queue: "relayer".into(),
-                cycle: 1,
-                job: Job {
-                    id: "pi_0003/settle".into(),
-                    payload: Some("{}".into()),
-                    ..Job::default()
-                },
-                intent: None,
-                deliveries: 3,
-                reason: "no luck".into(),
-                failure_kind: FailureKind::Transient,
-                service_version: None,
-                error_class: None,
-                failed_at: Time(at(created)),
-                action: None,
-                by: None,
-                note: None,
-            },
-        );
-        r.metadata.namespace = Some("payments".into());
-        r.metadata.generation = Some(1);
-        r.metadata.creation_timestamp = Some(Time(at(created)));
-        r.status = phase.map(|p| DeadLetterStatus {
-            phase: Some(p),
-            ..Default::default()
-        });
-        r
+        let record = RecordBuilder::job("pi_0003/settle")
+            .named("pi-0003-settle-5d41402a-1")
+            .failed_at(at(created))
+            .created(at(created));
+        match phase {
+            Some(phase) => record.phase(phase),
+            None => record,
+        }
+        .build()
     }
 
     #[test]
