@@ -146,38 +146,38 @@ pub struct Context {
     pub keys: Arc<dyn crate::keys::Keys>,
 }
 
-/// How long a reconcile waits for the record cache's first complete list before it steps aside
-/// and asks to be run again.
-pub const CACHE_WAIT: Duration = Duration::from_secs(1);
+/// How long a reconcile waits for a store's first complete list (the record index's, the queue
+/// store's) before it steps aside and asks to be run again.
+pub const LIST_WAIT: Duration = Duration::from_secs(1);
 
-/// Whether `store` has had its first complete list, waiting at most [`CACHE_WAIT`].
+/// Whether `store` has had its first complete list, waiting at most [`LIST_WAIT`].
 async fn listed_once<K>(store: &Store<K>) -> bool
 where
     K: Resource + Clone + 'static,
     K::DynamicType: std::hash::Hash + Eq + Clone,
 {
-    tokio::time::timeout(CACHE_WAIT, store.wait_until_ready())
+    tokio::time::timeout(LIST_WAIT, store.wait_until_ready())
         .await
         .is_ok_and(|r| r.is_ok())
 }
 
 impl Context {
-    /// Whether the record cache has listed everything once (waiting at most [`CACHE_WAIT`]).
+    /// Whether the record index has listed everything once (waiting at most [`LIST_WAIT`]).
     /// A reconcile must not hold its object's slot while waiting: with 20,000 records the
     /// queue's first reconcile, started before the list was complete, never resumed (its
     /// counters were never written); asking again each time does.
-    pub async fn cache_ready(&self) -> bool {
-        tokio::time::timeout(CACHE_WAIT, self.records.wait_listed())
+    pub async fn records_ready(&self) -> bool {
+        tokio::time::timeout(LIST_WAIT, self.records.wait_listed())
             .await
             .is_ok()
     }
 
-    /// Whether the record cache has listed everything once, without waiting.
+    /// Whether the record index has listed everything once, without waiting.
     pub fn records_listed(&self) -> bool {
         self.records.listed()
     }
 
-    /// Whether the queue cache has listed everything once (waiting at most [`CACHE_WAIT`]):
+    /// Whether the queue store has listed everything once (waiting at most [`LIST_WAIT`]):
     /// records can stream in before their queues, and a queue not yet listed is not missing.
     pub async fn queues_ready(&self) -> bool {
         listed_once(&self.queues).await

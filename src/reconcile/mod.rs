@@ -13,7 +13,7 @@ pub mod queue;
 pub mod record;
 pub mod replay;
 
-pub use context::{CACHE_WAIT, Context, Mechanisms, Settings, UnknownMechanism, action};
+pub use context::{Context, LIST_WAIT, Mechanisms, Settings, UnknownMechanism, action};
 pub use error::ReconcileError;
 pub(crate) use error::error_policy;
 

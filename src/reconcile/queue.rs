@@ -20,7 +20,7 @@ use dlq_core::plan::{self, Readiness};
 use dlq_core::record::{Facts, Summary};
 use dlq_core::seal;
 
-use super::context::{CACHE_WAIT, Context, Settings};
+use super::context::{Context, LIST_WAIT, Settings};
 use super::error::ReconcileError;
 use crate::state::apiserver::reference;
 
@@ -55,8 +55,8 @@ pub async fn reconcile(
     tracing::debug!(namespace = %ns, queue = %name, "queue reconcile");
     // Counting from a store that has not listed yet would under-count, and the count settles
     // blocks of slots: maxParked would no longer hold.
-    if !ctx.cache_ready().await {
-        return Ok(Action::requeue(CACHE_WAIT));
+    if !ctx.records_ready().await {
+        return Ok(Action::requeue(LIST_WAIT));
     }
     let records = records_of(&ctx, &ns, &name);
     tracing::debug!(namespace = %ns, queue = %name, records = records.len(), "counting the queue's records");

@@ -216,7 +216,7 @@ async fn enqueue(
     if ctx.queue(ns, &record.spec.queue).is_none() && !ctx.queues_ready().await {
         // The queue cache has not listed yet (records may stream in first): the queue is
         // not known to be missing. Ask again shortly and write nothing.
-        return Some(Action::requeue(super::CACHE_WAIT));
+        return Some(Action::requeue(super::LIST_WAIT));
     }
     // A test hangs a reconcile here (an await that never ends) to show the leader steps down.
     crate::failpoint::hit("before-requeue").await;

@@ -27,7 +27,7 @@ use dlq_core::replay::{
     self, DeadLetterReplay, DeadLetterReplayStatus, Observed, Outcome, ReplayPhase, ReplayRef,
 };
 
-use super::context::{CACHE_WAIT, Context};
+use super::context::{Context, LIST_WAIT};
 use super::error::ReconcileError;
 use crate::state::apiserver::{Signature, is_conflict, reference};
 
@@ -139,10 +139,10 @@ pub async fn reconcile(replay: Arc<DeadLetterReplay>, replays: Arc<Replays>) -> 
         return Ok(Action::await_change());
     }
     let ctx = &replays.ctx;
-    if !ctx.cache_ready().await || !ctx.queues_ready().await {
+    if !ctx.records_ready().await || !ctx.queues_ready().await {
         // Right after start-up the caches may still be filling: a selection taken now would be
         // empty, and a queue not listed yet would look missing.
-        return Ok(Action::requeue(CACHE_WAIT));
+        return Ok(Action::requeue(LIST_WAIT));
     }
     let mut run = Run {
         records: queue_records(ctx, &ns, &replay.spec.queue),

@@ -271,33 +271,33 @@ async fn a_redrive_requeues_the_untouched_job_then_resolves() {
 }
 
 #[test]
-fn the_cache_keeps_a_jobs_bytes_only_while_its_decision_waits() {
-    let cached = |mut r: DeadLetter| {
+fn a_held_record_keeps_its_jobs_bytes_only_while_its_decision_waits() {
+    let held = |mut r: DeadLetter| {
         crate::run::held::strip(&mut r);
         (r.spec.job.has_payload(), r.spec.job.headers.len())
     };
-    assert_eq!(cached(record(None)), (false, 0), "parked, undecided");
-    assert_eq!(cached(record(Some(Action::Redrive))), (true, 1), "decided");
+    assert_eq!(held(record(None)), (false, 0), "parked, undecided");
+    assert_eq!(held(record(Some(Action::Redrive))), (true, 1), "decided");
     let mut resolved = record(Some(Action::Redrive));
     resolved.status = Some(DeadLetterStatus {
         phase: Some(Phase::Redriven),
         ..Default::default()
     });
-    assert_eq!(cached(resolved), (false, 0), "history");
+    assert_eq!(held(resolved), (false, 0), "history");
     let mut big = record(Some(Action::Redrive));
-    big.spec.job.payload = Some("x".repeat(crate::run::held::CACHED_PAYLOAD_MAX + 1));
-    assert_eq!(cached(big), (false, 0), "over the cached size");
+    big.spec.job.payload = Some("x".repeat(crate::run::held::HELD_PAYLOAD_MAX + 1));
+    assert_eq!(held(big), (false, 0), "over the held size");
 }
 
 #[tokio::test]
-async fn a_redrive_from_a_stripped_cached_copy_sends_the_whole_job() {
+async fn a_redrive_from_a_stripped_held_copy_sends_the_whole_job() {
     let h = Harness::new(&record(Some(Action::Redrive)), &[queue()]);
-    // The cache stripped the record while it waited; the decision's event was not seen yet.
-    let mut cached = record(None);
-    crate::run::held::strip(&mut cached);
-    cached.spec.action = Some(Action::Redrive);
-    cached.spec.by = Some("ops".into());
-    record::reconcile(Arc::new(cached), h.ctx.clone())
+    // The store stripped the record while it waited; the decision's event was not seen yet.
+    let mut held = record(None);
+    crate::run::held::strip(&mut held);
+    held.spec.action = Some(Action::Redrive);
+    held.spec.by = Some("ops".into());
+    record::reconcile(Arc::new(held), h.ctx.clone())
         .await
         .expect("reconcile");
     let sent = h.sent();
@@ -397,7 +397,7 @@ async fn a_queue_not_listed_yet_is_waited_for_not_reported_missing() {
     let action = record::reconcile(Arc::new(apiserver.current()), ctx)
         .await
         .expect("reconcile");
-    assert_eq!(action, ReconcileAction::requeue(super::CACHE_WAIT));
+    assert_eq!(action, ReconcileAction::requeue(super::LIST_WAIT));
     assert!(apiserver.writes().is_empty());
     assert!(apiserver.reasons().is_empty(), "no Event");
 }

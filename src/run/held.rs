@@ -3,7 +3,7 @@
 //! Everything else reads the record index's summaries ([`crate::state::records`]).
 //!
 //! What is dropped is never written back: every write to a record is a merge patch of the
-//! fields it changes (see [`crate::state::apiserver`]), so the cached copy never replaces the stored
+//! fields it changes (see [`crate::state::apiserver`]), so the held copy never replaces the stored
 //! one. A reconciler that needs a dropped field reads the record (see
 //! [`crate::reconcile::record`]).
 
@@ -12,18 +12,18 @@ use std::collections::BTreeMap;
 use dlq_core::api::{ANNOTATION_SLOT_BLOCK, DeadLetter, Phase};
 use dlq_core::replay::{ANNOTATION_REPLAY_UID, LABEL_REPLAY};
 
-/// Payloads up to this size stay in the cache while their decision waits to be carried out, so
+/// Payloads up to this size stay held while their decision waits to be carried out, so
 /// redriving a small job needs no extra read.
-pub const CACHED_PAYLOAD_MAX: usize = 1024;
+pub const HELD_PAYLOAD_MAX: usize = 1024;
 
-/// The only label a cached record keeps: the replay that signed it (`replay::decided_by`). The
-/// job key and source message are read by the job index before the cache strips them.
+/// The only label a held record keeps: the replay that signed it (`replay::decided_by`). The
+/// job key and source message are read by the job index before the store strips them.
 const KEPT_LABELS: [&str; 1] = [LABEL_REPLAY];
-/// The only annotations a cached record keeps: the signing replay's uid, and the block of slots
+/// The only annotations a held record keeps: the signing replay's uid, and the block of slots
 /// the queue counter settles (`deadletterqueue::settled`).
 const KEPT_ANNOTATIONS: [&str; 2] = [ANNOTATION_REPLAY_UID, ANNOTATION_SLOT_BLOCK];
 
-/// Drops what the reconcilers never read from a cached record:
+/// Drops what the reconcilers never read from a held record:
 /// - the job's bytes (payload and headers) unless [`keeps_job_bytes`];
 /// - managed fields (the whole list: a cleared one kept its allocation, 0.7 KiB a record);
 /// - labels and annotations but [`KEPT_LABELS`] and [`KEPT_ANNOTATIONS`] (each map is a
@@ -64,16 +64,16 @@ fn keep(map: Option<BTreeMap<String, String>>, kept: &[&str]) -> Option<BTreeMap
     (!map.is_empty()).then_some(map)
 }
 
-/// Whether a cached record keeps its job's bytes: only a small job whose decision waits to be
+/// Whether a held record keeps its job's bytes: only a small job whose decision waits to be
 /// carried out. The many records parked without a decision, or resolved and kept as history,
-/// cost the cache their metadata only (100,000 records of 1 KiB held 605 MiB with every small
-/// payload cached).
+/// cost the store their metadata only (100,000 records of 1 KiB held 605 MiB with every small
+/// payload kept).
 fn keeps_job_bytes(dl: &DeadLetter) -> bool {
     let job = &dl.spec.job;
     let size = job.payload.as_ref().map_or(0, String::len)
         + job.payload_base64.as_ref().map_or(0, |b| b.len() / 4 * 3)
         + job.sealed.as_deref().map_or(0, dlq_core::seal::content_len);
-    dl.spec.action.is_some() && dl.phase() == Phase::Parked && size <= CACHED_PAYLOAD_MAX
+    dl.spec.action.is_some() && dl.phase() == Phase::Parked && size <= HELD_PAYLOAD_MAX
 }
 
 #[cfg(test)]
