@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
 # The operator crate's module arrows run one way (docs/architecture.md, "Layers"): a module
 # names only modules of a lower layer, never one beside it or above it. Comments and test
-# modules are not read (a doc link or a test may look anywhere).
+# modules are not read (a doc link or a test may look anywhere). Three more rules:
+# - a backend's source never names `crate::target`, and a target never names `crate::source`:
+#   what both need of a broker (connection, codec, classification) is `crate::broker::<name>`
+#   (the supervisor, src/source/mod.rs, may name the target cache: it closes the targets of
+#   deleted queues);
+# - no cycle between the files of src/: each file is a module, and every `crate::`, `super::`
+#   and `self::` path it names, and every path a `mod.rs` names through one of its own child
+#   modules (`pub use context::Context`), is an arrow to the file it lands in. A parent
+#   `mod.rs` that is both facade and shared kernel makes one; give the shared part its own file.
 #
 #   scripts/module-arrows.sh [ROOT]   (ROOT: a checkout, default this one)
 set -euo pipefail
@@ -9,9 +17,10 @@ cd "${1:-$(dirname "$0")/..}"
 
 # Layer of each top-level module of src/ (higher uses lower).
 declare -A layer=(
-  [run]=4
-  [reconcile]=3 [source]=3 [alert]=3 [reveal]=3
-  [state]=2 [target]=2 [server]=2 [keys]=2
+  [run]=5
+  [reconcile]=4 [source]=4 [alert]=4 [reveal]=4
+  [state]=3 [target]=3 [server]=3 [keys]=3
+  [broker]=2
   [metrics]=1 [access]=1 [secret]=1 [https]=1 [serving_tls]=1 [failpoint]=1
 )
 
@@ -43,5 +52,100 @@ for dir in src/*/ src/*.rs; do
     done
   done < <(find "${dir%/}" -name '*.rs' | sort)
 done
-[ $fail = 0 ] && echo "module-arrows: every arrow in src/ runs down (run > reconcile, source, alert, reveal > state, target, server, keys > metrics, access, secret, https, serving_tls, failpoint)"
+# A backend's source and its target meet only in crate::broker.
+while IFS= read -r file; do
+  case $file in */tests.rs|src/source/mod.rs) continue ;; esac
+  case $file in
+    src/source/*) other=target ;;
+    src/target/*) other=source ;;
+  esac
+  if code_of "$file" | grep -qE "crate::$other\b"; then
+    echo "module-arrows: $file names crate::$other: a source and a target share a broker through crate::broker, never each other" >&2
+    fail=1
+  fi
+done < <(find src/source src/target -name '*.rs' | sort)
+
+# No cycle between the files of src/ (super:: arrows included).
+perl - <<'PERL' || fail=1
+use strict;
+use warnings;
+my (%file_of, %arrows);
+my @files = split /\n/, `find src -name '*.rs' | sort`;
+for my $f (@files) {
+  next if $f =~ m{(^|/)(tests|lib|main)\.rs$};
+  (my $m = $f) =~ s{^src/}{};
+  $m =~ s{/mod\.rs$}{}; $m =~ s{\.rs$}{}; $m =~ s{/}{::}g;
+  $file_of{$m} = $f;
+}
+# `prefix::{a, b::c as d, self}` as `prefix::a prefix::b::c prefix`.
+sub expand {
+  my ($prefix, $list) = @_;
+  my @out;
+  for my $x (split /,/, $list) {
+    $x =~ s/^\s+|\s+$//g; $x =~ s/\s+as\s+\w+$//;
+    next if $x eq '';
+    push @out, $x eq 'self' ? $prefix : "${prefix}::$x";
+  }
+  return join ' ', @out;
+}
+# The longest module that `path` (segments) starts with, or undef.
+sub land { my @seg = @_; while (@seg) { my $m = join '::', @seg; return $m if exists $file_of{$m}; pop @seg; } return undef; }
+for my $m (sort keys %file_of) {
+  my $f = $file_of{$m};
+  open my $fh, '<', $f or die "$f: $!";
+  my ($code, $test) = ('', 0);
+  while (my $l = <$fh>) {
+    if ($l =~ /^#\[cfg\(test\)\]/) { $test = 1; next }
+    last if $test && $l =~ /^(pub(\(crate\))? )?mod /;
+    $test = 0; $l =~ s{//.*}{}; $code .= $l;
+  }
+  close $fh;
+  my $is_dir = $f =~ m{/mod\.rs$};
+  my @self = split /::/, $m;
+  my @parent = $is_dir ? @self : @self[0 .. $#self - 1];
+  my %children = map { $_ => 1 } ($code =~ /^\s*(?:pub(?:\([a-z]+\))?\s+)?mod\s+([a-z_0-9]+)\s*;/mg);
+  my @to;
+  # Braced groups expand to one path each: `use super::{a, b::c}` -> super::a, super::b::c.
+  1 while $code =~ s{((?:crate|super|self|[a-z_0-9]+)(?:::[a-z_0-9]+)*)::\{([^{}]*)\}}{expand($1, $2)}ge;
+  while ($code =~ /(?<![A-Za-z0-9_:])((?:crate|super|self|[a-z_][a-z_0-9]*)(?:::[A-Za-z_][A-Za-z_0-9]*)+)/g) {
+    my @seg = split /::/, $1;
+    my @base;
+    if ($seg[0] eq 'crate') { shift @seg; @base = () }
+    elsif ($seg[0] eq 'super') { shift @seg; @base = @parent; while (@seg && $seg[0] eq 'super') { shift @seg; pop @base } }
+    elsif ($seg[0] eq 'self') { shift @seg; @base = $is_dir ? @self : @parent }
+    elsif ($children{$seg[0]}) { @base = @self }
+    else { next }
+    # The deepest module the path lands in; a path to an item of `base` lands in `base`.
+    my $t = land(@base, @seg) // (@base ? land(@base) : undef);
+    push @to, $t if defined $t && $t ne $m;
+  }
+  my %seen; $arrows{$m} = [grep { !$seen{$_}++ } @to];
+}
+# One cycle is known and left to run/'s owners (issue 46): run/mod.rs holds the DECIDED selector
+# that run/decided.rs reads, and run/feeder.rs names run::decided. Any other cycle fails, and so
+# does this one once it grows.
+my $known = 'run run::decided run::feeder';
+# Tarjan's strongly connected components.
+my ($index, @stack, %idx, %low, %on, @cycles) = (0);
+sub visit {
+  my $v = shift; $idx{$v} = $low{$v} = $index++; push @stack, $v; $on{$v} = 1;
+  for my $w (@{ $arrows{$v} || [] }) {
+    if (!exists $idx{$w}) { visit($w); $low{$v} = $low{$w} if $low{$w} < $low{$v} }
+    elsif ($on{$w}) { $low{$v} = $idx{$w} if $idx{$w} < $low{$v} }
+  }
+  if ($low{$v} == $idx{$v}) {
+    my @c; my $w; do { $w = pop @stack; $on{$w} = 0; push @c, $w } while ($w ne $v);
+    push @cycles, [sort @c] if @c > 1 && join(' ', sort @c) ne $known;
+  }
+}
+visit($_) for grep { !exists $idx{$_} } sort keys %file_of;
+for my $c (@cycles) {
+  my %in = map { $_ => 1 } @$c;
+  my @edges = map { my $a = $_; map { "$file_of{$a} -> $file_of{$_}" } grep { $in{$_} } @{ $arrows{$a} } } @$c;
+  print STDERR "module-arrows: a cycle between the files of src/: ", join('; ', @edges), "\n";
+}
+exit(@cycles ? 1 : 0);
+PERL
+
+[ $fail = 0 ] && echo "module-arrows: every arrow in src/ runs down (run > reconcile, source, alert, reveal > state, target, server, keys > broker > metrics, access, secret, https, serving_tls, failpoint); no source names a target nor a target a source; no cycle between the files of src/"
 exit $fail

@@ -3,7 +3,7 @@
 //! between the two leaves the message unacked, so RabbitMQ delivers it again and parking
 //! deduplicates it.
 //!
-//! What becomes of a message (headers map as described in [`crate::target::amqp`]):
+//! What becomes of a message (headers map as described in [`crate::broker::amqp`]):
 //! - `x-death` (the most recent entry) gives `deliveries` (its count, or a quorum queue's
 //!   `x-delivery-count` + 1 when the broker kept it, on the DLQ's first delivery only;
 //!   RabbitMQ 3.10 drops that header when it dead-letters, so there a delivery-limit death
@@ -31,8 +31,8 @@ use dlq_client::park::ParkRequest;
 use dlq_core::api::{self, AmqpSourceSpec, DeadLetterQueue, FailureKind, Job, Origin};
 
 use super::park_into::{ParkInto, SourceError, keep_running, url_from_secret};
-use crate::target::TargetError;
-use crate::target::amqp::{AmqpConn, carried_headers, classify};
+use crate::broker::BrokerError;
+use crate::broker::amqp::{AmqpConn, carried_headers, classify};
 
 /// Headers RabbitMQ changes between copies of one death (see [`message_identity`]).
 const UNSTABLE_HEADERS: &[&str] = &["x-death", "x-delivery-count"];
@@ -391,14 +391,14 @@ impl Bridge {
         }
     }
 
-    async fn copy_to_rejected(&self, delivery: &Delivery) -> Result<(), TargetError> {
+    async fn copy_to_rejected(&self, delivery: &Delivery) -> Result<(), BrokerError> {
         let publisher = AmqpConn::new(&self.url)?;
         let (conn, _) = publisher.get().await?;
         let ch = conn.create_channel().await.map_err(|e| classify(&e))?;
         let declared = ch
             .queue_declare(
                 ShortString::try_new(self.rejected.clone())
-                    .map_err(|_| TargetError::Config("rejected queue name too long".into()))?,
+                    .map_err(|_| BrokerError::Config("rejected queue name too long".into()))?,
                 QueueDeclareOptions {
                     durable: true,
                     ..QueueDeclareOptions::default()

@@ -26,8 +26,7 @@ use dlq_core::api::{DeadLetterQueue, FailureKind, Job, KafkaSourceSpec, Origin};
 use dlq_core::headers::kafka::{self as codec, Header as RawHeader};
 
 use super::park_into::{ParkInto, SourceError, keep_running};
-use crate::target::cache::read_kafka_secrets;
-use crate::target::kafka::KafkaConn;
+use crate::broker::kafka::{KafkaConn, read_kafka_secrets};
 
 /// The consumer group when the spec names none.
 pub const DEFAULT_GROUP: &str = "deadletter-operator";

@@ -145,7 +145,7 @@ fn start(client: &Client, into: ParkInto, queue: &DeadLetterQueue) -> Option<Joi
         tracing::info!(namespace = %ns, queue = %name, stream = %src.stream, consumer = %src.consumer, "starting nats source");
         Some(tokio::spawn(nats::run(client, into, queue, src)))
     } else if let Some(src) = source.sqs {
-        tracing::info!(namespace = %ns, queue = %name, sqs_queue = %crate::target::redact_url(&src.queue_url), "starting sqs source");
+        tracing::info!(namespace = %ns, queue = %name, sqs_queue = %crate::broker::redact_url(&src.queue_url), "starting sqs source");
         #[cfg(feature = "sqs")]
         let task = tokio::spawn(sqs::run(client, into, queue, src));
         #[cfg(not(feature = "sqs"))]
@@ -180,7 +180,7 @@ fn start(client: &Client, into: ParkInto, queue: &DeadLetterQueue) -> Option<Joi
 async fn not_built(into: ParkInto, backend: &'static str) {
     use crate::state::apiserver::reference;
     use dlq_core::events::{self, EventPlan};
-    let why = crate::target::not_built(backend);
+    let why = crate::broker::not_built(backend);
     tracing::error!(namespace = %into.namespace(), queue = %into.queue(), source = backend, "{why}");
     if let Some(queue) = into.shared.queues.get(&into.key) {
         let note = format!("source.{backend}: {why}");

@@ -35,8 +35,8 @@ use dlq_client::park::ParkRequest;
 use dlq_core::api::{self, DeadLetterQueue, FailureKind, Job, NatsSourceSpec, OnParked, Origin};
 
 use super::park_into::{ParkInto, SourceError, keep_running};
+use crate::broker::nats::{NatsConn, carried_headers, parse_header_block};
 use crate::secret::read_secret;
-use crate::target::nats::{NatsConn, carried_headers, parse_header_block};
 
 /// Advisories handled at once.
 const CONCURRENCY: usize = 16;

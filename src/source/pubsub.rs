@@ -33,8 +33,8 @@ use dlq_core::api::{self, DeadLetterQueue, Job, Origin, PubsubSourceSpec};
 use dlq_core::park::validate_headers;
 
 use super::park_into::{ParkInto, SourceError, keep_running};
+use crate::broker::pubsub::{PubsubConn, resource_name};
 use crate::secret::read_secret;
-use crate::target::pubsub::{PubsubConn, resource_name};
 
 /// Messages parked at once.
 const CONCURRENCY: usize = 16;

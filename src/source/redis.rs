@@ -29,7 +29,7 @@ use dlq_core::envelope::request_for;
 
 use super::park_into::{ParkInto, SourceError, keep_running, url_from_secret};
 use super::taken::{Failpoints, Taken, free_slots, pairs, spawn_handle};
-use crate::target::redis::RedisConn;
+use crate::broker::redis::RedisConn;
 
 /// Parks in flight at once per bridge: parkings waiting together share one reservation under
 /// maxParked, so more in flight means fewer queue writes per record. 32 rather than the 16 of

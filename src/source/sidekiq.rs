@@ -30,7 +30,7 @@ use dlq_core::events;
 
 use super::park_into::{ParkInto, SourceError, keep_running, url_from_secret};
 use super::taken::{Failpoints, Taken, free_slots, pairs, spawn_handle};
-use crate::target::redis::RedisConn;
+use crate::broker::redis::RedisConn;
 
 /// Parks in flight at once per bridge (as the Redis source: a backlog is taken in batches).
 pub const CONCURRENCY: usize = 32;

@@ -27,9 +27,8 @@ use dlq_core::api::{self, DeadLetterQueue, FailureKind, Job, Origin, SqsSourceSp
 use dlq_core::headers::sqs::{Attribute, to_headers};
 
 use super::park_into::{ParkInto, SourceError, keep_running};
-use crate::target::cache::read_aws_keys;
-use crate::target::redact_url;
-use crate::target::sqs::SqsConn;
+use crate::broker::redact_url;
+use crate::broker::sqs::{SqsConn, read_aws_keys};
 
 /// Messages parked at once.
 const CONCURRENCY: usize = 16;

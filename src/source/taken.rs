@@ -12,7 +12,7 @@ use dlq_core::park::ParkRequest;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::park_into::{ParkInto, SourceError};
-use crate::target::redis::RedisConn;
+use crate::broker::redis::RedisConn;
 
 /// Which failpoints a source's parking passes (`crate::failpoint`).
 pub struct Failpoints {

@@ -14,26 +14,24 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use tokio::sync::Mutex;
 
-#[cfg(feature = "sqs")]
-use dlq_core::api::AwsCredentialsRef;
-#[cfg(feature = "kafka")]
-use dlq_core::api::KafkaSecurity;
 use dlq_core::api::{DeadLetterQueue, DeadLetterQueueSpec, SecretKeyRef, TargetSpec};
 
-#[cfg(any(feature = "kafka", feature = "sqs"))]
-use crate::secret::SecretError;
+#[cfg(feature = "kafka")]
+use crate::broker::kafka::{KafkaConn, SaslCredentials, read_kafka_secrets};
+#[cfg(feature = "sqs")]
+use crate::broker::sqs::{AwsKeys, read_aws_keys};
 use crate::secret::read_secret;
 use crate::target::amqp::AmqpTarget;
 use crate::target::http::HttpTarget;
 #[cfg(feature = "kafka")]
-use crate::target::kafka::{KafkaConn, KafkaTarget, SaslCredentials};
+use crate::target::kafka::KafkaTarget;
 use crate::target::nats::NatsTarget;
 #[cfg(feature = "pubsub")]
 use crate::target::pubsub::PubsubTarget;
 use crate::target::redis::{RedisKey, RedisTarget};
 use crate::target::sidekiq::SidekiqTarget;
 #[cfg(feature = "sqs")]
-use crate::target::sqs::{AwsKeys, SqsTarget};
+use crate::target::sqs::SqsTarget;
 use crate::target::{Target, TargetError, Targets};
 
 /// How long a cached target is trusted before its Secret is read again.
@@ -193,7 +191,7 @@ pub async fn read_target_secrets(
         };
     } else if let Some(_sqs) = &target.sqs {
         #[cfg(not(feature = "sqs"))]
-        return Err(TargetError::Config(super::not_built("sqs")));
+        return Err(TargetError::Config(crate::broker::not_built("sqs")));
         #[cfg(feature = "sqs")]
         if let Some(r) = &_sqs.credentials_secret_ref {
             let (keys, version) = read_aws_keys(client, namespace, r)
@@ -204,7 +202,7 @@ pub async fn read_target_secrets(
         }
     } else if let Some(_kafka) = &target.kafka {
         #[cfg(not(feature = "kafka"))]
-        return Err(TargetError::Config(super::not_built("kafka")));
+        return Err(TargetError::Config(crate::broker::not_built("kafka")));
         #[cfg(feature = "kafka")]
         {
             let (sasl, kafka_ca, versions) =
@@ -217,7 +215,7 @@ pub async fn read_target_secrets(
         }
     } else if let Some(_pubsub) = &target.pubsub {
         #[cfg(not(feature = "pubsub"))]
-        return Err(TargetError::Config(super::not_built("pubsub")));
+        return Err(TargetError::Config(crate::broker::not_built("pubsub")));
         #[cfg(feature = "pubsub")]
         {
             let source = spec.source.as_ref().and_then(|s| s.pubsub.as_ref());
@@ -285,7 +283,7 @@ fn build(target: &TargetSpec, secrets: &TargetSecrets) -> Result<Arc<dyn Target>
     }
     #[cfg(not(feature = "sqs"))]
     if target.sqs.is_some() {
-        return Err(TargetError::Config(super::not_built("sqs")));
+        return Err(TargetError::Config(crate::broker::not_built("sqs")));
     }
     #[cfg(feature = "sqs")]
     if let Some(sqs) = &target.sqs {
@@ -293,7 +291,7 @@ fn build(target: &TargetSpec, secrets: &TargetSecrets) -> Result<Arc<dyn Target>
     }
     #[cfg(not(feature = "kafka"))]
     if target.kafka.is_some() {
-        return Err(TargetError::Config(super::not_built("kafka")));
+        return Err(TargetError::Config(crate::broker::not_built("kafka")));
     }
     #[cfg(feature = "kafka")]
     if let Some(kafka) = &target.kafka {
@@ -307,7 +305,7 @@ fn build(target: &TargetSpec, secrets: &TargetSecrets) -> Result<Arc<dyn Target>
     }
     #[cfg(not(feature = "pubsub"))]
     if target.pubsub.is_some() {
-        return Err(TargetError::Config(super::not_built("pubsub")));
+        return Err(TargetError::Config(crate::broker::not_built("pubsub")));
     }
     #[cfg(feature = "pubsub")]
     if let Some(pubsub) = &target.pubsub {
@@ -317,79 +315,6 @@ fn build(target: &TargetSpec, secrets: &TargetSecrets) -> Result<Arc<dyn Target>
         )));
     }
     Err(TargetError::Config("spec.target names no backend".into()))
-}
-
-/// The Secret's name for [`AwsCredentialsRef`](dlq_core::api::AwsCredentialsRef) keys.
-pub const AWS_ACCESS_KEY_ID: &str = "AWS_ACCESS_KEY_ID";
-pub const AWS_SECRET_ACCESS_KEY: &str = "AWS_SECRET_ACCESS_KEY";
-pub const AWS_SESSION_TOKEN: &str = "AWS_SESSION_TOKEN";
-
-/// Reads SQS keys from a Secret (the session token is optional), with the Secret's version.
-#[cfg(feature = "sqs")]
-pub async fn read_aws_keys(
-    client: &Client,
-    namespace: &str,
-    r: &AwsCredentialsRef,
-) -> Result<(AwsKeys, String), SecretError> {
-    let key = |k: &str| SecretKeyRef {
-        name: r.name.clone(),
-        key: k.to_string(),
-    };
-    let (access_key_id, version) = read_secret(client, namespace, &key(AWS_ACCESS_KEY_ID)).await?;
-    let (secret_access_key, _) =
-        read_secret(client, namespace, &key(AWS_SECRET_ACCESS_KEY)).await?;
-    let session_token = match read_secret(client, namespace, &key(AWS_SESSION_TOKEN)).await {
-        Ok((token, _)) => Some(token),
-        Err(SecretError::NoKey { .. }) => None,
-        Err(e) => return Err(e),
-    };
-    Ok((
-        AwsKeys {
-            access_key_id,
-            secret_access_key,
-            session_token,
-        },
-        version,
-    ))
-}
-
-/// The keys of a Kafka SASL credentials Secret.
-pub const KAFKA_USERNAME: &str = "username";
-pub const KAFKA_PASSWORD: &str = "password";
-
-/// Reads the SASL credentials and CA a Kafka connection names, with the Secrets' versions.
-#[cfg(feature = "kafka")]
-pub async fn read_kafka_secrets(
-    client: &Client,
-    namespace: &str,
-    security: Option<&KafkaSecurity>,
-) -> Result<(Option<SaslCredentials>, Option<String>, Vec<String>), SecretError> {
-    let mut versions = Vec::new();
-    let Some(security) = security else {
-        return Ok((None, None, versions));
-    };
-    let sasl = match &security.credentials_secret_ref {
-        Some(r) => {
-            let key = |k: &str| SecretKeyRef {
-                name: r.name.clone(),
-                key: k.to_string(),
-            };
-            let (username, version) = read_secret(client, namespace, &key(KAFKA_USERNAME)).await?;
-            let (password, _) = read_secret(client, namespace, &key(KAFKA_PASSWORD)).await?;
-            versions.push(version);
-            Some(SaslCredentials { username, password })
-        }
-        None => None,
-    };
-    let ca = match &security.ca_secret_ref {
-        Some(r) => {
-            let (pem, version) = read_secret(client, namespace, r).await?;
-            versions.push(version);
-            Some(pem)
-        }
-        None => None,
-    };
-    Ok((sasl, ca, versions))
 }
 
 #[cfg(all(test, not(all(feature = "kafka", feature = "sqs", feature = "pubsub"))))]

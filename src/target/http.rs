@@ -25,7 +25,8 @@ use dlq_core::cloudevent::HTTP_MANAGED;
 
 use crate::https::error_chain;
 
-use super::{JobMessage, Target, TargetError, redact_url};
+use super::{JobMessage, Target, TargetError};
+use crate::broker::redact_url;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);

@@ -12,86 +12,16 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use rdkafka::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use tokio::sync::OnceCell;
 
-use dlq_core::api::{KafkaSecurity, KafkaTargetSpec, Route};
+use dlq_core::api::{KafkaTargetSpec, Route};
 use dlq_core::headers::kafka as codec;
 
 use super::{JobMessage, Target, TargetError};
-
-/// SASL user and password read from a Secret. No `Debug`: it must not reach a log line.
-#[derive(Clone, Hash, PartialEq, Eq)]
-pub struct SaslCredentials {
-    pub username: String,
-    pub password: String,
-}
-
-/// How to reach a Kafka cluster: servers, TLS and SASL, with the secrets already read.
-#[derive(Clone, Default)]
-pub struct KafkaConn {
-    pub bootstrap_servers: String,
-    pub protocol: Option<String>,
-    pub sasl_mechanism: Option<String>,
-    pub credentials: Option<SaslCredentials>,
-    /// PEM CA certificates (else the system roots).
-    pub ca_pem: Option<String>,
-}
-
-impl KafkaConn {
-    pub fn new(
-        servers: &str,
-        security: Option<&KafkaSecurity>,
-        credentials: Option<SaslCredentials>,
-        ca_pem: Option<String>,
-    ) -> KafkaConn {
-        KafkaConn {
-            bootstrap_servers: servers.to_string(),
-            protocol: security.and_then(|s| s.protocol.clone()),
-            sasl_mechanism: security.and_then(|s| s.sasl_mechanism.clone()),
-            credentials,
-            ca_pem,
-        }
-    }
-
-    /// librdkafka settings every client of this connection shares. librdkafka's own logs go
-    /// to its log callback, which never prints configuration values.
-    pub fn config(&self) -> ClientConfig {
-        let mut c = ClientConfig::new();
-        c.set("bootstrap.servers", &self.bootstrap_servers)
-            .set("client.id", "deadletter-operator")
-            .set("socket.timeout.ms", "10000")
-            .set("reconnect.backoff.max.ms", "2000");
-        if let Some(p) = &self.protocol {
-            c.set("security.protocol", p.to_ascii_lowercase());
-        }
-        if let Some(creds) = &self.credentials {
-            c.set(
-                "sasl.mechanism",
-                self.sasl_mechanism.as_deref().unwrap_or("PLAIN"),
-            )
-            .set("sasl.username", &creds.username)
-            .set("sasl.password", &creds.password);
-        }
-        if let Some(ca) = &self.ca_pem {
-            c.set("ssl.ca.pem", ca);
-        }
-        c
-    }
-
-    /// An idempotent `acks=all` producer; a send not confirmed within `timeout` fails.
-    pub fn producer(&self, timeout: Duration) -> Result<FutureProducer, KafkaError> {
-        self.config()
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("linger.ms", "5")
-            .set("message.timeout.ms", timeout.as_millis().to_string())
-            .create()
-    }
-}
+use crate::broker::kafka::KafkaConn;
 
 /// A redrive answered within this, or it is `BrokerUnreachable`.
 const SEND_TIMEOUT: Duration = Duration::from_secs(10);

@@ -6,7 +6,7 @@
 //! own Sidekiq queue), [`pubsub`] (Google Cloud Pub/Sub); [`cache`] builds them from a queue's spec and Secrets and keeps their
 //! connections. docs/backends.md describes what each one carries. The Kafka,
 //! SQS and Pub/Sub backends are cargo features (`kafka`, `sqs`, `pubsub`, on by default); a build without one answers
-//! a queue naming it with [`not_built`].
+//! a queue naming it with [`crate::broker::not_built`].
 
 pub mod amqp;
 pub mod cache;
@@ -27,6 +27,8 @@ use std::collections::BTreeMap;
 use futures::future::BoxFuture;
 
 use dlq_core::api::{DeadLetterQueue, Job, Origin};
+
+use crate::broker::BrokerError;
 
 /// The untouched job as it goes back to the broker.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,34 +170,15 @@ pub trait Target: Send + Sync {
     fn probe(&self) -> BoxFuture<'_, Result<(), TargetError>>;
 }
 
-/// Why a queue naming `backend` (`kafka`, `sqs`) cannot be served: this operator was built
-/// without that cargo feature.
-#[cfg(not(all(feature = "kafka", feature = "sqs", feature = "pubsub")))]
-pub fn not_built(backend: &str) -> String {
-    format!(
-        "this operator was built without the {backend} backend (cargo feature `{backend}`, on by \
-         default); run a build with it"
-    )
-}
-
-/// `scheme://host[:port]/path` of a URL: no user, password, query or fragment, so it can go
-/// into status, Events and logs.
-pub fn redact_url(url: &str) -> String {
-    let (scheme, rest) = match url.split_once("://") {
-        Some((s, r)) => (s, r),
-        None => ("", url),
-    };
-    let end = rest.find(['?', '#']).unwrap_or(rest.len());
-    let rest = &rest[..end];
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, ""),
-    };
-    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    if scheme.is_empty() {
-        format!("{host}{path}")
-    } else {
-        format!("{scheme}://{host}{path}")
+impl From<BrokerError> for TargetError {
+    /// The same words: a broker's answer reads as it did when the connection was the target's.
+    fn from(e: BrokerError) -> Self {
+        match e {
+            BrokerError::Unreachable(m) => TargetError::Unreachable(m),
+            BrokerError::Refused(m) => TargetError::Refused(m),
+            BrokerError::Invalid(m) => TargetError::Invalid(m),
+            BrokerError::Config(m) => TargetError::Config(m),
+        }
     }
 }
 
@@ -234,20 +217,6 @@ mod tests {
         let mut off = job();
         off.key_header = None;
         assert_eq!(*off.headers_with_key(), off.headers);
-    }
-
-    #[test]
-    fn redacted_urls_keep_no_secrets() {
-        assert_eq!(
-            redact_url("amqps://user:pa%40ss@rabbit:5671/vhost?heartbeat=5"),
-            "amqps://rabbit:5671/vhost"
-        );
-        assert_eq!(
-            redact_url("https://h.example/hook?token=abc#x"),
-            "https://h.example/hook"
-        );
-        assert_eq!(redact_url("nats://tok@n1:4222"), "nats://n1:4222");
-        assert_eq!(redact_url("host:1"), "host:1");
     }
 
     /// A target that carries what it is given, and says whether it can send no value.

@@ -3,7 +3,8 @@
 //!
 //! Headers: each job header becomes a NATS header of the same name and value. NATS allows a
 //! header several values; the source bridge keeps such headers in one job header,
-//! `nats-multi` (a JSON object of name to list of values), which is expanded again here.
+//! `nats-multi` (a JSON object of name to list of values), which is expanded again by the
+//! broker's codec ([`crate::broker::nats`]).
 //!
 //! # The duplicate window
 //!
@@ -26,42 +27,12 @@
 //! While the client is reconnecting nothing is published: a publish buffered during an outage
 //! would land later, after the redrive had been reported failed and retried.
 
-use std::collections::BTreeMap;
-use std::time::Duration;
-
-use async_nats::connection::State;
-use async_nats::jetstream::context::PublishErrorKind;
-use async_nats::{HeaderMap, ServerAddr};
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use tokio::sync::Mutex;
 
 use super::{JobMessage, Target, TargetError};
+use crate::broker::nats::{NatsConn, REQUEST_TIMEOUT, nats_headers, publish_error};
 use dlq_core::api::{self, Route};
-
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-
-pub use dlq_core::headers::nats::{MULTI_HEADER, carried_headers, parse_header_block};
-
-/// The NATS headers that carry `headers` untouched.
-pub fn nats_headers(headers: &BTreeMap<String, String>) -> Result<HeaderMap, TargetError> {
-    let mut map = HeaderMap::new();
-    for (name, value) in headers {
-        if name == MULTI_HEADER {
-            let multi: BTreeMap<String, Vec<String>> = serde_json::from_str(value)
-                .map_err(|e| TargetError::Invalid(format!("header {MULTI_HEADER}: {e}")))?;
-            for (k, vs) in multi {
-                for v in vs {
-                    map.append(k.as_str(), v);
-                }
-            }
-        } else {
-            map.insert(name.as_str(), value.as_str());
-        }
-    }
-    Ok(map)
-}
 
 /// JetStream's deduplication header.
 const MSG_ID: &str = "Nats-Msg-Id";
@@ -117,66 +88,6 @@ pub fn judge_duplicate(
         _ => Err(TargetError::Duplicate(format!(
             "JetStream discarded the redrive as a duplicate: stream {stream} already holds Nats-Msg-Id {id} (sequence {sequence}) inside its duplicate window; it goes through once the window has passed"
         ))),
-    }
-}
-
-/// A NATS client, connected on first use; async-nats reconnects it by itself afterwards.
-pub struct NatsConn {
-    servers: Vec<ServerAddr>,
-    client: Mutex<Option<async_nats::Client>>,
-}
-
-impl NatsConn {
-    pub fn new(url: &str) -> Result<Self, TargetError> {
-        let servers = url
-            .split(',')
-            .map(|s| s.trim().parse::<ServerAddr>())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|_| {
-                TargetError::Config("the NATS URL is not a valid nats:// server list".into())
-            })?;
-        if servers.is_empty() {
-            return Err(TargetError::Config("the NATS URL names no server".into()));
-        }
-        Ok(NatsConn {
-            servers,
-            client: Mutex::new(None),
-        })
-    }
-
-    /// The client, if it is connected right now.
-    pub async fn get(&self) -> Result<async_nats::Client, TargetError> {
-        let mut slot = self.client.lock().await;
-        if let Some(c) = slot.as_ref() {
-            return match c.connection_state() {
-                State::Connected => Ok(c.clone()),
-                _ => Err(TargetError::Unreachable(
-                    "not connected to NATS (reconnecting)".into(),
-                )),
-            };
-        }
-        let client = async_nats::ConnectOptions::new()
-            .name("deadletter-operator")
-            .connection_timeout(CONNECT_TIMEOUT)
-            .request_timeout(Some(REQUEST_TIMEOUT))
-            .connect(self.servers.clone())
-            .await
-            // The error kind only: the address may carry credentials.
-            .map_err(|e| TargetError::Unreachable(format!("connecting to NATS: {}", e.kind())))?;
-        *slot = Some(client.clone());
-        Ok(client)
-    }
-}
-
-fn publish_error(e: async_nats::jetstream::context::PublishError, subject: &str) -> TargetError {
-    match e.kind() {
-        PublishErrorKind::StreamNotFound => {
-            TargetError::Refused(format!("no JetStream stream captures subject {subject}"))
-        }
-        PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe => {
-            TargetError::Unreachable(format!("JetStream publish: {e}"))
-        }
-        _ => TargetError::Refused(format!("JetStream publish: {e}")),
     }
 }
 
@@ -268,7 +179,10 @@ impl Target for NatsTarget {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
+    use crate::broker::nats::{MULTI_HEADER, carried_headers, parse_header_block};
     use dlq_core::api::Origin;
 
     fn job(origin: Option<Origin>) -> JobMessage {

@@ -24,11 +24,8 @@ use tokio::sync::{Mutex, OnceCell};
 use dlq_core::api::{PubsubTargetSpec, Route};
 
 use super::{JobMessage, Target, TargetError};
+use crate::broker::pubsub::{DEAD_LETTER_PREFIX, PubsubConn, resource_name};
 
-/// The environment variable every Google client reads to talk to an emulator instead.
-pub const EMULATOR_HOST: &str = "PUBSUB_EMULATOR_HOST";
-/// The prefix of the attributes Pub/Sub adds when it dead-letters a message.
-pub const DEAD_LETTER_PREFIX: &str = "CloudPubSubDeadLetter";
 /// A redrive answered within this, or it is `BrokerUnreachable`.
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the client itself retries a publish (its default is 10 minutes). It must give up
@@ -37,66 +34,6 @@ const PUBLISH_TIMEOUT: Duration = Duration::from_secs(30);
 const CLIENT_RETRY_LIMIT: Duration = Duration::from_secs(20);
 /// The Ready probe answered within this, or the target is unreachable.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How to reach Pub/Sub: the emulator named by `PUBSUB_EMULATOR_HOST` (plaintext, no
-/// credentials), else Google with a service-account key or the pod's workload identity (ADC).
-/// No `Debug`: the key must not reach a log line.
-#[derive(Clone, Default)]
-pub struct PubsubConn {
-    /// A service-account key (JSON), from a Secret.
-    pub key: Option<String>,
-}
-
-impl PubsubConn {
-    /// `http://<host:port>` when `PUBSUB_EMULATOR_HOST` is set.
-    pub fn emulator() -> Option<String> {
-        std::env::var(EMULATOR_HOST)
-            .ok()
-            .filter(|h| !h.is_empty())
-            .map(|h| {
-                if h.contains("://") {
-                    h
-                } else {
-                    format!("http://{h}")
-                }
-            })
-    }
-
-    /// The endpoint override and the credentials to connect with.
-    pub fn settings(
-        &self,
-    ) -> Result<(Option<String>, google_cloud_auth::credentials::Credentials), String> {
-        use google_cloud_auth::credentials;
-        if let Some(endpoint) = Self::emulator() {
-            return Ok((
-                Some(endpoint),
-                credentials::anonymous::Builder::new().build(),
-            ));
-        }
-        let creds = match &self.key {
-            Some(json) => {
-                let value: serde_json::Value = serde_json::from_str(json)
-                    .map_err(|e| format!("the service-account key is not JSON: {e}"))?;
-                credentials::service_account::Builder::new(value)
-                    .build()
-                    .map_err(|e| format!("the service-account key is unusable: {e}"))?
-            }
-            None => credentials::Builder::default()
-                .build()
-                .map_err(|e| format!("no application default credentials: {e}"))?,
-        };
-        Ok((None, creds))
-    }
-}
-
-/// `projects/<project>/<kind>/<name>` unless `name` is a full resource name already.
-pub fn resource_name(project: &str, kind: &str, name: &str) -> String {
-    if name.starts_with("projects/") {
-        name.to_string()
-    } else {
-        format!("projects/{project}/{kind}/{name}")
-    }
-}
 
 /// Publishes redriven jobs; one connection, one batching publisher per topic.
 pub struct PubsubTarget {

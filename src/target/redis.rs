@@ -13,14 +13,9 @@
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use redis::AsyncConnectionConfig;
-use redis::aio::MultiplexedConnection;
-use tokio::sync::Mutex;
 
 use super::{JobMessage, Target, TargetError};
-
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+use crate::broker::redis::RedisConn;
 
 /// How long Redis remembers a redrive's marker: far longer than any retry or leader change
 /// repeats an enqueue, short enough that markers do not pile up (one small key per redrive).
@@ -50,91 +45,6 @@ pub const STREAM_HEADER_PREFIX: &str = "header:";
 pub enum RedisKey {
     List(String),
     Stream(String),
-}
-
-/// A Redis connection that reconnects lazily after an error.
-pub struct RedisConn {
-    client: redis::Client,
-    conn: Mutex<Option<MultiplexedConnection>>,
-}
-
-impl RedisConn {
-    pub fn new(url: &str) -> Result<Self, TargetError> {
-        let client = redis::Client::open(url).map_err(|_| {
-            TargetError::Config(
-                "the redis URL in the secret is not a valid redis:// or rediss:// URL".into(),
-            )
-        })?;
-        Ok(RedisConn {
-            client,
-            conn: Mutex::new(None),
-        })
-    }
-
-    /// A live connection, opening one if the last one failed.
-    pub async fn get(&self) -> Result<MultiplexedConnection, TargetError> {
-        let mut slot = self.conn.lock().await;
-        if let Some(conn) = slot.as_ref() {
-            return Ok(conn.clone());
-        }
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            .set_response_timeout(Some(RESPONSE_TIMEOUT));
-        let conn = self
-            .client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-            .map_err(unreachable)?;
-        *slot = Some(conn.clone());
-        Ok(conn)
-    }
-
-    /// Forget the connection after an I/O error so the next call reconnects.
-    pub async fn reset(&self) {
-        *self.conn.lock().await = None;
-    }
-
-    /// Runs `cmd`, dropping the connection when the error says it is broken.
-    pub async fn query<T: redis::FromRedisValue>(
-        &self,
-        cmd: &redis::Cmd,
-    ) -> Result<T, TargetError> {
-        let mut conn = self.get().await?;
-        let answer = cmd.query_async::<T>(&mut conn).await;
-        self.answered(answer).await
-    }
-
-    /// Runs `pipe` (a MULTI when atomic), as [`RedisConn::query`] runs one command.
-    pub async fn query_pipe<T: redis::FromRedisValue>(
-        &self,
-        pipe: &redis::Pipeline,
-    ) -> Result<T, TargetError> {
-        let mut conn = self.get().await?;
-        let answer = pipe.query_async::<T>(&mut conn).await;
-        self.answered(answer).await
-    }
-
-    async fn answered<T>(&self, answer: redis::RedisResult<T>) -> Result<T, TargetError> {
-        match answer {
-            Ok(v) => Ok(v),
-            Err(e) => {
-                if e.is_io_error()
-                    || e.is_timeout()
-                    || e.is_connection_dropped()
-                    || e.is_connection_refusal()
-                {
-                    self.reset().await;
-                    Err(unreachable(e))
-                } else {
-                    Err(TargetError::Refused(e.to_string()))
-                }
-            }
-        }
-    }
-}
-
-fn unreachable(e: redis::RedisError) -> TargetError {
-    TargetError::Unreachable(e.to_string())
 }
 
 pub struct RedisTarget {

@@ -15,8 +15,9 @@
 
 use futures::future::BoxFuture;
 
-use super::redis::{MARKER_TTL, RedisConn, marker};
+use super::redis::{MARKER_TTL, marker};
 use super::{JobMessage, Target, TargetError};
+use crate::broker::redis::RedisConn;
 
 /// Adds the queue to `queues` and pushes the job unless the redrive's marker exists, then sets
 /// the marker; the push first, so that a push Redis refuses leaves no marker. KEYS: queues,

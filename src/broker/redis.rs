@@ -1,0 +1,98 @@
+//! Redis, for its source (the dead list, Sidekiq's dead set) and its target: a connection that
+//! reconnects lazily, and which of its errors mean "unreachable" (retried) or "refused".
+
+use std::time::Duration;
+
+use redis::AsyncConnectionConfig;
+use redis::aio::MultiplexedConnection;
+use tokio::sync::Mutex;
+
+use super::BrokerError;
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A Redis connection that reconnects lazily after an error.
+pub struct RedisConn {
+    client: redis::Client,
+    conn: Mutex<Option<MultiplexedConnection>>,
+}
+
+impl RedisConn {
+    pub fn new(url: &str) -> Result<Self, BrokerError> {
+        let client = redis::Client::open(url).map_err(|_| {
+            BrokerError::Config(
+                "the redis URL in the secret is not a valid redis:// or rediss:// URL".into(),
+            )
+        })?;
+        Ok(RedisConn {
+            client,
+            conn: Mutex::new(None),
+        })
+    }
+
+    /// A live connection, opening one if the last one failed.
+    pub async fn get(&self) -> Result<MultiplexedConnection, BrokerError> {
+        let mut slot = self.conn.lock().await;
+        if let Some(conn) = slot.as_ref() {
+            return Ok(conn.clone());
+        }
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(RESPONSE_TIMEOUT));
+        let conn = self
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(unreachable)?;
+        *slot = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Forget the connection after an I/O error so the next call reconnects.
+    pub async fn reset(&self) {
+        *self.conn.lock().await = None;
+    }
+
+    /// Runs `cmd`, dropping the connection when the error says it is broken.
+    pub async fn query<T: redis::FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+    ) -> Result<T, BrokerError> {
+        let mut conn = self.get().await?;
+        let answer = cmd.query_async::<T>(&mut conn).await;
+        self.answered(answer).await
+    }
+
+    /// Runs `pipe` (a MULTI when atomic), as [`RedisConn::query`] runs one command.
+    pub async fn query_pipe<T: redis::FromRedisValue>(
+        &self,
+        pipe: &redis::Pipeline,
+    ) -> Result<T, BrokerError> {
+        let mut conn = self.get().await?;
+        let answer = pipe.query_async::<T>(&mut conn).await;
+        self.answered(answer).await
+    }
+
+    async fn answered<T>(&self, answer: redis::RedisResult<T>) -> Result<T, BrokerError> {
+        match answer {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                if e.is_io_error()
+                    || e.is_timeout()
+                    || e.is_connection_dropped()
+                    || e.is_connection_refusal()
+                {
+                    self.reset().await;
+                    Err(unreachable(e))
+                } else {
+                    Err(BrokerError::Refused(e.to_string()))
+                }
+            }
+        }
+    }
+}
+
+fn unreachable(e: redis::RedisError) -> BrokerError {
+    BrokerError::Unreachable(e.to_string())
+}
