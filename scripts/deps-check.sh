@@ -38,6 +38,23 @@ if bash scripts/module-arrows.sh "$probe" >/dev/null 2>&1; then
   echo "deps-check: scripts/module-arrows.sh did not catch an arrow from state up to run" >&2
   fail=1
 fi
+# ... a cycle through `super::` (a shared part reaching back into a reconciler), and a source
+# reaching into a target.
+rm -rf "$probe/src" && cp -r src "$probe/src"
+sed -i '1i use super::queue::QueueError;' "$probe/src/reconcile/context.rs"
+found=$(bash scripts/module-arrows.sh "$probe" 2>&1 || true)
+if ! grep -q 'cycle between the files of src/: .*src/reconcile/context.rs -> src/reconcile/queue.rs' <<<"$found"; then
+  echo "deps-check: scripts/module-arrows.sh did not catch a super:: cycle (reconcile::context -> reconcile::queue -> reconcile::context)" >&2
+  fail=1
+fi
+rm -rf "$probe/src" && cp -r src "$probe/src"
+sed -i '1i use crate::target::Target;' "$probe/src/source/redis.rs"
+found=$(bash scripts/module-arrows.sh "$probe" 2>&1 || true)
+if ! grep -q 'src/source/redis.rs names crate::target' <<<"$found"; then
+  echo "deps-check: scripts/module-arrows.sh did not catch a source naming crate::target" >&2
+  fail=1
+fi
+rm -rf "$probe/src" && cp -r src "$probe/src"
 mkdir -p "$probe/docs" "$probe/crates/dlq-core" "$probe/crates/dlq-client"
 cp docs/architecture.md "$probe/docs/"
 cp -r crates/dlq-core/src "$probe/crates/dlq-core/src"
