@@ -35,7 +35,7 @@ pub struct SqsBackend {
     taken: Mutex<Vec<Delivered>>,
 }
 
-/// A client of `mq`, as the operator's (`target::sqs::SqsConn::client`) but with the test keys.
+/// A client of `mq`, as the operator's (`broker::sqs::SqsConn::client`) but with the test keys.
 pub async fn client(mq: &ElasticMq) -> Sqs {
     let http = aws_smithy_http_client::Builder::new()
         .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
