@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::conditions::REQUEUED;
 use crate::dead_letter::{DeadLetter, FailureKind, Phase};
 use crate::queue::DeadLetterQueue;
-pub use crate::queue::{AlertPer, AlertSettings, Severities};
+use crate::queue::{AlertPer, AlertSettings};
 
 /// Alert raised while a record is Parked.
 pub const PARKED: &str = "DeadLetterParked";
@@ -351,7 +351,7 @@ fn truncate(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::queue::DeadLetterQueueSpec;
+    use crate::queue::{DeadLetterQueueSpec, Severities};
     use crate::testing::{RecordBuilder, at};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 

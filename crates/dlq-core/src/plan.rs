@@ -16,8 +16,8 @@ use crate::capacity;
 use crate::conditions::{self, Cond, reason};
 use crate::dead_letter::{Action, DeadLetter, DeadLetterStatus, FailureKind, Phase};
 use crate::events::{self, EventPlan};
+use crate::facts::Facts;
 use crate::queue::{DeadLetterQueue, DeadLetterQueueStatus, KindCounts};
-use crate::record::Facts;
 
 /// Outcome of a redrive as `dlq_redrives_total{result}` counts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -180,7 +180,7 @@ fn selection_takes_parked_undecided_matching_records_oldest_failure_first() {
         ])
         .collect();
     let by_group = ReplaySelector {
-        group: Some(crate::record::Facts::group(&records[0]).into_owned()),
+        group: Some(crate::facts::Facts::group(&records[0]).into_owned()),
         ..ReplaySelector::default()
     };
     assert_eq!(
