@@ -79,6 +79,8 @@ async fn until_stopped<K>(
 #[derive(Clone)]
 pub struct Process {
     pub client: Client,
+    /// For the record watches: without kube's retry of 503s (see `start::watch_client`).
+    pub watch_client: Client,
     pub metrics: Metrics,
     /// Who the Events say they come from.
     pub reporter: Reporter,
@@ -103,6 +105,7 @@ pub async fn run_scope(
 ) {
     let Process {
         client,
+        watch_client,
         metrics,
         reporter,
         settings,
@@ -132,7 +135,7 @@ pub async fn run_scope(
     }
     let (relisted, decided_relists) = futures::channel::mpsc::unbounded();
     let record_watch = watch_records(
-        api_for(&client, &namespace),
+        api_for(&watch_client, &namespace),
         initial,
         jobs.clone(),
         records.clone(),
@@ -224,7 +227,7 @@ pub async fn run_scope(
         .for_each(|_| futures::future::ready(()));
     let queues_ctl = until_stopped(queues_ctl, queues, shutdown.clone());
     let decisions_ctl = decisions_controller(
-        &client_for_replays,
+        &watch_client,
         &namespace,
         ctx.clone(),
         cfg.clone(),

@@ -94,6 +94,19 @@ pub enum StartError {
     Stalled,
 }
 
+/// The record watches' client: the default one without kube's retry of 503 and 429 answers.
+/// That retry sleeps the apiserver's Retry-After inside the watch request: a restarting
+/// apiserver answers a watch 503 with Retry-After 5, so the record watch slept 5 s while the
+/// apiserver was serving again, and decisions made meanwhile waited (issue 44). A watch
+/// retries on its own, after its backoff (0.8 s at first).
+async fn watch_client() -> Result<kube::Client, kube::Error> {
+    let mut config = kube::Config::infer()
+        .await
+        .map_err(kube::Error::InferConfig)?;
+    config.default_retry = false;
+    kube::Client::try_from(config)
+}
+
 /// Runs the operator until SIGTERM (Ok), a lost Lease or a stall (Err).
 pub async fn operator(options: Options) -> Result<(), StartError> {
     init_tracing(options.log_format);
@@ -102,6 +115,7 @@ pub async fn operator(options: Options) -> Result<(), StartError> {
     let client = kube::Client::try_default()
         .await
         .map_err(StartError::Connect)?;
+    let watch_client = watch_client().await.map_err(StartError::Connect)?;
     let identity = options
         .pod_name
         .clone()
@@ -146,6 +160,7 @@ pub async fn operator(options: Options) -> Result<(), StartError> {
     settings.leadership = leadership;
     let process = Process {
         client: client.clone(),
+        watch_client,
         metrics: metrics.clone(),
         reporter,
         settings,
