@@ -61,7 +61,8 @@ impl Default for Settings {
 
 /// Mechanisms that exist only for throughput or memory, each switchable so that the bench can
 /// measure what it buys against the same build without it (`make bench`'s A/B). Every one is
-/// on in production; only the hidden `--disable` flag turns one off.
+/// on in production; only the hidden `--disable` flag turns one off, and only a build with
+/// feature `bench` has it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Mechanisms {
     /// Marks yield to this process's busy sources (see [`parking_first`]).
