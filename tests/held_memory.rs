@@ -68,6 +68,11 @@ fn watched(i: usize) -> String {
 /// Bytes held per record once `RECORDS` records have been listed through `keep`.
 fn held_per_record(keep: impl FnOnce(&[String]) -> Box<dyn std::any::Any>) -> usize {
     let events: Vec<String> = (0..RECORDS).map(watched).collect();
+    // Once per process, not per record: the failure-group masks (compiled regexes, built on
+    // first use, and this thread's search cache) are made before counting starts.
+    if let Some(first) = events.first() {
+        let _ = dlq_core::record::Facts::group(&parsed(first));
+    }
     let before = HELD.load(Ordering::Relaxed);
     let kept = keep(&events);
     let held = HELD.load(Ordering::Relaxed) - before;
@@ -124,7 +129,9 @@ fn operator(events: &[String]) -> Box<dyn std::any::Any> {
 /// timestamps; the namespace, queue, failure group and slot block shared), its place in the
 /// index and the job index. (A reflector store of stripped records held 2,193 bytes a record,
 /// 2,027 once a waiting record's conditions were dropped; the record index held 816, and 873
-/// once failure groups added the group's shared name and the error class to each summary.)
+/// once failure groups added the group's shared name and the error class to each summary;
+/// 864 once the failure-group masks' one-time regexes were built before counting, not spread over
+/// the records as 6 bytes each.)
 const BUDGET: usize = 896;
 
 #[test]
