@@ -26,7 +26,7 @@ fi
 # rustfmt and clippy: `make test`'s checks, not the demo's.
 if [ "$profile" = all ] && command -v rustup >/dev/null; then
   for c in rustfmt clippy; do
-    rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c"
+    rustup component list --installed 2>/dev/null | grep "^$c" >/dev/null || rustup component add "$c"
   done
 fi
 
