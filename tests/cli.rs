@@ -235,6 +235,86 @@ async fn ls_reads_a_page_at_a_time_with_selectors_on_the_server() {
     );
 }
 
+/// What `show` and `groups` print for hostile records, read back from a real apiserver: a card
+/// number in a binary payload, a header name and an intent snapshot never shows whole (nor in
+/// the base64 of the bytes), and two templates that differ only by a Cyrillic `о` print apart.
+#[tokio::test]
+async fn show_masks_cards_everywhere_and_groups_print_look_alike_templates_apart() {
+    use base64::Engine;
+    let (client, ns) = setup("cli-hostile").await;
+    create_offline_queue(&client, &ns).await;
+    let card = "4242424242424242";
+    let mut job = Job::from_bytes("pi_hostile/settle", b"\xff\x00pan=4242424242424242;");
+    job.headers
+        .insert("x-pan-6011111111111117".into(), "v".into());
+    let mut r = ParkRequest::new("relayer", job);
+    r.reason = "timeout talking to payer".into();
+    r.intent = Some(IntentSnapshot {
+        id: "card-4000056655665556".into(),
+        state: "created".into(),
+    });
+    park(client.clone(), &ns, r).await.unwrap();
+    let mut look_alike = ParkRequest::new("relayer", Job::from_bytes("pi_other/settle", b"{}"));
+    look_alike.reason = "timeout talking t\u{43e} payer".into();
+    park(client.clone(), &ns, look_alike).await.unwrap();
+
+    let show = dlq(&ns, &["show", "pi_hostile/settle"]);
+    assert!(show.ok, "{}", show.stderr);
+    for whole in [card, "6011111111111117", "4000056655665556"] {
+        assert!(
+            !show.stdout.contains(whole),
+            "{whole} shown:\n{}",
+            show.stdout
+        );
+    }
+    let engine = base64::engine::general_purpose::STANDARD;
+    let decoded: Vec<Vec<u8>> = show
+        .stdout
+        .split_whitespace()
+        .filter(|w| w.len() >= 16)
+        .filter_map(|w| engine.decode(w).ok())
+        .collect();
+    assert!(
+        decoded
+            .iter()
+            .any(|d| d.ends_with(b"pan=424242******4242;")),
+        "the payload's bytes are shown, masked:\n{}",
+        show.stdout
+    );
+    assert!(
+        !decoded
+            .iter()
+            .any(|d| d.windows(card.len()).any(|w| w == card.as_bytes())),
+        "no base64 in show decodes to the card:\n{}",
+        show.stdout
+    );
+    assert!(
+        show.stdout.contains("x-pan-601111******1117"),
+        "{}",
+        show.stdout
+    );
+
+    let _op = Operator::start(&ns);
+    let groups = eventually(60, "two failure groups", || async {
+        let out = dlq(&ns, &["groups"]);
+        (out.stdout.lines().count() == 3).then_some(out)
+    })
+    .await;
+    let templates: Vec<&str> = groups
+        .stdout
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_once("timeout").map(|(_, t)| t))
+        .collect();
+    assert_eq!(templates.len(), 2, "{}", groups.stdout);
+    assert_ne!(templates[0], templates[1], "{}", groups.stdout);
+    assert!(
+        groups.stdout.contains(r"t\u{43e} payer") && groups.stdout.is_ascii(),
+        "the Cyrillic letter is shown as its code point:\n{}",
+        groups.stdout
+    );
+}
+
 /// One record of a second queue `other`, which `ls --queue relayer` must not show.
 async fn create_other_queue_record(client: &Client, ns: &str) {
     dlq_testenv::create_dlq(
