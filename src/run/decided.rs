@@ -2,7 +2,7 @@
 //! or a reconcile lost, a decision is never left unattempted for long.
 //!
 //! - Every [`Vigil::resync`] the records decided and still Parked are listed from the
-//!   apiserver ([`super::DECIDED`]) and handed to the feeder ([`super::feeder::Feeder::resync`]),
+//!   apiserver ([`DECIDED`]) and handed to the feeder ([`super::feeder::Feeder::resync`]),
 //!   which holds and wakes those it does not hold and nudges those not attempted lately. A
 //!   watch event lost across an apiserver restart costs one period, not the decision.
 //! - A leader that has not attempted a decided record for [`Vigil::stall_after`] (a reconcile
@@ -201,6 +201,11 @@ pub async fn keep_watch(
     }
 }
 
+/// Records with a decision not yet carried out: Parked, `spec.action` set (both selectable
+/// fields of the CRD; an unset field selects as ""). Here, beside the re-list that reads it;
+/// the decisions controller (`super`) watches it too.
+pub const DECIDED: &str = "status.phase=Parked,spec.action!=";
+
 /// Records decided before the operator marked them: no phase yet (an unset field selects as
 /// ""). They are Parked to every reader, and a decision on one is carried out like any other.
 const DECIDED_UNMARKED: &str = "status.phase=,spec.action!=";
@@ -208,7 +213,7 @@ const DECIDED_UNMARKED: &str = "status.phase=,spec.action!=";
 /// Every record decided and not resolved (marked Parked or not yet marked), page by page.
 async fn list_decided(api: &Api<DeadLetter>) -> Result<Vec<DeadLetter>, kube::Error> {
     let mut out = Vec::new();
-    for selector in [super::DECIDED, DECIDED_UNMARKED] {
+    for selector in [DECIDED, DECIDED_UNMARKED] {
         let mut params = ListParams::default().fields(selector).limit(PAGE);
         loop {
             let page = api.list(&params).await?;

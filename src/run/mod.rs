@@ -218,7 +218,19 @@ pub async fn run_scope(
     };
     // Parks over HTTP while this scope runs.
     let _registration = park_endpoint.map(|e| e.register(namespace.clone(), shared.clone()));
-    let sources = crate::source::supervise(shared, queue_changes, targets, shutdown.clone());
+    let close_deleted_targets = {
+        let queues = queues.clone();
+        move || {
+            let (targets, queues) = (targets.clone(), queues.clone());
+            async move { targets.prune(&queues).await }
+        }
+    };
+    let sources = crate::source::supervise(
+        shared,
+        queue_changes,
+        close_deleted_targets,
+        shutdown.clone(),
+    );
     let queues_ctl = Controller::for_shared_stream(queue_events, queues.clone())
         .with_config(cfg.clone().debounce(Duration::from_millis(500)))
         .reconcile_on(woken_queues)
@@ -273,10 +285,6 @@ pub async fn run_scope(
 /// How long a leader that stalled on decided records lets running reconciles finish.
 pub const STEP_DOWN_GRACE: Duration = Duration::from_secs(10);
 
-/// Records with a decision not yet carried out: Parked, `spec.action` set (both selectable
-/// fields of the CRD; an unset field selects as "").
-pub const DECIDED: &str = "status.phase=Parked,spec.action!=";
-
 /// Carries out decisions while the full record cache is still listing. A restarted operator
 /// with 100,000 records listed them for 15 s before its first reconcile; decisions waiting to
 /// be carried out are a handful, watched on their own, so they are acted on within a second.
@@ -301,7 +309,9 @@ fn decisions_controller(
     let (store, writer) = reflector::store();
     let decided = watcher(
         api_for::<DeadLetter>(client, namespace),
-        watcher::Config::default().fields(DECIDED).any_semantic(),
+        watcher::Config::default()
+            .fields(decided::DECIDED)
+            .any_semantic(),
     );
     let decided = relist::backoff_unless_expired(decided)
     .inspect(|event| match event {
@@ -309,7 +319,7 @@ fn decisions_controller(
         // among the CRD's selectableFields (the operator works on without it; waiting
         // decisions then wait for the full record list).
         Err(e) if e.to_string().contains("field label not supported") => {
-            tracing::warn!(error = %e, selector = DECIDED, "the watch of decided records failed; is the CRD up to date (`.spec.action` selectable)?");
+            tracing::warn!(error = %e, selector = decided::DECIDED, "the watch of decided records failed; is the CRD up to date (`.spec.action` selectable)?");
         }
         Err(e) => tracing::debug!(error = %e, "the watch of decided records failed; retrying"),
         Ok(_) => {}

@@ -37,8 +37,6 @@ use tokio::task::JoinHandle;
 
 use dlq_core::api::DeadLetterQueue;
 
-use crate::target::cache::TargetCache;
-
 /// How often the supervisor also checks for sources that ended by themselves.
 const RESYNC: Duration = Duration::from_secs(30);
 
@@ -48,13 +46,17 @@ struct Running {
 }
 
 /// Runs sources for every DeadLetterQueue with a `source` in `shared.queues`, following
-/// `queue_changes`, until `stop` resolves.
-pub async fn supervise(
+/// `queue_changes`, until `stop` resolves. After each pass it awaits `close_deleted_targets`:
+/// the wiring (`crate::run`) passes in the closing of the targets of deleted queues, so a
+/// source never names a target.
+pub async fn supervise<F>(
     shared: Shared,
     queue_changes: impl Stream<Item = Arc<DeadLetterQueue>> + Send,
-    targets: Arc<TargetCache>,
+    close_deleted_targets: impl Fn() -> F + Send,
     stop: impl std::future::Future<Output = ()> + Send,
-) {
+) where
+    F: std::future::Future<Output = ()> + Send,
+{
     let queues = shared.queues.clone();
     let mut running: HashMap<(String, String), Running> = HashMap::new();
     let supervise = async {
@@ -69,7 +71,7 @@ pub async fn supervise(
                 return;
             }
             sync(&shared, &mut running);
-            targets.prune(&queues).await;
+            close_deleted_targets().await;
         }
     };
     tokio::select! {
