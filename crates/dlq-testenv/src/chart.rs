@@ -16,7 +16,8 @@ use kube::api::{Api, Patch, PatchParams};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::{Plane, workspace_root};
+use crate::cluster::Plane;
+use crate::paths::workspace_root;
 
 /// The user-facing roles the chart ships (issue 7, item 2).
 pub const USER_ROLES: [&str; 4] = [
@@ -330,7 +331,7 @@ pub fn leader_election_grants(lease: &str) -> BTreeSet<Grant> {
 
 /// A fresh namespace with extra labels.
 pub async fn labelled_namespace(client: &Client, prefix: &str, labels: &[(&str, &str)]) -> String {
-    let ns = crate::namespace(client, prefix).await;
+    let ns = crate::cluster::namespace(client, prefix).await;
     if !labels.is_empty() {
         let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
         Api::<Namespace>::all(client.clone())
@@ -350,7 +351,7 @@ pub async fn chart_crds(client: &Client) {
     let path = chart_dir().join("crds/dlq.dev.yaml");
     let yaml = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    crate::apply_crds(client, &yaml).await;
+    crate::cluster::apply_crds(client, &yaml).await;
 }
 
 /// `kubectl apply --dry-run=server` of `docs`; returns stderr (warnings) on success.

@@ -18,7 +18,7 @@ use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, Config};
 use serde::Deserialize;
 
-use crate::report;
+use crate::harness::report;
 
 /// The CRDs as checked in (`crds/dlq.dev.yaml`).
 pub const CRDS: &str = include_str!("../../../crds/dlq.dev.yaml");
@@ -109,7 +109,7 @@ fn start_plane(extra: &[&str]) -> Plane {
     };
     let bin_dirs = crate::plane::tool_dirs(tools)
         .unwrap_or_else(|e| panic!("building the control-plane tools failed: {e}"));
-    let mut child = Command::new(crate::bin("dlq-testenv"))
+    let mut child = Command::new(crate::paths::bin("dlq-testenv"))
         .arg("--until-stdin-closes")
         .args(extra)
         .env(
@@ -189,7 +189,7 @@ impl Plane {
             .as_deref()
             .expect("dlq-testenv announced no etcd URL");
         let body = serde_json::json!({ "key": b64.encode(key) }).to_string();
-        let answer = crate::http_post(url, "/v3/kv/range", &body).await;
+        let answer = crate::harness::http_post(url, "/v3/kv/range", &body).await;
         let v: serde_json::Value = serde_json::from_slice(&answer).unwrap_or_else(|e| {
             panic!(
                 "etcd answered no JSON ({e}): {}",
@@ -307,7 +307,7 @@ pub fn kubectl_dlq(ns: &str, args: &[&str]) -> (bool, String, String) {
 /// [`kubectl_dlq`] against `plane`.
 pub fn kubectl_dlq_on(plane: &Plane, ns: &str, args: &[&str]) -> (bool, String, String) {
     let kubeconfig = plane.kubeconfig.to_string_lossy().into_owned();
-    let out = std::process::Command::new(crate::bin("kubectl-dlq"))
+    let out = std::process::Command::new(crate::paths::bin("kubectl-dlq"))
         .args(["--kubeconfig", &kubeconfig, "-n", ns])
         .args(args)
         .stdin(std::process::Stdio::null())

@@ -10,7 +10,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use crate::eventually;
+use crate::harness::eventually;
 
 /// The list the `relayer` queue of [`create_queue`] + [`list_target`] redrives onto.
 pub const LIST: &str = "relayer:jobs";
@@ -32,13 +32,13 @@ pub async fn create_queue(
     create_dlq(client, ns, "relayer", spec).await;
 }
 
-/// A fresh namespace ([`setup`](crate::setup) `name`), a fresh redis-server and queue
+/// A fresh namespace ([`setup`](crate::cluster::setup) `name`), a fresh redis-server and queue
 /// `relayer` redriving onto its [`LIST`], with `extra` merged into the queue's spec.
 pub async fn setup_redis_queue(
     name: &str,
     extra: serde_json::Value,
 ) -> (Client, String, crate::brokers::Redis) {
-    let (client, ns) = crate::setup(name).await;
+    let (client, ns) = crate::cluster::setup(name).await;
     let redis = crate::brokers::Redis::start();
     create_queue(&client, &ns, &redis.url(), list_target(), extra).await;
     (client, ns, redis)

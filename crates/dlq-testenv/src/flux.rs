@@ -59,7 +59,7 @@ async fn install_flux_crds(client: &Client, crds: &Path) {
             yaml.push_str("---\n");
             yaml.push_str(&std::fs::read_to_string(&f).expect("a Flux CRD"));
         }
-        crate::apply_crds(client, &yaml).await;
+        crate::cluster::apply_crds(client, &yaml).await;
     })
     .await;
 }
@@ -142,7 +142,7 @@ impl Flux {
         let log = scratch.join(format!("{name}.log"));
         let mut cmd = Command::new(bin.join(name));
         cmd.args(args)
-            .env("KUBECONFIG", &crate::plane().kubeconfig)
+            .env("KUBECONFIG", &crate::cluster::plane().kubeconfig)
             .env("RUNTIME_NAMESPACE", runtime_ns);
         let child =
             spawn_guarded(&mut cmd, &log).unwrap_or_else(|e| panic!("starting {name}: {e}"));

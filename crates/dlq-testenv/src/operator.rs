@@ -7,7 +7,8 @@ use std::process::{Child, Command, ExitStatus};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use crate::{plane, report};
+use crate::cluster::plane;
+use crate::harness::report;
 
 /// A `deadletter-operator run` process watching one namespace (without leader election unless
 /// the arguments ask for it). Killed on drop; its log is kept when the test fails.
@@ -48,7 +49,7 @@ impl Operator {
         // DLQ_OPERATOR_BIN runs another build (the chaos harness's before/after comparison).
         let bin = std::env::var_os("DLQ_OPERATOR_BIN")
             .map(PathBuf::from)
-            .unwrap_or_else(|| crate::bin("deadletter-operator"));
+            .unwrap_or_else(|| crate::paths::bin("deadletter-operator"));
         let mut cmd = Command::new(bin);
         cmd.arg("run");
         if !args.iter().any(|a| a.starts_with("--leader-election")) {
@@ -103,7 +104,7 @@ impl Operator {
     pub async fn reached_failpoint_times(&self, name: &str, times: usize, secs: u64) {
         let reached = format!("failpoint {name} reached");
         let what = format!("the operator to reach failpoint {name} {times} times");
-        crate::eventually(secs, &what, || async {
+        crate::harness::eventually(secs, &what, || async {
             (self.logs().matches(&reached).count() >= times).then_some(())
         })
         .await;

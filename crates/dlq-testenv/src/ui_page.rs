@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 
-use crate::Plane;
+use crate::cluster::Plane;
 
 /// The plugin serving the page.
 pub struct UiPage {
@@ -17,7 +17,7 @@ pub struct UiPage {
 impl UiPage {
     /// `kubectl dlq ui -n ns` against `plane`, as `user` (`--as`) when given.
     pub fn start(plane: &Plane, ns: &str, user: Option<&str>) -> UiPage {
-        let mut cmd = Command::new(crate::bin("kubectl-dlq"));
+        let mut cmd = Command::new(crate::paths::bin("kubectl-dlq"));
         cmd.arg("--kubeconfig")
             .arg(&plane.kubeconfig)
             .args(["-n", ns]);

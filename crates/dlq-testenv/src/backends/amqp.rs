@@ -11,12 +11,12 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, ExchangeKind};
 use serde_json::json;
 
-use super::{Backend, Broker, Delivered, Sent, Source};
+use super::contract::{Backend, Broker, Delivered, Sent, Source};
 use crate::brokers::{
     Rabbit, declare_exchange, declare_queue, drain, queue_depth, quorum_args, shared_rabbit,
     worker_rejects,
 };
-use crate::{create_dlq, create_secret};
+use crate::fixtures::{create_dlq, create_secret};
 
 /// A RabbitMQ node: the binary's shared one, or this test's own.
 enum Node {
@@ -167,7 +167,7 @@ impl Source for RabbitBackend {
             let s = Sent {
                 job_id: format!("dead/{i}"),
                 payload: self.payload(i),
-                headers: super::header_map(&self.headers()),
+                headers: super::contract::header_map(&self.headers()),
             };
             let mut table = FieldTable::default();
             for (k, v) in &s.headers {

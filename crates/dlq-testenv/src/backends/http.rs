@@ -3,9 +3,9 @@
 use kube::Client;
 use serde_json::json;
 
-use super::{Backend, Broker, Delivered};
+use super::contract::{Backend, Broker, Delivered};
 use crate::brokers::HttpSink;
-use crate::create_dlq;
+use crate::fixtures::create_dlq;
 
 /// A plain-HTTP sink of this test's own.
 pub struct HttpBackend {
@@ -41,8 +41,8 @@ impl Backend for HttpBackend {
                     .headers
                     .iter()
                     .filter_map(|(k, v)| match k {
-                        k if k.eq_ignore_ascii_case(super::KEY_HEADER) => {
-                            Some((super::KEY_HEADER.to_string(), v.clone()))
+                        k if k.eq_ignore_ascii_case(super::contract::KEY_HEADER) => {
+                            Some((super::contract::KEY_HEADER.to_string(), v.clone()))
                         }
                         k if k.starts_with("x-") => Some((k.clone(), v.clone())),
                         _ => None,

@@ -14,9 +14,9 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use serde_json::json;
 
-use super::{Backend, Broker, Delivered, Sent, Source};
+use super::contract::{Backend, Broker, Delivered, Sent, Source};
 use crate::brokers::{Kafka, shared_kafka};
-use crate::create_dlq;
+use crate::fixtures::create_dlq;
 
 /// A Kafka node: the binary's shared one, or this test's own.
 enum Node {
@@ -215,7 +215,7 @@ impl Source for KafkaBackend {
             .unwrap_or_else(|e| panic!("a Kafka producer: {e}"));
         let mut sent = Vec::new();
         for i in 0..n {
-            let headers = super::header_map(&self.headers());
+            let headers = super::contract::header_map(&self.headers());
             let mut h = OwnedHeaders::new();
             let spring = spring_headers(&self.topic, i as i64);
             for (k, v) in &spring {

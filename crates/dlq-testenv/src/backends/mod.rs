@@ -14,6 +14,7 @@
 //! reads, whichever of the two routes it took.
 
 mod amqp;
+mod contract;
 mod http;
 #[cfg(feature = "kafka")]
 mod kafka;
@@ -24,6 +25,9 @@ mod redis;
 mod sqs;
 
 pub use self::amqp::RabbitBackend;
+pub use self::contract::{
+    Backend, Broker, Delivered, KEY_HEADER, Sent, Source, header_map, split_key,
+};
 pub use self::http::HttpBackend;
 #[cfg(feature = "kafka")]
 pub use self::kafka::KafkaBackend;
@@ -32,155 +36,3 @@ pub use self::pubsub::PubsubBackend;
 pub use self::redis::RedisBackend;
 #[cfg(feature = "sqs")]
 pub use self::sqs::SqsBackend;
-
-use std::collections::BTreeMap;
-use std::future::Future;
-
-use kube::Client;
-
-/// Whether a scenario may stop the broker: then the backend starts one of its own.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Broker {
-    /// The binary's shared broker where there is one (isolated by names); never stopped.
-    Shared,
-    /// One for this test alone, which [`Backend::stop`] and [`Backend::restart`] may take down.
-    Own,
-}
-
-/// What redrive put on the broker: the job's bytes and the headers it carries, as a consumer
-/// of that broker reads them (the backend's own bookkeeping left out).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Delivered {
-    pub payload: Vec<u8>,
-    pub headers: BTreeMap<String, String>,
-}
-
-/// A dead message a failing worker left in the dead-letter place, as the broker holds it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Sent {
-    /// The job id its record must have (the broker's id for it where the message has none).
-    pub job_id: String,
-    pub payload: Vec<u8>,
-    /// Every header the message carried (a redrive of its record must bring back exactly these).
-    pub headers: BTreeMap<String, String>,
-}
-
-impl Sent {
-    /// How the message must come back from a redrive.
-    pub fn delivered(&self) -> Delivered {
-        Delivered {
-            payload: self.payload.clone(),
-            headers: self.headers.clone(),
-        }
-    }
-}
-
-/// A redrive target's broker, started for one test in namespace `ns`.
-pub trait Backend: Sized {
-    /// How test names and failures name it.
-    const NAME: &'static str;
-
-    /// Starts the broker (see [`Broker`]) and whatever a worker of it would declare.
-    fn start(ns: &str, broker: Broker) -> impl Future<Output = Self>;
-
-    /// Creates DeadLetterQueue `relayer` in `ns` with this backend's target (and its source, when
-    /// `with_source` and it has one), and the Secrets they name.
-    fn create_queue(
-        &self,
-        client: &Client,
-        ns: &str,
-        with_source: bool,
-    ) -> impl Future<Output = ()>;
-
-    /// How the queue's status names the target (`status.target`: no credentials).
-    fn described(&self) -> String;
-
-    /// What the operator's environment needs to reach the broker (Pub/Sub's
-    /// `PUBSUB_EMULATOR_HOST`); nothing for most.
-    fn operator_env(&self) -> Vec<(String, String)> {
-        Vec::new()
-    }
-
-    /// The headers a job redriven here carries in the scenarios (none for a Redis list, which
-    /// refuses them).
-    fn headers(&self) -> Vec<(String, String)> {
-        vec![
-            ("x-trace".into(), "t-42".into()),
-            ("x-tenant".into(), "acme".into()),
-        ]
-    }
-
-    /// The bytes of job `i`: binary, unless the broker only takes text.
-    fn payload(&self, i: usize) -> Vec<u8> {
-        let mut bytes: Vec<u8> = (0u8..=255).rev().collect();
-        bytes.extend_from_slice(format!(" job {i}").as_bytes());
-        bytes
-    }
-
-    /// Whether a redrive here carries its idempotency key in a header (not on a Redis list,
-    /// which carries no headers, nor on SQS, whose FIFO queues deduplicate by it instead).
-    const CARRIES_KEY: bool = true;
-
-    /// Everything redrive delivered to the target so far, in any order, as a consumer reads it
-    /// (the idempotency key's header included).
-    fn delivered(&self) -> impl Future<Output = Vec<Delivered>>;
-
-    /// What redrive delivered, each as its producer made it (see [`split_key`]), with the
-    /// idempotency key the redrive added beside it.
-    fn keyed(&self) -> impl Future<Output = Vec<(Delivered, Option<String>)>> {
-        async { self.delivered().await.into_iter().map(split_key).collect() }
-    }
-
-    /// What redrive delivered, each as its producer made it: the untouched jobs.
-    fn jobs(&self) -> impl Future<Output = Vec<Delivered>> {
-        async { self.keyed().await.into_iter().map(|(d, _)| d).collect() }
-    }
-
-    /// Takes the broker down hard, like a crash (only a [`Broker::Own`] one).
-    fn stop(&mut self);
-
-    /// Brings it back, with whatever its workers declare when they reconnect.
-    fn restart(&mut self) -> impl Future<Output = ()>;
-}
-
-/// A backend the operator also collects dead messages from.
-pub trait Source: Backend {
-    /// The failpoint between a parked message and its acknowledgement to the broker.
-    const FAILPOINT: &'static str;
-
-    /// Waits until the operator's source listens (where messages dead before would be missed).
-    fn wait_listening(&self) -> impl Future<Output = ()> {
-        async {}
-    }
-
-    /// Makes `n` messages dead as a failing worker would (job `i` with [`Backend::payload`] and
-    /// [`Backend::headers`]); returns them as the dead-letter place holds them.
-    fn put_dead(&self, n: usize) -> impl Future<Output = Vec<Sent>>;
-
-    /// Dead messages the source has not acknowledged yet (parked or not).
-    fn pending_dead(&self) -> impl Future<Output = usize>;
-
-    /// Whether a message set aside (one that can never be a record) stays where
-    /// [`Source::pending_dead`] counts it: SQS keeps it hidden in its queue; the others move
-    /// it to a rejected list, queue or topic, or (NATS) leave it in the stream and acknowledge
-    /// its advisory.
-    const KEEPS_REJECTED: bool = false;
-}
-
-/// The header a redrive's idempotency key arrives in (a queue's default).
-pub const KEY_HEADER: &str = dlq_core::api::DEFAULT_IDEMPOTENCY_KEY_HEADER;
-
-/// A delivery split into the job as its producer made it and the idempotency key the redrive
-/// added beside it: the [`KEY_HEADER`], and a JetStream `Nats-Msg-Id` that repeats it.
-pub fn split_key(mut d: Delivered) -> (Delivered, Option<String>) {
-    let key = d.headers.remove(KEY_HEADER);
-    if key.is_some() && d.headers.get("Nats-Msg-Id") == key.as_ref() {
-        d.headers.remove("Nats-Msg-Id");
-    }
-    (d, key)
-}
-
-/// `headers` as owned pairs, for the builders of [`Sent`] and the record fixtures.
-pub fn header_map(headers: &[(String, String)]) -> BTreeMap<String, String> {
-    headers.iter().cloned().collect()
-}

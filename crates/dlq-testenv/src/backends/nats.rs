@@ -12,9 +12,10 @@ use kube::Client;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use super::{Backend, Broker, Delivered, Sent, Source};
+use super::contract::{Backend, Broker, Delivered, Sent, Source};
 use crate::brokers::Nats;
-use crate::{create_dlq, eventually};
+use crate::fixtures::create_dlq;
+use crate::harness::eventually;
 
 const STREAM: &str = "JOBS";
 const SUBJECT: &str = "jobs.orders";
@@ -198,7 +199,7 @@ impl Source for NatsBackend {
         let mut seqs = Vec::new();
         for i in 0..n {
             let job_id = format!("dead-{i}");
-            let mut headers = super::header_map(&self.headers());
+            let mut headers = super::contract::header_map(&self.headers());
             headers.insert("Nats-Msg-Id".into(), job_id.clone());
             let mut h = HeaderMap::new();
             for (k, v) in &headers {

@@ -9,10 +9,10 @@ use std::sync::Mutex;
 use kube::Client;
 use serde_json::json;
 
-use super::{Backend, Broker, Delivered, Sent, Source};
+use super::contract::{Backend, Broker, Delivered, Sent, Source};
 use crate::brokers::Pstest;
 use crate::brokers::pstest::{PROJECT, PsMessage, topic};
-use crate::create_dlq;
+use crate::fixtures::create_dlq;
 
 /// Delivery attempts before pstest dead-letters a message.
 pub const MAX_DELIVERY_ATTEMPTS: i32 = 5;
@@ -100,7 +100,7 @@ impl Source for PubsubBackend {
         let msgs: Vec<PsMessage> = (0..n)
             .map(|i| PsMessage {
                 data: self.payload(i),
-                attributes: super::header_map(&self.headers()),
+                attributes: super::contract::header_map(&self.headers()),
                 ordering_key: String::new(),
             })
             .collect();

@@ -4,9 +4,9 @@ use base64::Engine;
 use kube::Client;
 use serde_json::json;
 
-use super::{Backend, Broker, Delivered, Sent, Source};
+use super::contract::{Backend, Broker, Delivered, Sent, Source};
 use crate::brokers::Redis;
-use crate::{LIST, create_queue, list_target};
+use crate::fixtures::{LIST, create_queue, list_target};
 
 /// The dead list the source drains (its `:processing` list and `:inflight` hash beside it).
 pub const DEAD: &str = "relayer:dead";
@@ -74,7 +74,7 @@ impl Source for RedisBackend {
             .map(|i| Sent {
                 job_id: format!("dead/{i}"),
                 payload: self.payload(i),
-                headers: super::header_map(&self.headers()),
+                headers: super::contract::header_map(&self.headers()),
             })
             .collect();
         let mut c = self.redis.conn().await;

@@ -12,10 +12,10 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
-use super::{Backend, Broker, Delivered, Sent, Source};
+use super::contract::{Backend, Broker, Delivered, Sent, Source};
 use crate::brokers::elasticmq::REGION;
 use crate::brokers::{ElasticMq, shared_elasticmq};
-use crate::create_dlq;
+use crate::fixtures::create_dlq;
 
 /// The access key pair the tests sign with (ElasticMQ checks none).
 pub const ACCESS_KEY_ID: &str = "test-key";
@@ -243,7 +243,7 @@ impl Source for SqsBackend {
         let url = self.mq().queue_url(&self.jobs);
         let mut sent = Vec::new();
         for i in 0..n {
-            let headers = super::header_map(&self.headers());
+            let headers = super::contract::header_map(&self.headers());
             let payload = self.payload(i);
             let mut req = sqs
                 .send_message()

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::Duration;
 
-use super::HttpSink;
+use super::http::HttpSink;
 
 const BIN: &str = "/usr/bin/prometheus-alertmanager";
 
@@ -24,8 +24,8 @@ pub struct Alertmanager {
 impl Alertmanager {
     pub fn start() -> Alertmanager {
         let webhook = HttpSink::start(None);
-        let port = super::port();
-        let dir = super::temp_dir("alertmanager", port);
+        let port = super::child::port();
+        let dir = super::child::temp_dir("alertmanager", port);
         let config = format!(
             r#"route:
   receiver: hook
@@ -80,13 +80,13 @@ receivers:
         )
         .unwrap_or_else(|e| panic!("starting alertmanager: {e}"));
         self.child = Some(child);
-        super::wait_listening(self.port, 30, "alertmanager", &log);
+        super::child::wait_listening(self.port, 30, "alertmanager", &log);
     }
 
     /// Stops it hard: every alert it held is forgotten.
     pub fn stop(&mut self) {
-        super::stop_child(&mut self.child);
-        super::wait_closed(self.port, 5);
+        super::child::stop_child(&mut self.child);
+        super::child::wait_closed(self.port, 5);
     }
 
     /// Every webhook notification received so far, parsed.

@@ -51,8 +51,8 @@ impl ElasticMq {
                      directory it prints to DLQ_TOOLS_BIN when that is set)"
                 )
             });
-        let port = super::port();
-        let dir = super::temp_dir("elasticmq", port);
+        let port = super::child::port();
+        let dir = super::child::temp_dir("elasticmq", port);
         let conf = format!(
             r#"include classpath("application.conf")
 pekko.loglevel = "WARNING"
@@ -95,7 +95,7 @@ aws {{ region = "{REGION}", accountId = "{ACCOUNT}" }}
     pub fn restart(&self) {
         let mut slot = lock(&self.child);
         assert!(slot.is_none(), "ElasticMQ already running");
-        let java = super::which("java").unwrap_or_else(|| {
+        let java = super::child::which("java").unwrap_or_else(|| {
             panic!("java not found: run scripts/ensure-deps.sh (apt-get install openjdk-17-jre-headless)")
         });
         let log = self.dir.join("elasticmq.log");
@@ -109,27 +109,27 @@ aws {{ region = "{REGION}", accountId = "{ACCOUNT}" }}
         .arg(&self.classpath)
         .arg("org.elasticmq.server.Main");
         let child = if self.shared {
-            super::spawn_detached_from_test(cmd, log.clone())
+            super::child::spawn_detached_from_test(cmd, log.clone())
         } else {
             crate::plane::spawn_guarded(&mut cmd, &log)
                 .unwrap_or_else(|e| panic!("starting ElasticMQ: {e}"))
         };
         *slot = Some(child);
         drop(slot);
-        super::wait_listening(self.port, 60, "ElasticMQ", &log);
+        super::child::wait_listening(self.port, 60, "ElasticMQ", &log);
     }
 
     /// Kills it hard, like a crashed server.
     pub fn stop(&self) {
         assert!(!self.shared, "the shared ElasticMQ is never stopped");
-        super::stop_child(&mut lock(&self.child));
-        super::wait_closed(self.port, 10);
+        super::child::stop_child(&mut lock(&self.child));
+        super::child::wait_closed(self.port, 10);
     }
 }
 
 impl Drop for ElasticMq {
     fn drop(&mut self) {
-        super::stop_child(&mut lock(&self.child));
+        super::child::stop_child(&mut lock(&self.child));
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -105,7 +105,7 @@ impl HttpSink {
     /// Plain HTTP, or HTTPS with the certificate of `tls`.
     pub fn start(tls: Option<&TestCa>) -> HttpSink {
         let s = HttpSink {
-            port: super::port(),
+            port: super::child::port(),
             tls: tls.map(|t| t.server.clone()),
             status: Arc::new(AtomicU16::new(200)),
             body: Arc::new(Mutex::new("ok".into())),
@@ -155,7 +155,7 @@ impl HttpSink {
         if let Some(alive) = lock(&self.running).take() {
             alive.store(false, Ordering::SeqCst);
         }
-        super::wait_closed(self.port, 5);
+        super::child::wait_closed(self.port, 5);
     }
 }
 

@@ -62,8 +62,8 @@ impl Kafka {
     }
 
     fn start_with(shared: bool) -> Kafka {
-        let (port, controller_port) = (super::port(), super::port());
-        let dir = super::temp_dir("kafka", port);
+        let (port, controller_port) = (super::child::port(), super::child::port());
+        let dir = super::child::temp_dir("kafka", port);
         let conf = format!(
             "process.roles=broker,controller\n\
              node.id=1\n\
@@ -101,7 +101,7 @@ impl Kafka {
     }
 
     fn java(&self) -> Command {
-        let java = super::which("java").unwrap_or_else(|| {
+        let java = super::child::which("java").unwrap_or_else(|| {
             panic!("java not found: run scripts/ensure-deps.sh (apt-get install openjdk-17-jre-headless)")
         });
         let mut cmd = Command::new(java);
@@ -163,28 +163,28 @@ impl Kafka {
         cmd.arg("kafka.Kafka")
             .arg(self.dir.join("server.properties"));
         let child = if self.shared {
-            super::spawn_detached_from_test(cmd, log.clone())
+            super::child::spawn_detached_from_test(cmd, log.clone())
         } else {
             crate::plane::spawn_guarded(&mut cmd, &log)
                 .unwrap_or_else(|e| panic!("starting Kafka: {e}"))
         };
         *slot = Some(child);
         drop(slot);
-        super::wait_listening(self.port, 90, "Kafka", &log);
-        super::wait_listening(self.controller_port, 10, "Kafka controller", &log);
+        super::child::wait_listening(self.port, 90, "Kafka", &log);
+        super::child::wait_listening(self.controller_port, 10, "Kafka controller", &log);
     }
 
     /// Kills it hard, like a crashed broker.
     pub fn stop(&self) {
         assert!(!self.shared, "the shared Kafka is never stopped");
-        super::stop_child(&mut lock(&self.child));
-        super::wait_closed(self.port, 10);
+        super::child::stop_child(&mut lock(&self.child));
+        super::child::wait_closed(self.port, 10);
     }
 }
 
 impl Drop for Kafka {
     fn drop(&mut self) {
-        super::stop_child(&mut lock(&self.child));
+        super::child::stop_child(&mut lock(&self.child));
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -18,10 +18,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Nats {
     pub fn start() -> Nats {
-        let port = super::port();
+        let port = super::child::port();
         let n = Nats {
             port,
-            dir: super::temp_dir("nats", port),
+            dir: super::child::temp_dir("nats", port),
             child: Mutex::new(None),
         };
         n.restart();
@@ -36,7 +36,7 @@ impl Nats {
     pub fn restart(&self) {
         let mut slot = lock(&self.child);
         assert!(slot.is_none(), "nats-server already running");
-        let bin = super::which("nats-server").unwrap_or_else(|| {
+        let bin = super::child::which("nats-server").unwrap_or_else(|| {
             panic!(
                 "nats-server not found: run scripts/ensure-deps.sh (apt-get install nats-server)"
             )
@@ -58,13 +58,13 @@ impl Nats {
         .unwrap_or_else(|e| panic!("starting nats-server: {e}"));
         *slot = Some(child);
         drop(slot);
-        super::wait_listening(self.port, 30, "nats-server", &log);
+        super::child::wait_listening(self.port, 30, "nats-server", &log);
     }
 
     /// Kills it hard, like a crashed server.
     pub fn stop(&self) {
-        super::stop_child(&mut lock(&self.child));
-        super::wait_closed(self.port, 10);
+        super::child::stop_child(&mut lock(&self.child));
+        super::child::wait_closed(self.port, 10);
     }
 
     pub async fn client(&self) -> async_nats::Client {
@@ -80,7 +80,7 @@ impl Nats {
 
 impl Drop for Nats {
     fn drop(&mut self) {
-        super::stop_child(&mut lock(&self.child));
+        super::child::stop_child(&mut lock(&self.child));
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -62,15 +62,15 @@ impl Pstest {
             .unwrap_or_else(|e| panic!("building pstest-server: {e}"));
         let bin = crate::plane::find_binary(&dirs, "pstest-server")
             .unwrap_or_else(|e| panic!("{e} (tools/build.sh pstest-server)"));
-        let grpc_port = super::port();
-        let mut admin_port = super::port();
+        let grpc_port = super::child::port();
+        let mut admin_port = super::child::port();
         while admin_port == grpc_port {
-            admin_port = super::port();
+            admin_port = super::child::port();
         }
         let p = Pstest {
             grpc_port,
             admin_port,
-            dir: super::temp_dir("pstest", grpc_port),
+            dir: super::child::temp_dir("pstest", grpc_port),
             bin,
             child: Mutex::new(None),
         };
@@ -92,14 +92,14 @@ impl Pstest {
             .unwrap_or_else(|e| panic!("starting pstest-server: {e}"));
         *slot = Some(child);
         drop(slot);
-        super::wait_listening(self.grpc_port, 30, "pstest (gRPC)", &log);
-        super::wait_listening(self.admin_port, 30, "pstest (admin)", &log);
+        super::child::wait_listening(self.grpc_port, 30, "pstest (gRPC)", &log);
+        super::child::wait_listening(self.admin_port, 30, "pstest (admin)", &log);
     }
 
     /// Kills it hard, like a crashed server.
     pub fn stop(&self) {
-        super::stop_child(&mut self.child.lock().unwrap_or_else(|p| p.into_inner()));
-        super::wait_closed(self.grpc_port, 10);
+        super::child::stop_child(&mut self.child.lock().unwrap_or_else(|p| p.into_inner()));
+        super::child::wait_closed(self.grpc_port, 10);
     }
 
     /// `127.0.0.1:<grpc port>`: the operator's `PUBSUB_EMULATOR_HOST`.

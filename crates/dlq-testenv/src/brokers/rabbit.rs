@@ -31,7 +31,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 fn epmd_binary() -> PathBuf {
-    super::which("epmd")
+    super::child::which("epmd")
         .or_else(|| {
             std::fs::read_dir("/usr/lib/erlang")
                 .ok()?
@@ -53,13 +53,13 @@ impl Rabbit {
             std::path::Path::new(RABBITMQ_SERVER).is_file(),
             "rabbitmq-server not installed: run scripts/ensure-deps.sh (apt-get install rabbitmq-server)"
         );
-        let port = super::port();
-        let dir = super::temp_dir("rabbit", port);
+        let port = super::child::port();
+        let dir = super::child::temp_dir("rabbit", port);
         std::fs::write(dir.join("enabled_plugins"), "[].\n").expect("writing enabled_plugins");
         let r = Rabbit {
             port,
-            dist_port: super::port(),
-            epmd_port: super::port(),
+            dist_port: super::child::port(),
+            epmd_port: super::child::port(),
             node: format!("dlqtest{}x{port}@localhost", std::process::id()),
             dir,
             epmd: Mutex::new(None),
@@ -73,7 +73,7 @@ impl Rabbit {
 
     fn spawn(&self, mut cmd: Command, log: PathBuf, what: &str) -> Child {
         if self.shared {
-            super::spawn_detached_from_test(cmd, log)
+            super::child::spawn_detached_from_test(cmd, log)
         } else {
             crate::plane::spawn_guarded(&mut cmd, &log)
                 .unwrap_or_else(|e| panic!("starting {what}: {e}"))
@@ -90,7 +90,7 @@ impl Rabbit {
         ]);
         let log = self.dir.join("epmd.log");
         *lock(&self.epmd) = Some(self.spawn(cmd, log.clone(), "epmd"));
-        super::wait_listening(self.epmd_port, 10, "epmd", &log);
+        super::child::wait_listening(self.epmd_port, 10, "epmd", &log);
     }
 
     /// The node's console output and its own logs (kept by harnesses that investigate a run).
@@ -141,7 +141,7 @@ impl Rabbit {
         assert!(slot.is_none(), "rabbitmq already running");
         *slot = Some(self.spawn(self.server_command(), log.clone(), "rabbitmq-server"));
         drop(slot);
-        super::wait_listening(self.port, 90, "rabbitmq-server", &log);
+        super::child::wait_listening(self.port, 90, "rabbitmq-server", &log);
         self.wait_accepting_logins();
     }
 
@@ -191,14 +191,14 @@ impl Rabbit {
         if let Some(mut beam) = lock(&self.beam).take() {
             crate::plane::terminate(&mut beam, Duration::from_secs(30));
         }
-        super::wait_closed(self.port, 10);
+        super::child::wait_closed(self.port, 10);
         self.restart();
     }
 
     /// Kills the node hard, like a crashed broker.
     pub fn stop(&self) {
-        super::stop_child(&mut lock(&self.beam));
-        super::wait_closed(self.port, 10);
+        super::child::stop_child(&mut lock(&self.beam));
+        super::child::wait_closed(self.port, 10);
     }
 
     pub async fn conn(&self) -> lapin::Connection {
@@ -219,8 +219,8 @@ impl Rabbit {
 
 impl Drop for Rabbit {
     fn drop(&mut self) {
-        super::stop_child(&mut lock(&self.beam));
-        super::stop_child(&mut lock(&self.epmd));
+        super::child::stop_child(&mut lock(&self.beam));
+        super::child::stop_child(&mut lock(&self.epmd));
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -282,7 +282,7 @@ pub fn quorum_args() -> lapin::types::FieldTable {
 /// A failing worker: takes the next message off `queue` (waiting up to 10 s for one) and
 /// rejects it without requeue, so RabbitMQ dead-letters it.
 pub async fn worker_rejects(ch: &lapin::Channel, queue: &str) {
-    let m = crate::eventually(10, "the worker to get a message", || async {
+    let m = crate::harness::eventually(10, "the worker to get a message", || async {
         ch.basic_get(
             queue.into(),
             lapin::options::BasicGetOptions { no_ack: false },

@@ -38,7 +38,7 @@ impl Redis {
     }
 
     fn start_at(host: IpAddr, durable: bool) -> Redis {
-        let port = super::port();
+        let port = super::child::port();
         let dir = std::env::temp_dir().join(format!("dlq-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir)
             .unwrap_or_else(|e| panic!("creating the redis dir {}: {e}", dir.display()));
@@ -63,7 +63,7 @@ impl Redis {
     /// Starts (again) on the same port.
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "redis already running");
-        let bin = super::which("redis-server").unwrap_or_else(|| {
+        let bin = super::child::which("redis-server").unwrap_or_else(|| {
             panic!(
                 "redis-server not found: run scripts/ensure-deps.sh (apt-get install redis-server)"
             )
@@ -103,7 +103,7 @@ impl Redis {
 
     /// Stops it hard, like a crashed broker.
     pub fn stop(&mut self) {
-        super::stop_child(&mut self.child);
+        super::child::stop_child(&mut self.child);
     }
 
     pub async fn conn(&self) -> redis::aio::MultiplexedConnection {

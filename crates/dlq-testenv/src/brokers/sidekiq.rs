@@ -29,9 +29,10 @@ impl Sidekiq {
     /// Starts `sidekiq` with `concurrency` threads on the Redis at `redis_url`, and waits until
     /// it has announced itself in Redis (its `processes` heartbeat).
     pub async fn start(redis_url: &str, concurrency: usize) -> Sidekiq {
-        let bin = super::which("sidekiq").unwrap_or_else(|| panic!("{}", missing("sidekiq")));
+        let bin =
+            super::child::which("sidekiq").unwrap_or_else(|| panic!("{}", missing("sidekiq")));
         static STARTED: AtomicU16 = AtomicU16::new(0);
-        let dir = super::temp_dir("sidekiq", STARTED.fetch_add(1, Ordering::Relaxed));
+        let dir = super::child::temp_dir("sidekiq", STARTED.fetch_add(1, Ordering::Relaxed));
         let log = dir.join("sidekiq.log");
         let child = crate::plane::spawn_guarded(
             Command::new(bin)
@@ -79,7 +80,7 @@ impl Sidekiq {
     /// Enqueues SettleJob for payments `<prefix>-0` .. `<prefix>-(count-1)` with Sidekiq's own
     /// client (one `push_bulk`); their jids.
     pub fn enqueue(redis_url: &str, count: usize, prefix: &str) -> Vec<String> {
-        let ruby = super::which("ruby").unwrap_or_else(|| panic!("{}", missing("ruby")));
+        let ruby = super::child::which("ruby").unwrap_or_else(|| panic!("{}", missing("ruby")));
         let out = Command::new(ruby)
             .arg(fixture("enqueue.rb"))
             .args([&count.to_string(), prefix])
@@ -100,7 +101,7 @@ impl Sidekiq {
 
 impl Drop for Sidekiq {
     fn drop(&mut self) {
-        super::stop_child(&mut self.child);
+        super::child::stop_child(&mut self.child);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -10,9 +10,9 @@ use kube::Client;
 use kube::api::Api;
 
 use super::proxy::{Cut, Toxiproxy};
-use super::{Rng, Spawner, lock};
-use crate::Operator;
+use super::shared::{Rng, Spawner, lock};
 use crate::brokers::{Rabbit, Redis};
+use crate::operator::Operator;
 use crate::plane::ControlPlane;
 
 /// Every kind of fault, in the order a run first covers them.

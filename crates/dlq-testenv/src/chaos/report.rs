@@ -265,7 +265,7 @@ impl Report {
         let _ = std::fs::create_dir_all(dir);
         let json = serde_json::to_string_pretty(self).unwrap_or_default();
         if let Err(e) = std::fs::write(dir.join("report.json"), json) {
-            crate::report(&format!("chaos: writing report.json: {e}"));
+            crate::harness::report(&format!("chaos: writing report.json: {e}"));
         }
     }
 }

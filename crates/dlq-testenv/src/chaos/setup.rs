@@ -11,12 +11,13 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use serde_json::json;
 use tokio::sync::watch;
 
+use super::config::ChaosConfig;
 use super::faults::Targets;
 use super::history::History;
 use super::proxy::Toxiproxy;
 use super::report::{Report, count_enqueues, count_panics};
+use super::shared::{Rng, Spawner, lock};
 use super::workload::{self, Brokers, DecideCtx};
-use super::{ChaosConfig, Rng, Spawner, lock};
 use crate::brokers::{Rabbit, Redis, declare_exchange, declare_queue, quorum_args};
 use crate::plane::ControlPlane;
 
@@ -93,8 +94,8 @@ impl Env {
             .unwrap_or_else(|e| panic!("starting the chaos control plane: {e}"));
         let plane = Arc::new(Mutex::new(plane));
         let client = admin_client(&plane).await;
-        crate::apply_crds(&client, crate::CRDS).await;
-        let ns = crate::namespace(&client, "chaos").await;
+        crate::cluster::apply_crds(&client, crate::cluster::CRDS).await;
+        let ns = crate::cluster::namespace(&client, "chaos").await;
         let (redis, rabbit) = spawner
             .run(|| (Redis::start_durable(), Rabbit::start()))
             .await
@@ -110,12 +111,12 @@ impl Env {
             .await
             .unwrap_or_else(|e| panic!("checkpointing rabbitmq: {e}"));
         let proxied = format!("redis://127.0.0.1:{}/", proxy.port);
-        crate::create_secret(&client, &ns, "redis", "url", &proxied).await;
-        crate::create_secret(&client, &ns, "amqp", "url", &rabbit.url()).await;
-        crate::create_dlq(&client, &ns, "relayer", json!({
+        crate::fixtures::create_secret(&client, &ns, "redis", "url", &proxied).await;
+        crate::fixtures::create_secret(&client, &ns, "amqp", "url", &rabbit.url()).await;
+        crate::fixtures::create_dlq(&client, &ns, "relayer", json!({
             "target": {"redis": {"urlSecretRef": {"name": "redis", "key": "url"}, "stream": workload::REDIS_JOBS}},
             "source": {"redis": {"list": workload::REDIS_DEAD}}})).await;
-        crate::create_dlq(&client, &ns, "orders", json!({
+        crate::fixtures::create_dlq(&client, &ns, "orders", json!({
             "target": {"amqp": {"urlSecretRef": {"name": "amqp", "key": "url"}, "exchange": "", "routingKey": jobs}},
             "source": {"amqp": {"queue": dlq.clone()}}})).await;
         let brokers = Brokers {
@@ -185,7 +186,7 @@ impl Env {
         ));
 
         let mut rng = Rng(cfg.seed);
-        for (i, kind) in super::schedule(cfg.faults, &cfg.kinds, &mut rng)
+        for (i, kind) in super::config::schedule(cfg.faults, &cfg.kinds, &mut rng)
             .into_iter()
             .enumerate()
         {
@@ -195,7 +196,7 @@ impl Env {
             self.history.fault(kind);
             self.targets.inject(kind, &mut rng).await;
             self.targets.check_plane();
-            crate::report(&format!(
+            crate::harness::report(&format!(
                 "chaos: fault {}/{} {kind} ({:.1}s) at {:.0}s",
                 i + 1,
                 cfg.faults,
@@ -205,7 +206,7 @@ impl Env {
         }
         let mut produced = redis_ids.await.expect("the redis producer");
         produced.extend(amqp_ids.await.expect("the amqp producer"));
-        crate::report(&format!(
+        crate::harness::report(&format!(
             "chaos: faults over at {:.0}s; {} messages produced; settling (≤ {}s)",
             started.elapsed().as_secs_f64(),
             produced.len(),

@@ -18,8 +18,8 @@ use lapin::{BasicProperties, Connection, ConnectionProperties};
 use serde_json::json;
 use tokio::sync::watch;
 
-use super::Rng;
 use super::history::History;
+use super::shared::Rng;
 
 /// The Redis queue's dead list and target stream (a stream, so the idempotency key travels
 /// beside each job).
@@ -341,7 +341,7 @@ pub async fn decide(ctx: DecideCtx, history: History, mut stop: watch::Receiver<
             .collect();
         let mut plan: Vec<(Decider, String, String)> = Vec::new();
         for (name, job) in open {
-            let mut d = super::lock(&decided);
+            let mut d = super::shared::lock(&decided);
             if d.contains(&name) {
                 continue;
             }
@@ -384,7 +384,7 @@ pub struct DecideCtx {
 impl DecideCtx {
     /// Runs `kubectl-dlq -n <ns> args…`; true when it exited 0.
     async fn dlq(&self, args: &[&str]) -> bool {
-        tokio::process::Command::new(crate::bin("kubectl-dlq"))
+        tokio::process::Command::new(crate::paths::bin("kubectl-dlq"))
             .arg("-n")
             .arg(&self.ns)
             .args(args)
@@ -422,7 +422,7 @@ async fn apply_plan(
             .await
             .is_err()
         {
-            super::lock(decided).remove(name);
+            super::shared::lock(decided).remove(name);
         }
     }
     for (verb, by, which) in [
@@ -436,7 +436,7 @@ async fn apply_plan(
             args.extend(["--by", by]);
             if !ctx.dlq(&args).await {
                 // Some may have gone through: the next round sees their action and skips them.
-                let mut d = super::lock(decided);
+                let mut d = super::shared::lock(decided);
                 for p in chunk {
                     d.remove(&p.1);
                 }
