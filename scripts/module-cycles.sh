@@ -16,6 +16,8 @@ crates=(
   crates/dlq-core/src
   crates/dlq-client/src
   crates/kubectl-dlq/src
+  crates/dlq-testenv/src
+  src
 )
 
 fail=0
