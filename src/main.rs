@@ -276,7 +276,7 @@ mod tests {
     #[cfg(not(feature = "bench"))]
     #[test]
     fn a_production_build_has_no_disable_flag_and_ignores_dlq_disable() {
-        let refused = parse(&["--disable=mark_window"]).err().map(|e| e.kind());
+        let refused = parse(&["--disable=mark_quota"]).err().map(|e| e.kind());
         assert_eq!(refused, Some(clap::error::ErrorKind::UnknownArgument));
         // No flag reads DLQ_DISABLE either.
         let command = <Cli as clap::CommandFactory>::command();
@@ -296,11 +296,11 @@ mod tests {
     fn a_bench_build_takes_the_disable_flag() {
         let Ok(Cli {
             command: Command::Run(args),
-        }) = parse(&["--disable=mark_window,aggregation"])
+        }) = parse(&["--disable=mark_quota,aggregation"])
         else {
             panic!("--disable parses in a bench build");
         };
-        assert_eq!(args.into_options().disable, ["mark_window", "aggregation"]);
+        assert_eq!(args.into_options().disable, ["mark_quota", "aggregation"]);
     }
 
     #[test]

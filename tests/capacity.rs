@@ -1,5 +1,5 @@
 //! `maxParked` as a hard limit against a real apiserver: concurrent parkers in this process and
-//! in others (`kubectl dlq park`), with the operator counting and settling their blocks of
+//! in others (`kubectl dlq park`), with the operator counting and reckoning their blocks of
 //! slots meanwhile; and a Redis source that leaves what does not fit in the broker (not in
 //! `:rejected`) and parks it once records are resolved.
 
@@ -125,7 +125,7 @@ async fn max_parked_holds_under_concurrent_parkers_and_the_cli() {
     let all = api.list(&ListParams::default()).await.expect("list").items;
     assert_eq!(all.len(), 40, "exactly 40 records exist");
 
-    // The operator says so: condition, Event, and the blocks of slots settle into its count.
+    // The operator says so: condition, Event, and the blocks of slots are reckoned into its count.
     eventually(
         30,
         "the queue to be Full with its blocks counted",
@@ -241,7 +241,7 @@ async fn a_full_queue_leaves_dead_messages_in_redis_and_parks_them_as_records_re
 }
 
 /// A storm from one process takes its slots in growing blocks: a few queue writes for hundreds
-/// of records, not one each. No operator runs, so nothing is settled and the blocks stay in
+/// of records, not one each. No operator runs, so nothing is reckoned and the blocks stay in
 /// the status to be looked at.
 #[tokio::test]
 async fn a_parking_storm_takes_slots_in_a_few_growing_blocks() {

@@ -10,7 +10,7 @@
 //!
 //! `BENCH_AB_N` (default 2000) sizes the runs: a storm of 2 N messages into `maxParked` N, 2 N
 //! parks through the sources' path, a redrive of N / 2; `BENCH_AB_MEMORY` (default 5000)
-//! unmarked records of 1 KiB for the window of first marks' memory.
+//! unmarked records of 1 KiB for the mark quota's memory.
 
 use super::*;
 
@@ -40,10 +40,10 @@ impl Phase {
     /// The mechanisms this phase switches off, one variant each.
     fn mechanisms(self) -> &'static [&'static str] {
         match self {
-            Phase::Storm => &["parking_first", "mark_window", "ask_ahead"],
+            Phase::Storm => &["parking_first", "mark_quota", "ask_ahead"],
             Phase::Park => &["ask_ahead"],
             Phase::Redrive => &["aggregation"],
-            Phase::Memory => &["mark_window"],
+            Phase::Memory => &["mark_quota"],
         }
     }
 }

@@ -67,9 +67,9 @@ impl Default for Settings {
 pub struct Mechanisms {
     /// Marks yield to this process's busy sources (see [`parking_first`]).
     pub parking_first: bool,
-    /// The feeder holds at most a window of records for their first mark
-    /// (`crate::run::feeder::MARK_WINDOW`); off, it holds every unmarked record.
-    pub mark_window: bool,
+    /// The feeder holds at most a quota of records for their first mark
+    /// (`crate::run::feeder::MARK_QUOTA`); off, it holds every unmarked record.
+    pub mark_quota: bool,
     /// The sources' parker asks for the next block of slots while a storm spends the current
     /// one (`dlq_client::park::ParkOptions::ask_ahead`).
     pub ask_ahead: bool,
@@ -81,7 +81,7 @@ impl Default for Mechanisms {
     fn default() -> Self {
         Mechanisms {
             parking_first: true,
-            mark_window: true,
+            mark_quota: true,
             ask_ahead: true,
             aggregation: true,
         }
@@ -95,7 +95,7 @@ pub struct UnknownMechanism(String);
 
 impl Mechanisms {
     /// The names `--disable` takes.
-    pub const NAMES: [&str; 4] = ["parking_first", "mark_window", "ask_ahead", "aggregation"];
+    pub const NAMES: [&str; 4] = ["parking_first", "mark_quota", "ask_ahead", "aggregation"];
 
     /// Every mechanism on but those `names` lists (blank names are skipped).
     pub fn without<S: AsRef<str>>(names: &[S]) -> Result<Self, UnknownMechanism> {
@@ -104,7 +104,7 @@ impl Mechanisms {
             let switch = match name {
                 "" => continue,
                 "parking_first" => &mut on.parking_first,
-                "mark_window" => &mut on.mark_window,
+                "mark_quota" => &mut on.mark_quota,
                 "ask_ahead" => &mut on.ask_ahead,
                 "aggregation" => &mut on.aggregation,
                 other => return Err(UnknownMechanism(other.to_string())),

@@ -53,7 +53,7 @@ pub async fn reconcile(
     let ns = queue.namespace().ok_or(QueueError::NoNamespace)?;
     let name = queue.name_any();
     tracing::debug!(namespace = %ns, queue = %name, "queue reconcile");
-    // Counting from a store that has not listed yet would under-count, and the count settles
+    // Counting from a store that has not listed yet would under-count, and the count reckons
     // blocks of slots: maxParked would no longer hold.
     if !ctx.records_ready().await {
         return Ok(Action::requeue(LIST_WAIT));
@@ -61,7 +61,7 @@ pub async fn reconcile(
     let records = records_of(&ctx, &ns, &name);
     tracing::debug!(namespace = %ns, queue = %name, records = records.len(), "counting the queue's records");
     let now = Timestamp::now();
-    let settled = settled(&queue, &records, now);
+    let reckoned = reckoned(&queue, &records, now);
     let deleted = retain(&ctx, &queue, &records, now).await;
     let live = records
         .iter()
@@ -70,7 +70,7 @@ pub async fn reconcile(
     let counts = plan::count(live);
     let readiness = readiness(&ctx, &queue).await;
     tracing::debug!(namespace = %ns, queue = %name, ready = readiness.ready, "probed the queue's target");
-    let mut plan = plan::queue_status(&queue, counts, settled, readiness, now);
+    let mut plan = plan::queue_status(&queue, counts, reckoned, readiness, now);
     let ca_certs = park_ca(&ctx.settings);
     plan.status.address = plan::address(
         &queue,
@@ -90,7 +90,7 @@ pub async fn reconcile(
             .publish(reference(queue.as_ref()), event)
             .await;
     }
-    // The failure groups after the counters: those settle blocks of slots (maxParked), which
+    // The failure groups after the counters: those reckon blocks of slots (maxParked), which
     // must not wait for group bookkeeping.
     let unlabelled = label_groups(&ctx, &records).await;
     let live_records: Vec<Arc<Summary>> = records
@@ -189,21 +189,21 @@ async fn label_group(ctx: &Context, r: Arc<Summary>) -> usize {
 }
 
 /// The queue's blocks of slots that `records` (one snapshot of the store, the one counted)
-/// settle: see `dlq_core::capacity`.
-fn settled(
+/// reckon: see `dlq_core::capacity`.
+fn reckoned(
     queue: &DeadLetterQueue,
     records: &[Arc<Summary>],
     now: Timestamp,
-) -> capacity::Settlement {
+) -> capacity::Reckoning {
     let Some(status) = queue.status.as_ref().filter(|s| !s.blocks.is_empty()) else {
-        return capacity::Settlement::default();
+        return capacity::Reckoning::default();
     };
     let mut seen: HashMap<&str, i64> = HashMap::new();
     for block in records.iter().filter_map(|r| r.slot_block.as_deref()) {
         *seen.entry(block).or_default() += 1;
     }
-    capacity::Settlement {
-        blocks: capacity::settle_blocks(
+    capacity::Reckoning {
+        blocks: capacity::reckon_blocks(
             &status.blocks,
             |id| seen.get(id).copied().unwrap_or(0),
             now.as_second(),

@@ -2,7 +2,7 @@
 //! records with something to do, and wakes the controller for them.
 //!
 //! - A record with a decision to carry out is held at once: decisions never wait.
-//! - A record whose only work is its first mark is held while fewer than [`MARK_WINDOW`] such
+//! - A record whose only work is its first mark is held while fewer than [`MARK_QUOTA`] such
 //!   records are; the others wait in arrival order, as summaries in the index, and are held
 //!   (rebuilt from their summary) as marks complete. An operator started over 100,000 unmarked
 //!   records held all of them whole (and a queued reconcile each) until marked. A record held
@@ -27,8 +27,8 @@ use crate::state::records::RecordIndex;
 
 /// Records held for their first mark at once, at most: enough to keep the records
 /// controller's 32 reconciles busy while the watch brings back the marks that free room.
-pub const MARK_WINDOW: usize = 512;
-/// How long a record held for its mark counts against [`MARK_WINDOW`].
+pub const MARK_QUOTA: usize = 512;
+/// How long a record held for its mark counts against [`MARK_QUOTA`].
 pub const MARK_STALE: Duration = Duration::from_secs(30);
 
 /// (namespace, name).
@@ -58,28 +58,28 @@ fn work_of(dl: &DeadLetter) -> Work {
 #[derive(Debug, Clone, Copy)]
 struct Held {
     generation: Option<i64>,
-    /// Held only for its mark, and counted against the window (not stale yet).
+    /// Held only for its mark, and counted against the quota (not stale yet).
     mark_only: bool,
     since: Instant,
 }
 
 /// The held records and the ones waiting for room, as of one view of the records.
-struct Window {
-    /// Records held for their mark at once, at most ([`MARK_WINDOW`]; unbounded when the
-    /// window is switched off).
+struct Quota {
+    /// Records held for their mark at once, at most ([`MARK_QUOTA`]; unbounded when the
+    /// quota is switched off).
     limit: usize,
     held: HashMap<Key, Held>,
     /// How many of `held` are there only for their mark.
     marking: usize,
     waiting: VecDeque<Key>,
     /// When held records were last checked for staleness (at most once a second: a full
-    /// window is asked for room at every event of a backlog).
+    /// quota is asked for room at every event of a backlog).
     checked: Option<Instant>,
 }
 
-impl Window {
+impl Quota {
     fn new(limit: usize) -> Self {
-        Window {
+        Quota {
             limit,
             held: HashMap::new(),
             marking: 0,
@@ -105,7 +105,7 @@ impl Window {
         }
     }
 
-    /// Whether another record may be held for its mark. When the window is full, records
+    /// Whether another record may be held for its mark. When the quota is full, records
     /// held longer than [`MARK_STALE`] stop counting.
     fn has_room(&mut self) -> bool {
         let now = Instant::now();
@@ -131,9 +131,9 @@ pub struct Feeder {
     index: RecordIndex,
     records: UnboundedSender<ObjectRef<DeadLetter>>,
     queues: UnboundedSender<ObjectRef<DeadLetterQueue>>,
-    live: Window,
-    /// The window being rebuilt by a list in progress.
-    listing: Option<Window>,
+    live: Quota,
+    /// The quota being rebuilt by a list in progress.
+    listing: Option<Quota>,
     /// Queues whose records a list in progress brought, by namespace (woken once it completes).
     listed_queues: HashMap<Arc<str>, HashSet<String>>,
     namespaces: Interner,
@@ -151,16 +151,16 @@ impl Feeder {
             index,
             records,
             queues,
-            live: Window::new(MARK_WINDOW),
+            live: Quota::new(MARK_QUOTA),
             listing: None,
             listed_queues: HashMap::new(),
             namespaces: Interner::default(),
         }
     }
 
-    /// Without the window of first marks: every unmarked record is held at once (the
-    /// bench's A/B of what the window buys).
-    pub fn without_mark_window(mut self) -> Self {
+    /// Without the quota of first marks: every unmarked record is held at once (the
+    /// bench's A/B of what the quota buys).
+    pub fn without_mark_quota(mut self) -> Self {
         self.live.limit = usize::MAX;
         self
     }
@@ -177,7 +177,7 @@ impl Feeder {
         match event {
             Event::Init => {
                 tracing::debug!("the record watch re-lists");
-                self.listing = Some(Window::new(self.live.limit));
+                self.listing = Some(Quota::new(self.live.limit));
                 self.listed_queues.clear();
                 self.store.apply_watcher_event(&Event::Init);
             }
@@ -185,8 +185,8 @@ impl Feeder {
             Event::InitDone => {
                 tracing::debug!("the record watch's list is complete");
                 self.store.apply_watcher_event(&Event::InitDone);
-                if let Some(window) = self.listing.take() {
-                    self.live = window;
+                if let Some(quota) = self.listing.take() {
+                    self.live = quota;
                 }
                 for (ns, queues) in std::mem::take(&mut self.listed_queues) {
                     for queue in queues {
@@ -207,13 +207,13 @@ impl Feeder {
         if !queues.contains(&dl.spec.queue) {
             queues.insert(dl.spec.queue.clone());
         }
-        let Some(window) = self.listing.as_mut() else {
+        let Some(quota) = self.listing.as_mut() else {
             return;
         };
         let mark_only = match work_of(&dl) {
             Work::None => return,
-            Work::Mark if !window.has_room() => {
-                window.waiting.push_back(key);
+            Work::Mark if !quota.has_room() => {
+                quota.waiting.push_back(key);
                 return;
             }
             Work::Mark => true,
@@ -227,7 +227,7 @@ impl Feeder {
             mark_only,
             since: Instant::now(),
         };
-        window.hold(key.clone(), held);
+        quota.hold(key.clone(), held);
         let wakes = self
             .live
             .held
@@ -471,22 +471,18 @@ mod tests {
     use futures::FutureExt;
 
     #[test]
-    fn unmarked_records_beyond_the_window_wait_and_are_held_as_marks_complete() {
+    fn unmarked_records_beyond_the_quota_wait_and_are_held_as_marks_complete() {
         let mut rig = Rig::new();
-        let n = MARK_WINDOW + 3;
+        let n = MARK_QUOTA + 3;
         rig.list((0..n).map(record));
-        assert_eq!(rig.feeder.counts(), (MARK_WINDOW, MARK_WINDOW, 3));
-        assert_eq!(
-            rig.store.len(),
-            MARK_WINDOW,
-            "only the window is held whole"
-        );
-        assert_eq!(rig.woken().len(), MARK_WINDOW);
+        assert_eq!(rig.feeder.counts(), (MARK_QUOTA, MARK_QUOTA, 3));
+        assert_eq!(rig.store.len(), MARK_QUOTA, "only the quota is held whole");
+        assert_eq!(rig.woken().len(), MARK_QUOTA);
 
         // Two marks come back: two waiting records take their place, rebuilt from the index.
         rig.event(Event::Apply(marked(record(0))));
         rig.event(Event::Apply(marked(record(1))));
-        assert_eq!(rig.feeder.counts(), (MARK_WINDOW, MARK_WINDOW, 1));
+        assert_eq!(rig.feeder.counts(), (MARK_QUOTA, MARK_QUOTA, 1));
         let woken = rig.woken();
         assert_eq!(woken.len(), 2);
         let next = rig
@@ -495,15 +491,15 @@ mod tests {
             .expect("held");
         assert_eq!(
             next.metadata.uid.as_deref(),
-            Some(&*format!("uid-{MARK_WINDOW}"))
+            Some(&*format!("uid-{MARK_QUOTA}"))
         );
         assert!(next.status.is_none(), "held to be marked");
     }
 
     #[test]
-    fn without_the_window_every_unmarked_record_is_held() {
-        let mut rig = Rig::with(Feeder::without_mark_window);
-        let n = MARK_WINDOW + 3;
+    fn without_the_quota_every_unmarked_record_is_held() {
+        let mut rig = Rig::with(Feeder::without_mark_quota);
+        let n = MARK_QUOTA + 3;
         rig.list((0..n).map(record));
         assert_eq!(rig.feeder.counts(), (n, n, 0));
         assert_eq!(rig.store.len(), n);
@@ -511,14 +507,14 @@ mod tests {
     }
 
     #[test]
-    fn a_decision_is_held_at_once_even_when_the_window_is_full() {
+    fn a_decision_is_held_at_once_even_when_the_quota_is_full() {
         let mut rig = Rig::new();
-        rig.list((0..MARK_WINDOW).map(record));
+        rig.list((0..MARK_QUOTA).map(record));
         rig.woken();
-        let d = decided(marked(record(MARK_WINDOW + 7)));
+        let d = decided(marked(record(MARK_QUOTA + 7)));
         rig.event(Event::Apply(d.clone()));
         assert_eq!(rig.woken(), [d.metadata.name.clone().unwrap_or_default()]);
-        assert_eq!(rig.store.len(), MARK_WINDOW + 1);
+        assert_eq!(rig.store.len(), MARK_QUOTA + 1);
         // Resolved: released, nothing left waiting to fill with.
         let mut done = d;
         done.status = Some(DeadLetterStatus {
@@ -526,7 +522,7 @@ mod tests {
             ..Default::default()
         });
         rig.event(Event::Apply(done));
-        assert_eq!(rig.store.len(), MARK_WINDOW);
+        assert_eq!(rig.store.len(), MARK_QUOTA);
         assert!(rig.woken().is_empty());
     }
 
@@ -562,16 +558,16 @@ mod tests {
     #[test]
     fn records_waiting_and_then_deleted_or_decided_are_not_held_twice() {
         let mut rig = Rig::new();
-        rig.list((0..MARK_WINDOW + 2).map(record));
+        rig.list((0..MARK_QUOTA + 2).map(record));
         rig.woken();
         // The first waiting one is deleted, the second decided (held at once).
-        rig.event(Event::Delete(record(MARK_WINDOW)));
-        let d = decided(record(MARK_WINDOW + 1));
+        rig.event(Event::Delete(record(MARK_QUOTA)));
+        let d = decided(record(MARK_QUOTA + 1));
         rig.event(Event::Apply(d));
         assert_eq!(rig.woken().len(), 1);
         rig.event(Event::Apply(marked(record(0))));
         assert!(rig.woken().is_empty(), "nothing left waiting");
-        assert_eq!(rig.feeder.counts(), (MARK_WINDOW, MARK_WINDOW - 1, 0));
+        assert_eq!(rig.feeder.counts(), (MARK_QUOTA, MARK_QUOTA - 1, 0));
     }
 
     /// The records controller as `run_scope` builds it (woken by bare references, reading the
@@ -668,12 +664,12 @@ mod tests {
     }
 
     #[test]
-    fn records_whose_marks_keep_failing_stop_holding_the_window() {
+    fn records_whose_marks_keep_failing_stop_holding_the_quota() {
         let mut rig = Rig::new();
-        rig.list((0..MARK_WINDOW + 2).map(record));
+        rig.list((0..MARK_QUOTA + 2).map(record));
         rig.woken();
         rig.feeder.fill();
-        assert!(rig.woken().is_empty(), "the window is full of fresh marks");
+        assert!(rig.woken().is_empty(), "the quota is full of fresh marks");
         let long_ago = Instant::now() - MARK_STALE;
         for held in rig.feeder.live.held.values_mut() {
             held.since = long_ago;
@@ -683,9 +679,9 @@ mod tests {
         assert_eq!(rig.woken().len(), 2, "the waiting records are held");
         assert_eq!(
             rig.store.len(),
-            MARK_WINDOW + 2,
+            MARK_QUOTA + 2,
             "the stale ones are still held, and retried"
         );
-        assert_eq!(rig.feeder.counts(), (MARK_WINDOW + 2, 2, 0));
+        assert_eq!(rig.feeder.counts(), (MARK_QUOTA + 2, 2, 0));
     }
 }

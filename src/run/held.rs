@@ -20,7 +20,7 @@ pub const HELD_PAYLOAD_MAX: usize = 1024;
 /// job key and source message are read by the job index before the store strips them.
 const KEPT_LABELS: [&str; 1] = [LABEL_REPLAY];
 /// The only annotations a held record keeps: the signing replay's uid, and the block of slots
-/// the queue counter settles (`deadletterqueue::settled`).
+/// the queue counter reckons (`reconcile::queue`).
 const KEPT_ANNOTATIONS: [&str; 2] = [ANNOTATION_REPLAY_UID, ANNOTATION_SLOT_BLOCK];
 
 /// Drops what the reconcilers never read from a held record:

@@ -130,8 +130,8 @@ pub async fn run_scope(
     let initial = initial_state_for(&api_for(&client, &namespace)).await;
     let group_wakes = queue_wakes.clone();
     let mut feeder = feeder::Feeder::new(work_writer, records.clone(), record_wakes, queue_wakes);
-    if !settings.mechanisms.mark_window {
-        feeder = feeder.without_mark_window();
+    if !settings.mechanisms.mark_quota {
+        feeder = feeder.without_mark_quota();
     }
     let (relisted, decided_relists) = futures::channel::mpsc::unbounded();
     let record_watch = watch_records(

@@ -91,17 +91,17 @@ pub fn next_block_size(waiting: usize, last: Option<(i64, bool)>) -> i64 {
 }
 
 /// What the operator writes for one block: its new `counted`, or None to remove it.
-pub type BlockSettlement = Option<i64>;
+pub type BlockReckoning = Option<i64>;
 
-/// Everything one operator status write settles, from the snapshot it counted.
+/// Everything one operator status write reckons, from the snapshot it counted.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Settlement {
+pub struct Reckoning {
     /// Blocks to update or remove.
-    pub blocks: BTreeMap<String, BlockSettlement>,
+    pub blocks: BTreeMap<String, BlockReckoning>,
 }
 
-impl Settlement {
-    /// Slots still in use after this settlement, besides the counted records.
+impl Reckoning {
+    /// Slots still in use after this reckoning, besides the counted records.
     pub fn left(&self, status: Option<&DeadLetterQueueStatus>) -> i64 {
         let Some(s) = status else { return 0 };
         s.blocks
@@ -122,11 +122,11 @@ impl Settlement {
 /// counted holds (`seen`, any phase). A block is removed when every slot is seen or when it is
 /// older than [`BLOCK_TTL_SECS`]; otherwise its `counted` grows to what is seen (never
 /// shrinks: a record seen once was counted, even if retention deleted it since).
-pub fn settle_blocks(
+pub fn reckon_blocks(
     blocks: &BTreeMap<String, SlotBlock>,
     seen: impl Fn(&str) -> i64,
     now: i64,
-) -> BTreeMap<String, BlockSettlement> {
+) -> BTreeMap<String, BlockReckoning> {
     let mut out = BTreeMap::new();
     for (id, block) in blocks {
         let seen = seen(id).max(block.counted);
@@ -197,7 +197,7 @@ mod tests {
     }
 
     #[test]
-    fn blocks_settle_when_every_slot_is_seen_or_they_expire() {
+    fn blocks_are_reckoned_when_every_slot_is_seen_or_they_expire() {
         let blocks: BTreeMap<String, SlotBlock> = [
             ("full", block(3, 100, 1)),
             ("part", block(5, 100, 1)),
@@ -216,8 +216,8 @@ mod tests {
             "shrunk" => 1,
             _ => 0,
         };
-        let out = settle_blocks(&blocks, seen, 400);
-        let want: BTreeMap<String, BlockSettlement> =
+        let out = reckon_blocks(&blocks, seen, 400);
+        let want: BTreeMap<String, BlockReckoning> =
             [("full", None), ("part", Some(2)), ("old", None)]
                 .into_iter()
                 .map(|(n, b)| (n.to_string(), b))

@@ -483,7 +483,7 @@ pub struct Readiness {
 
 /// A queue's status write, sent as a merge patch without a resourceVersion (parkers add
 /// `blocks` concurrently). Unlike a record's, every field is sent: `oldestParkedAt: null`
-/// clears it once nothing is parked; `blocks` holds only the blocks it settles, so blocks
+/// clears it once nothing is parked; `blocks` holds only the blocks it reckons, so blocks
 /// added meanwhile survive.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -551,12 +551,12 @@ pub struct QueuePlan {
 }
 
 /// The status and gauges of `queue`, given its live records' `counts`, the blocks those
-/// counts settle (`dlq_core::capacity`, from the same snapshot) and its target's
+/// counts reckon (`dlq_core::capacity`, from the same snapshot) and its target's
 /// `readiness`.
 pub fn queue_status(
     queue: &DeadLetterQueue,
     counts: Counts,
-    settled: capacity::Settlement,
+    reckoned: capacity::Reckoning,
     readiness: Readiness,
     now: Timestamp,
 ) -> QueuePlan {
@@ -575,7 +575,7 @@ pub fn queue_status(
         queue.metadata.generation,
         &Time(now),
     );
-    let reserved = settled.left(status);
+    let reserved = reckoned.left(status);
     let events = fullness(queue, &mut conds, counts.parked + reserved, now);
     let oldest_parked_age_secs = counts
         .oldest_parked_at
@@ -601,7 +601,7 @@ pub fn queue_status(
                 .iter()
                 .map(|(k, c)| (k.to_string(), c.kind_status()))
                 .collect(),
-            blocks: settled
+            blocks: reckoned
                 .blocks
                 .into_iter()
                 .map(|(id, c)| (id, c.map(|counted| BlockCount { counted })))
@@ -980,7 +980,7 @@ mod tests {
                 redriven: 3,
                 ..Counts::default()
             },
-            capacity::Settlement::default(),
+            capacity::Reckoning::default(),
             Readiness {
                 ready: false,
                 reason: "BrokerUnreachable",
@@ -1003,7 +1003,7 @@ mod tests {
     }
 
     #[test]
-    fn a_queue_reaching_max_parked_is_full_once_and_settled_blocks_are_removed() {
+    fn a_queue_reaching_max_parked_is_full_once_and_reckoned_blocks_are_removed() {
         use crate::queue::SlotBlock;
         let mut queue = DeadLetterQueue::new("relayer", Default::default());
         queue.spec.max_parked = Some(3);
@@ -1064,15 +1064,15 @@ mod tests {
         assert_eq!(full.status, "False");
     }
 
-    /// A settlement removing the blocks `ids`.
-    fn removed(ids: &[&str]) -> capacity::Settlement {
-        capacity::Settlement {
+    /// A reckoning removing the blocks `ids`.
+    fn removed(ids: &[&str]) -> capacity::Reckoning {
+        capacity::Reckoning {
             blocks: ids.iter().map(|id| (id.to_string(), None)).collect(),
         }
     }
 
     #[test]
-    fn uncounted_block_slots_keep_a_queue_full_and_settled_blocks_are_written() {
+    fn uncounted_block_slots_keep_a_queue_full_and_reckoned_blocks_are_written() {
         use crate::queue::SlotBlock;
         let mut queue = DeadLetterQueue::new("relayer", Default::default());
         queue.spec.max_parked = Some(10);
@@ -1095,14 +1095,14 @@ mod tests {
             target: String::new(),
         };
         // 5 of p-1's records counted (parked), p-2 all seen and removed: 5 + 3 = 8 of 10.
-        let settled = capacity::Settlement {
+        let reckoned = capacity::Reckoning {
             blocks: [("p-1".to_string(), Some(5)), ("p-2".to_string(), None)].into(),
         };
         let counts = Counts {
             parked: 5,
             ..Counts::default()
         };
-        let plan = queue_status(&queue, counts, settled, ready, at(100));
+        let plan = queue_status(&queue, counts, reckoned, ready, at(100));
         let json = serde_json::to_value(&plan.status).expect("json");
         assert_eq!(
             json["blocks"],
