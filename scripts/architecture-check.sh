@@ -17,11 +17,12 @@ cd "${1:-$(dirname "$0")/..}"
 doc=docs/architecture.md
 
 # Module paths from the file tree: src/run/mod.rs -> deadletter::run, src/run/feeder.rs ->
-# deadletter::run::feeder. Entry points and test files are not modules of the design.
+# deadletter::run::feeder. Entry points and test files (`tests.rs`, or a `tests/` directory
+# of them) are not modules of the design.
 modules_of() {
   local crate=$1 dir=$2
   (cd "$dir" && find . -name '*.rs' | sort) | sed 's|^\./||' |
-    grep -vE '(^|/)(lib|main|tests)\.rs$' |
+    grep -vE '(^|/)(lib|main|tests)\.rs$|(^|/)tests/' |
     sed -E 's|/mod\.rs$||; s|\.rs$||; s|/|::|g' | sed "s|^|$crate::|"
 }
 code=$( { modules_of deadletter src; modules_of dlq_core crates/dlq-core/src

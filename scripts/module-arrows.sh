@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The operator crate's module arrows run one way (docs/architecture.md, "Layers"): a module
 # names only modules of a lower layer, never one beside it or above it. Comments and test
-# modules are not read (a doc link or a test may look anywhere). Three more rules:
+# modules (`tests.rs`, a `tests/` directory) are not read (a doc link or a test may look anywhere). Three more rules:
 # - a backend's source never names `crate::target`, and a target never names `crate::source`:
 #   what both need of a broker (connection, codec, classification) is `crate::broker::<name>`
 #   (the supervisor, src/source/mod.rs, closes the targets of deleted queues through a closure
@@ -40,7 +40,7 @@ for dir in src/*/ src/*.rs; do
     fail=1; continue
   fi
   while IFS= read -r file; do
-    case $file in */tests.rs) continue ;; esac
+    case $file in */tests.rs|*/tests/*) continue ;; esac
     for used in $(code_of "$file" | grep -oE 'crate::[a-z_]+' | sed 's/crate:://' | sort -u); do
       [ "$used" = "$name" ] && continue
       if [ -z "${layer[$used]:-}" ]; then
@@ -54,7 +54,7 @@ for dir in src/*/ src/*.rs; do
 done
 # A backend's source and its target meet only in crate::broker.
 while IFS= read -r file; do
-  case $file in */tests.rs) continue ;; esac
+  case $file in */tests.rs|*/tests/*) continue ;; esac
   case $file in
     src/source/*) other=target ;;
     src/target/*) other=source ;;
@@ -74,7 +74,7 @@ use warnings;
 my (%file_of, %arrows);
 my @files = split /\n/, `find src -name '*.rs' | sort`;
 for my $f (@files) {
-  next if $f =~ m{(^|/)(tests|lib|main)\.rs$};
+  next if $f =~ m{(^|/)(tests|lib|main)\.rs$|/tests/};
   (my $m = $f) =~ s{^src/}{};
   $m =~ s{/mod\.rs$}{}; $m =~ s{\.rs$}{}; $m =~ s{/}{::}g;
   $file_of{$m} = $f;

@@ -1,0 +1,251 @@
+//! The queue reconciler's failure groups: labels on records parked before groups, one
+//! DeadLetterGroup per group, acknowledgements and the overflow group.
+
+use super::*;
+
+/// Records parked before failure groups existed carry no `dlq.dev/group`: the queue reconciler
+/// labels them with the group the core computes, and leaves labelled ones alone.
+#[tokio::test]
+async fn records_parked_before_groups_get_their_group_label() {
+    use dlq_core::group::{LABEL_GROUP, labelled};
+    use dlq_core::record::Facts;
+    let now = jiff::Timestamp::now().as_second();
+    let mut records = queue_records(now);
+    for r in records.iter_mut().skip(1) {
+        if let Some(labels) = r.metadata.labels.as_mut() {
+            labels.remove(LABEL_GROUP);
+        }
+    }
+    let apiserver = FakeApiserver::holding(records.clone());
+    let target: Arc<FakeTarget> = Arc::default();
+    let mut q = limited_queue(100);
+    q.spec.retention = None;
+    let ctx = context(
+        &apiserver,
+        &target,
+        std::slice::from_ref(&q),
+        Settings::default(),
+    );
+    let action = crate::reconcile::queue::reconcile(Arc::new(q), ctx)
+        .await
+        .expect("reconcile");
+    assert_eq!(
+        action,
+        ReconcileAction::requeue(std::time::Duration::from_secs(30))
+    );
+    let mut want: Vec<String> = records
+        .iter()
+        .skip(1)
+        .map(|r| r.name().to_string())
+        .collect();
+    let mut got = apiserver.group_labelled();
+    want.sort();
+    got.sort();
+    assert_eq!(got, want, "every unlabelled record, and only those");
+    for r in apiserver.all() {
+        assert_eq!(labelled(&r), Some(r.group().as_ref()), "{}", r.name());
+        assert_eq!(
+            labelled(&r).map(str::to_string),
+            Some(dlq_core::group::Key::of(&r).fingerprint())
+        );
+    }
+}
+
+/// The queue reconciler keeps one DeadLetterGroup per failure group, owned by the queue;
+/// an unchanged group is not written again, and a changed one at most once per
+/// `groups::MIN_INTERVAL` (the reconcile comes back for it).
+#[tokio::test]
+async fn a_queues_failure_groups_are_kept_and_their_writes_coalesced() {
+    use dlq_core::record::Facts;
+    let now = jiff::Timestamp::now().as_second();
+    let records = queue_records(now);
+    let apiserver = FakeApiserver::holding(records.clone());
+    let target: Arc<FakeTarget> = Arc::default();
+    let mut q = limited_queue(100);
+    q.metadata.uid = Some("q-uid".into());
+    let ctx = context(
+        &apiserver,
+        &target,
+        std::slice::from_ref(&q),
+        Settings::default(),
+    );
+    crate::reconcile::queue::reconcile(Arc::new(q.clone()), ctx.clone())
+        .await
+        .expect("reconcile");
+    let live = apiserver.all();
+    let fingerprints: std::collections::BTreeSet<String> =
+        live.iter().map(|r| r.group().into_owned()).collect();
+    let groups = apiserver.groups();
+    assert_eq!(groups.len(), fingerprints.len(), "{groups:?}");
+    let parked: i64 = groups
+        .values()
+        .filter_map(|g| g.status.as_ref())
+        .map(|s| s.parked)
+        .sum();
+    let counted = live.iter().filter(|r| r.phase() == Phase::Parked).count();
+    assert_eq!(parked as usize, counted, "every Parked record in one group");
+    for g in groups.values() {
+        let owner = &g.metadata.owner_references.clone().unwrap_or_default()[0];
+        assert_eq!(owner.uid, "q-uid");
+    }
+    let writes = apiserver.group_writes().len();
+    assert!(apiserver.group_writes().iter().all(|(_, create)| *create));
+
+    crate::reconcile::queue::reconcile(Arc::new(q.clone()), ctx.clone())
+        .await
+        .expect("reconcile");
+    assert_eq!(
+        apiserver.group_writes().len(),
+        writes,
+        "nothing changed, nothing written"
+    );
+
+    // A new record of an existing group, right after its write: held back, not lost.
+    let more = queued("later", dlq_core::api::FailureKind::Transient, now, 1).build();
+    let group = more.group().into_owned();
+    ctx.records
+        .observe(&kube::runtime::watcher::Event::Apply(more.clone()));
+    let action = crate::reconcile::queue::reconcile(Arc::new(q.clone()), ctx.clone())
+        .await
+        .expect("reconcile");
+    assert_eq!(apiserver.group_writes().len(), writes, "held back");
+    assert_ne!(
+        action,
+        ReconcileAction::requeue(std::time::Duration::from_secs(30)),
+        "comes back for it within the interval"
+    );
+    tokio::time::sleep(crate::reconcile::groups::MIN_INTERVAL).await;
+    crate::reconcile::queue::reconcile(Arc::new(q), ctx)
+        .await
+        .expect("reconcile");
+    let name = dlq_core::groups::group_name("relayer", &group);
+    assert!(
+        apiserver.group_writes()[writes..].contains(&(name.clone(), false)),
+        "written once the interval passed"
+    );
+    let status = apiserver.groups()[&name].status.clone().unwrap_or_default();
+    assert!(
+        status.samples.contains(&more.name().to_string()),
+        "{status:?}"
+    );
+}
+
+/// An acknowledgement on a group (its spec, from the watch) is kept in its status with what the
+/// group looked like then, and silences it; taken back, the group is no longer silenced.
+#[tokio::test]
+async fn an_acknowledged_group_records_its_baseline_and_is_silenced() {
+    use dlq_core::groups::{Acknowledgement, DeadLetterGroup};
+    let now = jiff::Timestamp::now().as_second();
+    let apiserver = FakeApiserver::holding(queue_records(now));
+    let target: Arc<FakeTarget> = Arc::default();
+    let q = limited_queue(100);
+    let ctx = context(
+        &apiserver,
+        &target,
+        std::slice::from_ref(&q),
+        Settings::default(),
+    );
+    crate::reconcile::queue::reconcile(Arc::new(q.clone()), ctx)
+        .await
+        .expect("reconcile");
+    let mut stored: Vec<DeadLetterGroup> = apiserver.groups().into_values().collect();
+    let acked = stored
+        .iter()
+        .position(|g| g.status.as_ref().is_some_and(|s| s.parked > 0))
+        .expect("a group with parked records");
+    stored[acked].spec.acknowledged = Some(Acknowledgement {
+        by: "carol".into(),
+        note: Some("INC-1234".into()),
+    });
+    let name = stored[acked].metadata.name.clone().unwrap_or_default();
+    let parked = stored[acked].status.as_ref().map_or(0, |s| s.parked);
+    let with_ack = |groups: &[DeadLetterGroup]| {
+        let ctx = context(
+            &apiserver,
+            &target,
+            std::slice::from_ref(&q),
+            Settings::default(),
+        );
+        Arc::new(
+            Arc::into_inner(ctx)
+                .expect("one owner")
+                .with_group_store(store_of(groups)),
+        )
+    };
+    crate::reconcile::queue::reconcile(Arc::new(q.clone()), with_ack(&stored))
+        .await
+        .expect("reconcile");
+    let status = apiserver.groups()[&name].status.clone().unwrap_or_default();
+    let at = status
+        .acknowledgement
+        .clone()
+        .expect("the acknowledgement kept");
+    assert_eq!((at.by.as_str(), at.parked), ("carol", parked));
+    assert!(status.silenced);
+    let others_silenced = apiserver
+        .groups()
+        .values()
+        .filter(|g| g.metadata.name.as_deref() != Some(name.as_str()))
+        .any(|g| g.status.as_ref().is_some_and(|s| s.silenced));
+    assert!(!others_silenced, "only the acknowledged group");
+
+    stored[acked].spec.acknowledged = None;
+    stored[acked].status = Some(status);
+    crate::reconcile::queue::reconcile(Arc::new(q.clone()), with_ack(&stored))
+        .await
+        .expect("reconcile");
+    let status = apiserver.groups()[&name].status.clone().unwrap_or_default();
+    assert_eq!(status.acknowledgement, None);
+    assert!(!status.silenced);
+}
+
+/// Beyond `spec.groups.max` groups, the rest are counted in the queue's overflow group and a
+/// Warning `GroupsOverflow` says so, once while the number does not grow.
+#[tokio::test]
+async fn groups_beyond_the_bound_overflow_with_one_warning() {
+    let now = jiff::Timestamp::now().as_second();
+    let records = queue_records(now);
+    let apiserver = FakeApiserver::holding(records.clone());
+    let target: Arc<FakeTarget> = Arc::default();
+    let mut q = limited_queue(100);
+    q.spec.retention = None;
+    q.spec.groups = Some(dlq_core::groups::GroupSettings {
+        max: Some(1),
+        ..Default::default()
+    });
+    let ctx = context(
+        &apiserver,
+        &target,
+        std::slice::from_ref(&q),
+        Settings::default(),
+    );
+    for _ in 0..2 {
+        crate::reconcile::queue::reconcile(Arc::new(q.clone()), ctx.clone())
+            .await
+            .expect("reconcile");
+    }
+    let groups = apiserver.groups();
+    assert_eq!(
+        groups.len(),
+        2,
+        "one group and the overflow: {:?}",
+        groups.keys()
+    );
+    let overflow = groups["relayer-overflow"]
+        .status
+        .clone()
+        .unwrap_or_default();
+    let total: i64 = groups
+        .values()
+        .filter_map(|g| g.status.as_ref())
+        .map(|s| s.parked + s.redriven + s.dropped)
+        .sum();
+    assert_eq!(total as usize, records.len(), "every record counted once");
+    assert!(overflow.parked + overflow.redriven + overflow.dropped > 0);
+    let warnings = apiserver
+        .reasons()
+        .iter()
+        .filter(|r| **r == dlq_core::events::reason::GROUPS_OVERFLOW)
+        .count();
+    assert_eq!(warnings, 1, "announced once");
+}
