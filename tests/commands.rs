@@ -12,10 +12,13 @@ fn root() -> &'static Path {
 
 /// The commands `make -n target` would run, in order.
 fn dry_run(target: &str) -> String {
+    // Run from `make test` itself, make would say "make[1]: Entering directory" first.
     let out = Command::new("make")
-        .args(["-n", target])
+        .args(["-n", "--no-print-directory", target])
         .current_dir(root())
         .env_remove("MAKEFLAGS")
+        .env_remove("MFLAGS")
+        .env_remove("MAKELEVEL")
         .output()
         .expect("make runs");
     assert!(
