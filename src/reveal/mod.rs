@@ -352,14 +352,7 @@ impl RevealApi {
         let user = caller.username.clone().unwrap_or_default();
         let plan = reveal::unopenable_event(&user, view, why);
         tracing::warn!(namespace = ?record.metadata.namespace, record = ?record.metadata.name, %user, ?view, error = %why, "payload could not be revealed");
-        dlq_client::events::publish(
-            &self.client,
-            &self.recorder,
-            &self.reporter,
-            &record.object_ref(&()),
-            &plan,
-        )
-        .await;
+        self.publish_on(record, &plan).await;
     }
 
     /// The `PayloadRevealed` Event on the record, and a log line (user and record, no payload).
@@ -367,12 +360,17 @@ impl RevealApi {
         let user = caller.username.clone().unwrap_or_default();
         let plan = reveal::revealed_event(&user, view);
         tracing::info!(namespace = ?record.metadata.namespace, record = ?record.metadata.name, %user, ?view, "payload revealed");
+        self.publish_on(record, &plan).await;
+    }
+
+    /// Publishes `plan` as an Event on `record`.
+    async fn publish_on(&self, record: &DeadLetter, plan: &dlq_core::events::EventPlan) {
         dlq_client::events::publish(
             &self.client,
             &self.recorder,
             &self.reporter,
             &record.object_ref(&()),
-            &plan,
+            plan,
         )
         .await;
     }
