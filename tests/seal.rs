@@ -161,11 +161,8 @@ async fn record_of(api: &Api<DeadLetter>, id: &str) -> DeadLetter {
     .await
 }
 
-/// Asserts the record is sealed to `recipient` and that etcd's raw value holds no card.
-async fn assert_sealed_in_etcd(r: &DeadLetter, recipient: &str) {
-    let sealed = r.spec.job.sealed.as_ref().expect("the record is sealed");
-    assert_eq!(sealed.recipient, recipient);
-    assert!(r.spec.job.payload.is_none() && r.spec.job.headers.is_empty());
+/// Record `r` as etcd stores it, read past the apiserver.
+async fn etcd_raw(r: &DeadLetter) -> String {
     let key = format!(
         "/registry/dlq.dev/deadletters/{}/{}",
         r.namespace().unwrap(),
@@ -175,7 +172,15 @@ async fn assert_sealed_in_etcd(r: &DeadLetter, recipient: &str) {
         .etcd_value(&key)
         .await
         .unwrap_or_else(|| panic!("etcd has no {key}"));
-    let raw = String::from_utf8_lossy(&raw);
+    String::from_utf8_lossy(&raw).into_owned()
+}
+
+/// Asserts the record is sealed to `recipient` and that etcd's raw value holds no card.
+async fn assert_sealed_in_etcd(r: &DeadLetter, recipient: &str) {
+    let sealed = r.spec.job.sealed.as_ref().expect("the record is sealed");
+    assert_eq!(sealed.recipient, recipient);
+    assert!(r.spec.job.payload.is_none() && r.spec.job.headers.is_empty());
+    let raw = etcd_raw(r).await;
     assert!(
         raw.contains(recipient),
         "etcd's value is this record's: {raw:.300}"
@@ -952,16 +957,7 @@ async fn notes_about(client: &Client, ns: &str, name: &str) -> Vec<String> {
 
 /// Asserts etcd's raw value of record `r` holds no card number.
 async fn no_card_in_etcd(r: &DeadLetter) {
-    let key = format!(
-        "/registry/dlq.dev/deadletters/{}/{}",
-        r.namespace().unwrap(),
-        r.name_any()
-    );
-    let raw = audited_plane()
-        .etcd_value(&key)
-        .await
-        .unwrap_or_else(|| panic!("etcd has no {key}"));
-    let raw = String::from_utf8_lossy(&raw);
+    let raw = etcd_raw(r).await;
     assert!(raw.contains(&r.name_any()), "etcd's value is this record's");
     assert!(
         !raw.contains(CARD),
