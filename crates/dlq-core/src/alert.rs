@@ -306,16 +306,26 @@ pub fn group_alert(
         set("service_version", v);
     }
     let mut a = BTreeMap::new();
+    // A storm's real size: what still waits in the broker beyond the records, when the queue
+    // has a source that can say.
+    let waiting = status
+        .backlog
+        .as_ref()
+        .map(|b| format!(", {} waiting in the broker", b.shown()))
+        .unwrap_or_default();
     a.insert(
         "summary".into(),
         truncate(&format!(
-            "{} parked on {queue_name} ({}): {}",
+            "{} parked on {queue_name}{waiting} ({}): {}",
             status.parked,
             status.tier.as_str(),
             status.template
         )),
     );
     a.insert("count".into(), status.parked.to_string());
+    if let Some(b) = &status.backlog {
+        a.insert("waiting".into(), b.shown());
+    }
     a.insert("template".into(), truncate(&status.template));
     a.insert("samples".into(), truncate(&status.samples.join(", ")));
     a.insert(
@@ -458,6 +468,14 @@ mod tests {
             )
         );
         assert_eq!(a.annotations["count"], "312");
+        assert_eq!(
+            a.annotations["summary"],
+            "312 parked on relayer (critical): timeout after <n> ms"
+        );
+        assert!(
+            !a.annotations.contains_key("waiting"),
+            "no backlog, no line"
+        );
         assert_eq!(a.annotations["template"], "timeout after <n> ms");
         assert_eq!(a.annotations["samples"], "a-1, b-1");
         assert!(a.annotations["runbook_url"].ends_with("#alert-deadlettergroupparked"));
@@ -488,6 +506,31 @@ mod tests {
         settings.per = Some(AlertPer::Record);
         let per_record = queue(settings);
         assert_eq!(group_alert(&g, Some(&per_record), &links()), None);
+    }
+
+    #[test]
+    fn a_storms_group_alert_says_what_waits_in_the_broker() {
+        use crate::groups::{DeadLetterGroupStatus, GroupBacklog, Tier, group_object};
+        let mut q = queue(AlertSettings::default());
+        q.metadata.namespace = Some("payments".into());
+        let status = |messages| DeadLetterGroupStatus {
+            template: "timeout talking to payer".into(),
+            parked: 5_000,
+            tier: Tier::Critical,
+            backlog: Some(GroupBacklog { messages }),
+            ..Default::default()
+        };
+        let g = group_object(&q, "3f9a1c07d2", status(Some(175_000)));
+        let a = group_alert(&g, Some(&q), &links()).expect("an alert");
+        assert_eq!(
+            a.annotations["summary"],
+            "5000 parked on relayer, ~175,000 waiting in the broker (critical): timeout talking to payer"
+        );
+        assert_eq!(a.annotations["waiting"], "~175,000");
+        assert_eq!(a.annotations["count"], "5000");
+        let g = group_object(&q, "3f9a1c07d2", status(None));
+        let a = group_alert(&g, Some(&q), &links()).expect("an alert");
+        assert_eq!(a.annotations["waiting"], "unknown", "never 0");
     }
 
     #[test]

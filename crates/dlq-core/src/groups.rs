@@ -193,6 +193,63 @@ pub struct DeadLetterGroupStatus {
     /// Whether the acknowledgement silences the group's alert now ([`silenced`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub silenced: bool,
+    /// Its estimated share of the queue's `status.backlog` (absent while the queue reports
+    /// none): what of this group still waits in the broker beyond its records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backlog: Option<GroupBacklog>,
+}
+
+/// A group's `status.backlog`: an estimate, the queue's backlog times the group's share of the
+/// queue's newest [`RECENT_ARRIVALS`] records. The broker's dead messages cannot be read
+/// without taking them, and the newest records are what died last, next to what waits.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupBacklog {
+    /// Estimated messages; absent when the broker cannot say how many the queue has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages: Option<i64>,
+}
+
+/// How many of a queue's newest records its groups' shares of the backlog are read from.
+pub const RECENT_ARRIVALS: usize = 1_000;
+
+impl GroupBacklog {
+    /// The estimate for a person: `~175,000`, `0` (nothing is an exact count), or `unknown`.
+    pub fn shown(&self) -> String {
+        match self.messages {
+            None => "unknown".to_string(),
+            Some(0) => "0".to_string(),
+            Some(n) => format!("~{}", crate::queue::thousands(n)),
+        }
+    }
+}
+
+/// A group in one line: `5,000 parked, ~175,000 waiting in the broker` (`unknown` where the
+/// broker cannot say; only the parked count for a queue without a backlog).
+pub fn parked_and_waiting(parked: i64, backlog: Option<&GroupBacklog>) -> String {
+    let parked = crate::queue::thousands(parked);
+    match backlog {
+        Some(b) => format!("{parked} parked, {} waiting in the broker", b.shown()),
+        None => format!("{parked} parked"),
+    }
+}
+
+/// A group's estimated share of `backlog`: `recent` of the queue's `recent_total` newest
+/// records are the group's.
+pub fn backlog_share(
+    backlog: Option<&crate::queue::QueueBacklog>,
+    recent: usize,
+    recent_total: usize,
+) -> Option<GroupBacklog> {
+    let backlog = backlog?;
+    let messages = backlog.messages.map(|m| {
+        if recent_total == 0 || m <= 0 {
+            return m.max(0);
+        }
+        let share = m as f64 * recent as f64 / recent_total as f64;
+        share.round() as i64
+    });
+    Some(GroupBacklog { messages })
 }
 
 impl GroupSettings {
@@ -306,6 +363,13 @@ impl<'a> Tally<'a> {
         self.samples.push((r.phase() == Phase::Parked, at, r));
     }
 
+    /// Its records seen at or after `since` (the queue's newest arrivals).
+    fn recent(&self, since: Option<Timestamp>) -> usize {
+        since.map_or(0, |since| {
+            self.samples.iter().filter(|s| s.1 >= since).count()
+        })
+    }
+
     fn finish(mut self, settings: &GroupSettings) -> DeadLetterGroupStatus {
         self.samples.sort_by(|a, b| {
             b.0.cmp(&a.0)
@@ -366,18 +430,27 @@ pub fn plan<'a, R: Facts + 'a>(
         .take(settings.max())
         .map(|(f, _, _)| (*f).clone())
         .collect();
+    let since = newest_since(&tallies, RECENT_ARRIVALS);
+    let recent_total: usize = tallies.values().map(|t| t.recent(since)).sum();
+    let backlog = queue.status.as_ref().and_then(|s| s.backlog.as_ref());
     let mut plan = GroupsPlan::default();
     let mut overflow = Tally::default();
+    let mut overflow_recent = 0;
     for (fingerprint, tally) in tallies {
+        let recent = tally.recent(since);
         if kept.contains(&fingerprint) {
-            plan.groups.insert(fingerprint, tally.finish(&settings));
+            let mut status = tally.finish(&settings);
+            status.backlog = backlog_share(backlog, recent, recent_total);
+            plan.groups.insert(fingerprint, status);
         } else {
             plan.overflowed += 1;
+            overflow_recent += recent;
             merge(&mut overflow, tally);
         }
     }
     if plan.overflowed > 0 {
         let mut status = overflow.finish(&settings);
+        status.backlog = backlog_share(backlog, overflow_recent, recent_total);
         status.template = format!(
             "records of {} more groups than this queue's {} (spec.groups.max)",
             plan.overflowed,
@@ -399,6 +472,21 @@ pub fn plan<'a, R: Facts + 'a>(
         .map(|e| e.fingerprint.to_string())
         .collect();
     plan
+}
+
+/// When the newest `n` records of all `tallies` began: the `n`-th newest record's time (None
+/// without records).
+fn newest_since(tallies: &BTreeMap<String, Tally<'_>>, n: usize) -> Option<Timestamp> {
+    let mut seen: Vec<Timestamp> = tallies
+        .values()
+        .flat_map(|t| t.samples.iter().map(|s| s.1))
+        .collect();
+    if seen.is_empty() {
+        return None;
+    }
+    let k = n.clamp(1, seen.len()) - 1;
+    let (_, kth, _) = seen.select_nth_unstable_by(k, |a, b| b.cmp(a));
+    Some(*kth)
 }
 
 /// How long an empty group stays: the queue's `retention.resolvedFor`, else not at all.
@@ -652,6 +740,95 @@ mod tests {
         assert_eq!(
             again.map(|a| (a.by, a.parked, a.tier)),
             Some(("dave".into(), 25, Tier::Critical))
+        );
+    }
+
+    #[test]
+    fn a_groups_backlog_is_its_share_of_the_queues_newest_arrivals() {
+        use crate::queue::{DeadLetterQueueStatus, QueueBacklog};
+        // The newest 1,000 records: 900 payer timeouts and 100 of a bug that stormed earlier
+        // (its 2,000 older records say nothing of what waits now).
+        let mut records: Vec<DeadLetter> = (0..900)
+            .map(|i| {
+                record(
+                    &format!("t{i}"),
+                    "timeout talking to payer",
+                    "r@1",
+                    NOW - 10,
+                )
+                .build()
+            })
+            .collect();
+        records.extend((0..2_100).map(|i| {
+            let created = if i < 100 { NOW - 20 } else { NOW - 5_000 };
+            record(&format!("n{i}"), "null pointer", "r@1", created).build()
+        }));
+        let (timeouts, bug) = (records[0].group(), records[900].group());
+        let with_backlog = |backlog: Option<QueueBacklog>| {
+            let mut q = queue(None);
+            q.status = Some(DeadLetterQueueStatus {
+                backlog,
+                ..Default::default()
+            });
+            plan(&q, &records, &[], at(NOW))
+        };
+        let p = with_backlog(Some(QueueBacklog {
+            messages: Some(175_000),
+            observed_at: None,
+        }));
+        let share = |p: &GroupsPlan, g: &str| p.groups[g].backlog.clone();
+        assert_eq!(share(&p, &timeouts).and_then(|b| b.messages), Some(157_500));
+        assert_eq!(share(&p, &bug).and_then(|b| b.messages), Some(17_500));
+        assert_eq!(
+            parked_and_waiting(p.groups[&*timeouts].parked, share(&p, &timeouts).as_ref()),
+            "900 parked, ~157,500 waiting in the broker"
+        );
+        let unknown = with_backlog(Some(QueueBacklog::default()));
+        let b = share(&unknown, &timeouts);
+        assert_eq!(b, Some(GroupBacklog { messages: None }), "unknown, not 0");
+        assert_eq!(
+            parked_and_waiting(900, b.as_ref()),
+            "900 parked, unknown waiting in the broker"
+        );
+        let empty = with_backlog(Some(QueueBacklog {
+            messages: Some(0),
+            observed_at: None,
+        }));
+        assert_eq!(share(&empty, &bug).and_then(|b| b.messages), Some(0));
+        assert_eq!(GroupBacklog { messages: Some(0) }.shown(), "0");
+        let none = with_backlog(None);
+        assert_eq!(share(&none, &timeouts), None, "a queue without a backlog");
+        assert_eq!(parked_and_waiting(5_000, None), "5,000 parked");
+    }
+
+    #[test]
+    fn the_overflow_group_estimates_the_share_of_the_groups_it_holds() {
+        use crate::queue::{DeadLetterQueueStatus, QueueBacklog};
+        let records: Vec<DeadLetter> = (0..4)
+            .map(|i| record(&format!("j{i}"), "boom", &format!("r@{i}"), NOW - 100 + i).build())
+            .collect();
+        let mut q = queue(Some(GroupSettings {
+            max: Some(1),
+            ..Default::default()
+        }));
+        q.status = Some(DeadLetterQueueStatus {
+            backlog: Some(QueueBacklog {
+                messages: Some(400),
+                observed_at: None,
+            }),
+            ..Default::default()
+        });
+        let p = plan(&q, &records, &[], at(NOW));
+        assert_eq!(
+            p.groups[OVERFLOW].backlog.as_ref().and_then(|b| b.messages),
+            Some(300)
+        );
+        assert_eq!(
+            p.groups[&*records[0].group()]
+                .backlog
+                .as_ref()
+                .and_then(|b| b.messages),
+            Some(100)
         );
     }
 

@@ -353,6 +353,61 @@ pub struct DeadLetterQueueStatus {
     /// The queue's sealing recipients and how many records each sealed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protection: Option<ProtectionStatus>,
+    /// Dead messages still waiting in the source's broker beyond the records: what a storm
+    /// holds past `maxParked`. Written by the source's backlog sampler alone (a merge patch of
+    /// this field only), so the counters' writes never overwrite it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backlog: Option<QueueBacklog>,
+    /// What the HTTP park endpoint refused: it has no backlog, the senders hold the events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpParkStatus>,
+}
+
+/// A queue's `status.backlog`: the dead messages its source's broker still holds.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueBacklog {
+    /// How many; absent when the broker cannot say (Pub/Sub), never a made-up 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages: Option<i64>,
+    /// When the broker was last asked and answered. A broker that stops answering keeps the
+    /// last number with its old time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_at: Option<Time>,
+}
+
+impl QueueBacklog {
+    /// The number for a person: `14,968`, or `unknown`.
+    pub fn shown(&self) -> String {
+        self.messages
+            .map_or_else(|| "unknown".to_string(), thousands)
+    }
+}
+
+/// A queue's `status.http`: the park endpoint's refusals.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpParkStatus {
+    /// Parkings answered 429 (the queue at `maxParked`) in the last minute: events the senders
+    /// still hold and will send again.
+    #[serde(default)]
+    pub refused_last_minute: i64,
+}
+
+/// `n` with thousands separated by commas, as an on-call engineer reads a storm's size.
+pub fn thousands(n: i64) -> String {
+    let digits = n.unsigned_abs().to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3 + 1);
+    if n < 0 {
+        out.push('-');
+    }
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// A block of slots one parker process holds (see `DeadLetterQueueStatus::blocks`).
@@ -401,4 +456,25 @@ pub fn queue_crd()
         .get_or_insert_with(Default::default)
         .insert(LABEL_ADDRESSABLE.into(), "true".into());
     crd
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_backlog_reads_with_thousands_separated_and_unknown_as_unknown() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1_000), "1,000");
+        assert_eq!(thousands(175_000), "175,000");
+        assert_eq!(thousands(1_234_567), "1,234,567");
+        assert_eq!(thousands(-14_968), "-14,968");
+        let known = QueueBacklog {
+            messages: Some(14_968),
+            observed_at: None,
+        };
+        assert_eq!(known.shown(), "14,968");
+        assert_eq!(QueueBacklog::default().shown(), "unknown", "never 0");
+    }
 }
