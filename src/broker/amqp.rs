@@ -404,6 +404,25 @@ pub async fn queue_exists(conn: &Connection, queue: &str) -> Result<(), BrokerEr
     r.map(|_| ()).map_err(|e| classify(&e))
 }
 
+/// How many messages `queue` holds ready for a consumer (a passive declare on a throwaway
+/// channel). Messages delivered and not yet acknowledged are not among them.
+pub async fn queue_depth(conn: &Connection, queue: &str) -> Result<i64, BrokerError> {
+    let ch = conn.create_channel().await.map_err(|e| classify(&e))?;
+    let r = ch
+        .queue_declare(
+            short("queue", queue)?,
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await;
+    let _ = ch.close(200, ShortString::from("counted")).await;
+    r.map(|q| i64::from(q.message_count()))
+        .map_err(|e| classify(&e))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

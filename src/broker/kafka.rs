@@ -119,3 +119,41 @@ pub async fn read_kafka_secrets(
     };
     Ok((sasl, ca, versions))
 }
+
+/// The consumer group's lag on `topics`: per partition, the high watermark minus the group's
+/// committed offset (minus the low watermark where the group has committed nothing), summed.
+/// Blocking (librdkafka's calls wait up to `timeout` each): run it off the async threads.
+/// `consumer` carries the group's `group.id` and never subscribes, so it never joins the group.
+pub fn consumer_lag(
+    consumer: &rdkafka::consumer::BaseConsumer,
+    topics: &[String],
+    timeout: Duration,
+) -> Result<i64, KafkaError> {
+    use rdkafka::consumer::Consumer;
+    use rdkafka::{Offset, TopicPartitionList};
+    let mut partitions = TopicPartitionList::new();
+    let mut watermarks = Vec::new();
+    for topic in topics {
+        let metadata = consumer.fetch_metadata(Some(topic), timeout)?;
+        for t in metadata.topics() {
+            for p in t.partitions() {
+                partitions.add_partition(topic, p.id());
+                let (low, high) = consumer.fetch_watermarks(topic, p.id(), timeout)?;
+                watermarks.push((topic.clone(), p.id(), low, high));
+            }
+        }
+    }
+    let committed = consumer.committed_offsets(partitions, timeout)?;
+    let mut lag = 0i64;
+    for (topic, partition, low, high) in watermarks {
+        let from = match committed
+            .find_partition(&topic, partition)
+            .map(|e| e.offset())
+        {
+            Some(Offset::Offset(o)) => o.max(low),
+            _ => low,
+        };
+        lag += (high - from).max(0);
+    }
+    Ok(lag)
+}

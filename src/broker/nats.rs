@@ -85,6 +85,20 @@ impl NatsConn {
     }
 }
 
+/// How many messages `stream` holds (a work-queue stream: those not yet acknowledged).
+pub async fn stream_depth(client: async_nats::Client, stream: &str) -> Result<i64, BrokerError> {
+    let js = async_nats::jetstream::new(client);
+    let mut stream = js
+        .get_stream(stream)
+        .await
+        .map_err(|e| BrokerError::Unreachable(format!("stream {stream}: {}", e.kind())))?;
+    let info = stream
+        .info()
+        .await
+        .map_err(|e| BrokerError::Unreachable(format!("stream info: {e}")))?;
+    Ok(i64::try_from(info.state.messages).unwrap_or(i64::MAX))
+}
+
 /// Sorts a JetStream publish error into refused (no stream, the server said no) or unreachable.
 pub fn publish_error(
     e: async_nats::jetstream::context::PublishError,

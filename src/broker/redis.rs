@@ -93,6 +93,31 @@ impl RedisConn {
     }
 }
 
+/// A key whose size counts toward a source's backlog, by its Redis type.
+#[derive(Clone, Copy, Debug)]
+pub enum Counted<'a> {
+    List(&'a str),
+    Hash(&'a str),
+    SortedSet(&'a str),
+}
+
+impl RedisConn {
+    /// The summed sizes of `keys` (`LLEN`, `HLEN`, `ZCARD`; a missing key is 0), read in one
+    /// round trip: how many dead messages wait there.
+    pub async fn depth(&self, keys: &[Counted<'_>]) -> Result<i64, BrokerError> {
+        let mut pipe = redis::pipe();
+        for key in keys {
+            match key {
+                Counted::List(k) => pipe.llen(k),
+                Counted::Hash(k) => pipe.hlen(k),
+                Counted::SortedSet(k) => pipe.zcard(k),
+            };
+        }
+        let sizes: Vec<i64> = self.query_pipe(&pipe).await?;
+        Ok(sizes.iter().sum())
+    }
+}
+
 fn unreachable(e: redis::RedisError) -> BrokerError {
     BrokerError::Unreachable(e.to_string())
 }

@@ -106,3 +106,30 @@ pub async fn read_aws_keys(
         version,
     ))
 }
+
+/// How many messages the queue at `url` holds: `ApproximateNumberOfMessages` (visible) plus
+/// `ApproximateNumberOfMessagesNotVisible` (received, not yet deleted). SQS's own estimates.
+pub async fn queue_depth(
+    client: &aws_sdk_sqs::Client,
+    url: &str,
+) -> Result<i64, super::BrokerError> {
+    use aws_sdk_sqs::types::QueueAttributeName as A;
+    let answer = client
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(A::ApproximateNumberOfMessages)
+        .attribute_names(A::ApproximateNumberOfMessagesNotVisible)
+        .send()
+        .await
+        .map_err(|e| {
+            super::BrokerError::Unreachable(aws_sdk_sqs::error::DisplayErrorContext(e).to_string())
+        })?;
+    let attributes = answer.attributes.unwrap_or_default();
+    let count = |a: &A| {
+        attributes
+            .get(a)
+            .and_then(|v| v.parse::<i64>().ok())
+            .unwrap_or_default()
+    };
+    Ok(count(&A::ApproximateNumberOfMessages) + count(&A::ApproximateNumberOfMessagesNotVisible))
+}

@@ -155,6 +155,11 @@ pub async fn operator(options: Options) -> Result<(), StartError> {
     let stalled = lease::stalled_leader(stalled, ready.clone());
     let stop = either(shutdown.clone(), either(lost.clone(), stalled.clone()));
     let scopes = scopes(&options.watch_namespaces);
+    // The sources' backlogs and the park endpoint's refusals, into the queues' status.
+    tokio::spawn(crate::source::backlog::write_backlogs(
+        client.clone(),
+        stop.clone(),
+    ));
     ready.store(true, Ordering::Relaxed);
     tracing::info!(namespaces = ?scopes, "controllers starting");
     settings.leadership = leadership;

@@ -138,7 +138,7 @@ pub async fn run(client: Client, into: ParkInto, queue: DeadLetterQueue, source:
 }
 
 /// Servers and security of the source: its own, else the kafka target's.
-async fn conn_for(
+pub(super) async fn conn_for(
     client: &Client,
     ns: &str,
     queue: &DeadLetterQueue,

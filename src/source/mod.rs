@@ -8,6 +8,7 @@
 //! and is re-parked (deduplicated) on the next start.
 
 pub mod amqp;
+pub mod backlog;
 pub mod http;
 pub mod in_flight;
 #[cfg(feature = "kafka")]
@@ -131,44 +132,54 @@ fn sync(shared: &Shared, running: &mut HashMap<(String, String), Running>) {
     }
 }
 
-/// Starts the source `queue` names.
+/// Starts the source `queue` names, with its backlog sampler beside it in the same task
+/// (aborted together; a source that ends ends its sampler).
 fn start(client: &Client, into: ParkInto, queue: &DeadLetterQueue) -> Option<JoinHandle<()>> {
     let source = queue.spec.source.clone()?;
     let (ns, name) = (into.namespace().to_string(), into.queue().to_string());
+    let sampler = backlog::sample(client.clone(), into.clone(), queue.clone(), source.clone());
+    let spawn = move |run: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>| {
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = run => {}
+                _ = sampler => {}
+            }
+        })
+    };
     let queue = queue.clone();
     let client = client.clone();
     if let Some(src) = source.redis {
         tracing::info!(namespace = %ns, queue = %name, list = %src.list, "starting redis source");
-        Some(tokio::spawn(redis::run(client, into, queue, src)))
+        Some(spawn(Box::pin(redis::run(client, into, queue, src))))
     } else if let Some(src) = source.amqp {
         tracing::info!(namespace = %ns, queue = %name, amqp_queue = %src.queue, "starting amqp source");
-        Some(tokio::spawn(amqp::run(client, into, queue, src)))
+        Some(spawn(Box::pin(amqp::run(client, into, queue, src))))
     } else if let Some(src) = source.nats {
         tracing::info!(namespace = %ns, queue = %name, stream = %src.stream, consumer = %src.consumer, "starting nats source");
-        Some(tokio::spawn(nats::run(client, into, queue, src)))
+        Some(spawn(Box::pin(nats::run(client, into, queue, src))))
     } else if let Some(src) = source.sqs {
         tracing::info!(namespace = %ns, queue = %name, sqs_queue = %crate::broker::redact_url(&src.queue_url), "starting sqs source");
         #[cfg(feature = "sqs")]
-        let task = tokio::spawn(sqs::run(client, into, queue, src));
+        let task = spawn(Box::pin(sqs::run(client, into, queue, src)));
         #[cfg(not(feature = "sqs"))]
-        let task = tokio::spawn(not_built(into, "sqs"));
+        let task = spawn(Box::pin(not_built(into, "sqs")));
         Some(task)
     } else if let Some(src) = source.sidekiq {
         tracing::info!(namespace = %ns, queue = %name, sidekiq_namespace = src.namespace.as_deref().unwrap_or(""), "starting sidekiq source");
-        Some(tokio::spawn(sidekiq::run(client, into, queue, src)))
+        Some(spawn(Box::pin(sidekiq::run(client, into, queue, src))))
     } else if let Some(src) = source.kafka {
         tracing::info!(namespace = %ns, queue = %name, topics = ?src.topics, "starting kafka source");
         #[cfg(feature = "kafka")]
-        let task = tokio::spawn(kafka::run(client, into, queue, src));
+        let task = spawn(Box::pin(kafka::run(client, into, queue, src)));
         #[cfg(not(feature = "kafka"))]
-        let task = tokio::spawn(not_built(into, "kafka"));
+        let task = spawn(Box::pin(not_built(into, "kafka")));
         Some(task)
     } else if let Some(src) = source.pubsub {
         tracing::info!(namespace = %ns, queue = %name, subscription = %src.subscription, "starting pubsub source");
         #[cfg(feature = "pubsub")]
-        let task = tokio::spawn(pubsub::run(client, into, queue, src));
+        let task = spawn(Box::pin(pubsub::run(client, into, queue, src)));
         #[cfg(not(feature = "pubsub"))]
-        let task = tokio::spawn(not_built(into, "pubsub"));
+        let task = spawn(Box::pin(not_built(into, "pubsub")));
         Some(task)
     } else {
         None

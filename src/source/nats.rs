@@ -194,7 +194,7 @@ pub async fn run(client: Client, into: ParkInto, queue: DeadLetterQueue, source:
 }
 
 /// The source's server URL: its own, else the nats target's.
-async fn source_url(
+pub(super) async fn source_url(
     client: &Client,
     ns: &str,
     queue: &DeadLetterQueue,

@@ -158,7 +158,7 @@ pub async fn run(client: Client, into: ParkInto, queue: DeadLetterQueue, source:
 }
 
 /// Region, endpoint and keys of the source: its own, else the sqs target's.
-async fn conn_for(
+pub(super) async fn conn_for(
     client: &Client,
     ns: &str,
     queue: &DeadLetterQueue,

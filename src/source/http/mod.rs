@@ -502,6 +502,8 @@ async fn park_one(into: &ParkInto, event: Incoming) -> Result<(String, bool), An
             Ok(ParkOutcome::Parked(r)) => return Ok((r.name_any(), true)),
             Ok(outcome) => return Ok((outcome.record().name_any(), false)),
             Err(e @ ParkError::MaxParked { .. }) => {
+                // Counted into the queue's `status.http.refusedLastMinute`.
+                super::backlog::BACKLOGS.refused(into.namespace(), into.queue());
                 return Err(Answer::error(429, e).retry_after(RETRY_AFTER_FULL));
             }
             Err(e) if e.final_refusal().is_some() => e,
