@@ -14,23 +14,34 @@
 //! of its bytes. A member that can never be a record is moved to this queue's rejected list.
 //!
 //! The dead set has no blocking pop that keeps a job safe, so an idle bridge looks every
-//! [`IDLE`]. When the set grows near the size Sidekiq trims it to (the queue at `maxParked`, or
-//! jobs dying faster than they are parked), the bridge says so: a warning and a
-//! `DeadSetNearTrim` Event.
+//! [`IDLE`].
+//!
+//! Sidekiq drops the oldest dead jobs beyond its `dead_max_jobs` (`deadMaxJobs` on the source)
+//! whenever a job dies. When parking cannot keep up (the queue at `maxParked`, or jobs dying
+//! faster than records are made), the bridge keeps the set well below that: every [`WATCH`],
+//! once it holds more than half, one atomic script ([`OVERFLOW`], in batches) moves the oldest
+//! jobs this queue's filters take onto [`overflow_list`], a list of this queue's own in the
+//! same Redis that Sidekiq never trims, until the set holds a quarter
+//! (`dlq_core::sidekiq::DeadSetBounds`). [`TAKE`] takes from that list first, so jobs are
+//! still parked oldest first, with the same crash safety. A `DeadSetOverflow` Event says when
+//! an episode of moving starts; `DeadSetNearTrim` warns if the set still nears the trim (jobs
+//! no filter takes, or a Redis too slow for the deaths).
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube::Client;
 use tokio::sync::Semaphore;
 
 use dlq_core::api::{DeadLetterQueue, SidekiqSourceSpec};
-use dlq_core::events;
+use dlq_core::events::{self, EventPlan};
+use dlq_core::sidekiq::DeadSetBounds;
 
 use super::park_into::{ParkInto, SourceError, keep_running, url_from_secret};
 use super::taken::{Failpoints, Taken, free_slots, pairs, spawn_handle};
 use crate::broker::redis::RedisConn;
+use crate::state::apiserver::reference;
 
 /// Parks in flight at once per bridge (as the Redis source: a backlog is taken in batches).
 pub const CONCURRENCY: usize = 32;
@@ -48,19 +59,26 @@ const SCAN_LIMIT: usize = 1000;
 /// is behind may add jobs below it.
 const CURSOR_RESET: Duration = Duration::from_secs(60);
 
-/// Sidekiq's default `dead_max_jobs`: beyond it the oldest dead jobs are dropped.
-const SIDEKIQ_DEAD_MAX: u64 = 10_000;
+/// How often the bridge looks at the dead set's size: at the fastest fill measured (819 jobs/s,
+/// docs/backends.md) a set grows by 82 jobs a look, far inside the half of the trim kept free.
+const WATCH: Duration = Duration::from_millis(100);
 
-/// The dead set's size at which the bridge warns (80% of [`SIDEKIQ_DEAD_MAX`]).
-const NEAR_TRIM: u64 = SIDEKIQ_DEAD_MAX * 4 / 5;
+/// Dead jobs one [`OVERFLOW`] call moves at most: a script holds Redis while it runs.
+const MOVE_BATCH: u64 = 500;
 
-/// Moves up to ARGV[1] dead jobs, oldest first, from scores ARGV[2] on, that match the queues
-/// (ARGV[3]) and classes (ARGV[4], JSON arrays; empty: any) into the inflight hash, each under a
-/// fresh id, reading past at most ARGV[5] others. Returns the next cursor (the score of the last
-/// job read past, below which none matches), then id, job, id, job, ...
-/// KEYS: dead, inflight, counter.
-const TAKE: &str = r"
-local n, limit = tonumber(ARGV[1]), tonumber(ARGV[5])
+/// This queue's overflow list: dead jobs the bridge moved out of Sidekiq's dead set before
+/// Sidekiq could trim them, oldest first, parked before the dead set's. Never prefixed by the
+/// source's redis-namespace: its name is the DeadLetterQueue's (`dlq:<namespace>/<queue>`).
+pub fn overflow_list(namespace: &str, queue: &str) -> String {
+    format!("dlq:{namespace}/{queue}:overflow")
+}
+
+/// The Lua both scripts share: `wanted(raw)`, whether this queue's filters take a dead job
+/// (queues ARGV[3] and classes ARGV[4], JSON arrays; empty: any). A member that is not a JSON
+/// object names no queue and is taken by every filter.
+macro_rules! filter_lua {
+    () => {
+        r"
 local function set(json)
   local s, any = {}, false
   for _, v in ipairs(cjson.decode(json)) do s[v] = true; any = true end
@@ -75,7 +93,32 @@ local function wanted(raw)
   local class = job['wrapped'] or job['class']
   return (not by_queue or queues[job['queue']] == true) and (not by_class or classes[class] == true)
 end
+"
+    };
+}
+
+/// Moves up to ARGV[1] dead jobs into the inflight hash, each under a fresh id: first from the
+/// overflow list (oldest first, already filtered), then the oldest dead jobs from scores ARGV[2]
+/// on that match the filters, reading past at most ARGV[5] others. Returns the next cursor (the
+/// score of the last job read past, below which none matches), then id, job, id, job, ...
+/// KEYS: dead, inflight, counter, overflow.
+const TAKE: &str = concat!(
+    filter_lua!(),
+    r"
+local n, limit = tonumber(ARGV[1]), tonumber(ARGV[5])
 local out, cursor, skipped = {ARGV[2]}, ARGV[2], 0
+local function take(raw)
+  local t = redis.call('TIME')
+  local id = t[1] .. '.' .. t[2] .. '-' .. redis.call('INCR', KEYS[3])
+  redis.call('HSET', KEYS[2], id, raw)
+  out[#out + 1] = id
+  out[#out + 1] = raw
+end
+while #out < 2 * n + 1 do
+  local raw = redis.call('LPOP', KEYS[4])
+  if not raw then break end
+  take(raw)
+end
 while #out < 2 * n + 1 and skipped < limit do
   local batch = redis.call('ZRANGEBYSCORE', KEYS[1], cursor, '+inf', 'WITHSCORES', 'LIMIT', skipped, 100)
   if #batch == 0 then break end
@@ -83,11 +126,7 @@ while #out < 2 * n + 1 and skipped < limit do
     local raw = batch[i]
     if wanted(raw) then
       redis.call('ZREM', KEYS[1], raw)
-      local t = redis.call('TIME')
-      local id = t[1] .. '.' .. t[2] .. '-' .. redis.call('INCR', KEYS[3])
-      redis.call('HSET', KEYS[2], id, raw)
-      out[#out + 1] = id
-      out[#out + 1] = raw
+      take(raw)
       if #out >= 2 * n + 1 then break end
     else
       skipped = skipped + 1
@@ -96,7 +135,40 @@ while #out < 2 * n + 1 and skipped < limit do
   end
 end
 return out
-";
+"
+);
+
+/// While the dead set holds more than ARGV[6] jobs, moves up to ARGV[1] of the oldest that
+/// match the filters, from scores ARGV[2] on, onto the tail of the overflow list, reading past
+/// at most ARGV[5] others. Returns the next cursor (as [`TAKE`]'s), how many it moved, the
+/// set's size and the list's length after.
+/// KEYS: dead, overflow.
+const OVERFLOW: &str = concat!(
+    filter_lua!(),
+    r"
+local n, limit, keep = tonumber(ARGV[1]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local cursor, reached, skipped, moved = ARGV[2], ARGV[2], 0, 0
+local size = redis.call('ZCARD', KEYS[1])
+while moved < n and size > keep and skipped < limit do
+  local batch = redis.call('ZRANGEBYSCORE', KEYS[1], cursor, '+inf', 'WITHSCORES', 'LIMIT', skipped, 100)
+  if #batch == 0 then break end
+  for i = 1, #batch, 2 do
+    local raw = batch[i]
+    if wanted(raw) then
+      redis.call('ZREM', KEYS[1], raw)
+      redis.call('RPUSH', KEYS[2], raw)
+      moved = moved + 1
+      size = size - 1
+      if moved >= n or size <= keep then break end
+    else
+      skipped = skipped + 1
+      reached = batch[i + 1]
+    end
+  end
+end
+return {reached, moved, size, redis.call('LLEN', KEYS[2])}
+"
+);
 
 /// Runs one bridge until aborted.
 pub async fn run(
@@ -132,11 +204,19 @@ async fn run_once(
     .await?;
     let conn = Arc::new(RedisConn::new(&url).map_err(SourceError::broker("connecting to redis"))?);
     let ctx = Arc::new(Bridge::new(into.clone(), conn, source)?);
-    ctx.taken.recover().await?;
     tracing::debug!(namespace = %into.namespace(), queue = %into.queue(), dead = %ctx.dead, "sidekiq source draining");
+    // Keeping the set below the trim starts first: re-parking what a crash left may wait
+    // for a full queue for hours.
+    let drain = async {
+        ctx.taken.recover().await?;
+        tokio::select! {
+            pulled = pull(&ctx) => pulled,
+            swept = ctx.sweep() => swept,
+        }
+    };
     tokio::select! {
-        pulled = pull(&ctx) => pulled,
-        swept = ctx.sweep() => swept,
+        drained = drain => drained,
+        kept = ctx.keep_below_trim() => kept,
     }
 }
 
@@ -186,6 +266,23 @@ impl Cursor {
     }
 }
 
+/// What one [`OVERFLOW`] call did.
+struct Moved {
+    cursor: String,
+    moved: u64,
+    /// The dead set's size after it.
+    dead: u64,
+    /// The overflow list's length after it.
+    listed: u64,
+}
+
+/// An episode of moving: from the first job moved until the set is back at or below half
+/// the trim and the overflow list is empty (all taken to be parked).
+struct Episode {
+    moved: u64,
+    since: Instant,
+}
+
 struct Bridge {
     /// This queue's inflight hash (its own keys beside Sidekiq's: two queues filtering one
     /// Sidekiq never share them) and how its jobs are parked and acknowledged.
@@ -193,11 +290,14 @@ struct Bridge {
     /// Sidekiq's dead set (`[<namespace>:]dead`).
     dead: String,
     counter: String,
+    /// Where jobs go before Sidekiq could trim them ([`overflow_list`]).
+    overflow: String,
     /// The filters as the script takes them (JSON arrays).
     queues: String,
     classes: String,
-    /// Whether the last look found the dead set near Sidekiq's trim (warned once per crossing).
-    near_trim: Mutex<bool>,
+    /// This Sidekiq's `dead_max_jobs` (`deadMaxJobs`) and the sizes that follow from it.
+    trim: u64,
+    bounds: DeadSetBounds,
 }
 
 impl Bridge {
@@ -214,6 +314,7 @@ impl Bridge {
         let json = |v: &Vec<String>| {
             serde_json::to_string(v).map_err(|e| SourceError::Config(format!("filters: {e}")))
         };
+        let overflow = overflow_list(into.namespace(), into.queue());
         let taken = Taken::new(
             into,
             conn,
@@ -226,52 +327,166 @@ impl Bridge {
                 before_ack: "sidekiq-before-ack",
             },
         );
+        let trim = source.dead_max_jobs();
         Ok(Bridge {
             dead: format!("{prefix}dead"),
             counter: format!("{own}:inflight:seq"),
+            overflow,
             queues: json(&source.queues)?,
             classes: json(&source.classes)?,
             taken: Arc::new(taken),
-            near_trim: Mutex::default(),
+            trim,
+            bounds: DeadSetBounds::for_trim(trim),
         })
     }
 
-    /// Every [`SWEEP`]: re-parks inflight jobs seen two sweeps in a row and not parked here,
-    /// and says whether the dead set is near Sidekiq's trim.
+    /// Every [`SWEEP`]: re-parks inflight jobs seen two sweeps in a row and not parked here.
     async fn sweep(&self) -> Result<(), SourceError> {
         let mut suspects: HashSet<String> = HashSet::new();
         loop {
             tokio::time::sleep(SWEEP).await;
-            self.watch_size().await?;
             suspects = self.taken.sweep_once(&suspects).await?;
         }
     }
 
-    /// Warns once each time the dead set grows past [`NEAR_TRIM`]: Sidekiq will soon drop
-    /// its oldest jobs before they are parked.
-    async fn watch_size(&self) -> Result<(), SourceError> {
-        let size: u64 = self
-            .taken
+    /// Every [`WATCH`]: once the dead set holds more than half the trim, moves this queue's
+    /// oldest jobs onto the overflow list until it holds a quarter; says when an episode of
+    /// moving starts (`DeadSetOverflow`) and, once per crossing, when the set is near the trim
+    /// all the same (`DeadSetNearTrim`).
+    async fn keep_below_trim(&self) -> Result<(), SourceError> {
+        let mut cursor = Cursor::new();
+        let mut episode: Option<Episode> = None;
+        let mut near = false;
+        loop {
+            let before = self.dead_size().await?;
+            let mut dead = before;
+            let mut moved = 0;
+            let mut listed = None;
+            if self.bounds.to_move(dead) > 0 {
+                loop {
+                    let n = self.bounds.to_move(dead).min(MOVE_BATCH);
+                    let m = self.move_out(n, cursor.at()).await?;
+                    cursor.moved_to(m.cursor);
+                    (dead, listed) = (m.dead, Some(m.listed));
+                    moved += m.moved;
+                    // None of this queue's left within the scan: the next look goes on.
+                    if m.moved == 0 || dead <= self.bounds.low {
+                        break;
+                    }
+                }
+            }
+            if moved > 0 {
+                match &mut episode {
+                    Some(e) => e.moved += moved,
+                    None => {
+                        episode = Some(Episode {
+                            moved,
+                            since: Instant::now(),
+                        });
+                        self.overflowing(before, moved, listed.unwrap_or(moved))
+                            .await;
+                    }
+                }
+            }
+            if let Some(e) = &episode
+                && dead <= self.bounds.high
+                && self.overflow_len().await? == 0
+            {
+                tracing::info!(namespace = %self.taken.into.namespace(), queue = %self.taken.into.queue(), moved = e.moved, secs = e.since.elapsed().as_secs(), overflow = %self.overflow, "sidekiq overflow list emptied: every job moved there is taken to be parked");
+                episode = None;
+            }
+            let now_near = self.bounds.is_near_trim(dead);
+            if now_near && !near {
+                self.near_trim(dead).await;
+            }
+            near = now_near;
+            tokio::time::sleep(WATCH).await;
+        }
+    }
+
+    /// Says, once an episode starts, that jobs are being moved out of Sidekiq's reach.
+    async fn overflowing(&self, size: u64, moved: u64, listed: u64) {
+        let into = &self.taken.into;
+        tracing::info!(namespace = %into.namespace(), queue = %into.queue(), size, moved, listed, dead = %self.dead, overflow = %self.overflow, "sidekiq dead set above half its trim: moving the oldest jobs to the overflow list");
+        let note = format!(
+            "Sidekiq's dead set {} held {size} jobs, more than half of its trim (deadMaxJobs {}): moved the oldest {moved} this queue takes into {} (now {listed}), which Sidekiq never trims; they are parked from there first, oldest first, and count as backlog",
+            self.dead, self.trim, self.overflow
+        );
+        let Some(queue) = into.shared.queues.get(&into.key) else {
+            return;
+        };
+        let event = EventPlan::normal(
+            events::reason::DEAD_SET_OVERFLOW,
+            events::action::PARK,
+            note,
+        );
+        into.shared
+            .apiserver
+            .publish(reference(queue.as_ref()), &event)
+            .await;
+    }
+
+    /// Warns that the set nears the trim even so: Sidekiq will soon drop jobs unparked.
+    async fn near_trim(&self, size: u64) {
+        let note = format!(
+            "Sidekiq's dead set {} holds {size} jobs; Sidekiq drops the oldest beyond {} (deadMaxJobs) before they are parked, and moving this queue's jobs to {} has not kept it down: jobs no DeadLetterQueue's filters take, or a deadMaxJobs above Sidekiq's dead_max_jobs",
+            self.dead, self.trim, self.overflow
+        );
+        let into = &self.taken.into;
+        tracing::warn!(namespace = %into.namespace(), queue = %into.queue(), size, dead = %self.dead, "sidekiq dead set near its trim");
+        into.warn(events::reason::DEAD_SET_NEAR_TRIM, note).await;
+    }
+
+    async fn dead_size(&self) -> Result<u64, SourceError> {
+        self.taken
             .conn
             .query(redis::cmd("ZCARD").arg(&self.dead))
             .await
-            .map_err(SourceError::broker(format!("counting {}", self.dead)))?;
-        let near = size >= NEAR_TRIM;
-        let was = std::mem::replace(&mut *lock(&self.near_trim), near);
-        if near && !was {
-            let note = format!(
-                "Sidekiq's dead set {} holds {size} jobs; Sidekiq drops the oldest beyond {SIDEKIQ_DEAD_MAX} (its default dead_max_jobs) before they are parked: resolve records (the queue may be at maxParked) or raise Sidekiq's limit",
-                self.dead
-            );
-            let into = &self.taken.into;
-            tracing::warn!(namespace = %into.namespace(), queue = %into.queue(), size, dead = %self.dead, "sidekiq dead set near its trim");
-            into.warn(events::reason::DEAD_SET_NEAR_TRIM, note).await;
-        }
-        Ok(())
+            .map_err(SourceError::broker(format!("counting {}", self.dead)))
     }
 
-    /// Up to `n` dead jobs moved into the inflight hash with their ids, and the cursor to
-    /// start from next time (see [`TAKE`]).
+    async fn overflow_len(&self) -> Result<u64, SourceError> {
+        self.taken
+            .conn
+            .query(redis::cmd("LLEN").arg(&self.overflow))
+            .await
+            .map_err(SourceError::broker(format!("counting {}", self.overflow)))
+    }
+
+    /// Up to `n` of this queue's oldest dead jobs moved onto the overflow list, leaving at
+    /// least a quarter of the trim in the set (see [`OVERFLOW`]).
+    async fn move_out(&self, n: u64, cursor: &str) -> Result<Moved, SourceError> {
+        let (cursor, moved, dead, listed): (String, u64, u64, u64) = self
+            .taken
+            .conn
+            .query(
+                redis::cmd("EVAL")
+                    .arg(OVERFLOW)
+                    .arg(2)
+                    .arg(&self.dead)
+                    .arg(&self.overflow)
+                    .arg(n)
+                    .arg(cursor)
+                    .arg(&self.queues)
+                    .arg(&self.classes)
+                    .arg(SCAN_LIMIT)
+                    .arg(self.bounds.low),
+            )
+            .await
+            .map_err(SourceError::broker(format!(
+                "moving jobs of {} to {}",
+                self.dead, self.overflow
+            )))?;
+        Ok(Moved {
+            cursor,
+            moved,
+            dead,
+            listed,
+        })
+    }
+
+    /// Up to `n` jobs moved into the inflight hash with their ids (the overflow list's first),
+    /// and the cursor to start from next time (see [`TAKE`]).
     async fn take(
         &self,
         n: usize,
@@ -283,10 +498,11 @@ impl Bridge {
             .query(
                 redis::cmd("EVAL")
                     .arg(TAKE)
-                    .arg(3)
+                    .arg(4)
                     .arg(&self.dead)
                     .arg(&self.taken.hash)
                     .arg(&self.counter)
+                    .arg(&self.overflow)
                     .arg(n)
                     .arg(cursor)
                     .arg(&self.queues)
@@ -304,9 +520,4 @@ impl Bridge {
             .unwrap_or_else(|| "-inf".into());
         Ok((next, pairs(items)?))
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding it leaves plain data behind; keep using it.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

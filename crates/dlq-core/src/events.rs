@@ -30,6 +30,9 @@ pub mod reason {
     pub const BACKEND_NOT_BUILT: &str = "BackendNotBuilt";
     /// A Sidekiq dead set is near the size at which Sidekiq drops its oldest jobs unparked.
     pub const DEAD_SET_NEAR_TRIM: &str = "DeadSetNearTrim";
+    /// A Sidekiq source moved dead jobs out of the dead set into its overflow list before
+    /// Sidekiq could trim them (once per episode).
+    pub const DEAD_SET_OVERFLOW: &str = "DeadSetOverflow";
     /// Someone read a record's payload through the reveal API (`deadletterpayloads`).
     pub const PAYLOAD_REVEALED: &str = "PayloadRevealed";
     /// A reveal of a record's payload found it unopenable (its key is gone, or its ciphertext

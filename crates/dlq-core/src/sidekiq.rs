@@ -33,6 +33,39 @@ struct DeadJob {
     failed_at: Option<f64>,
 }
 
+/// How full Sidekiq's dead set may grow while a source collects it, given Sidekiq's
+/// `dead_max_jobs` (the size at which it drops the oldest dead jobs silently). Well below
+/// that, the source moves its oldest dead jobs into a list of its own that Sidekiq never trims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeadSetBounds {
+    /// Above this many (half the trim) the source moves jobs out...
+    pub high: u64,
+    /// ...until the set holds this many (a quarter): it moves in batches, not a job a look.
+    pub low: u64,
+    /// At or above this many (80% of the trim) moving has not kept the set down (jobs no
+    /// filter takes, or a Redis too slow): the source warns.
+    pub near_trim: u64,
+}
+
+impl DeadSetBounds {
+    pub fn for_trim(dead_max_jobs: u64) -> Self {
+        DeadSetBounds {
+            high: dead_max_jobs / 2,
+            low: dead_max_jobs / 4,
+            near_trim: (dead_max_jobs.saturating_mul(4) / 5).max(1),
+        }
+    }
+
+    /// How many jobs to move out of a set that holds `size`: none at or below `high`.
+    pub fn to_move(&self, size: u64) -> u64 {
+        if size > self.high { size - self.low } else { 0 }
+    }
+
+    pub fn is_near_trim(&self, size: u64) -> bool {
+        size >= self.near_trim
+    }
+}
+
 /// Turns one member of the `dead` set into a park request for DeadLetterQueue `queue`.
 pub fn request_for(queue: &str, raw: &[u8]) -> ParkRequest {
     // Through a Value: serde would read a JSON array as the fields in order.
@@ -163,6 +196,29 @@ mod tests {
     use crate::park::{Disposition, dispose};
 
     const DEAD: &[u8] = br#"{"retry":0,"queue":"payments","class":"SettleJob","args":["pi_0003"],"jid":"b4a577edbccf1d805744efa9","created_at":1764670000.123456,"enqueued_at":1764670000.1236,"error_message":"gateway timeout","error_class":"Net::ReadTimeout","failed_at":1764670001.5,"retry_count":2}"#;
+
+    #[test]
+    fn the_dead_set_is_emptied_to_a_quarter_of_the_trim_once_above_half() {
+        let b = DeadSetBounds::for_trim(10_000);
+        assert_eq!((b.high, b.low, b.near_trim), (5_000, 2_500, 8_000));
+        assert_eq!(b.to_move(0), 0);
+        assert_eq!(b.to_move(5_000), 0, "at half: left to the take");
+        assert_eq!(b.to_move(5_001), 2_501, "just above: down to a quarter");
+        assert_eq!(b.to_move(9_999), 7_499);
+        assert!(!b.is_near_trim(7_999) && b.is_near_trim(8_000));
+        let small = DeadSetBounds::for_trim(300);
+        assert_eq!((small.high, small.low, small.near_trim), (150, 75, 240));
+        assert_eq!(small.to_move(151), 76);
+    }
+
+    #[test]
+    fn a_tiny_trim_moves_every_job_and_warns_only_when_one_waits() {
+        let b = DeadSetBounds::for_trim(1);
+        assert_eq!(b.to_move(1), 1, "Sidekiq keeps none: move each at once");
+        assert_eq!(b.to_move(0), 0);
+        assert!(!b.is_near_trim(0), "an empty set is never near the trim");
+        assert!(b.is_near_trim(1));
+    }
 
     #[test]
     fn a_dead_job_becomes_a_record_of_its_exact_json() {

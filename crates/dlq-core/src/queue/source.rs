@@ -113,6 +113,25 @@ pub struct SidekiqSourceSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), inner(length(min = 1, max = 255)))]
     pub classes: Vec<String>,
+    /// This Sidekiq's `dead_max_jobs` (default 10000), where it drops the oldest dead jobs:
+    /// above half of it the source moves its oldest dead jobs into a list of its own that
+    /// Sidekiq never trims, and parks from there first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub dead_max_jobs: Option<i64>,
+}
+
+/// Sidekiq's own default `dead_max_jobs`.
+pub const DEFAULT_DEAD_MAX_JOBS: u64 = 10_000;
+
+impl SidekiqSourceSpec {
+    /// The size at which this Sidekiq trims its dead set.
+    pub fn dead_max_jobs(&self) -> u64 {
+        self.dead_max_jobs
+            .and_then(|n| u64::try_from(n).ok())
+            .filter(|n| *n > 0)
+            .unwrap_or(DEFAULT_DEAD_MAX_JOBS)
+    }
 }
 
 /// Drain a Redis list that consumers push dead jobs onto (see docs/backends.md, "Source: the dead-list envelope").
