@@ -77,6 +77,7 @@ pub struct Metrics {
     pub rejected: Family<RejectedLabels, Counter>,
     pub alerts_sent: Family<AlertResultLabels, Counter>,
     pub http_park_requests: Family<CodeLabels, Counter>,
+    pub passed_through: Family<QueueLabels, Counter>,
     pub registry: Arc<Registry>,
 }
 
@@ -139,8 +140,15 @@ impl Default for Metrics {
             "Requests to the HTTP park endpoint, by the status answered",
             http_park_requests.clone(),
         );
+        let passed_through = Family::<QueueLabels, Counter>::default();
+        registry.register(
+            "dlq_passed_through",
+            "Dead messages a standing replay passed from the broker to the target without a record",
+            passed_through.clone(),
+        );
         Metrics {
             http_park_requests,
+            passed_through,
             rejected,
             parked,
             records,
@@ -170,6 +178,16 @@ impl Metrics {
                 namespace: namespace.into(),
                 queue: queue.into(),
                 reason: reason.into(),
+            })
+            .inc();
+    }
+
+    /// One more dead message passed through by a standing replay.
+    pub fn passed_through(&self, namespace: &str, queue: &str) {
+        self.passed_through
+            .get_or_create(&QueueLabels {
+                namespace: namespace.into(),
+                queue: queue.into(),
             })
             .inc();
     }

@@ -11,7 +11,9 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use tokio::sync::Mutex;
 
-use dlq_core::api::{DeadLetter, DeadLetterQueue};
+use futures::future::BoxFuture;
+
+use dlq_core::api::{DeadLetter, DeadLetterQueue, Job};
 use dlq_core::events::EventPlan;
 use dlq_core::plan::{Effects, Then};
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -22,7 +24,8 @@ use crate::state::apiserver::{self, Apiserver};
 use crate::state::leadership::Leadership;
 use crate::state::parking_first;
 use crate::state::records::RecordIndex;
-use crate::target::Targets;
+use crate::state::standing::{PassTarget, Standing};
+use crate::target::{JobMessage, Targets};
 
 /// Tunables of the reconcilers.
 #[derive(Clone, Debug)]
@@ -145,6 +148,36 @@ pub struct Context {
     /// The queues' sealing keys (opening sealed jobs to redrive them, the recipients a queue
     /// publishes); [`crate::keys::NoKeys`] unless set with [`Context::with_keys`].
     pub keys: Arc<dyn crate::keys::Keys>,
+    /// The standing replays running here, which the sources pass dead messages through for.
+    pub standing: Standing,
+}
+
+/// Passes standing replays' dead messages to their queues' targets, as a redrive enqueues a
+/// record's job: untouched, with the idempotency key in the queue's key header.
+struct TargetsPass(Arc<dyn Targets>);
+
+impl PassTarget for TargetsPass {
+    fn requeue<'a>(
+        &'a self,
+        queue: &'a DeadLetterQueue,
+        job: &'a Job,
+        key: String,
+    ) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let target = self.0.target(queue).await.map_err(|e| e.to_string())?;
+            let mut message = JobMessage::from_job(job).map_err(|e| e.to_string())?;
+            message.idempotency_key = Some(key);
+            message.key_header = queue
+                .spec
+                .target
+                .idempotency_key_header()
+                .map(str::to_string);
+            message
+                .check_carried_by(target.as_ref())
+                .map_err(|e| e.to_string())?;
+            target.requeue(&message).await.map_err(|e| e.to_string())
+        })
+    }
 }
 
 /// How long a reconcile waits for a store's first complete list (the record index's, the queue
@@ -194,7 +227,6 @@ impl Context {
     ) -> Self {
         Context {
             apiserver,
-            targets,
             metrics,
             records,
             queues,
@@ -205,6 +237,8 @@ impl Context {
             groups: kept_groups::GroupKeeper::default(),
             group_store: None,
             keys: Arc::new(crate::keys::NoKeys),
+            standing: Standing::new(Arc::new(TargetsPass(targets.clone()))),
+            targets,
             settings,
         }
     }

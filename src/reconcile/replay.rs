@@ -30,6 +30,7 @@ use dlq_core::replay::{
 use super::context::{Context, LIST_WAIT};
 use super::error::ReconcileError;
 use crate::state::apiserver::{Signature, is_conflict, reference};
+use crate::state::standing::{Cover, Tally};
 
 /// Signatures in flight at once within one step.
 const SIGN_CONCURRENCY: usize = 64;
@@ -44,6 +45,11 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// How long a step waits for the record cache's first listing.
 /// How often a replay waiting for outcomes looks again.
 const SETTLE_POLL: Duration = Duration::from_millis(500);
+/// How often a standing replay with nothing to decide looks again (well inside the cover's
+/// `LAPSE`).
+const STANDING_POLL: Duration = Duration::from_secs(2);
+/// How long a standing replay's end waits for the messages still passing through.
+const PASSING_WAIT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
@@ -134,11 +140,12 @@ pub async fn reconcile(replay: Arc<DeadLetterReplay>, replays: Arc<Replays>) -> 
         .clone()
         .or_else(|| replay.status.clone())
         .unwrap_or_default();
+    let ctx = &replays.ctx;
     if status.phase.is_some_and(ReplayPhase::is_final) {
         replays.memory.lock().await.remove(&uid);
+        ctx.standing.uncover(&ns, &uid);
         return Ok(Action::await_change());
     }
-    let ctx = &replays.ctx;
     if !ctx.records_ready().await || !ctx.queues_ready().await {
         // Right after start-up the caches may still be filling: a selection taken now would be
         // empty, and a queue not listed yet would look missing.
@@ -179,9 +186,14 @@ async fn step(run: &mut Run<'_>) -> Result<Action> {
         start(run).await?;
     }
     let status = run.status.clone();
-    let Some(started) = replay::Start::of(&status) else {
+    let selector = run.replay.spec.selector();
+    let standing = run.replay.spec.standing().then_some(&selector);
+    let Some(started) = replay::Start::of(&status, standing) else {
         return Ok(Action::requeue(PENDING_RETRY));
     };
+    if standing.is_some() {
+        stand(run);
+    }
     let observed = replay::observe(
         run.records.iter().map(|r| r.as_ref()),
         run.replay_ref(),
@@ -254,6 +266,7 @@ async fn start(run: &mut Run<'_>) -> Result<()> {
         Some(&replay::Start {
             at: now,
             frozen: Some(&frozen),
+            standing: spec.standing().then_some(&spec.selector()),
         }),
         spec.max(),
     );
@@ -278,7 +291,10 @@ async fn decide(
 ) -> Result<Action> {
     let spec = &run.replay.spec;
     let decided = usize::try_from(run.status.decided).unwrap_or(0);
-    let quota = spec.max().map_or(usize::MAX, |m| m.saturating_sub(decided));
+    let passed = usize::try_from(run.status.passed_through).unwrap_or(0);
+    let quota = spec
+        .max()
+        .map_or(usize::MAX, |m| m.saturating_sub(decided + passed));
     let candidates: Vec<DeadLetter> = replay::select(
         run.records.iter().map(|r| r.as_ref()),
         &spec.queue,
@@ -292,6 +308,12 @@ async fn decide(
     .map(|r| r.to_record())
     .collect();
     if candidates.is_empty() {
+        if spec.standing() && !standing_over(run, started) {
+            // The rest of the incident may still be in the broker: keep covering it (a step
+            // every STANDING_POLL, so each writes what changed).
+            write(run).await?;
+            return Ok(Action::requeue(STANDING_POLL));
+        }
         return settle(run, observed).await;
     }
     let elapsed =
@@ -305,6 +327,12 @@ async fn decide(
         }
         tracing::debug!(replay = %run.name, signed = batch.len(), took_ms = clock.elapsed().as_millis() as u64, "replay step");
     }
+    write_progress(run).await?;
+    Ok(Action::requeue(replay::step(spec.rate())))
+}
+
+/// Writes the progress at most every [`PROGRESS_EVERY`].
+async fn write_progress(run: &mut Run<'_>) -> Result<()> {
     if run
         .mem
         .written_at
@@ -312,7 +340,61 @@ async fn decide(
     {
         write(run).await?;
     }
-    Ok(Action::requeue(replay::step(spec.rate())))
+    Ok(())
+}
+
+/// Covers a standing replay's group for the sources (made at its first step in this process,
+/// renewed at each), and folds what passed through since into its status.
+fn stand(run: &mut Run<'_>) {
+    let uid = run.replay.metadata.uid.clone().unwrap_or_default();
+    let (status, spec, name) = (&run.status, &run.replay.spec, &run.name);
+    let cover = run.ctx.standing.cover(&run.ns, &spec.queue, &uid, || {
+        let tally = Tally {
+            sample: status.sample.clone(),
+            at: status.passed_at.as_ref().map(|t| t.0),
+        };
+        Cover::new(&uid, name, spec, status.passed_through, tally)
+    });
+    cover.renew();
+    fold(&mut run.status, &cover);
+}
+
+/// What `cover` passed through, into `status` (never below what it already says).
+fn fold(status: &mut DeadLetterReplayStatus, cover: &Cover) {
+    let (passed, tally) = cover.passed();
+    status.passed_through = status.passed_through.max(passed);
+    status.sample = tally.sample;
+    status.passed_at = tally.at.map(Time);
+}
+
+/// Whether a standing replay with nothing left to decide is over: `max` reached, or its
+/// group's dead messages stopped coming (`dlq_core::replay::standing_done`: the broker seen
+/// empty since the last one, or none for `settleSeconds`).
+fn standing_over(run: &Run<'_>, started: &replay::Start<'_>) -> bool {
+    let spec = &run.replay.spec;
+    let done = run.status.decided + run.status.passed_through;
+    if spec.max.is_some_and(|m| done >= m) {
+        return true;
+    }
+    let selector = spec.selector();
+    let newest_record = run
+        .records
+        .iter()
+        .filter(|r| selector.matches_facts(r.as_ref()))
+        .filter_map(|r| r.created())
+        .max();
+    let passed_at = run.status.passed_at.as_ref().map(|t| t.0);
+    let last_came = [Some(started.at), newest_record, passed_at]
+        .into_iter()
+        .flatten()
+        .max()
+        .unwrap_or(started.at);
+    let backlog = run
+        .ctx
+        .queue(&run.ns, &spec.queue)
+        .and_then(|q| q.status.as_ref()?.backlog.clone())
+        .and_then(|b| Some((b.messages, b.observed_at?.0)));
+    replay::standing_done(backlog, last_came, Timestamp::now(), spec.settle())
 }
 
 /// Signs `batch` concurrently; remembers what was signed. A refusal by the apiserver (an
@@ -420,6 +502,12 @@ async fn settle(run: &mut Run<'_>, observed: &Observed) -> Result<Action> {
 /// Ends the run: on a stop, withdraws the decisions not carried out yet; then the final
 /// status, and the decision record (an Event on the queue and on the replay).
 async fn finish(run: &mut Run<'_>, observed: &Observed, stop: Option<String>) -> Result<Action> {
+    let uid = run.replay.metadata.uid.clone().unwrap_or_default();
+    if let Some(cover) = run.ctx.standing.uncover(&run.ns, &uid) {
+        // Messages in the middle of passing through when the cover ended are counted too.
+        cover.passing_done(PASSING_WAIT).await;
+        fold(&mut run.status, &cover);
+    }
     let now = Timestamp::now();
     if stop.is_some() {
         let withdrawn = withdraw_undone(run).await?;

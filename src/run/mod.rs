@@ -215,6 +215,7 @@ pub async fn run_scope(
         leadership: settings.leadership.clone(),
         in_flight: Default::default(),
         parking_first: ctx.parking_first.clone(),
+        standing: ctx.standing.clone(),
     };
     // Parks over HTTP while this scope runs.
     let _registration = park_endpoint.map(|e| e.register(namespace.clone(), shared.clone()));

@@ -21,6 +21,7 @@ use crate::state::apiserver::{Apiserver, reference};
 use crate::state::jobs::JobIndex;
 use crate::state::leadership::Leadership;
 use crate::state::parking_first::ParkingFirst;
+use crate::state::standing::{Passed, Standing};
 
 /// Why one run of a source ended. It is restarted with backoff.
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +76,8 @@ pub struct Shared {
     pub in_flight: InFlight,
     /// Parks in flight, which the records controller's marks yield to.
     pub parking_first: ParkingFirst,
+    /// The standing replays running here: a dead message one covers is passed through.
+    pub standing: Standing,
 }
 
 /// Where a source parks: its DeadLetterQueue as the operator's store holds it right now (its
@@ -147,6 +150,9 @@ impl ParkInto {
         Fut: std::future::Future<Output = ()>,
     {
         let mut req = self.dispose(req, raw)?;
+        if self.passed_through(&req, raw).await {
+            return Ok(());
+        }
         let mut tried = 0;
         loop {
             let refused = match self.park_until_known(&req, where_it_stays, &waiting).await {
@@ -160,6 +166,32 @@ impl ParkInto {
             tracing::warn!(namespace = %self.namespace(), queue = %self.queue(), job = %req.job.id, error = %refused, fallback = tried + 1, "the apiserver refused the record for good; parking the message as Invalid with its exact bytes");
             req = next;
             tried += 1;
+        }
+    }
+
+    /// Whether a standing replay took `req` (see [`crate::state::standing`]): requeued on the
+    /// target, so the source acknowledges it without a record. A failed requeue parks it.
+    async fn passed_through(&self, req: &ParkRequest, raw: &[u8]) -> bool {
+        // A replica without a term parks nothing, and passes nothing either.
+        if !self.shared.leadership.holds() {
+            return false;
+        }
+        let Some(queue) = self.shared.queues.get(&self.key) else {
+            return false;
+        };
+        match self.shared.standing.pass(&queue, req, raw).await {
+            Passed::No => false,
+            Passed::Through { replay } => {
+                self.shared
+                    .metrics
+                    .passed_through(self.namespace(), self.queue());
+                tracing::debug!(namespace = %self.namespace(), queue = %self.queue(), job = %req.job.id, %replay, "passed through");
+                true
+            }
+            Passed::Failed { replay, why } => {
+                tracing::warn!(namespace = %self.namespace(), queue = %self.queue(), job = %req.job.id, %replay, error = %why, "pass-through failed; parking the dead message instead");
+                false
+            }
         }
     }
 
@@ -353,6 +385,7 @@ mod tests {
                 leadership: leadership.clone(),
                 in_flight: InFlight::default(),
                 parking_first: ParkingFirst::default(),
+                standing: Standing::default(),
                 client,
             },
             key: ObjectRef::new("relayer").within("payments"),

@@ -135,7 +135,7 @@ The same list as dlq_core::replay::FROZEN_FIELDS (tests/chart_admission.rs check
 */}}
 {{- define "dlo.replayFrozenUnchanged" -}}
 {{- $parts := list -}}
-{{- range list "queue" "selector" "action" "rate" "max" "stopWhen" "dryRun" "by" "note" "settleSeconds" -}}
+{{- range list "queue" "selector" "action" "rate" "max" "stopWhen" "dryRun" "by" "note" "settleSeconds" "standing" -}}
 {{- $parts = append $parts (printf "has(object.spec.%s) == has(oldObject.spec.%s) && (!has(object.spec.%s) || object.spec.%s == oldObject.spec.%s)" . . . . .) -}}
 {{- end -}}
 {{- join " && " $parts -}}

@@ -594,6 +594,61 @@ pub fn new_record(req: &ParkRequest, cycle: i32) -> DeadLetter {
     record
 }
 
+/// The record `req` would become, without its job's content, on a queue that seals (`seals`:
+/// its reason as sealing keeps it) or not: what a replay's selector matches before any record
+/// exists (a standing replay's pass-through), labelled with the group the record would have.
+pub fn arriving(req: &ParkRequest, seals: bool) -> DeadLetter {
+    let mut reason = req.reason.clone();
+    if seals {
+        if let Some(sealed) = &req.sealed_reason {
+            reason.clone_from(sealed);
+        }
+        reason = crate::mask::mask_cards(&reason);
+    }
+    let light = ParkRequest {
+        queue: req.queue.clone(),
+        job: crate::dead_letter::Job {
+            id: req.job.id.clone(),
+            ..Default::default()
+        },
+        intent: None,
+        deliveries: req.deliveries,
+        reason,
+        failure_kind: req.failure_kind,
+        service_version: req.service_version.clone(),
+        error_class: req.error_class.clone(),
+        failed_at: req.failed_at,
+        message: None,
+        redelivered: false,
+        sealed_reason: None,
+        own_death: false,
+    };
+    new_record(&light, 1)
+}
+
+/// The idempotency key of a dead message passed straight from the broker to the target (a
+/// standing replay): the same for every delivery of that one message, so a repeat after a crash
+/// between the requeue and the ack carries the key of the first. From the source's message
+/// identity when it has one, else from the message's exact bytes.
+pub fn pass_key(namespace: &str, queue: &str, message: Option<&str>, raw: &[u8]) -> String {
+    let mut h = Sha256::new();
+    for part in [namespace.as_bytes(), queue.as_bytes()] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part);
+    }
+    match message {
+        Some(m) => {
+            h.update(b"m");
+            h.update(m.as_bytes());
+        }
+        None => {
+            h.update(b"b");
+            h.update(raw);
+        }
+    }
+    format!("pass-{}", hex::encode(&h.finalize()[..16]))
+}
+
 /// The source message identity a record was parked with.
 pub fn source_message(record: &DeadLetter) -> Option<&str> {
     record
@@ -726,6 +781,44 @@ mod tests {
                 ..Job::default()
             },
         )
+    }
+
+    /// Issue 47: a message passed through without a record is matched by the group its record
+    /// would have had, on a sealing queue too (whose records keep a reason without values).
+    #[test]
+    fn an_arriving_message_has_the_group_its_record_would_have() {
+        let mut r = req();
+        r.reason = "card 4111 1111 1111 1111 declined: timeout after 30s".into();
+        r.sealed_reason = Some("declined: timeout after <n>s".into());
+        r.service_version = Some("relayer@1.4.2".into());
+        let group = |d: &DeadLetter| crate::group::Key::of(d).fingerprint();
+        assert_eq!(group(&arriving(&r, false)), group(&new_record(&r, 1)));
+        let sealed = crate::seal::seal_request(r.clone(), &crate::seal::generate_identity().1)
+            .expect("seal");
+        assert_eq!(group(&arriving(&r, true)), group(&new_record(&sealed, 1)));
+        assert_ne!(group(&arriving(&r, true)), group(&arriving(&r, false)));
+        assert!(arriving(&r, false).spec.job.payload.is_none(), "no content");
+    }
+
+    #[test]
+    fn a_pass_key_is_the_same_for_every_delivery_of_one_message() {
+        let a = pass_key("payments", "relayer", Some("relayer:dead#1"), b"x");
+        assert_eq!(
+            a,
+            pass_key("payments", "relayer", Some("relayer:dead#1"), b"y")
+        );
+        assert_ne!(
+            a,
+            pass_key("payments", "relayer", Some("relayer:dead#2"), b"x")
+        );
+        assert_ne!(
+            a,
+            pass_key("payments", "mailer", Some("relayer:dead#1"), b"x")
+        );
+        let b = pass_key("payments", "relayer", None, b"x");
+        assert_eq!(b, pass_key("payments", "relayer", None, b"x"));
+        assert_ne!(b, pass_key("payments", "relayer", None, b"y"));
+        assert!(a.starts_with("pass-") && a.len() == 37, "{a}");
     }
 
     #[test]

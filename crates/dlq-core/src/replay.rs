@@ -47,10 +47,12 @@ pub const DEFAULT_SETTLE: Duration = Duration::from_secs(60);
 pub const FIRST_NAMES: usize = 20;
 /// Most explicit record names one replay takes (keeps the object far below etcd's limit).
 pub const MAX_NAMES: usize = 1000;
+/// Job ids of pass-through messages a standing replay keeps in its status (the rest are counted).
+pub const SAMPLE: usize = 20;
 
 /// The spec fields that freeze once a replay runs (everything but `stop`), as the CEL rule and
 /// the admission policy compare them.
-pub const FROZEN_FIELDS: [&str; 10] = [
+pub const FROZEN_FIELDS: [&str; 11] = [
     "queue",
     "selector",
     "action",
@@ -61,6 +63,7 @@ pub const FROZEN_FIELDS: [&str; 10] = [
     "by",
     "note",
     "settleSeconds",
+    "standing",
 ];
 
 /// CEL: the frozen fields of `new` equal those of `old` (both `.spec` paths).
@@ -116,6 +119,8 @@ fn frozen_rule() -> kube::core::Rule {
 #[serde(rename_all = "camelCase")]
 #[x_kube(
     validation = kube::core::Rule::new("self.by.trim() != ''").message("every decision must be signed: set spec.by"),
+    validation = kube::core::Rule::new("!has(self.standing) || !self.standing || (has(self.selector) && has(self.selector.group) && (!has(self.selector.names) || size(self.selector.names) == 0))").message("a standing replay covers one failure group: set selector.group (and no selector.names)"),
+    validation = kube::core::Rule::new("!has(self.standing) || !self.standing || !has(self.dryRun) || !self.dryRun").message("a standing replay cannot be a dry run: run one without standing first to count"),
 )]
 pub struct DeadLetterReplaySpec {
     /// The DeadLetterQueue (same namespace) whose parked records are replayed.
@@ -156,6 +161,13 @@ pub struct DeadLetterReplaySpec {
     /// withdrawn. The one field that may change once the replay runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop: Option<bool>,
+    /// Keeps deciding the group's records as they are parked, not only those that existed when
+    /// it started, and lets the source pass matching dead messages straight from the broker to
+    /// the target without a record each (requeue, then ack; counted in
+    /// `status.passedThrough`); until the group's backlog is empty, `max` or `stop`. Needs
+    /// `selector.group`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standing: Option<bool>,
 }
 
 /// Which records a replay takes: Parked and undecided, and matching every field given.
@@ -266,6 +278,16 @@ pub struct DeadLetterReplayStatus {
     /// Records parked on the queue during the run.
     #[serde(default)]
     pub new_parked: i64,
+    /// A standing replay's dead messages passed straight from the broker to the target (or,
+    /// for `drop`, acknowledged and discarded) without a record: each requeued, then acked.
+    #[serde(default)]
+    pub passed_through: i64,
+    /// Job ids of the first pass-through messages ([`SAMPLE`] at most).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sample: Vec<String>,
+    /// When a dead message was last passed through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passed_at: Option<Time>,
     /// Which of the queue's records existed when the run started: the selection is taken from
     /// those alone, whatever is parked later (a restarted leader reads it here).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -432,6 +454,17 @@ impl DeadLetterReplaySpec {
         self.stop.unwrap_or(false)
     }
 
+    /// Whether it is a standing replay (see [`DeadLetterReplaySpec::standing`]).
+    pub fn standing(&self) -> bool {
+        self.standing.unwrap_or(false)
+    }
+
+    /// The pace of pass-through, messages per second: `rate` when the spec sets one, else
+    /// none (the broker's speed; records are still decided at the default rate).
+    pub fn pass_rate(&self) -> Option<f64> {
+        self.rate.as_deref().and_then(|r| parse_rate(r).ok())
+    }
+
     /// What every signed record's `spec.note` says.
     pub fn decision_note(&self, replay: &str) -> String {
         let note = self.note.clone().unwrap_or_default();
@@ -495,14 +528,21 @@ pub struct Start<'a> {
     /// None for a run started by an operator that froze nothing (before 0.3): then records
     /// created at or before `at` count as existing.
     pub frozen: Option<&'a Frozen>,
+    /// A standing replay's selection: the records it matches are the replay's own whenever
+    /// they are parked (they are the rest of its incident, not new parkings).
+    pub standing: Option<&'a ReplaySelector>,
 }
 
 impl<'a> Start<'a> {
-    /// A run's start from its status (None: not started).
-    pub fn of(status: &'a DeadLetterReplayStatus) -> Option<Start<'a>> {
+    /// A run's start from its status (None: not started); `standing` from its spec.
+    pub fn of(
+        status: &'a DeadLetterReplayStatus,
+        standing: Option<&'a ReplaySelector>,
+    ) -> Option<Start<'a>> {
         Some(Start {
             at: status.started_at.as_ref()?.0,
             frozen: status.frozen.as_ref(),
+            standing,
         })
     }
 
@@ -512,6 +552,18 @@ impl<'a> Start<'a> {
             Some(f) => f.existed(r),
             None => r.created().is_some_and(|c| c <= self.at),
         }
+    }
+
+    /// Whether the run may take `r` (besides matching the selector): one that existed when it
+    /// started, or any record of a standing replay's selection.
+    pub fn takes(&self, r: &impl Facts) -> bool {
+        self.standing.is_some() || self.existed(r)
+    }
+
+    /// Whether `r` is a new parking during the run, as the `newParked` bound counts them: not
+    /// there at the start, and not one of a standing replay's own.
+    pub fn is_new_parking(&self, r: &impl Facts) -> bool {
+        !self.existed(r) && self.standing.is_none_or(|s| !s.matches_facts(r))
     }
 }
 
@@ -528,7 +580,7 @@ pub fn select<'a, R: Facts + 'a>(
     let mut out: Vec<&R> = records
         .into_iter()
         .filter(|r| r.queue() == queue && selector.matches(*r))
-        .filter(|r| started.is_none_or(|s| s.existed(*r)))
+        .filter(|r| started.is_none_or(|s| s.takes(*r)))
         .collect();
     out.sort_by(|a, b| (a.failed_at(), a.name()).cmp(&(b.failed_at(), b.name())));
     if let Some(max) = max {
@@ -630,7 +682,7 @@ pub fn observe<'a, R: Facts + 'a>(
     let mut mine: Vec<&R> = Vec::new();
     let mut new_parked = 0;
     for r in queue_records {
-        if !started.existed(r) {
+        if started.is_new_parking(r) {
             new_parked += 1;
         }
         if decided_by(r, replay) {
@@ -648,6 +700,26 @@ pub fn observe<'a, R: Facts + 'a>(
         outcomes,
         new_parked,
     }
+}
+
+/// Whether a standing replay with nothing left to decide is done: its queue's broker was seen
+/// holding no dead message since the last one passed through (`backlog`: the queue's
+/// `status.backlog`, messages and when observed), or nothing of its group came, parked or
+/// passed, for `quiet` (a broker that cannot say its backlog, or one whose backlog is other
+/// groups' messages).
+pub fn standing_done(
+    backlog: Option<(Option<i64>, Timestamp)>,
+    last_came: Timestamp,
+    now: Timestamp,
+    quiet: Duration,
+) -> bool {
+    if let Some((Some(0), observed)) = backlog
+        && observed > last_came
+    {
+        return true;
+    }
+    let since = Duration::try_from(now.duration_since(last_came)).unwrap_or_default();
+    since >= quiet
 }
 
 /// How many more decisions the pace allows now: `rate` per second since `started`, the
@@ -694,8 +766,13 @@ pub fn summary(
         Action::Drop => format!("dropped {}, ", status.dropped),
         Action::Redrive => String::new(),
     };
+    let passed = if spec.standing() {
+        format!("passed through {}, ", status.passed_through)
+    } else {
+        String::new()
+    };
     format!(
-        "replay {} by {}: selected {}, decided {}, redriven {}, {dropped}failing {}, withdrawn {}, skipped {}, new parkings {}; {} decisions in {:.1}s ({:.1}/s); {ending}",
+        "replay {} by {}: selected {}, decided {}, redriven {}, {dropped}{passed}failing {}, withdrawn {}, skipped {}, new parkings {}; {} decisions in {:.1}s ({:.1}/s); {ending}",
         spec.selector().describe(&spec.queue),
         spec.by,
         status.selected,
@@ -713,6 +790,17 @@ pub fn summary(
 
 /// The progress line (`[####....] 12/300 decided, ...`) for a terminal or the page.
 pub fn progress_line(status: &DeadLetterReplayStatus) -> String {
+    if status.passed_through > 0 {
+        // A standing replay has no total to fill a bar with: what is left is in the broker.
+        return format!(
+            "standing: {} passed through, {} decided, {} redriven, {} failing, {} new parked",
+            status.passed_through,
+            status.decided,
+            status.redriven + status.dropped,
+            status.failed,
+            status.new_parked
+        );
+    }
     let (done, total) = (
         usize::try_from(status.decided).unwrap_or(0),
         usize::try_from(status.selected).unwrap_or(0),

@@ -52,6 +52,7 @@ fn replay(rate: &str) -> DeadLetterReplay {
             note: Some("INC-1234".into()),
             settle_seconds: Some(60),
             stop: None,
+            standing: None,
         },
     );
     r.metadata.namespace = Some(NS.into());
@@ -227,4 +228,132 @@ async fn a_missing_queue_keeps_the_replay_pending() {
     let status = fake.last_replay_status();
     assert_eq!(status.phase, Some(ReplayPhase::Pending));
     assert_eq!(status.conditions[0].reason, "QueueNotFound");
+}
+
+/// Issue 47: a standing redrive of a group decides the group's records parked after it
+/// started, passes the group's dead messages straight to the target (counted, sampled, keyed),
+/// keeps running while the broker holds more, and completes once the queue's backlog is seen
+/// empty; after that the group's messages park again.
+#[tokio::test]
+async fn a_standing_redrive_decides_later_records_and_passes_messages_until_the_backlog_is_empty() {
+    use crate::state::standing::Passed;
+    use dlq_core::api::{Job, QueueBacklog};
+    use dlq_core::facts::Facts;
+    use dlq_core::park::ParkRequest;
+
+    // The group's record parked after the start, a second ago.
+    let mut records = queue_records();
+    records.pop();
+    records.push(record("fresh", 1, jiff::Timestamp::now().as_second() - 1));
+    let fake = FakeApiserver::holding(records);
+    let group = record("r0", 10, 1).group().into_owned();
+    let mut standing = replay("100/s");
+    standing.spec.selector = Some(ReplaySelector {
+        group: Some(group),
+        ..ReplaySelector::default()
+    });
+    standing.spec.standing = Some(true);
+    let standing = started(standing, 5);
+    let mut full = queue();
+    full.status = Some(dlq_core::api::DeadLetterQueueStatus {
+        backlog: Some(QueueBacklog {
+            messages: Some(170_000),
+            observed_at: Some(Time(jiff::Timestamp::now())),
+        }),
+        ..Default::default()
+    });
+    let target = Arc::<FakeTarget>::default();
+    let ctx = Context::new(
+        fake.clone(),
+        Arc::new(target.clone()),
+        crate::state::records::RecordIndex::listed_with(&fake.all()),
+        store_of(&[full.clone()]),
+        Metrics::default(),
+        Settings::default(),
+    );
+    let replays = Arc::new(Replays::new(Arc::new(ctx)));
+    reconcile(Arc::new(standing.clone()), replays.clone())
+        .await
+        .expect("step");
+    let mut signed = fake.signed();
+    signed.sort();
+    assert_eq!(
+        signed,
+        ["fresh", "r0", "r1", "r2", "r3", "r4"],
+        "the group's record parked after the start too, not the other group's"
+    );
+
+    // A dead message of the group arrives at a source while the replay runs.
+    let mut dead = ParkRequest::new(
+        "relayer",
+        Job {
+            id: "pi_9/settle".into(),
+            payload: Some("{}".into()),
+            ..Job::default()
+        },
+    )
+    .with_message("relayer:dead#9");
+    dead.reason = "timeout".into();
+    let ctx = replays.ctx.clone();
+    assert!(matches!(
+        ctx.standing.pass(&full, &dead, b"raw").await,
+        Passed::Through { .. }
+    ));
+    let got = target.received.lock().expect("lock").clone();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].id, "pi_9/settle");
+    assert!(
+        got[0]
+            .idempotency_key
+            .as_deref()
+            .is_some_and(|k| k.starts_with("pass-"))
+    );
+
+    fake.carry_out_decisions();
+    reconcile(Arc::new(standing.clone()), replays.clone())
+        .await
+        .expect("step");
+    let status = fake.last_replay_status();
+    assert_eq!(
+        status.phase,
+        Some(ReplayPhase::Running),
+        "the broker still holds 170,000"
+    );
+    assert_eq!(status.passed_through, 1);
+    assert_eq!(status.sample, ["pi_9/settle"]);
+
+    // The backlog is seen empty after the last message came: the replay completes.
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let mut empty = full.clone();
+    empty.status = Some(dlq_core::api::DeadLetterQueueStatus {
+        backlog: Some(QueueBacklog {
+            messages: Some(0),
+            observed_at: Some(Time(jiff::Timestamp::now())),
+        }),
+        ..Default::default()
+    });
+    let ctx = Context::new(
+        fake.clone(),
+        Arc::new(target.clone()),
+        crate::state::records::RecordIndex::listed_with(&fake.all()),
+        store_of(&[empty.clone()]),
+        Metrics::default(),
+        Settings::default(),
+    );
+    let mut ctx = ctx;
+    ctx.standing = replays.ctx.standing.clone();
+    let later = Arc::new(Replays::new(Arc::new(ctx)));
+    reconcile(Arc::new(standing), later.clone())
+        .await
+        .expect("step");
+    let status = fake.last_replay_status();
+    assert_eq!(status.phase, Some(ReplayPhase::Completed));
+    assert_eq!(status.passed_through, 1);
+    let summary = status.summary.expect("summary");
+    assert!(summary.contains("passed through 1"), "{summary}");
+    assert_eq!(
+        later.ctx.standing.pass(&empty, &dead, b"raw").await,
+        Passed::No,
+        "uncovered: the group's messages park again"
+    );
 }

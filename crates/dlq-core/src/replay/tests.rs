@@ -43,6 +43,7 @@ fn spec(selector: ReplaySelector) -> DeadLetterReplaySpec {
         note: Some("INC-1234".into()),
         settle_seconds: None,
         stop: None,
+        standing: None,
     }
 }
 
@@ -51,6 +52,7 @@ fn legacy(second: i64) -> Start<'static> {
     Start {
         at: at(second),
         frozen: None,
+        standing: None,
     }
 }
 
@@ -76,6 +78,7 @@ fn the_selection_is_frozen_to_the_records_the_start_saw_even_within_its_second()
     let start = Start {
         at: at(100) + jiff::SignedDuration::from_millis(500),
         frozen: Some(&frozen),
+        standing: None,
     };
     let sel = ReplaySelector::default();
     let names = |v: Vec<&DeadLetter>| -> Vec<String> {
@@ -380,4 +383,87 @@ fn frozen_fields_rule_names_every_field_but_stop() {
     for f in names {
         assert!(FROZEN_FIELDS.contains(&f), "{f} is not frozen");
     }
+}
+
+/// Issue 47: a standing replay of a group takes that group's records parked after it started
+/// (the rest of its incident), and the `newParked` bound counts only other records.
+#[test]
+fn a_standing_replay_takes_its_groups_later_records_and_counts_only_others_as_new() {
+    let before = record("a", 10, 99);
+    let group = before.group().into_owned();
+    let frozen = Frozen::of([&before]);
+    let same_group_later = record("b", 11, 120);
+    let other_group_later = crate::testing::RecordBuilder::job("c")
+        .named("c")
+        .reason("card declined")
+        .failed_at(at(12))
+        .created(at(121))
+        .build();
+    let selector = ReplaySelector {
+        group: Some(group),
+        ..ReplaySelector::default()
+    };
+    let all = [before, same_group_later, other_group_later];
+    let frozen_start = Start {
+        at: at(100),
+        frozen: Some(&frozen),
+        standing: None,
+    };
+    let names = |start: &Start<'_>| -> Vec<String> {
+        select(&all, "relayer", &selector, Some(start), None)
+            .into_iter()
+            .map(|r| r.name().to_string())
+            .collect()
+    };
+    assert_eq!(names(&frozen_start), ["a"], "a plain replay stays frozen");
+    let standing = Start {
+        standing: Some(&selector),
+        ..frozen_start
+    };
+    assert_eq!(
+        names(&standing),
+        ["a", "b"],
+        "a standing one takes the group's later record"
+    );
+    let replay = ReplayRef {
+        name: "r",
+        uid: "uid-r",
+    };
+    assert_eq!(observe(&all, replay, &frozen_start, &[]).new_parked, 2);
+    assert_eq!(
+        observe(&all, replay, &standing, &[]).new_parked,
+        1,
+        "only the other group's record is a new parking"
+    );
+}
+
+/// Issue 47: a standing replay ends when the broker was seen empty after the last message
+/// came, or when nothing came for the quiet time; a backlog read before the last message
+/// proves nothing.
+#[test]
+fn a_standing_replay_is_done_when_the_broker_is_seen_empty_or_nothing_came() {
+    let quiet = Duration::from_secs(60);
+    let came = at(100);
+    assert!(standing_done(
+        Some((Some(0), at(101))),
+        came,
+        at(102),
+        quiet
+    ));
+    assert!(
+        !standing_done(Some((Some(0), at(99))), came, at(102), quiet),
+        "an empty backlog read before the last message came"
+    );
+    assert!(!standing_done(
+        Some((Some(7), at(101))),
+        came,
+        at(102),
+        quiet
+    ));
+    assert!(!standing_done(None, came, at(159), quiet));
+    assert!(standing_done(None, came, at(160), quiet), "quiet for 60 s");
+    assert!(
+        standing_done(Some((None, at(101))), came, at(161), quiet),
+        "a broker that cannot say"
+    );
 }

@@ -1,0 +1,496 @@
+//! Standing replays as the sources see them: which failure group of which queue a running
+//! standing replay covers, so that a source passes a matching dead message straight from the
+//! broker to the target (requeue, then the source acks) instead of making a record of it; and
+//! what passed, which the replay controller writes into the replay's status.
+//!
+//! The replay controller (leader only) covers and uncovers; the sources (leader only too) ask
+//! [`Standing::pass`] before parking. A message passes only while its replay is running here:
+//! a stop, a bound or the end of the run uncovers it, and the next message parks as before. A
+//! requeue that fails parks the message instead, so it stays visible as a record (which the
+//! replay then decides, and whose failing requeue counts toward its `failureRatio`).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use jiff::Timestamp;
+use kube::ResourceExt;
+
+use dlq_core::api::{Action, DeadLetterQueue, Job};
+use dlq_core::park::{ParkRequest, arriving, pass_key};
+use dlq_core::replay::{DeadLetterReplaySpec, ReplaySelector, SAMPLE};
+
+/// How long a cover lasts without a step of its replay (a running replay steps at least every
+/// two seconds).
+pub const LAPSE: Duration = Duration::from_secs(15);
+
+/// Enqueues a passed-through job on its queue's target (the wiring gives the operator's
+/// targets; a source never names a target).
+pub trait PassTarget: Send + Sync {
+    /// Enqueues `job` untouched with idempotency key `key`, answering once the broker confirmed
+    /// it; `Err` says why not, in words for a log line and an Event.
+    fn requeue<'a>(
+        &'a self,
+        queue: &'a DeadLetterQueue,
+        job: &'a Job,
+        key: String,
+    ) -> BoxFuture<'a, Result<(), String>>;
+}
+
+/// The target of a process that passes nothing through (tests that build no targets).
+struct NoTarget;
+
+impl PassTarget for NoTarget {
+    fn requeue<'a>(
+        &'a self,
+        _: &'a DeadLetterQueue,
+        _: &'a Job,
+        _: String,
+    ) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async { Err("no target to pass through to".to_string()) })
+    }
+}
+
+/// One running standing replay, as a source sees it.
+pub struct Cover {
+    /// The replay's uid: one cover per run, kept across its steps.
+    uid: String,
+    pub replay: String,
+    selector: ReplaySelector,
+    action: Action,
+    /// Seconds between two pass-throughs (None: the broker's speed).
+    gap: Option<Duration>,
+    next_slot: tokio::sync::Mutex<tokio::time::Instant>,
+    /// When the cover lapses unless its replay's next step renews it: a replay deleted while
+    /// it runs, or a leader that stopped reconciling, passes nothing more.
+    lapses_at: Mutex<tokio::time::Instant>,
+    /// Most messages it passes (the replay's `max`).
+    limit: Option<i64>,
+    passed: AtomicI64,
+    /// Messages between [`Cover::take`] and their outcome.
+    passing: AtomicI64,
+    tally: Mutex<Tally>,
+}
+
+/// What passed through, beyond the count.
+#[derive(Default, Clone, Debug, PartialEq)]
+pub struct Tally {
+    pub sample: Vec<String>,
+    pub at: Option<Timestamp>,
+}
+
+impl Cover {
+    /// The cover of a running standing replay, counting on from what its status says passed.
+    pub fn new(
+        uid: &str,
+        replay: &str,
+        spec: &DeadLetterReplaySpec,
+        passed: i64,
+        tally: Tally,
+    ) -> Self {
+        Cover {
+            uid: uid.to_string(),
+            replay: replay.to_string(),
+            selector: spec.selector(),
+            action: spec.action(),
+            gap: spec.pass_rate().map(|r| Duration::from_secs_f64(1.0 / r)),
+            next_slot: tokio::sync::Mutex::new(tokio::time::Instant::now()),
+            lapses_at: Mutex::new(tokio::time::Instant::now() + LAPSE),
+            limit: spec.max,
+            passed: AtomicI64::new(passed),
+            passing: AtomicI64::new(0),
+            tally: Mutex::new(tally),
+        }
+    }
+
+    /// Keeps the cover for another [`LAPSE`] (each step of its replay).
+    pub fn renew(&self) {
+        *lock(&self.lapses_at) = tokio::time::Instant::now() + LAPSE;
+    }
+
+    fn lapsed(&self) -> bool {
+        *lock(&self.lapses_at) <= tokio::time::Instant::now()
+    }
+
+    /// Takes one message of the limit; false once `max` passed.
+    fn take(&self) -> bool {
+        self.passing.fetch_add(1, Ordering::SeqCst);
+        let before = self.passed.fetch_add(1, Ordering::SeqCst);
+        if self.limit.is_some_and(|l| before >= l) {
+            self.passed.fetch_sub(1, Ordering::SeqCst);
+            self.passing.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    /// Gives back a message taken with [`Cover::take`] that did not pass.
+    fn give_back(&self) {
+        self.passed.fetch_sub(1, Ordering::SeqCst);
+        self.passing.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Waits (at most `wait`) until no message is in the middle of passing through, so an
+    /// uncovered replay's final count includes them.
+    pub async fn passing_done(&self, wait: Duration) {
+        let until = tokio::time::Instant::now() + wait;
+        while self.passing.load(Ordering::SeqCst) > 0 && tokio::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Messages passed through so far, with the sample and the last time.
+    pub fn passed(&self) -> (i64, Tally) {
+        (
+            self.passed.load(Ordering::SeqCst),
+            lock(&self.tally).clone(),
+        )
+    }
+
+    /// Waits for this message's turn at the replay's rate (none: at once).
+    async fn turn(&self) {
+        let Some(gap) = self.gap else { return };
+        let at = {
+            let mut next = self.next_slot.lock().await;
+            let now = tokio::time::Instant::now();
+            let at = (*next).max(now);
+            *next = at + gap;
+            at
+        };
+        tokio::time::sleep_until(at).await;
+    }
+
+    fn count(&self, job: &str) {
+        let mut tally = lock(&self.tally);
+        if tally.sample.len() < SAMPLE {
+            tally.sample.push(job.to_string());
+        }
+        tally.at = Some(Timestamp::now());
+        self.passing.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// What became of a dead message a source offered.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Passed {
+    /// No standing replay covers it: park it.
+    No,
+    /// Requeued on the target (or, for a standing drop, discarded): acknowledge it.
+    Through { replay: String },
+    /// Covered, but its requeue failed: park it, so it stays visible.
+    Failed { replay: String, why: String },
+}
+
+/// The standing replays running in this process, by queue.
+#[derive(Clone)]
+pub struct Standing {
+    covers: Arc<Mutex<HashMap<(String, String), Vec<Arc<Cover>>>>>,
+    target: Arc<dyn PassTarget>,
+}
+
+impl Default for Standing {
+    fn default() -> Self {
+        Standing::new(Arc::new(NoTarget))
+    }
+}
+
+impl Standing {
+    pub fn new(target: Arc<dyn PassTarget>) -> Self {
+        Standing {
+            covers: Arc::default(),
+            target,
+        }
+    }
+
+    /// The cover of replay `uid` on queue `ns/queue`, made with `make` when it has none yet.
+    pub fn cover(
+        &self,
+        ns: &str,
+        queue: &str,
+        uid: &str,
+        make: impl FnOnce() -> Cover,
+    ) -> Arc<Cover> {
+        let mut covers = lock(&self.covers);
+        let list = covers
+            .entry((ns.to_string(), queue.to_string()))
+            .or_default();
+        if let Some(c) = list.iter().find(|c| c.uid == uid) {
+            return c.clone();
+        }
+        let cover = Arc::new(make());
+        list.push(cover.clone());
+        cover
+    }
+
+    /// Ends replay `uid`'s cover: the next message of its group parks.
+    pub fn uncover(&self, ns: &str, uid: &str) -> Option<Arc<Cover>> {
+        let mut covers = lock(&self.covers);
+        let mut gone = None;
+        for ((n, _), list) in covers.iter_mut() {
+            if n == ns
+                && let Some(i) = list.iter().position(|c| c.uid == uid)
+            {
+                gone = Some(list.remove(i));
+            }
+        }
+        covers.retain(|_, list| !list.is_empty());
+        gone
+    }
+
+    /// The cover of replay `uid`, if it runs here.
+    pub fn get(&self, ns: &str, uid: &str) -> Option<Arc<Cover>> {
+        lock(&self.covers)
+            .iter()
+            .filter(|((n, _), _)| n == ns)
+            .flat_map(|(_, list)| list.iter())
+            .find(|c| c.uid == uid)
+            .cloned()
+    }
+
+    /// Whether any standing replay covers a queue of `ns` (the fast path of every park).
+    fn covering(&self, ns: &str, queue: &str) -> Vec<Arc<Cover>> {
+        lock(&self.covers)
+            .get(&(ns.to_string(), queue.to_string()))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Passes `req` (exact bytes `raw`) through when a standing replay covers it: requeued on
+    /// the target with the message's own idempotency key ([`pass_key`]) and counted on the
+    /// replay. The caller acknowledges the message only on [`Passed::Through`].
+    pub async fn pass(&self, queue: &DeadLetterQueue, req: &ParkRequest, raw: &[u8]) -> Passed {
+        let ns = queue.namespace().unwrap_or_default();
+        let covers = self.covering(&ns, &queue.name_any());
+        if covers.is_empty() {
+            return Passed::No;
+        }
+        let facts = arriving(req, queue.seals());
+        let Some(cover) = covers
+            .into_iter()
+            .find(|c| !c.lapsed() && c.selector.matches(&facts))
+        else {
+            return Passed::No;
+        };
+        if !cover.take() {
+            return Passed::No;
+        }
+        cover.turn().await;
+        if cover.action == Action::Redrive {
+            let key = pass_key(&ns, &queue.name_any(), req.message.as_deref(), raw);
+            if let Err(why) = self.target.requeue(queue, &req.job, key).await {
+                cover.give_back();
+                return Passed::Failed {
+                    replay: cover.replay.clone(),
+                    why,
+                };
+            }
+        }
+        cover.count(&req.job.id);
+        Passed::Through {
+            replay: cover.replay.clone(),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dlq_core::api::DeadLetterQueueSpec;
+    use dlq_core::facts::Facts;
+
+    /// A target that remembers what it was given, or refuses.
+    #[derive(Default)]
+    struct Remember {
+        got: Mutex<Vec<(String, String)>>,
+        refuse: bool,
+    }
+
+    impl PassTarget for Remember {
+        fn requeue<'a>(
+            &'a self,
+            _: &'a DeadLetterQueue,
+            job: &'a Job,
+            key: String,
+        ) -> BoxFuture<'a, Result<(), String>> {
+            Box::pin(async move {
+                if self.refuse {
+                    return Err("broker down".into());
+                }
+                lock(&self.got).push((job.id.clone(), key));
+                Ok(())
+            })
+        }
+    }
+
+    fn queue() -> DeadLetterQueue {
+        let mut q = DeadLetterQueue::new("relayer", DeadLetterQueueSpec::default());
+        q.metadata.namespace = Some("payments".into());
+        q
+    }
+
+    fn dead(id: &str, reason: &str) -> ParkRequest {
+        let mut r = ParkRequest::new(
+            "relayer",
+            Job {
+                id: id.into(),
+                payload: Some("{}".into()),
+                ..Job::default()
+            },
+        )
+        .with_message(format!("relayer:dead#{id}"));
+        r.reason = reason.into();
+        r
+    }
+
+    fn standing_spec(req: &ParkRequest, action: Action) -> DeadLetterReplaySpec {
+        let group = arriving(req, false).group().into_owned();
+        serde_json::from_value(serde_json::json!({
+            "queue": "relayer", "by": "carol", "standing": true,
+            "selector": {"group": group}, "action": action,
+        }))
+        .expect("spec")
+    }
+
+    /// Issue 47: while a standing redrive covers a group, its dead messages go to the target
+    /// with a key that repeats for the same message; other groups' messages park; once
+    /// uncovered, the group's messages park again.
+    #[tokio::test]
+    async fn a_standing_redrive_passes_its_groups_messages_and_no_others() {
+        let target = Arc::new(Remember::default());
+        let standing = Standing::new(target.clone());
+        let q = queue();
+        let payer = dead("pi_1/settle", "payer timeout after 30s");
+        let spec = standing_spec(&payer, Action::Redrive);
+        standing.cover("payments", "relayer", "u1", || {
+            Cover::new("u1", "storm", &spec, 0, Tally::default())
+        });
+        assert_eq!(
+            standing.pass(&q, &payer, b"raw").await,
+            Passed::Through {
+                replay: "storm".into()
+            }
+        );
+        let same_group = dead("pi_2/settle", "payer timeout after 31s");
+        assert!(matches!(
+            standing.pass(&q, &same_group, b"raw2").await,
+            Passed::Through { .. }
+        ));
+        let other = dead("pi_3/settle", "card declined");
+        assert_eq!(standing.pass(&q, &other, b"raw3").await, Passed::No);
+        // The same message again (a crash before its ack): the same key.
+        standing.pass(&q, &payer, b"raw").await;
+        let got = lock(&target.got).clone();
+        assert_eq!(got.len(), 3);
+        assert_eq!(got[0], got[2], "a repeat carries the first delivery's key");
+        assert_ne!(got[0].1, got[1].1);
+        let (passed, tally) = standing.get("payments", "u1").expect("cover").passed();
+        assert_eq!(passed, 3);
+        assert_eq!(tally.sample, ["pi_1/settle", "pi_2/settle", "pi_1/settle"]);
+        standing.uncover("payments", "u1");
+        assert_eq!(standing.pass(&q, &payer, b"raw").await, Passed::No);
+    }
+
+    /// A requeue that fails is not counted and tells the source to park the message instead.
+    #[tokio::test]
+    async fn a_failed_pass_through_parks_the_message() {
+        let standing = Standing::new(Arc::new(Remember {
+            refuse: true,
+            ..Remember::default()
+        }));
+        let payer = dead("pi_1/settle", "payer timeout");
+        let spec = standing_spec(&payer, Action::Redrive);
+        let cover = standing.cover("payments", "relayer", "u1", || {
+            Cover::new("u1", "storm", &spec, 7, Tally::default())
+        });
+        assert!(matches!(
+            standing.pass(&queue(), &payer, b"raw").await,
+            Passed::Failed { .. }
+        ));
+        assert_eq!(
+            cover.passed().0,
+            7,
+            "counts on from the status, not the failure"
+        );
+    }
+
+    /// A standing drop acknowledges without enqueueing anything.
+    #[tokio::test]
+    async fn a_standing_drop_enqueues_nothing() {
+        let target = Arc::new(Remember::default());
+        let standing = Standing::new(target.clone());
+        let payer = dead("pi_1/settle", "payer timeout");
+        let spec = standing_spec(&payer, Action::Drop);
+        standing.cover("payments", "relayer", "u1", || {
+            Cover::new("u1", "storm", &spec, 0, Tally::default())
+        });
+        assert!(matches!(
+            standing.pass(&queue(), &payer, b"raw").await,
+            Passed::Through { .. }
+        ));
+        assert!(lock(&target.got).is_empty());
+    }
+
+    /// A rate paces pass-through: 10/s lets the first through at once and the next 100 ms apart.
+    #[tokio::test(start_paused = true)]
+    async fn pass_through_keeps_the_replays_rate() {
+        let standing = Standing::new(Arc::new(Remember::default()));
+        let payer = dead("pi_1/settle", "payer timeout");
+        let mut spec = standing_spec(&payer, Action::Redrive);
+        spec.rate = Some("10/s".into());
+        standing.cover("payments", "relayer", "u1", || {
+            Cover::new("u1", "storm", &spec, 0, Tally::default())
+        });
+        let start = tokio::time::Instant::now();
+        for _ in 0..5 {
+            standing.pass(&queue(), &payer, b"raw").await;
+        }
+        assert_eq!(start.elapsed(), Duration::from_millis(400));
+    }
+
+    /// A cover its replay stopped renewing (deleted while running, a leader that stepped down)
+    /// passes nothing after [`LAPSE`]; `max` bounds what passes.
+    #[tokio::test(start_paused = true)]
+    async fn a_cover_lapses_without_its_replay_and_stops_at_max() {
+        let standing = Standing::new(Arc::new(Remember::default()));
+        let payer = dead("pi_1/settle", "payer timeout");
+        let mut spec = standing_spec(&payer, Action::Redrive);
+        spec.max = Some(2);
+        let cover = standing.cover("payments", "relayer", "u1", || {
+            Cover::new("u1", "storm", &spec, 0, Tally::default())
+        });
+        for _ in 0..2 {
+            assert!(matches!(
+                standing.pass(&queue(), &payer, b"raw").await,
+                Passed::Through { .. }
+            ));
+        }
+        assert_eq!(
+            standing.pass(&queue(), &payer, b"raw").await,
+            Passed::No,
+            "max"
+        );
+        assert_eq!(cover.passed().0, 2);
+        let roomy = standing_spec(&payer, Action::Redrive);
+        standing.uncover("payments", "u1");
+        standing.cover("payments", "relayer", "u2", || {
+            Cover::new("u2", "storm2", &roomy, 0, Tally::default())
+        });
+        tokio::time::advance(LAPSE).await;
+        assert_eq!(
+            standing.pass(&queue(), &payer, b"raw").await,
+            Passed::No,
+            "lapsed"
+        );
+        standing.get("payments", "u2").expect("cover").renew();
+        assert!(matches!(
+            standing.pass(&queue(), &payer, b"raw").await,
+            Passed::Through { .. }
+        ));
+    }
+}
