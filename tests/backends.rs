@@ -26,7 +26,7 @@ use std::time::Duration;
 use dlq_core::api::{Action, DeadLetter, DeadLetterQueue, Phase};
 use dlq_testenv::backends::{
     Backend, Broker, Delivered, HttpBackend, KafkaBackend, NatsBackend, PubsubBackend,
-    RabbitBackend, RedisBackend, Source, SqsBackend,
+    RabbitBackend, RedisBackend, SidekiqBackend, Source, SqsBackend,
 };
 use dlq_testenv::{
     Operator, condition, decide, events_for, eventually, record, redrive_many, setup, wait_phase,
@@ -784,6 +784,7 @@ run_for!(a_dead_message_is_parked_once_and_redriven_back_untouched:
     kafka = KafkaBackend,
     sqs = SqsBackend,
     pubsub = PubsubBackend,
+    sidekiq = SidekiqBackend,
 );
 
 run_for!(a_sealed_dead_message_is_redriven_back_untouched:
@@ -793,6 +794,7 @@ run_for!(a_sealed_dead_message_is_redriven_back_untouched:
     kafka = KafkaBackend,
     sqs = SqsBackend,
     pubsub = PubsubBackend,
+    sidekiq = SidekiqBackend,
 );
 
 run_for!(a_record_is_redriven_byte_for_byte_once_decided:
@@ -803,6 +805,7 @@ run_for!(a_record_is_redriven_byte_for_byte_once_decided:
     sqs = SqsBackend,
     pubsub = PubsubBackend,
     http = HttpBackend,
+    sidekiq = SidekiqBackend,
 );
 
 run_for!(decided_records_wait_parked_while_the_broker_is_down:
@@ -823,6 +826,7 @@ run_for!(a_crash_between_park_and_ack_parks_each_message_once:
     kafka = KafkaBackend,
     sqs = SqsBackend,
     pubsub = PubsubBackend,
+    sidekiq = SidekiqBackend,
 );
 
 #[cfg(feature = "failpoints")]
@@ -844,6 +848,7 @@ run_for!(many_records_are_each_redriven_exactly_once:
     sqs = SqsBackend,
     pubsub = PubsubBackend,
     http = HttpBackend,
+    sidekiq = SidekiqBackend,
 );
 
 run_for!(a_refused_message_is_accounted_for_and_the_next_one_parks:

@@ -1,8 +1,8 @@
 //! Every backend behind one trait, so that a scenario every backend must pass (park from the
 //! source, redrive byte for byte, broker down and back, a crash between park and ack, many
 //! redrives) is written once, in `tests/backends.rs`, and run against each: Redis, RabbitMQ,
-//! NATS JetStream, Kafka, SQS (ElasticMQ), Google Cloud Pub/Sub (pstest) and, as a target only,
-//! HTTP.
+//! NATS JetStream, Kafka, SQS (ElasticMQ), Google Cloud Pub/Sub (pstest), Sidekiq and, as a
+//! target only, HTTP.
 //!
 //! A backend owns its broker (a fresh one, or the binary's shared one isolated by names when
 //! the scenario never stops it), the DeadLetterQueue `relayer` that points at it, and the
@@ -21,6 +21,7 @@ mod kafka;
 mod nats;
 mod pubsub;
 mod redis;
+mod sidekiq;
 #[cfg(feature = "sqs")]
 mod sqs;
 
@@ -34,5 +35,6 @@ pub use self::kafka::KafkaBackend;
 pub use self::nats::NatsBackend;
 pub use self::pubsub::PubsubBackend;
 pub use self::redis::RedisBackend;
+pub use self::sidekiq::SidekiqBackend;
 #[cfg(feature = "sqs")]
 pub use self::sqs::SqsBackend;
