@@ -150,7 +150,7 @@ pi_0002/settle  #3  parked  needs_review  -   no luck after 3 deliveries
     assert_eq!(
         lines[0].split_whitespace().collect::<Vec<_>>(),
         [
-            "QUEUE", "KIND", "PARKED", "REDRIVEN", "DROPPED", "OLDEST", "PARKED"
+            "QUEUE", "KIND", "PARKED", "REDRIVEN", "DROPPED", "OLDEST", "PARKED", "WAITING"
         ]
     );
     let rows: Vec<Vec<&str>> = lines[1..]

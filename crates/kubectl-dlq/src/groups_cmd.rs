@@ -40,6 +40,7 @@ fn row(g: &DeadLetterGroup, with_ns: bool) -> Vec<String> {
     let or_dash = |v: String| if counted { v } else { "-".into() };
     let label = |k: &str| g.labels().get(k).cloned().unwrap_or_else(|| "-".into());
     let ack = acknowledged(g, &s);
+    let waiting = if counted { waiting(&s) } else { "-".into() };
     let mut row = Vec::new();
     if with_ns {
         row.push(g.namespace().unwrap_or_default());
@@ -50,12 +51,19 @@ fn row(g: &DeadLetterGroup, with_ns: bool) -> Vec<String> {
         s.failure_kind.map_or("-".into(), |k| k.label().to_string()),
         s.service_version.unwrap_or_else(|| "-".into()),
         or_dash(s.parked.to_string()),
+        waiting,
         or_dash(format!("{}/min", s.rate_per_minute)),
         or_dash(s.tier.as_str().to_string()),
         ack,
         visible(&s.template),
     ]);
     row
+}
+
+/// The group's estimated share of what waits in the broker (`~175,000`, `unknown` where the
+/// broker cannot say); `-` for a queue without a source that reports one.
+fn waiting(s: &DeadLetterGroupStatus) -> String {
+    s.backlog.as_ref().map_or_else(|| "-".into(), |b| b.shown())
 }
 
 /// A template as a person can tell it apart from every other: each character outside
@@ -87,6 +95,23 @@ fn acknowledged(g: &DeadLetterGroup, s: &DeadLetterGroupStatus) -> String {
     }
 }
 
+/// The size of the biggest group's incident in words, when part of it still waits in the
+/// broker: `relayer-70b206ffc3: 5,000 parked, ~175,000 waiting in the broker`.
+pub fn storm_line(groups: &[DeadLetterGroup]) -> Option<String> {
+    let top = groups.iter().find(|g| {
+        g.status
+            .as_ref()
+            .and_then(|s| s.backlog.as_ref())
+            .is_some_and(|b| b.messages != Some(0))
+    })?;
+    let s = top.status.as_ref()?;
+    Some(format!(
+        "{}: {}",
+        top.name_any(),
+        dlq_core::groups::parked_and_waiting(s.parked, s.backlog.as_ref())
+    ))
+}
+
 /// The table `groups` prints (header included), or None when there is nothing to show.
 pub fn render(groups: &[DeadLetterGroup], with_ns: bool) -> Option<String> {
     if groups.is_empty() {
@@ -98,7 +123,8 @@ pub fn render(groups: &[DeadLetterGroup], with_ns: bool) -> Option<String> {
     }
     header.extend(
         [
-            "GROUP", "QUEUE", "KIND", "VERSION", "PARKED", "RATE", "TIER", "ACK", "TEMPLATE",
+            "GROUP", "QUEUE", "KIND", "VERSION", "PARKED", "WAITING", "RATE", "TIER", "ACK",
+            "TEMPLATE",
         ]
         .map(String::from),
     );
@@ -121,7 +147,12 @@ pub async fn run(g: &Global, args: GroupsArgs) -> Result<(), CliError> {
     let mut groups = api.list(&lp).await?.items;
     sort(&mut groups);
     match render(&groups, g.all_namespaces) {
-        Some(text) => print!("{text}"),
+        Some(text) => {
+            print!("{text}");
+            if let Some(line) = storm_line(&groups) {
+                println!("{line}");
+            }
+        }
         None => eprintln!("no failure groups"),
     }
     Ok(())
@@ -154,8 +185,8 @@ mod tests {
             c.template = "timeout talking t\u{43e} payer <hex>".into();
         }
         let (l, c) = (row(&latin, false), row(&cyrillic, false));
-        assert_eq!(l[8], "timeout talking to payer <hex>");
-        assert_eq!(c[8], "timeout talking t\\u{43e} payer <hex>");
+        assert_eq!(l[9], "timeout talking to payer <hex>");
+        assert_eq!(c[9], "timeout talking t\\u{43e} payer <hex>");
         assert_eq!(visible("a\\u{43e}\u{200b}\t"), "a\\\\u{43e}\\u{200b}\\u{9}");
     }
 
@@ -163,9 +194,34 @@ mod tests {
     fn a_group_not_yet_counted_shows_dashes_not_zero() {
         let fresh = DeadLetterGroup::new("f", DeadLetterGroupSpec::default());
         let fresh = row(&fresh, false);
-        assert_eq!(fresh[4..7], ["-", "-", "-"], "{fresh:?}");
+        assert_eq!(fresh[4..8], ["-", "-", "-", "-"], "{fresh:?}");
         let counted = super::row(&group("g", 0, 0, Tier::Info), false);
-        assert_eq!(counted[4..7], ["0", "0/min", "info"], "{counted:?}");
+        assert_eq!(counted[4..8], ["0", "-", "0/min", "info"], "{counted:?}");
+    }
+
+    #[test]
+    fn a_storms_group_shows_what_waits_in_the_broker_and_unknown_as_unknown() {
+        use dlq_core::groups::GroupBacklog;
+        let with = |name: &str, parked, messages| {
+            let mut g = group(name, parked, 0, Tier::Critical);
+            if let Some(s) = g.status.as_mut() {
+                s.backlog = Some(GroupBacklog { messages });
+            }
+            g
+        };
+        let storm = with("relayer-70b206ffc3", 5_000, Some(175_000));
+        assert_eq!(row(&storm, false)[4..6], ["5000", "~175,000"]);
+        let unknown = with("relayer-1111111111", 3, None);
+        assert_eq!(row(&unknown, false)[5], "unknown");
+        let mut groups = vec![unknown, storm];
+        sort(&mut groups);
+        assert_eq!(
+            storm_line(&groups).as_deref(),
+            Some("relayer-70b206ffc3: 5,000 parked, ~175,000 waiting in the broker")
+        );
+        let drained = with("relayer-2222222222", 10, Some(0));
+        assert_eq!(storm_line(&[drained]), None, "nothing waits");
+        assert_eq!(storm_line(&[group("g", 1, 0, Tier::Info)]), None);
     }
 
     #[test]

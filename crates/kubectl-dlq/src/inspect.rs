@@ -523,6 +523,7 @@ pub async fn stats(g: &Global, args: StatsArgs) -> Result<(), CliError> {
             "REDRIVEN",
             "DROPPED",
             "OLDEST PARKED",
+            "WAITING",
         ]
         .map(String::from),
     );
@@ -530,7 +531,13 @@ pub async fn stats(g: &Global, args: StatsArgs) -> Result<(), CliError> {
         .iter()
         .filter(|q| args.queue.as_ref().is_none_or(|want| *want == q.name_any()))
     {
-        for (kind, c) in kind_counts(q) {
+        let mut kinds = kind_counts(q);
+        let waiting = waiting(q);
+        // A storm's queue whose records were all resolved still shows what waits.
+        if kinds.is_empty() && waiting != "-" {
+            kinds.push(("-".into(), KindCounts::default()));
+        }
+        for (i, (kind, c)) in kinds.into_iter().enumerate() {
             let mut row = Vec::new();
             if g.all_namespaces {
                 row.push(q.namespace().unwrap_or_default());
@@ -543,6 +550,12 @@ pub async fn stats(g: &Global, args: StatsArgs) -> Result<(), CliError> {
                 c.dropped.to_string(),
                 c.oldest_parked_at
                     .map_or("-".into(), |o| human_age(now.duration_since(o.0).as_secs())),
+                // The queue's, on its first line only: per kind it is not known.
+                if i == 0 {
+                    waiting.clone()
+                } else {
+                    String::new()
+                },
             ]);
             rows.push(row);
         }
@@ -553,6 +566,25 @@ pub async fn stats(g: &Global, args: StatsArgs) -> Result<(), CliError> {
         print!("{}", table(&rows));
     }
     Ok(())
+}
+
+/// What waits beyond a queue's records: its source's backlog (`14,968`, `unknown` where the
+/// broker cannot say), or what its park endpoint refused in the last minute (`37 refused/min`);
+/// `-` for neither.
+pub fn waiting(q: &DeadLetterQueue) -> String {
+    let Some(s) = &q.status else {
+        return "-".into();
+    };
+    match (&s.backlog, &s.http) {
+        (Some(b), _) => b.shown(),
+        (None, Some(h)) if h.refused_last_minute > 0 => {
+            format!(
+                "{} refused/min",
+                dlq_core::api::thousands(h.refused_last_minute)
+            )
+        }
+        _ => "-".into(),
+    }
 }
 
 /// A queue's counters per failure kind (lower case, as labels spell it), kinds without any
@@ -598,6 +630,43 @@ pub fn human_age(secs: i64) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_queues_waiting_column_shows_its_backlog_unknown_or_refusals() {
+        use dlq_core::api::{
+            DeadLetterQueue, DeadLetterQueueSpec, DeadLetterQueueStatus, HttpParkStatus,
+            QueueBacklog,
+        };
+        let with = |status: Option<DeadLetterQueueStatus>| {
+            let mut q = DeadLetterQueue::new("relayer", DeadLetterQueueSpec::default());
+            q.status = status;
+            super::waiting(&q)
+        };
+        assert_eq!(with(None), "-");
+        assert_eq!(with(Some(DeadLetterQueueStatus::default())), "-");
+        let backlog = |messages| {
+            Some(DeadLetterQueueStatus {
+                backlog: Some(QueueBacklog {
+                    messages,
+                    observed_at: None,
+                }),
+                ..Default::default()
+            })
+        };
+        assert_eq!(with(backlog(Some(14_968))), "14,968");
+        assert_eq!(with(backlog(Some(0))), "0");
+        assert_eq!(with(backlog(None)), "unknown", "never 0");
+        let refused = |n| {
+            Some(DeadLetterQueueStatus {
+                http: Some(HttpParkStatus {
+                    refused_last_minute: n,
+                }),
+                ..Default::default()
+            })
+        };
+        assert_eq!(with(refused(1_200)), "1,200 refused/min");
+        assert_eq!(with(refused(0)), "-");
+    }
+
     use super::*;
 
     #[test]

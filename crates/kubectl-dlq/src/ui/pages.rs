@@ -81,7 +81,7 @@ pub async fn queues(State(ui): State<Arc<Ui>>) -> Response {
         table #queues {
             thead { tr { th { "Namespace" } th { "Queue" } th { "Ready" } th { "Parked transient" }
                 th { "Parked invalid" } th { "Redriven" } th { "Dropped" } th { "Oldest parked" }
-                th { "Parked last hour" } } }
+                th { "Parked last hour" } th title="dead messages still in the source's broker beyond the records" { "Waiting in the broker" } } }
             tbody {
                 @for q in &queues {
                     @let ns = q.namespace().unwrap_or_default();
@@ -96,6 +96,7 @@ pub async fn queues(State(ui): State<Arc<Ui>>) -> Response {
                         td.num { (t.redriven) } td.num { (t.dropped) }
                         td { (t.oldest_parked.map_or("-".into(), |o| human_age(now.duration_since(o).as_secs()))) }
                         td.num { (t.parked_last_hour) }
+                        td.num.waiting { (crate::inspect::waiting(q)) }
                     }
                 }
             }
@@ -123,7 +124,9 @@ async fn failure_groups(ui: &Ui) -> Markup {
         @else {
             table #groups {
                 thead { tr { th { "Namespace" } th { "Queue" } th { "Template" } th { "Kind" }
-                    th { "Version" } th { "Parked" } th { "Rate/min" } th { "Tier" } th { "Acknowledged" } } }
+                    th { "Version" } th { "Parked" }
+                    th title="estimated: the queue's backlog times the group's share of its newest records" { "Waiting in the broker" }
+                    th { "Rate/min" } th { "Tier" } th { "Acknowledged" } } }
                 tbody {
                     @for g in &groups {
                         @let s = g.status.clone().unwrap_or_default();
@@ -136,6 +139,7 @@ async fn failure_groups(ui: &Ui) -> Markup {
                             td { (s.failure_kind.map_or("-", |k| k.as_str())) }
                             td { (s.service_version.as_deref().unwrap_or("-")) }
                             td.num { (s.parked) }
+                            td.num.waiting { (s.backlog.as_ref().map_or_else(|| "-".into(), |b| b.shown())) }
                             td.num { (s.rate_per_minute) }
                             td { (s.tier.as_str()) }
                             td { (g.spec.acknowledged.as_ref().map_or("-", |a| a.by.as_str())) }
