@@ -280,7 +280,42 @@ async fn start(run: &mut Run<'_>) -> Result<()> {
     write(run).await?;
     // The first decision's progress is written at once, not a throttle period later.
     run.mem.written_at = None;
+    if spec.standing() {
+        announce_standing(run).await;
+    }
     Ok(())
+}
+
+/// Says on the queue and the replay that a standing replay runs, and what it does to dead
+/// messages that arrive: a standing drop discards them without a record, so it says so as a
+/// Warning.
+async fn announce_standing(run: &Run<'_>) {
+    let spec = &run.replay.spec;
+    let group = spec.selector().group.unwrap_or_default();
+    let by = &spec.by;
+    let plan = match spec.action() {
+        dlq_core::api::Action::Drop => EventPlan::warning(
+            reason::STANDING,
+            action::REPLAY,
+            format!(
+                "standing drop {} by {by}: dead messages of group {group} arriving on this queue are DISCARDED without a record until it ends (spec.stop: true ends it)",
+                run.name
+            ),
+        ),
+        dlq_core::api::Action::Redrive => EventPlan::normal(
+            reason::STANDING,
+            action::REPLAY,
+            format!(
+                "standing redrive {} by {by}: dead messages of group {group} go straight back to the target until the broker holds none",
+                run.name
+            ),
+        ),
+    };
+    publish_on_queue(run, &plan).await;
+    run.ctx
+        .apiserver
+        .publish(reference(run.replay), &plan)
+        .await;
 }
 
 /// Signs the next records the pace allows; when none are left, waits for outcomes.
@@ -681,10 +716,14 @@ async fn record(run: &Run<'_>, stopped: bool, summary: &str) {
     } else {
         EventPlan::normal(reason::REPLAY, action::REPLAY, summary)
     };
+    publish_on_queue(run, &plan).await;
+}
+
+async fn publish_on_queue(run: &Run<'_>, plan: &EventPlan) {
     if let Some(queue) = run.ctx.queue(&run.ns, &run.replay.spec.queue) {
         run.ctx
             .apiserver
-            .publish(reference(queue.as_ref()), &plan)
+            .publish(reference(queue.as_ref()), plan)
             .await;
     }
 }

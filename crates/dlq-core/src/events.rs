@@ -33,6 +33,9 @@ pub mod reason {
     /// A Sidekiq source moved dead jobs out of the dead set into its overflow list before
     /// Sidekiq could trim them (once per episode).
     pub const DEAD_SET_OVERFLOW: &str = "DeadSetOverflow";
+    /// A standing replay started: its group's dead messages pass from the broker to the target
+    /// (or, a standing drop, are discarded) without a record each while it runs.
+    pub const STANDING: &str = "Standing";
     /// Someone read a record's payload through the reveal API (`deadletterpayloads`).
     pub const PAYLOAD_REVEALED: &str = "PayloadRevealed";
     /// A reveal of a record's payload found it unopenable (its key is gone, or its ciphertext

@@ -113,6 +113,12 @@ pub struct Pace {
     /// After the last decision, how long to wait for outcomes, in seconds.
     #[arg(long, default_value_t = 60)]
     pub settle_timeout: u64,
+    /// Keep deciding the group's records as they park, and pass its dead messages straight
+    /// from the broker to the target without a record each, until the broker holds none of
+    /// them (a storm: one command). Needs --group. Without --rate, messages pass at the
+    /// broker's speed.
+    #[arg(long)]
+    pub standing: bool,
 }
 
 /// `--rate`: `20/s` or a bare `20`; must be positive.
@@ -347,7 +353,9 @@ impl ReplayPlan {
             queue: queue.to_string(),
             selector: Some(selector),
             action: Some(self.action),
-            rate: Some(format!("{}/s", self.rate)),
+            // A standing replay without --rate passes messages at the broker's speed.
+            rate: (!self.pace.standing || self.pace.rate.is_some())
+                .then(|| format!("{}/s", self.rate)),
             max: self.pace.max.and_then(count),
             stop_when: Some(StopWhen {
                 failure_ratio: Some(self.pace.max_failure_ratio),
@@ -359,6 +367,7 @@ impl ReplayPlan {
             note: Some(self.note.clone()),
             settle_seconds: i64::try_from(self.pace.settle_timeout).ok(),
             stop: None,
+            standing: self.pace.standing.then_some(true),
         })
     }
 }
@@ -371,6 +380,7 @@ async fn replay(
     pace: &Pace,
     action: Action,
 ) -> Result<(), CliError> {
+    check_standing(select, pace, action)?;
     let (client, ns) = connect(g).await?;
     let mut select = select.clone();
     if let (None, Some(group)) = (&select.queue, &select.group) {
@@ -418,6 +428,31 @@ async fn replay(
     println!("{}", end.summary);
     if end.stopped {
         return Err(CliError::Refused(String::new()));
+    }
+    Ok(())
+}
+
+/// `--standing` covers one failure group, decides for real, and a standing drop is said aloud.
+fn check_standing(select: &Selector, pace: &Pace, action: Action) -> Result<(), CliError> {
+    if !pace.standing {
+        return Ok(());
+    }
+    if select.group.is_none() {
+        return Err(CliError::Usage(
+            "--standing covers one failure group: give --group G (kubectl dlq groups lists them)"
+                .into(),
+        ));
+    }
+    if pace.dry_run {
+        return Err(CliError::Usage(
+            "--standing cannot be a dry run: run --dry-run without --standing to see the records"
+                .into(),
+        ));
+    }
+    if action == Action::Drop {
+        eprintln!(
+            "WARNING: a standing drop DISCARDS every dead message of this group that arrives while it runs, without a record (stop it with spec.stop: true)"
+        );
     }
     Ok(())
 }
@@ -576,6 +611,56 @@ mod tests {
         );
         assert_eq!(by_group.describe(), "queue=relayer,group=3f9a1c07d2");
         assert!(parse_group("overflow").is_err() && parse_group("3f9a").is_err());
+    }
+
+    /// Issue 47: `--standing` needs a group and is never a dry run; without --rate its
+    /// messages pass at the broker's speed (records at the default rate), with one both do.
+    #[test]
+    fn a_standing_replay_covers_one_group_at_the_brokers_speed_unless_paced() {
+        let pace = Pace {
+            rate: None,
+            max: None,
+            dry_run: false,
+            max_failure_ratio: 0.2,
+            window: 20,
+            max_new_parked: 10,
+            settle_timeout: 60,
+            standing: true,
+        };
+        let group = Selector {
+            group: parse_group("3f9a1c07d2").ok(),
+            ..Selector::default()
+        };
+        assert!(check_standing(&Selector::default(), &pace, Action::Redrive).is_err());
+        let dry = Pace {
+            dry_run: true,
+            ..pace.clone()
+        };
+        assert!(check_standing(&group, &dry, Action::Redrive).is_err());
+        assert!(check_standing(&group, &pace, Action::Redrive).is_ok());
+        let plan = |pace: &Pace| ReplayPlan {
+            select: group.clone(),
+            pace: pace.clone(),
+            rate: pace.rate.unwrap_or(replay::DEFAULT_RATE),
+            by: "carol".into(),
+            note: "INC-1".into(),
+            action: Action::Redrive,
+        };
+        let spec = plan(&pace).spec("relayer", Vec::new()).unwrap();
+        assert_eq!((spec.standing, spec.rate.as_deref()), (Some(true), None));
+        assert_eq!(spec.pass_rate(), None);
+        let paced = Pace {
+            rate: Some(500.0),
+            ..pace.clone()
+        };
+        let spec = plan(&paced).spec("relayer", Vec::new()).unwrap();
+        assert_eq!(spec.pass_rate(), Some(500.0));
+        let plain = Pace {
+            standing: false,
+            ..pace
+        };
+        let spec = plan(&plain).spec("relayer", Vec::new()).unwrap();
+        assert_eq!((spec.standing, spec.rate.as_deref()), (None, Some("10/s")));
     }
 
     #[test]

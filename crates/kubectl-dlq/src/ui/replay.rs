@@ -52,6 +52,7 @@ fn pace(rate: f64) -> Pace {
         window: 20,
         max_new_parked: 10,
         settle_timeout: 60,
+        standing: false,
     }
 }
 
