@@ -636,3 +636,257 @@ async fn two_dead_jobs_with_one_jid_and_different_args_are_two_records() {
     assert!(items.iter().all(|i| i.spec.job.id == "dup-jid"));
     assert!(items.iter().all(|i| i.phase() == Phase::Parked));
 }
+
+/// The jid of a dead job's JSON (what a record's `spec.job.id` holds).
+fn jid_of(raw: &[u8]) -> String {
+    let job: serde_json::Value = serde_json::from_slice(raw).expect("a dead job's JSON");
+    job["jid"].as_str().expect("a jid").to_string()
+}
+
+/// The largest dead-set size and overflow-list length seen every 10 ms until stopped.
+struct Peaks {
+    dead: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    overflow: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Peaks {
+    fn watch(url: &str, overflow: String) -> Peaks {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let dead = std::sync::Arc::new(AtomicU64::new(0));
+        let listed = std::sync::Arc::new(AtomicU64::new(0));
+        let client = redis::Client::open(url).expect("a redis URL");
+        let (d, l) = (dead.clone(), listed.clone());
+        let task = tokio::spawn(async move {
+            let mut c = client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("redis");
+            loop {
+                let (size, len): (u64, u64) = redis::pipe()
+                    .cmd("ZCARD")
+                    .arg(DEAD)
+                    .cmd("LLEN")
+                    .arg(&overflow)
+                    .query_async(&mut c)
+                    .await
+                    .expect("ZCARD, LLEN");
+                d.fetch_max(size, Ordering::Relaxed);
+                l.fetch_max(len, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        });
+        Peaks {
+            dead,
+            overflow: listed,
+            task,
+        }
+    }
+
+    fn stop(self) -> (u64, u64) {
+        use std::sync::atomic::Ordering;
+        self.task.abort();
+        (
+            self.dead.load(Ordering::Relaxed),
+            self.overflow.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// Sidekiq trims its dead set at `dead_max_jobs` and the queue is Full (`maxParked` records),
+/// when `DLQ_SIDEKIQ_STORM_JOBS` jobs (default 3,000) die at once with a trim of
+/// `DLQ_SIDEKIQ_DEAD_MAX` (default 1,000; `deadMaxJobs` says the same): the source moves them to
+/// its overflow list before Sidekiq can trim them, so every jid is exactly once in a record, the
+/// overflow list, the dead set or the inflight hash (read in one MULTI). Once `maxParked` is
+/// raised every job is parked, and after one `kubectl dlq redrive --queue` each is performed
+/// exactly once. Without the overflow list Sidekiq drops all but the newest 999. The full
+/// measurement: `DLQ_SIDEKIQ_STORM_JOBS=30000 DLQ_SIDEKIQ_DEAD_MAX=10000`.
+#[tokio::test]
+async fn a_storm_past_sidekiqs_trim_while_the_queue_is_full_loses_no_job_and_each_runs_once() {
+    let env = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let n = env("DLQ_SIDEKIQ_STORM_JOBS", 3_000);
+    let trim = env("DLQ_SIDEKIQ_DEAD_MAX", 1_000);
+    const MAX_PARKED: usize = 20;
+    let redis = Redis::start();
+    let (client, ns) = setup("sidekiq-storm").await;
+    create_secret(&client, &ns, "redis", "url", &redis.url()).await;
+    create_dlq(
+        &client,
+        &ns,
+        "relayer",
+        json!({
+            "target": {"sidekiq": {"urlSecretRef": {"name": "redis", "key": "url"}}},
+            "source": {"sidekiq": {"deadMaxJobs": trim}},
+            "maxParked": MAX_PARKED,
+        }),
+    )
+    .await;
+    let r = Rig {
+        api: Api::namespaced(client.clone(), &ns),
+        client,
+        ns,
+        redis,
+    };
+    let overflow = deadletter::source::sidekiq::overflow_list(&r.ns, "relayer");
+    let inflight = format!("dlq:{}/relayer:inflight", r.ns);
+    let sidekiq = Sidekiq::start_trimming_at(&r.redis.url(), 10, trim).await;
+    let _op = Operator::start(&r.ns);
+
+    // The queue fills first: the source runs, and parks no more.
+    let mut jids = Sidekiq::enqueue(&r.redis.url(), MAX_PARKED, "full");
+    eventually(120, "the queue Full", || async {
+        (r.records().await.len() >= MAX_PARKED).then_some(())
+    })
+    .await;
+
+    let peaks = Peaks::watch(&r.redis.url(), overflow.clone());
+    let started = Instant::now();
+    jids.extend(Sidekiq::enqueue(&r.redis.url(), n, "storm"));
+    let total = jids.len();
+    eventually(600, &format!("Sidekiq ran all {total} jobs"), || async {
+        let received: usize = r.cmd(redis::cmd("LLEN").arg(RECEIVED)).await;
+        (received >= total).then_some(())
+    })
+    .await;
+    let died_secs = started.elapsed().as_secs_f64();
+    // The last jobs' deaths land after they were fetched; the mover's next look after that.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (peak_dead, peak_overflow) = peaks.stop();
+
+    let mut c = r.redis.conn().await;
+    let (dead, listed, taken): (Vec<Vec<u8>>, Vec<Vec<u8>>, Vec<Vec<u8>>) = redis::pipe()
+        .atomic()
+        .cmd("ZRANGE")
+        .arg(DEAD)
+        .arg(0)
+        .arg(-1)
+        .cmd("LRANGE")
+        .arg(&overflow)
+        .arg(0)
+        .arg(-1)
+        .cmd("HVALS")
+        .arg(&inflight)
+        .query_async(&mut c)
+        .await
+        .expect("one read of the dead set, overflow list and inflight hash");
+    let records = r.records().await;
+    let mut seen: std::collections::BTreeMap<String, Vec<&str>> = Default::default();
+    for (raws, place) in [(&dead, "dead"), (&listed, "overflow"), (&taken, "inflight")] {
+        for raw in raws {
+            seen.entry(jid_of(raw)).or_default().push(place);
+        }
+    }
+    for rec in &records {
+        seen.entry(rec.spec.job.id.clone())
+            .or_default()
+            .push("record");
+    }
+    let lost: Vec<&String> = jids.iter().filter(|j| !seen.contains_key(*j)).collect();
+    let doubled: Vec<_> = seen.iter().filter(|(_, p)| p.len() > 1).collect();
+    assert!(
+        lost.is_empty(),
+        "{} of {total} jobs lost (Sidekiq trimmed them), e.g. {:?}; the dead set peaked at {peak_dead}",
+        lost.len(),
+        &lost[..lost.len().min(5)]
+    );
+    assert!(doubled.is_empty(), "jobs held twice: {doubled:?}");
+    assert_eq!(seen.len(), total, "nothing but these jobs");
+    assert_eq!(records.len(), MAX_PARKED, "the queue stayed Full");
+    assert!(
+        listed.len() > n.saturating_sub(trim) / 2,
+        "most of the storm waits in the overflow list: {} of {n}",
+        listed.len()
+    );
+    assert!(
+        (peak_dead as usize) < trim,
+        "the dead set never reached the trim: {peak_dead}"
+    );
+    let moved = events_for(&r.client, &r.ns, "relayer", "DeadSetOverflow").await;
+    assert!(!moved.is_empty(), "a DeadSetOverflow Event on the queue");
+    let note = moved[0].note.clone().unwrap_or_default();
+    assert!(note.contains(&overflow), "{note}");
+    let near_trim = events_for(&r.client, &r.ns, "relayer", "DeadSetNearTrim")
+        .await
+        .len();
+
+    // Room for all of them: each is parked once, oldest first from the overflow list.
+    let parking = Instant::now();
+    let patch = json!({"spec": {"maxParked": total + 100}});
+    Api::<DeadLetterQueue>::namespaced(r.client.clone(), &r.ns)
+        .patch("relayer", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("raising maxParked");
+    eventually(
+        3600,
+        &format!("{total} records, nothing left in Redis"),
+        || async {
+            let left: usize = r.cmd(redis::cmd("LLEN").arg(&overflow)).await;
+            (r.zcard().await == 0
+                && left == 0
+                && r.inflight().await == 0
+                && r.records().await.len() >= total)
+                .then_some(())
+        },
+    )
+    .await;
+    let parked_secs = parking.elapsed().as_secs_f64();
+    let items = r.records().await;
+    let ids: BTreeSet<&str> = items.iter().map(|i| i.spec.job.id.as_str()).collect();
+    assert_eq!(items.len(), total, "one record per job");
+    assert_eq!(ids, jids.iter().map(String::as_str).collect());
+    eventually(300, "every record Parked", || async {
+        r.records()
+            .await
+            .iter()
+            .all(|i| i.phase() == Phase::Parked)
+            .then_some(())
+    })
+    .await;
+
+    let _: () = r.cmd(redis::cmd("SET").arg(FLAG).arg("1")).await;
+    let redriving = Instant::now();
+    let out = dlq(
+        &r.ns,
+        &[
+            "redrive",
+            "--queue",
+            "relayer",
+            "--by",
+            "ops",
+            "--rate",
+            "1000/s",
+            "--settle-timeout",
+            "600",
+        ],
+    );
+    let performed: Vec<String> = eventually(3600, "every job performed", || async {
+        let p: Vec<String> = r
+            .cmd(redis::cmd("LRANGE").arg(PERFORMED).arg(0).arg(-1))
+            .await;
+        (p.len() >= total).then_some(p)
+    })
+    .await;
+    let redrive_secs = redriving.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let again: usize = r.cmd(redis::cmd("LLEN").arg(PERFORMED)).await;
+    assert_eq!(again, total, "each performed once:\n{out}");
+    let once: BTreeSet<&str> = performed
+        .iter()
+        .map(|p| p.split(' ').next().unwrap_or_default())
+        .collect();
+    assert_eq!(once, jids.iter().map(String::as_str).collect(), "by jid");
+    assert!(
+        performed
+            .iter()
+            .all(|p| p.ends_with(&format!(" {}", sidekiq.pid)))
+    );
+    assert_eq!(r.zcard().await, 0, "none died again");
+    dlq_testenv::report(&format!(
+        "sidekiq storm: {n} jobs died in {died_secs:.1} s into a dead set trimmed at {trim} while the queue was Full ({MAX_PARKED}); the dead set peaked at {peak_dead}, the overflow list at {peak_overflow}; none lost ({near_trim} DeadSetNearTrim); {total} parked in {parked_secs:.1} s once maxParked was raised; one redrive performed each once in {redrive_secs:.1} s"
+    ));
+}

@@ -29,20 +29,39 @@ impl Sidekiq {
     /// Starts `sidekiq` with `concurrency` threads on the Redis at `redis_url`, and waits until
     /// it has announced itself in Redis (its `processes` heartbeat).
     pub async fn start(redis_url: &str, concurrency: usize) -> Sidekiq {
+        Self::start_with(redis_url, concurrency, None).await
+    }
+
+    /// As [`Sidekiq::start`], with Sidekiq's `dead_max_jobs` (where it trims the dead set,
+    /// dropping the oldest jobs) set to `dead_max_jobs` instead of its default 10,000.
+    pub async fn start_trimming_at(
+        redis_url: &str,
+        concurrency: usize,
+        dead_max_jobs: usize,
+    ) -> Sidekiq {
+        Self::start_with(redis_url, concurrency, Some(dead_max_jobs)).await
+    }
+
+    async fn start_with(
+        redis_url: &str,
+        concurrency: usize,
+        dead_max_jobs: Option<usize>,
+    ) -> Sidekiq {
         let bin =
             super::child::which("sidekiq").unwrap_or_else(|| panic!("{}", missing("sidekiq")));
         static STARTED: AtomicU16 = AtomicU16::new(0);
         let dir = super::child::temp_dir("sidekiq", STARTED.fetch_add(1, Ordering::Relaxed));
         let log = dir.join("sidekiq.log");
-        let child = crate::plane::spawn_guarded(
-            Command::new(bin)
-                .arg("-r")
-                .arg(fixture("worker.rb"))
-                .args(["-c", &concurrency.to_string(), "-q", "default"])
-                .env("REDIS_URL", redis_url)
-                .current_dir(&dir),
-            &log,
-        )
+        let mut cmd = Command::new(bin);
+        cmd.arg("-r")
+            .arg(fixture("worker.rb"))
+            .args(["-c", &concurrency.to_string(), "-q", "default"])
+            .env("REDIS_URL", redis_url)
+            .current_dir(&dir);
+        if let Some(n) = dead_max_jobs {
+            cmd.env("SIDEKIQ_DEAD_MAX_JOBS", n.to_string());
+        }
+        let child = crate::plane::spawn_guarded(&mut cmd, &log)
         .unwrap_or_else(|e| panic!("starting sidekiq: {e}"));
         let pid = child.id();
         let s = Sidekiq {
