@@ -190,3 +190,139 @@ async fn a_replay_decides_exactly_the_records_selected_at_its_start() {
         assert_eq!(r.spec.action, None, "{name}: undecided");
     }
 }
+
+/// Issue 47: a storm past `maxParked` (1,500 dead messages of one failure group on a Redis dead
+/// list, `maxParked` 50) is redriven by ONE standing replay: the records it parked are decided,
+/// the rest go straight from the dead list to the target without a record each, and every job
+/// arrives exactly once; etcd never holds more than `maxParked` records of the storm, and the
+/// queue's backlog said how big the storm was before anyone acted.
+#[tokio::test]
+async fn one_standing_redrive_drains_a_storm_past_max_parked_each_job_once() {
+    use dlq_core::api::DeadLetterQueue;
+    use dlq_core::group::labelled;
+    const STORM: usize = 1500;
+    const MAX_PARKED: i64 = 50;
+    let (client, ns) = setup("replay-storm").await;
+    let redis = Redis::start();
+    create_queue(
+        &client,
+        &ns,
+        &redis.url(),
+        list_target(),
+        json!({"maxParked": MAX_PARKED, "source": {"redis": {"list": "relayer:dead"}}}),
+    )
+    .await;
+    let mut conn = redis.conn().await;
+    let mut pipe = redis::pipe();
+    for i in 0..STORM {
+        let envelope = json!({
+            "id": format!("storm/{i:05}"),
+            "payload": format!("{{\"intent\":\"pi_{i:05}\"}}"),
+            "reason": format!("payer timeout after {}ms", 30_000 + i),
+            "failureKind": "Transient",
+        });
+        pipe.cmd("RPUSH")
+            .arg("relayer:dead")
+            .arg(envelope.to_string());
+    }
+    let _: () = pipe.query_async(&mut conn).await.expect("RPUSH the storm");
+    let _op = Operator::start(&ns);
+    let queues: Api<DeadLetterQueue> = Api::namespaced(client.clone(), &ns);
+    // The queue fills, and says how much more waits in the broker.
+    let waiting = eventually(60, "the backlog beyond maxParked", || async {
+        let s = queues.get("relayer").await.ok()?.status?;
+        let waiting = s.backlog?.messages?;
+        (s.parked == MAX_PARKED && waiting > 1000).then_some(waiting)
+    })
+    .await;
+    let records: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let parked = records
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items;
+    let group = labelled(&parked[0]).expect("a group label").to_string();
+    assert!(
+        parked.iter().all(|r| labelled(r) == Some(group.as_str())),
+        "one failure group"
+    );
+    let replays: Api<DeadLetterReplay> = Api::namespaced(client.clone(), &ns);
+    let spec: DeadLetterReplaySpec = serde_json::from_value(json!({
+        "queue": "relayer", "by": "ops", "note": "INC-47 payer fixed", "standing": true,
+        "selector": {"group": group}, "rate": "100/s", "settleSeconds": 10
+    }))
+    .expect("a spec");
+    let started = std::time::Instant::now();
+    replays
+        .create(
+            &PostParams::default(),
+            &DeadLetterReplay::new("storm", spec),
+        )
+        .await
+        .expect("the replay");
+    let done = eventually(180, "the standing replay to complete", || async {
+        let r = replays.get("storm").await.ok()?;
+        r.phase().is_final().then_some(r)
+    })
+    .await;
+    let took = started.elapsed();
+    let phase = done.phase();
+    let status = done.status.unwrap_or_default();
+    assert_eq!(phase, ReplayPhase::Completed, "{status:?}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let delivered = redis.list(LIST).await;
+    let mut jobs: Vec<String> = delivered
+        .iter()
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .collect();
+    jobs.sort();
+    let before = jobs.len();
+    jobs.dedup();
+    assert_eq!(before, jobs.len(), "a job delivered twice");
+    assert_eq!(jobs.len(), STORM, "every job back, each once");
+    assert_eq!(
+        status.passed_through + status.redriven,
+        STORM as i64,
+        "each job counted once on the replay: {status:?}"
+    );
+    assert!(status.passed_through > 1000, "{status:?}");
+    assert_eq!(status.sample.len(), dlq_core::replay::SAMPLE);
+    for key in [
+        "relayer:dead",
+        "relayer:dead:processing",
+        "relayer:dead:inflight",
+    ] {
+        let left: i64 = redis::cmd(if key.ends_with("inflight") {
+            "HLEN"
+        } else {
+            "LLEN"
+        })
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .expect("length");
+        assert_eq!(left, 0, "{key} still holds dead messages");
+    }
+    let made = records
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items;
+    assert!(
+        made.len() as i64 <= MAX_PARKED + 32,
+        "{} records for a storm of {STORM}: pass-through makes none",
+        made.len()
+    );
+    let summary = status.summary.unwrap_or_default();
+    assert!(
+        summary.contains(&format!("passed through {}", status.passed_through)),
+        "{summary}"
+    );
+    dlq_testenv::report(&format!(
+        "standing redrive: {STORM} dead messages ({waiting} waiting in the broker when it started), maxParked {MAX_PARKED}: {} passed through and {} records redriven in {:.1} s (one command); {} records made",
+        status.passed_through,
+        status.redriven,
+        took.as_secs_f64(),
+        made.len()
+    ));
+}
