@@ -4,7 +4,8 @@
 //! create is the atomic step that makes racing parkers safe (the loser gets AlreadyExists,
 //! re-reads, and answers AlreadyParked). The parker only ever owns the parked facts, never
 //! `action`/`by`/`note`, so a GitOps server-side apply of a decision does not conflict with it.
-//! The rules themselves (validation, naming, cycles) are `dlq_core::park`.
+//! The rules themselves (validation, sealing, naming, cycles) are the core's: a park asks it
+//! once for the whole plan (`dlq_core::park_plan::plan`) and carries that plan out.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -14,8 +15,9 @@ use kube::api::{ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 
 use dlq_core::api::{self, DeadLetter, DeadLetterQueue, Phase};
-use dlq_core::park::{Cycle, FirstTry, first_try, job_key, new_record, next_cycle, validate};
-use dlq_core::seal::{SealError, seal_request};
+use dlq_core::park::validate;
+use dlq_core::park_plan::{AfterList, ParkPlan, Step, Unplannable};
+use dlq_core::seal::SealError;
 
 use crate::admission::{Admissions, AdmitError, Slot};
 pub use dlq_core::park::{KnownCycle, ParkInvalid, ParkRequest};
@@ -79,6 +81,16 @@ pub enum ParkError {
     NoRecipient { queue: String },
     #[error(transparent)]
     Seal(#[from] SealError),
+}
+
+impl From<Unplannable> for ParkError {
+    fn from(e: Unplannable) -> Self {
+        match e {
+            Unplannable::Invalid(e) => ParkError::Invalid(e),
+            Unplannable::NoRecipient { queue } => ParkError::NoRecipient { queue },
+            Unplannable::Seal(e) => ParkError::Seal(e),
+        }
+    }
 }
 
 impl ParkError {
@@ -188,7 +200,7 @@ impl Parker {
 
     /// Parks into a queue the caller already holds (the operator's sources take it from the
     /// operator's own store). Without a view of the job's records it creates cycle 1 first
-    /// and lists only when that name is taken (see [`first_try`]).
+    /// and lists only when that name is taken (see `dlq_core::park::first_try`).
     pub async fn park_into(
         &self,
         queue: &DeadLetterQueue,
@@ -198,95 +210,77 @@ impl Parker {
     }
 
     /// Parks with `known`, the job's records as the caller's watch sees them (see
-    /// [`first_try`]): a new job costs one create instead of a list and a create; a 409 or a
-    /// record no longer Parked falls back to the consistent list.
+    /// `dlq_core::park::first_try`): a new job costs one create instead of a list and a
+    /// create; a 409 or a record no longer Parked falls back to the consistent list. The core
+    /// plans the park once (`dlq_core::park_plan::plan`); this carries the plan out.
     pub async fn park_known(
         &self,
         queue: &DeadLetterQueue,
         req: ParkRequest,
         known: Option<&[KnownCycle]>,
     ) -> Result<ParkOutcome, ParkError> {
-        validate(&req)?;
-        let req = seal_for(queue, req)?;
-        let namespace = queue.namespace().unwrap_or_default();
-        let records: Api<DeadLetter> = Api::namespaced(self.client.clone(), &namespace);
-        match first_try(&req, known) {
-            FirstTry::SameMessage(name) => {
+        let (plan, first) = dlq_core::park_plan::plan(queue, req, known)?;
+        let records: Api<DeadLetter> = Api::namespaced(self.client.clone(), plan.namespace());
+        match first {
+            Step::SameMessage(name) => {
                 if let Some(r) = records.get_opt(&name).await? {
                     return Ok(ParkOutcome::SameMessage(Box::new(r)));
                 }
             }
-            FirstTry::Confirm(name) => {
+            Step::Confirm(name) => {
                 if let Some(r) = records.get_opt(&name).await?
                     && r.phase() == Phase::Parked
                 {
                     return Ok(ParkOutcome::AlreadyParked(Box::new(r)));
                 }
             }
-            FirstTry::Create(cycle) => {
-                if let Some(outcome) = self.admit_and_create(queue, &records, &req, cycle).await? {
+            Step::Create(record) => {
+                if let Some(outcome) = self
+                    .admit_and_create(queue, &records, &plan, *record)
+                    .await?
+                {
                     return Ok(outcome);
                 }
             }
         }
         // The view was behind the apiserver: ask etcd.
-        self.park_listing(queue, &records, &req, true).await
+        self.park_listing(queue, &records, &plan).await
     }
 
-    /// Lists the job's records, then creates the next cycle; `consistent_first` skips the
-    /// watch-cache read (the caller already knows its view is stale).
+    /// Lists the job's records, then does what the plan makes of them (the next cycle, or the
+    /// record that answers); consistently, since the caller's view already proved stale.
     async fn park_listing(
         &self,
         queue: &DeadLetterQueue,
         records: &Api<DeadLetter>,
-        req: &ParkRequest,
-        consistent_first: bool,
+        plan: &ParkPlan,
     ) -> Result<ParkOutcome, ParkError> {
-        // First from the apiserver's watch cache (resourceVersion 0: cheap, possibly a moment
-        // stale), then, whenever that view proves stale, from etcd. The deterministic name
-        // makes the create the guard: two parkers of one job cannot both create a cycle.
-        for consistent in [consistent_first, true, true] {
-            let existing = self.earlier_records(records, req, consistent).await?;
-            let cycle = match next_cycle(req, &existing) {
-                Cycle::SameMessage(record) => {
+        // From etcd, not the watch cache: the deterministic name makes the create the guard,
+        // so two parkers of one job cannot both create a cycle.
+        for _ in 0..3 {
+            let lp = ListParams::default().labels(&plan.selector());
+            let existing = records.list(&lp).await?.items;
+            let record = match plan.after_list(&existing) {
+                AfterList::SameMessage(record) => {
                     return Ok(ParkOutcome::SameMessage(Box::new(record.clone())));
                 }
-                Cycle::AlreadyParked(parked) => {
-                    // Confirm a cached Parked: answering AlreadyParked for a record that was
+                AfterList::Confirm(name) => {
+                    // Confirm a listed Parked: answering AlreadyParked for a record that was
                     // just resolved would lose this new death of the job.
-                    match records.get_opt(&parked.name_any()).await? {
+                    match records.get_opt(&name).await? {
                         Some(r) if r.phase() == Phase::Parked => {
                             return Ok(ParkOutcome::AlreadyParked(Box::new(r)));
                         }
                         _ => continue,
                     }
                 }
-                Cycle::Next(cycle) => cycle,
+                AfterList::Create(record) => *record,
             };
-            if let Some(outcome) = self.admit_and_create(queue, records, req, cycle).await? {
+            if let Some(outcome) = self.admit_and_create(queue, records, plan, record).await? {
                 return Ok(outcome);
             }
         }
-        Err(ParkError::Busy(req.job.id.clone()))
-    }
-
-    /// Every record carrying the job's key, from the watch cache or (`consistent`) from etcd.
-    async fn earlier_records(
-        &self,
-        records: &Api<DeadLetter>,
-        req: &ParkRequest,
-        consistent: bool,
-    ) -> Result<Vec<DeadLetter>, ParkError> {
-        let selector = format!(
-            "{}={}",
-            api::LABEL_JOB_KEY,
-            job_key(&req.queue, &req.job.id)
-        );
-        let mut lp = ListParams::default().labels(&selector);
-        if !consistent {
-            lp = lp.match_any();
-        }
-        Ok(records.list(&lp).await?.items)
+        Err(ParkError::Busy(plan.request().job.id.clone()))
     }
 
     /// Takes a slot under the queue's `maxParked` (`dlq_core::capacity`), then creates the
@@ -296,9 +290,10 @@ impl Parker {
         &self,
         queue: &DeadLetterQueue,
         records: &Api<DeadLetter>,
-        req: &ParkRequest,
-        cycle: i32,
+        plan: &ParkPlan,
+        record: DeadLetter,
     ) -> Result<Option<ParkOutcome>, ParkError> {
+        let req = plan.request();
         let admitted_at = Instant::now();
         let slot = self
             .admissions
@@ -320,23 +315,23 @@ impl Parker {
         if admitted_at.elapsed() > within {
             return Err(ParkError::Busy(req.job.id.clone()));
         }
-        let created = self.create(records, req, cycle, &slot).await;
+        let created = self.create(records, plan, record, &slot).await;
         if !matches!(created, Ok(Some(ParkOutcome::Parked(_)))) && certainly_not_created(&created) {
             self.admissions.unuse(queue, &slot);
         }
         created
     }
 
-    /// Creates `cycle`. None when that cycle already exists but is no longer Parked (the list
-    /// was stale: look again, consistently).
+    /// Creates `record` in `slot`. None when its name is taken by a record that does not
+    /// answer for the plan's request (the view or list was stale: look again, consistently).
     async fn create(
         &self,
         records: &Api<DeadLetter>,
-        req: &ParkRequest,
-        cycle: i32,
+        plan: &ParkPlan,
+        mut record: DeadLetter,
         slot: &Slot,
     ) -> Result<Option<ParkOutcome>, ParkError> {
-        let mut record = new_record(req, cycle);
+        let cycle = record.spec.cycle;
         record
             .metadata
             .annotations
@@ -352,40 +347,16 @@ impl Parker {
                 tracing::info!(namespace = ?created.namespace(), name = %name, job = %created.spec.job.id, cycle, "parked");
                 Ok(Some(ParkOutcome::Parked(Box::new(created))))
             }
-            // A racing parker created this cycle (then it is ours too), or the list was stale.
-            // Only a record of this very job answers for it: a name holds 32 bits of its job's
-            // key, and another job's record of the same name (or, for an own death, another
-            // message's) must never take this job's place.
+            // A racing parker created this cycle (then it is ours too), or the list was stale:
+            // only a record the plan accepts answers for it (`ParkPlan::answered_by`).
             Err(kube::Error::Api(s)) if s.code == 409 => match records.get_opt(&name).await? {
-                Some(r)
-                    if r.phase() == Phase::Parked
-                        && r.spec.job.id == req.job.id
-                        && r.spec.queue == req.queue
-                        && req.answered_by(dlq_core::park::source_message(&r)) =>
-                {
+                Some(r) if plan.answered_by(&r) => {
                     Ok(Some(ParkOutcome::AlreadyParked(Box::new(r))))
                 }
                 _ => Ok(None),
             },
             Err(e) => Err(e.into()),
         }
-    }
-}
-
-/// `req` with its job sealed to the queue's current recipient when the queue seals
-/// (`dlq_core::seal::seal_request`: its reason then quotes nothing of the message), before
-/// anything reaches the apiserver; untouched otherwise. A queue that seals but publishes no
-/// recipient refuses ([`ParkError::NoRecipient`]), never plaintext.
-pub fn seal_for(queue: &DeadLetterQueue, req: ParkRequest) -> Result<ParkRequest, ParkError> {
-    if req.job.sealed.is_some() {
-        return Ok(req);
-    }
-    match queue.seal_recipient() {
-        Some(recipient) => Ok(seal_request(req, recipient)?),
-        None if queue.seals() => Err(ParkError::NoRecipient {
-            queue: queue.name_any(),
-        }),
-        None => Ok(req),
     }
 }
 

@@ -4,9 +4,9 @@
 //! [`dead_letter`], [`queue`], [`replay`], [`groups`]; [`api`] re-exports the first two), what to do with a
 //! record ([`decide`]), the whole outcome of a reconcile as data ([`plan`]: the status to write,
 //! the Events to publish, the metric changes), the park rules ([`park`]: validation, naming,
-//! cycles), and the codecs shared by sources and targets ([`headers`], [`envelope`],
-//! [`sidekiq`]). No kube client, no async runtime, no broker crate: the operator carries plans
-//! out.
+//! cycles) and one park's plan ([`park_plan`]: what a parker asks once and carries out), and
+//! the codecs shared by sources and targets ([`headers`], [`envelope`], [`sidekiq`]). No kube
+//! client, no async runtime, no broker crate: the operator carries plans out.
 
 // kube-derive's generated code names `::kube::core` and `::kube::KubeSchema` (the facade
 // crate), even for rules on the generated root type. The core has no kube client, so inside it
@@ -36,6 +36,7 @@ pub mod groups;
 pub mod headers;
 pub mod mask;
 pub mod park;
+pub mod park_plan;
 pub mod plan;
 pub mod queue;
 pub mod record;
