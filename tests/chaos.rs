@@ -1,5 +1,6 @@
 //! The short chaos run of `make test` (`make chaos` is the long one): ≈ 15 faults of every
-//! kind during a few hundred dead messages, and every invariant must hold.
+//! kind during a few hundred dead messages and a storm of 300 drained by a standing redrive,
+//! and every invariant must hold.
 
 use dlq_testenv::chaos::{ChaosConfig, run};
 
@@ -35,6 +36,13 @@ async fn short_chaos_run_keeps_every_invariant() {
         ("stray_enqueues", report.stray_enqueues),
         // Redrives a drop came too late for: none in this schedule (issue 44).
         ("late_drops", report.late_drops),
+        // The storm (issue 47): every job of it back on the target, nothing left in its dead
+        // list, processing list or inflight hash, no record of it left undecided, and its
+        // standing redrive Completed with passedThrough + redriven = the storm.
+        ("storm_lost", report.storm_lost),
+        ("storm_left_in_broker", report.storm_left_in_broker),
+        ("storm_left_parked", report.storm_left_parked),
+        ("storm_replay_miscounted", report.storm_replay_miscounted),
         // Effectively once across the control plane's faults: a restarted etcd or apiserver
         // costs a failed status write, retried alone, never a second enqueue.
         (
@@ -49,6 +57,12 @@ async fn short_chaos_run_keeps_every_invariant() {
         assert_eq!(n, 0, "{what}:\n{table}");
     }
     assert!(report.faults_total >= 15, "{}", report.table());
+    // Most of the storm passed straight through: it is the storm scenario, not a parking one.
+    assert!(
+        report.storm_arrived_passed * 2 > report.storm_messages,
+        "{}",
+        report.table()
+    );
 }
 
 /// Second arrivals of jobs blamed on a fault of `kind`.

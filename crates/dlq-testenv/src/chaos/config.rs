@@ -20,11 +20,14 @@ pub struct ChaosConfig {
     pub out: PathBuf,
     /// The fault kinds to inject (`CHAOS_KINDS`, comma-separated; all by default).
     pub kinds: Vec<&'static str>,
+    /// Dead messages of the storm a standing redrive drains during the faults (`CHAOS_STORM`;
+    /// 0: no storm).
+    pub storm: usize,
 }
 
 impl ChaosConfig {
     /// `CHAOS_FAULTS`, `CHAOS_MESSAGES`, `CHAOS_SEED` (a fresh one when unset), `CHAOS_OUT`,
-    /// over the given defaults.
+    /// `CHAOS_STORM` (the default message count unless set), over the given defaults.
     pub fn from_env(faults: usize, messages: usize) -> ChaosConfig {
         let num = |k: &str, d: u64| {
             std::env::var(k)
@@ -47,6 +50,7 @@ impl ChaosConfig {
             settle: Duration::from_secs(60),
             out,
             kinds: kinds_from_env(),
+            storm: num("CHAOS_STORM", messages as u64) as usize,
         }
     }
 }

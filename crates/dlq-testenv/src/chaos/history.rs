@@ -35,6 +35,22 @@ pub struct Arrival {
     pub key: Option<String>,
 }
 
+/// Whether `key` is the idempotency key of a pass-through delivery (a standing replay's
+/// message requeued straight from the broker, `dlq_core::park::pass_key`: `pass-` and 32 hex
+/// digits). Such a delivery has no record; a repeat of it (a crash between requeue and ack)
+/// carries the same key.
+pub fn is_pass_key(key: &str) -> bool {
+    key.strip_prefix("pass-")
+        .is_some_and(|h| h.len() == 32 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+impl Arrival {
+    /// Whether it came by pass-through, not by a record's redrive.
+    pub fn passed_through(&self) -> bool {
+        self.key.as_deref().is_some_and(is_pass_key)
+    }
+}
+
 /// How long before a job's first arrival a fault may have started and still explain its
 /// second (a link cut just as the broker took the job loses only the answer).
 pub const BLAME_LEAD: std::time::Duration = std::time::Duration::from_secs(1);

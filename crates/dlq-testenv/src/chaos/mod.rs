@@ -7,6 +7,10 @@
 //! every component. Then it waits for the system to settle and checks, from the brokers'
 //! contents and a watch history: nothing lost, one record per dead message, one resolution per
 //! decision, every redriven job on its target, no phase going backwards, no panics.
+//!
+//! Beside them, a storm (issue 47): a dead list many times its queue's `maxParked`, one
+//! standing redrive made while the queue is Full, its messages passing straight to the target
+//! through the same faults; nothing lost, repeats only with the same idempotency key.
 
 mod config;
 mod faults;
@@ -15,6 +19,7 @@ mod proxy;
 mod report;
 mod setup;
 mod shared;
+mod storm;
 mod workload;
 
 use std::time::Instant;
@@ -25,6 +30,7 @@ pub use self::history::History;
 pub use self::proxy::{Cut, Toxiproxy};
 pub use self::report::Report;
 pub use self::shared::{Rng, Spawner};
+pub use self::storm::StormOutcome;
 
 /// Runs one chaos run and returns its report (also written to `out/report.json`).
 pub async fn run(cfg: ChaosConfig) -> Report {

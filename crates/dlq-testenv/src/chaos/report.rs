@@ -7,6 +7,7 @@ use dlq_core::api::{Action, DeadLetter, Phase};
 use serde::Serialize;
 
 use super::history::{Arrival, History};
+use super::storm::{self, StormOutcome, StormSize};
 
 /// What one run measured. Zero is the goal for every count but `duplicate_enqueues` (allowed
 /// by "requeue first, then mark": at most the jobs in flight at a fault; what a consumer that
@@ -55,6 +56,21 @@ pub struct Report {
     /// Messages still in each broker queue at the end (dead lists, dead-letter queues,
     /// targets), to tell a message the operator never saw from one it lost.
     pub broker_leftovers: BTreeMap<String, u64>,
+    /// The storm's standing redrive as its status ended (None: no storm, or never created).
+    pub storm: Option<StormOutcome>,
+    /// Storm messages (0: no storm).
+    pub storm_messages: u64,
+    /// Storm jobs whose first arrival on the target came by pass-through (a `pass-` key).
+    pub storm_arrived_passed: u64,
+    /// Storm jobs that never arrived on the target.
+    pub storm_lost: u64,
+    /// Storm messages still in its dead list, processing list or inflight hash at the end.
+    pub storm_left_in_broker: u64,
+    /// Storm records not Redriven at the end.
+    pub storm_left_parked: u64,
+    /// 1 when the standing redrive did not end Completed with `passedThrough + redriven`
+    /// equal to the storm.
+    pub storm_replay_miscounted: u64,
     /// Up to five job ids per failed invariant, to start an investigation from.
     pub examples: BTreeMap<String, Vec<String>>,
     pub duration_secs: f64,
@@ -129,6 +145,15 @@ impl Report {
                 r.example("stray_enqueues", [d.spec.job.id.as_str()]);
             }
         }
+        // A job without any record may arrive only by pass-through (a `pass-` key); a record's
+        // redrive always has a record.
+        let recorded: HashSet<&str> = per_job.keys().copied().collect();
+        for (job, list) in &arrivals {
+            if !recorded.contains(job.as_str()) && !list.iter().all(Arrival::passed_through) {
+                r.stray_enqueues += 1;
+                r.example("stray_enqueues", [job.as_str()]);
+            }
+        }
         for (job, list) in &arrivals {
             r.count_duplicates(job, list, history, enqueues.get(job));
         }
@@ -180,6 +205,56 @@ impl Report {
         }
     }
 
+    /// The storm's invariants: every job on the target, nothing left in its dead list,
+    /// processing list or inflight hash, no record of it left undecided, pass-through only for
+    /// the storm's jobs, and its standing redrive Completed with each job counted once.
+    pub fn check_storm(
+        &mut self,
+        size: StormSize,
+        outcome: Option<StormOutcome>,
+        ids: &[String],
+        finals: &[DeadLetter],
+        history: &History,
+        leftovers: &BTreeMap<String, u64>,
+    ) {
+        self.storm_messages = size.messages as u64;
+        let arrivals = history.arrivals();
+        let mine: HashSet<&str> = ids.iter().map(String::as_str).collect();
+        let lost: Vec<&str> = ids
+            .iter()
+            .map(String::as_str)
+            .filter(|id| !arrivals.contains_key(*id))
+            .collect();
+        self.storm_lost = lost.len() as u64;
+        self.example("storm_lost", lost);
+        self.storm_arrived_passed = ids
+            .iter()
+            .filter_map(|id| arrivals.get(id)?.first())
+            .filter(|a| a.passed_through())
+            .count() as u64;
+        // Only a standing redrive passes through, and only the storm's queue has one.
+        for (job, list) in &arrivals {
+            if !mine.contains(job.as_str()) && list.iter().any(Arrival::passed_through) {
+                self.stray_enqueues += 1;
+                self.example("stray_enqueues", [job.as_str()]);
+            }
+        }
+        self.storm_left_in_broker = ["", ":processing", ":inflight"]
+            .iter()
+            .map(|suffix| {
+                let key = format!("{}{suffix}", storm::DEAD);
+                // Unreadable counts as left: nothing says it is empty.
+                leftovers.get(&key).copied().unwrap_or(u64::MAX)
+            })
+            .fold(0, u64::saturating_add);
+        let parked = storm::left_parked(finals);
+        self.storm_left_parked = parked.len() as u64;
+        self.example("storm_left_parked", parked);
+        let once = outcome.as_ref().is_some_and(storm::completed_once);
+        self.storm_replay_miscounted = u64::from(!once);
+        self.storm = outcome;
+    }
+
     fn example<'a>(&mut self, what: &str, ids: impl IntoIterator<Item = &'a str>) {
         let list = self.examples.entry(what.to_string()).or_default();
         for id in ids {
@@ -205,6 +280,10 @@ impl Report {
             && self.panics == 0
             && self.stray_enqueues == 0
             && self.duplicates_after_dedupe_total == 0
+            && self.storm_lost == 0
+            && self.storm_left_in_broker == 0
+            && self.storm_left_parked == 0
+            && self.storm_replay_miscounted == 0
     }
 
     /// The table `make chaos` prints (and the README quotes).
@@ -245,6 +324,34 @@ impl Report {
         ));
         for (k, n) in &self.duplicates_after_dedupe {
             rows.push((format!("  after {k}"), n.to_string()));
+        }
+        if self.storm_messages > 0 {
+            for (k, v) in [
+                ("storm messages", self.storm_messages),
+                ("storm arrived by pass-through", self.storm_arrived_passed),
+                ("storm_lost", self.storm_lost),
+                ("storm_left_in_broker", self.storm_left_in_broker),
+                ("storm_left_parked", self.storm_left_parked),
+                ("storm_replay_miscounted", self.storm_replay_miscounted),
+            ] {
+                rows.push((k.into(), v.to_string()));
+            }
+        }
+        if let Some(o) = &self.storm {
+            rows.push((
+                "storm replay".into(),
+                format!(
+                    "{} (maxParked {}, group {}, {} waiting at {:.0}s): passed through {}, redriven {}{}",
+                    o.phase,
+                    o.max_parked,
+                    o.group,
+                    o.waiting_at_start.map_or("unknown".into(), |n| n.to_string()),
+                    o.created_at_secs,
+                    o.passed_through,
+                    o.redriven,
+                    o.stop_reason.as_ref().map_or(String::new(), |w| format!("; stopped: {w}"))
+                ),
+            ));
         }
         for (q, n) in &self.broker_leftovers {
             rows.push((format!("left in {q}"), n.to_string()));
@@ -303,7 +410,9 @@ pub fn count_enqueues(dir: &Path) -> HashMap<String, Enqueues> {
     for text in logs.filter_map(|e| std::fs::read_to_string(e.path()).ok()) {
         for line in text.lines() {
             let confirmed = line.contains("job requeued");
-            if !confirmed && !line.contains("requeue failed") {
+            // A failed pass-through may have reached the broker too (its answer lost).
+            let failed = line.contains("requeue failed") || line.contains("pass-through failed");
+            if !confirmed && !failed {
                 continue;
             }
             let Some(job) = line.split(" job=").nth(1).and_then(|r| r.split(' ').next()) else {
@@ -402,6 +511,104 @@ mod tests {
             r.duplicate_enqueues["rabbitmq_restart"], 1,
             "a retry may have doubled it"
         );
+    }
+
+    fn pass(n: u8) -> Option<String> {
+        let raw = [n];
+        Some(dlq_core::park::pass_key(
+            "chaos",
+            storm::QUEUE,
+            Some(&format!("storm:dead#{n}")),
+            &raw,
+        ))
+    }
+
+    /// Issue 47: a pass-through delivery has no record; its repeat after a crash carries the
+    /// same key (a deduplicating consumer sees it once), but a record's redrive of a job that
+    /// had already passed through carries another key, and a job with neither a record nor a
+    /// pass key on the target is a stray.
+    #[test]
+    fn a_pass_through_repeat_keeps_its_key_and_a_later_record_redrive_does_not() {
+        let history = History::default();
+        history.arrived("s-00000", pass(0));
+        history.fault("operator_sigkill");
+        history.arrived("s-00000", pass(0));
+        history.arrived("s-00001", pass(1));
+        history.arrived("s-00001", Some("uid-1".into()));
+        history.arrived("r-7", Some("uid-7-1".into()));
+        let r = Report::compute(&[], &[], &history, &HashMap::new());
+        assert_eq!(r.duplicate_enqueues_total, 2);
+        assert_eq!(r.duplicates_after_dedupe_total, 1);
+        assert_eq!(r.examples["duplicates_after_dedupe"], ["s-00001"]);
+        let mut stray = r.examples["stray_enqueues"].clone();
+        stray.sort();
+        assert_eq!(stray, ["r-7", "s-00001"], "no record, and not only passed");
+    }
+
+    #[test]
+    fn a_pass_key_is_told_from_a_records_key() {
+        assert!(super::super::history::is_pass_key(
+            &pass(3).unwrap_or_default()
+        ));
+        assert!(!super::super::history::is_pass_key("pass-nothex"));
+        assert!(!super::super::history::is_pass_key("0b1c-uid-1"));
+    }
+
+    /// The storm fails on a job missing from the target, on what its dead list, processing
+    /// list or inflight hash still hold (an unreadable one counts as left), on a pass-through
+    /// of another queue's job, and on a replay that did not count each job once.
+    #[test]
+    fn the_storm_fails_on_a_missing_job_a_leftover_or_a_miscount() {
+        let ids = storm::ids(3);
+        let history = History::default();
+        history.arrived("s-00000", pass(0));
+        history.arrived("s-00001", pass(1));
+        history.arrived("r-1", pass(9));
+        let size = StormSize {
+            messages: 3,
+            max_parked: 10,
+        };
+        let completed = StormOutcome {
+            messages: 3,
+            phase: "Completed".into(),
+            passed_through: 2,
+            redriven: 1,
+            ..StormOutcome::default()
+        };
+        let empty: BTreeMap<String, u64> = ["", ":processing", ":inflight"]
+            .iter()
+            .map(|s| (format!("{}{s}", storm::DEAD), 0))
+            .collect();
+        let mut r = Report::compute(&[], &[], &history, &HashMap::new());
+        r.check_storm(size, Some(completed.clone()), &ids, &[], &history, &empty);
+        assert_eq!(r.storm_lost, 1);
+        assert_eq!(r.examples["storm_lost"], ["s-00002"]);
+        assert_eq!(r.storm_arrived_passed, 2);
+        assert_eq!(r.stray_enqueues, 1, "r-1 passed through without a storm");
+        assert_eq!((r.storm_left_in_broker, r.storm_replay_miscounted), (0, 0));
+        assert!(!r.passed());
+
+        history.arrived("s-00002", Some("uid-2-1".into()));
+        let mut unread = empty.clone();
+        unread.remove(&format!("{}:inflight", storm::DEAD));
+        let stopped = StormOutcome {
+            phase: "Stopped".into(),
+            ..completed.clone()
+        };
+        let mut r = Report::default();
+        r.check_storm(size, Some(stopped), &ids, &[], &history, &unread);
+        assert_eq!(r.storm_lost, 0);
+        assert_eq!(r.storm_left_in_broker, u64::MAX);
+        assert_eq!(r.storm_replay_miscounted, 1);
+        let counted_twice = StormOutcome {
+            passed_through: 3,
+            ..completed
+        };
+        let mut r = Report::default();
+        r.check_storm(size, Some(counted_twice), &ids, &[], &history, &empty);
+        assert_eq!(r.storm_replay_miscounted, 1);
+        r.check_storm(size, None, &ids, &[], &history, &empty);
+        assert_eq!(r.storm_replay_miscounted, 1, "never created");
     }
 
     #[test]

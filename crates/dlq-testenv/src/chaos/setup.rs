@@ -17,6 +17,7 @@ use super::history::History;
 use super::proxy::Toxiproxy;
 use super::report::{Report, count_enqueues, count_panics};
 use super::shared::{Rng, Spawner, lock};
+use super::storm::{self, StormSize};
 use super::workload::{self, Brokers, DecideCtx};
 use crate::brokers::{Rabbit, Redis, declare_exchange, declare_queue, quorum_args};
 use crate::plane::ControlPlane;
@@ -27,6 +28,8 @@ pub struct Env {
     brokers: Brokers,
     history: History,
     api: Api<DeadLetter>,
+    /// The storm a standing redrive drains during the faults (none when `CHAOS_STORM=0`).
+    storm: Option<StormSize>,
 }
 
 async fn admin_client(plane: &Mutex<ControlPlane>) -> Client {
@@ -119,6 +122,12 @@ impl Env {
         crate::fixtures::create_dlq(&client, &ns, "orders", json!({
             "target": {"amqp": {"urlSecretRef": {"name": "amqp", "key": "url"}, "exchange": "", "routingKey": jobs}},
             "source": {"amqp": {"queue": dlq.clone()}}})).await;
+        let storm = (cfg.storm > 0).then(|| StormSize::of(cfg.storm));
+        if let Some(size) = storm {
+            // Dead before any operator runs: the queue fills at once, the rest waits.
+            storm::fill(&redis.url(), size.messages).await;
+            crate::fixtures::create_dlq(&client, &ns, storm::QUEUE, storm::queue_spec(size)).await;
+        }
         let brokers = Brokers {
             redis_url: redis.url(),
             amqp_url: rabbit.url(),
@@ -145,6 +154,7 @@ impl Env {
             brokers,
             history: History::default(),
             api: Api::namespaced(client, &ns),
+            storm,
         }
     }
 }
@@ -176,6 +186,18 @@ impl Env {
         let decider = tokio::spawn(workload::decide(ctx, self.history.clone(), decide_stop));
         // Spread the messages over about 80 % of the expected fault period (≈ 7 s a fault).
         let planned = (cfg.faults as f64 * (7.0 + cfg.max_gap.as_secs_f64() / 2.0)).max(10.0);
+        // The storm passes over about 60 % of it, so the faults hit the passing.
+        let storm_task = self.storm.map(|size| {
+            let rate = ((size.messages as f64 - size.max_parked as f64) / (0.6 * planned)).max(1.0);
+            tokio::spawn(storm::standing_redrive(
+                self.targets.client.clone(),
+                self.targets.ns.clone(),
+                size,
+                rate,
+                started,
+                stop.clone(),
+            ))
+        });
         let per_sec = (cfg.messages as f64 / 2.0) / (0.8 * planned);
         let half = cfg.messages / 2;
         let redis_ids = tokio::spawn(workload::produce_redis(self.brokers.clone(), half, per_sec));
@@ -214,8 +236,19 @@ impl Env {
         ));
         let _ = decide_tx.send(true);
         let _ = decider.await;
-        let finals = self.settle(&produced, cfg.settle).await;
+        let storm_ids = self
+            .storm
+            .map(|s| storm::ids(s.messages))
+            .unwrap_or_default();
+        let finals = self.settle(&produced, &storm_ids, cfg.settle).await;
         let _ = stop_tx.send(true);
+        let mut storm_outcome = match storm_task {
+            Some(t) => t.await.ok().flatten(),
+            None => None,
+        };
+        if let Some(o) = storm_outcome.as_mut() {
+            storm::conclude(&self.replays(), o).await;
+        }
         for c in consumers {
             let _ = c.await;
         }
@@ -224,6 +257,16 @@ impl Env {
         self.targets.stop_all();
         let enqueues = count_enqueues(&self.targets.logs);
         let mut report = Report::compute(&produced, &finals, &self.history, &enqueues);
+        if let Some(size) = self.storm {
+            report.check_storm(
+                size,
+                storm_outcome,
+                &storm_ids,
+                &finals,
+                &self.history,
+                &leftovers,
+            );
+        }
         report.seed = cfg.seed;
         report.broker_leftovers = leftovers;
         report.panics = count_panics(&self.targets.logs);
@@ -231,10 +274,22 @@ impl Env {
         report
     }
 
+    fn replays(&self) -> Api<dlq_core::replay::DeadLetterReplay> {
+        Api::namespaced(self.targets.client.clone(), &self.targets.ns)
+    }
+
     /// Waits (at most `limit`) until every message has a record, every decided record is
-    /// resolved and every redriven job has arrived; returns the records then.
-    async fn settle(&self, produced: &[String], limit: Duration) -> Vec<DeadLetter> {
-        let deadline = Instant::now() + limit;
+    /// resolved, every redriven job has arrived, and the storm's jobs have all arrived and its
+    /// standing redrive ended; returns the records then.
+    async fn settle(
+        &self,
+        produced: &[String],
+        storm_ids: &[String],
+        limit: Duration,
+    ) -> Vec<DeadLetter> {
+        // A storm still passing gets two more minutes (a paused leader's lease, a slow pace).
+        let extra = if storm_ids.is_empty() { 0 } else { 120 };
+        let deadline = Instant::now() + limit + Duration::from_secs(extra);
         loop {
             let items = self
                 .api
@@ -250,7 +305,9 @@ impl Env {
                     Phase::Parked => d.spec.action.is_none(),
                     Phase::Redriven => arrivals.contains_key(&d.spec.job.id),
                     Phase::Dropped => true,
-                });
+                })
+                && storm_ids.iter().all(|id| arrivals.contains_key(id))
+                && (storm_ids.is_empty() || storm::replay_final(&self.replays()).await);
             if (done && !items.is_empty()) || Instant::now() > deadline {
                 // A moment more so late duplicate arrivals are counted too.
                 tokio::time::sleep(Duration::from_secs(2)).await;

@@ -284,6 +284,10 @@ pub async fn leftovers(b: &Brokers) -> BTreeMap<String, u64> {
             ("LLEN", format!("{REDIS_DEAD}:processing")),
             ("HLEN", format!("{REDIS_DEAD}:inflight")),
             ("LLEN", format!("{REDIS_DEAD}:rejected")),
+            ("LLEN", super::storm::DEAD.to_string()),
+            ("LLEN", format!("{}:processing", super::storm::DEAD)),
+            ("HLEN", format!("{}:inflight", super::storm::DEAD)),
+            ("LLEN", format!("{}:rejected", super::storm::DEAD)),
             ("XLEN", REDIS_JOBS.to_string()),
         ] {
             let n: Option<u64> = redis::cmd(cmd).arg(&key).query_async(&mut c).await.ok();
@@ -336,6 +340,8 @@ pub async fn decide(ctx: DecideCtx, history: History, mut stop: watch::Receiver<
         let open: Vec<(String, String)> = history
             .records()
             .into_iter()
+            // The storm's records are its standing redrive's to decide.
+            .filter(|(_, h)| h.queue != super::storm::QUEUE)
             .filter(|(_, h)| h.action.is_none() && h.phases.last() == Some(&Phase::Parked))
             .map(|(name, h)| (name, h.job))
             .collect();
