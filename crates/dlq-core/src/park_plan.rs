@@ -144,18 +144,19 @@ impl ParkPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dead_letter::{DeadLetterStatus, Job};
+    use crate::dead_letter::Job;
     use crate::park::record_name;
+    use crate::testing::RecordBuilder;
 
+    /// Job `pi_0003/settle` of queue `relayer`, as the records of [`RecordBuilder`].
     fn req() -> ParkRequest {
-        ParkRequest::new(
-            "relayer",
-            Job {
-                id: "pi_0003/settle".into(),
-                payload: Some("card 4111 1111 1111 1111".into()),
-                ..Job::default()
-            },
-        )
+        let job = Job::from_bytes("pi_0003/settle", b"card 4111 1111 1111 1111");
+        ParkRequest::new("relayer", job)
+    }
+
+    /// A record of the job, as the apiserver would show it.
+    fn record() -> RecordBuilder {
+        RecordBuilder::job("pi_0003/settle")
     }
 
     fn name(cycle: i32) -> String {
@@ -189,14 +190,6 @@ mod tests {
             phase,
             message: None,
         }
-    }
-
-    fn in_phase(mut record: DeadLetter, phase: Phase) -> DeadLetter {
-        record.status = Some(DeadLetterStatus {
-            phase: Some(phase),
-            ..Default::default()
-        });
-        record
     }
 
     /// The record the plan creates first, as JSON (records have no `PartialEq`).
@@ -281,17 +274,17 @@ mod tests {
     #[test]
     fn a_list_after_a_taken_name_gives_the_next_cycle_or_the_record_that_answers() {
         let (plan, _) = plan(&queue(None), req().with_message("m-2"), None).expect("a plan");
-        let first = in_phase(new_record(&req().with_message("m-1"), 1), Phase::Redriven);
+        let first = record().message("m-1").phase(Phase::Redriven).build();
         assert!(matches!(
             plan.after_list(std::slice::from_ref(&first)),
             AfterList::Create(r) if r.spec.cycle == 2
         ));
-        let parked = new_record(&req().with_message("m-1"), 1);
+        let parked = record().message("m-1").build();
         assert!(matches!(
             plan.after_list(std::slice::from_ref(&parked)),
             AfterList::Confirm(n) if n == name(1)
         ));
-        let mine = in_phase(new_record(plan.request(), 1), Phase::Dropped);
+        let mine = record().message("m-2").phase(Phase::Dropped).build();
         assert!(matches!(
             plan.after_list(std::slice::from_ref(&mine)),
             AfterList::SameMessage(r) if r.spec.cycle == 1
@@ -305,17 +298,17 @@ mod tests {
     #[test]
     fn only_a_parked_record_of_this_job_answers_for_a_taken_name() {
         let (planned, _) = plan(&queue(None), req(), None).expect("a plan");
-        let mut found = new_record(&req(), 1);
-        assert!(planned.answered_by(&found));
+        assert!(planned.answered_by(&record().build()));
+        let mut found = record().build();
         found.spec.job.id = "another job of the same name".into();
         assert!(!planned.answered_by(&found), "another job");
-        let resolved = in_phase(new_record(&req(), 1), Phase::Dropped);
+        let resolved = record().phase(Phase::Dropped).build();
         assert!(!planned.answered_by(&resolved), "no longer Parked");
         let mut own = req().with_message("sidekiq#2");
         own.own_death = true;
         let (own, _) = plan(&queue(None), own, None).expect("a plan");
         assert!(
-            !own.answered_by(&new_record(&req().with_message("sidekiq#1"), 1)),
+            !own.answered_by(&record().message("sidekiq#1").build()),
             "another death of the job"
         );
     }

@@ -45,15 +45,7 @@ impl Backend for RedisBackend {
     }
 
     async fn delivered(&self) -> Vec<Delivered> {
-        self.redis
-            .list(LIST)
-            .await
-            .into_iter()
-            .map(|payload| Delivered {
-                payload,
-                headers: Default::default(),
-            })
-            .collect()
+        list_delivered(&self.redis, LIST).await
     }
 
     fn stop(&mut self) {
@@ -63,6 +55,20 @@ impl Backend for RedisBackend {
     async fn restart(&mut self) {
         self.redis.restart();
     }
+}
+
+/// What Redis list `list` holds, as deliveries: payloads alone (an element carries no
+/// headers). Also the Sidekiq backend's, whose queues are Redis lists.
+pub(super) async fn list_delivered(redis: &Redis, list: &str) -> Vec<Delivered> {
+    redis
+        .list(list)
+        .await
+        .into_iter()
+        .map(|payload| Delivered {
+            payload,
+            headers: Default::default(),
+        })
+        .collect()
 }
 
 impl Source for RedisBackend {

@@ -110,15 +110,7 @@ impl Backend for SidekiqBackend {
     }
 
     async fn delivered(&self) -> Vec<Delivered> {
-        self.redis
-            .list(QUEUE)
-            .await
-            .into_iter()
-            .map(|payload| Delivered {
-                payload,
-                headers: Default::default(),
-            })
-            .collect()
+        super::redis::list_delivered(&self.redis, QUEUE).await
     }
 
     fn stop(&mut self) {
