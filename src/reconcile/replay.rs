@@ -191,9 +191,7 @@ async fn step(run: &mut Run<'_>) -> Result<Action> {
     let Some(started) = replay::Start::of(&status, standing) else {
         return Ok(Action::requeue(PENDING_RETRY));
     };
-    if standing.is_some() {
-        stand(run);
-    }
+    let pass_failures = if standing.is_some() { stand(run) } else { None };
     let observed = replay::observe(
         run.records.iter().map(|r| r.as_ref()),
         run.replay_ref(),
@@ -204,7 +202,9 @@ async fn step(run: &mut Run<'_>) -> Result<Action> {
     let stop = if run.replay.spec.stop_requested() {
         Some("stopped on request (spec.stop)".to_string())
     } else {
-        observed.stop_reason(&run.replay.spec.bounds())
+        observed
+            .stop_reason(&run.replay.spec.bounds())
+            .or(pass_failures)
     };
     if let Some(why) = stop {
         return finish(run, &observed, Some(why)).await;
@@ -379,8 +379,9 @@ async fn write_progress(run: &mut Run<'_>) -> Result<()> {
 }
 
 /// Covers a standing replay's group for the sources (made at its first step in this process,
-/// renewed at each), and folds what passed through since into its status.
-fn stand(run: &mut Run<'_>) {
+/// renewed at each), and folds what passed through since into its status. Why it must stop,
+/// when its pass-through enqueues fail beyond `failureRatio`.
+fn stand(run: &mut Run<'_>) -> Option<String> {
     let uid = run.replay.metadata.uid.clone().unwrap_or_default();
     let (status, spec, name) = (&run.status, &run.replay.spec, &run.name);
     let cover = run.ctx.standing.cover(&run.ns, &spec.queue, &uid, || {
@@ -392,6 +393,16 @@ fn stand(run: &mut Run<'_>) {
     });
     cover.renew();
     fold(&mut run.status, &cover);
+    let bounds = run.replay.spec.bounds();
+    let ratio = cover.failure_ratio()?;
+    (ratio > bounds.failure_ratio).then(|| {
+        format!(
+            "pass-through enqueue failure ratio {:.0}% over the last {} exceeds {:.0}%",
+            ratio * 100.0,
+            bounds.window,
+            bounds.failure_ratio * 100.0
+        )
+    })
 }
 
 /// What `cover` passed through, into `status` (never below what it already says).

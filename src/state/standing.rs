@@ -9,7 +9,7 @@
 //! requeue that fails parks the message instead, so it stays visible as a record (which the
 //! replay then decides, and whose failing requeue counts toward its `failureRatio`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -69,6 +69,10 @@ pub struct Cover {
     /// Most messages it passes (the replay's `max`).
     limit: Option<i64>,
     passed: AtomicI64,
+    /// The last `stopWhen.window` pass-through outcomes (false: the enqueue failed), which the
+    /// replay's `failureRatio` bound reads as it reads its records' redrives.
+    recent: Mutex<VecDeque<bool>>,
+    window: usize,
     /// Messages between [`Cover::take`] and their outcome.
     passing: AtomicI64,
     tally: Mutex<Tally>,
@@ -100,6 +104,8 @@ impl Cover {
             lapses_at: Mutex::new(tokio::time::Instant::now() + LAPSE),
             limit: spec.max,
             passed: AtomicI64::new(passed),
+            recent: Mutex::default(),
+            window: spec.bounds().window,
             passing: AtomicI64::new(0),
             tally: Mutex::new(tally),
         }
@@ -139,6 +145,25 @@ impl Cover {
         while self.passing.load(Ordering::SeqCst) > 0 && tokio::time::Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    /// The share of failed enqueues among the last `window` pass-throughs (None until there
+    /// were `window`).
+    pub fn failure_ratio(&self) -> Option<f64> {
+        let recent = lock(&self.recent);
+        if recent.len() < self.window {
+            return None;
+        }
+        let failed = recent.iter().filter(|ok| !**ok).count();
+        Some(failed as f64 / recent.len() as f64)
+    }
+
+    fn outcome(&self, ok: bool) {
+        let mut recent = lock(&self.recent);
+        if recent.len() == self.window {
+            recent.pop_front();
+        }
+        recent.push_back(ok);
     }
 
     /// Messages passed through so far, with the sample and the last time.
@@ -279,7 +304,9 @@ impl Standing {
         cover.turn().await;
         if cover.action == Action::Redrive {
             let key = pass_key(&ns, &queue.name_any(), req.message.as_deref(), raw);
-            if let Err(why) = self.target.requeue(queue, &req.job, key).await {
+            let result = self.target.requeue(queue, &req.job, key).await;
+            cover.outcome(result.is_ok());
+            if let Err(why) = result {
                 cover.give_back();
                 return Passed::Failed {
                     replay: cover.replay.clone(),
@@ -492,5 +519,29 @@ mod tests {
             standing.pass(&queue(), &payer, b"raw").await,
             Passed::Through { .. }
         ));
+    }
+
+    /// Failed enqueues count toward the replay's `failureRatio` once a window of them is seen.
+    #[tokio::test]
+    async fn failed_pass_throughs_make_a_failure_ratio_over_the_window() {
+        let standing = Standing::new(Arc::new(Remember {
+            refuse: true,
+            ..Remember::default()
+        }));
+        let payer = dead("pi_1/settle", "payer timeout");
+        let mut spec = standing_spec(&payer, Action::Redrive);
+        spec.stop_when = Some(dlq_core::replay::StopWhen {
+            window: Some(3),
+            ..Default::default()
+        });
+        let cover = standing.cover("payments", "relayer", "u1", || {
+            Cover::new("u1", "storm", &spec, 0, Tally::default())
+        });
+        for _ in 0..2 {
+            standing.pass(&queue(), &payer, b"raw").await;
+        }
+        assert_eq!(cover.failure_ratio(), None, "less than a window");
+        standing.pass(&queue(), &payer, b"raw").await;
+        assert_eq!(cover.failure_ratio(), Some(1.0));
     }
 }
