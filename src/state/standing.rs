@@ -208,10 +208,13 @@ pub enum Passed {
     Failed { replay: String, why: String },
 }
 
+/// The covers by namespace and queue.
+type Covers = HashMap<(String, String), Vec<Arc<Cover>>>;
+
 /// The standing replays running in this process, by queue.
 #[derive(Clone)]
 pub struct Standing {
-    covers: Arc<Mutex<HashMap<(String, String), Vec<Arc<Cover>>>>>,
+    covers: Arc<Mutex<Covers>>,
     target: Arc<dyn PassTarget>,
 }
 
