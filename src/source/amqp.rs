@@ -328,8 +328,13 @@ async fn run_once(
     while let Some(delivery) = consumer.next().await {
         let delivery = delivery.map_err(|e| SourceError::broker("RabbitMQ")(classify(&e)))?;
         let ctx = ctx.clone();
+        // Unacked, it is not in RabbitMQ's ready count: the backlog counts it till it is acked.
+        let held = super::backlog::BACKLOGS.holding(ns, name);
         // The prefetch bounds how many of these run at once.
-        tokio::spawn(async move { ctx.handle(delivery).await });
+        tokio::spawn(async move {
+            ctx.handle(delivery).await;
+            drop(held);
+        });
     }
     Ok(())
 }

@@ -63,6 +63,9 @@ struct Entry {
     /// Which sampler runs for the queue: a restarted source's new one may register before
     /// the old one is dropped, whose drop must not clear the new one's answers.
     sampler: u64,
+    /// Messages the source holds delivered and unacknowledged, where the broker's count leaves
+    /// them out (RabbitMQ's ready count): waiting for a slot while the queue is Full.
+    in_hand: i64,
     refusals: Refusals,
 }
 
@@ -124,6 +127,20 @@ impl Backlogs {
         }
     }
 
+    /// One message the source holds unacknowledged until the guard drops.
+    pub fn holding(&'static self, namespace: &str, queue: &str) -> Holding {
+        let key = (namespace.to_string(), queue.to_string());
+        self.lock().entry(key.clone()).or_default().in_hand += 1;
+        Holding {
+            backlogs: self,
+            key,
+        }
+    }
+
+    fn in_hand(&self, key: &QueueKey) -> i64 {
+        self.lock().get(key).map_or(0, |e| e.in_hand)
+    }
+
     /// One park refused with 429 (the queue at `maxParked`) by the HTTP endpoint.
     pub fn refused(&self, namespace: &str, queue: &str) {
         let key = (namespace.to_string(), queue.to_string());
@@ -168,6 +185,20 @@ impl Sampling {
     }
 }
 
+/// A message a source holds (see [`Backlogs::holding`]).
+pub struct Holding {
+    backlogs: &'static Backlogs,
+    key: QueueKey,
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        if let Some(e) = self.backlogs.lock().get_mut(&self.key) {
+            e.in_hand -= 1;
+        }
+    }
+}
+
 impl Drop for Sampling {
     fn drop(&mut self) {
         let mut queues = self.backlogs.lock();
@@ -176,7 +207,7 @@ impl Drop for Sampling {
         {
             e.sampler = 0;
             e.sample = None;
-            if !e.refusals.any {
+            if !e.refusals.any && e.in_hand == 0 {
                 queues.remove(&self.key);
             }
         }
@@ -208,7 +239,13 @@ pub async fn sample(client: Client, into: ParkInto, queue: DeadLetterQueue, sour
             std::future::pending::<()>().await;
         }
         match tokio::time::timeout(ASK_TIMEOUT, p.depth()).await {
-            Ok(Ok(n)) => sampling.observe(Some(n)),
+            Ok(Ok(n)) => {
+                let held = match p {
+                    Probe::Amqp { .. } => BACKLOGS.in_hand(&sampling.key),
+                    _ => 0,
+                };
+                sampling.observe(Some(n + held))
+            }
             Ok(Err(e)) => {
                 tracing::debug!(namespace = %into.namespace(), queue = %into.queue(), error = %e, "sampling the backlog failed; keeping the last one");
                 if p.reconnects() {
@@ -233,6 +270,7 @@ enum Probe {
         hashes: Vec<String>,
         sets: Vec<String>,
     },
+    /// Its ready messages, plus those the source holds unacknowledged ([`Backlogs::holding`]).
     Amqp {
         conn: lapin::Connection,
         queue: String,
