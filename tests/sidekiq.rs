@@ -700,7 +700,10 @@ impl Peaks {
 /// overflow list, the dead set or the inflight hash (read in one MULTI). Once `maxParked` is
 /// raised every job is parked, and after one `kubectl dlq redrive --queue` each is performed
 /// exactly once. Without the overflow list Sidekiq drops all but the newest 999. The full
-/// measurement: `DLQ_SIDEKIQ_STORM_JOBS=30000 DLQ_SIDEKIQ_DEAD_MAX=10000`.
+/// measurement: `DLQ_SIDEKIQ_STORM_JOBS=30000 DLQ_SIDEKIQ_DEAD_MAX=10000`. The redrive's
+/// `--rate` (`DLQ_SIDEKIQ_STORM_RATE`, default 100/s) stays near what one debug operator
+/// carries out (about 50 redrives/s): a leader with decided records unattempted for 180 s
+/// steps down and exits (`run::decided`), and this test runs no second replica.
 #[tokio::test]
 async fn a_storm_past_sidekiqs_trim_while_the_queue_is_full_loses_no_job_and_each_runs_once() {
     let env = |name: &str, default: usize| {
@@ -711,6 +714,7 @@ async fn a_storm_past_sidekiqs_trim_while_the_queue_is_full_loses_no_job_and_eac
     };
     let n = env("DLQ_SIDEKIQ_STORM_JOBS", 3_000);
     let trim = env("DLQ_SIDEKIQ_DEAD_MAX", 1_000);
+    let rate = format!("{}/s", env("DLQ_SIDEKIQ_STORM_RATE", 100));
     const MAX_PARKED: usize = 20;
     let redis = Redis::start();
     let (client, ns) = setup("sidekiq-storm").await;
@@ -859,7 +863,7 @@ async fn a_storm_past_sidekiqs_trim_while_the_queue_is_full_loses_no_job_and_eac
             "--by",
             "ops",
             "--rate",
-            "1000/s",
+            &rate,
             "--settle-timeout",
             "600",
         ],
