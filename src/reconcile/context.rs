@@ -2,7 +2,7 @@
 //! and fake targets), their [`Settings`] and the throughput [`Mechanisms`]. Its own file, so the
 //! reconcilers and the parts they share name it without going through the module's facade.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,6 +16,7 @@ use futures::future::BoxFuture;
 use dlq_core::api::{DeadLetter, DeadLetterQueue, Job};
 use dlq_core::events::EventPlan;
 use dlq_core::plan::{Effects, Then};
+use dlq_core::replay::DeadLetterReplay;
 use k8s_openapi::api::core::v1::ObjectReference;
 
 use super::{aggregate, claims, kept_groups};
@@ -78,6 +79,8 @@ pub struct Mechanisms {
     pub ask_ahead: bool,
     /// Normal resolution Events folded per queue per period (see [`aggregate`]).
     pub aggregation: bool,
+    /// The Kafka source handles several messages at once (`crate::source::kafka::IN_FLIGHT`).
+    pub kafka_in_flight: bool,
 }
 
 impl Default for Mechanisms {
@@ -87,6 +90,7 @@ impl Default for Mechanisms {
             mark_quota: true,
             ask_ahead: true,
             aggregation: true,
+            kafka_in_flight: true,
         }
     }
 }
@@ -98,7 +102,13 @@ pub struct UnknownMechanism(String);
 
 impl Mechanisms {
     /// The names `--disable` takes.
-    pub const NAMES: [&str; 4] = ["parking_first", "mark_quota", "ask_ahead", "aggregation"];
+    pub const NAMES: [&str; 5] = [
+        "parking_first",
+        "mark_quota",
+        "ask_ahead",
+        "aggregation",
+        "kafka_in_flight",
+    ];
 
     /// Every mechanism on but those `names` lists (blank names are skipped).
     pub fn without<S: AsRef<str>>(names: &[S]) -> Result<Self, UnknownMechanism> {
@@ -110,6 +120,7 @@ impl Mechanisms {
                 "mark_quota" => &mut on.mark_quota,
                 "ask_ahead" => &mut on.ask_ahead,
                 "aggregation" => &mut on.aggregation,
+                "kafka_in_flight" => &mut on.kafka_in_flight,
                 other => return Err(UnknownMechanism(other.to_string())),
             };
             *switch = false;
@@ -150,6 +161,9 @@ pub struct Context {
     pub keys: Arc<dyn crate::keys::Keys>,
     /// The standing replays running here, which the sources pass dead messages through for.
     pub standing: Standing,
+    /// DeadLetterReplays as the watch sees them (what standing replays passed through, for
+    /// the groups); None in tests that do not watch them.
+    pub replay_store: Option<Store<DeadLetterReplay>>,
 }
 
 /// Passes standing replays' dead messages to their queues' targets, as a redrive enqueues a
@@ -238,9 +252,35 @@ impl Context {
             group_store: None,
             keys: Arc::new(crate::keys::NoKeys),
             standing: Standing::new(Arc::new(TargetsPass(targets.clone()))),
+            replay_store: None,
             targets,
             settings,
         }
+    }
+
+    /// Reads the replays from `store` (see [`Context::passed_through`]).
+    pub fn with_replay_store(mut self, store: Store<DeadLetterReplay>) -> Self {
+        self.replay_store = Some(store);
+        self
+    }
+
+    /// What the standing replays of queue `ns/queue` passed through, by failure group (from
+    /// their status, so it outlives the runs and this process).
+    pub fn passed_through(&self, ns: &str, queue: &str) -> BTreeMap<String, i64> {
+        let mut by_group = BTreeMap::new();
+        let Some(store) = &self.replay_store else {
+            return by_group;
+        };
+        for r in store.state() {
+            let passed = r.status.as_ref().map_or(0, |s| s.passed_through);
+            if passed == 0 || r.namespace().as_deref() != Some(ns) || r.spec.queue != queue {
+                continue;
+            }
+            if let Some(group) = r.spec.selector().group {
+                *by_group.entry(group).or_insert(0) += passed;
+            }
+        }
+        by_group
     }
 
     /// Reads the queues' sealing keys with `keys`.

@@ -58,8 +58,10 @@ pub async fn keep(
             })
             .collect();
         let mut plan = groups::plan(queue, records.iter().map(|r| r.as_ref()), &existing, now);
+        let passed = ctx.passed_through(&ns, &name);
         for (fingerprint, status) in plan.groups.iter_mut() {
             acknowledge(ctx, known, &ns, &name, fingerprint, status);
+            status.passed_through = passed.get(fingerprint).copied().unwrap_or(0);
         }
         let mut due = due_writes(known, &plan.groups);
         for fingerprint in deleted_by_hand(ctx, known, &ns, &name, &plan.groups) {

@@ -179,8 +179,10 @@ pub async fn run_scope(
         metrics,
         settings.clone(),
     );
+    let (replay_store, replay_writer) = reflector::store();
     ctx = ctx
         .with_group_store(group_store)
+        .with_replay_store(replay_store.clone())
         .with_keys(Arc::new(crate::keys::SecretKeys::new(client.clone())));
     if settings.mechanisms.aggregation {
         ctx = ctx.with_aggregator(aggregate::Aggregator::spawn(apiserver));
@@ -216,6 +218,7 @@ pub async fn run_scope(
         in_flight: Default::default(),
         parking_first: ctx.parking_first.clone(),
         standing: ctx.standing.clone(),
+        kafka_in_flight: settings.mechanisms.kafka_in_flight,
     };
     // Parks over HTTP while this scope runs.
     let _registration = park_endpoint.map(|e| e.register(namespace.clone(), shared.clone()));
@@ -247,6 +250,7 @@ pub async fn run_scope(
         shutdown.clone(),
     );
     let replays_ctl = replay_controller(
+        (replay_store, replay_writer),
         &client_for_replays,
         &namespace,
         ctx.clone(),
@@ -349,13 +353,16 @@ async fn reconcile_until_listed(dl: Arc<DeadLetter>, ctx: Arc<Context>) -> Resul
 /// The DeadLetterReplay controller: woken when a replay appears or its spec changes (not by its
 /// own status writes); a running replay paces itself with requeues.
 fn replay_controller(
+    (store, writer): (
+        reflector::Store<dlq_core::replay::DeadLetterReplay>,
+        reflector::store::Writer<dlq_core::replay::DeadLetterReplay>,
+    ),
     client: &Client,
     namespace: &Option<String>,
     ctx: Arc<Context>,
     cfg: Config,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
 ) -> impl std::future::Future<Output = ()> {
-    let (store, writer) = reflector::store();
     let replays = watcher(
         api_for::<dlq_core::replay::DeadLetterReplay>(client, namespace),
         watcher::Config::default().any_semantic(),

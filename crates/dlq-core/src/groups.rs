@@ -197,6 +197,14 @@ pub struct DeadLetterGroupStatus {
     /// none): what of this group still waits in the broker beyond its records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backlog: Option<GroupBacklog>,
+    /// Dead messages of this group that standing replays passed straight from the broker to
+    /// the target without a record (the sum of their `status.passedThrough`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub passed_through: i64,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }
 
 /// A group's `status.backlog`: an estimate, the queue's backlog times the group's share of the

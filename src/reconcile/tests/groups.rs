@@ -249,3 +249,58 @@ async fn groups_beyond_the_bound_overflow_with_one_warning() {
         .count();
     assert_eq!(warnings, 1, "announced once");
 }
+
+/// Issue 47: a failure group counts what the standing replays of its queue passed through
+/// without a record (from their status, summed over the replays of that group only).
+#[tokio::test]
+async fn a_group_counts_what_its_standing_replays_passed_through() {
+    use dlq_core::record::Facts;
+    use dlq_core::replay::{DeadLetterReplay, DeadLetterReplayStatus};
+    let now = jiff::Timestamp::now().as_second();
+    let records = queue_records(now);
+    let group = records[0].group().into_owned();
+    let apiserver = FakeApiserver::holding(records.clone());
+    let target: Arc<FakeTarget> = Arc::default();
+    let q = limited_queue(100);
+    let replay = |name: &str, queue: &str, group: &str, passed: i64| {
+        let mut r: DeadLetterReplay = serde_json::from_value(serde_json::json!({
+            "apiVersion": "dlq.dev/v1alpha1", "kind": "DeadLetterReplay",
+            "metadata": {"name": name, "namespace": q.metadata.namespace},
+            "spec": {"queue": queue, "by": "ops", "standing": true, "selector": {"group": group}},
+        }))
+        .expect("replay");
+        r.status = Some(DeadLetterReplayStatus {
+            passed_through: passed,
+            ..Default::default()
+        });
+        r
+    };
+    let replays = [
+        replay("storm-1", "relayer", &group, 1200),
+        replay("storm-2", "relayer", &group, 34),
+        replay("elsewhere", "mailer", &group, 99),
+    ];
+    let ctx = Context::new(
+        apiserver.clone(),
+        Arc::new(target.clone()),
+        crate::state::records::RecordIndex::listed_with(&apiserver.all()),
+        store_of(std::slice::from_ref(&q)),
+        Metrics::default(),
+        Settings::default(),
+    )
+    .with_replay_store(store_of(&replays));
+    crate::reconcile::queue::reconcile(Arc::new(q), Arc::new(ctx))
+        .await
+        .expect("reconcile");
+    let groups = apiserver.groups();
+    let passed: Vec<i64> = groups
+        .values()
+        .map(|g| g.status.as_ref().map_or(0, |s| s.passed_through))
+        .collect();
+    assert!(passed.contains(&1234), "{passed:?}");
+    assert_eq!(
+        passed.iter().sum::<i64>(),
+        1234,
+        "only that group, only this queue"
+    );
+}
