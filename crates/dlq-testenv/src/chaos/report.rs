@@ -62,6 +62,15 @@ pub struct Report {
     pub storm_messages: u64,
     /// Storm jobs whose first arrival on the target came by pass-through (a `pass-` key).
     pub storm_arrived_passed: u64,
+    /// Storm jobs that arrived by pass-through at least once, by a record's redrive at least
+    /// once, and both (a pass-through whose message was parked again after a fault: the second
+    /// delivery carries another key).
+    pub storm_jobs_passed: u64,
+    pub storm_jobs_redriven: u64,
+    pub storm_jobs_both: u64,
+    /// Storm jobs that arrived under two different pass keys (the message's identity changed
+    /// between two pass-throughs).
+    pub storm_jobs_two_pass_keys: u64,
     /// Storm jobs that never arrived on the target.
     pub storm_lost: u64,
     /// Storm messages still in its dead list, processing list or inflight hash at the end.
@@ -232,6 +241,27 @@ impl Report {
             .filter_map(|id| arrivals.get(id)?.first())
             .filter(|a| a.passed_through())
             .count() as u64;
+        for id in ids {
+            let Some(list) = arrivals.get(id) else {
+                continue;
+            };
+            let passes: HashSet<&str> = list
+                .iter()
+                .filter(|a| a.passed_through())
+                .filter_map(|a| a.key.as_deref())
+                .collect();
+            let redriven = list.iter().any(|a| !a.passed_through());
+            self.storm_jobs_passed += u64::from(!passes.is_empty());
+            self.storm_jobs_redriven += u64::from(redriven);
+            if !passes.is_empty() && redriven {
+                self.storm_jobs_both += 1;
+                self.example("storm_jobs_both", [id.as_str()]);
+            }
+            if passes.len() > 1 {
+                self.storm_jobs_two_pass_keys += 1;
+                self.example("storm_jobs_two_pass_keys", [id.as_str()]);
+            }
+        }
         // Only a standing redrive passes through, and only the storm's queue has one.
         for (job, list) in &arrivals {
             if !mine.contains(job.as_str()) && list.iter().any(Arrival::passed_through) {
@@ -329,6 +359,10 @@ impl Report {
             for (k, v) in [
                 ("storm messages", self.storm_messages),
                 ("storm arrived by pass-through", self.storm_arrived_passed),
+                ("  jobs passed through", self.storm_jobs_passed),
+                ("  jobs redriven from a record", self.storm_jobs_redriven),
+                ("  jobs both (a second key)", self.storm_jobs_both),
+                ("  jobs under two pass keys", self.storm_jobs_two_pass_keys),
                 ("storm_lost", self.storm_lost),
                 ("storm_left_in_broker", self.storm_left_in_broker),
                 ("storm_left_parked", self.storm_left_parked),
@@ -584,11 +618,14 @@ mod tests {
         assert_eq!(r.storm_lost, 1);
         assert_eq!(r.examples["storm_lost"], ["s-00002"]);
         assert_eq!(r.storm_arrived_passed, 2);
+        assert_eq!((r.storm_jobs_passed, r.storm_jobs_redriven), (2, 0));
         assert_eq!(r.stray_enqueues, 1, "r-1 passed through without a storm");
         assert_eq!((r.storm_left_in_broker, r.storm_replay_miscounted), (0, 0));
         assert!(!r.passed());
 
         history.arrived("s-00002", Some("uid-2-1".into()));
+        history.arrived("s-00000", Some("uid-0-1".into()));
+        history.arrived("s-00001", pass(7));
         let mut unread = empty.clone();
         unread.remove(&format!("{}:inflight", storm::DEAD));
         let stopped = StormOutcome {
@@ -598,6 +635,8 @@ mod tests {
         let mut r = Report::default();
         r.check_storm(size, Some(stopped), &ids, &[], &history, &unread);
         assert_eq!(r.storm_lost, 0);
+        assert_eq!((r.storm_jobs_passed, r.storm_jobs_redriven), (2, 2));
+        assert_eq!((r.storm_jobs_both, r.storm_jobs_two_pass_keys), (1, 1));
         assert_eq!(r.storm_left_in_broker, u64::MAX);
         assert_eq!(r.storm_replay_miscounted, 1);
         let counted_twice = StormOutcome {
