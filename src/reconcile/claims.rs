@@ -33,6 +33,8 @@ pub struct Claims {
     confirmed: Mutex<HashMap<String, Unwritten>>,
     /// When the last reconcile that acted on each decided record ended, by uid.
     attempts: Mutex<HashMap<String, Instant>>,
+    /// When a reconcile acting on any decision last ended (kept when the records are pruned).
+    latest: Mutex<Option<Instant>>,
 }
 
 /// A redrive whose job the broker confirmed and whose resolution is not written yet.
@@ -109,7 +111,15 @@ impl Claims {
 
     /// A reconcile acting on the decision of record `uid` ended (whatever its outcome).
     pub fn attempted(&self, uid: &str) {
-        lock(&self.attempts).insert(uid.to_string(), Instant::now());
+        let now = Instant::now();
+        lock(&self.attempts).insert(uid.to_string(), now);
+        *lock(&self.latest) = Some(now);
+    }
+
+    /// When a reconcile acting on any decision last ended: a leader working through a backlog
+    /// of decisions makes progress even while one waits its turn.
+    pub fn latest_attempt(&self) -> Option<Instant> {
+        *lock(&self.latest)
     }
 
     /// When a reconcile acting on the decision of record `uid` last ended.

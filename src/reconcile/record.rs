@@ -104,6 +104,11 @@ pub fn last_attempt(ctx: &Context, uid: &str) -> Option<Instant> {
     ctx.claims.last_attempt(uid)
 }
 
+/// When a reconcile acting on any decision last ended.
+pub fn latest_attempt(ctx: &Context) -> Option<Instant> {
+    ctx.claims.latest_attempt()
+}
+
 /// Forgets the attempts of records `keep` says no (resolved or gone).
 pub fn retain_attempts(ctx: &Context, keep: impl Fn(&str) -> bool) {
     ctx.claims.retain_attempts(keep);

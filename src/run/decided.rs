@@ -6,9 +6,11 @@
 //!   which holds and wakes those it does not hold and nudges those not attempted lately. A
 //!   watch event lost across an apiserver restart costs one period, not the decision.
 //! - A leader that has not attempted a decided record for [`Vigil::stall_after`] (a reconcile
-//!   that hangs, a wake nobody runs) makes no progress and will not: it says so (a log line, a
-//!   Warning Event `LeaderStalled` on the queue, `/readyz` false) and gives up its Lease, so the
-//!   standby takes over. Waiting out a broker's backoff is progress: each retry is an attempt.
+//!   that hangs, a wake nobody runs), and has attempted no other decision either in that time,
+//!   makes no progress and will not: it says so (a log line, a Warning Event `LeaderStalled` on
+//!   the queue, `/readyz` false) and gives up its Lease, so the standby takes over. Waiting out a
+//!   broker's backoff is progress: each retry is an attempt; so is working through a backlog
+//!   of 30,000 decisions, where one waits its turn longer than the bound.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -101,16 +103,19 @@ pub struct Watchman {
 
 impl Watchman {
     /// Judges one re-list at `now`: `last_attempt` says when a reconcile acting on a record
-    /// last ended. Records no longer listed are forgotten.
+    /// last ended, `latest` when one acting on any decision did. Records no longer listed are
+    /// forgotten.
     pub fn look(
         &mut self,
         now: Instant,
         decided: &[DeadLetter],
-        last_attempt: impl Fn(&str) -> Option<Instant>,
+        (last_attempt, latest): (impl Fn(&str) -> Option<Instant>, Option<Instant>),
         vigil: &Vigil,
         backoff_cap: Duration,
     ) -> Look {
         let bound = vigil.bound(backoff_cap);
+        // Some decision attempted within the bound: the leader works (a backlog takes its time).
+        let working = latest.is_some_and(|t| now.duration_since(t) < bound);
         // A record not attempted within one cap and one period should have been retried.
         let overdue = backoff_cap + vigil.resync;
         let listed: HashSet<String> = decided.iter().filter_map(|d| d.uid()).collect();
@@ -135,7 +140,7 @@ impl Watchman {
             if idle_since(overdue) {
                 look.nudge.insert(uid.clone());
             }
-            if idle_since(bound) {
+            if idle_since(bound) && !working {
                 look.stalled.push((
                     d.namespace().unwrap_or_default(),
                     d.spec.queue.clone(),
@@ -172,7 +177,10 @@ pub async fn keep_watch(
         let look = watchman.look(
             Instant::now(),
             &decided,
-            |uid| record::last_attempt(&ctx, uid),
+            (
+                |uid: &str| record::last_attempt(&ctx, uid),
+                record::latest_attempt(&ctx),
+            ),
             &vigil,
             backoff_cap,
         );
@@ -306,29 +314,77 @@ mod tests {
     }
 
     #[test]
-    fn a_record_retried_within_its_backoff_is_progress_and_one_never_attempted_is_a_stall() {
+    fn a_record_retried_within_its_backoff_is_progress_and_a_leader_attempting_nothing_stalls() {
         let mut w = Watchman::default();
         let t0 = Instant::now();
         let records = [decided("a", "u-a"), decided("b", "u-b")];
-        let look = w.look(t0, &records, |_| None, &VIGIL, CAP);
+        let look = w.look(t0, &records, (|_: &str| None, None), &VIGIL, CAP);
         assert_eq!(look, Look::default(), "just listed: nothing to say yet");
 
         // 100 s later: a was retried 50 s ago (its broker is down), b never was.
         let t1 = t0 + Duration::from_secs(100);
         let retried = |uid: &str| (uid == "u-a").then(|| t1 - Duration::from_secs(50));
-        let look = w.look(t1, &records, retried, &VIGIL, CAP);
-        assert_eq!(look.nudge, HashSet::from(["u-b".to_string()]));
+        let look = w.look(
+            t1,
+            &records,
+            (retried, Some(t1 - Duration::from_secs(50))),
+            &VIGIL,
+            CAP,
+        );
+        assert_eq!(
+            look.nudge,
+            HashSet::from(["u-b".to_string()]),
+            "b is woken again"
+        );
         assert!(look.stalled.is_empty(), "not past the bound yet");
 
+        // Past the bound, a still retried: the leader works, b is nudged, not a stall.
         let t2 = t0 + Duration::from_secs(181);
         let retried = |uid: &str| (uid == "u-a").then(|| t2 - Duration::from_secs(40));
-        let look = w.look(t2, &records, retried, &VIGIL, CAP);
-        let b = (
-            "payments".to_string(),
-            "orders".to_string(),
-            records[1].name_any(),
+        let look = w.look(
+            t2,
+            &records,
+            (retried, Some(t2 - Duration::from_secs(40))),
+            &VIGIL,
+            CAP,
         );
-        assert_eq!(look.stalled, [b], "only b, never attempted");
+        assert!(look.stalled.is_empty());
+        assert!(look.nudge.contains("u-b"));
+
+        // Nothing attempted at all since the start: both listed past the bound are stalled.
+        let look = w.look(t2, &records, (|_: &str| None, None), &VIGIL, CAP);
+        let names: Vec<String> = look.stalled.iter().map(|s| s.2.clone()).collect();
+        assert_eq!(names, [records[0].name_any(), records[1].name_any()]);
+    }
+
+    /// A leader working through a backlog of decisions (30,000 decided at once, redriven at
+    /// 50/s) leaves the last ones unattempted for minutes: that is progress, not a stall. It
+    /// stalls once nothing at all was attempted within the bound.
+    #[test]
+    fn a_record_waiting_its_turn_in_a_backlog_is_no_stall() {
+        let mut w = Watchman::default();
+        let t0 = Instant::now();
+        let waiting = [decided("z", "u-z")];
+        w.look(t0, &waiting, (|_: &str| None, None), &VIGIL, CAP);
+        let t1 = t0 + Duration::from_secs(400);
+        let busy = Some(t1 - Duration::from_millis(20));
+        let look = w.look(t1, &waiting, (|_: &str| None, busy), &VIGIL, CAP);
+        assert!(
+            look.stalled.is_empty(),
+            "other decisions were attempted just now"
+        );
+        assert_eq!(
+            look.nudge,
+            HashSet::from(["u-z".to_string()]),
+            "but it is nudged"
+        );
+        let idle = Some(t1 - Duration::from_secs(181));
+        let look = w.look(t1, &waiting, (|_: &str| None, idle), &VIGIL, CAP);
+        assert_eq!(
+            look.stalled.len(),
+            1,
+            "nothing attempted for longer than the bound"
+        );
     }
 
     #[test]
@@ -336,11 +392,17 @@ mod tests {
         let mut w = Watchman::default();
         let t0 = Instant::now();
         let a = [decided("a", "u-a")];
-        w.look(t0, &a, |_| None, &VIGIL, CAP);
+        w.look(t0, &a, (|_: &str| None, None), &VIGIL, CAP);
         // Resolved (no longer listed), then decided again much later.
-        w.look(t0 + Duration::from_secs(30), &[], |_| None, &VIGIL, CAP);
+        w.look(
+            t0 + Duration::from_secs(30),
+            &[],
+            (|_: &str| None, None),
+            &VIGIL,
+            CAP,
+        );
         let t1 = t0 + Duration::from_secs(600);
-        let look = w.look(t1, &a, |_| None, &VIGIL, CAP);
+        let look = w.look(t1, &a, (|_: &str| None, None), &VIGIL, CAP);
         assert_eq!(look, Look::default());
     }
 
@@ -350,9 +412,15 @@ mod tests {
         let mut unsigned = decided("a", "u-a");
         unsigned.spec.by = None;
         let t0 = Instant::now();
-        w.look(t0, std::slice::from_ref(&unsigned), |_| None, &VIGIL, CAP);
+        w.look(
+            t0,
+            std::slice::from_ref(&unsigned),
+            (|_: &str| None, None),
+            &VIGIL,
+            CAP,
+        );
         let later = t0 + Duration::from_secs(3600);
-        let look = w.look(later, &[unsigned], |_| None, &VIGIL, CAP);
+        let look = w.look(later, &[unsigned], (|_: &str| None, None), &VIGIL, CAP);
         assert_eq!(look, Look::default());
     }
 }
