@@ -364,14 +364,15 @@ impl Bridge {
             let mut moved = 0;
             let mut listed = None;
             if self.bounds.to_move(dead) > 0 {
-                loop {
-                    let n = self.bounds.to_move(dead).min(MOVE_BATCH);
+                // Down to a quarter, a batch at a time (below half, `to_move` says 0).
+                while dead > self.bounds.low {
+                    let n = (dead - self.bounds.low).min(MOVE_BATCH);
                     let m = self.move_out(n, cursor.at()).await?;
                     cursor.moved_to(m.cursor);
                     (dead, listed) = (m.dead, Some(m.listed));
                     moved += m.moved;
                     // None of this queue's left within the scan: the next look goes on.
-                    if m.moved == 0 || dead <= self.bounds.low {
+                    if m.moved == 0 {
                         break;
                     }
                 }
