@@ -762,6 +762,99 @@ async fn a_refused_message_is_accounted_for_and_the_next_one_parks<B: Source>() 
     );
 }
 
+/// A storm past `maxParked`: the queue says how many dead messages still wait in the broker
+/// beyond its records (every one the broker holds, those the source has in hand included), its
+/// failure group says its share, and once `maxParked` is raised and they are parked both say
+/// 0. A broker that cannot say (Pub/Sub) says `unknown`: `messages` absent, never 0.
+async fn a_full_queue_reports_its_backlog<B: Source>() {
+    const MAX: usize = 3;
+    const N: usize = 12;
+    let r = rig::<B>("backlog", Broker::Shared, true, &[]).await;
+    let queues: Api<DeadLetterQueue> = Api::namespaced(r.client.clone(), &r.ns);
+    let groups: Api<dlq_core::groups::DeadLetterGroup> = Api::namespaced(r.client.clone(), &r.ns);
+    let max_parked = |n: usize| {
+        let queues = queues.clone();
+        async move {
+            queues
+                .patch(
+                    "relayer",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({ "spec": { "maxParked": n } })),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("maxParked {n}: {e}"));
+        }
+    };
+    let backlog = || async {
+        queues
+            .get("relayer")
+            .await
+            .ok()
+            .and_then(|q| q.status?.backlog)
+    };
+    // The groups' estimated shares, summed, and how many groups there are.
+    let shares = || async {
+        let items = groups
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
+        let estimates: Vec<Option<i64>> = items
+            .iter()
+            .map(|g| g.status.as_ref()?.backlog.as_ref()?.messages)
+            .collect();
+        (estimates.iter().flatten().sum::<i64>(), estimates.len())
+    };
+    max_parked(MAX).await;
+    r.backend.wait_listening().await;
+    r.backend.put_dead(N).await;
+    if !B::BACKLOG_KNOWN {
+        let b = eventually(60, "the backlog said to be unknown", || async {
+            let b = backlog().await?;
+            (records(&r.api).await.len() == MAX).then_some(b)
+        })
+        .await;
+        assert_eq!(
+            b.messages, None,
+            "a broker that cannot say is unknown, never 0"
+        );
+        assert!(b.observed_at.is_some(), "{b:?}");
+        return;
+    }
+    let waiting = (N - MAX) as i64;
+    let b = eventually(
+        60,
+        "the backlog to be what waits beyond the records",
+        || async {
+            let b = backlog().await?;
+            (records(&r.api).await.len() == MAX && b.messages == Some(waiting)).then_some(b)
+        },
+    )
+    .await;
+    assert!(b.observed_at.is_some(), "{b:?}");
+    // Each group's share is written by the groups' reconcile, woken by the backlog's write.
+    eventually(
+        30,
+        "the failure groups' shares to add up to the backlog",
+        || async {
+            let (sum, n) = shares().await;
+            (n > 0 && (sum - waiting).abs() <= n as i64).then_some(())
+        },
+    )
+    .await;
+    max_parked(100).await;
+    eventually(60, "every message parked and the backlog 0", || async {
+        let b = backlog().await?;
+        (records(&r.api).await.len() == N && b.messages == Some(0)).then_some(())
+    })
+    .await;
+    eventually(30, "the failure groups' shares 0", || async {
+        let (sum, n) = shares().await;
+        (n > 0 && sum == 0).then_some(())
+    })
+    .await;
+}
+
 /// One test per backend of `$scenario`, named `$scenario::<backend>`.
 macro_rules! run_for {
     ($scenario:ident: $($backend:ident = $ty:ty),+ $(,)?) => {
@@ -858,4 +951,14 @@ run_for!(a_refused_message_is_accounted_for_and_the_next_one_parks:
     kafka = KafkaBackend,
     sqs = SqsBackend,
     pubsub = PubsubBackend,
+);
+
+run_for!(a_full_queue_reports_its_backlog:
+    redis = RedisBackend,
+    rabbitmq = RabbitBackend,
+    nats = NatsBackend,
+    kafka = KafkaBackend,
+    sqs = SqsBackend,
+    pubsub = PubsubBackend,
+    sidekiq = SidekiqBackend,
 );

@@ -133,6 +133,10 @@ pub trait Source: Backend {
     /// it to a rejected list, queue or topic, or (NATS) leave it in the stream and acknowledge
     /// its advisory.
     const KEEPS_REJECTED: bool = false;
+
+    /// Whether the broker says how many dead messages it holds (`status.backlog.messages`);
+    /// Pub/Sub does not.
+    const BACKLOG_KNOWN: bool = true;
 }
 
 /// The header a redrive's idempotency key arrives in (a queue's default).

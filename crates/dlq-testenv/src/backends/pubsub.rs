@@ -92,6 +92,9 @@ impl Source for PubsubBackend {
     /// A message that can never be a record stays unacknowledged in the subscription.
     const KEEPS_REJECTED: bool = true;
 
+    /// Pub/Sub's backlog is in Cloud Monitoring, not its API (nor the emulator's).
+    const BACKLOG_KNOWN: bool = false;
+
     const FAILPOINT: &'static str = "pubsub-before-ack";
 
     /// Publishes each job with its headers as attributes, then nacks every delivery on `jobs`
