@@ -179,6 +179,9 @@ impl ParkInto {
         let Some(queue) = self.shared.queues.get(&self.key) else {
             return false;
         };
+        if self.maybe_parked(req) {
+            return false;
+        }
         match self.shared.standing.pass(&queue, req, raw).await {
             Passed::No => false,
             Passed::Through { replay } => {
@@ -193,6 +196,19 @@ impl ParkInto {
                 false
             }
         }
+    }
+
+    /// Whether this very message may already be a record: re-read after a crash between its
+    /// park and its acknowledgement, it belongs to that record (passing it would deliver the
+    /// job a second time, under another key). Until the records are listed, it may be.
+    fn maybe_parked(&self, req: &ParkRequest) -> bool {
+        let key = job_key(&req.queue, &req.job.id);
+        let Some(known) = self.shared.jobs.cycles(self.namespace(), &key) else {
+            return true;
+        };
+        known
+            .iter()
+            .any(|k| k.message.is_some() && k.message == req.message)
     }
 
     /// Counts and announces a message that could not become a record and was kept at
