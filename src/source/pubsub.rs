@@ -42,6 +42,10 @@ const CONCURRENCY: usize = 16;
 const MAX_OUTSTANDING: i64 = 64;
 /// How long the client keeps extending a message's lease while it is being parked.
 pub const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
+/// The deadline each lease extension asks for: what a crashed operator's messages wait before
+/// the server hands them out again (the client's default, 60 s, outlasted a standing replay's
+/// quiet and left them to be parked after it ended).
+const LEASE_EXTENSION: Duration = Duration::from_secs(10);
 /// How long a message that can never be a record is held (then released for redelivery), so it
 /// does not come straight back.
 const REJECTED_HOLD: Duration = Duration::from_secs(3600);
@@ -208,6 +212,7 @@ async fn run_once(
     let mut stream = subscriber
         .subscribe(subscription.clone())
         .set_max_lease(MAX_LEASE)
+        .set_max_lease_extension(LEASE_EXTENSION)
         .set_max_outstanding_messages(MAX_OUTSTANDING)
         .build();
     let bridge = Arc::new(Bridge {
