@@ -962,3 +962,9 @@ run_for!(a_full_queue_reports_its_backlog:
     pubsub = PubsubBackend,
     sidekiq = SidekiqBackend,
 );
+
+/// Issue 47 item 4: a standing redrive drains the backlog, and a kill during pass-through loses
+/// nothing (its own file: one scenario with its own helpers).
+#[cfg(feature = "failpoints")]
+#[path = "backends/standing.rs"]
+mod standing;
