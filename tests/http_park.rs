@@ -578,6 +578,14 @@ async fn a_full_queue_answers_429_and_the_senders_retry_parks_it_later() {
         "{:?}",
         full.headers
     );
+    // The endpoint has no backlog: the queue's status says how many it refused instead.
+    let queues: Api<DeadLetterQueue> = Api::namespaced(client.clone(), &ns);
+    eventually(10, "status.http.refusedLastMinute 1", || async {
+        let q = queues.get("relayer").await.ok()?;
+        let refused = q.status?.http?.refused_last_minute;
+        (refused == 1).then_some(())
+    })
+    .await;
 
     // The Go sender keeps its event and retries; a human drops the first record meanwhile.
     let ca_path = certs.ca.display().to_string();
