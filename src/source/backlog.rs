@@ -337,12 +337,10 @@ impl Probe {
             let own = format!("{prefix}dlq:{}/{}", into.namespace(), into.queue());
             return Ok(Probe::Redis {
                 conn: RedisConn::new(&url).map_err(SourceError::broker("connecting to redis"))?,
-                // The overflow list (`dlq:<namespace>/<queue>:overflow`, the SPEC's name, never
-                // prefixed): dead jobs moved out of Sidekiq's reach before its trim.
-                lists: vec![format!(
-                    "dlq:{}/{}:overflow",
+                // Dead jobs moved out of Sidekiq's reach before its trim.
+                lists: vec![super::sidekiq::overflow_list(
                     into.namespace(),
-                    into.queue()
+                    into.queue(),
                 )],
                 hashes: vec![format!("{own}:inflight")],
                 sets: vec![format!("{prefix}dead")],
