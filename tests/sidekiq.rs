@@ -763,7 +763,8 @@ async fn a_storm_past_sidekiqs_trim_while_the_queue_is_full_loses_no_job_and_eac
     let (peak_dead, peak_overflow) = peaks.stop();
 
     let mut c = r.redis.conn().await;
-    let (dead, listed, taken): (Vec<Vec<u8>>, Vec<Vec<u8>>, Vec<Vec<u8>>) = redis::pipe()
+    type Members = Vec<Vec<u8>>;
+    let (dead, listed, taken): (Members, Members, Members) = redis::pipe()
         .atomic()
         .cmd("ZRANGE")
         .arg(DEAD)
