@@ -26,6 +26,8 @@ mod profile;
 mod scale;
 #[path = "operator/seal.rs"]
 mod seal;
+#[path = "operator/standing.rs"]
+mod standing;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -76,7 +78,7 @@ fn operator_env() -> Vec<(String, String)> {
 }
 
 /// Whether `BENCH_PHASES` (a comma list; default: every phase) names `phase`: park, redrive,
-/// latency, http, storm, seal, ab, memory, capacity, records, scale. For investigating one phase at a time.
+/// latency, http, storm, standing, seal, ab, memory, capacity, records, scale. For investigating one phase at a time.
 fn wanted(phase: &str) -> bool {
     std::env::var("BENCH_PHASES").map_or(true, |list| list.split(',').any(|p| p.trim() == phase))
 }
@@ -962,6 +964,14 @@ async fn main() -> anyhow::Result<()> {
             "-".into(),
         ));
         json.insert("storm".into(), json!({"messages": messages, "max_parked": max, "records_per_s": s.rate, "ceiling_per_s": ceiling, "ratio": s.rate / ceiling, "ceiling_at_bench_c": at_bench_c, "ceiling_at_source_c": at_source_c, "ceilings_before": before, "ceilings_after": after, "park_row_ceiling_per_s": first_park_ceiling, "ratio_to_park_row_ceiling": s.rate / first_park_ceiling, "source_c": c_source, "all_marked_s": s.all_marked_s, "operator_peak_mib": s.peak_mib, "records": s.records, "in_broker": s.in_broker, "rejected": s.rejected, "full_condition": s.full, "queue_full_events": s.events}));
+    }
+
+    // 4b. Issue 47: one standing redrive of a storm per broker, against the broker's own copy
+    // loop (see `standing`). Before the memory points, as the storm.
+    if wanted("standing") {
+        let (standing_rows, standing_json) = standing::run(&mut b).await?;
+        rows.extend(standing_rows);
+        json.insert("standing".into(), standing_json);
     }
 
     // 5. What each throughput mechanism buys: the same build with and without it (see `ab`).

@@ -29,7 +29,7 @@ pub struct Sample {
 }
 
 /// CPU seconds (user + system) a process has used; 0 once it is gone.
-fn cpu_secs(pid: u32) -> f64 {
+pub fn cpu_secs(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // The fields after the command name (which may hold spaces) start at the state, field 3;
     // utime and stime are fields 14 and 15, in clock ticks of 1/100 s on Linux.

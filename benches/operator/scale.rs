@@ -180,6 +180,23 @@ fn etcd_bytes(plane: &ControlPlane) -> anyhow::Result<f64> {
         .context("etcd_mvcc_db_total_size_in_use_in_bytes not in etcd's /metrics")
 }
 
+/// etcd's database size (`etcd_mvcc_db_total_size_in_bytes`) and the part in use, in bytes.
+pub fn etcd_sizes(plane: &ControlPlane) -> anyhow::Result<(f64, f64)> {
+    let metrics = etcd_http(plane, "GET", "/metrics", "")?;
+    let metric = |name: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<f64>().ok())
+            .with_context(|| format!("{name} not in etcd's /metrics"))
+    };
+    Ok((
+        metric("etcd_mvcc_db_total_size_in_bytes")?,
+        metric("etcd_mvcc_db_total_size_in_use_in_bytes")?,
+    ))
+}
+
 /// One HTTP/1.0 request to etcd's client URL (its metrics, or its JSON gateway): the body of
 /// the answer.
 fn etcd_http(plane: &ControlPlane, method: &str, path: &str, body: &str) -> anyhow::Result<String> {
@@ -208,7 +225,7 @@ fn etcd_post(plane: &ControlPlane, path: &str, body: &serde_json::Value) -> anyh
 /// data only: the earlier phases delete their records, and reusing their freed pages (or the
 /// apiserver's own compaction, every five minutes, running mid-measure) would move the in-use
 /// size while 1,000 records are written.
-fn settle_etcd(plane: &ControlPlane) -> anyhow::Result<()> {
+pub fn settle_etcd(plane: &ControlPlane) -> anyhow::Result<()> {
     let status: serde_json::Value =
         serde_json::from_str(&etcd_post(plane, "/v3/maintenance/status", &json!({}))?)?;
     let revision = status["header"]["revision"]
@@ -238,7 +255,7 @@ pub async fn etcd_per_record(b: &mut Bench, n: usize, payload: usize) -> anyhow:
 }
 
 /// Wall time of one `kubectl dlq` command against the bench's control plane.
-fn time_cli(b: &Bench, ns: &str, args: &[&str]) -> anyhow::Result<(f64, usize)> {
+pub fn time_cli(b: &Bench, ns: &str, args: &[&str]) -> anyhow::Result<(f64, usize)> {
     time_bin(&release_bin("kubectl-dlq")?, b, ns, args)
 }
 
