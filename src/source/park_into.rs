@@ -78,6 +78,9 @@ pub struct Shared {
     pub parking_first: ParkingFirst,
     /// The standing replays running here: a dead message one covers is passed through.
     pub standing: Standing,
+    /// The Kafka source handles several messages at once (`super::kafka::IN_FLIGHT`); off
+    /// only in the bench's A/B.
+    pub kafka_in_flight: bool,
 }
 
 /// Where a source parks: its DeadLetterQueue as the operator's store holds it right now (its
@@ -402,6 +405,7 @@ mod tests {
                 in_flight: InFlight::default(),
                 parking_first: ParkingFirst::default(),
                 standing: Standing::default(),
+                kafka_in_flight: true,
                 client,
             },
             key: ObjectRef::new("relayer").within("payments"),
