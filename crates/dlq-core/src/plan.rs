@@ -504,6 +504,10 @@ pub struct QueueStatusWrite {
     /// Sealing recipients and records per recipient ([`crate::seal::protection_write`]);
     /// null removes it.
     pub protection: Option<crate::seal::ProtectionWrite>,
+    /// `Some(None)` (null) removes a `status.backlog` left by a source the queue no longer
+    /// has; otherwise left out: the backlog's own writer keeps it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backlog: Option<Option<crate::queue::QueueBacklog>>,
 }
 
 /// The longest `status.address.CACerts` published: a bundle of a few PEM certificates.
@@ -608,10 +612,18 @@ pub fn queue_status(
                 .collect(),
             address: None,
             protection: None,
+            backlog: stale_backlog(queue),
         },
         metrics,
         events,
     }
+}
+
+/// A null for `status.backlog` when the queue has one but no source (removed since): nothing
+/// samples it any more, and a frozen number would read as a storm still waiting.
+fn stale_backlog(queue: &DeadLetterQueue) -> Option<Option<crate::queue::QueueBacklog>> {
+    let has = queue.status.as_ref().is_some_and(|s| s.backlog.is_some());
+    (has && queue.spec.source.is_none()).then_some(None)
 }
 
 /// Sets the `Full` condition from the slots `in_use` (parked + block slots left); a queue that
@@ -968,6 +980,47 @@ mod tests {
         assert_eq!(gone, vec![2], "cycle 1 waits for the job's other records");
         let alone = [cycle(1)];
         assert_eq!(expired(&queue, alone.iter(), at(10_000)).len(), 1);
+    }
+
+    #[test]
+    fn the_counters_write_leaves_the_backlog_alone_but_clears_one_without_a_source() {
+        use crate::queue::{QueueBacklog, SourceSpec};
+        let mut queue = DeadLetterQueue::new("relayer", Default::default());
+        queue.status = Some(DeadLetterQueueStatus {
+            backlog: Some(QueueBacklog {
+                messages: Some(14_968),
+                observed_at: None,
+            }),
+            ..Default::default()
+        });
+        let write = |q: &DeadLetterQueue| {
+            let plan = queue_status(
+                q,
+                Counts::default(),
+                capacity::Reckoning::default(),
+                Readiness {
+                    ready: true,
+                    reason: "TargetReachable",
+                    message: "ok".into(),
+                    target: String::new(),
+                },
+                at(100),
+            );
+            serde_json::to_value(&plan.status).expect("json")
+        };
+        let cleared = write(&queue);
+        assert_eq!(
+            cleared.get("backlog"),
+            Some(&serde_json::Value::Null),
+            "no source: nothing samples it any more"
+        );
+        queue.spec.source = Some(SourceSpec::default());
+        let kept = write(&queue);
+        assert!(
+            kept.get("backlog").is_none(),
+            "a merge patch without the field: the sampler's writer keeps it"
+        );
+        assert!(kept.get("http").is_none());
     }
 
     #[test]
