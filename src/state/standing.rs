@@ -19,7 +19,7 @@ use jiff::Timestamp;
 use kube::ResourceExt;
 
 use dlq_core::api::{Action, DeadLetterQueue, Job};
-use dlq_core::park::{ParkRequest, arriving, pass_key};
+use dlq_core::park::{ParkRequest, arriving, message_key};
 use dlq_core::replay::{DeadLetterReplaySpec, ReplaySelector, SAMPLE};
 
 /// How long a cover lasts without a step of its replay (a running replay steps at least every
@@ -286,7 +286,7 @@ impl Standing {
     }
 
     /// Passes `req` (exact bytes `raw`) through when a standing replay covers it: requeued on
-    /// the target with the message's own idempotency key ([`pass_key`]) and counted on the
+    /// the target with the message's own idempotency key ([`message_key`]) and counted on the
     /// replay. The caller acknowledges the message only on [`Passed::Through`].
     pub async fn pass(&self, queue: &DeadLetterQueue, req: &ParkRequest, raw: &[u8]) -> Passed {
         let ns = queue.namespace().unwrap_or_default();
@@ -306,7 +306,7 @@ impl Standing {
         }
         cover.turn().await;
         if cover.action == Action::Redrive {
-            let key = pass_key(&ns, &queue.name_any(), req.message.as_deref(), raw);
+            let key = message_key(&ns, &queue.name_any(), req.message.as_deref(), raw);
             let result = self.target.requeue(queue, &req.job, key).await;
             cover.outcome(result.is_ok());
             if let Err(why) = result {

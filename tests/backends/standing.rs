@@ -18,7 +18,7 @@ const STORM: usize = 40;
 const MAX_PARKED: usize = 3;
 /// How long the first operator holds each message at its source's failpoint, between the
 /// requeue (or park) and the acknowledgement: the kill lands inside it.
-const HOLD: Duration = Duration::from_millis(1500);
+const HOLD: Duration = Duration::from_millis(2000);
 
 /// What a backend's target does with a job delivered again with the same idempotency key.
 trait Repeats {
@@ -240,8 +240,8 @@ async fn a_standing_redrive_drains_the_backlog_and_a_kill_during_pass_through_lo
         let keys = &arrivals[&s.delivered()];
         if B::CARRIES_KEY && !recorded.contains(s.job_id.as_str()) {
             assert!(
-                keys.iter().flatten().all(|k| k.starts_with("pass-")) && keys[0].is_some(),
-                "job {} has no record, so it passed through, yet arrived with {keys:?}",
+                keys.iter().all(Option::is_some),
+                "job {} has no record, so it passed through, yet arrived without its key: {keys:?}",
                 s.job_id
             );
         }

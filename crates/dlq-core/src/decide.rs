@@ -56,11 +56,18 @@ pub fn has_work(record: &DeadLetter) -> bool {
     !matches!(for_record(record), Decision::Done | Decision::Wait)
 }
 
-/// The identity of one record's redrive: the record (its uid) and the job's cycle. Every enqueue
-/// of that redrive carries it as its idempotency key, and a process remembers a broker's
-/// confirmation by it. The generation is left out on purpose: an edit of the spec after the
-/// confirmation (a note, a re-signature) does not ask for a second delivery.
+/// The identity of one record's redrive. Every enqueue of that redrive carries it as its
+/// idempotency key, and a process remembers a broker's confirmation by it. A record a source
+/// parked from one dead message has that message's key (`crate::park::message_key`, which a
+/// standing replay's pass-through of the same message carries too: one dead message, one key,
+/// however it goes back); any other record, its uid and the job's cycle. The generation is
+/// left out on purpose: an edit of the spec after the confirmation (a note, a re-signature)
+/// does not ask for a second delivery.
 pub fn redrive_key(record: &DeadLetter) -> String {
+    if let Some(message) = crate::park::source_message(record) {
+        let ns = record.metadata.namespace.as_deref().unwrap_or_default();
+        return crate::park::message_key(ns, &record.spec.queue, Some(message), &[]);
+    }
     let uid = record.metadata.uid.as_deref().unwrap_or_default();
     format!("{uid}-{}", record.spec.cycle)
 }
@@ -227,6 +234,27 @@ mod tests {
         );
         record.spec.cycle = 3;
         assert_ne!(redrive_key(&record), "u-1-2");
+    }
+
+    /// Issue 47: a record a source parked from one dead message is redriven under that
+    /// message's key, the key its pass-through would have had: one message, one key.
+    #[test]
+    fn a_record_parked_from_a_dead_message_is_redriven_under_that_messages_key() {
+        let req = crate::park::ParkRequest::new(
+            "relayer",
+            crate::dead_letter::Job {
+                id: "pi_1/settle".into(),
+                payload: Some("{}".into()),
+                ..Default::default()
+            },
+        )
+        .with_message("relayer:dead#7");
+        let mut record = crate::park::new_record(&req, 1);
+        record.metadata.namespace = Some("payments".into());
+        record.metadata.uid = Some("u-1".into());
+        let key = crate::park::message_key("payments", "relayer", Some("relayer:dead#7"), b"");
+        assert_eq!(redrive_key(&record), key);
+        assert!(key.starts_with("msg-"));
     }
 
     #[test]

@@ -626,11 +626,14 @@ pub fn arriving(req: &ParkRequest, seals: bool) -> DeadLetter {
     new_record(&light, 1)
 }
 
-/// The idempotency key of a dead message passed straight from the broker to the target (a
-/// standing replay): the same for every delivery of that one message, so a repeat after a crash
-/// between the requeue and the ack carries the key of the first. From the source's message
-/// identity when it has one, else from the message's exact bytes.
-pub fn pass_key(namespace: &str, queue: &str, message: Option<&str>, raw: &[u8]) -> String {
+/// The idempotency key of one dead message: the same for every delivery of it, however it goes
+/// back, so a consumer that drops repeated keys takes it once. A standing replay's pass-through
+/// carries it, and so does the redrive of a record parked from that message
+/// (`crate::decide::redrive_key`): a pass whose answer was lost and whose message was then
+/// parked, or a message parked by a replica paused past its term while the next leader passed
+/// it, reaches the target under one key. From the source's message identity when it has one,
+/// else from the message's exact bytes.
+pub fn message_key(namespace: &str, queue: &str, message: Option<&str>, raw: &[u8]) -> String {
     let mut h = Sha256::new();
     for part in [namespace.as_bytes(), queue.as_bytes()] {
         h.update((part.len() as u64).to_be_bytes());
@@ -646,7 +649,7 @@ pub fn pass_key(namespace: &str, queue: &str, message: Option<&str>, raw: &[u8])
             h.update(raw);
         }
     }
-    format!("pass-{}", hex::encode(&h.finalize()[..16]))
+    format!("msg-{}", hex::encode(&h.finalize()[..16]))
 }
 
 /// The source message identity a record was parked with.
@@ -801,24 +804,24 @@ mod tests {
     }
 
     #[test]
-    fn a_pass_key_is_the_same_for_every_delivery_of_one_message() {
-        let a = pass_key("payments", "relayer", Some("relayer:dead#1"), b"x");
+    fn a_message_key_is_the_same_for_every_delivery_of_one_message() {
+        let a = message_key("payments", "relayer", Some("relayer:dead#1"), b"x");
         assert_eq!(
             a,
-            pass_key("payments", "relayer", Some("relayer:dead#1"), b"y")
+            message_key("payments", "relayer", Some("relayer:dead#1"), b"y")
         );
         assert_ne!(
             a,
-            pass_key("payments", "relayer", Some("relayer:dead#2"), b"x")
+            message_key("payments", "relayer", Some("relayer:dead#2"), b"x")
         );
         assert_ne!(
             a,
-            pass_key("payments", "mailer", Some("relayer:dead#1"), b"x")
+            message_key("payments", "mailer", Some("relayer:dead#1"), b"x")
         );
-        let b = pass_key("payments", "relayer", None, b"x");
-        assert_eq!(b, pass_key("payments", "relayer", None, b"x"));
-        assert_ne!(b, pass_key("payments", "relayer", None, b"y"));
-        assert!(a.starts_with("pass-") && a.len() == 37, "{a}");
+        let b = message_key("payments", "relayer", None, b"x");
+        assert_eq!(b, message_key("payments", "relayer", None, b"x"));
+        assert_ne!(b, message_key("payments", "relayer", None, b"y"));
+        assert!(a.starts_with("msg-") && a.len() == 36, "{a}");
     }
 
     #[test]

@@ -306,7 +306,7 @@ async fn a_standing_redrive_decides_later_records_and_passes_messages_until_the_
         got[0]
             .idempotency_key
             .as_deref()
-            .is_some_and(|k| k.starts_with("pass-"))
+            .is_some_and(|k| k.starts_with("msg-"))
     );
 
     fake.carry_out_decisions();

@@ -35,19 +35,19 @@ pub struct Arrival {
     pub key: Option<String>,
 }
 
-/// Whether `key` is the idempotency key of a pass-through delivery (a standing replay's
-/// message requeued straight from the broker, `dlq_core::park::pass_key`: `pass-` and 32 hex
-/// digits). Such a delivery has no record; a repeat of it (a crash between requeue and ack)
-/// carries the same key.
-pub fn is_pass_key(key: &str) -> bool {
-    key.strip_prefix("pass-")
+/// Whether `key` is the idempotency key of one dead message (`dlq_core::park::message_key`:
+/// `msg-` and 32 hex digits): what a standing replay's pass-through carries, and a record a
+/// source parked from that message too. A repeat of either carries the same key.
+pub fn is_message_key(key: &str) -> bool {
+    key.strip_prefix("msg-")
         .is_some_and(|h| h.len() == 32 && h.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 impl Arrival {
-    /// Whether it came by pass-through, not by a record's redrive.
-    pub fn passed_through(&self) -> bool {
-        self.key.as_deref().is_some_and(is_pass_key)
+    /// Whether it carries a dead message's key (passed through, or a source-parked record's
+    /// redrive), not a record's uid and cycle.
+    pub fn keyed_by_message(&self) -> bool {
+        self.key.as_deref().is_some_and(is_message_key)
     }
 }
 
