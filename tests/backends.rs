@@ -15,7 +15,10 @@
 //!   is reported);
 //! - a dead message whose record the apiserver refuses for good (a CEL admission policy), then
 //!   one refused even as its exact bytes, then a good one: an Invalid record, a visible
-//!   rejection, a record, within seconds; the source never stalls.
+//!   rejection, a record, within seconds; the source never stalls;
+//! - a storm past `maxParked` drained by one standing redrive, the operator killed while
+//!   passed-through messages wait between their enqueue and their acknowledgement: every job
+//!   arrives, a repeat only with the same key (`backends/standing.rs`).
 //!
 //! What only one backend does (AMQP `x-death`, Kafka origin topics and binary keys, SQS FIFO
 //! groups and typed attributes, NATS multi-value headers and the duplicate window, the Redis
