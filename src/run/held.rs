@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use dlq_core::api::{ANNOTATION_SLOT_BLOCK, DeadLetter, Phase};
+use dlq_core::api::{ANNOTATION_SLOT_BLOCK, ANNOTATION_SOURCE_MESSAGE, DeadLetter, Phase};
 use dlq_core::replay::{ANNOTATION_REPLAY_UID, LABEL_REPLAY};
 
 /// Payloads up to this size stay held while their decision waits to be carried out, so
@@ -22,6 +22,13 @@ const KEPT_LABELS: [&str; 1] = [LABEL_REPLAY];
 /// The only annotations a held record keeps: the signing replay's uid, and the block of slots
 /// the queue counter reckons (`reconcile::queue`).
 const KEPT_ANNOTATIONS: [&str; 2] = [ANNOTATION_REPLAY_UID, ANNOTATION_SLOT_BLOCK];
+/// And once it has a decision, the source message it was parked from: its
+/// redrive's idempotency key is that message's (`dlq_core::decide::redrive_key`).
+const KEPT_ANNOTATIONS_WITH_WORK: [&str; 3] = [
+    ANNOTATION_REPLAY_UID,
+    ANNOTATION_SLOT_BLOCK,
+    ANNOTATION_SOURCE_MESSAGE,
+];
 
 /// Drops what the reconcilers never read from a held record:
 /// - the job's bytes (payload and headers) unless [`keeps_job_bytes`];
@@ -44,10 +51,16 @@ pub fn strip(dl: &mut DeadLetter) {
         dl.spec.job.headers = Default::default();
         dl.spec.job.sealed = None;
     }
+    let decided = dl.spec.action.is_some();
     let meta = &mut dl.metadata;
     meta.managed_fields = None;
     meta.labels = keep(meta.labels.take(), &KEPT_LABELS);
-    meta.annotations = keep(meta.annotations.take(), &KEPT_ANNOTATIONS);
+    let kept: &[&str] = if decided {
+        &KEPT_ANNOTATIONS_WITH_WORK
+    } else {
+        &KEPT_ANNOTATIONS
+    };
+    meta.annotations = keep(meta.annotations.take(), kept);
     let has_work = dlq_core::decide::has_work(dl);
     if let Some(status) = dl.status.as_mut() {
         if !has_work {
@@ -115,6 +128,30 @@ mod tests {
         );
         let annotations: Vec<&String> = r.annotations().keys().collect();
         assert_eq!(annotations, [ANNOTATION_SLOT_BLOCK]);
+    }
+
+    /// Issue 47: a decided record parked from a dead message keeps that message's identity, so
+    /// its redrive carries the message's key (the key a pass-through of it carried); without a
+    /// decision it costs no annotation.
+    #[test]
+    fn a_decided_record_keeps_its_source_message_for_its_redrive_key() {
+        let mut r = parked();
+        r.annotations_mut()
+            .insert(ANNOTATION_SOURCE_MESSAGE.into(), "storm:dead#7".into());
+        r.metadata.uid = Some("u-9".into());
+        let mut undecided = r.clone();
+        strip(&mut undecided);
+        assert!(
+            !undecided
+                .annotations()
+                .contains_key(ANNOTATION_SOURCE_MESSAGE)
+        );
+        r.spec.action = Some(dlq_core::api::Action::Redrive);
+        r.spec.by = Some("ops".into());
+        let key = dlq_core::decide::redrive_key(&r);
+        assert!(key.starts_with("msg-"), "{key}");
+        strip(&mut r);
+        assert_eq!(dlq_core::decide::redrive_key(&r), key);
     }
 
     #[test]
