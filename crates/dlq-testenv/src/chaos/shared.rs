@@ -1,7 +1,9 @@
-//! What the parts of a chaos run share: the seeded generator, the one thread that spawns every
-//! child, and a lock that outlives a panicked holder. It names no other part of the run.
+//! What the parts of a chaos run share: the seeded generator, the target stream, the one thread that
+//! spawns every child, and a lock that outlives a panicked holder. It names no other part of the run.
 
 use std::sync::{Mutex, MutexGuard};
+
+pub const REDIS_JOBS: &str = "relayer:jobs";
 
 /// A small seeded generator (splitmix64): the same seed gives the same faults in the same
 /// order at the same offsets.

@@ -17,7 +17,7 @@ use serde_json::json;
 use tokio::sync::watch;
 
 /// The storm's queue, dead list and replay. Its jobs go back to the relayer's target stream
-/// ([`super::workload::REDIS_JOBS`]), where the harness's consumer notes them.
+/// ([`super::shared::REDIS_JOBS`]), where the harness's consumer notes them.
 pub const QUEUE: &str = "storm";
 pub const DEAD: &str = "storm:dead";
 pub const REPLAY: &str = "storm-standing";
@@ -51,7 +51,7 @@ pub fn queue_spec(size: StormSize) -> serde_json::Value {
     json!({
         "maxParked": size.max_parked,
         "target": {"redis": {"urlSecretRef": {"name": "redis", "key": "url"},
-            "stream": super::workload::REDIS_JOBS}},
+            "stream": super::shared::REDIS_JOBS}},
         "source": {"redis": {"list": DEAD}},
     })
 }

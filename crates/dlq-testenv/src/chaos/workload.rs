@@ -24,7 +24,8 @@ use super::shared::Rng;
 /// The Redis queue's dead list and target stream (a stream, so the idempotency key travels
 /// beside each job).
 pub const REDIS_DEAD: &str = "relayer:dead";
-pub const REDIS_JOBS: &str = "relayer:jobs";
+
+pub use super::shared::REDIS_JOBS;
 
 /// The fields of a redriven job on a Redis stream (`deadletter::target::redis`).
 const STREAM_PAYLOAD: &str = "payload";
