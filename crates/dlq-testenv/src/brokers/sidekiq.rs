@@ -62,7 +62,7 @@ impl Sidekiq {
             cmd.env("SIDEKIQ_DEAD_MAX_JOBS", n.to_string());
         }
         let child = crate::plane::spawn_guarded(&mut cmd, &log)
-        .unwrap_or_else(|e| panic!("starting sidekiq: {e}"));
+            .unwrap_or_else(|e| panic!("starting sidekiq: {e}"));
         let pid = child.id();
         let s = Sidekiq {
             child: Some(child),
