@@ -309,8 +309,7 @@ impl Broker {
                 for r in futures::future::join_all(readers).await {
                     r?;
                 }
-                let got = got.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                got
+                got.lock().unwrap_or_else(|e| e.into_inner()).clone()
             }
             Broker::Kafka { kafka, target, .. } => {
                 let c: BaseConsumer = kafka_config(kafka).set("group.id", "bench").create()?;
@@ -323,7 +322,7 @@ impl Broker {
                 tpl.add_partition_offset(target, 0, Offset::Beginning)?;
                 consumer.assign(&tpl)?;
                 let mut got = Vec::with_capacity(expected);
-                while high > 0 {
+                while high > got.len() as i64 {
                     let m = tokio::time::timeout(Duration::from_secs(30), consumer.recv())
                         .await
                         .context("the target topic stopped answering")??;
@@ -679,20 +678,25 @@ pub async fn run_one(
     let cpu_before = super::profile::cpu_secs(pid);
     let profiled = super::profile::Sample::take(&b.plane, Some(pid));
     let t0 = Instant::now();
-    super::scale::time_cli(
-        b,
-        &ns,
-        &[
+    // The command follows its replay until it ends: run it beside the measure, not before it.
+    let mut cli = Command::new(release_bin("kubectl-dlq")?)
+        .arg("--kubeconfig")
+        .arg(&b.plane.kubeconfig)
+        .args([
+            "-n",
+            &ns,
             "redrive",
             "--group",
             &group,
             "--standing",
             "--by",
             "bench",
-            "--note",
-            "the storm's cause is fixed",
-        ],
-    )?;
+        ])
+        .args(["--note", "the storm's cause is fixed"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
     let mut drained = None;
     let deadline = Duration::from_secs(900 + (max_parked as u64) / 5);
     let mut polls = 0u64;
@@ -709,7 +713,7 @@ pub async fn run_one(
             break t0.elapsed().as_secs_f64();
         }
         polls += 1;
-        if polls.is_multiple_of(100) {
+        if polls.is_multiple_of(20) {
             eprintln!(
                 "standing {name}: {on} of {n} on the target after {:.0}s",
                 t0.elapsed().as_secs_f64()
@@ -746,10 +750,21 @@ pub async fn run_one(
         replay = r;
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    if cli.try_wait()?.is_none() {
+        cli.kill().ok();
+    }
+    cli.wait().ok();
     stop.store(true, Ordering::SeqCst);
     let _ = watcher.await;
     let etcd_after = super::scale::etcd_sizes(&b.plane)?;
     let status = replay.and_then(|r| r.status).unwrap_or_default();
+    if completed_s.is_none() {
+        eprintln!(
+            "standing {name}: the replay did not complete: {:?} {}",
+            status.phase,
+            status.summary.as_deref().unwrap_or_default()
+        );
+    }
     let got = broker.read_target(n).await?;
     let expected: HashSet<String> = (0..n).map(payload).collect();
     let distinct: HashSet<&String> = got.iter().collect();
