@@ -541,7 +541,9 @@ async fn broker(b: &Bench, kind: &str, ns: &str) -> anyhow::Result<Broker> {
             target: format!("bench:{ns}"),
         },
         "sqs" => {
-            let mq = tokio::task::spawn_blocking(ElasticMq::start).await?;
+            // Started on this thread: the broker dies with the thread that spawned it
+            // (PR_SET_PDEATHSIG), and a blocking-pool thread ends after 10 s idle.
+            let mq = ElasticMq::start();
             let sqs = SqsConn {
                 region: Some(dlq_testenv::brokers::elasticmq::REGION.into()),
                 endpoint: Some(mq.endpoint()),
@@ -570,7 +572,7 @@ async fn broker(b: &Bench, kind: &str, ns: &str) -> anyhow::Result<Broker> {
             }
         }
         _ => {
-            let kafka = tokio::task::spawn_blocking(Kafka::start).await?;
+            let kafka = Kafka::start();
             Broker::Kafka {
                 kafka,
                 dead: format!("{ns}.DLT"),
