@@ -158,7 +158,10 @@ impl ParkInto {
         }
         let mut tried = 0;
         loop {
-            let refused = match self.park_until_known(&req, where_it_stays, &waiting).await {
+            let refused = match self
+                .park_until_known(&req, where_it_stays, &waiting, Some(raw))
+                .await
+            {
                 Err(e) if e.final_refusal().is_some() => e,
                 done => return done,
             };
@@ -253,7 +256,8 @@ impl ParkInto {
     }
 
     /// Parks, retrying what may succeed later (apiserver down, queue full) with capped
-    /// backoff; `waiting` runs before each wait (to tell the broker the message is still being
+    /// backoff; while the queue is full, a `passable` message (its exact bytes) is offered to a
+    /// standing replay before each wait; `waiting` runs before each wait (to tell the broker the message is still being
     /// worked on) and the message stays in the broker meanwhile. Returns an error only for a
     /// request that can never be a record.
     pub async fn park_until_known<W, Fut>(
@@ -261,6 +265,7 @@ impl ParkInto {
         req: &ParkRequest,
         where_it_stays: &str,
         waiting: W,
+        passable: Option<&[u8]>,
     ) -> Result<(), ParkError>
     where
         W: Fn() -> Fut,
@@ -284,6 +289,14 @@ impl ParkInto {
             match self.park(req.clone()).await {
                 Ok(_) => return Ok(()),
                 Err(e @ ParkError::MaxParked { .. }) => {
+                    // A standing replay started while this message waited for room: it passes
+                    // now, instead of after the replay's redrives made room (a storm's first
+                    // pass-through waited for 5,000 records to be redriven).
+                    if let Some(raw) = passable
+                        && self.passed_through(&req, raw).await
+                    {
+                        return Ok(());
+                    }
                     // Backpressure, not a failure: the queue's Full condition and QueueFull
                     // Event say so once. Look again soon, so parking resumes shortly after
                     // records are resolved.
@@ -418,7 +431,7 @@ mod tests {
         let req = ParkRequest::new("relayer", job).with_message("relayer:dead#1".to_string());
         let parking = tokio::spawn(async move {
             let _ = into
-                .park_until_known(&req, "in the broker", || async {})
+                .park_until_known(&req, "in the broker", || async {}, None)
                 .await;
         });
 

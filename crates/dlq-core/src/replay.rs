@@ -37,6 +37,10 @@ pub fn decided_by(r: &impl Facts, replay: ReplayRef<'_>) -> bool {
 }
 /// Pace when `spec.rate` is not set.
 pub const DEFAULT_RATE: f64 = 10.0;
+/// A standing replay's pace for its records when `spec.rate` is not set: its messages pass at
+/// the broker's speed, and the records it decides are the same incident's (the first
+/// `maxParked` of it), whose redrives free room for the rest.
+pub const DEFAULT_STANDING_RATE: f64 = 100.0;
 /// Stop bounds when `spec.stopWhen` leaves them out (the CLI's defaults).
 pub const DEFAULT_FAILURE_RATIO: f64 = 0.2;
 pub const DEFAULT_WINDOW: usize = 20;
@@ -412,12 +416,18 @@ impl DeadLetterReplaySpec {
         self.action.unwrap_or(Action::Redrive)
     }
 
-    /// Decisions per second; a rate the CRD let through but that does not parse is the default.
+    /// Decisions per second; a rate the CRD let through but that does not parse is the default
+    /// (a standing replay's: [`DEFAULT_STANDING_RATE`]).
     pub fn rate(&self) -> f64 {
+        let default = if self.standing() {
+            DEFAULT_STANDING_RATE
+        } else {
+            DEFAULT_RATE
+        };
         self.rate
             .as_deref()
             .and_then(|r| parse_rate(r).ok())
-            .unwrap_or(DEFAULT_RATE)
+            .unwrap_or(default)
     }
 
     pub fn bounds(&self) -> Bounds {

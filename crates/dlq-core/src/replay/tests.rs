@@ -330,6 +330,10 @@ fn rates_and_defaults() {
     assert_eq!(s.rate(), 20.0);
     s.rate = None;
     assert_eq!(s.rate(), DEFAULT_RATE);
+    s.standing = Some(true);
+    assert_eq!(s.rate(), DEFAULT_STANDING_RATE, "a storm's records");
+    assert_eq!(s.pass_rate(), None, "its messages at the broker's speed");
+    s.standing = None;
     assert_eq!(s.action(), Action::Redrive);
     assert_eq!(s.settle(), DEFAULT_SETTLE);
     assert_eq!(s.decision_note("inc-1234"), "replay inc-1234: INC-1234");
