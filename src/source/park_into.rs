@@ -305,6 +305,13 @@ impl ParkInto {
                     tracing::debug!(namespace = %self.namespace(), queue = %self.queue(), job = %req.job.id, error = %e, retry_in = ?wait, "queue full; the dead message stays {where_it_stays}");
                     waiting().await;
                     tokio::time::sleep(wait).await;
+                    // And again before the next try: a replay that started during the wait
+                    // (its redrives making room) takes it rather than a record being made.
+                    if let Some(raw) = passable
+                        && self.passed_through(&req, raw).await
+                    {
+                        return Ok(());
+                    }
                 }
                 Err(e) if e.is_transient() => {
                     // The create may have been stored before the error (a reply lost in an
