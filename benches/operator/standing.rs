@@ -899,28 +899,49 @@ pub async fn run(b: &mut Bench) -> anyhow::Result<(Vec<Row>, serde_json::Value)>
     Ok((rows, json!({"runs": out, "ab": ab})))
 }
 
-/// What the Kafka source's messages in flight buy pass-through
-/// (`--disable=kafka_in_flight`): a smaller storm (`BENCH_STANDING_AB_N`, default 5,000, into
-/// `maxParked` `BENCH_STANDING_AB_MAX_PARKED`, default 100), without then with, in
-/// `BENCH_STANDING_AB_ROUNDS` (default 1) rounds; 0 messages leaves it out.
+/// What the sources' mechanisms for pass-through buy: the Kafka source's messages in flight
+/// (`--disable=kafka_in_flight`) and the SQS source's several long polls
+/// (`--disable=sqs_receivers`), each on a smaller storm (`BENCH_STANDING_AB_N`, default 5,000,
+/// into `maxParked` `BENCH_STANDING_AB_MAX_PARKED`, default 100), without then with, in
+/// `BENCH_STANDING_AB_ROUNDS` (default 1) rounds; 0 messages (or 0 for the broker's storm)
+/// leaves it out.
 async fn ab(b: &mut Bench, rows: &mut Vec<Row>) -> anyhow::Result<serde_json::Value> {
+    let mut out = serde_json::Map::new();
+    for (broker, mechanism, storm) in [
+        ("kafka", "kafka_in_flight", "BENCH_STANDING_KAFKA"),
+        ("sqs", "sqs_receivers", "BENCH_STANDING_SQS"),
+    ] {
+        if env_usize(storm, 1) == 0 {
+            continue;
+        }
+        out.insert(mechanism.into(), ab_one(b, rows, broker, mechanism).await?);
+    }
+    Ok(serde_json::Value::Object(out))
+}
+
+async fn ab_one(
+    b: &mut Bench,
+    rows: &mut Vec<Row>,
+    broker: &str,
+    mechanism: &str,
+) -> anyhow::Result<serde_json::Value> {
     let n = env_usize("BENCH_STANDING_AB_N", 5000);
     let max_parked = env_usize("BENCH_STANDING_AB_MAX_PARKED", 100);
     let rounds = env_usize("BENCH_STANDING_AB_ROUNDS", 1);
-    if n == 0 || env_usize("BENCH_STANDING_KAFKA", 1) == 0 {
+    if n == 0 {
         return Ok(json!(null));
     }
     let (mut with, mut without) = (Vec::new(), Vec::new());
     for round in 0..rounds {
         for off in [round % 2 == 0, round % 2 == 1] {
-            let disable: &[&str] = if off { &["kafka_in_flight"] } else { &[] };
-            let o = run_one(b, "kafka", n, max_parked, disable).await?;
+            let disable: &[&str] = if off { &[mechanism] } else { &[] };
+            let o = run_one(b, broker, n, max_parked, disable).await?;
             eprintln!(
-                "standing A/B, kafka {n} into maxParked {max_parked}, {}: {:.0} passed/s ({} passed, drained in {:.1}s), {} duplicates, {} missing",
+                "standing A/B, {broker} {n} into maxParked {max_parked}, {}: {:.0} passed/s ({} passed, drained in {:.1}s), {} duplicates, {} missing",
                 if off {
-                    "without kafka_in_flight"
+                    format!("without {mechanism}")
                 } else {
-                    "with"
+                    "with".to_string()
                 },
                 o.pass_rate(),
                 o.passed_through,
@@ -934,7 +955,7 @@ async fn ab(b: &mut Bench, rows: &mut Vec<Row>) -> anyhow::Result<serde_json::Va
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
     let (w, wo) = (mean(&with), mean(&without));
     rows.push((
-        format!("standing A/B kafka {n}: kafka_in_flight (msg/s)"),
+        format!("standing A/B {broker} {n}: {mechanism} (msg/s)"),
         format!("{w:.0}"),
         format!("{wo:.0} without"),
         format!("{:.1}x", w / wo),

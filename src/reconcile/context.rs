@@ -81,6 +81,8 @@ pub struct Mechanisms {
     pub aggregation: bool,
     /// The Kafka source handles several messages at once (`crate::source::kafka::IN_FLIGHT`).
     pub kafka_in_flight: bool,
+    /// The SQS source receives with several long polls at once (`crate::source::sqs::RECEIVERS`).
+    pub sqs_receivers: bool,
 }
 
 impl Default for Mechanisms {
@@ -91,6 +93,7 @@ impl Default for Mechanisms {
             ask_ahead: true,
             aggregation: true,
             kafka_in_flight: true,
+            sqs_receivers: true,
         }
     }
 }
@@ -102,12 +105,13 @@ pub struct UnknownMechanism(String);
 
 impl Mechanisms {
     /// The names `--disable` takes.
-    pub const NAMES: [&str; 5] = [
+    pub const NAMES: [&str; 6] = [
         "parking_first",
         "mark_quota",
         "ask_ahead",
         "aggregation",
         "kafka_in_flight",
+        "sqs_receivers",
     ];
 
     /// Every mechanism on but those `names` lists (blank names are skipped).
@@ -121,6 +125,7 @@ impl Mechanisms {
                 "ask_ahead" => &mut on.ask_ahead,
                 "aggregation" => &mut on.aggregation,
                 "kafka_in_flight" => &mut on.kafka_in_flight,
+                "sqs_receivers" => &mut on.sqs_receivers,
                 other => return Err(UnknownMechanism(other.to_string())),
             };
             *switch = false;

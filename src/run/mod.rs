@@ -219,6 +219,7 @@ pub async fn run_scope(
         parking_first: ctx.parking_first.clone(),
         standing: ctx.standing.clone(),
         kafka_in_flight: settings.mechanisms.kafka_in_flight,
+        sqs_receivers: settings.mechanisms.sqs_receivers,
     };
     // Parks over HTTP while this scope runs.
     let _registration = park_endpoint.map(|e| e.register(namespace.clone(), shared.clone()));

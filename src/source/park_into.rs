@@ -81,6 +81,9 @@ pub struct Shared {
     /// The Kafka source handles several messages at once (`super::kafka::IN_FLIGHT`); off
     /// only in the bench's A/B.
     pub kafka_in_flight: bool,
+    /// The SQS source receives with several long polls at once (`super::sqs::RECEIVERS`); one
+    /// only in the bench's A/B.
+    pub sqs_receivers: bool,
 }
 
 /// Where a source parks: its DeadLetterQueue as the operator's store holds it right now (its
@@ -426,6 +429,7 @@ mod tests {
                 parking_first: ParkingFirst::default(),
                 standing: Standing::default(),
                 kafka_in_flight: true,
+                sqs_receivers: true,
                 client,
             },
             key: ObjectRef::new("relayer").within("payments"),
