@@ -47,7 +47,8 @@ fn dlq(ns: &str, args: &[&str]) -> String {
         .expect("running kubectl-dlq");
     assert!(
         out.status.success(),
-        "kubectl dlq {args:?}: {}",
+        "kubectl dlq {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -700,7 +701,9 @@ impl Peaks {
 /// overflow list, the dead set or the inflight hash (read in one MULTI). Once `maxParked` is
 /// raised every job is parked, and after one `kubectl dlq redrive --queue` each is performed
 /// exactly once. Without the overflow list Sidekiq drops all but the newest 999. The full
-/// measurement: `DLQ_SIDEKIQ_STORM_JOBS=30000 DLQ_SIDEKIQ_DEAD_MAX=10000`. The redrive's
+/// measurement: `DLQ_SIDEKIQ_STORM_JOBS=30000 DLQ_SIDEKIQ_DEAD_MAX=10000
+/// DLQ_SIDEKIQ_STORM_STANDING=1` (the queue stays Full and one standing redrive of the storm's
+/// group passes the rest through, see [`standing_redrive_of_the_storm`]). The redrive's
 /// `--rate` (`DLQ_SIDEKIQ_STORM_RATE`, default 100/s) stays near what one debug operator
 /// carries out (about 50 redrives/s): a leader with decided records unattempted for 180 s
 /// steps down and exits (`run::decided`), and this test runs no second replica.
@@ -741,8 +744,11 @@ async fn a_storm_past_sidekiqs_trim_while_the_queue_is_full_loses_no_job_and_eac
     let sidekiq = Sidekiq::start_trimming_at(&r.redis.url(), 10, trim).await;
     let _op = Operator::start(&r.ns);
 
-    // The queue fills first: the source runs, and parks no more.
-    let mut jids = Sidekiq::enqueue(&r.redis.url(), MAX_PARKED, "full");
+    // The queue fills first: the source runs, and parks no more. For the standing redrive the
+    // records that fill it are the storm's first deaths (one failure group, as in an incident).
+    let standing = std::env::var("DLQ_SIDEKIQ_STORM_STANDING").is_ok_and(|v| v == "1");
+    let fill = if standing { "storm" } else { "full" };
+    let mut jids = Sidekiq::enqueue(&r.redis.url(), MAX_PARKED, fill);
     eventually(120, "the queue Full", || async {
         (r.records().await.len() >= MAX_PARKED).then_some(())
     })
@@ -822,6 +828,9 @@ async fn a_storm_past_sidekiqs_trim_while_the_queue_is_full_loses_no_job_and_eac
         "sidekiq storm: {n} jobs died in {died_secs:.1} s into a dead set trimmed at {trim} while the queue was Full ({MAX_PARKED}); the dead set peaked at {peak_dead}, the overflow list at {peak_overflow}; none lost ({near_trim} DeadSetNearTrim)"
     ));
 
+    if standing {
+        return standing_redrive_of_the_storm(&r, &jids, sidekiq.pid).await;
+    }
     // Room for all of them: each is parked once, oldest first from the overflow list.
     let parking = Instant::now();
     let patch = json!({"spec": {"maxParked": total + 100}});
@@ -896,5 +905,57 @@ async fn a_storm_past_sidekiqs_trim_while_the_queue_is_full_loses_no_job_and_eac
     assert_eq!(r.zcard().await, 0, "none died again");
     dlq_testenv::report(&format!(
         "sidekiq storm: {total} parked in {parked_secs:.1} s once maxParked was raised; one redrive at {rate} performed each once in {redrive_secs:.1} s"
+    ));
+}
+
+/// The storm's second half as issue 47 measures it (`DLQ_SIDEKIQ_STORM_STANDING=1`): the queue
+/// stays Full, and ONE standing `kubectl dlq redrive --group G` passes the dead set and the
+/// overflow list through to Sidekiq while it redrives the records; each job is performed once.
+async fn standing_redrive_of_the_storm(r: &Rig, jids: &[String], pid: u32) {
+    use dlq_core::group::labelled;
+    let total = jids.len();
+    let records = r.records().await;
+    let group = labelled(&records[0]).expect("a group label").to_string();
+    assert!(
+        records.iter().all(|i| labelled(i) == Some(group.as_str())),
+        "one failure group"
+    );
+    let _: () = r.cmd(redis::cmd("SET").arg(FLAG).arg("1")).await;
+    let redriving = Instant::now();
+    let out = dlq(
+        &r.ns,
+        &[
+            "redrive",
+            "--group",
+            &group,
+            "--standing",
+            "--by",
+            "ops",
+            "--queue",
+            "relayer",
+        ],
+    );
+    let performed: Vec<String> = eventually(3600, "every job performed", || async {
+        let p: Vec<String> = r
+            .cmd(redis::cmd("LRANGE").arg(PERFORMED).arg(0).arg(-1))
+            .await;
+        (p.len() >= total).then_some(p)
+    })
+    .await;
+    let redrive_secs = redriving.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let again: usize = r.cmd(redis::cmd("LLEN").arg(PERFORMED)).await;
+    assert_eq!(again, total, "each performed once:\n{out}");
+    let once: BTreeSet<&str> = performed
+        .iter()
+        .map(|p| p.split(' ').next().unwrap_or_default())
+        .collect();
+    assert_eq!(once, jids.iter().map(String::as_str).collect(), "by jid");
+    assert!(performed.iter().all(|p| p.ends_with(&format!(" {pid}"))));
+    assert_eq!(r.zcard().await, 0, "none died again");
+    let made = r.records().await.len();
+    dlq_testenv::report(&format!(
+        "sidekiq storm: one standing redrive of group {group} performed all {total} jobs once in {redrive_secs:.1} s ({:.0}/s); {made} records at the end",
+        total as f64 / redrive_secs
     ));
 }
