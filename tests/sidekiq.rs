@@ -881,28 +881,7 @@ async fn a_storm_past_sidekiqs_trim_while_the_queue_is_full_loses_no_job_and_eac
             "600",
         ],
     );
-    let performed: Vec<String> = eventually(3600, "every job performed", || async {
-        let p: Vec<String> = r
-            .cmd(redis::cmd("LRANGE").arg(PERFORMED).arg(0).arg(-1))
-            .await;
-        (p.len() >= total).then_some(p)
-    })
-    .await;
-    let redrive_secs = redriving.elapsed().as_secs_f64();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let again: usize = r.cmd(redis::cmd("LLEN").arg(PERFORMED)).await;
-    assert_eq!(again, total, "each performed once:\n{out}");
-    let once: BTreeSet<&str> = performed
-        .iter()
-        .map(|p| p.split(' ').next().unwrap_or_default())
-        .collect();
-    assert_eq!(once, jids.iter().map(String::as_str).collect(), "by jid");
-    assert!(
-        performed
-            .iter()
-            .all(|p| p.ends_with(&format!(" {}", sidekiq.pid)))
-    );
-    assert_eq!(r.zcard().await, 0, "none died again");
+    let redrive_secs = each_performed_once(&r, &jids, sidekiq.pid, &out, redriving).await;
     dlq_testenv::report(&format!(
         "sidekiq storm: {total} parked in {parked_secs:.1} s once maxParked was raised; one redrive at {rate} performed each once in {redrive_secs:.1} s"
     ));
@@ -935,6 +914,19 @@ async fn standing_redrive_of_the_storm(r: &Rig, jids: &[String], pid: u32) {
             "relayer",
         ],
     );
+    let redrive_secs = each_performed_once(r, jids, pid, &out, redriving).await;
+    let made = r.records().await.len();
+    dlq_testenv::report(&format!(
+        "sidekiq storm: one standing redrive of group {group} performed all {total} jobs once in {redrive_secs:.1} s ({:.0}/s); {made} records at the end",
+        total as f64 / redrive_secs
+    ));
+}
+
+/// Waits until Sidekiq (process `pid`) performed every one of `jids`, then checks each was
+/// performed exactly once (3 s later still) and none died again; `out` is the redrive's output.
+/// Returns the seconds from `since` until all were performed.
+async fn each_performed_once(r: &Rig, jids: &[String], pid: u32, out: &str, since: Instant) -> f64 {
+    let total = jids.len();
     let performed: Vec<String> = eventually(3600, "every job performed", || async {
         let p: Vec<String> = r
             .cmd(redis::cmd("LRANGE").arg(PERFORMED).arg(0).arg(-1))
@@ -942,7 +934,7 @@ async fn standing_redrive_of_the_storm(r: &Rig, jids: &[String], pid: u32) {
         (p.len() >= total).then_some(p)
     })
     .await;
-    let redrive_secs = redriving.elapsed().as_secs_f64();
+    let secs = since.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let again: usize = r.cmd(redis::cmd("LLEN").arg(PERFORMED)).await;
     assert_eq!(again, total, "each performed once:\n{out}");
@@ -953,9 +945,5 @@ async fn standing_redrive_of_the_storm(r: &Rig, jids: &[String], pid: u32) {
     assert_eq!(once, jids.iter().map(String::as_str).collect(), "by jid");
     assert!(performed.iter().all(|p| p.ends_with(&format!(" {pid}"))));
     assert_eq!(r.zcard().await, 0, "none died again");
-    let made = r.records().await.len();
-    dlq_testenv::report(&format!(
-        "sidekiq storm: one standing redrive of group {group} performed all {total} jobs once in {redrive_secs:.1} s ({:.0}/s); {made} records at the end",
-        total as f64 / redrive_secs
-    ));
+    secs
 }
