@@ -295,9 +295,11 @@ async fn show_masks_cards_everywhere_and_groups_print_look_alike_templates_apart
     );
 
     let _op = Operator::start(&ns);
-    let groups = eventually(60, "two failure groups", || async {
+    // A group is listed as soon as it exists, its template once its status is written.
+    let groups = eventually(60, "two failure groups with their templates", || async {
         let out = dlq(&ns, &["groups"]);
-        (out.stdout.lines().count() == 3).then_some(out)
+        let rows: Vec<&str> = out.stdout.lines().skip(1).collect();
+        (rows.len() == 2 && rows.iter().all(|l| l.contains("timeout"))).then_some(out)
     })
     .await;
     let templates: Vec<&str> = groups
