@@ -53,6 +53,32 @@ struct Rig<B> {
     env: Vec<(String, String)>,
 }
 
+impl<B> Rig<B> {
+    /// Starts the next operator as this rig's was started, without its failpoint.
+    #[cfg(feature = "failpoints")]
+    fn operator_without_failpoint(&self) -> Operator {
+        let env: Vec<(String, String)> = self
+            .env
+            .iter()
+            .filter(|(k, _)| k != "DLQ_FAILPOINT")
+            .cloned()
+            .collect();
+        Operator::start_with(&self.ns, &[], &pairs(&env))
+    }
+}
+
+/// Sets the queue `relayer`'s `maxParked` to `n`.
+async fn set_max_parked(queues: &Api<DeadLetterQueue>, n: usize) {
+    queues
+        .patch(
+            "relayer",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "maxParked": n } })),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("maxParked {n}: {e}"));
+}
+
 /// `env` as `Operator::start_with` takes it.
 fn pairs(env: &[(String, String)]) -> Vec<(&str, &str)> {
     env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
@@ -396,13 +422,7 @@ async fn a_crash_between_park_and_ack_parks_each_message_once<B: Source>() {
     .await;
 
     // The next operator without the failpoint, with what the backend needs.
-    let env: Vec<(String, String)> = r
-        .env
-        .iter()
-        .filter(|(k, _)| k != "DLQ_FAILPOINT")
-        .cloned()
-        .collect();
-    let _op = Operator::start_with(&r.ns, &[], &pairs(&env));
+    let _op = r.operator_without_failpoint();
     let items = parked_and_acknowledged(&r, N).await;
     let ids: BTreeSet<&str> = items.iter().map(|i| i.spec.job.id.as_str()).collect();
     let want: BTreeSet<&str> = sent.iter().map(|s| s.job_id.as_str()).collect();
@@ -775,19 +795,6 @@ async fn a_full_queue_reports_its_backlog<B: Source>() {
     let r = rig::<B>("backlog", Broker::Shared, true, &[]).await;
     let queues: Api<DeadLetterQueue> = Api::namespaced(r.client.clone(), &r.ns);
     let groups: Api<dlq_core::groups::DeadLetterGroup> = Api::namespaced(r.client.clone(), &r.ns);
-    let max_parked = |n: usize| {
-        let queues = queues.clone();
-        async move {
-            queues
-                .patch(
-                    "relayer",
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({ "spec": { "maxParked": n } })),
-                )
-                .await
-                .unwrap_or_else(|e| panic!("maxParked {n}: {e}"));
-        }
-    };
     let backlog = || async {
         queues
             .get("relayer")
@@ -808,7 +815,7 @@ async fn a_full_queue_reports_its_backlog<B: Source>() {
             .collect();
         (estimates.iter().flatten().sum::<i64>(), estimates.len())
     };
-    max_parked(MAX).await;
+    set_max_parked(&queues, MAX).await;
     r.backend.wait_listening().await;
     r.backend.put_dead(N).await;
     if !B::BACKLOG_KNOWN {
@@ -845,7 +852,7 @@ async fn a_full_queue_reports_its_backlog<B: Source>() {
         },
     )
     .await;
-    max_parked(100).await;
+    set_max_parked(&queues, 100).await;
     eventually(60, "every message parked and the backlog 0", || async {
         let b = backlog().await?;
         (records(&r.api).await.len() == N && b.messages == Some(0)).then_some(())

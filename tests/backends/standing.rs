@@ -78,14 +78,7 @@ async fn a_standing_redrive_drains_the_backlog_and_a_kill_during_pass_through_lo
     )
     .await;
     let queues: Api<DeadLetterQueue> = Api::namespaced(r.client.clone(), &r.ns);
-    queues
-        .patch(
-            "relayer",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "maxParked": MAX_PARKED } })),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("maxParked {MAX_PARKED}: {e}"));
+    set_max_parked(&queues, MAX_PARKED).await;
     r.backend.wait_listening().await;
     let sent = r.backend.put_dead(STORM).await;
 
@@ -175,13 +168,7 @@ async fn a_standing_redrive_drains_the_backlog_and_a_kill_during_pass_through_lo
         .map(|(job, _)| job)
         .collect();
 
-    let env: Vec<(String, String)> = r
-        .env
-        .iter()
-        .filter(|(k, _)| k != "DLQ_FAILPOINT")
-        .cloned()
-        .collect();
-    let _op = Operator::start_with(&r.ns, &[], &pairs(&env));
+    let _op = r.operator_without_failpoint();
     let done = eventually(150, "the standing replay to end", || async {
         let replay = replays.get("storm").await.ok()?;
         replay.phase().is_final().then_some(replay)
