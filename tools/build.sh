@@ -18,6 +18,9 @@
 # pstest's fake.go patched there by tools/pstest-server/fake.go.sed (part of the cache key).
 # `cesender` (tools/cesender, on the CloudEvents Go SDK) posts CloudEvents to the park endpoint
 # for tests/http_park.rs.
+# `crane` (go-containerregistry: `crane registry serve` is a loopback OCI registry; push, digest,
+# copy), `cosign` (signatures and attestations) and `krew` (the kubectl plugin manager) are the
+# release's tools (scripts/release.sh, tests/release.rs).
 # `knative` builds Knative Eventing's controller, mt-broker controller, broker ingress and
 # filter, and the in-memory channel's controller and dispatcher from their Go module, for
 # tests/knative.rs; Knative's CRDs and ConfigMaps, from the same module, go to `config/`.
@@ -26,7 +29,7 @@
 # kube-apiserver and kubectl) into the same directory; a later `kube` builds only the missing
 # ones. Each binary gets its own marker there; `.done` means the whole set is built.
 #
-#   tools/build.sh kube[:bin,...]|etcd|helm|promtool|toxiproxy|cni|pause|elasticmq|kafka|flux|actionlint|pstest-server|cesender|knative [...]
+#   tools/build.sh kube[:bin,...]|etcd|helm|promtool|toxiproxy|cni|pause|elasticmq|kafka|flux|actionlint|pstest-server|cesender|knative|crane|cosign|krew [...]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${DLQ_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/deadletter-operator/tools}
@@ -168,6 +171,14 @@ build() (
       pkgs=(github.com/rhysd/actionlint/cmd/actionlint) ;;
     pstest-server)
       pkgs=(.) ;;
+    crane)
+      pkgs=(github.com/google/go-containerregistry/cmd/crane) ;;
+    cosign)
+      ldflags+=" -X sigs.k8s.io/release-utils/version.gitVersion=$version"
+      pkgs=(github.com/sigstore/cosign/v2/cmd/cosign) ;;
+    krew)
+      ldflags+=" -X sigs.k8s.io/krew/internal/version.gitTag=$version"
+      pkgs=(sigs.k8s.io/krew/cmd/krew) ;;
   esac
   local dest="$out/bin/"
   # etcd's and toxiproxy's main packages would both be named "server" by go.
@@ -202,5 +213,5 @@ build() (
   echo "$out/bin"
 )
 
-[ $# -gt 0 ] || { echo "usage: tools/build.sh kube[:bin,...]|etcd|helm|promtool|toxiproxy|cni|pause|elasticmq|kafka|flux|actionlint|pstest-server|cesender|knative ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: tools/build.sh kube[:bin,...]|etcd|helm|promtool|toxiproxy|cni|pause|elasticmq|kafka|flux|actionlint|pstest-server|cesender|knative|crane|cosign|krew ..." >&2; exit 2; }
 for t in "$@"; do build "$t"; done
