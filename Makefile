@@ -103,7 +103,7 @@ crds-check:
 ## Pub/Sub test server; cesender, a CloudEvents Go SDK sender for the park endpoint; Knative
 ## Eventing's controllers, broker and in-memory channel for tests/knative.rs) into the cache
 tools:
-	@bash tools/build.sh kube etcd helm promtool toxiproxy cni pause elasticmq kafka flux actionlint pstest-server cesender knative >/dev/null
+	@bash tools/build.sh kube etcd helm promtool toxiproxy versitygw cni pause elasticmq kafka flux actionlint pstest-server cesender knative >/dev/null
 
 ## start a local control plane for a human; prints the KUBECONFIG to export. NODE=1 adds a real
 ## node (kubelet, containerd, kube-proxy; needs root): see docs/development.md. Its state (kubeconfig,

@@ -7,6 +7,8 @@
 # `elasticmq` (an SQS-compatible server, Java) is resolved by Maven from tools/elasticmq/pom.xml
 # into the same cache, keyed by the pom; it prints the directory whose lib/ is the classpath.
 # `kafka` (Apache Kafka in KRaft mode, for tests/kafka.rs) is resolved the same way.
+# `versitygw` (Versity's S3 gateway, its posix backend on a temp dir: the S3-compatible server of
+# the body-store tests, crates/dlq-testenv/src/brokers/s3.rs) is built from its Go module.
 # `pause` (the test node's sandbox process) is Kubernetes' own build/pause/linux/pause.c, taken
 # from the k8s.io/kubernetes module of tools/kube and compiled static with the machine's C compiler.
 # `flux` builds Flux's source-controller and kustomize-controller from their Go modules, and
@@ -29,7 +31,7 @@
 # kube-apiserver and kubectl) into the same directory; a later `kube` builds only the missing
 # ones. Each binary gets its own marker there; `.done` means the whole set is built.
 #
-#   tools/build.sh kube[:bin,...]|etcd|helm|promtool|toxiproxy|cni|pause|elasticmq|kafka|flux|actionlint|pstest-server|cesender|knative|crane|cosign|krew [...]
+#   tools/build.sh kube[:bin,...]|etcd|helm|promtool|toxiproxy|versitygw|cni|pause|elasticmq|kafka|flux|actionlint|pstest-server|cesender|knative|crane|cosign|krew [...]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${DLQ_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/deadletter-operator/tools}
@@ -155,6 +157,9 @@ build() (
       pkgs=(github.com/prometheus/prometheus/cmd/promtool) ;;
     toxiproxy)
       pkgs=(github.com/Shopify/toxiproxy/v2/cmd/server) ;;
+    versitygw)
+      ldflags+=" -X main.Version=$version"
+      pkgs=(github.com/versity/versitygw/cmd/versitygw) ;;
     cni)
       local m=github.com/containernetworking/plugins/plugins
       pkgs=("$m/main/bridge" "$m/ipam/host-local" "$m/main/loopback" "$m/meta/portmap") ;;
@@ -213,5 +218,5 @@ build() (
   echo "$out/bin"
 )
 
-[ $# -gt 0 ] || { echo "usage: tools/build.sh kube[:bin,...]|etcd|helm|promtool|toxiproxy|cni|pause|elasticmq|kafka|flux|actionlint|pstest-server|cesender|knative|crane|cosign|krew ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: tools/build.sh kube[:bin,...]|etcd|helm|promtool|toxiproxy|versitygw|cni|pause|elasticmq|kafka|flux|actionlint|pstest-server|cesender|knative|crane|cosign|krew ..." >&2; exit 2; }
 for t in "$@"; do build "$t"; done

@@ -142,6 +142,7 @@ const SCRATCH_KINDS: &[&str] = &[
     "rabbit",
     "redis",
     "reveal",
+    "s3",
     "testenv",
 ];
 

@@ -1,6 +1,6 @@
 //! Real brokers for the backend tests: redis-server, RabbitMQ (Debian's rabbitmq-server),
 //! nats-server with JetStream, ElasticMQ (SQS-compatible), Kafka (KRaft), Google's Pub/Sub test
-//! server (pstest), a small HTTP(S) sink,
+//! server (pstest), versitygw (S3-compatible, for the body store), a small HTTP(S) sink,
 //! Alertmanager, and a Sidekiq process (Debian's ruby-sidekiq) running the test worker. Each runs
 //! as a child on free loopback ports with its data in a temp dir, and dies with the test process.
 
@@ -13,6 +13,7 @@ mod nats;
 pub mod pstest;
 mod rabbit;
 mod redis_server;
+pub mod s3;
 mod sidekiq;
 
 pub use self::alertmanager::Alertmanager;
@@ -27,4 +28,5 @@ pub use self::rabbit::{
     worker_rejects,
 };
 pub use self::redis_server::Redis;
+pub use self::s3::S3Server;
 pub use self::sidekiq::Sidekiq;
