@@ -11,6 +11,7 @@
 
 pub mod access;
 pub mod alert;
+pub mod body;
 pub mod broker;
 pub mod failpoint;
 pub mod https;

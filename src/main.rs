@@ -66,6 +66,9 @@ struct RunArgs {
     /// Longest wait between requeue attempts while a broker is down, in seconds.
     #[arg(long, default_value_t = 60)]
     backoff_cap_seconds: u64,
+    /// How often each queue's body store is swept of objects no record references, in seconds.
+    #[arg(long, env = "DLQ_BODY_SWEEP_SECONDS", default_value_t = 300)]
+    body_sweep_seconds: u64,
     /// How often the records decided and still Parked are listed again, in seconds (a watch
     /// event lost across an apiserver restart costs one period, not the decision).
     #[arg(long, default_value_t = 30)]
@@ -206,6 +209,7 @@ impl RunArgs {
             log_format,
             concurrency,
             backoff_cap_seconds,
+            body_sweep_seconds,
             decided_resync_seconds,
             stall_after_seconds,
             alerts,
@@ -228,6 +232,7 @@ impl RunArgs {
             log_format: log_format.into(),
             concurrency,
             backoff_cap_seconds,
+            body_sweep_seconds,
             decided_resync_seconds,
             stall_after_seconds,
             alerts: AlertOptions {

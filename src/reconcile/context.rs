@@ -47,6 +47,8 @@ pub struct Settings {
     /// The CA bundle beside the endpoint's certificate (`ca.crt` in `--park-tls-dir`, as
     /// cert-manager writes it), read at each queue reconcile into `status.address.CACerts`.
     pub park_ca_file: Option<std::path::PathBuf>,
+    /// How often the body stores are swept (`crate::body::sweep`).
+    pub body_sweep_every: Duration,
 }
 
 impl Default for Settings {
@@ -59,6 +61,7 @@ impl Default for Settings {
             mechanisms: Mechanisms::default(),
             park_url: None,
             park_ca_file: None,
+            body_sweep_every: crate::body::sweep::SWEEP_EVERY,
         }
     }
 }
@@ -164,6 +167,9 @@ pub struct Context {
     /// The queues' sealing keys (opening sealed jobs to redrive them, the recipients a queue
     /// publishes); [`crate::keys::NoKeys`] unless set with [`Context::with_keys`].
     pub keys: Arc<dyn crate::keys::Keys>,
+    /// The queues' body stores (fetching a stored body to redrive it); [`crate::body::NoBodies`]
+    /// unless set with [`Context::with_bodies`].
+    pub bodies: Arc<dyn crate::body::Bodies>,
     /// The standing replays running here, which the sources pass dead messages through for.
     pub standing: Standing,
     /// DeadLetterReplays as the watch sees them (what standing replays passed through, for
@@ -256,6 +262,7 @@ impl Context {
             groups: kept_groups::GroupKeeper::default(),
             group_store: None,
             keys: Arc::new(crate::keys::NoKeys),
+            bodies: Arc::new(crate::body::NoBodies),
             standing: Standing::new(Arc::new(TargetsPass(targets.clone()))),
             replay_store: None,
             targets,
@@ -291,6 +298,12 @@ impl Context {
     /// Reads the queues' sealing keys with `keys`.
     pub fn with_keys(mut self, keys: Arc<dyn crate::keys::Keys>) -> Self {
         self.keys = keys;
+        self
+    }
+
+    /// Keeps and fetches large bodies with `bodies`.
+    pub fn with_bodies(mut self, bodies: Arc<dyn crate::body::Bodies>) -> Self {
+        self.bodies = bodies;
         self
     }
 

@@ -341,7 +341,7 @@ async fn requeue(ctx: &Context, ns: &str, record: &DeadLetter) -> Result<(), Req
         })?;
     let job = opened(ctx, &queue, record).await?;
     let target = ctx.targets.target(&queue).await.map_err(failure)?;
-    let mut message = JobMessage::from_job(&job).map_err(failure)?;
+    let mut message = message_of(ctx, &queue, &job).await?;
     message.idempotency_key = Some(decide::redrive_key(record));
     message.key_header = queue
         .spec
@@ -355,6 +355,61 @@ async fn requeue(ctx: &Context, ns: &str, record: &DeadLetter) -> Result<(), Req
         .requeue_duration
         .observe(started.elapsed().as_secs_f64());
     result.map_err(failure)
+}
+
+/// The message a redrive sends: the job's own bytes, or its body fetched from the queue's store
+/// and checked against the record's size and digest first (opened when sealed). A missing or
+/// changed object sends nothing (`BodyMissing`, `BodyCorrupt`); an external body (an SQS
+/// Extended Client pointer's object) is checked, and the pointer message itself is sent.
+async fn message_of(
+    ctx: &Context,
+    queue: &DeadLetterQueue,
+    job: &Job,
+) -> Result<JobMessage, RequeueFailure> {
+    let Some(body) = job.body.as_deref() else {
+        return JobMessage::from_job(job).map_err(failure);
+    };
+    let store = ctx
+        .bodies
+        .store(queue)
+        .await
+        .map_err(body_failure)?
+        .ok_or_else(|| RequeueFailure {
+            reason: "BodyStoreMisconfigured",
+            message: format!(
+                "job {} has its body in a store ({}), but DeadLetterQueue {} has no spec.bodies",
+                job.id,
+                body.reference,
+                queue.name_any()
+            ),
+        })?;
+    let bytes = store.fetch(&job.id, body).await.map_err(body_failure)?;
+    if body.external {
+        return JobMessage::from_job(job).map_err(failure);
+    }
+    let payload = match &body.recipient {
+        None => bytes,
+        Some(recipient) => {
+            let loaded = ctx.keys.load(queue).await;
+            seal::open_body(&job.id, &bytes, recipient, &loaded.keyring).map_err(|e| {
+                RequeueFailure {
+                    reason: match e {
+                        OpenError::KeyMissing { .. } => reason::SEAL_KEY_MISSING,
+                        OpenError::Corrupt { .. } => reason::SEAL_BROKEN,
+                    },
+                    message: e.to_string(),
+                }
+            })?
+        }
+    };
+    Ok(JobMessage::with_payload(job, payload))
+}
+
+fn body_failure(e: crate::body::BodyError) -> RequeueFailure {
+    RequeueFailure {
+        reason: e.reason(),
+        message: e.to_string(),
+    }
 }
 
 /// The record's job as it was parked: opened with its queue's keys when sealed

@@ -50,6 +50,9 @@ pub fn strip(dl: &mut DeadLetter) {
         dl.spec.job.payload_base64 = None;
         dl.spec.job.headers = Default::default();
         dl.spec.job.sealed = None;
+        // A stored body's reference goes with the bytes: a held record with one and no
+        // headers would otherwise read as whole (`Job::has_payload`).
+        dl.spec.job.body = None;
     }
     let decided = dl.spec.action.is_some();
     let meta = &mut dl.metadata;

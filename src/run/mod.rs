@@ -183,7 +183,8 @@ pub async fn run_scope(
     ctx = ctx
         .with_group_store(group_store)
         .with_replay_store(replay_store.clone())
-        .with_keys(Arc::new(crate::keys::SecretKeys::new(client.clone())));
+        .with_keys(Arc::new(crate::keys::SecretKeys::new(client.clone())))
+        .with_bodies(Arc::new(crate::body::cache::BodyCache::new(client.clone())));
     if settings.mechanisms.aggregation {
         ctx = ctx.with_aggregator(aggregate::Aggregator::spawn(apiserver));
     }
@@ -220,7 +221,15 @@ pub async fn run_scope(
         standing: ctx.standing.clone(),
         kafka_in_flight: settings.mechanisms.kafka_in_flight,
         sqs_receivers: settings.mechanisms.sqs_receivers,
+        bodies: ctx.bodies.clone(),
     };
+    let sweep = crate::body::sweep::run(
+        queues.clone(),
+        ctx.records.clone(),
+        ctx.bodies.clone(),
+        settings.leadership.clone(),
+        settings.body_sweep_every,
+    );
     // Parks over HTTP while this scope runs.
     let _registration = park_endpoint.map(|e| e.register(namespace.clone(), shared.clone()));
     let close_deleted_targets = {
@@ -282,6 +291,7 @@ pub async fn run_scope(
         // decisions controller already once the full record list has arrived).
         _ = async { tokio::join!(records_ctl, decisions_ctl, queues_ctl, sources, alerts, replays_ctl) } => {}
         _ = stalled => {}
+        _ = sweep => {}
     }
     // Stopping (shutdown, or the Lease lost while the apiserver was away): write the
     // resolutions of jobs already enqueued, else the next leader enqueues them again.

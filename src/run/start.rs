@@ -45,6 +45,8 @@ pub struct Options {
     /// Concurrent reconciles per controller.
     pub concurrency: u16,
     pub backoff_cap_seconds: u64,
+    /// How often the body stores are swept, in seconds.
+    pub body_sweep_seconds: u64,
     pub decided_resync_seconds: u64,
     pub stall_after_seconds: u64,
     pub alerts: AlertOptions,
@@ -297,6 +299,7 @@ fn settings(options: &Options) -> Result<Settings, StartError> {
             .and(options.park.park_url.clone())
             .filter(|u| !u.trim().is_empty()),
         park_ca_file: options.park.park_tls_dir.as_ref().map(|d| d.join("ca.crt")),
+        body_sweep_every: Duration::from_secs(options.body_sweep_seconds.max(1)),
         ..Settings::default()
     })
 }

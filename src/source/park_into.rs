@@ -10,11 +10,14 @@ use kube::Client;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use dlq_client::park::{ParkError, ParkOutcome, ParkRequest, Parker};
+use dlq_core::api::Job;
 use dlq_core::api::{DeadLetterQueue, SecretKeyRef};
+use dlq_core::body::Placement;
 use dlq_core::events::{self, EventPlan};
-use dlq_core::park::{Disposition, after_refusal, dispose, job_key};
+use dlq_core::park::{Disposition, ParkInvalid, after_refusal, dispose, job_key};
 
 use super::in_flight::InFlight;
+use crate::body::{Bodies, BodyError, Kept};
 use crate::metrics::Metrics;
 use crate::secret::{SecretError, read_secret};
 use crate::state::apiserver::{Apiserver, reference};
@@ -84,6 +87,9 @@ pub struct Shared {
     /// The SQS source receives with several long polls at once (`super::sqs::RECEIVERS`); one
     /// only in the bench's A/B.
     pub sqs_receivers: bool,
+    /// The queues' body stores: a dead message over a queue's threshold is kept there and its
+    /// record holds a reference.
+    pub bodies: Arc<dyn Bodies>,
 }
 
 /// Where a source parks: its DeadLetterQueue as the operator's store holds it right now (its
@@ -155,14 +161,18 @@ impl ParkInto {
         W: Fn() -> Fut,
         Fut: std::future::Future<Output = ()>,
     {
+        // A large body goes to the queue's store first; its record holds a reference. It is
+        // not passed through a standing replay: the record's redrive sends it.
+        let (req, kept) = self.keep_body(req, where_it_stays, &waiting).await?;
         let mut req = self.dispose(req, raw)?;
-        if self.passed_through(&req, raw).await {
+        if kept.is_none() && self.passed_through(&req, raw).await {
             return Ok(());
         }
+        let passable = kept.is_none().then_some(raw);
         let mut tried = 0;
         loop {
             let refused = match self
-                .park_until_known(&req, where_it_stays, &waiting, Some(raw))
+                .park_until_known(&req, where_it_stays, &waiting, passable)
                 .await
             {
                 Err(e) if e.final_refusal().is_some() => e,
@@ -176,6 +186,109 @@ impl ParkInto {
             req = next;
             tried += 1;
         }
+    }
+
+    /// `req` with its payload kept in the queue's body store when the queue has one and the
+    /// payload (with headers) is over its threshold (`dlq_core::body::placement`); the
+    /// [`Kept`] guard keeps the object from the sweep until the record exists. While the store
+    /// cannot take it, the message stays in the broker (`waiting` runs before each wait) and
+    /// a `BodyStoreUnavailable` Event says why. `Err` for a message over `maxBytes`.
+    async fn keep_body<W, Fut>(
+        &self,
+        mut req: ParkRequest,
+        where_it_stays: &str,
+        waiting: &W,
+    ) -> Result<(ParkRequest, Option<Kept>), ParkError>
+    where
+        W: Fn() -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let Some(queue) = self.shared.queues.get(&self.key) else {
+            return Ok((req, None));
+        };
+        let Some(bodies) = &queue.spec.bodies else {
+            return Ok((req, None));
+        };
+        let size = dlq_core::body::job_size(&req.job);
+        match dlq_core::body::placement(Some(bodies), size) {
+            Placement::Inline => return Ok((req, None)),
+            Placement::TooLarge { limit } => {
+                return Err(ParkError::Invalid(ParkInvalid::PayloadTooLarge {
+                    size: usize::try_from(size).unwrap_or(usize::MAX),
+                    limit: usize::try_from(limit).unwrap_or(usize::MAX),
+                }));
+            }
+            Placement::Store => {}
+        }
+        let Ok(payload) = take_payload(&mut req.job) else {
+            // Not base64 after all: dispose parks it as an Invalid record of its bytes.
+            return Ok((req, None));
+        };
+        let mut attempt = 0u32;
+        loop {
+            // Read afresh each time: the recipient it seals to may be published meanwhile.
+            let queue = self
+                .shared
+                .queues
+                .get(&self.key)
+                .unwrap_or_else(|| queue.clone());
+            match self.put_body(&queue, &req.job.id, &payload).await {
+                Ok(kept) => {
+                    // Tests kill the operator here: an object with no record yet.
+                    crate::failpoint::hit("body-after-upload").await;
+                    req.job.body = Some(Box::new(kept.body.clone()));
+                    return Ok((req, Some(kept)));
+                }
+                Err(e) => {
+                    attempt = attempt.saturating_add(1);
+                    let wait = dlq_core::decide::backoff(attempt, Duration::from_secs(30));
+                    tracing::warn!(namespace = %self.namespace(), queue = %self.queue(), job = %req.job.id, error = %e, retry_in = ?wait, "keeping a large body failed; the dead message stays {where_it_stays}");
+                    if attempt == 1 || attempt.is_power_of_two() {
+                        let note = format!(
+                            "a dead message of {size} bytes waits {where_it_stays}: {} ({})",
+                            e,
+                            e.reason()
+                        );
+                        self.warn(events::reason::BODY_STORE_UNAVAILABLE, note)
+                            .await;
+                    }
+                    waiting().await;
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
+    }
+
+    /// Seals `payload` when the queue seals (the store holds ciphertext only), then keeps it.
+    async fn put_body(
+        &self,
+        queue: &DeadLetterQueue,
+        job: &str,
+        payload: &bytes::Bytes,
+    ) -> Result<Kept, BodyError> {
+        let store = self
+            .shared
+            .bodies
+            .store(queue)
+            .await?
+            .ok_or_else(|| BodyError::Config("the queue has no spec.bodies".into()))?;
+        let recipient = match queue.seal_recipient() {
+            Some(r) => Some(r),
+            None if queue.seals() => {
+                return Err(BodyError::Seal(
+                    "the queue seals but publishes no recipient yet".into(),
+                ));
+            }
+            None => None,
+        };
+        let bytes = match recipient {
+            Some(r) => bytes::Bytes::from(
+                dlq_core::seal::seal_body(job, payload, r)
+                    .map_err(|e| BodyError::Seal(e.to_string()))?,
+            ),
+            None => payload.clone(),
+        };
+        store.put(bytes, recipient).await
     }
 
     /// Whether a standing replay took `req` (see [`crate::state::standing`]): requeued on the
@@ -333,6 +446,24 @@ impl ParkInto {
     }
 }
 
+/// Moves the job's payload out of it, as bytes (text without a copy).
+fn take_payload(job: &mut Job) -> Result<bytes::Bytes, ()> {
+    if let Some(text) = job.payload.take() {
+        return Ok(bytes::Bytes::from(text.into_bytes()));
+    }
+    let Some(b64) = job.payload_base64.take() else {
+        return Ok(bytes::Bytes::new());
+    };
+    use base64::Engine;
+    match base64::engine::general_purpose::STANDARD.decode(&b64) {
+        Ok(bytes) => Ok(bytes::Bytes::from(bytes)),
+        Err(_) => {
+            job.payload_base64 = Some(b64);
+            Err(())
+        }
+    }
+}
+
 /// The broker URL a source connects with: from its own Secret, else from its queue's target's
 /// (the same broker), read fresh at every (re)start of the source.
 pub(crate) async fn url_from_secret(
@@ -430,6 +561,7 @@ mod tests {
                 standing: Standing::default(),
                 kafka_in_flight: true,
                 sqs_receivers: true,
+                bodies: Arc::new(crate::body::NoBodies),
                 client,
             },
             key: ObjectRef::new("relayer").within("payments"),

@@ -70,10 +70,20 @@ impl JobMessage {
                 "the record carries no payload (read from a stripped cache?)".into(),
             ));
         }
+        if job.stored_body().is_some() {
+            return Err(TargetError::Invalid(
+                "the job's body is in the queue's body store; fetch it first".into(),
+            ));
+        }
         let payload = job
             .payload_bytes()
             .map_err(|e| TargetError::Invalid(format!("payloadBase64 is not base64: {e}")))?;
-        Ok(JobMessage {
+        Ok(Self::with_payload(job, payload))
+    }
+
+    /// The job with `payload` as its bytes (a body fetched from the store).
+    pub fn with_payload(job: &Job, payload: Vec<u8>) -> Self {
+        JobMessage {
             id: job.id.clone(),
             payload,
             null_payload: job.payload_null,
@@ -81,7 +91,7 @@ impl JobMessage {
             origin: job.origin.as_deref().cloned(),
             idempotency_key: None,
             key_header: None,
-        })
+        }
     }
 
     /// The job's own headers, plus the idempotency key in its header (for targets that carry

@@ -122,7 +122,8 @@ pub struct DeadLetterSpec {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
-    validation = kube::core::Rule::new("has(self.sealed) || ((has(self.payloadNull) && self.payloadNull) ? !has(self.payload) && !has(self.payloadBase64) : has(self.payload) != has(self.payloadBase64))").message("exactly one of spec.job.payload, spec.job.payloadBase64 and spec.job.payloadNull must be set"),
+    validation = kube::core::Rule::new("has(self.sealed) || (has(self.body) && !(has(self.body.external) && self.body.external)) || ((has(self.payloadNull) && self.payloadNull) ? !has(self.payload) && !has(self.payloadBase64) : has(self.payload) != has(self.payloadBase64))").message("exactly one of spec.job.payload, spec.job.payloadBase64, spec.job.payloadNull and spec.job.body must be set"),
+    validation = kube::core::Rule::new("!has(self.body) || (has(self.body.external) && self.body.external) || (!has(self.payload) && !has(self.payloadBase64) && !(has(self.payloadNull) && self.payloadNull))").message("a job whose body is in the store holds no payload, payloadBase64 or payloadNull"),
     validation = kube::core::Rule::new("!has(self.sealed) || (!has(self.payload) && !has(self.payloadBase64) && !has(self.payloadNull) && !has(self.headers))").message("a sealed job holds its payload and headers only in spec.job.sealed: payload, payloadBase64, payloadNull and headers must not be set"),
 )]
 pub struct Job {
@@ -149,11 +150,47 @@ pub struct Job {
     // Boxed: most jobs have none, and inline it would cost each cached record 0.2 KiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<Box<Origin>>,
+    /// The payload kept in the queue's body store (`spec.bodies`) instead of in the record: a
+    /// reference and the digest redrive checks before it sends a byte.
+    // Boxed: most jobs are inline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<Box<BodyRef>>,
     /// The job's payload and headers sealed to the queue's age recipient (`dlq_core::seal`),
     /// instead of `payload`/`payloadBase64`/`payloadNull`/`headers`.
     // Boxed: most jobs are not sealed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sealed: Option<Box<SealedJob>>,
+}
+
+/// Where a job's payload is kept when it is too large for a record, and what it must be: the
+/// exact bytes are `size` long and hash to `sha256` (of the stored object: the ciphertext when
+/// `recipient` is set).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct BodyRef {
+    /// `s3://bucket/key`, `gs://bucket/key`, `azure://account/container/key` or `volume://key`.
+    #[serde(rename = "ref")]
+    #[schemars(length(min = 1, max = 2048))]
+    pub reference: String,
+    /// Bytes of the stored object.
+    #[schemars(range(min = 0))]
+    pub size: i64,
+    /// Lower-case hex SHA-256 of the stored object.
+    #[schemars(regex(pattern = r"^[0-9a-f]{64}$"))]
+    pub sha256: String,
+    /// The age recipient the object is sealed to (`spec.protection.seal`): the store holds
+    /// ciphertext only, opened with that recipient's identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 128),
+        regex(pattern = r"^age1[02-9ac-hj-np-z]+$")
+    )]
+    pub recipient: Option<String>,
+    /// The object belongs to the producer (an SQS Extended Client pointer's S3 object): the
+    /// record's payload is the pointer message itself, sent back untouched; this operator checks
+    /// the object before a redrive and never deletes it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub external: bool,
 }
 
 /// A job's content (payload, payloadBase64, payloadNull, headers) as one age file encrypted to
@@ -283,6 +320,13 @@ impl Job {
             || self.payload_base64.is_some()
             || self.payload_null
             || self.sealed.is_some()
+            || self.body.is_some()
+    }
+
+    /// The body in the store that holds this job's payload (not an external one, whose
+    /// payload is inline).
+    pub fn stored_body(&self) -> Option<&BodyRef> {
+        self.body.as_deref().filter(|b| !b.external)
     }
 }
 

@@ -73,6 +73,7 @@ pub fn request_for(queue: &str, raw: &[u8]) -> ParkRequest {
                     payload_null: false,
                     headers: env.headers,
                     origin: None,
+                    body: None,
                     sealed: None,
                 },
                 intent: env.intent,

@@ -18,6 +18,9 @@ pub mod reason {
     pub const REPLAY_STOPPED: &str = "ReplayStopped";
     /// A dead message that can never be a record, kept in the broker's rejected list/queue.
     pub const REJECTED: &str = "Rejected";
+    /// The queue's body store cannot keep a large dead message right now (unreachable,
+    /// refused, misconfigured): it stays in the broker until the store answers.
+    pub const BODY_STORE_UNAVAILABLE: &str = "BodyStoreUnavailable";
     /// A queue reached its maxParked: parkings wait (in the broker) until records resolve.
     pub const QUEUE_FULL: &str = "QueueFull";
     /// Alertmanager has not accepted the per-record alerts for a while.

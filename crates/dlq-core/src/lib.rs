@@ -21,6 +21,7 @@ pub use kube_derive::KubeSchema;
 
 pub mod alert;
 pub mod api;
+pub mod body;
 pub mod capacity;
 pub mod cloudevent;
 pub mod conditions;

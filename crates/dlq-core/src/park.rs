@@ -130,6 +130,12 @@ pub enum ParkInvalid {
     BadBase64(String),
     #[error("payload is {size} bytes; the limit is {limit} bytes")]
     PayloadTooLarge { size: usize, limit: usize },
+    #[error("job has a body in the store and a payload; a stored body replaces the payload")]
+    BodyWithPayload,
+    #[error(
+        "job body is not a reference (at most 2048 characters), a size >= 0 and a lower-case hex SHA-256"
+    )]
+    BadBody,
     #[error("invalid header name {0:?}: use RFC 7230 token characters, at most 256")]
     InvalidHeaderName(String),
     #[error("header {name:?} value is invalid: {why}")]
@@ -177,6 +183,8 @@ impl ParkInvalid {
             ParkInvalid::NoPayload => "NoPayload",
             ParkInvalid::BadBase64(_) => "BadBase64",
             ParkInvalid::PayloadTooLarge { .. } => "PayloadTooLarge",
+            ParkInvalid::BodyWithPayload => "BodyWithPayload",
+            ParkInvalid::BadBody => "BadBody",
             ParkInvalid::InvalidHeaderName(_) => "InvalidHeaderName",
             ParkInvalid::InvalidHeaderValue { .. } => "InvalidHeaderValue",
             ParkInvalid::TooManyHeaders { .. } => "TooManyHeaders",
@@ -403,6 +411,15 @@ fn validate_id(id: &str) -> Result<(), ParkInvalid> {
 
 /// Exactly one payload form, decodable, within the size limit.
 fn validate_payload(job: &Job) -> Result<(), ParkInvalid> {
+    if let Some(body) = &job.body {
+        validate_body(body)?;
+        if !body.external {
+            return match (&job.payload, &job.payload_base64, job.payload_null) {
+                (None, None, false) => Ok(()),
+                _ => Err(ParkInvalid::BodyWithPayload),
+            };
+        }
+    }
     let size = match (&job.payload, &job.payload_base64) {
         (Some(_), _) | (_, Some(_)) if job.payload_null => {
             return Err(ParkInvalid::NullWithPayload);
@@ -421,6 +438,19 @@ fn validate_payload(job: &Job) -> Result<(), ParkInvalid> {
             size,
             limit: dead_letter::MAX_PAYLOAD_BYTES,
         });
+    }
+    Ok(())
+}
+
+/// A body reference as the CRD bounds it: a reference, a size and a lower-case hex digest.
+fn validate_body(body: &dead_letter::BodyRef) -> Result<(), ParkInvalid> {
+    let digest_ok = body.sha256.len() == 64
+        && body
+            .sha256
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    if body.reference.is_empty() || body.reference.len() > 2048 || body.size < 0 || !digest_ok {
+        return Err(ParkInvalid::BadBody);
     }
     Ok(())
 }

@@ -9,9 +9,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube_derive::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+mod bodies;
 mod source;
 mod target;
 
+pub use bodies::*;
 pub use source::*;
 pub use target::*;
 
@@ -65,6 +67,10 @@ pub struct DeadLetterQueueSpec {
     /// mask wherever a payload is shown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protection: Option<Protection>,
+    /// A body store: dead messages above `thresholdBytes` are kept in an object store (or a
+    /// volume), the record holding a reference and a digest (`spec.job.body`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bodies: Option<BodiesSpec>,
 }
 
 /// `spec.alerts` of a DeadLetterQueue: per-record alerts of its records.

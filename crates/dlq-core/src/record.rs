@@ -169,6 +169,9 @@ pub struct Summary {
     /// The age recipient its job is sealed to (`spec.job.sealed.recipient`), shared with the
     /// queue's other records sealed to it: the queue counts records per key.
     pub sealed_to: Option<Arc<str>>,
+    /// The SHA-256 of its body in the queue's store (`spec.job.body`, not an external one):
+    /// the store's sweep keeps every object a record names.
+    pub body: Option<Box<str>>,
     signed_by: Option<Box<SignedBy>>,
 }
 
@@ -223,6 +226,7 @@ impl Summary {
                 .unwrap_or_default(),
             slot_block: get(&meta.annotations, ANNOTATION_SLOT_BLOCK).map(|b| strings.get(b)),
             sealed_to: spec.job.sealed.as_ref().map(|s| strings.get(&s.recipient)),
+            body: spec.job.stored_body().map(|b| boxed(&b.sha256)),
             signed_by,
         }
     }

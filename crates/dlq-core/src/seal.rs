@@ -258,6 +258,37 @@ pub fn open_job(job: &Job, keyring: &Keyring) -> Result<Job, OpenError> {
     Ok(opened)
 }
 
+/// A stored body (`dlq_core::body`) sealed to `recipient`: the binary age file the store
+/// keeps, so it holds ciphertext only.
+pub fn seal_body(job: &str, body: &[u8], recipient: &str) -> Result<Vec<u8>, SealError> {
+    let to = age::x25519::Recipient::from_str(recipient)
+        .map_err(|e| SealError::Recipient(e.to_string()))?;
+    age::encrypt(&to, body).map_err(|e| SealError::Encrypt {
+        job: job.to_string(),
+        why: e.to_string(),
+    })
+}
+
+/// A sealed stored body opened with the identity of `recipient` from `keyring`.
+pub fn open_body(
+    job: &str,
+    sealed: &[u8],
+    recipient: &str,
+    keyring: &Keyring,
+) -> Result<Vec<u8>, OpenError> {
+    let identity = keyring
+        .identity_for(recipient)
+        .ok_or_else(|| OpenError::KeyMissing {
+            job: job.to_string(),
+            recipient: recipient.to_string(),
+        })?;
+    age::decrypt(identity, sealed).map_err(|e| OpenError::Corrupt {
+        job: job.to_string(),
+        recipient: recipient.to_string(),
+        why: e.to_string(),
+    })
+}
+
 /// The queue's `status.protection`: the recipients read from its keys (`published`, the first
 /// seals new records) and how many records each sealed (`sealed_to`: one entry per record
 /// that is sealed). Every published recipient is counted, 0 included (so a key can be retired),
@@ -345,6 +376,29 @@ mod tests {
         assert!(sealed.payload.is_none() && sealed.headers.is_empty());
         assert_eq!(sealed.id, "pi_0003/settle");
         assert_eq!(open(&record(sealed), &keys).unwrap(), job());
+    }
+
+    #[test]
+    fn a_stored_body_seals_to_ciphertext_and_opens_only_with_its_key() {
+        let (file, recipient) = generate_identity();
+        let mut keys = Keyring::default();
+        keys.add(&file).unwrap();
+        let body = vec![7u8; 300_000];
+        let sealed = seal_body("j", &body, &recipient).unwrap();
+        assert!(!sealed.windows(64).any(|w| w == &body[..64]));
+        assert_eq!(open_body("j", &sealed, &recipient, &keys).unwrap(), body);
+        let (_, other) = generate_identity();
+        assert!(matches!(
+            open_body("j", &sealed, &other, &keys),
+            Err(OpenError::KeyMissing { .. })
+        ));
+        let mut flipped = sealed.clone();
+        let last = flipped.len() - 1;
+        flipped[last] ^= 1;
+        assert!(matches!(
+            open_body("j", &flipped, &recipient, &keys),
+            Err(OpenError::Corrupt { .. })
+        ));
     }
 
     /// Nothing read from the message's bytes reaches a sealed record's readable reason: an

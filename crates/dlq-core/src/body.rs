@@ -1,0 +1,304 @@
+//! The body store's rules, without I/O: when a dead message's payload goes to the queue's
+//! store (`spec.bodies`) instead of the record, what its object is called, how a fetched
+//! object is checked before a byte of it is sent, and which objects a sweep may delete.
+//!
+//! Objects are content-addressed (`<prefix>sha256/<hex>`): one body parked twice is stored
+//! once, and a record's reference names exactly the bytes it was parked with.
+
+use std::collections::HashSet;
+
+use sha2::{Digest, Sha256};
+
+use crate::dead_letter::{BodyRef, Job, MAX_PAYLOAD_BYTES};
+use crate::queue::BodiesSpec;
+
+/// The directory of the content-addressed objects under the store's prefix.
+pub const OBJECTS_DIR: &str = "sha256/";
+
+/// What becomes of a payload of `size` bytes (headers included) on a queue with `bodies`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// In the record, as before.
+    Inline,
+    /// In the store; the record holds a [`BodyRef`].
+    Store,
+    /// Over the queue's `maxBytes` (or over a record's limit without a store): kept in the
+    /// broker with a `Rejected` Event.
+    TooLarge { limit: u64 },
+}
+
+/// Where a payload of `size` bytes goes (`size` counts the headers too: they travel with it).
+pub fn placement(bodies: Option<&BodiesSpec>, size: u64) -> Placement {
+    let Some(bodies) = bodies else {
+        return if size as usize > MAX_PAYLOAD_BYTES {
+            Placement::TooLarge {
+                limit: MAX_PAYLOAD_BYTES as u64,
+            }
+        } else {
+            Placement::Inline
+        };
+    };
+    if size > bodies.max() {
+        Placement::TooLarge {
+            limit: bodies.max(),
+        }
+    } else if size > bodies.threshold() {
+        Placement::Store
+    } else {
+        Placement::Inline
+    }
+}
+
+/// The bytes a job's payload and headers take (the size [`placement`] weighs).
+pub fn job_size(job: &Job) -> u64 {
+    let payload = job.payload.as_ref().map_or(0, String::len)
+        + job.payload_base64.as_ref().map_or(0, |b| b.len() / 4 * 3);
+    let headers: usize = job.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+    (payload + headers) as u64
+}
+
+/// The object key of a body with digest `sha256` under `prefix` (empty, or ending in `/`).
+pub fn object_key(prefix: &str, sha256: &str) -> String {
+    format!("{prefix}{OBJECTS_DIR}{sha256}")
+}
+
+/// The digest an object key names, when it is one of the store's own objects.
+pub fn digest_of_key<'k>(prefix: &str, key: &'k str) -> Option<&'k str> {
+    let digest = key.strip_prefix(prefix)?.strip_prefix(OBJECTS_DIR)?;
+    (digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit())).then_some(digest)
+}
+
+/// The reference a record holds for the object of `sha256` in the store of `bodies`.
+pub fn reference(bodies: &BodiesSpec, sha256: &str) -> String {
+    let key = object_key(&bodies.prefix(), sha256);
+    match bodies.volume {
+        Some(_) => format!("volume://{key}"),
+        None => format!("{}/{key}", bodies.base_uri()),
+    }
+}
+
+/// The object key inside the store of `bodies` that `reference` names; None when it names
+/// another store (a record parked before the queue's store changed).
+pub fn key_of_reference<'r>(bodies: &BodiesSpec, reference: &'r str) -> Option<&'r str> {
+    if bodies.volume.is_some() {
+        return reference.strip_prefix("volume://");
+    }
+    reference
+        .strip_prefix(&bodies.base_uri())
+        .and_then(|rest| rest.strip_prefix('/'))
+}
+
+/// A body's reference from its bytes' digest and length.
+pub fn body_ref(bodies: &BodiesSpec, sha256: &str, size: u64, recipient: Option<&str>) -> BodyRef {
+    BodyRef {
+        reference: reference(bodies, sha256),
+        size: i64::try_from(size).unwrap_or(i64::MAX),
+        sha256: sha256.to_string(),
+        recipient: recipient.map(str::to_string),
+        external: false,
+    }
+}
+
+/// Hex SHA-256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Why a fetched object is not the body its record names: redrive sends nothing of it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BodyCheck {
+    #[error("the body of job {job} is {got} bytes in the store; the record says {want}")]
+    Size { job: String, got: u64, want: i64 },
+    #[error("the body of job {job} has SHA-256 {got} in the store; the record says {want}")]
+    Digest {
+        job: String,
+        got: String,
+        want: String,
+    },
+}
+
+/// Checks a body while it streams in: feed each chunk to [`Verifier::update`], then
+/// [`Verifier::finish`] says whether the whole matched its reference. A size past the
+/// reference's fails at once, so a wrong object is never read to its end.
+pub struct Verifier {
+    hasher: Sha256,
+    seen: u64,
+    want: BodyRef,
+    job: String,
+}
+
+impl Verifier {
+    pub fn new(job: &str, want: &BodyRef) -> Self {
+        Verifier {
+            hasher: Sha256::new(),
+            seen: 0,
+            want: want.clone(),
+            job: job.to_string(),
+        }
+    }
+
+    pub fn update(&mut self, chunk: &[u8]) -> Result<(), BodyCheck> {
+        self.seen += chunk.len() as u64;
+        if self.seen > self.want.size.max(0).unsigned_abs() {
+            return Err(self.size_error());
+        }
+        self.hasher.update(chunk);
+        Ok(())
+    }
+
+    pub fn finish(self) -> Result<(), BodyCheck> {
+        if self.seen != self.want.size.max(0).unsigned_abs() {
+            return Err(self.size_error());
+        }
+        let got = hex::encode(self.hasher.finalize());
+        if got != self.want.sha256 {
+            return Err(BodyCheck::Digest {
+                job: self.job,
+                got,
+                want: self.want.sha256,
+            });
+        }
+        Ok(())
+    }
+
+    fn size_error(&self) -> BodyCheck {
+        BodyCheck::Size {
+            job: self.job.clone(),
+            got: self.seen,
+            want: self.want.size,
+        }
+    }
+}
+
+/// One object the sweep sees: its key and its age in seconds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    pub key: String,
+    pub age_secs: i64,
+}
+
+/// The objects a sweep deletes: the store's own (`<prefix>sha256/<hex>`) that no live record
+/// references (`referenced`: digests) and that are older than `orphans_after_secs` (an upload
+/// whose record is not created yet, or not yet seen, is younger). Anything else under the
+/// prefix is not ours and stays.
+pub fn sweep<'a>(
+    prefix: &str,
+    stored: &'a [Stored],
+    referenced: &HashSet<&str>,
+    orphans_after_secs: i64,
+) -> Vec<&'a str> {
+    stored
+        .iter()
+        .filter(|o| o.age_secs >= orphans_after_secs)
+        .filter(|o| digest_of_key(prefix, &o.key).is_some_and(|d| !referenced.contains(d)))
+        .map(|o| o.key.as_str())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::{S3Bodies, VolumeBodies};
+
+    fn s3() -> BodiesSpec {
+        BodiesSpec {
+            s3: Some(S3Bodies {
+                bucket: "dlq-bodies".into(),
+                prefix: Some("payments".into()),
+                ..S3Bodies::default()
+            }),
+            ..BodiesSpec::default()
+        }
+    }
+
+    #[test]
+    fn payloads_go_inline_to_the_store_or_stay_in_the_broker_by_size() {
+        let bodies = s3();
+        assert_eq!(placement(Some(&bodies), 65_536), Placement::Inline);
+        assert_eq!(placement(Some(&bodies), 65_537), Placement::Store);
+        assert_eq!(placement(Some(&bodies), 100 << 20), Placement::Store);
+        assert_eq!(
+            placement(Some(&bodies), (100 << 20) + 1),
+            Placement::TooLarge { limit: 100 << 20 }
+        );
+        assert_eq!(placement(None, 262_144), Placement::Inline);
+        assert_eq!(
+            placement(None, 262_145),
+            Placement::TooLarge { limit: 262_144 }
+        );
+    }
+
+    #[test]
+    fn references_name_the_content_and_lead_back_to_the_key() {
+        let bodies = s3();
+        let digest = sha256_hex(b"body");
+        let r = reference(&bodies, &digest);
+        assert_eq!(r, format!("s3://dlq-bodies/payments/sha256/{digest}"));
+        let key = key_of_reference(&bodies, &r).expect("ours");
+        assert_eq!(key, format!("payments/sha256/{digest}"));
+        assert_eq!(digest_of_key("payments/", key), Some(digest.as_str()));
+        let volume = BodiesSpec {
+            volume: Some(VolumeBodies {
+                path: "/var/lib/dlq".into(),
+            }),
+            ..BodiesSpec::default()
+        };
+        let v = reference(&volume, &digest);
+        assert_eq!(v, format!("volume://sha256/{digest}"));
+        assert_eq!(key_of_reference(&volume, &v), Some(&v[9..]));
+        assert_eq!(key_of_reference(&bodies, "s3://other/x"), None);
+    }
+
+    #[test]
+    fn a_body_is_checked_by_size_and_digest_while_it_streams() {
+        let want = body_ref(&s3(), &sha256_hex(b"hello world"), 11, None);
+        let mut ok = Verifier::new("j", &want);
+        ok.update(b"hello ").expect("fits");
+        ok.update(b"world").expect("fits");
+        assert_eq!(ok.finish(), Ok(()));
+
+        let mut longer = Verifier::new("j", &want);
+        assert!(matches!(
+            longer.update(b"hello world!"),
+            Err(BodyCheck::Size { got: 12, .. })
+        ));
+        let mut shorter = Verifier::new("j", &want);
+        shorter.update(b"hello").expect("fits");
+        assert!(matches!(shorter.finish(), Err(BodyCheck::Size { .. })));
+        let mut changed = Verifier::new("j", &want);
+        changed.update(b"hello World").expect("fits");
+        assert!(matches!(changed.finish(), Err(BodyCheck::Digest { .. })));
+    }
+
+    #[test]
+    fn the_sweep_deletes_only_old_unreferenced_objects_of_its_own() {
+        let kept = sha256_hex(b"kept");
+        let orphan = sha256_hex(b"orphan");
+        let young = sha256_hex(b"young");
+        let stored = vec![
+            Stored {
+                key: object_key("payments/", &kept),
+                age_secs: 7200,
+            },
+            Stored {
+                key: object_key("payments/", &orphan),
+                age_secs: 7200,
+            },
+            Stored {
+                key: object_key("payments/", &young),
+                age_secs: 30,
+            },
+            Stored {
+                key: "payments/README".into(),
+                age_secs: 7200,
+            },
+            Stored {
+                key: "payments/sha256/not-a-digest".into(),
+                age_secs: 7200,
+            },
+        ];
+        let referenced = HashSet::from([kept.as_str()]);
+        let swept = sweep("payments/", &stored, &referenced, 3600);
+        assert_eq!(swept, vec![object_key("payments/", &orphan).as_str()]);
+    }
+}

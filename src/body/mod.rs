@@ -1,0 +1,260 @@
+//! The body store: dead messages too large for a record kept in an object store (S3, GCS,
+//! Azure Blob) or on a volume, per queue (`spec.bodies`). [`BodyStore`] puts, fetches (checked
+//! against the record's size and digest while it streams in) and sweeps; [`Bodies`] gives a
+//! queue's store ([`cache::BodyCache`] in the operator, [`NoBodies`] in tests without one).
+//! The rules (what goes where, keys, what a sweep deletes) are `dlq_core::body`'s.
+
+pub mod cache;
+pub mod sweep;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
+
+use dlq_core::api::{BodiesSpec, BodyRef, DeadLetterQueue};
+use dlq_core::body::{self, BodyCheck, Stored, Verifier};
+
+/// Bodies above this go up in parts of this size (S3's parts are at least 5 MiB), so no
+/// request holds the whole body and a failed part is retried alone.
+const PART_BYTES: usize = 8 * 1024 * 1024;
+
+/// Why a body could not be kept or read. `reason()` names it on conditions and Events.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum BodyError {
+    /// The record's object is not in the store (deleted by hand, a lifecycle rule, another
+    /// bucket).
+    #[error("the body of job {job} is missing from the store: {reference}")]
+    Missing { job: String, reference: String },
+    /// The object is there but is not the body the record names.
+    #[error(transparent)]
+    Corrupt(#[from] BodyCheck),
+    /// The store did not answer, or refused (credentials, permissions).
+    #[error("body store unreachable: {0}")]
+    Unreachable(String),
+    /// `spec.bodies` cannot be used (a Secret missing, a backend not built in).
+    #[error("body store misconfigured: {0}")]
+    Config(String),
+    /// The job's body could not be sealed or opened.
+    #[error("{0}")]
+    Seal(String),
+}
+
+impl BodyError {
+    /// Short reason for conditions, Events and metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            BodyError::Missing { .. } => "BodyMissing",
+            BodyError::Corrupt(_) => "BodyCorrupt",
+            BodyError::Unreachable(_) => "BodyStoreUnreachable",
+            BodyError::Config(_) => "BodyStoreMisconfigured",
+            BodyError::Seal(_) => "BodySealBroken",
+        }
+    }
+}
+
+fn unreachable(e: object_store::Error) -> BodyError {
+    BodyError::Unreachable(e.to_string())
+}
+
+/// One queue's store: where its objects live and under which prefix.
+pub struct BodyStore {
+    store: Arc<dyn ObjectStore>,
+    spec: BodiesSpec,
+    /// Digests of bodies kept whose records are not created yet (a park waiting for room can
+    /// wait longer than `orphansAfter`): the sweep keeps them.
+    pending: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+/// A body kept in the store, its record not yet created: while this lives, the sweep keeps the
+/// object whatever its age.
+pub struct Kept {
+    pub body: BodyRef,
+    pending: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        let mut pending = lock(&self.pending);
+        if let Some(n) = pending.get_mut(&self.body.sha256) {
+            *n -= 1;
+            if *n == 0 {
+                pending.remove(&self.body.sha256);
+            }
+        }
+    }
+}
+
+fn lock(m: &Mutex<HashMap<String, usize>>) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+    // A panic while holding it leaves a plain map behind; keep using it.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl std::fmt::Debug for BodyStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "BodyStore({}{})",
+            self.spec.base_uri(),
+            self.spec.prefix()
+        )
+    }
+}
+
+impl BodyStore {
+    pub fn new(store: Arc<dyn ObjectStore>, spec: BodiesSpec) -> Self {
+        BodyStore {
+            store,
+            spec,
+            pending: Arc::default(),
+        }
+    }
+
+    pub fn spec(&self) -> &BodiesSpec {
+        &self.spec
+    }
+
+    /// Keeps `bytes` (already sealed when the queue seals: `recipient`) and returns the
+    /// reference its record holds. Always written, even when an object of that digest exists:
+    /// the write renews its age, so the sweep cannot take it before its record is created.
+    pub async fn put(&self, bytes: Bytes, recipient: Option<&str>) -> Result<Kept, BodyError> {
+        let sha256 = body::sha256_hex(&bytes);
+        *lock(&self.pending).entry(sha256.clone()).or_default() += 1;
+        let kept = Kept {
+            body: body::body_ref(&self.spec, &sha256, bytes.len() as u64, recipient),
+            pending: self.pending.clone(),
+        };
+        let path = Path::from(body::object_key(&self.spec.prefix(), &sha256));
+        if bytes.len() <= PART_BYTES {
+            self.store
+                .put(&path, PutPayload::from(bytes))
+                .await
+                .map_err(unreachable)?;
+        } else {
+            let upload = self.store.put_multipart(&path).await.map_err(unreachable)?;
+            let mut write = WriteMultipart::new_with_chunk_size(upload, PART_BYTES);
+            let mut offset = 0;
+            while offset < bytes.len() {
+                let end = (offset + PART_BYTES).min(bytes.len());
+                write.put(bytes.slice(offset..end));
+                offset = end;
+            }
+            write.finish().await.map_err(unreachable)?;
+        }
+        Ok(kept)
+    }
+
+    /// Digests of bodies kept by parks still in progress (see [`Kept`]).
+    pub fn pending(&self) -> Vec<String> {
+        lock(&self.pending).keys().cloned().collect()
+    }
+
+    /// The body `want` names, checked while it streams in: its exact bytes, or an error and
+    /// nothing. `job` names it in errors.
+    pub async fn fetch(&self, job: &str, want: &BodyRef) -> Result<Vec<u8>, BodyError> {
+        let key = self.key_of(job, want)?;
+        let missing = || BodyError::Missing {
+            job: job.to_string(),
+            reference: want.reference.clone(),
+        };
+        let got = match self.store.get(&Path::from(key)).await {
+            Ok(got) => got,
+            Err(object_store::Error::NotFound { .. }) => return Err(missing()),
+            Err(e) => return Err(unreachable(e)),
+        };
+        let mut verifier = Verifier::new(job, want);
+        let capacity = usize::try_from(want.size)
+            .unwrap_or(0)
+            .min(got.meta.size as usize);
+        let mut bytes = Vec::with_capacity(capacity);
+        let mut stream = got.into_stream();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(unreachable)?;
+            verifier.update(&chunk)?;
+            bytes.extend_from_slice(&chunk);
+        }
+        verifier.finish()?;
+        Ok(bytes)
+    }
+
+    /// Whether the object `want` names is there with its size (a cheap check before a
+    /// redrive of an external body, whose bytes are not sent).
+    pub async fn check(&self, job: &str, want: &BodyRef) -> Result<(), BodyError> {
+        self.fetch(job, want).await.map(|_| ())
+    }
+
+    fn key_of<'r>(&self, job: &str, want: &'r BodyRef) -> Result<&'r str, BodyError> {
+        if want.external {
+            // An external object (an SQS Extended Client pointer's) is named by its own URI.
+            return want
+                .reference
+                .strip_prefix("s3://")
+                .and_then(|rest| rest.split_once('/'))
+                .map(|(_, key)| key)
+                .ok_or_else(|| BodyError::Missing {
+                    job: job.to_string(),
+                    reference: want.reference.clone(),
+                });
+        }
+        body::key_of_reference(&self.spec, &want.reference).ok_or_else(|| BodyError::Missing {
+            job: job.to_string(),
+            reference: want.reference.clone(),
+        })
+    }
+
+    /// Every object under the store's prefix with its age.
+    pub async fn list(&self) -> Result<Vec<Stored>, BodyError> {
+        let prefix = self.spec.prefix();
+        let under = Path::from(format!("{prefix}{}", body::OBJECTS_DIR));
+        let now = jiff::Timestamp::now().as_second();
+        let mut listed = self.store.list(Some(&under));
+        let mut stored = Vec::new();
+        while let Some(meta) = listed.next().await {
+            let meta = meta.map_err(unreachable)?;
+            stored.push(Stored {
+                key: meta.location.to_string(),
+                age_secs: now - meta.last_modified.timestamp(),
+            });
+        }
+        Ok(stored)
+    }
+
+    pub async fn delete(&self, key: &str) -> Result<(), BodyError> {
+        match self.store.delete(&Path::from(key)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(unreachable(e)),
+        }
+    }
+}
+
+/// Gives a DeadLetterQueue's body store. The operator's is [`cache::BodyCache`].
+pub trait Bodies: Send + Sync {
+    /// The store of `queue`; None when it has no `spec.bodies`.
+    fn store<'a>(
+        &'a self,
+        queue: &'a DeadLetterQueue,
+    ) -> BoxFuture<'a, Result<Option<Arc<BodyStore>>, BodyError>>;
+}
+
+/// No queue has a store (tests without one; a queue that names one is refused).
+pub struct NoBodies;
+
+impl Bodies for NoBodies {
+    fn store<'a>(
+        &'a self,
+        queue: &'a DeadLetterQueue,
+    ) -> BoxFuture<'a, Result<Option<Arc<BodyStore>>, BodyError>> {
+        Box::pin(async move {
+            match queue.spec.bodies {
+                None => Ok(None),
+                Some(_) => Err(BodyError::Config(
+                    "this process keeps no body stores".into(),
+                )),
+            }
+        })
+    }
+}

@@ -1,0 +1,335 @@
+//! The body store (issue 48) against a real apiserver, etcd, redis-server and an S3-compatible
+//! server (versitygw, built from its Go module by tools/build.sh): a dead message above the
+//! queue's threshold is kept in the bucket and its record holds `spec.job.body {ref, size,
+//! sha256}` (a record of a few hundred bytes in etcd); redrive delivers the exact bytes; an
+//! object deleted by hand or changed refuses the redrive (`BodyMissing`, `BodyCorrupt`) and the
+//! record stays Parked until the object is right again; a message over `maxBytes` stays in the
+//! broker (`Rejected`); with the bucket down a large dead message stays in Redis with a
+//! `BodyStoreUnavailable` Event and is parked once it is back; the operator killed between the
+//! upload and the record's create parks the message once, and the sweep deletes objects no
+//! record references (an orphan, a deleted record's) and keeps every referenced one. A sealed
+//! queue's objects are ciphertext, and its redrive is still byte-exact.
+
+use std::time::Duration;
+
+use dlq_core::api::{Action, DeadLetter, Phase};
+use dlq_core::park::record_name;
+use dlq_core::seal::generate_identity;
+use dlq_testenv::brokers::Redis;
+use dlq_testenv::brokers::s3::S3Server;
+use dlq_testenv::{
+    Operator, condition, create_dlq, create_secret, decide, events_for, eventually, report, setup,
+    wait_phase,
+};
+use kube::Client;
+use kube::api::{Api, DeleteParams};
+use redis::AsyncCommands;
+use serde_json::json;
+
+const BUCKET: &str = "dlq-bodies";
+const PREFIX: &str = "payments/";
+const DEAD: &str = "relayer:dead";
+const JOBS: &str = "relayer:jobs";
+/// `spec.bodies.maxBytes` of the test queue.
+const MAX_BYTES: usize = 8 << 20;
+
+/// Bytes that are not UTF-8 (so the envelope carries them as base64) and differ per `seed`.
+fn body(seed: u8, len: usize) -> Vec<u8> {
+    let mut x = u32::from(seed).wrapping_mul(2_654_435_761) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (x >> 24) as u8 | 0x80
+        })
+        .collect()
+}
+
+fn envelope(id: &str, payload: &[u8]) -> String {
+    use base64::Engine;
+    json!({
+        "id": id,
+        "payloadBase64": base64::engine::general_purpose::STANDARD.encode(payload),
+        "reason": "consumer gave up",
+    })
+    .to_string()
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    dlq_core::body::sha256_hex(bytes)
+}
+
+/// Queue `relayer`: Redis list target and dead-list source, bodies in the bucket above 64 KiB.
+async fn queue(client: &Client, ns: &str, redis: &Redis, s3: &S3Server, seal: Option<&str>) {
+    create_secret(client, ns, "redis", "url", &redis.url()).await;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), ns);
+    let creds: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+        "metadata": {"name": "s3"},
+        "stringData": {"accessKeyId": s3.access_key(), "secretAccessKey": s3.secret_key()},
+    }))
+    .unwrap();
+    secrets
+        .create(&Default::default(), &creds)
+        .await
+        .expect("the S3 credentials Secret");
+    let mut spec = json!({
+        "target": {"redis": {"urlSecretRef": {"name": "redis", "key": "url"}, "list": JOBS}},
+        "source": {"redis": {"list": DEAD}},
+        "bodies": {
+            "thresholdBytes": 65536,
+            "maxBytes": MAX_BYTES,
+            "orphansAfter": "10s",
+            "s3": {"bucket": BUCKET, "prefix": PREFIX, "endpoint": s3.endpoint(),
+                   "region": "us-east-1", "credentialsSecretRef": {"name": "s3"}},
+        },
+    });
+    if let Some(identity) = seal {
+        spec["protection"] = json!({"seal": {"identitySecretRef": {"name": identity}}});
+    }
+    create_dlq(client, ns, "relayer", spec).await;
+}
+
+async fn push(redis: &Redis, id: &str, payload: &[u8]) {
+    let mut conn = redis.conn().await;
+    let _: () = conn.lpush(DEAD, envelope(id, payload)).await.unwrap();
+}
+
+async fn parked(api: &Api<DeadLetter>, id: &str) -> DeadLetter {
+    let name = record_name("relayer", id, 1);
+    eventually(60, &format!("record of {id}"), || async {
+        api.get_opt(&name).await.ok().flatten()
+    })
+    .await
+}
+
+/// Waits until the target list holds an element equal to `want`.
+async fn delivered(redis: &Redis, want: &[u8], what: &str) {
+    eventually(60, what, || async {
+        redis
+            .list(JOBS)
+            .await
+            .iter()
+            .any(|e| e == want)
+            .then_some(())
+    })
+    .await;
+}
+
+fn start_operator(ns: &str, env: &[(&str, &str)]) -> Operator {
+    Operator::start_with(ns, &["--body-sweep-seconds=2"], env)
+}
+
+#[tokio::test]
+async fn large_bodies_live_in_the_bucket_and_redrive_byte_exact() {
+    let redis = Redis::start();
+    let mut s3 = S3Server::start();
+    s3.create_bucket(BUCKET).await;
+    let (client, ns) = setup("bodies").await;
+    queue(&client, &ns, &redis, &s3, None).await;
+    let op = start_operator(&ns, &[]);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+
+    // 3 MiB goes to the bucket; 1 KiB stays inline; 9 MiB is over maxBytes.
+    let big = body(1, 3 << 20);
+    let small = body(2, 1024);
+    let huge = body(3, MAX_BYTES + (1 << 20));
+    push(&redis, "big", &big).await;
+    push(&redis, "small", &small).await;
+    push(&redis, "huge", &huge).await;
+    let record = parked(&api, "big").await;
+    let reference = record.spec.job.body.as_deref().expect("a body reference");
+    assert_eq!(reference.size, big.len() as i64);
+    assert_eq!(reference.sha256, sha256(&big));
+    let key = format!("{PREFIX}sha256/{}", sha256(&big));
+    assert_eq!(reference.reference, format!("s3://{BUCKET}/{key}"));
+    assert!(record.spec.job.payload.is_none() && record.spec.job.payload_base64.is_none());
+    assert_eq!(s3.get_object(BUCKET, &key).await.as_deref(), Some(&big[..]));
+    let stored = serde_json::to_vec(&record).unwrap().len();
+    report(&format!(
+        "bodies: a record of a 3 MiB body is {stored} bytes of JSON"
+    ));
+    assert!(stored < 2048, "record of {stored} bytes");
+    let inline = parked(&api, "small").await;
+    assert!(inline.spec.job.body.is_none() && inline.spec.job.payload_base64.is_some());
+    eventually(
+        30,
+        "the 9 MiB message rejected and kept in Redis",
+        || async {
+            let kept = redis.list(&format!("{DEAD}:rejected")).await;
+            let event = events_for(&client, &ns, "relayer", "Rejected").await;
+            (kept.len() == 1 && !event.is_empty()).then_some(())
+        },
+    )
+    .await;
+
+    decide(
+        &api,
+        &record_name("relayer", "big", 1),
+        Action::Redrive,
+        "ada",
+    )
+    .await;
+    wait_phase(&api, &record_name("relayer", "big", 1), Phase::Redriven, 60).await;
+    delivered(&redis, &big, "the 3 MiB job on the target, byte-exact").await;
+
+    // Deleted by hand: nothing is sent, the record stays Parked and says why.
+    let other = body(4, 200_000);
+    push(&redis, "other", &other).await;
+    parked(&api, "other").await;
+    let other_key = format!("{PREFIX}sha256/{}", sha256(&other));
+    s3.delete_object(BUCKET, &other_key).await;
+    let other_name = record_name("relayer", "other", 1);
+    decide(&api, &other_name, Action::Redrive, "ada").await;
+    requeue_refused(&api, &other_name, "BodyMissing").await;
+    // Changed in the bucket: refused as corrupt, never sent.
+    let mut changed = other.clone();
+    changed[100] ^= 1;
+    s3.put_object(BUCKET, &other_key, changed.clone()).await;
+    requeue_refused(&api, &other_name, "BodyCorrupt").await;
+    assert!(
+        !redis
+            .list(JOBS)
+            .await
+            .iter()
+            .any(|e| *e == changed || *e == other),
+        "nothing of a wrong body is sent"
+    );
+    // Put right again: the retry goes through.
+    s3.put_object(BUCKET, &other_key, other.clone()).await;
+    wait_phase(&api, &other_name, Phase::Redriven, 60).await;
+    delivered(&redis, &other, "the restored body redriven").await;
+
+    // The bucket down: the dead message stays in Redis and an Event says why.
+    s3.stop();
+    let late = body(5, 500_000);
+    push(&redis, "late", &late).await;
+    eventually(60, "a BodyStoreUnavailable Event", || async {
+        let e = events_for(&client, &ns, "relayer", "BodyStoreUnavailable").await;
+        (!e.is_empty()).then_some(())
+    })
+    .await;
+    assert!(
+        api.get_opt(&record_name("relayer", "late", 1))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let held = redis.list(DEAD).await.len()
+        + redis.list(&format!("{DEAD}:processing")).await.len()
+        + redis.hash_len(&format!("{DEAD}:inflight")).await;
+    assert_eq!(held, 1, "the dead message waits in Redis");
+    s3.restart();
+    let late_record = parked(&api, "late").await;
+    assert_eq!(
+        late_record.spec.job.body.as_deref().unwrap().sha256,
+        sha256(&late)
+    );
+
+    // The sweep: an orphan (an upload whose record was never made) and the body of a deleted
+    // record go; every referenced body stays.
+    let orphan = body(6, 70_000);
+    let orphan_key = format!("{PREFIX}sha256/{}", sha256(&orphan));
+    s3.put_object(BUCKET, &orphan_key, orphan).await;
+    api.delete(&record_name("relayer", "big", 1), &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        60,
+        "the orphan and the deleted record's body swept",
+        || async {
+            let keys = s3.list_keys(BUCKET, PREFIX).await;
+            (!keys.contains(&orphan_key) && !keys.contains(&key)).then_some(keys)
+        },
+    )
+    .await;
+    let keys = s3.list_keys(BUCKET, PREFIX).await;
+    let late_key = format!("{PREFIX}sha256/{}", sha256(&late));
+    assert!(
+        keys.contains(&other_key) && keys.contains(&late_key),
+        "{keys:?}"
+    );
+    assert!(
+        !op.logs().contains(&s3.secret_key().to_string()),
+        "no credentials in the log"
+    );
+}
+
+async fn requeue_refused(api: &Api<DeadLetter>, name: &str, reason: &str) {
+    eventually(60, &format!("Requeued=False {reason}"), || async {
+        let r = api.get(name).await.ok()?;
+        let (status, why, _) = condition(&r, "Requeued")?;
+        (status == "False" && why == reason && r.phase() == Phase::Parked).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_kill_between_upload_and_create_parks_once_and_sealed_bodies_are_ciphertext() {
+    let redis = Redis::start();
+    let s3 = S3Server::start();
+    s3.create_bucket(BUCKET).await;
+    let (client, ns) = setup("bodies-seal").await;
+    let (identity, _) = generate_identity();
+    create_secret(&client, &ns, "seal", "identity", &identity).await;
+    queue(&client, &ns, &redis, &s3, Some("seal")).await;
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+
+    let mut op = start_operator(&ns, &[("DLQ_FAILPOINT", "body-after-upload")]);
+    let marker = b"CARD-4111111111111111-";
+    let mut secret = marker.repeat(20_000);
+    secret.extend_from_slice(&body(7, 1000));
+    push(&redis, "sealed", &secret).await;
+    op.reached_failpoint("body-after-upload", 60).await;
+    op.kill();
+    let objects = s3.list_keys(BUCKET, PREFIX).await;
+    assert_eq!(objects.len(), 1, "uploaded before the kill: {objects:?}");
+    assert!(
+        api.get_opt(&record_name("relayer", "sealed", 1))
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    let _op = start_operator(&ns, &[]);
+    let record = parked(&api, "sealed").await;
+    let reference = record.spec.job.body.as_deref().expect("a body");
+    assert!(reference.recipient.is_some(), "sealed to the queue's key");
+    let stored = s3
+        .get_object(
+            BUCKET,
+            reference
+                .reference
+                .trim_start_matches(&format!("s3://{BUCKET}/")),
+        )
+        .await
+        .expect("the object");
+    assert!(
+        !stored.windows(marker.len()).any(|w| w == marker),
+        "the bucket holds ciphertext only"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let records = api.list(&Default::default()).await.unwrap().items;
+    assert_eq!(records.len(), 1, "parked once");
+    decide(
+        &api,
+        &record_name("relayer", "sealed", 1),
+        Action::Redrive,
+        "ada",
+    )
+    .await;
+    wait_phase(
+        &api,
+        &record_name("relayer", "sealed", 1),
+        Phase::Redriven,
+        60,
+    )
+    .await;
+    delivered(&redis, &secret, "the sealed body redriven byte-exact").await;
+    // The first upload's object (ciphertext of another file key) no record names: swept.
+    eventually(60, "only the record's object left", || async {
+        let keys = s3.list_keys(BUCKET, PREFIX).await;
+        (keys.len() == 1).then_some(())
+    })
+    .await;
+}
