@@ -67,6 +67,45 @@ fn ip(args: &[&str]) -> Result<String> {
 /// Deleted on drop.
 pub struct Network {
     created: bool,
+    /// [`NODE_LOCK`], held while the bridge exists (released by the kernel if we die).
+    _lock: fs::File,
+}
+
+/// One test node per machine at a time (one [`BRIDGE`]): test binaries with a node (chart_node,
+/// release) in parallel lanes wait here for each other instead of failing on the bridge.
+const NODE_LOCK: &str = "/run/dlq-testenv-node.lock";
+/// How long a second node waits for the first one's lock.
+const NODE_LOCK_WAIT: Duration = Duration::from_secs(900);
+
+fn node_lock() -> Result<fs::File> {
+    use std::os::fd::AsRawFd;
+    let file = io(
+        format!("opening {NODE_LOCK}"),
+        fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(NODE_LOCK),
+    )?;
+    let deadline = Instant::now() + NODE_LOCK_WAIT;
+    let mut said = false;
+    loop {
+        // SAFETY: flock on a descriptor we own; LOCK_NB never blocks.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(file);
+        }
+        if Instant::now() > deadline {
+            return Err(setup(format!(
+                "another test node held {NODE_LOCK} for {}s",
+                NODE_LOCK_WAIT.as_secs()
+            )));
+        }
+        if !said {
+            eprintln!("test node: waiting for another test node to stop ({NODE_LOCK})");
+            said = true;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 impl Network {
@@ -79,6 +118,7 @@ impl Network {
                 "a real node needs root (network devices, mounts, cgroups)",
             ));
         }
+        let lock = node_lock()?;
         if ip(&["link", "show", BRIDGE]).is_ok() {
             return Err(setup(format!(
                 "the bridge {BRIDGE} exists: another test node is running, or a killed one left \
@@ -86,7 +126,10 @@ impl Network {
             )));
         }
         ip(&["link", "add", BRIDGE, "type", "bridge"])?;
-        let net = Network { created: true };
+        let net = Network {
+            created: true,
+            _lock: lock,
+        };
         ip(&["addr", "add", &format!("{NODE_ADDRESS}/24"), "dev", BRIDGE])?;
         ip(&["link", "set", BRIDGE, "up"])?;
         Ok(net)
@@ -202,6 +245,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   restrict_oom_score_adj = true
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
+  # Registry hosts (`<host:port>/hosts.toml`, read at each pull): see [`plain_http_registry`].
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{hosts}"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{cni}"
     conf_dir = "{cni_conf}"
@@ -216,6 +262,26 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         socket = socket.display(),
         cni = cni_bin.display(),
         cni_conf = dir.join("cni").display(),
+        hosts = registry_hosts_dir(socket).display(),
+    )
+}
+
+/// containerd's registry hosts directory (`config_path`) of the node whose socket is `socket`.
+fn registry_hosts_dir(socket: &Path) -> PathBuf {
+    socket.with_file_name("certs.d")
+}
+
+/// Lets the node whose containerd listens on `socket` pull from the registry at `host_port`
+/// (`127.0.0.1:5000`) over plain HTTP, as a loopback test registry serves: a `hosts.toml` for
+/// that host only, which containerd reads at the next pull. Every other registry keeps HTTPS.
+pub fn plain_http_registry(socket: &Path, host_port: &str) -> Result<()> {
+    let dir = registry_hosts_dir(socket).join(host_port);
+    io("creating the registry hosts dir", fs::create_dir_all(&dir))?;
+    write(
+        &dir.join("hosts.toml"),
+        &format!(
+            "server = \"http://{host_port}\"\n\n[host.\"http://{host_port}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+        ),
     )
 }
 
