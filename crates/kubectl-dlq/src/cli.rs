@@ -45,6 +45,8 @@ pub enum Command {
     /// Create a fresh age identity in a Secret and put it first in the queue's sealing keys
     /// (new records are sealed to it; older keys stay to open older records).
     SealKey(seal_key::SealKeyArgs),
+    /// Print kubectl-dlq's version (what `--version` prints), e.g. after `kubectl krew install`.
+    Version,
 }
 
 /// Runs one command; the binary prints the error and picks the exit code.
@@ -59,6 +61,10 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Park(args) => park_cmd::run(&cli.global, args).await,
         Command::Ui(args) => ui::run(&cli.global, args).await,
         Command::SealKey(args) => seal_key::run(&cli.global, args).await,
+        Command::Version => {
+            println!("kubectl dlq {}", env!("CARGO_PKG_VERSION"));
+            Ok(())
+        }
     }
 }
 
