@@ -101,9 +101,10 @@ crds-check:
 ## plugins, pause, toxiproxy; ElasticMQ and Kafka; Flux's source- and kustomize-controller and a
 ## loopback git server for the GitOps tests; actionlint for the workflows; pstest-server, Google's
 ## Pub/Sub test server; cesender, a CloudEvents Go SDK sender for the park endpoint; Knative
-## Eventing's controllers, broker and in-memory channel for tests/knative.rs) into the cache
+## Eventing's controllers, broker and in-memory channel for tests/knative.rs; crane, cosign and
+## krew for the release test, tests/release.rs) into the cache
 tools:
-	@bash tools/build.sh kube etcd helm promtool toxiproxy versitygw cni pause elasticmq kafka flux actionlint pstest-server cesender knative >/dev/null
+	@bash tools/build.sh kube etcd helm promtool toxiproxy versitygw cni pause elasticmq kafka flux actionlint pstest-server cesender knative crane cosign krew >/dev/null
 
 ## start a local control plane for a human; prints the KUBECONFIG to export. NODE=1 adds a real
 ## node (kubelet, containerd, kube-proxy; needs root): see docs/development.md. Its state (kubeconfig,
@@ -151,3 +152,17 @@ image-local:
 	@sock=$${DLQ_CLUSTER_DIR:-$(CURDIR)/target/cluster}/containerd; \
 	  target/debug/dlq-image --bin-dir target/release --out target/image/deadletter-operator.tar \
 	    $$( [ -s $$sock ] && echo --load-into $$(cat $$sock) )
+
+.PHONY: release-local
+## the release as .github/workflows/release.yml makes it, on this machine (scripts/release.sh):
+## the image without a daemon (release binaries) pushed by digest, the chart pushed to
+## oci://$(REGISTRY)/charts, both signed with cosign (a key pair in target/release/dist, no
+## transparency log), the crates' SBOM attested to the image, the krew manifest and the
+## linux/amd64 plugin archive. REGISTRY=host[:port][/path] pushes there; without it a loopback
+## registry serves the run and stops with it. Files and release.env in target/release/dist
+release-local:
+	@bash scripts/ensure-deps.sh build
+	@bash tools/build.sh crane cosign helm >/dev/null
+	@$(CARGO) build -q --release --locked -p deadletter-operator -p kubectl-dlq
+	@$(CARGO) build -q -p dlq-testenv --bin dlq-image
+	@REGISTRY=$(REGISTRY) bash scripts/release.sh all
