@@ -10,9 +10,10 @@
 #   scripts/release.sh sign REF@DIGEST [SBOM]   sign an image (and attest SBOM, type spdxjson)
 #   scripts/release.sh chart REPO@DIGEST        package the chart with that image digest as its
 #                                     default, push it to oci://$REGISTRY/charts and sign it
-#   scripts/release.sh krew DIR       the krew manifest (DIR/dlq.yaml) for the kubectl-dlq archives
-#                                     in DIR (kubectl-dlq_<tag>_<os>_<arch>.tar.gz): only those
-#                                     platforms
+#   scripts/release.sh krew [--only-given] DIR   the krew manifest (DIR/dlq.yaml) for the
+#                                     kubectl-dlq archives in DIR (kubectl-dlq_<tag>_<os>_<arch>.tar.gz
+#                                     and .sha256): every platform of release.yml, or with
+#                                     --only-given (`all`: linux/amd64 here) only those in DIR
 #   scripts/release.sh verify IMAGE CHART       cosign verify both (and the SBOM attestation)
 #
 # Environment:
@@ -228,14 +229,16 @@ chart() {
   sign "$CHART_REF"
 }
 
-# The krew manifest for the archives in DIR, only their platforms.
+# The krew manifest for the archives in DIR (with --only-given: only their platforms).
 krew() {
+  local only=()
+  if [ "$1" = --only-given ]; then only=(--only-given); shift; fi
   local dir=$1
   shopt -s nullglob
   local sums=("$dir"/kubectl-dlq_"$TAG"_*.tar.gz.sha256)
   shopt -u nullglob
   [ ${#sums[@]} -gt 0 ] || fail "no kubectl-dlq_${TAG}_<os>_<arch>.tar.gz.sha256 in $dir"
-  bash .github/krew/render.sh --only-given "$TAG" "$GITHUB_REPOSITORY" "${sums[@]}" >"$dir/dlq.yaml" \
+  bash .github/krew/render.sh "${only[@]}" "$TAG" "$GITHUB_REPOSITORY" "${sums[@]}" >"$dir/dlq.yaml" \
     || fail "rendering the krew manifest failed"
   say "krew manifest: $dir/dlq.yaml (${#sums[@]} platform(s))"
 }
@@ -318,7 +321,7 @@ all() {
   chart "$image_ref"
 
   krew_archive "$OUT/krew"
-  krew "$OUT/krew"
+  krew --only-given "$OUT/krew"
 
   verify "$image_ref" "$CHART_REF"
   cat >"$OUT/release.env" <<EOF_ENV
@@ -341,10 +344,10 @@ cmd=${1:-}
 shift
 case $cmd in
   sbom) [ $# -eq 1 ] || fail "usage: release.sh sbom FILE"; sbom "$1"; exit 0 ;;
-  krew) [ $# -eq 1 ] || fail "usage: release.sh krew DIR"; krew "$1"; exit 0 ;;
+  krew) [ $# -ge 1 ] || fail "usage: release.sh krew [--only-given] DIR"; krew "$@"; exit 0 ;;
 esac
 COSIGN=$(tool cosign cosign)
-HELM=$(tool helm helm)
+case $cmd in all | chart) HELM=$(tool helm helm) ;; esac
 case $cmd in
   all) all ;;
   sign) [ $# -ge 1 ] || fail "usage: release.sh sign REF@DIGEST [SBOM]"; sign "$@" ;;

@@ -8,7 +8,9 @@
 #  3. every action is pinned to a full commit sha with its version in a comment;
 #  4. the krew plugin manifest template (.github/krew/dlq.yaml), rendered by
 #     .github/krew/render.sh with made-up sums, has krew's shape, and its platforms are exactly
-#     the os/arch pairs that release.yml builds kubectl-dlq for; a missing sum fails the render.
+#     the os/arch pairs that release.yml builds kubectl-dlq for; a missing sum fails the render;
+#  5. release.yml signs, attests, pushes the chart and renders the krew manifest through
+#     scripts/release.sh (the steps make release-local and tests/release.rs run), never by hand.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -157,3 +159,13 @@ grep -v "_${first}\.tar\.gz\$" "$tmp/sums" >"$tmp/short"
 if bash .github/krew/render.sh "$tag" "$repo" "$tmp/short" >/dev/null 2>&1; then
   fail ".github/krew/render.sh rendered a manifest without the sum of kubectl-dlq_${tag}_${first}.tar.gz"
 fi
+
+# 5. The release's steps are scripts/release.sh's.
+for step in sbom sign chart verify krew; do
+  grep -qE "scripts/release\.sh $step( |\$)" .github/workflows/release.yml \
+    || fail "release.yml does not run 'scripts/release.sh $step' (the steps make release-local runs)"
+done
+by_hand=$(grep -nE '^[^#]*\b(cosign (sign|attest)|helm (package|push)|krew/render\.sh)\b' .github/workflows/release.yml \
+  | grep -vE '^[0-9]+:[[:space:]]*-?[[:space:]]*name:' || true)
+[ -z "$by_hand" ] || { echo "$by_hand" >&2; fail "release.yml signs, packages or renders by hand (above): call scripts/release.sh"; }
+echo "workflows-check: release.yml runs scripts/release.sh for sbom, sign, chart, verify and krew"

@@ -91,6 +91,7 @@ fn every_documented_target_that_needs_more_than_the_toolchains_installs_it_first
         "chart-test",
         "cluster",
         "image-local",
+        "release-local",
         "workflows-check",
         "clippy",
     ] {
