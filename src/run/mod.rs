@@ -5,6 +5,7 @@
 //! ([`crate::alert`]). Everything below this module is started from here and nothing below
 //! reaches back up.
 
+pub mod bodies;
 pub mod decided;
 pub mod endpoints;
 pub mod feeder;
@@ -223,7 +224,7 @@ pub async fn run_scope(
         sqs_receivers: settings.mechanisms.sqs_receivers,
         bodies: ctx.bodies.clone(),
     };
-    let sweep = crate::body::sweep::run(
+    let sweep = bodies::sweep(
         queues.clone(),
         ctx.records.clone(),
         ctx.bodies.clone(),
