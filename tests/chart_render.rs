@@ -906,6 +906,64 @@ async fn reveal_api_render_registers_the_api_service_and_delegates_auth() {
     }
 }
 
+/// `bodyVolume` (issue 48): one replica gets a PersistentVolumeClaim mounted where a queue's
+/// `spec.bodies.volume.path` points, kept on uninstall, and a Recreate rollout (a ReadWriteOnce
+/// volume attaches to one pod); two replicas on such a volume are refused.
+#[tokio::test]
+async fn body_volume_render_mounts_a_kept_claim_for_one_replica() {
+    let plane = dlq_testenv::plane();
+    let client = plane.client().await;
+    chart_crds(&client).await;
+    let ns = dlq_testenv::namespace(&client, "chart-bodies").await;
+    let rel = release("b");
+    let full = format!("{rel}-deadletter-operator");
+    let docs = render(
+        &rel,
+        &ns,
+        "replicaCount: 1\nbodyVolume: {enabled: true, size: 2Gi, storageClassName: fast}\n",
+    );
+    let claim = only(&docs, "PersistentVolumeClaim");
+    assert_eq!(claim["metadata"]["name"], format!("{full}-bodies"));
+    assert_eq!(
+        claim["metadata"]["annotations"]["helm.sh/resource-policy"],
+        "keep"
+    );
+    assert_eq!(claim["spec"]["resources"]["requests"]["storage"], "2Gi");
+    assert_eq!(claim["spec"]["storageClassName"], "fast");
+    let deployment = only(&docs, "Deployment");
+    assert_eq!(deployment["spec"]["strategy"]["type"], "Recreate");
+    let pod = &deployment["spec"]["template"]["spec"];
+    let volume = pod["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["name"] == "bodies")
+        .expect("the bodies volume");
+    assert_eq!(
+        volume["persistentVolumeClaim"]["claimName"],
+        format!("{full}-bodies")
+    );
+    let mounts = pod["containers"][0]["volumeMounts"]
+        .as_array()
+        .expect("mounts");
+    assert!(
+        mounts
+            .iter()
+            .any(|m| m["name"] == "bodies"
+                && m["mountPath"] == "/var/lib/deadletter-operator/bodies"),
+        "{mounts:?}"
+    );
+    accepted_without_warnings(plane, &docs);
+    let out = template_with("bodyVolume.enabled=true");
+    assert!(
+        !out.status.success() && show(&out).contains("ReadWriteMany"),
+        "two replicas on a ReadWriteOnce volume must be refused: {}",
+        show(&out)
+    );
+    let out = template_with("bodyVolume.enabled=true,bodyVolume.accessModes={ReadWriteMany}");
+    assert!(out.status.success(), "{}", show(&out));
+}
+
 /// The NetworkPolicy lets traffic in to the container port named `port`.
 fn assert_ingress_to(docs: &[Value], port: &str) {
     let policy = only(docs, "NetworkPolicy");
