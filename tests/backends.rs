@@ -31,6 +31,7 @@ use dlq_testenv::backends::{
     Backend, Broker, Delivered, HttpBackend, KafkaBackend, NatsBackend, PubsubBackend,
     RabbitBackend, RedisBackend, SidekiqBackend, Source, SqsBackend,
 };
+use dlq_testenv::brokers::s3::S3Server;
 use dlq_testenv::{
     Operator, condition, decide, events_for, eventually, record, redrive_many, setup, wait_phase,
     wait_ready,
@@ -90,9 +91,45 @@ async fn rig<B: Backend>(
     with_source: bool,
     env: &[(&str, &str)],
 ) -> Rig<B> {
+    rig_with_bodies(scenario, broker, with_source, env, None).await
+}
+
+/// The bucket of the body-store scenario.
+const BODIES_BUCKET: &str = "dlq-bodies";
+
+/// A [`rig`] whose queue keeps bodies over 64 KiB in `s3`'s bucket [`BODIES_BUCKET`] (with a
+/// Secret `s3` of its keys) from before the operator starts.
+async fn rig_with_bodies<B: Backend>(
+    scenario: &str,
+    broker: Broker,
+    with_source: bool,
+    env: &[(&str, &str)],
+    s3: Option<&S3Server>,
+) -> Rig<B> {
     let (client, ns) = setup(&format!("{}-{scenario}", B::NAME)).await;
     let backend = B::start(&ns, broker).await;
     backend.create_queue(&client, &ns, with_source).await;
+    if let Some(s3) = s3 {
+        let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), &ns);
+        let creds = serde_json::from_value(json!({
+            "metadata": {"name": "s3"},
+            "stringData": {"accessKeyId": s3.access_key(), "secretAccessKey": s3.secret_key()},
+        }))
+        .unwrap();
+        secrets
+            .create(&PostParams::default(), &creds)
+            .await
+            .unwrap();
+        let bodies = json!({"spec": {"bodies": {
+            "thresholdBytes": 65536,
+            "s3": {"bucket": BODIES_BUCKET, "endpoint": s3.endpoint(), "region": "us-east-1",
+                   "credentialsSecretRef": {"name": "s3"}},
+        }}});
+        Api::<DeadLetterQueue>::namespaced(client.clone(), &ns)
+            .patch("relayer", &PatchParams::default(), &Patch::Merge(&bodies))
+            .await
+            .unwrap_or_else(|e| panic!("spec.bodies of queue relayer: {e}"));
+    }
     let mut env: Vec<(String, String)> = env
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -185,6 +222,68 @@ async fn a_dead_message_is_parked_once_and_redriven_back_untouched<B: Source>() 
     redrive_each(&r, &items).await;
     let want = sorted(sent.iter().map(|s| s.delivered()).collect());
     assert_eq!(sorted(r.backend.jobs().await), want, "back untouched, once");
+}
+
+/// Issue 48: a dead message over the queue's body threshold (200 KiB, not UTF-8 where the
+/// broker carries binary, with headers where it carries them) is kept in the queue's bucket
+/// before its record is made; the record holds the reference (size, digest) and its headers,
+/// no payload; a redrive sends the exact bytes and headers, once.
+async fn a_large_dead_message_is_parked_through_the_body_store<B: Source>() {
+    const LEN: usize = 200 << 10;
+    let s3 = S3Server::start();
+    s3.create_bucket(BODIES_BUCKET).await;
+    let r = rig_with_bodies::<B>("bodies", Broker::Shared, true, &[], Some(&s3)).await;
+    r.backend.wait_listening().await;
+    let started = std::time::Instant::now();
+    let sent = r
+        .backend
+        .put_dead_payloads(vec![r.backend.large_payload(LEN)])
+        .await;
+    let s = &sent[0];
+    assert!(s.payload.len() >= LEN);
+    let items = parked_and_acknowledged(&r, 1).await;
+    assert_eq!(items.len(), 1, "one record");
+    let job = &items[0].spec.job;
+    assert_eq!(job.id, s.job_id);
+    let body = job
+        .body
+        .as_deref()
+        .unwrap_or_else(|| panic!("{} has no body reference", job.id));
+    let digest = dlq_core::body::sha256_hex(&s.payload);
+    assert_eq!(body.size, s.payload.len() as i64, "the body's size");
+    assert_eq!(body.sha256, digest, "the body's digest");
+    assert!(!body.external);
+    assert!(
+        job.payload.is_none() && job.payload_base64.is_none() && !job.payload_null,
+        "no payload beside the reference"
+    );
+    for (k, v) in &s.headers {
+        assert_eq!(job.headers.get(k), Some(v), "header {k}: {:?}", job.headers);
+    }
+    let key = body
+        .reference
+        .strip_prefix(&format!("s3://{BODIES_BUCKET}/"))
+        .unwrap_or_else(|| panic!("a reference into the bucket: {}", body.reference));
+    assert_eq!(
+        s3.get_object(BODIES_BUCKET, key).await.as_deref(),
+        Some(&s.payload[..]),
+        "the object holds the exact bytes"
+    );
+    let stored = serde_json::to_vec(&items[0]).unwrap().len();
+    assert!(stored < 4096, "a record of {stored} bytes");
+
+    redrive_each(&r, &items).await;
+    assert_eq!(
+        sorted(r.backend.jobs().await),
+        vec![s.delivered()],
+        "back untouched, once"
+    );
+    dlq_testenv::report(&format!(
+        "{}: a {} KiB dead message parked through the store and redriven in {:.1}s",
+        B::NAME,
+        s.payload.len() >> 10,
+        started.elapsed().as_secs_f64()
+    ));
 }
 
 /// Into a sealed queue (issue 32), each dead message becomes a record holding only the
@@ -881,6 +980,16 @@ macro_rules! run_for {
 }
 
 run_for!(a_dead_message_is_parked_once_and_redriven_back_untouched:
+    redis = RedisBackend,
+    rabbitmq = RabbitBackend,
+    nats = NatsBackend,
+    kafka = KafkaBackend,
+    sqs = SqsBackend,
+    pubsub = PubsubBackend,
+    sidekiq = SidekiqBackend,
+);
+
+run_for!(a_large_dead_message_is_parked_through_the_body_store:
     redis = RedisBackend,
     rabbitmq = RabbitBackend,
     nats = NatsBackend,

@@ -157,16 +157,17 @@ impl Source for RabbitBackend {
 
     /// Publishes each job to the worker's queue (message-id = the job id) and rejects it as a
     /// failing worker does: RabbitMQ dead-letters it into the source's queue.
-    async fn put_dead(&self, n: usize) -> Vec<Sent> {
+    async fn put_dead_payloads(&self, payloads: Vec<Vec<u8>>) -> Vec<Sent> {
+        let n = payloads.len();
         let (_conn, ch) = self.rabbit().channel().await;
         ch.confirm_select(Default::default())
             .await
             .unwrap_or_else(|e| panic!("confirm.select: {e}"));
         let mut sent = Vec::new();
-        for i in 0..n {
+        for (i, payload) in payloads.into_iter().enumerate() {
             let s = Sent {
                 job_id: format!("dead/{i}"),
-                payload: self.payload(i),
+                payload,
                 headers: super::contract::header_map(&self.headers()),
             };
             let mut table = FieldTable::default();

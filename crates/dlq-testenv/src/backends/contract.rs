@@ -85,6 +85,12 @@ pub trait Backend: Sized {
         bytes
     }
 
+    /// A job of `len` bytes for the body-store scenario (over a queue's threshold): bytes that
+    /// are not UTF-8, unless the broker only takes text.
+    fn large_payload(&self, len: usize) -> Vec<u8> {
+        binary(len)
+    }
+
     /// Whether a redrive here carries its idempotency key in a header (not on a Redis list,
     /// which carries no headers, nor on SQS, whose FIFO queues deduplicate by it instead).
     const CARRIES_KEY: bool = true;
@@ -123,7 +129,16 @@ pub trait Source: Backend {
 
     /// Makes `n` messages dead as a failing worker would (job `i` with [`Backend::payload`] and
     /// [`Backend::headers`]); returns them as the dead-letter place holds them.
-    fn put_dead(&self, n: usize) -> impl Future<Output = Vec<Sent>>;
+    fn put_dead(&self, n: usize) -> impl Future<Output = Vec<Sent>> {
+        async move {
+            let payloads = (0..n).map(|i| self.payload(i)).collect();
+            self.put_dead_payloads(payloads).await
+        }
+    }
+
+    /// Makes a message dead per payload (job `i` with `payloads[i]` and [`Backend::headers`]),
+    /// as [`Source::put_dead`] does.
+    fn put_dead_payloads(&self, payloads: Vec<Vec<u8>>) -> impl Future<Output = Vec<Sent>>;
 
     /// Dead messages the source has not acknowledged yet (parked or not).
     fn pending_dead(&self) -> impl Future<Output = usize>;
@@ -150,6 +165,21 @@ pub fn split_key(mut d: Delivered) -> (Delivered, Option<String>) {
         d.headers.remove("Nats-Msg-Id");
     }
     (d, key)
+}
+
+/// `len` bytes that are not UTF-8 (every byte has its high bit set, and a run of them is no
+/// valid sequence), so every broker and record carries them as binary.
+pub fn binary(len: usize) -> Vec<u8> {
+    let mut x: u32 = 0x9e37_79b9;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            // 0xf8..=0xff never occur in UTF-8.
+            0xf8 | (x >> 29) as u8
+        })
+        .collect()
 }
 
 /// `headers` as owned pairs, for the builders of [`Sent`] and the record fixtures.

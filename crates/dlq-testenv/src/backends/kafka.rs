@@ -207,14 +207,14 @@ impl Source for KafkaBackend {
 
     /// Each job on the dead-letter topic with Spring's headers (original topic and offset `i`)
     /// and its key; its record's job id is the dead letter's own position.
-    async fn put_dead(&self, n: usize) -> Vec<Sent> {
+    async fn put_dead_payloads(&self, payloads: Vec<Vec<u8>>) -> Vec<Sent> {
         let producer: FutureProducer = self
             .config()
             .set("acks", "all")
             .create()
             .unwrap_or_else(|e| panic!("a Kafka producer: {e}"));
         let mut sent = Vec::new();
-        for i in 0..n {
+        for (i, payload) in payloads.into_iter().enumerate() {
             let headers = super::contract::header_map(&self.headers());
             let mut h = OwnedHeaders::new();
             let spring = spring_headers(&self.topic, i as i64);
@@ -230,7 +230,6 @@ impl Source for KafkaBackend {
                     value: Some(v.as_bytes()),
                 });
             }
-            let payload = self.payload(i);
             let key = format!("order-{i}");
             let delivery = producer
                 .send(

@@ -27,7 +27,7 @@ mod sqs;
 
 pub use self::amqp::RabbitBackend;
 pub use self::contract::{
-    Backend, Broker, Delivered, KEY_HEADER, Sent, Source, header_map, split_key,
+    Backend, Broker, Delivered, KEY_HEADER, Sent, Source, binary, header_map, split_key,
 };
 pub use self::http::HttpBackend;
 #[cfg(feature = "kafka")]

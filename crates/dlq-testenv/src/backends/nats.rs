@@ -193,11 +193,11 @@ impl Source for NatsBackend {
     }
 
     /// Publishes each job with `Nats-Msg-Id` = its id, then fails it until JetStream gives up.
-    async fn put_dead(&self, n: usize) -> Vec<Sent> {
+    async fn put_dead_payloads(&self, payloads: Vec<Vec<u8>>) -> Vec<Sent> {
         let js = self.nats.js().await;
         let mut sent = Vec::new();
         let mut seqs = Vec::new();
-        for i in 0..n {
+        for (i, payload) in payloads.into_iter().enumerate() {
             let job_id = format!("dead-{i}");
             let mut headers = super::contract::header_map(&self.headers());
             headers.insert("Nats-Msg-Id".into(), job_id.clone());
@@ -205,7 +205,6 @@ impl Source for NatsBackend {
             for (k, v) in &headers {
                 h.insert(k.as_str(), v.as_str());
             }
-            let payload = self.payload(i);
             let ack = js
                 .publish_with_headers(SUBJECT, h, payload.clone().into())
                 .await

@@ -99,10 +99,11 @@ impl Source for PubsubBackend {
 
     /// Publishes each job with its headers as attributes, then nacks every delivery on `jobs`
     /// until the dead-letter policy has moved everything to `dead`.
-    async fn put_dead(&self, n: usize) -> Vec<Sent> {
-        let msgs: Vec<PsMessage> = (0..n)
-            .map(|i| PsMessage {
-                data: self.payload(i),
+    async fn put_dead_payloads(&self, payloads: Vec<Vec<u8>>) -> Vec<Sent> {
+        let msgs: Vec<PsMessage> = payloads
+            .into_iter()
+            .map(|data| PsMessage {
+                data,
                 attributes: super::contract::header_map(&self.headers()),
                 ordering_key: String::new(),
             })

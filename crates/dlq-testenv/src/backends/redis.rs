@@ -75,11 +75,13 @@ impl Source for RedisBackend {
     const FAILPOINT: &'static str = "redis-before-ack";
 
     /// Envelopes as a worker pushes them when it gives up (`payloadBase64`: any bytes).
-    async fn put_dead(&self, n: usize) -> Vec<Sent> {
-        let sent: Vec<Sent> = (0..n)
-            .map(|i| Sent {
+    async fn put_dead_payloads(&self, payloads: Vec<Vec<u8>>) -> Vec<Sent> {
+        let sent: Vec<Sent> = payloads
+            .into_iter()
+            .enumerate()
+            .map(|(i, payload)| Sent {
                 job_id: format!("dead/{i}"),
-                payload: self.payload(i),
+                payload,
                 headers: super::contract::header_map(&self.headers()),
             })
             .collect();

@@ -109,6 +109,21 @@ impl Backend for SidekiqBackend {
         .into_bytes()
     }
 
+    /// A job as [`Backend::payload`] makes them, whose argument is `len` bytes of text (a
+    /// Sidekiq job is JSON).
+    fn large_payload(&self, len: usize) -> Vec<u8> {
+        let arg: String = (0..len)
+            .map(|i| char::from(b'a' + (i % 26) as u8))
+            .collect();
+        json!({
+            "retry": 0, "queue": "default", "class": "SettleJob", "args": [arg],
+            "jid": "large0000000000000000000", "error_class": "GatewayError",
+            "error_message": "gateway said no", "failed_at": 1.5, "retry_count": 0,
+        })
+        .to_string()
+        .into_bytes()
+    }
+
     async fn delivered(&self) -> Vec<Delivered> {
         super::redis::list_delivered(&self.redis, QUEUE).await
     }
@@ -151,6 +166,33 @@ impl Source for SidekiqBackend {
             .query_async(&mut c)
             .await
             .unwrap_or_else(|e| panic!("ZADD onto {DEAD}: {e}"));
+        sent
+    }
+
+    /// Each payload (a job's JSON, see [`Backend::payload`]) added to the dead set as Sidekiq
+    /// adds a job it gives up on (`ZADD dead <now> <json>`).
+    async fn put_dead_payloads(&self, payloads: Vec<Vec<u8>>) -> Vec<Sent> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        let mut c = self.redis.conn().await;
+        let mut sent = Vec::new();
+        for payload in payloads {
+            let job: serde_json::Value = serde_json::from_slice(&payload)
+                .unwrap_or_else(|e| panic!("a Sidekiq job that is not JSON: {e}"));
+            let _: () = redis::cmd("ZADD")
+                .arg(DEAD)
+                .arg(now)
+                .arg(&payload[..])
+                .query_async(&mut c)
+                .await
+                .unwrap_or_else(|e| panic!("ZADD onto {DEAD}: {e}"));
+            sent.push(Sent {
+                job_id: job["jid"].as_str().unwrap_or_default().to_string(),
+                payload,
+                headers: Default::default(),
+            });
+        }
         sent
     }
 

@@ -171,6 +171,21 @@ impl Backend for SqsBackend {
         format!("{{\"job\":{i},\"note\":\"é ✓\"}}").into_bytes()
     }
 
+    /// Text (SQS bodies are XML characters), two bytes of UTF-8 in every few.
+    fn large_payload(&self, len: usize) -> Vec<u8> {
+        let mut text = String::with_capacity(len + 8);
+        let mut i = 0usize;
+        while text.len() < len {
+            text.push(if i.is_multiple_of(7) {
+                'é'
+            } else {
+                char::from(b'a' + (i % 26) as u8)
+            });
+            i += 1;
+        }
+        text.into_bytes()
+    }
+
     async fn delivered(&self) -> Vec<Delivered> {
         let sqs = client(self.mq()).await;
         let url = self.mq().queue_url(&self.jobs);
@@ -238,13 +253,12 @@ impl Source for SqsBackend {
 
     /// Sends each job with its headers as String attributes, then receives everything without
     /// deleting it until the RedrivePolicy has moved it to the dead-letter queue.
-    async fn put_dead(&self, n: usize) -> Vec<Sent> {
+    async fn put_dead_payloads(&self, payloads: Vec<Vec<u8>>) -> Vec<Sent> {
         let sqs = client(self.mq()).await;
         let url = self.mq().queue_url(&self.jobs);
         let mut sent = Vec::new();
-        for i in 0..n {
+        for payload in payloads {
             let headers = super::contract::header_map(&self.headers());
-            let payload = self.payload(i);
             let mut req = sqs
                 .send_message()
                 .queue_url(&url)
