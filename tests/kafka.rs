@@ -469,3 +469,105 @@ async fn a_message_over_the_payload_limit_is_copied_to_the_rejected_topic_with_t
     })
     .await;
 }
+
+/// Issue 48: a 50 MiB dead message (the test broker's `message.max.bytes` raised to 64 MiB) is
+/// parked through the queue's body store (`maxBytes` 64 MiB) and redriven byte-exact: the
+/// source's consumer and the target's producer are sized by the store's `maxBytes` (librdkafka
+/// refuses anything over about 1 MB by default). The times are reported.
+#[tokio::test]
+async fn a_50_mib_dead_message_is_parked_through_the_body_store_and_redriven_byte_exact() {
+    use dlq_testenv::brokers::s3::S3Server;
+    const LEN: usize = 50 << 20;
+    const MAX: usize = 64 << 20;
+    let kafka = dlq_testenv::brokers::Kafka::start_with_max_message(MAX + (1 << 20));
+    let s3 = S3Server::start();
+    s3.create_bucket("dlq-bodies").await;
+    let (client, ns) = setup("kafka-50mib").await;
+    let (jobs, dlt) = (format!("large-{ns}"), format!("large-{ns}.DLT"));
+    create_topics(&kafka.bootstrap(), &[&jobs, &dlt]).await;
+    dlq_testenv::create_secret(&client, &ns, "s3", "accessKeyId", s3.access_key()).await;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), &ns);
+    secrets
+        .patch(
+            "s3",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"stringData": {"secretAccessKey": s3.secret_key()}})),
+        )
+        .await
+        .expect("the S3 secret key");
+    let spec = json!({
+        "target": {"kafka": {"bootstrapServers": kafka.bootstrap(), "topic": jobs}},
+        "source": {"kafka": {"topics": [dlt], "groupId": format!("dlq-{ns}")}},
+        "bodies": {"maxBytes": MAX, "s3": {"bucket": "dlq-bodies", "endpoint": s3.endpoint(),
+                   "region": "us-east-1", "credentialsSecretRef": {"name": "s3"}}},
+    });
+    create_dlq(&client, &ns, "relayer", spec).await;
+
+    let value = dlq_testenv::backends::binary(LEN);
+    let mut headers = spring_headers(&jobs, 7, "java.lang.OutOfMemoryError", "too large");
+    headers.push(h("x-trace", b"t-50"));
+    let big: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", kafka.bootstrap())
+        .set("acks", "all")
+        .set("message.max.bytes", (MAX + (1 << 20)).to_string())
+        .create()
+        .expect("producer");
+    send(&big, &dlt, Some(b"order-7"), &value, &headers).await;
+    let _op = Operator::start(&ns);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let started = std::time::Instant::now();
+    let items = eventually(180, "the 50 MiB dead message parked", || async {
+        let items = records(&api).await;
+        (!items.is_empty()).then_some(items)
+    })
+    .await;
+    let parked_in = started.elapsed().as_secs_f64();
+    let job = &items[0].spec.job;
+    let body = job.body.as_deref().expect("a body reference");
+    assert_eq!(body.size, LEN as i64);
+    assert_eq!(body.sha256, dlq_core::body::sha256_hex(&value));
+    assert!(job.payload.is_none() && job.payload_base64.is_none());
+    let key = body
+        .reference
+        .strip_prefix("s3://dlq-bodies/")
+        .expect("a reference into the bucket");
+    assert_eq!(s3.list_keys("dlq-bodies", "").await, vec![key.to_string()]);
+
+    let name = kube::ResourceExt::name_any(&items[0]);
+    let started = std::time::Instant::now();
+    decide(&api, &name, Action::Redrive, "ops").await;
+    wait_phase(&api, &name, Phase::Redriven, 120).await;
+    let redriven_in = started.elapsed().as_secs_f64();
+    let consumer_max = (MAX + (2 << 20)).to_string();
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka.bootstrap())
+        .set("group.id", format!("reader-{jobs}"))
+        .set("enable.auto.commit", "false")
+        .set("fetch.max.bytes", &consumer_max)
+        .set("max.partition.fetch.bytes", &consumer_max)
+        .create()
+        .expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(&jobs, 0, Offset::Beginning)
+        .expect("partition 0");
+    consumer.assign(&tpl).expect("assign");
+    let m = tokio::time::timeout(Duration::from_secs(60), consumer.recv())
+        .await
+        .expect("the redriven message within 60 s")
+        .expect("reading the target topic")
+        .detach();
+    assert!(
+        m.payload() == Some(&value[..]),
+        "the 50 MiB value byte-exact"
+    );
+    assert_eq!(m.key(), Some(&b"order-7"[..]));
+    let got = headers_of(&m);
+    assert!(got.contains(&h("x-trace", b"t-50")), "{got:?}");
+    let (_, high) = consumer
+        .fetch_watermarks(&jobs, 0, Duration::from_secs(10))
+        .expect("watermarks");
+    assert_eq!(high, 1, "redriven once");
+    dlq_testenv::report(&format!(
+        "kafka: a 50 MiB dead message parked through the store in {parked_in:.1}s (operator start included), redriven byte-exact in {redriven_in:.1}s"
+    ));
+}

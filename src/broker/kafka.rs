@@ -28,7 +28,16 @@ pub struct KafkaConn {
     pub credentials: Option<SaslCredentials>,
     /// PEM CA certificates (else the system roots).
     pub ca_pem: Option<String>,
+    /// The largest message this client moves, when its queue keeps bodies in a store
+    /// ([`KafkaConn::with_bodies`]); librdkafka's defaults (about 1 MB) otherwise.
+    pub max_message_bytes: Option<u64>,
 }
+
+/// Room for a message's key, headers and record framing above its value.
+const MESSAGE_OVERHEAD: u64 = 1 << 20;
+
+/// librdkafka's ceiling for `message.max.bytes` and `max.partition.fetch.bytes`.
+const LIBRDKAFKA_MAX: u64 = 1_000_000_000;
 
 impl KafkaConn {
     pub fn new(
@@ -43,7 +52,31 @@ impl KafkaConn {
             sasl_mechanism: security.and_then(|s| s.sasl_mechanism.clone()),
             credentials,
             ca_pem,
+            max_message_bytes: None,
         }
+    }
+
+    /// Sized for the queue's body store: a dead message up to `spec.bodies.maxBytes` must be
+    /// read from the dead-letter topic and produced back whole (librdkafka refuses a message
+    /// over its `message.max.bytes`, 1 MB by default, before the broker sees it).
+    pub fn with_bodies(mut self, bodies: Option<&dlq_core::api::BodiesSpec>) -> KafkaConn {
+        self.max_message_bytes = bodies
+            .map(|b| b.max().saturating_add(MESSAGE_OVERHEAD).min(LIBRDKAFKA_MAX))
+            .filter(|m| *m > 1_000_000);
+        self
+    }
+
+    /// A consumer's settings: [`KafkaConn::config`] and, for a queue with a body store, fetches
+    /// large enough for its largest message (`fetch.max.bytes` follows `message.max.bytes`,
+    /// set explicitly all the same).
+    pub fn consumer_config(&self) -> ClientConfig {
+        let mut c = self.config();
+        if let Some(max) = self.max_message_bytes {
+            c.set("fetch.max.bytes", max.to_string())
+                .set("max.partition.fetch.bytes", max.to_string())
+                .set("receive.message.max.bytes", (max + 512).to_string());
+        }
+        c
     }
 
     /// librdkafka settings every client of this connection shares. librdkafka's own logs go
@@ -67,6 +100,9 @@ impl KafkaConn {
         }
         if let Some(ca) = &self.ca_pem {
             c.set("ssl.ca.pem", ca);
+        }
+        if let Some(max) = self.max_message_bytes {
+            c.set("message.max.bytes", max.to_string());
         }
         c
     }
@@ -156,4 +192,38 @@ pub fn consumer_lag(
         lag += (high - from).max(0);
     }
     Ok(lag)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dlq_core::api::BodiesSpec;
+
+    /// A queue with a store moves messages up to its `maxBytes` (librdkafka's ceiling at most);
+    /// one without keeps librdkafka's defaults.
+    #[test]
+    fn clients_are_sized_by_the_body_store() {
+        let plain = KafkaConn::new("k:9092", None, None, None).with_bodies(None);
+        assert_eq!(plain.config().get("message.max.bytes"), None);
+        assert_eq!(plain.consumer_config().get("fetch.max.bytes"), None);
+        let store = BodiesSpec {
+            max_bytes: Some(64 << 20),
+            ..BodiesSpec::default()
+        };
+        let sized = KafkaConn::new("k:9092", None, None, None).with_bodies(Some(&store));
+        let want = ((64 << 20) + (1 << 20)).to_string();
+        assert_eq!(sized.config().get("message.max.bytes"), Some(want.as_str()));
+        let consumer = sized.consumer_config();
+        assert_eq!(consumer.get("fetch.max.bytes"), Some(want.as_str()));
+        assert_eq!(
+            consumer.get("max.partition.fetch.bytes"),
+            Some(want.as_str())
+        );
+        let huge = BodiesSpec {
+            max_bytes: Some(5 << 30),
+            ..BodiesSpec::default()
+        };
+        let capped = KafkaConn::new("k:9092", None, None, None).with_bodies(Some(&huge));
+        assert_eq!(capped.max_message_bytes, Some(LIBRDKAFKA_MAX));
+    }
 }

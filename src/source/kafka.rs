@@ -174,10 +174,12 @@ async fn run_once(
     queue: &DeadLetterQueue,
     source: &KafkaSourceSpec,
 ) -> Result<(), SourceError> {
-    let conn = conn_for(client, into.namespace(), queue, source).await?;
+    let conn = conn_for(client, into.namespace(), queue, source)
+        .await?
+        .with_bodies(queue.spec.bodies.as_ref());
     let group = source.group_id.as_deref().unwrap_or(DEFAULT_GROUP);
     let consumer: StreamConsumer = conn
-        .config()
+        .consumer_config()
         .set("group.id", group)
         .set("enable.auto.commit", "true")
         .set("enable.auto.offset.store", "false")

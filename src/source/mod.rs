@@ -84,9 +84,11 @@ pub async fn supervise<F>(
     }
 }
 
-/// The source and target as a fingerprint: either changing restarts the source.
+/// The source and target as a fingerprint: either changing restarts the source, and so does
+/// the body store's `maxBytes` (the Kafka source sizes its fetches by it).
 fn fingerprint(q: &DeadLetterQueue) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
+    q.spec.bodies.as_ref().map(|b| b.max()).hash(&mut h);
     serde_json::to_string(&q.spec.source)
         .unwrap_or_default()
         .hash(&mut h);

@@ -14,7 +14,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use tokio::sync::Mutex;
 
-use dlq_core::api::{DeadLetterQueue, DeadLetterQueueSpec, SecretKeyRef, TargetSpec};
+use dlq_core::api::{BodiesSpec, DeadLetterQueue, DeadLetterQueueSpec, SecretKeyRef, TargetSpec};
 
 #[cfg(feature = "kafka")]
 use crate::broker::kafka::{KafkaConn, SaslCredentials, read_kafka_secrets};
@@ -74,8 +74,12 @@ impl TargetCache {
         let key = (ns.clone(), queue.name_any());
         // A sidekiq target may take its URL from the sidekiq source.
         let sidekiq_source = queue.spec.source.as_ref().and_then(|s| s.sidekiq.as_ref());
-        let spec_hash =
-            hash(&serde_json::to_string(&(&queue.spec.target, sidekiq_source)).unwrap_or_default());
+        // The Kafka target sizes its producer by the body store's maxBytes.
+        let max_body = queue.spec.bodies.as_ref().map(|b| b.max());
+        let spec_hash = hash(
+            &serde_json::to_string(&(&queue.spec.target, sidekiq_source, max_body))
+                .unwrap_or_default(),
+        );
         {
             let entries = self.entries.lock().await;
             if let Some(e) = entries.get(&key)
@@ -95,7 +99,7 @@ impl TargetCache {
             e.checked = Instant::now();
             return Ok(e.target.clone());
         }
-        let target = build(&queue.spec.target, &secrets)?;
+        let target = build(&queue.spec.target, queue.spec.bodies.as_ref(), &secrets)?;
         entries.insert(
             key,
             Entry {
@@ -243,7 +247,14 @@ pub async fn read_target_secrets(
     Ok(s)
 }
 
-fn build(target: &TargetSpec, secrets: &TargetSecrets) -> Result<Arc<dyn Target>, TargetError> {
+/// The target `target` names; `bodies` is the queue's body store, whose `maxBytes` the Kafka
+/// producer is sized for.
+#[cfg_attr(not(feature = "kafka"), allow(unused_variables))]
+fn build(
+    target: &TargetSpec,
+    bodies: Option<&BodiesSpec>,
+    secrets: &TargetSecrets,
+) -> Result<Arc<dyn Target>, TargetError> {
     let url = || {
         secrets
             .url
@@ -300,7 +311,8 @@ fn build(target: &TargetSpec, secrets: &TargetSecrets) -> Result<Arc<dyn Target>
             kafka.security.as_ref(),
             secrets.sasl.clone(),
             secrets.ca.clone(),
-        );
+        )
+        .with_bodies(bodies);
         return Ok(Arc::new(KafkaTarget::new(kafka, conn)));
     }
     #[cfg(not(feature = "pubsub"))]
@@ -343,7 +355,7 @@ mod not_built_tests {
         ];
         for (backend, spec) in specs {
             let spec: TargetSpec = serde_json::from_value(spec).expect("target spec");
-            let err = build(&spec, &TargetSecrets::default())
+            let err = build(&spec, None, &TargetSecrets::default())
                 .err()
                 .expect("refused");
             assert_eq!(err.reason(), "TargetMisconfigured");

@@ -24,7 +24,7 @@ pub struct Kafka {
 /// themselves by topic and group names, and never stop it.
 pub fn shared_kafka() -> &'static Kafka {
     static KAFKA: OnceLock<Kafka> = OnceLock::new();
-    KAFKA.get_or_init(|| Kafka::start_with(true))
+    KAFKA.get_or_init(|| Kafka::start_with(true, None))
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -58,10 +58,16 @@ fn has_kafka(lib: &std::path::Path) -> bool {
 impl Kafka {
     /// A node for one test (it can be stopped and restarted).
     pub fn start() -> Kafka {
-        Self::start_with(false)
+        Self::start_with(false, None)
     }
 
-    fn start_with(shared: bool) -> Kafka {
+    /// A node for one test whose broker takes messages up to `bytes` (`message.max.bytes`,
+    /// about 1 MB by default; a topic's `max.message.bytes` follows it unless set).
+    pub fn start_with_max_message(bytes: usize) -> Kafka {
+        Self::start_with(false, Some(bytes))
+    }
+
+    fn start_with(shared: bool, max_message: Option<usize>) -> Kafka {
         let (port, controller_port) = (super::child::port(), super::child::port());
         let dir = super::child::temp_dir("kafka", port);
         let conf = format!(
@@ -85,6 +91,14 @@ impl Kafka {
              group.initial.rebalance.delay.ms=0\n",
             dir.join("data").display()
         );
+        let conf = match max_message {
+            Some(bytes) => format!(
+                "{conf}message.max.bytes={bytes}\nreplica.fetch.max.bytes={bytes}\n\
+                 socket.request.max.bytes={}\n",
+                bytes.max(100 << 20) + (1 << 20)
+            ),
+            None => conf,
+        };
         std::fs::write(dir.join("server.properties"), conf)
             .unwrap_or_else(|e| panic!("writing the Kafka config: {e}"));
         let k = Kafka {
