@@ -102,9 +102,10 @@ crds-check:
 ## loopback git server for the GitOps tests; actionlint for the workflows; pstest-server, Google's
 ## Pub/Sub test server; cesender, a CloudEvents Go SDK sender for the park endpoint; Knative
 ## Eventing's controllers, broker and in-memory channel for tests/knative.rs; crane, cosign and
-## krew for the release test, tests/release.rs) into the cache
+## krew for the release test, tests/release.rs; versitygw, fake-gcs-server and Azurite (npm) for
+## the body store's S3, GCS and Azure tests) into the cache
 tools:
-	@bash tools/build.sh kube etcd helm promtool toxiproxy versitygw cni pause elasticmq kafka flux actionlint pstest-server cesender knative crane cosign krew >/dev/null
+	@bash tools/build.sh kube etcd helm promtool toxiproxy versitygw fake-gcs-server azurite cni pause elasticmq kafka flux actionlint pstest-server cesender knative crane cosign krew >/dev/null
 
 ## start a local control plane for a human; prints the KUBECONFIG to export. NODE=1 adds a real
 ## node (kubelet, containerd, kube-proxy; needs root): see docs/development.md. Its state (kubeconfig,

@@ -82,6 +82,11 @@ command -v sidekiq >/dev/null || pkgs+=(ruby-sidekiq)
 command -v java >/dev/null || pkgs+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || pkgs+=(maven)
 [ -x /usr/bin/prometheus-alertmanager ] || pkgs+=(prometheus-alertmanager)
+# Node.js + npm for Azurite, the Azure Blob emulator of tests/bodies_clouds.rs (tools/build.sh
+# azurite: npm ci of tools/azurite). Azurite 3.35.0 is run on Node 20 here (3.36 wants 21, 3.37
+# wants 22); Debian 12's own nodejs is 18, which its package.json allows but no run here checked.
+command -v node >/dev/null || pkgs+=(nodejs)
+command -v npm >/dev/null || pkgs+=(npm)
 # librdkafka's build (above); the same Java runs the Kafka broker of tests/kafka.rs
 # (tools/build.sh kafka).
 build_pkgs

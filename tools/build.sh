@@ -23,6 +23,14 @@
 # `crane` (go-containerregistry: `crane registry serve` is a loopback OCI registry; push, digest,
 # copy), `cosign` (signatures and attestations) and `krew` (the kubectl plugin manager) are the
 # release's tools (scripts/release.sh, tests/release.rs).
+# `fake-gcs-server` (tools/fake-gcs-server: fsouza's GCS emulator, its fakestorage package from
+# the pinned module, on loopback with a filesystem backend, plus the XML API object PUT that
+# object_store uploads with and upstream lacks) for the body store's GCS tests
+# (crates/dlq-testenv/src/brokers/gcs.rs).
+# `azurite` (Microsoft's Azure Storage emulator, Node.js: its blob service for the body store's
+# Azure tests, crates/dlq-testenv/src/brokers/azurite.rs) is installed from the npm registry by
+# `npm ci` of tools/azurite/package.json and its lock into the cache, keyed by both; it prints
+# the directory holding `azurite-blob` (node_modules/.bin). Needs Node.js >= 20 and npm.
 # `knative` builds Knative Eventing's controller, mt-broker controller, broker ingress and
 # filter, and the in-memory channel's controller and dispatcher from their Go module, for
 # tests/knative.rs; Knative's CRDs and ConfigMaps, from the same module, go to `config/`.
@@ -31,7 +39,7 @@
 # kube-apiserver and kubectl) into the same directory; a later `kube` builds only the missing
 # ones. Each binary gets its own marker there; `.done` means the whole set is built.
 #
-#   tools/build.sh kube[:bin,...]|etcd|helm|promtool|toxiproxy|versitygw|cni|pause|elasticmq|kafka|flux|actionlint|pstest-server|cesender|knative|crane|cosign|krew [...]
+#   tools/build.sh kube[:bin,...]|etcd|helm|promtool|toxiproxy|versitygw|fake-gcs-server|azurite|cni|pause|elasticmq|kafka|flux|actionlint|pstest-server|cesender|knative|crane|cosign|krew [...]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${DLQ_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/deadletter-operator/tools}
@@ -57,6 +65,29 @@ build_maven() {
   touch "$out/.done"
   echo ">> resolved $tool in $((SECONDS - start))s" >&2
   echo "$out"
+}
+
+# Node.js tools (Azurite): tools/<tool>/package.json and its lock installed by `npm ci` into the
+# cache (never into the repo); the lifecycle scripts are not run (Azurite needs none).
+build_npm() {
+  local tool=$1 dir="$here/$1" key out
+  key=$(cat "$dir/package.json" "$dir/package-lock.json" | sha256sum | cut -c1-12)
+  out="$cache/$tool/$key"
+  if [ -f "$out/.done" ]; then echo "$out/node_modules/.bin"; return; fi
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    echo "tools/build.sh: 'node' and 'npm' must be on PATH for $tool; install Node.js >= 20 with npm (https://nodejs.org, or apt-get install nodejs npm)" >&2; exit 1
+  fi
+  mkdir -p "$cache/$tool"
+  if command -v flock >/dev/null; then exec 9>"$out.lock"; flock 9; fi
+  if [ -f "$out/.done" ]; then echo "$out/node_modules/.bin"; return; fi
+  echo ">> installing $tool into $out (first time only)" >&2
+  rm -rf "$out"; mkdir -p "$out"
+  cp "$dir/package.json" "$dir/package-lock.json" "$out/"
+  local start=$SECONDS
+  npm ci --prefix "$out" --ignore-scripts --no-audit --no-fund --loglevel=error >&2
+  touch "$out/.done"
+  echo ">> installed $tool in $((SECONDS - start))s" >&2
+  echo "$out/node_modules/.bin"
 }
 
 # pause.c of the k8s.io/kubernetes release pinned in tools/kube, static (the image has nothing else).
@@ -111,7 +142,11 @@ build() (
       done ;;
     *:*) echo "tools/build.sh: only kube builds a subset of its binaries ('$1')" >&2; exit 2 ;;
   esac
-  case $tool in elasticmq|kafka) build_maven "$tool"; return ;; pause) build_pause; return ;; esac
+  case $tool in
+    elasticmq|kafka) build_maven "$tool"; return ;;
+    azurite) build_npm "$tool"; return ;;
+    pause) build_pause; return ;;
+  esac
   local dir="$here/$tool"
   [ -f "$dir/go.mod" ] || { echo "tools/build.sh: unknown tool '$tool' (no $dir/go.mod)" >&2; exit 2; }
   local version key out
@@ -160,6 +195,8 @@ build() (
     versitygw)
       ldflags+=" -X main.Version=$version"
       pkgs=(github.com/versity/versitygw/cmd/versitygw) ;;
+    fake-gcs-server)
+      pkgs=(.) ;;
     cni)
       local m=github.com/containernetworking/plugins/plugins
       pkgs=("$m/main/bridge" "$m/ipam/host-local" "$m/main/loopback" "$m/meta/portmap") ;;
@@ -187,7 +224,10 @@ build() (
   esac
   local dest="$out/bin/"
   # etcd's and toxiproxy's main packages would both be named "server" by go.
-  case $tool in etcd) dest="$out/bin/etcd" ;; toxiproxy) dest="$out/bin/toxiproxy-server" ;; cesender) dest="$out/bin/cesender" ;; esac
+  case $tool in
+    etcd) dest="$out/bin/etcd" ;; toxiproxy) dest="$out/bin/toxiproxy-server" ;;
+    cesender|fake-gcs-server) dest="$out/bin/$tool" ;;
+  esac
   # The linker drops DWARF anyway (-w): the compiler need not make it (about a tenth of the
   # compile time; the binaries behave the same).
   local src=$dir mod=()
@@ -218,5 +258,5 @@ build() (
   echo "$out/bin"
 )
 
-[ $# -gt 0 ] || { echo "usage: tools/build.sh kube[:bin,...]|etcd|helm|promtool|toxiproxy|versitygw|cni|pause|elasticmq|kafka|flux|actionlint|pstest-server|cesender|knative|crane|cosign|krew ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: tools/build.sh kube[:bin,...]|etcd|helm|promtool|toxiproxy|versitygw|fake-gcs-server|azurite|cni|pause|elasticmq|kafka|flux|actionlint|pstest-server|cesender|knative|crane|cosign|krew ..." >&2; exit 2; }
 for t in "$@"; do build "$t"; done
