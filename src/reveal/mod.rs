@@ -6,6 +6,17 @@
 //! request with the user and the record. Get only: there is no list, so payloads are read one
 //! record at a time.
 //!
+//! A record whose body is in its queue's store (`spec.job.body`, issue 48) is read through
+//! this process's [`Bodies`] (the store's credentials never leave the operator), checked
+//! (size and SHA-256) and opened when sealed: the JSON views describe the body (`body`: ref,
+//! size, sha256) and show its first KiB (`bodyHead`, masked in the masked view); the unmasked
+//! view asked with `Accept: application/octet-stream` answers the job's exact bytes (a stored
+//! body's or an inline payload's), so downloading a body needs exactly the role that shows a
+//! payload unmasked. An unsealed body is checked whole first and then streamed (one chunk in
+//! memory); a sealed one is opened in memory, bounded by the queue's `maxBytes`. A body that
+//! is gone or changed is answered 409 naming `BodyMissing`/`BodyCorrupt`, with a `RevealFailed`
+//! Event; a store that does not answer, 503.
+//!
 //! Every replica serves it (reading records and keys needs no leadership). The pure parts (the
 //! objects, the discovery documents, masking) are `dlq_core::reveal`.
 
@@ -26,15 +37,24 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client, Resource};
 use serde_json::Value;
 
-use dlq_core::api::{DeadLetter, DeadLetterQueue};
-use dlq_core::reveal::{self, View};
-use dlq_core::seal::OpenError;
+use bytes::Bytes;
+use futures::StreamExt;
 
+use dlq_core::api::{BodyRef, DeadLetter, DeadLetterQueue};
+use dlq_core::reveal::{self, View};
+use dlq_core::seal::{Keyring, OpenError};
+
+use crate::body::{Bodies, BodyError, BodyStore};
 use crate::serving_tls::{self as tls, TlsListener};
 use front_proxy::FrontProxy;
 
 /// Longest wait between attempts to read the front-proxy settings at start.
 const SETTINGS_RETRY_CAP: Duration = Duration::from_secs(30);
+/// What age adds to a sealed body beyond its plaintext, at most: its header, and a tag per
+/// 64 KiB chunk (a sealed body over the queue's `maxBytes` by more is not opened in memory).
+fn seal_overhead(size: u64) -> u64 {
+    4096 + size / 4096
+}
 
 /// The verified client certificate of a request's connection (DER), if it had one.
 #[derive(Clone, Debug, Default)]
@@ -59,6 +79,8 @@ pub struct RevealApi {
     front_proxy: Arc<FrontProxy>,
     recorder: Recorder,
     reporter: Reporter,
+    /// The queues' body stores, read with the operator's own credentials.
+    bodies: Arc<dyn Bodies>,
 }
 
 /// Why the API could not start.
@@ -84,6 +106,7 @@ pub async fn serve(
     let config = tls::server_config_verifying(tls_dir, &front_proxy.client_ca)?;
     let api = RevealApi {
         recorder: Recorder::new(client.clone(), reporter.clone()),
+        bodies: Arc::new(crate::body::cache::BodyCache::new(client.clone())),
         client,
         front_proxy: Arc::new(front_proxy),
         reporter,
@@ -163,6 +186,39 @@ impl Answer {
     }
 }
 
+/// What a reveal gives: the `DeadLetterPayload` object, or the job's exact bytes.
+enum Revealed {
+    Object(Value),
+    Bytes { body: axum::body::Body, len: u64 },
+}
+
+impl IntoResponse for Revealed {
+    fn into_response(self) -> Response {
+        match self {
+            Revealed::Object(object) => Answer(StatusCode::OK, object).into_response(),
+            Revealed::Bytes { body, len } => (
+                StatusCode::OK,
+                [
+                    (header::CONTENT_TYPE, reveal::RAW.to_string()),
+                    (header::CONTENT_LENGTH, len.to_string()),
+                ],
+                body,
+            )
+                .into_response(),
+        }
+    }
+}
+
+/// Whether a request asks for the exact bytes (`Accept: application/octet-stream`).
+fn wants_raw(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|v| v.split(';').next().unwrap_or_default().trim() == reveal::RAW)
+}
+
 impl IntoResponse for Answer {
     fn into_response(self) -> Response {
         (
@@ -178,34 +234,48 @@ async fn answer(
     State(api): State<RevealApi>,
     ConnectInfo(certificate): ConnectInfo<ClientCertificate>,
     request: Request,
-) -> Answer {
+) -> Response {
     let caller = match api.front_proxy.caller(
         certificate.0.as_deref().map(Vec::as_slice),
         request.headers(),
     ) {
         Ok(caller) => caller,
-        Err(e) => return Answer::refused(401, "Unauthorized", e),
+        Err(e) => return Answer::refused(401, "Unauthorized", e).into_response(),
     };
     if request.method() != Method::GET {
-        return Answer::refused(405, "MethodNotAllowed", "this API is read-only: get only");
+        return Answer::refused(405, "MethodNotAllowed", "this API is read-only: get only")
+            .into_response();
     }
+    let raw = wants_raw(request.headers());
     match route(request.uri().path()) {
-        Route::Groups => Answer(StatusCode::OK, reveal::api_group_list()),
-        Route::Group => Answer(StatusCode::OK, reveal::api_group()),
-        Route::Resources => Answer(StatusCode::OK, reveal::api_resource_list()),
+        Route::Groups => Answer(StatusCode::OK, reveal::api_group_list()).into_response(),
+        Route::Group => Answer(StatusCode::OK, reveal::api_group()).into_response(),
+        Route::Resources => Answer(StatusCode::OK, reveal::api_resource_list()).into_response(),
+        Route::Payload { view, .. } if raw && view == View::Masked => Answer::refused(
+            406,
+            "NotAcceptable",
+            format!(
+                "the exact bytes ({}) are the unmasked view: ask {}/{}",
+                reveal::RAW,
+                reveal::RESOURCE,
+                reveal::UNMASKED
+            ),
+        )
+        .into_response(),
         Route::Payload {
             namespace,
             name,
             view,
-        } => match api.reveal(&caller, &namespace, &name, view).await {
-            Ok(object) => Answer(StatusCode::OK, object),
-            Err(e) => e.answer(),
+        } => match api.reveal(&caller, &namespace, &name, view, raw).await {
+            Ok(revealed) => revealed.into_response(),
+            Err(e) => e.answer().into_response(),
         },
         Route::Unknown => Answer::refused(
             404,
             "NotFound",
             "the server could not find the requested resource",
-        ),
+        )
+        .into_response(),
     }
 }
 
@@ -229,6 +299,13 @@ enum RevealError {
         name: String,
         why: OpenError,
     },
+    /// The record's body is in its queue's store but cannot be read, checked or opened.
+    #[error("deadletter {name} in namespace {namespace}: its body cannot be revealed ({}): {why}", why.reason())]
+    Body {
+        namespace: String,
+        name: String,
+        why: BodyError,
+    },
     #[error("asking the apiserver: {0}")]
     Apiserver(#[source] kube::Error),
 }
@@ -241,6 +318,13 @@ impl RevealError {
             // The key is gone, or the ciphertext damaged: a state of the record, not a fault of
             // the server; asking again does not help until the key or the record is fixed.
             RevealError::Open { .. } => (409, "Conflict"),
+            // Missing or changed: a state of the record's object; the store not answering: a
+            // fault that may pass.
+            RevealError::Body {
+                why: BodyError::Unreachable(_),
+                ..
+            } => (503, "ServiceUnavailable"),
+            RevealError::Body { .. } => (409, "Conflict"),
             RevealError::Apiserver(_) => (503, "ServiceUnavailable"),
         };
         Answer::refused(code, reason, self)
@@ -248,14 +332,16 @@ impl RevealError {
 }
 
 impl RevealApi {
-    /// The record's payload in `view`, for `caller`: authorize, read, open, show, announce.
+    /// The record's payload in `view`, for `caller`: authorize, read, open, show, announce;
+    /// `raw`: its exact bytes (the unmasked view only).
     async fn reveal(
         &self,
         caller: &UserInfo,
         namespace: &str,
         name: &str,
         view: View,
-    ) -> Result<Value, RevealError> {
+        raw: bool,
+    ) -> Result<Revealed, RevealError> {
         self.authorize(caller, namespace, name, view).await?;
         let record = self.record(namespace, name).await?;
         let queue = self.queue(namespace, &record.spec.queue).await?;
@@ -263,8 +349,10 @@ impl RevealApi {
             .as_ref()
             .map(|q| q.mask_paths().to_vec())
             .unwrap_or_default();
+        let body = record.spec.job.stored_body().cloned();
+        let sealed_body = body.as_ref().is_some_and(|b| b.recipient.is_some());
         let keyring = match &queue {
-            Some(q) if record.spec.job.sealed.is_some() => {
+            Some(q) if record.spec.job.sealed.is_some() || sealed_body => {
                 crate::keys::load(&self.client, q).await.keyring
             }
             _ => Default::default(),
@@ -280,9 +368,131 @@ impl RevealApi {
                 });
             }
         };
-        let object = reveal::payload_object(&record, &opened, view, &mask_paths);
-        self.announce(caller, &record, view).await;
-        Ok(object)
+        let revealed = match (&body, raw) {
+            (None, false) => {
+                Revealed::Object(reveal::payload_object(&record, &opened, view, &mask_paths))
+            }
+            (None, true) => {
+                let bytes = opened.payload_bytes().unwrap_or_default();
+                Revealed::Bytes {
+                    len: bytes.len() as u64,
+                    body: axum::body::Body::from(bytes),
+                }
+            }
+            (Some(body), _) => {
+                let read = self
+                    .read_body(queue.as_ref(), &record, body, &keyring, raw)
+                    .await;
+                let read = match read {
+                    Ok(read) => read,
+                    Err(why) => {
+                        self.refuse_unreadable(caller, &record, view, &why).await;
+                        return Err(RevealError::Body {
+                            namespace: namespace.into(),
+                            name: name.into(),
+                            why,
+                        });
+                    }
+                };
+                match read {
+                    BodyRead::Head { head, whole } => Revealed::Object(reveal::with_body(
+                        reveal::payload_object(&record, &opened, view, &mask_paths),
+                        body,
+                        &head,
+                        whole,
+                        view,
+                        &mask_paths,
+                    )),
+                    BodyRead::Bytes { body, len } => Revealed::Bytes { body, len },
+                }
+            }
+        };
+        match (&body, raw) {
+            (Some(b), true) => {
+                let user = caller.username.clone().unwrap_or_default();
+                tracing::info!(namespace = ?record.metadata.namespace, record = ?record.metadata.name, %user, size = b.size, "body revealed");
+                self.publish_on(&record, &reveal::body_revealed_event(&user, b.size))
+                    .await;
+            }
+            _ => self.announce(caller, &record, view).await,
+        }
+        Ok(revealed)
+    }
+
+    /// The record's stored `body`, checked against its size and digest and opened when
+    /// sealed: its head (the JSON views), or all of it (`raw`). An unsealed body is never held
+    /// whole: the head is kept while the rest is checked, and the bytes are checked in a first
+    /// pass and streamed in a second (checked again: an error then ends the response short).
+    async fn read_body(
+        &self,
+        queue: Option<&DeadLetterQueue>,
+        record: &DeadLetter,
+        body: &BodyRef,
+        keyring: &Keyring,
+        raw: bool,
+    ) -> Result<BodyRead, BodyError> {
+        let job = record.spec.job.id.as_str();
+        let queue = queue.ok_or_else(|| {
+            BodyError::Config(format!(
+                "the record's DeadLetterQueue {} is gone, and with it where its body is kept",
+                record.spec.queue
+            ))
+        })?;
+        let store = self.bodies.store(queue).await?.ok_or_else(|| {
+            BodyError::Config(format!(
+                "job {job} has its body in a store ({}), but DeadLetterQueue {} has no spec.bodies",
+                body.reference, record.spec.queue
+            ))
+        })?;
+        let want_head = reveal::BODY_HEAD + reveal::BODY_HEAD_MARGIN;
+        let Some(recipient) = &body.recipient else {
+            let head = checked_head(&store, job, body, want_head).await?;
+            if !raw {
+                let whole = head.len() as u64 >= body.size.max(0).unsigned_abs();
+                return Ok(BodyRead::Head { head, whole });
+            }
+            let stream = store.stream(job, body).await?.map(|chunk| {
+                chunk.map_err(|e| std::io::Error::other(format!("{} ({})", e, e.reason())))
+            });
+            return Ok(BodyRead::Bytes {
+                body: axum::body::Body::from_stream(stream),
+                len: body.size.max(0).unsigned_abs(),
+            });
+        };
+        let size = body.size.max(0).unsigned_abs();
+        let limit = store.spec().max();
+        if size > limit + seal_overhead(limit) {
+            return Err(BodyError::Seal(format!(
+                "the sealed body of job {job} is {size} bytes, over the queue's maxBytes ({limit}): not opened in memory"
+            )));
+        }
+        let sealed = store.fetch(job, body).await?;
+        let opened = dlq_core::seal::open_body(job, &sealed, recipient, keyring)
+            .map_err(|e| BodyError::Seal(e.to_string()))?;
+        drop(sealed);
+        if raw {
+            return Ok(BodyRead::Bytes {
+                len: opened.len() as u64,
+                body: axum::body::Body::from(opened),
+            });
+        }
+        let whole = opened.len() <= want_head;
+        let head = opened.get(..want_head).unwrap_or(&opened).to_vec();
+        Ok(BodyRead::Head { head, whole })
+    }
+
+    /// The `RevealFailed` Warning on a record whose body could not be read, and a log line.
+    async fn refuse_unreadable(
+        &self,
+        caller: &UserInfo,
+        record: &DeadLetter,
+        view: View,
+        why: &BodyError,
+    ) {
+        let user = caller.username.clone().unwrap_or_default();
+        let plan = reveal::body_unreadable_event(&user, view, why.reason(), &why.to_string());
+        tracing::warn!(namespace = ?record.metadata.namespace, record = ?record.metadata.name, %user, ?view, reason = why.reason(), error = %why, "body could not be revealed");
+        self.publish_on(record, &plan).await;
     }
 
     /// A SubjectAccessReview for `get deadletterpayloads[/unmasked]` of exactly this record.
@@ -376,9 +586,76 @@ impl RevealApi {
     }
 }
 
+/// A stored body as read for a reveal.
+enum BodyRead {
+    /// Its first bytes (at most `BODY_HEAD + BODY_HEAD_MARGIN`); `whole`: that is all of it.
+    Head { head: Vec<u8>, whole: bool },
+    /// All of it, checked, as the response's body.
+    Bytes { body: axum::body::Body, len: u64 },
+}
+
+/// The first `keep` bytes of the unsealed body `want`, after checking all of it.
+async fn checked_head(
+    store: &BodyStore,
+    job: &str,
+    want: &BodyRef,
+    keep: usize,
+) -> Result<Vec<u8>, BodyError> {
+    let mut stream = store.stream(job, want).await?;
+    let mut head = Vec::with_capacity(keep);
+    while let Some(chunk) = stream.next().await {
+        let chunk: Bytes = chunk?;
+        let room = keep - head.len();
+        head.extend_from_slice(&chunk[..chunk.len().min(room)]);
+    }
+    Ok(head)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_an_octet_stream_accept_asks_for_the_bytes() {
+        let mut h = axum::http::HeaderMap::new();
+        assert!(!wants_raw(&h));
+        h.insert(header::ACCEPT, "application/json".parse().unwrap());
+        assert!(!wants_raw(&h));
+        h.insert(
+            header::ACCEPT,
+            "application/json;q=0.5, application/octet-stream"
+                .parse()
+                .unwrap(),
+        );
+        assert!(wants_raw(&h));
+    }
+
+    #[test]
+    fn a_body_gone_or_changed_is_a_conflict_naming_why_and_a_store_down_unavailable() {
+        let missing = RevealError::Body {
+            namespace: "pay".into(),
+            name: "r-1".into(),
+            why: BodyError::Missing {
+                job: "j".into(),
+                reference: "s3://b/k".into(),
+            },
+        };
+        let Answer(code, body) = missing.answer();
+        assert_eq!(code, StatusCode::CONFLICT);
+        assert!(
+            body["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("BodyMissing"),
+            "{body}"
+        );
+        let down = RevealError::Body {
+            namespace: "pay".into(),
+            name: "r-1".into(),
+            why: BodyError::Unreachable("connection refused".into()),
+        };
+        assert_eq!(down.answer().0, StatusCode::SERVICE_UNAVAILABLE);
+    }
 
     /// A record the operator cannot open (damaged ciphertext, or its key gone) is a state of
     /// that record: 409 naming it, never a 500.

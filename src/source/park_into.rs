@@ -193,7 +193,7 @@ impl ParkInto {
     /// [`Kept`] guard keeps the object from the sweep until the record exists. While the store
     /// cannot take it, the message stays in the broker (`waiting` runs before each wait) and
     /// a `BodyStoreUnavailable` Event says why. `Err` for a message over `maxBytes`.
-    async fn keep_body<W, Fut>(
+    pub(super) async fn keep_body<W, Fut>(
         &self,
         mut req: ParkRequest,
         where_it_stays: &str,

@@ -166,11 +166,21 @@ pub struct Incoming {
 
 /// The park requests in `req` for queue `queue`, in order.
 pub fn parse(queue: &str, req: &HttpRequest<'_>) -> Result<(Mode, Vec<Incoming>), CeError> {
+    parse_within(queue, req, MAX_BODY)
+}
+
+/// [`parse`] for a queue whose bodies may be larger than a record holds (its body store's
+/// `maxBytes`, plus room for framing): bodies up to `limit` bytes.
+pub fn parse_within(
+    queue: &str,
+    req: &HttpRequest<'_>,
+    limit: usize,
+) -> Result<(Mode, Vec<Incoming>), CeError> {
     if !req.method.eq_ignore_ascii_case("POST") {
         return Err(CeError::MethodNotAllowed);
     }
-    if req.body.len() > MAX_BODY {
-        return Err(CeError::TooLarge { limit: MAX_BODY });
+    if req.body.len() > limit {
+        return Err(CeError::TooLarge { limit });
     }
     if let Some(enc) = req
         .header("content-encoding")

@@ -175,6 +175,103 @@ fn binary(b64: &str, masked: bool) -> String {
     }
 }
 
+/// Bytes of a stored body (`spec.job.body`) the JSON views show: its head. The exact bytes come
+/// from the unmasked view asked with `Accept: application/octet-stream` ([`RAW`]).
+pub const BODY_HEAD: usize = 1024;
+/// Bytes read past [`BODY_HEAD`] before masking, so a card number crossing the cut is masked
+/// whole (a card with separators is under 30 characters).
+pub const BODY_HEAD_MARGIN: usize = 64;
+/// The media type asking the unmasked view for the job's exact bytes rather than its object.
+pub const RAW: &str = "application/octet-stream";
+
+/// `object` (a [`payload_object`]) with the stored body `body` described (`ref`, `size`,
+/// `sha256`) and its head shown: `head` is the opened body's first bytes (up to
+/// [`BODY_HEAD`] + [`BODY_HEAD_MARGIN`]), `whole` says whether that is all of it. Masked, card
+/// numbers are masked in the bytes; a queue's `maskPaths` name values of a whole JSON
+/// document, which a head cut from a larger one cannot be checked against, so a larger body's
+/// head is withheld from the masked view when the queue has mask paths (`bodyHeadWithheld`
+/// says so; the unmasked view shows it).
+pub fn with_body(
+    mut object: Value,
+    body: &crate::dead_letter::BodyRef,
+    head: &[u8],
+    whole: bool,
+    view: View,
+    mask_paths: &[String],
+) -> Value {
+    let Some(fields) = object.as_object_mut() else {
+        return object;
+    };
+    let mut described = json!({
+        "ref": body.reference,
+        "size": body.size,
+        "sha256": body.sha256,
+    });
+    if let (Some(recipient), Some(d)) = (&body.recipient, described.as_object_mut()) {
+        d.insert("sealedTo".into(), json!(recipient));
+    }
+    fields.insert("body".into(), described);
+    let shown: Vec<u8> = match view {
+        View::Unmasked => head.to_vec(),
+        View::Masked if whole && !mask_paths.is_empty() => match std::str::from_utf8(head) {
+            Ok(text) => mask::mask_payload(text, mask_paths).into_bytes(),
+            Err(_) => mask::mask_card_bytes(head),
+        },
+        View::Masked if !mask_paths.is_empty() => {
+            fields.insert(
+                "bodyHeadWithheld".into(),
+                json!(format!(
+                    "the queue masks JSON paths ({}), which the first {BODY_HEAD} bytes of a larger body cannot be checked against: the unmasked view shows them",
+                    mask_paths.join(", ")
+                )),
+            );
+            return object;
+        }
+        View::Masked => mask::mask_card_bytes(head),
+    };
+    let cut = &shown[..shown.len().min(BODY_HEAD)];
+    match std::str::from_utf8(cut) {
+        Ok(text) => {
+            fields.insert("bodyHead".into(), json!(text));
+        }
+        // Cut inside a character: the text up to it.
+        Err(e) if e.error_len().is_none() && e.valid_up_to() > 0 => {
+            let text = String::from_utf8_lossy(&cut[..e.valid_up_to()]).into_owned();
+            fields.insert("bodyHead".into(), json!(text));
+        }
+        Err(_) => {
+            let engine = base64::engine::general_purpose::STANDARD;
+            fields.insert("bodyHeadBase64".into(), json!(engine.encode(cut)));
+        }
+    }
+    object
+}
+
+/// The Event a download of a record's exact body writes: who, and how many bytes.
+pub fn body_revealed_event(user: &str, size: i64) -> EventPlan {
+    EventPlan::normal(
+        reason::PAYLOAD_REVEALED,
+        action::REVEAL,
+        format!("payload revealed to {user} (unmasked, the body's {size} bytes)"),
+    )
+    .once()
+}
+
+/// The Event a reveal writes on a record whose stored body could not be read or opened
+/// (`reason`: BodyMissing, BodyCorrupt, ...; `why` names the object, never its bytes).
+pub fn body_unreadable_event(user: &str, view: View, reason: &str, why: &str) -> EventPlan {
+    EventPlan::warning(
+        reason::REVEAL_FAILED,
+        action::REVEAL,
+        format!(
+            "payload could not be revealed to {user} ({}): {reason}: {why}",
+            view.name()
+        ),
+    )
+    // Each refusal its own Event, as each reveal is: a body missing, then changed, both show.
+    .once()
+}
+
 /// The Event every reveal writes on its record: who, and which view.
 pub fn revealed_event(user: &str, view: View) -> EventPlan {
     EventPlan::normal(
@@ -284,6 +381,77 @@ mod tests {
             assert_eq!(r["verbs"], json!(["get"]));
         }
         assert_eq!(api_group()["preferredVersion"]["version"], VERSION);
+    }
+
+    #[test]
+    fn a_stored_bodys_head_is_masked_cut_and_withheld_under_mask_paths() {
+        let r = record("r1");
+        let body = crate::dead_letter::BodyRef {
+            reference: "s3://b/sha256/ab".into(),
+            size: 5000,
+            sha256: "ab".repeat(32),
+            recipient: None,
+            external: false,
+        };
+        // A card crossing the cut at 1024 bytes is masked whole.
+        let mut head = vec![b'x'; BODY_HEAD - 8];
+        head.extend_from_slice(b"4111111111111111");
+        head.extend(std::iter::repeat_n(b'y', 40));
+        let base = payload_object(&r, &r.spec.job, View::Masked, &[]);
+        let masked = with_body(base.clone(), &body, &head, false, View::Masked, &[]);
+        let shown = masked["bodyHead"].as_str().unwrap();
+        assert_eq!(shown.len(), BODY_HEAD);
+        assert!(shown.ends_with("411111**"), "{}", &shown[1000..]);
+        assert_eq!(masked["body"]["size"], 5000);
+        assert_eq!(masked["body"]["ref"], "s3://b/sha256/ab");
+        let raw = with_body(
+            base.clone(),
+            &body,
+            &head,
+            false,
+            View::Unmasked,
+            &["$.a".into()],
+        );
+        assert!(raw["bodyHead"].as_str().unwrap().ends_with("41111111"));
+        let withheld = with_body(
+            base.clone(),
+            &body,
+            &head,
+            false,
+            View::Masked,
+            &["$.a".into()],
+        );
+        assert!(withheld.get("bodyHead").is_none());
+        assert!(
+            withheld["bodyHeadWithheld"]
+                .as_str()
+                .unwrap()
+                .contains("$.a")
+        );
+        // Whole, a JSON body is masked like a payload; bytes that are not text stay base64.
+        let doc = br#"{"a":"Ada","n":1}"#;
+        let whole = with_body(
+            base.clone(),
+            &body,
+            doc,
+            true,
+            View::Masked,
+            &["$.a".into()],
+        );
+        assert_eq!(whole["bodyHead"], r#"{"a":"****","n":1}"#);
+        let binary = with_body(
+            base,
+            &body,
+            b"\xff\xfe4111111111111111",
+            true,
+            View::Masked,
+            &[],
+        );
+        let engine = base64::engine::general_purpose::STANDARD;
+        let bytes = engine
+            .decode(binary["bodyHeadBase64"].as_str().unwrap())
+            .unwrap();
+        assert_eq!(bytes, b"\xff\xfe411111******1111");
     }
 
     #[test]

@@ -261,6 +261,12 @@ pub struct ShowArgs {
     /// With --reveal: the exact bytes, nothing masked (the `unmasked` subresource).
     #[arg(long, requires = "reveal")]
     pub unmasked: bool,
+    /// Write the job's exact bytes (its stored body, else its payload) to stdout, e.g.
+    /// `> file`: through the reveal API as you (the unmasked view: needs the role
+    /// dlq-payload-reader; an Event and the audit log record it), streamed, and checked
+    /// against the record's size and SHA-256.
+    #[arg(long, conflicts_with_all = ["reveal", "unmasked"])]
+    pub body: bool,
 }
 
 /// One record in full; the table form reads the record's recent Events too.
@@ -273,6 +279,9 @@ pub async fn show(g: &Global, args: ShowArgs) -> Result<(), CliError> {
             args.job
         )));
     };
+    if args.body {
+        return download_body(&client, &ns, r).await;
+    }
     if args.output != Output::Table {
         return print_list(std::slice::from_ref(r), args.output);
     }
@@ -280,7 +289,24 @@ pub async fn show(g: &Global, args: ShowArgs) -> Result<(), CliError> {
     let mut out = String::new();
     show_facts(&mut out, r, &ns, cycles.len());
     show_decision(&mut out, r);
-    if args.reveal {
+    if let Some(body) = r.spec.job.stored_body() {
+        // The head is in the store, not the record: only the reveal API reads it.
+        let revealed = crate::reveal::fetch(&client, &ns, &r.name_any(), args.unmasked).await;
+        if args.reveal {
+            let revealed = revealed?;
+            let masking = if args.unmasked {
+                Masking::None
+            } else {
+                Masking::Cards(Vec::new())
+            };
+            show_job(&mut out, &revealed.clone().into_job(&r.spec.job), &masking);
+            show_body(&mut out, body, Ok(revealed));
+        } else {
+            let mask = mask_paths(&client, &ns, &r.spec.queue).await;
+            show_job(&mut out, &r.spec.job, &Masking::Cards(mask));
+            show_body(&mut out, body, revealed);
+        }
+    } else if args.reveal {
         let revealed = crate::reveal::fetch(&client, &ns, &r.name_any(), args.unmasked).await?;
         // Masked by the server already; the unmasked view is shown exactly.
         let masking = if args.unmasked {
@@ -428,6 +454,75 @@ fn show_job(out: &mut String, job: &Job, masking: &Masking) {
     };
     kv(out, "Payload:", payload);
     show_backtrace(out, &bytes);
+}
+
+/// `show --body`: the exact bytes to stdout, never to a terminal.
+async fn download_body(client: &Client, ns: &str, r: &DeadLetter) -> Result<(), CliError> {
+    use std::io::IsTerminal;
+    if std::io::stdout().is_terminal() {
+        return Err(CliError::Usage(
+            "--body writes the job's exact bytes to stdout: redirect it (> file)".into(),
+        ));
+    }
+    let want = r.spec.job.stored_body().filter(|b| b.recipient.is_none());
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::with_capacity(64 * 1024, stdout.lock());
+    crate::reveal::download(client, ns, &r.name_any(), want, &mut out).await?;
+    Ok(())
+}
+
+/// A body kept in the queue's store: its size, digest and reference from the record, and its
+/// first KiB as the reveal API showed it (or why not).
+fn show_body(
+    out: &mut String,
+    body: &dlq_core::api::BodyRef,
+    revealed: Result<crate::reveal::Revealed, CliError>,
+) {
+    let size = body.size.max(0).unsigned_abs();
+    kv(
+        out,
+        "Body:",
+        format!(
+            "{} ({size} bytes) in the queue's body store",
+            human_bytes(size)
+        ),
+    );
+    kv(out, "Body sha256:", &body.sha256);
+    kv(out, "Body ref:", &body.reference);
+    if let Some(recipient) = &body.recipient {
+        kv(out, "Body sealed:", format!("to {recipient}"));
+    }
+    let head = match revealed {
+        Err(e) => format!("(not shown: {e})"),
+        Ok(r) => match (r.body_head, r.body_head_base64, r.body_head_withheld) {
+            (Some(text), _, _) => format!("(first {} bytes, UTF-8)\n{text}", text.len()),
+            (None, Some(b64), _) => format!("(first KiB, binary; base64)\n{b64}"),
+            (None, None, Some(why)) => format!("(not shown: {why})"),
+            (None, None, None) => "(not shown: the reveal API described no body)".to_string(),
+        },
+    };
+    kv(out, "Body head:", head);
+    kv(
+        out,
+        "",
+        "kubectl dlq show JOB --body > FILE downloads all of it",
+    );
+}
+
+/// Bytes for a person: `2.0 MiB`, `512 B`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
 }
 
 /// Where the broker says the job was before it died, as `field=value` pairs.
@@ -797,6 +892,13 @@ mod tests {
         assert!(facts.contains("card 400005******5556 declined"), "{facts}");
         let listed = row(&r, false).join(" ");
         assert!(!listed.contains("4000056655665556"), "{listed}");
+    }
+
+    #[test]
+    fn sizes_for_people() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(2 << 20), "2.0 MiB");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
     }
 
     #[test]

@@ -12,6 +12,7 @@ mod groups_cmd;
 mod inspect;
 mod lookup;
 mod park_cmd;
+mod park_endpoint;
 mod reveal;
 mod runbook;
 mod seal_key;

@@ -21,8 +21,20 @@ pub struct ParkArgs {
     #[arg(long)]
     pub id: String,
     /// Payload: TEXT, @FILE, or @- for stdin. Non-UTF-8 bytes are stored as payloadBase64.
+    /// A FILE over a record's limit (256 KiB) is streamed to the queue's HTTP park endpoint
+    /// (`status.address`; the queue needs spec.http and spec.bodies), which keeps it in the
+    /// queue's body store: this plugin never holds the store's credentials.
     #[arg(long)]
     pub payload: Option<String>,
+    /// With a FILE over a record's limit: a bearer token for the park endpoint, with the
+    /// queue's audience (e.g. `kubectl create token SA --audience AUDIENCE`); without one the
+    /// endpoint takes it only from a queue allowing anonymous callers, from inside the cluster.
+    #[arg(long, value_name = "PATH")]
+    pub token_file: Option<std::path::PathBuf>,
+    /// With a FILE over a record's limit: the park endpoint's URL as reachable from here
+    /// (default: the queue's status.address.url, an in-cluster address).
+    #[arg(long, value_name = "URL")]
+    pub park_url: Option<String>,
     /// Payload as base64 text: TEXT, @FILE, or @- for stdin.
     #[arg(long)]
     pub payload_base64: Option<String>,
@@ -183,8 +195,65 @@ pub fn request(args: &ParkArgs) -> Result<ParkRequest, CliError> {
     Ok(req)
 }
 
+/// The path and size of `--payload @FILE` when the file is over a record's limit.
+fn large_file(args: &ParkArgs) -> Result<Option<(String, u64)>, CliError> {
+    let Some(path) = args.payload.as_deref().and_then(|p| p.strip_prefix('@')) else {
+        return Ok(None);
+    };
+    if path == "-" {
+        return Ok(None);
+    }
+    let meta = std::fs::metadata(path)
+        .map_err(|e| CliError::Io(format!("--payload @{path}: reading {path}"), e))?;
+    Ok((meta.is_file() && meta.len() > MAX_PAYLOAD_BYTES as u64)
+        .then(|| (path.to_string(), meta.len())))
+}
+
+/// `park` of a file over a record's limit, through the queue's park endpoint.
+async fn park_large(
+    global: &Global,
+    args: &ParkArgs,
+    path: &str,
+    size: u64,
+) -> Result<(), CliError> {
+    if args.payload_base64.is_some()
+        || args.intent_id.is_some()
+        || args.service_version.is_some()
+        || args.message.is_some()
+    {
+        return Err(CliError::Usage(
+            "a payload over a record's limit goes through the park endpoint, which takes the job id, reason, deliveries, failure kind, error class and headers: not --payload-base64, --intent-*, --service-version or --message".into(),
+        ));
+    }
+    let (client, ns) = connect(global).await?;
+    let queues: kube::Api<dlq_core::api::DeadLetterQueue> = kube::Api::namespaced(client, &ns);
+    let queue = queues.get_opt(&args.queue).await?.ok_or_else(|| {
+        CliError::Usage(format!(
+            "no DeadLetterQueue {} in namespace {ns}",
+            args.queue
+        ))
+    })?;
+    let endpoint = crate::park_endpoint::endpoint_of(&queue, size, args.park_url.as_deref())?;
+    let (name, new) = crate::park_endpoint::park_file(args, &endpoint, path, size).await?;
+    if new {
+        println!(
+            "parked {name} (new; {size} bytes sent to the queue's park endpoint {}, kept in its body store)",
+            endpoint.url
+        );
+    } else {
+        println!(
+            "already parked {name} (nothing changed; the queue's park endpoint {} answered with its record)",
+            endpoint.url
+        );
+    }
+    Ok(())
+}
+
 /// `park`: validates locally, parks once, and says whether the record is new.
 pub async fn run(global: &Global, args: ParkArgs) -> Result<(), CliError> {
+    if let Some((path, size)) = large_file(&args)? {
+        return park_large(global, &args, &path, size).await;
+    }
     let req = request(&args)?;
     // Refused before connecting: a malformed request needs no cluster to say so.
     validate(&req).map_err(ParkError::Invalid)?;

@@ -1,11 +1,14 @@
 //! The reveal API from the client side (`kubectl dlq show --reveal`, the page's Reveal button):
 //! `GET .../deadletterpayloads/{record}` (or its `unmasked` subresource) as the kubeconfig's
-//! user, through the apiserver, which authenticates, authorizes and audits the read.
+//! user, through the apiserver, which authenticates, authorizes and audits the read. A record
+//! whose body is in its queue's store comes with the body's facts and first KiB; its exact bytes
+//! (`kubectl dlq show --body`) are the unmasked view asked for `application/octet-stream`.
 
 use std::collections::BTreeMap;
 
-use dlq_core::api::Job;
-use dlq_core::reveal::{GROUP_VERSION, RESOURCE, UNMASKED};
+use dlq_core::api::{BodyRef, Job};
+use dlq_core::reveal::{GROUP_VERSION, RAW, RESOURCE, UNMASKED};
+use futures::AsyncReadExt;
 use serde::Deserialize;
 
 use crate::session::CliError;
@@ -25,6 +28,30 @@ pub struct Revealed {
     /// `masked` or `unmasked`.
     #[serde(default)]
     pub view: String,
+    /// A body kept in the queue's store: its reference, size and digest.
+    #[serde(default)]
+    pub body: Option<RevealedBody>,
+    /// Its first KiB as text (masked in the masked view).
+    #[serde(default)]
+    pub body_head: Option<String>,
+    /// Its first KiB when that is not text.
+    #[serde(default)]
+    pub body_head_base64: Option<String>,
+    /// Why the masked view does not show its first KiB.
+    #[serde(default)]
+    pub body_head_withheld: Option<String>,
+}
+
+/// A stored body as the reveal API describes it.
+#[derive(Deserialize, Debug, Default, Clone, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RevealedBody {
+    #[serde(rename = "ref", default)]
+    pub reference: String,
+    #[serde(default)]
+    pub size: i64,
+    #[serde(default)]
+    pub sha256: String,
 }
 
 impl Revealed {
@@ -64,6 +91,61 @@ pub async fn fetch(
         .request::<Revealed>(request)
         .await
         .map_err(|e| refusal(e, ns, unmasked))
+}
+
+/// Record `name`'s exact bytes in `ns` (a stored body's, else its payload's), written to `out`
+/// as they arrive, never held whole; `want`: the record's unsealed stored body, whose size and
+/// digest the bytes are checked against as they pass (a sealed one is checked by the operator
+/// before it opens it). The number of bytes written.
+pub async fn download(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    want: Option<&BodyRef>,
+    out: &mut impl std::io::Write,
+) -> Result<u64, CliError> {
+    let request = axum::http::Request::get(path(ns, name, true))
+        .header(axum::http::header::ACCEPT, RAW)
+        .body(Vec::new())
+        .map_err(|e| CliError::Usage(e.to_string()))?;
+    let reader = client
+        .request_stream(request)
+        .await
+        .map_err(|e| refusal(e, ns, true))?;
+    let mut reader = std::pin::pin!(reader);
+    let mut verifier = want.map(|w| dlq_core::body::Verifier::new(name, w));
+    let broke_off = |e: std::io::Error| {
+        CliError::Io(
+            format!("the download of {name}'s body broke off (what was written is incomplete)"),
+            e,
+        )
+    };
+    let mut written = 0u64;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = reader.read(&mut buf).await.map_err(broke_off)?;
+        let Some(chunk) = buf.get(..n).filter(|c| !c.is_empty()) else {
+            break;
+        };
+        if let Some(v) = verifier.as_mut() {
+            v.update(chunk).map_err(corrupt)?;
+        }
+        out.write_all(chunk)
+            .map_err(|e| CliError::Io("writing the body".into(), e))?;
+        written += n as u64;
+    }
+    out.flush()
+        .map_err(|e| CliError::Io("writing the body".into(), e))?;
+    if let Some(v) = verifier {
+        v.finish().map_err(corrupt)?;
+    }
+    Ok(written)
+}
+
+fn corrupt(e: dlq_core::body::BodyCheck) -> CliError {
+    CliError::Refused(format!(
+        "BodyCorrupt: {e} (what was written is not the record's body)"
+    ))
 }
 
 /// What a refused reveal tells the user to do.

@@ -9,6 +9,13 @@
 //! `Retry-After` and an apiserver that cannot take it 503. An answer of 201 (a new record) or
 //! 200 (this event's record already exists) comes only once the record exists.
 //!
+//! A queue with a body store (`spec.bodies`) takes bodies up to its `maxBytes` (others a
+//! record's limit, [`MAX_BODY`]): the limit is enforced while the body is read (413 above it,
+//! and never more than the limit read), and an event above the queue's threshold is kept in
+//! the store before its record is created, as every source does (`ParkInto::keep_body`); a
+//! store that does not take it within [`BODY_STORE_WAIT`] answers 503 and keeps nothing the
+//! sweep would not delete.
+//!
 //! The server runs from the start of the process; a scope of the operator (its queue store,
 //! job index and parker) registers here while it runs, so a standby replica, or one whose
 //! term on the Lease ran out, answers 503. Senders do not reach a standby through the park
@@ -33,6 +40,7 @@ use kube::runtime::reflector::ObjectRef;
 
 use dlq_client::park::{ParkError, ParkOutcome};
 use dlq_core::cloudevent::{self, HttpRequest, Incoming, MAX_BODY};
+use dlq_core::park::ParkRequest;
 use dlq_core::park::{Disposition, ParkInvalid, after_refusal, dispose};
 
 use crate::metrics::Metrics;
@@ -44,8 +52,14 @@ use auth::Auth;
 const RETRY_AFTER_FULL: u64 = 2;
 /// What an apiserver that cannot take the record tells the sender to wait.
 const RETRY_AFTER_UNAVAILABLE: u64 = 1;
-/// Longest wait for a request's body (at most [`MAX_BODY`] bytes).
+/// Longest wait for a request's body (at most [`MAX_BODY`] bytes); a larger one a second more
+/// per MiB its queue takes.
 const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Room beyond a body store's `maxBytes` for a structured event's or a batch's framing.
+const FRAMING: usize = 4096;
+/// Longest wait for the body store to take an event's body before answering 503 (the sender
+/// keeps the event and retries).
+const BODY_STORE_WAIT: Duration = Duration::from_secs(15);
 /// Longest wait for a request's headers, from its first byte (or the connection's).
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest TLS handshake.
@@ -385,10 +399,11 @@ async fn answer(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
-    if declared.is_some_and(|n| n > MAX_BODY) {
-        return too_large();
+    let limit = body_limit(&q);
+    if declared.is_some_and(|n| n > limit) {
+        return too_large(limit);
     }
-    let body = match read_body(body).await {
+    let body = match read_body(body, limit, declared).await {
         Ok(body) => body,
         Err(answer) => return answer,
     };
@@ -401,10 +416,12 @@ async fn answer(
         headers,
         body: &body,
     };
-    let events = match cloudevent::parse(queue, &http_request) {
+    let events = match cloudevent::parse_within(queue, &http_request, limit) {
         Ok((_, events)) => events,
         Err(e) => return Answer::error(e.status(), e),
     };
+    // The events hold their own copies: the body read goes before any is kept.
+    drop(body);
     let mut created = Vec::new();
     let mut existing = Vec::new();
     for event in events {
@@ -431,20 +448,47 @@ async fn answer(
     }
 }
 
-fn too_large() -> Answer {
-    Answer::error(
-        413,
-        format!("the body is over {MAX_BODY} bytes, more than a record holds"),
-    )
+/// The largest body `queue` takes: its body store's `maxBytes` (plus framing), else what a
+/// record holds.
+fn body_limit(queue: &dlq_core::api::DeadLetterQueue) -> usize {
+    queue.spec.bodies.as_ref().map_or(MAX_BODY, |b| {
+        usize::try_from(b.max())
+            .unwrap_or(usize::MAX)
+            .saturating_add(FRAMING)
+            .max(MAX_BODY)
+    })
 }
 
-/// The body, at most [`MAX_BODY`] bytes and within [`BODY_TIMEOUT`].
-async fn read_body(body: Body) -> Result<Vec<u8>, Answer> {
-    let limited = http_body_util::Limited::new(body, MAX_BODY);
-    match tokio::time::timeout(BODY_TIMEOUT, limited.collect()).await {
-        Ok(Ok(collected)) => Ok(collected.to_bytes().to_vec()),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
-        Ok(Err(e)) => Err(Answer::error(400, format!("reading the body: {e}"))),
+fn too_large(limit: usize) -> Answer {
+    let why = if limit > MAX_BODY {
+        "more than the queue's body store takes (spec.bodies.maxBytes)"
+    } else {
+        "more than a record holds (a queue with spec.bodies takes more)"
+    };
+    Answer::error(413, format!("the body is over {limit} bytes, {why}"))
+}
+
+/// The body, at most `limit` bytes (counted as it arrives: what is over is never read) and
+/// within [`BODY_TIMEOUT`] (a second more per MiB of `limit` over [`MAX_BODY`]).
+async fn read_body(body: Body, limit: usize, declared: Option<usize>) -> Result<Vec<u8>, Answer> {
+    let timeout = BODY_TIMEOUT + Duration::from_secs((limit.saturating_sub(MAX_BODY) >> 20) as u64);
+    let mut body = std::pin::pin!(body);
+    let mut out = Vec::with_capacity(declared.unwrap_or(0).min(limit));
+    let read = async {
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| Answer::error(400, format!("reading the body: {e}")))?;
+            if let Ok(data) = frame.into_data() {
+                if out.len().saturating_add(data.len()) > limit {
+                    return Err(too_large(limit));
+                }
+                out.extend_from_slice(&data);
+            }
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(timeout, read).await {
+        Ok(Ok(())) => Ok(out),
+        Ok(Err(answer)) => Err(answer),
         Err(_) => Err(Answer::error(408, "the body did not arrive in time")),
     }
 }
@@ -484,7 +528,13 @@ fn lower_case_headers(
 
 /// Parks one event once: its record's name and whether it is new, or the answer to give.
 async fn park_one(into: &ParkInto, event: Incoming) -> Result<(String, bool), Answer> {
-    let Incoming { request, raw } = event;
+    let Incoming { request, mut raw } = event;
+    // Over the queue's threshold: kept in its body store first, as every source does.
+    let (request, kept) = keep_body(into, request).await?;
+    if kept.is_some() {
+        // Its bytes are in the store now; a record cannot hold them as an Invalid one either.
+        raw = Vec::new();
+    }
     let mut req = match dispose(request, &raw) {
         Disposition::Park(req) => *req,
         Disposition::Reject(why @ ParkInvalid::PayloadTooLarge { .. }) => {
@@ -519,12 +569,40 @@ async fn park_one(into: &ParkInto, event: Incoming) -> Result<(String, bool), An
             }
         };
         let refusal = refused.final_refusal().unwrap_or_default();
-        let Some(next) = after_refusal(&req, &raw, refusal, tried) else {
+        let next = match kept {
+            Some(_) => None,
+            None => after_refusal(&req, &raw, refusal, tried),
+        };
+        let Some(next) = next else {
             return Err(Answer::error(400, refused));
         };
         tracing::warn!(namespace = %into.namespace(), queue = %into.queue(), job = %req.job.id, error = %refused, fallback = tried + 1, "the apiserver refused the record for good; parking the event as Invalid with its exact bytes");
         req = next;
         tried += 1;
+    }
+}
+
+/// `req` with its payload kept in the queue's body store when it is over the queue's
+/// threshold (`ParkInto::keep_body`, the path of every source), and the guard keeping the
+/// object from the sweep until the record exists. Over `maxBytes`: 413; the store not taking
+/// it within [`BODY_STORE_WAIT`]: 503 (the sender retries; an object already written and never
+/// referenced is swept after `orphansAfter`).
+async fn keep_body(
+    into: &ParkInto,
+    request: ParkRequest,
+) -> Result<(ParkRequest, Option<crate::body::Kept>), Answer> {
+    let keeping = into.keep_body(request, "with the sender", &|| async {});
+    match tokio::time::timeout(BODY_STORE_WAIT, keeping).await {
+        Ok(Ok(kept)) => Ok(kept),
+        Ok(Err(e @ ParkError::Invalid(ParkInvalid::PayloadTooLarge { .. }))) => {
+            Err(Answer::error(413, e))
+        }
+        Ok(Err(e)) => Err(Answer::error(400, e)),
+        Err(_) => Err(Answer::error(
+            503,
+            "the queue's body store did not take the body in time: try again",
+        )
+        .retry_after(RETRY_AFTER_UNAVAILABLE)),
     }
 }
 

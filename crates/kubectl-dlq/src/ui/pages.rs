@@ -291,8 +291,8 @@ pub async fn record(
         (facts(&r))
         @if decide { (super::act::decision_form(&ui, &[Snapshot::of(&r)])) }
         h2 { "Payload" }
-        (payload(&r, &mask))
-        @if r.spec.job.sealed.is_some() {
+        @if let Some(b) = r.spec.job.stored_body() { (stored_body(b, &r.spec.job.id)) } @else { (payload(&r, &mask)) }
+        @if r.spec.job.sealed.is_some() || r.spec.job.stored_body().is_some() {
             // Through the reveal API as the person running the page: refused without the role
             // dlq-payload-reader, an Event and an audit log entry when allowed.
             button #reveal type="button" hx-get=(format!("/r/{ns}/{name}/reveal"))
@@ -335,6 +335,25 @@ pub async fn reveal(
 /// card numbers masked again, which changes nothing already masked), or why it was refused.
 fn revealed_part(fetched: Result<crate::reveal::Revealed, crate::session::CliError>) -> Markup {
     match fetched {
+        Ok(revealed) if revealed.body.is_some() => {
+            let headers = revealed.headers.clone();
+            let (kind, text) = match (
+                revealed.body_head,
+                revealed.body_head_base64,
+                revealed.body_head_withheld,
+            ) {
+                (Some(text), _, _) => ("the body's first KiB, text, revealed".to_string(), text),
+                (None, Some(b64), _) => ("the body's first KiB, base64, revealed".to_string(), b64),
+                (None, None, why) => (
+                    "the body's first KiB is not shown".to_string(),
+                    why.unwrap_or_default(),
+                ),
+            };
+            html! {
+                p.muted { (kind) } pre #revealed-payload { (mask_cards(&text)) }
+                table #revealed-headers { @for (k, v) in &headers { tr { th { (mask_cards(k)) } td { (mask_cards(v)) } } } }
+            }
+        }
         Ok(revealed) => {
             let job = revealed.into_job(&dlq_core::api::Job::default());
             let (kind, text) = match view::payload(&job, &[]) {
@@ -372,6 +391,22 @@ fn facts(r: &DeadLetter) -> Markup {
             dt { "Note" } dd { (s.note.as_deref().unwrap_or("-")) }
             dt { "Resolved" } dd { (st.and_then(|s| s.resolved_by.clone().zip(s.resolved_at.clone()))
                 .map_or("-".into(), |(by, at)| format!("by {by} at {}", at.0))) }
+        }
+    }
+}
+
+/// A body kept in the queue's store: its size, digest and reference (its bytes are read only
+/// through the reveal API: the Reveal button, or `kubectl dlq show --body`).
+fn stored_body(b: &dlq_core::api::BodyRef, job: &str) -> Markup {
+    let size = b.size.max(0).unsigned_abs();
+    html! {
+        p.muted { "kept in the queue's body store" }
+        dl #body {
+            dt { "Size" } dd #body-size { (crate::inspect::human_bytes(size)) " (" (size) " bytes)" }
+            dt { "SHA-256" } dd #body-sha256 { (b.sha256) }
+            dt { "Reference" } dd #body-ref { (b.reference) }
+            @if let Some(r) = &b.recipient { dt { "Sealed to" } dd { (r) } }
+            dt { "Download" } dd { code { "kubectl dlq show " (job) " --body > FILE" } }
         }
     }
 }
