@@ -385,3 +385,156 @@ async fn a_kill_between_the_send_and_the_status_write_leaves_one_message_in_a_fi
     assert_eq!(back.len(), 1, "SQS dropped the second send");
     assert_eq!(back[0].body(), Some("settle pi_0011"));
 }
+
+/// A pointer message as the SQS Extended Client sends it for an object `key` of `bucket`.
+fn extended_pointer(bucket: &str, key: &str) -> String {
+    json!([
+        "software.amazon.payloadoffloading.PayloadS3Pointer",
+        {"s3BucketName": bucket, "s3Key": key}
+    ])
+    .to_string()
+}
+
+/// Issue 48: an SQS Extended Client message (its 5 MiB body offloaded by the producer to its
+/// own bucket, the message a pointer with `ExtendedPayloadSize`) is parked with the pointer
+/// inline and `spec.job.body` naming the producer's object (size and digest read through the
+/// queue's S3 store credentials); a redrive checks the object and sends the pointer message
+/// untouched, attributes and all, once; the sweep leaves the object alone. An object deleted
+/// before the redrive refuses it (`BodyMissing`): nothing sent, the record stays Parked.
+#[tokio::test]
+async fn an_extended_client_pointer_references_its_object_and_is_redriven_untouched() {
+    use dlq_testenv::brokers::s3::S3Server;
+    const PRODUCER: &str = "producer-payloads";
+    const STORE: &str = "dlq-bodies";
+    let s3 = S3Server::start();
+    s3.create_bucket(PRODUCER).await;
+    s3.create_bucket(STORE).await;
+    let object = dlq_testenv::backends::binary(5 << 20);
+    let key = "payloads/6f1c1e0a-5e2b-4c1a-9d6e-2f7b9a1c0d33";
+    s3.put_object(PRODUCER, key, object.clone()).await;
+
+    let (client, ns) = setup("sqs-extended").await;
+    let mq = shared_elasticmq();
+    let sqs = sqs(mq).await;
+    let (jobs, dead) = (format!("{ns}-jobs"), format!("{ns}-jobs-dlq"));
+    create_queue(&sqs, mq, &dead, None).await;
+    create_queue(&sqs, mq, &jobs, Some((&dead, 1))).await;
+    aws_secret(&client, &ns).await;
+    let creds: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "s3"},
+        "stringData": {"accessKeyId": s3.access_key(), "secretAccessKey": s3.secret_key()},
+    }))
+    .expect("a Secret");
+    Api::<Secret>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &creds)
+        .await
+        .expect("creating the s3 Secret");
+    let conn = json!({"region": REGION, "endpoint": mq.endpoint(), "credentialsSecretRef": {"name": "aws"}});
+    let mut target = conn.clone();
+    target["queueUrl"] = json!(mq.queue_url(&jobs));
+    let spec = json!({
+        "target": {"sqs": target},
+        "source": {"sqs": {"queueUrl": mq.queue_url(&dead)}},
+        "bodies": {"orphansAfter": "10s", "s3": {"bucket": STORE, "endpoint": s3.endpoint(),
+                   "region": "us-east-1", "credentialsSecretRef": {"name": "s3"}}},
+    });
+    create_dlq(&client, &ns, "relayer", spec).await;
+    let _op = Operator::start_with(&ns, &["--body-sweep-seconds=2"], &[]);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+
+    let pointer = extended_pointer(PRODUCER, key);
+    let attrs = HashMap::from([
+        (
+            "ExtendedPayloadSize".to_string(),
+            typed("Number", Some(&object.len().to_string()), None),
+        ),
+        ("x-trace".to_string(), typed("String", Some("t-5"), None)),
+    ]);
+    sqs.send_message()
+        .queue_url(mq.queue_url(&jobs))
+        .message_body(&pointer)
+        .set_message_attributes(Some(attrs.clone()))
+        .send()
+        .await
+        .expect("send");
+    fail_everything(&sqs, &mq.queue_url(&jobs)).await;
+
+    let r = one_record(&api).await;
+    let job = &r.spec.job;
+    assert_eq!(
+        job.payload.as_deref(),
+        Some(pointer.as_str()),
+        "the pointer inline"
+    );
+    let body = job
+        .body
+        .as_deref()
+        .expect("the producer's object referenced");
+    assert!(body.external, "{body:?}");
+    assert_eq!(body.reference, format!("s3://{PRODUCER}/{key}"));
+    assert_eq!(body.size, object.len() as i64);
+    assert_eq!(body.sha256, dlq_core::body::sha256_hex(&object));
+    assert!(s3.list_keys(STORE, "").await.is_empty(), "nothing copied");
+
+    // The sweep runs (it takes an orphan of the store's own) and leaves the producer's object.
+    let orphan = dlq_core::body::object_key("", &dlq_core::body::sha256_hex(b"orphan"));
+    s3.put_object(STORE, &orphan, b"orphan".to_vec()).await;
+    eventually(60, "the store's orphan swept", || async {
+        s3.list_keys(STORE, "").await.is_empty().then_some(())
+    })
+    .await;
+    let name = kube::ResourceExt::name_any(&r);
+    decide(&api, &name, Action::Redrive, "ops").await;
+    wait_phase(&api, &name, Phase::Redriven, 30).await;
+    let back = drain(&sqs, &mq.queue_url(&jobs)).await;
+    assert_eq!(back.len(), 1, "exactly one message back");
+    assert_eq!(
+        back[0].body(),
+        Some(pointer.as_str()),
+        "the pointer untouched"
+    );
+    assert_eq!(attributes_of(&back[0]), attrs, "the same typed attributes");
+    assert_eq!(
+        s3.get_object(PRODUCER, key).await.as_deref(),
+        Some(&object[..]),
+        "the producer's object unchanged after the sweep and the redrive"
+    );
+
+    // Its object gone (a lifecycle rule, a consumer that deleted it): the redrive is refused.
+    let second = "payloads/second";
+    s3.put_object(PRODUCER, second, vec![7u8; 300_000]).await;
+    let pointer = extended_pointer(PRODUCER, second);
+    let attrs = HashMap::from([(
+        "ExtendedPayloadSize".to_string(),
+        typed("Number", Some("300000"), None),
+    )]);
+    sqs.send_message()
+        .queue_url(mq.queue_url(&jobs))
+        .message_body(&pointer)
+        .set_message_attributes(Some(attrs))
+        .send()
+        .await
+        .expect("send");
+    fail_everything(&sqs, &mq.queue_url(&jobs)).await;
+    let parked = eventually(60, "the second pointer parked", || async {
+        records(&api)
+            .await
+            .into_iter()
+            .find(|d| d.spec.job.payload.as_deref() == Some(pointer.as_str()))
+    })
+    .await;
+    assert!(parked.spec.job.body.as_deref().is_some_and(|b| b.external));
+    s3.delete_object(PRODUCER, second).await;
+    let name = kube::ResourceExt::name_any(&parked);
+    decide(&api, &name, Action::Redrive, "ops").await;
+    eventually(60, "Requeued=False BodyMissing", || async {
+        let r = api.get(&name).await.ok()?;
+        let (status, why, _) = dlq_testenv::condition(&r, "Requeued")?;
+        (status == "False" && why == "BodyMissing" && r.phase() == Phase::Parked).then_some(())
+    })
+    .await;
+    assert!(
+        drain(&sqs, &mq.queue_url(&jobs)).await.is_empty(),
+        "nothing sent"
+    );
+}

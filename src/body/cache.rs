@@ -65,7 +65,19 @@ impl BodyCache {
             e.checked = Instant::now();
             return Ok(Some(e.store.clone()));
         }
-        let store = Arc::new(BodyStore::new(build(spec, &secrets)?, spec.clone()));
+        let mut store = BodyStore::new(build(spec, &secrets)?, spec.clone());
+        if spec.s3.is_some() {
+            // SQS Extended Client objects live in the producer's bucket on the same endpoint.
+            let (spec, secrets) = (spec.clone(), secrets.clone());
+            store = store.with_buckets(Arc::new(move |bucket: &str| {
+                let mut other = spec.clone();
+                if let Some(s3) = other.s3.as_mut() {
+                    s3.bucket = bucket.to_string();
+                }
+                build(&other, &secrets)
+            }));
+        }
+        let store = Arc::new(store);
         entries.insert(
             key,
             Entry {

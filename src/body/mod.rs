@@ -61,6 +61,10 @@ fn unreachable(e: object_store::Error) -> BodyError {
     BodyError::Unreachable(e.to_string())
 }
 
+/// Opens another bucket of the store's S3 endpoint with the store's credentials: an SQS
+/// Extended Client's object lives in the producer's bucket.
+pub type OpenBucket = Arc<dyn Fn(&str) -> Result<Arc<dyn ObjectStore>, BodyError> + Send + Sync>;
+
 /// One queue's store: where its objects live and under which prefix.
 pub struct BodyStore {
     store: Arc<dyn ObjectStore>,
@@ -68,6 +72,9 @@ pub struct BodyStore {
     /// Digests of bodies kept whose records are not created yet (a park waiting for room can
     /// wait longer than `orphansAfter`): the sweep keeps them.
     pending: Arc<Mutex<HashMap<String, usize>>>,
+    /// How to read other buckets (S3 stores only), and those opened so far.
+    open_bucket: Option<OpenBucket>,
+    buckets: Mutex<HashMap<String, Arc<dyn ObjectStore>>>,
 }
 
 /// A body kept in the store, its record not yet created: while this lives, the sweep keeps the
@@ -89,7 +96,7 @@ impl Drop for Kept {
     }
 }
 
-fn lock(m: &Mutex<HashMap<String, usize>>) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A panic while holding it leaves a plain map behind; keep using it.
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -111,7 +118,15 @@ impl BodyStore {
             store,
             spec,
             pending: Arc::default(),
+            open_bucket: None,
+            buckets: Mutex::default(),
         }
+    }
+
+    /// This store, able to read external objects in other buckets through `open`.
+    pub fn with_buckets(mut self, open: OpenBucket) -> Self {
+        self.open_bucket = Some(open);
+        self
     }
 
     pub fn spec(&self) -> &BodiesSpec {
@@ -156,12 +171,12 @@ impl BodyStore {
     /// The body `want` names, checked while it streams in: its exact bytes, or an error and
     /// nothing. `job` names it in errors.
     pub async fn fetch(&self, job: &str, want: &BodyRef) -> Result<Vec<u8>, BodyError> {
-        let key = self.key_of(job, want)?;
+        let (store, key) = self.locate(job, want)?;
         let missing = || BodyError::Missing {
             job: job.to_string(),
             reference: want.reference.clone(),
         };
-        let got = match self.store.get(&Path::from(key)).await {
+        let got = match store.get(&Path::from(key)).await {
             Ok(got) => got,
             Err(object_store::Error::NotFound { .. }) => return Err(missing()),
             Err(e) => return Err(unreachable(e)),
@@ -190,8 +205,8 @@ impl BodyStore {
         job: &str,
         want: &BodyRef,
     ) -> Result<futures::stream::BoxStream<'static, Result<Bytes, BodyError>>, BodyError> {
-        let key = self.key_of(job, want)?;
-        let got = match self.store.get(&Path::from(key)).await {
+        let (store, key) = self.locate(job, want)?;
+        let got = match store.get(&Path::from(key)).await {
             Ok(got) => got,
             Err(object_store::Error::NotFound { .. }) => {
                 return Err(BodyError::Missing {
@@ -219,29 +234,90 @@ impl BodyStore {
         Ok(checked.boxed())
     }
 
-    /// Whether the object `want` names is there with its size (a cheap check before a
-    /// redrive of an external body, whose bytes are not sent).
+    /// Whether the object `want` names is there with its size and digest, read through and
+    /// kept nowhere (an external body: its bytes are not sent, and may be gigabytes).
     pub async fn check(&self, job: &str, want: &BodyRef) -> Result<(), BodyError> {
-        self.fetch(job, want).await.map(|_| ())
+        let mut chunks = self.stream(job, want).await?;
+        while let Some(chunk) = chunks.next().await {
+            chunk?;
+        }
+        Ok(())
     }
 
-    fn key_of<'r>(&self, job: &str, want: &'r BodyRef) -> Result<&'r str, BodyError> {
-        if want.external {
-            // An external object (an SQS Extended Client pointer's) is named by its own URI.
-            return want
-                .reference
-                .strip_prefix("s3://")
-                .and_then(|rest| rest.split_once('/'))
-                .map(|(_, key)| key)
-                .ok_or_else(|| BodyError::Missing {
+    /// The reference of an SQS Extended Client's object (`s3://<bucket>/<key>`): its size and
+    /// digest read from the store's endpoint with the store's credentials, `external` so the
+    /// object is only ever checked, never written or deleted here.
+    pub async fn describe_external(
+        &self,
+        job: &str,
+        reference: &str,
+    ) -> Result<BodyRef, BodyError> {
+        use sha2::Digest;
+        let mut described = BodyRef {
+            reference: reference.to_string(),
+            external: true,
+            ..BodyRef::default()
+        };
+        let (store, key) = self.locate(job, &described)?;
+        let got = match store.get(&Path::from(key)).await {
+            Ok(got) => got,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(BodyError::Missing {
                     job: job.to_string(),
-                    reference: want.reference.clone(),
+                    reference: reference.to_string(),
                 });
+            }
+            Err(e) => return Err(unreachable(e)),
+        };
+        let mut hasher = sha2::Sha256::new();
+        let mut size = 0u64;
+        let mut chunks = got.into_stream();
+        while let Some(chunk) = chunks.next().await {
+            let chunk = chunk.map_err(unreachable)?;
+            size += chunk.len() as u64;
+            hasher.update(&chunk);
         }
-        body::key_of_reference(&self.spec, &want.reference).ok_or_else(|| BodyError::Missing {
+        described.size = i64::try_from(size).unwrap_or(i64::MAX);
+        described.sha256 = hex::encode(hasher.finalize());
+        Ok(described)
+    }
+
+    /// The store and key of the object `want` names: the queue's own, or for an external
+    /// object (an SQS Extended Client pointer's) the bucket its `s3://` URI names.
+    fn locate<'r>(
+        &self,
+        job: &str,
+        want: &'r BodyRef,
+    ) -> Result<(Arc<dyn ObjectStore>, &'r str), BodyError> {
+        let missing = || BodyError::Missing {
             job: job.to_string(),
             reference: want.reference.clone(),
-        })
+        };
+        if want.external {
+            let (bucket, key) = body::split_external(&want.reference).ok_or_else(missing)?;
+            return Ok((self.bucket(bucket)?, key));
+        }
+        let key = body::key_of_reference(&self.spec, &want.reference).ok_or_else(missing)?;
+        Ok((self.store.clone(), key))
+    }
+
+    /// Bucket `name` of the store's S3 endpoint, with the store's credentials.
+    fn bucket(&self, name: &str) -> Result<Arc<dyn ObjectStore>, BodyError> {
+        if self.spec.s3.as_ref().is_some_and(|s| s.bucket == name) {
+            return Ok(self.store.clone());
+        }
+        let open = self.open_bucket.as_ref().ok_or_else(|| {
+            BodyError::Config(format!(
+                "bucket {name} is outside this body store, and only an S3 store reads others"
+            ))
+        })?;
+        let mut buckets = lock(&self.buckets);
+        if let Some(store) = buckets.get(name) {
+            return Ok(store.clone());
+        }
+        let store = open(name)?;
+        buckets.insert(name.to_string(), store.clone());
+        Ok(store)
     }
 
     /// Every object under the store's prefix with its age.

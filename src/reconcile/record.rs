@@ -383,10 +383,12 @@ async fn message_of(
                 queue.name_any()
             ),
         })?;
-    let bytes = store.fetch(&job.id, body).await.map_err(body_failure)?;
     if body.external {
+        // Read through, held nowhere: only the pointer message is sent.
+        store.check(&job.id, body).await.map_err(body_failure)?;
         return JobMessage::from_job(job).map_err(failure);
     }
+    let bytes = store.fetch(&job.id, body).await.map_err(body_failure)?;
     let payload = match &body.recipient {
         None => bytes,
         Some(recipient) => {

@@ -12,6 +12,12 @@
 //! own receive), the origin queue
 //! from `DeadLetterQueueSourceArn`, and a reason from a `dlq-reason` String attribute when the
 //! producer set one.
+//!
+//! An SQS Extended Client pointer (`dlq_core::body::extended_pointer`: the body offloaded to
+//! S3 by its producer) on a queue with an S3 body store is parked as it came, the pointer
+//! inline, with `spec.job.body` naming the producer's object (`external`: size and digest read
+//! through the store's endpoint and credentials); a redrive checks the object and sends the
+//! pointer message untouched. The object is the producer's: never written or deleted here.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -278,8 +284,11 @@ impl Bridge {
             return;
         };
         let dead = Dead::from_message(&m);
-        let req = request_for(self.into.queue(), &dead);
+        let mut req = request_for(self.into.queue(), &dead);
         let job = req.job.id.clone();
+        if let Some(pointer) = dlq_core::body::extended_pointer(&dead.body, &dead.attributes) {
+            self.reference_external(&mut req, &pointer, &receipt).await;
+        }
         let parked = self
             .into
             .park_message(
@@ -300,6 +309,62 @@ impl Bridge {
         }
         crate::failpoint::hit("sqs-before-delete").await;
         self.delete(&receipt, &job).await;
+    }
+
+    /// Sets `req.job.body` to the Extended Client object `pointer` names, read through the
+    /// queue's S3 body store (its endpoint and credentials, the pointer's bucket). While the
+    /// store cannot be read the message stays in SQS, kept invisible, with a
+    /// `BodyStoreUnavailable` Event; an object that is gone is parked as an Invalid record of
+    /// the pointer saying so. A queue without an S3 store parks the pointer as any message.
+    async fn reference_external(
+        &self,
+        req: &mut ParkRequest,
+        pointer: &dlq_core::body::ExtendedPointer,
+        receipt: &str,
+    ) {
+        let reference = pointer.reference();
+        let mut attempt = 0u32;
+        loop {
+            let Some(queue) = self.into.shared.queues.get(&self.into.key) else {
+                return;
+            };
+            if queue.spec.bodies.as_ref().is_none_or(|b| b.s3.is_none()) {
+                tracing::debug!(queue = %self.into.queue(), job = %req.job.id, %reference, "an SQS Extended Client pointer on a queue without an S3 body store: parked as it is");
+                return;
+            }
+            let described = match self.into.shared.bodies.store(&queue).await {
+                Ok(Some(store)) => store.describe_external(&req.job.id, &reference).await,
+                Ok(None) => return,
+                Err(e) => Err(e),
+            };
+            let e = match described {
+                Ok(body) => {
+                    req.job.body = Some(Box::new(body));
+                    return;
+                }
+                Err(e @ crate::body::BodyError::Missing { .. }) => {
+                    req.failure_kind = FailureKind::Invalid;
+                    req.reason = format!("{e} (an SQS Extended Client pointer): {}", req.reason);
+                    return;
+                }
+                Err(e) => e,
+            };
+            attempt = attempt.saturating_add(1);
+            let wait = dlq_core::decide::backoff(attempt, Duration::from_secs(30));
+            tracing::warn!(queue = %self.into.queue(), job = %req.job.id, %reference, error = %e, retry_in = ?wait, "reading an SQS Extended Client object failed; the dead message stays in SQS");
+            if attempt == 1 || attempt.is_power_of_two() {
+                let note = format!(
+                    "an SQS Extended Client message (its body {reference}) waits in SQS queue {}: {e} ({})",
+                    self.url,
+                    e.reason()
+                );
+                self.into
+                    .warn(dlq_core::events::reason::BODY_STORE_UNAVAILABLE, note)
+                    .await;
+            }
+            self.extend(receipt, VISIBILITY_WHILE_RETRYING).await;
+            tokio::time::sleep(wait).await;
+        }
     }
 
     async fn extend(&self, receipt: &str, seconds: i32) {

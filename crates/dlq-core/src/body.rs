@@ -104,6 +104,69 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
+/// An SQS Extended Client pointer: the producer put the body in S3 and sent this instead. Its
+/// object belongs to the producer: a record references it (`external`), never copies or
+/// deletes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtendedPointer {
+    pub bucket: String,
+    pub key: String,
+    /// The size the producer declared (`ExtendedPayloadSize`, or `SQSLargePayloadSize` of the
+    /// older clients).
+    pub declared_size: Option<u64>,
+}
+
+impl ExtendedPointer {
+    /// The reference a record holds: `s3://<bucket>/<key>`.
+    pub fn reference(&self) -> String {
+        format!("s3://{}/{}", self.bucket, self.key)
+    }
+}
+
+/// The message attributes the Extended Clients mark an offloaded body with (the current
+/// clients' first, the 1.x Java client's second).
+pub const EXTENDED_SIZE_ATTRIBUTES: [&str; 2] = ["ExtendedPayloadSize", "SQSLargePayloadSize"];
+
+/// The pointer an SQS message `body` is, when its attributes carry one of
+/// [`EXTENDED_SIZE_ATTRIBUTES`] and the body is the clients' JSON:
+/// `["software.amazon.payloadoffloading.PayloadS3Pointer",{"s3BucketName":..,"s3Key":..}]`
+/// (or the bare object of the 1.x client). Anything else is an ordinary message.
+pub fn extended_pointer(
+    body: &str,
+    attributes: &std::collections::BTreeMap<String, crate::headers::sqs::Attribute>,
+) -> Option<ExtendedPointer> {
+    let size = EXTENDED_SIZE_ATTRIBUTES
+        .iter()
+        .find_map(|name| attributes.get(*name))?;
+    let value: serde_json::Value = serde_json::from_str(body).ok()?;
+    let fields = match &value {
+        serde_json::Value::Array(pair) => match pair.as_slice() {
+            [serde_json::Value::String(class), fields] if class.ends_with("PayloadS3Pointer") => {
+                fields
+            }
+            _ => return None,
+        },
+        object @ serde_json::Value::Object(_) => object,
+        _ => return None,
+    };
+    let bucket = fields.get("s3BucketName")?.as_str()?;
+    let key = fields.get("s3Key")?.as_str()?;
+    if bucket.is_empty() || key.is_empty() {
+        return None;
+    }
+    Some(ExtendedPointer {
+        bucket: bucket.to_string(),
+        key: key.to_string(),
+        declared_size: size.string_value.as_deref()?.trim().parse().ok(),
+    })
+}
+
+/// The reference of an external object (`s3://<bucket>/<key>`) as bucket and key.
+pub fn split_external(reference: &str) -> Option<(&str, &str)> {
+    let (bucket, key) = reference.strip_prefix("s3://")?.split_once('/')?;
+    (!bucket.is_empty() && !key.is_empty()).then_some((bucket, key))
+}
+
 /// Why a fetched object is not the body its record names: redrive sends nothing of it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BodyCheck {
@@ -268,6 +331,43 @@ mod tests {
         let mut changed = Verifier::new("j", &want);
         changed.update(b"hello World").expect("fits");
         assert!(matches!(changed.finish(), Err(BodyCheck::Digest { .. })));
+    }
+
+    #[test]
+    fn extended_client_pointers_are_recognised_by_body_and_attribute() {
+        use crate::headers::sqs::Attribute;
+        let number = |v: &str| Attribute {
+            data_type: "Number".into(),
+            string_value: Some(v.into()),
+            binary_value: None,
+        };
+        let current = std::collections::BTreeMap::from([(
+            "ExtendedPayloadSize".to_string(),
+            number("5242880"),
+        )]);
+        let body = r#"["software.amazon.payloadoffloading.PayloadS3Pointer",{"s3BucketName":"B","s3Key":"K/1"}]"#;
+        let p = extended_pointer(body, &current).expect("a pointer");
+        assert_eq!(p.reference(), "s3://B/K/1");
+        assert_eq!(p.declared_size, Some(5_242_880));
+        assert_eq!(split_external(&p.reference()), Some(("B", "K/1")));
+        let older = std::collections::BTreeMap::from([(
+            "SQSLargePayloadSize".to_string(),
+            number("300000"),
+        )]);
+        let bare = r#"{"s3BucketName":"B","s3Key":"K"}"#;
+        assert_eq!(
+            extended_pointer(bare, &older).map(|p| p.reference()),
+            Some("s3://B/K".into())
+        );
+        // The same JSON without the attribute is a message like any other, and so is anything
+        // else with it.
+        assert_eq!(extended_pointer(body, &Default::default()), None);
+        assert_eq!(extended_pointer(r#"{"intent":"pi_1"}"#, &current), None);
+        assert_eq!(
+            extended_pointer(r#"["Other",{"s3BucketName":"B","s3Key":"K"}]"#, &current),
+            None
+        );
+        assert_eq!(extended_pointer("not json", &current), None);
     }
 
     #[test]
