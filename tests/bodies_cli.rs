@@ -31,6 +31,8 @@ use serde_json::json;
 const BUCKET: &str = "dlq-bodies";
 const PREFIX: &str = "cli/";
 const DEAD: &str = "relayer:dead";
+/// The sealed queue's dead list.
+const SEALED_DEAD: &str = "sealed:dead";
 const JOBS: &str = "relayer:jobs";
 /// The HTTP queue's target: a stream, which carries the event's headers.
 const STREAM: &str = "ingest:jobs";
@@ -427,6 +429,62 @@ async fn show_prints_a_stored_bodys_facts_and_head_and_body_downloads_its_exact_
     })
     .await;
     assert!(!failed.iter().any(|n| n.contains(CARD)), "{failed:?}");
+
+    // A sealed queue: the bucket holds ciphertext; show opens the head (masked) and --body
+    // downloads the exact plaintext.
+    let (identity, recipient) = dlq_core::seal::generate_identity();
+    create_secret(&client, &ns, "seal", "identity", &identity).await;
+    queue(
+        &client,
+        &ns,
+        "sealed",
+        &s3,
+        json!({
+            "source": {"redis": {"list": SEALED_DEAD}},
+            "protection": {"seal": {"identitySecretRef": {"name": "seal"}}},
+        }),
+    )
+    .await;
+    let secret = body(5, 300_000);
+    let _: () = conn
+        .lpush(SEALED_DEAD, envelope("sealed-1", &secret))
+        .await
+        .expect("LPUSH");
+    let record = parked(&api, "sealed", "sealed-1").await;
+    let sealed = record.spec.job.body.as_deref().expect("a stored body");
+    assert_eq!(sealed.recipient.as_deref(), Some(recipient.as_str()));
+    let object = s3
+        .get_object(
+            BUCKET,
+            sealed
+                .reference
+                .trim_start_matches(&format!("s3://{BUCKET}/")),
+        )
+        .await
+        .expect("the sealed object");
+    assert!(
+        !object.windows(CARD.len()).any(|w| w == CARD.as_bytes()),
+        "the bucket holds ciphertext only"
+    );
+    let (ok, out, err) = kubectl_dlq_on(audited_plane(), &ns, &["show", "sealed-1"]);
+    assert!(ok, "{err}");
+    // A sealed body's size and digest are the stored ciphertext's.
+    assert!(
+        out.contains(&format!("({} bytes, sealed", sealed.size)) && out.contains(&sealed.sha256),
+        "{out}"
+    );
+    assert!(out.contains(&format!("to {recipient}")), "{out}");
+    assert!(
+        out.contains("411111******1111") && !out.contains(CARD),
+        "the opened head, masked: {out}"
+    );
+    let (ok, got, err) = download(&ns, None, "sealed-1", &file);
+    assert!(ok, "{err}");
+    assert!(
+        got == secret,
+        "the sealed body's download differs ({} bytes)",
+        got.len()
+    );
     assert!(
         !op.logs().contains(CARD),
         "the card is in the operator's log"
@@ -527,6 +585,22 @@ async fn the_http_endpoint_parks_large_bodies_into_the_store_and_refuses_above_m
     // The same POST again: the same record.
     let (code, answer) = post_file(&url, &big_file, "big-1", false);
     assert_eq!(code, 200, "{answer}");
+    // Streamed without a declared length: counted as it arrives, parked all the same.
+    let streamed = body(6, (2 << 20) + 12345);
+    let streamed_file = dir.join("streamed");
+    std::fs::write(&streamed_file, &streamed).expect("the file");
+    let (code, answer) = post_file(&url, &streamed_file, "streamed-1", true);
+    assert_eq!(code, 201, "{answer}");
+    let streamed_record = parked(&api, "ingest", "streamed-1").await;
+    assert_eq!(
+        streamed_record
+            .spec
+            .job
+            .body
+            .as_deref()
+            .map(|b| b.sha256.clone()),
+        Some(sha256(&streamed))
+    );
 
     // Over maxBytes, declared or streamed: 413, nothing kept.
     let huge_file = dir.join("huge");
@@ -537,9 +611,12 @@ async fn the_http_endpoint_parks_large_bodies_into_the_store_and_refuses_above_m
         assert!(answer.contains("maxBytes"), "{answer}");
     }
     let records = api.list(&Default::default()).await.expect("records").items;
-    assert_eq!(records.len(), 1, "only the 3 MiB record");
-    let keys = s3.list_keys(BUCKET, PREFIX).await;
-    assert_eq!(keys, vec![key.clone()], "nothing else in the bucket");
+    assert_eq!(records.len(), 2, "only the 3 MiB and the streamed records");
+    let mut keys = s3.list_keys(BUCKET, PREFIX).await;
+    keys.sort();
+    let mut want = vec![key.clone(), format!("{PREFIX}sha256/{}", sha256(&streamed))];
+    want.sort();
+    assert_eq!(keys, want, "nothing else in the bucket");
 
     // Redriven byte-exact from the store.
     let name = record.metadata.name.clone().unwrap_or_default();
@@ -553,7 +630,14 @@ async fn the_http_endpoint_parks_large_bodies_into_the_store_and_refuses_above_m
         "the event's header kept"
     );
 
-    // kubectl dlq park --payload @file over a record's limit goes to the park endpoint.
+    // kubectl dlq park --payload @file over a record's limit goes to the park endpoint its
+    // queue publishes.
+    let queues: Api<dlq_core::api::DeadLetterQueue> = Api::namespaced(client.clone(), &ns);
+    eventually(30, "the queue's status.address", || async {
+        let q = queues.get("ingest").await.ok()?;
+        q.status?.address
+    })
+    .await;
     let parked_file = dir.join("via-cli");
     let via_cli = body(4, 1 << 20);
     std::fs::write(&parked_file, &via_cli).expect("the file");

@@ -300,11 +300,11 @@ pub async fn show(g: &Global, args: ShowArgs) -> Result<(), CliError> {
                 Masking::Cards(Vec::new())
             };
             show_job(&mut out, &revealed.clone().into_job(&r.spec.job), &masking);
-            show_body(&mut out, body, Ok(revealed));
+            show_body(&mut out, &r.spec.job.id, body, Ok(revealed));
         } else {
             let mask = mask_paths(&client, &ns, &r.spec.queue).await;
             show_job(&mut out, &r.spec.job, &Masking::Cards(mask));
-            show_body(&mut out, body, revealed);
+            show_body(&mut out, &r.spec.job.id, body, revealed);
         }
     } else if args.reveal {
         let revealed = crate::reveal::fetch(&client, &ns, &r.name_any(), args.unmasked).await?;
@@ -475,6 +475,7 @@ async fn download_body(client: &Client, ns: &str, r: &DeadLetter) -> Result<(), 
 /// first KiB as the reveal API showed it (or why not).
 fn show_body(
     out: &mut String,
+    job: &str,
     body: &dlq_core::api::BodyRef,
     revealed: Result<crate::reveal::Revealed, CliError>,
 ) {
@@ -483,8 +484,13 @@ fn show_body(
         out,
         "Body:",
         format!(
-            "{} ({size} bytes) in the queue's body store",
-            human_bytes(size)
+            "{} ({size} bytes{}) in the queue's body store",
+            human_bytes(size),
+            if body.recipient.is_some() {
+                ", sealed: the ciphertext's size and digest"
+            } else {
+                ""
+            }
         ),
     );
     kv(out, "Body sha256:", &body.sha256);
@@ -505,7 +511,7 @@ fn show_body(
     kv(
         out,
         "",
-        "kubectl dlq show JOB --body > FILE downloads all of it",
+        format!("kubectl dlq show {job} --body > FILE downloads all of it"),
     );
 }
 

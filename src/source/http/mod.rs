@@ -57,6 +57,12 @@ const RETRY_AFTER_UNAVAILABLE: u64 = 1;
 const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Room beyond a body store's `maxBytes` for a structured event's or a batch's framing.
 const FRAMING: usize = 4096;
+/// Requests whose bodies are over a record's limit read at once: each is held about three
+/// times over while it is parsed and kept (the bytes read, the job's payload, the exact bytes
+/// an Invalid record would hold), so this bounds the endpoint's memory to about
+/// `3 × LARGE_BODIES × maxBytes`. Others wait for their turn (within their body's timeout).
+const LARGE_BODIES: usize = 2;
+static LARGE_BODY_TURNS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(LARGE_BODIES);
 /// Longest wait for the body store to take an event's body before answering 503 (the sender
 /// keeps the event and retries).
 const BODY_STORE_WAIT: Duration = Duration::from_secs(15);
@@ -403,8 +409,8 @@ async fn answer(
     if declared.is_some_and(|n| n > limit) {
         return too_large(limit);
     }
-    let body = match read_body(body, limit, declared).await {
-        Ok(body) => body,
+    let (body, _turn) = match read_body(body, limit, declared).await {
+        Ok(read) => read,
         Err(answer) => return answer,
     };
     let (headers, unreadable) = lower_case_headers(&parts.headers);
@@ -469,25 +475,39 @@ fn too_large(limit: usize) -> Answer {
 }
 
 /// The body, at most `limit` bytes (counted as it arrives: what is over is never read) and
-/// within [`BODY_TIMEOUT`] (a second more per MiB of `limit` over [`MAX_BODY`]).
-async fn read_body(body: Body, limit: usize, declared: Option<usize>) -> Result<Vec<u8>, Answer> {
+/// within [`BODY_TIMEOUT`] (a second more per MiB of `limit` over [`MAX_BODY`]); one over a
+/// record's limit holds one of the [`LARGE_BODIES`] turns, returned with it, from the moment it
+/// is known to be that large until the request is answered.
+async fn read_body(
+    body: Body,
+    limit: usize,
+    declared: Option<usize>,
+) -> Result<(Vec<u8>, Option<tokio::sync::SemaphorePermit<'static>>), Answer> {
     let timeout = BODY_TIMEOUT + Duration::from_secs((limit.saturating_sub(MAX_BODY) >> 20) as u64);
     let mut body = std::pin::pin!(body);
-    let mut out = Vec::with_capacity(declared.unwrap_or(0).min(limit));
+    let mut turn = None;
     let read = async {
+        if declared.is_some_and(|n| n > MAX_BODY) {
+            turn = LARGE_BODY_TURNS.acquire().await.ok();
+        }
+        let mut out = Vec::with_capacity(declared.unwrap_or(0).min(limit));
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| Answer::error(400, format!("reading the body: {e}")))?;
             if let Ok(data) = frame.into_data() {
-                if out.len().saturating_add(data.len()) > limit {
+                let len = out.len().saturating_add(data.len());
+                if len > limit {
                     return Err(too_large(limit));
+                }
+                if len > MAX_BODY && turn.is_none() {
+                    turn = LARGE_BODY_TURNS.acquire().await.ok();
                 }
                 out.extend_from_slice(&data);
             }
         }
-        Ok(())
+        Ok(out)
     };
     match tokio::time::timeout(timeout, read).await {
-        Ok(Ok(())) => Ok(out),
+        Ok(Ok(out)) => Ok((out, turn)),
         Ok(Err(answer)) => Err(answer),
         Err(_) => Err(Answer::error(408, "the body did not arrive in time")),
     }
