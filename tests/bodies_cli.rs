@@ -38,6 +38,15 @@ const JOBS: &str = "relayer:jobs";
 const STREAM: &str = "ingest:jobs";
 /// `spec.bodies.maxBytes` of the test queues.
 const MAX_BYTES: usize = 8 << 20;
+
+/// MiB of the body `show` and `show --body` read (`DLQ_BODIES_CLI_MIB`, default 2; its queue's
+/// `maxBytes` grows to fit, for measuring larger downloads).
+fn show_mib() -> usize {
+    std::env::var("DLQ_BODIES_CLI_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2)
+}
 /// The card number in the bodies' first KiB: shown masked, downloaded exactly.
 const CARD: &str = "4111111111111111";
 
@@ -74,14 +83,21 @@ async fn s3_secret(client: &Client, ns: &str, s3: &S3Server) {
         .expect("the S3 credentials Secret");
 }
 
-/// Queue `name`: Redis list target, bodies in the bucket above 64 KiB; `extra` merged into its
-/// spec (a source, `http`).
-async fn queue(client: &Client, ns: &str, name: &str, s3: &S3Server, extra: serde_json::Value) {
+/// Queue `name`: Redis list target, bodies in the bucket above 64 KiB up to `max_bytes`;
+/// `extra` merged into its spec (a source, `http`).
+async fn queue(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    s3: &S3Server,
+    max_bytes: usize,
+    extra: serde_json::Value,
+) {
     let mut spec = json!({
         "target": {"redis": {"urlSecretRef": {"name": "redis", "key": "url"}, "list": JOBS}},
         "bodies": {
             "thresholdBytes": 65536,
-            "maxBytes": MAX_BYTES,
+            "maxBytes": max_bytes,
             "s3": {"bucket": BUCKET, "prefix": PREFIX, "endpoint": s3.endpoint(),
                    "region": "us-east-1", "credentialsSecretRef": {"name": "s3"}},
         },
@@ -282,6 +298,7 @@ async fn show_prints_a_stored_bodys_facts_and_head_and_body_downloads_its_exact_
         &ns,
         "relayer",
         &s3,
+        MAX_BYTES.max((show_mib() + 1) << 20),
         json!({"source": {"redis": {"list": DEAD}}}),
     )
     .await;
@@ -300,7 +317,8 @@ async fn show_prints_a_stored_bodys_facts_and_head_and_body_downloads_its_exact_
     let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
 
     // A 2 MiB body, parked from Redis into the bucket.
-    let big = body(1, 2 << 20);
+    let big = body(1, show_mib() << 20);
+    let (size_shown, bytes_shown) = (format!("{}.0 MiB", show_mib()), big.len().to_string());
     let mut conn = redis.conn().await;
     let _: () = conn
         .lpush(DEAD, envelope("big", &big))
@@ -318,7 +336,10 @@ async fn show_prints_a_stored_bodys_facts_and_head_and_body_downloads_its_exact_
     })
     .await;
     assert!(ok, "{err}");
-    assert!(out.contains("2.0 MiB (2097152 bytes)"), "{out}");
+    assert!(
+        out.contains(&format!("{size_shown} ({bytes_shown} bytes)")),
+        "{out}"
+    );
     assert!(out.contains(&sha256(&big)), "{out}");
     assert!(out.contains(&reference.reference), "{out}");
     assert!(
@@ -345,7 +366,8 @@ async fn show_prints_a_stored_bodys_facts_and_head_and_body_downloads_its_exact_
     assert!(ok, "{err}");
     assert!(got == big, "the download differs ({} bytes)", got.len());
     report(&format!(
-        "bodies_cli: show --body of 2 MiB through the apiserver and the reveal API in {took:?}"
+        "bodies_cli: show --body of {} MiB through the apiserver and the reveal API in {took:?}",
+        show_mib()
     ));
 
     // Who may read records but not reveal them: refused, naming the role; show says why the
@@ -373,7 +395,7 @@ async fn show_prints_a_stored_bodys_facts_and_head_and_body_downloads_its_exact_
     // The page: size and digest instead of the payload; Reveal shows the first KiB masked.
     let (size, digest, head) = page_shows_the_body(&ns, &name).await;
     assert!(
-        size.contains("2.0 MiB") && size.contains("2097152"),
+        size.contains(&size_shown) && size.contains(&bytes_shown),
         "{size}"
     );
     assert_eq!(digest.trim(), sha256(&big));
@@ -386,7 +408,7 @@ async fn show_prints_a_stored_bodys_facts_and_head_and_body_downloads_its_exact_
     let revealed = eventually(10, "PayloadRevealed Events", || async {
         let n = notes(&client, &ns, &name, "PayloadRevealed").await;
         n.iter()
-            .any(|n| n.contains("the body's 2097152 bytes"))
+            .any(|n| n.contains(&format!("the body's {bytes_shown} bytes")))
             .then_some(n)
     })
     .await;
@@ -439,6 +461,7 @@ async fn show_prints_a_stored_bodys_facts_and_head_and_body_downloads_its_exact_
         &ns,
         "sealed",
         &s3,
+        MAX_BYTES,
         json!({
             "source": {"redis": {"list": SEALED_DEAD}},
             "protection": {"seal": {"identitySecretRef": {"name": "seal"}}},
@@ -536,6 +559,7 @@ async fn the_http_endpoint_parks_large_bodies_into_the_store_and_refuses_above_m
         &ns,
         "ingest",
         &s3,
+        MAX_BYTES,
         json!({
             "http": {"allowAnonymous": true},
             "target": {"redis": {"urlSecretRef": {"name": "redis", "key": "url"}, "stream": STREAM}},

@@ -13,9 +13,9 @@
 //! view asked with `Accept: application/octet-stream` answers the job's exact bytes (a stored
 //! body's or an inline payload's), so downloading a body needs exactly the role that shows a
 //! payload unmasked. An unsealed body is checked whole first and then streamed (one chunk in
-//! memory); a sealed one is opened in memory, bounded by the queue's `maxBytes`. A body that
-//! is gone or changed is answered 409 naming `BodyMissing`/`BodyCorrupt`, with a `RevealFailed`
-//! Event; a store that does not answer, 503.
+//! memory); a sealed one is opened in memory, bounded by the queue's `maxBytes`, two at a
+//! time. A body that is gone or changed is answered 409 naming `BodyMissing`/`BodyCorrupt`,
+//! with a `RevealFailed` Event; a store that does not answer, 503.
 //!
 //! Every replica serves it (reading records and keys needs no leadership). The pure parts (the
 //! objects, the discovery documents, masking) are `dlq_core::reveal`.
@@ -50,6 +50,10 @@ use front_proxy::FrontProxy;
 
 /// Longest wait between attempts to read the front-proxy settings at start.
 const SETTINGS_RETRY_CAP: Duration = Duration::from_secs(30);
+/// Sealed bodies opened in memory at once (each up to the queue's `maxBytes`, ciphertext and
+/// plaintext); further reveals of sealed bodies wait their turn.
+static OPENING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
 /// What age adds to a sealed body beyond its plaintext, at most: its header, and a tag per
 /// 64 KiB chunk (a sealed body over the queue's `maxBytes` by more is not opened in memory).
 fn seal_overhead(size: u64) -> u64 {
@@ -466,6 +470,7 @@ impl RevealApi {
                 "the sealed body of job {job} is {size} bytes, over the queue's maxBytes ({limit}): not opened in memory"
             )));
         }
+        let _turn = OPENING.acquire().await.ok();
         let sealed = store.fetch(job, body).await?;
         let opened = dlq_core::seal::open_body(job, &sealed, recipient, keyring)
             .map_err(|e| BodyError::Seal(e.to_string()))?;
