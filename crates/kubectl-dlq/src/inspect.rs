@@ -427,9 +427,15 @@ fn show_job(out: &mut String, job: &Job, masking: &Masking) {
     if let Some(origin) = &job.origin {
         kv(out, "Origin:", origin_line(origin));
     }
+    // A stored body is not in the record: its lines follow (`show_body`).
+    const IN_STORE: &str = "in the queue's body store (Body: below)";
     if let Some(sealed) = &job.sealed {
         kv(out, "Headers:", "sealed");
-        kv(out, "Payload:", dlq_core::seal::sealed_label(sealed));
+        if job.stored_body().is_some() {
+            kv(out, "Payload:", IN_STORE);
+        } else {
+            kv(out, "Payload:", dlq_core::seal::sealed_label(sealed));
+        }
         return;
     }
     let headers = if job.headers.is_empty() {
@@ -442,6 +448,10 @@ fn show_job(out: &mut String, job: &Job, masking: &Masking) {
             .join(", ")
     };
     kv(out, "Headers:", headers);
+    if job.stored_body().is_some() {
+        kv(out, "Payload:", IN_STORE);
+        return;
+    }
     let bytes = job.payload_bytes().unwrap_or_default();
     let payload = match std::str::from_utf8(&bytes) {
         _ if job.payload_null => "(null: no value at all, a Kafka tombstone)".to_string(),
@@ -898,6 +908,51 @@ mod tests {
         assert!(facts.contains("card 400005******5556 declined"), "{facts}");
         let listed = row(&r, false).join(" ");
         assert!(!listed.contains("4000056655665556"), "{listed}");
+    }
+
+    #[test]
+    fn a_stored_body_shows_its_facts_and_head_or_why_not() {
+        let body = dlq_core::api::BodyRef {
+            reference: "s3://b/p/sha256/ab".into(),
+            size: 3 << 20,
+            sha256: "ab".repeat(32),
+            recipient: None,
+            external: false,
+        };
+        let mut job = Job::from_bytes("j", b"");
+        job.payload = None;
+        job.body = Some(Box::new(body.clone()));
+        let mut out = String::new();
+        show_job(&mut out, &job, &Masking::Cards(Vec::new()));
+        let revealed = crate::reveal::Revealed {
+            body_head: Some("{\"card\":\"411111******1111\"".into()),
+            ..Default::default()
+        };
+        show_body(&mut out, "j", &body, Ok(revealed));
+        assert!(
+            out.contains("Payload:        in the queue's body store"),
+            "{out}"
+        );
+        assert!(
+            out.contains("3.0 MiB (3145728 bytes) in the queue's body store"),
+            "{out}"
+        );
+        assert!(
+            out.contains(&"ab".repeat(32)) && out.contains("s3://b/p/sha256/ab"),
+            "{out}"
+        );
+        assert!(
+            out.contains("411111******1111") && out.contains("show j --body"),
+            "{out}"
+        );
+        let mut out = String::new();
+        let refused =
+            CliError::Refused("revealing payloads needs the dlq-payload-reader role".into());
+        show_body(&mut out, "j", &body, Err(refused));
+        assert!(
+            out.contains("(not shown: revealing payloads needs the dlq-payload-reader role)"),
+            "{out}"
+        );
     }
 
     #[test]
