@@ -110,16 +110,7 @@ async fn rig_with_bodies<B: Backend>(
     let backend = B::start(&ns, broker).await;
     backend.create_queue(&client, &ns, with_source).await;
     if let Some(s3) = s3 {
-        let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), &ns);
-        let creds = serde_json::from_value(json!({
-            "metadata": {"name": "s3"},
-            "stringData": {"accessKeyId": s3.access_key(), "secretAccessKey": s3.secret_key()},
-        }))
-        .unwrap();
-        secrets
-            .create(&PostParams::default(), &creds)
-            .await
-            .unwrap();
+        s3.credentials_secret(&client, &ns, "s3").await;
         let bodies = json!({"spec": {"bodies": {
             "thresholdBytes": 65536,
             "s3": {"bucket": BODIES_BUCKET, "endpoint": s3.endpoint(), "region": "us-east-1",

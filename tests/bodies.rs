@@ -35,15 +35,7 @@ const MAX_BYTES: usize = 8 << 20;
 
 /// Bytes that are not UTF-8 (so the envelope carries them as base64) and differ per `seed`.
 fn body(seed: u8, len: usize) -> Vec<u8> {
-    let mut x = u32::from(seed).wrapping_mul(2_654_435_761) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            (x >> 24) as u8 | 0x80
-        })
-        .collect()
+    dlq_testenv::fixtures::noise(seed, len)
 }
 
 fn envelope(id: &str, payload: &[u8]) -> String {
@@ -63,16 +55,7 @@ fn sha256(bytes: &[u8]) -> String {
 /// Queue `relayer`: Redis list target and dead-list source, bodies in the bucket above 64 KiB.
 async fn queue(client: &Client, ns: &str, redis: &Redis, s3: &S3Server, seal: Option<&str>) {
     create_secret(client, ns, "redis", "url", &redis.url()).await;
-    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), ns);
-    let creds: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
-        "metadata": {"name": "s3"},
-        "stringData": {"accessKeyId": s3.access_key(), "secretAccessKey": s3.secret_key()},
-    }))
-    .unwrap();
-    secrets
-        .create(&Default::default(), &creds)
-        .await
-        .expect("the S3 credentials Secret");
+    s3.credentials_secret(client, ns, "s3").await;
     let mut spec = json!({
         "target": {"redis": {"urlSecretRef": {"name": "redis", "key": "url"}, "list": JOBS}},
         "source": {"redis": {"list": DEAD}},

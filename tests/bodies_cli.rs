@@ -11,7 +11,6 @@
 //! (nothing kept), and `kubectl dlq park --payload @file` sends a file over a record's limit to
 //! the queue's park endpoint.
 
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
@@ -19,6 +18,7 @@ use dlq_core::api::{Action, DeadLetter, Phase};
 use dlq_core::park::record_name;
 use dlq_testenv::brokers::Redis;
 use dlq_testenv::brokers::s3::S3Server;
+use dlq_testenv::reveal::{register_reveal_api, reveal_certificate};
 use dlq_testenv::{
     Operator, audited_plane, create_dlq, create_secret, decide, eventually, kubectl_dlq_on, report,
     setup_on, wait_phase,
@@ -71,16 +71,7 @@ fn sha256(bytes: &[u8]) -> String {
 
 /// The S3 credentials Secret `s3`.
 async fn s3_secret(client: &Client, ns: &str, s3: &S3Server) {
-    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), ns);
-    let creds: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
-        "metadata": {"name": "s3"},
-        "stringData": {"accessKeyId": s3.access_key(), "secretAccessKey": s3.secret_key()},
-    }))
-    .expect("a Secret");
-    secrets
-        .create(&Default::default(), &creds)
-        .await
-        .expect("the S3 credentials Secret");
+    s3.credentials_secret(client, ns, "s3").await;
 }
 
 /// Queue `name`: Redis list target, bodies in the bucket above 64 KiB up to `max_bytes`;
@@ -145,67 +136,6 @@ async fn delivered_to_stream(redis: &Redis, want: &[u8]) -> Vec<(Vec<u8>, Vec<u8
             .find(|f| f.iter().any(|(k, v)| k == b"payload" && v == want))
     })
     .await
-}
-
-/// The reveal API's Service (an ExternalName to loopback, where the operator serves it).
-const REVEAL_SERVICE: &str = "dlq-reveal";
-
-/// A serving certificate for the reveal Service in `ns`: (its dir, the CA's PEM).
-fn reveal_certificate(ns: &str) -> (PathBuf, String) {
-    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
-    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().expect("a key")).expect("CA");
-    let key = KeyPair::generate().expect("a key");
-    let cert = CertificateParams::new(vec![format!("{REVEAL_SERVICE}.{ns}.svc")])
-        .expect("parameters")
-        .signed_by(&key, &ca)
-        .expect("a certificate");
-    let dir = std::env::temp_dir().join(format!("dlq-reveal-{}-{ns}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("a dir");
-    std::fs::write(dir.join("tls.crt"), cert.pem()).expect("tls.crt");
-    std::fs::write(dir.join("tls.key"), key.serialize_pem()).expect("tls.key");
-    (dir, ca.pem())
-}
-
-/// The APIService `v1alpha1.payloads.dlq.dev` pointing at the operator on loopback `port`,
-/// once the apiserver says it is Available.
-async fn register_reveal_api(client: &Client, ns: &str, port: u16, ca_pem: &str) {
-    use base64::Engine;
-    let apply = |doc: serde_json::Value| dlq_testenv::chart::apply(audited_plane(), &[doc]);
-    apply(json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": REVEAL_SERVICE, "namespace": ns},
-        "spec": {"type": "ExternalName", "externalName": "127.0.0.1",
-                 "ports": [{"name": "https", "port": port, "targetPort": port}]},
-    }));
-    apply(json!({
-        "apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
-        "metadata": {"name": "v1alpha1.payloads.dlq.dev"},
-        "spec": {
-            "group": "payloads.dlq.dev", "version": "v1alpha1",
-            "service": {"namespace": ns, "name": REVEAL_SERVICE, "port": port},
-            "caBundle": base64::engine::general_purpose::STANDARD.encode(ca_pem),
-            "groupPriorityMinimum": 1000, "versionPriority": 15,
-        },
-    }));
-    let services: Api<kube::api::DynamicObject> = Api::all_with(
-        client.clone(),
-        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
-            "apiregistration.k8s.io",
-            "v1",
-            "APIService",
-        )),
-    );
-    eventually(60, "the APIService Available", || async {
-        let s = services.get("v1alpha1.payloads.dlq.dev").await.ok()?;
-        let conditions = s.data["status"]["conditions"].as_array()?.clone();
-        conditions
-            .iter()
-            .any(|c| c["type"] == "Available" && c["status"] == "True")
-            .then_some(())
-    })
-    .await;
 }
 
 /// Lets `user` read records, queues and Events in `ns` (what dlq-viewer grants), nothing more.

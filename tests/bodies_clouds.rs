@@ -108,15 +108,7 @@ impl Emulator {
 
 /// Bytes that are not UTF-8 (so the envelope carries them as base64) and differ per `seed`.
 fn body(seed: u8, len: usize) -> Vec<u8> {
-    let mut x = u32::from(seed).wrapping_mul(2_654_435_761) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            (x >> 24) as u8 | 0x80
-        })
-        .collect()
+    dlq_testenv::fixtures::noise(seed, len)
 }
 
 fn sha256(bytes: &[u8]) -> String {

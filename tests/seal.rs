@@ -11,6 +11,7 @@
 use dlq_core::api::{Action, DeadLetter, DeadLetterQueue, Job, Phase};
 use dlq_core::seal::{Keyring, generate_identity};
 use dlq_testenv::brokers::Redis;
+use dlq_testenv::reveal::{register_reveal_api, reveal_certificate};
 use dlq_testenv::{
     Operator, audited_plane, condition, create_dlq, create_secret, decide, eventually,
     kubectl_dlq_on, setup_on, wait_phase,
@@ -534,68 +535,6 @@ async fn the_age_cli_opens_sealed_jobs_and_its_keys_open_records() {
     assert_eq!(content["payload"], card_payload("age/1"));
     assert_eq!(content["headers"]["x-card"], CARD);
     assert_eq!(dlq_core::seal::open_job(&sealed, &keys).unwrap(), job);
-}
-
-/// The reveal API's Service (an ExternalName to loopback, where the operator serves it).
-const REVEAL_SERVICE: &str = "dlq-reveal";
-
-/// A serving certificate for Service `REVEAL_SERVICE` in `ns` from a CA of its own, written
-/// as tls.crt/tls.key into a fresh dir: (the dir, the CA's PEM for the APIService's caBundle).
-fn reveal_certificate(ns: &str) -> (std::path::PathBuf, String) {
-    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let cert = CertificateParams::new(vec![format!("{REVEAL_SERVICE}.{ns}.svc")])
-        .unwrap()
-        .signed_by(&key, &ca)
-        .unwrap();
-    let dir = std::env::temp_dir().join(format!("dlq-reveal-{}-{ns}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("tls.crt"), cert.pem()).unwrap();
-    std::fs::write(dir.join("tls.key"), key.serialize_pem()).unwrap();
-    (dir, ca.pem())
-}
-
-/// The APIService `v1alpha1.payloads.dlq.dev` pointing at the operator on loopback `port`,
-/// once the apiserver says it is Available.
-async fn register_reveal_api(client: &Client, ns: &str, port: u16, ca_pem: &str) {
-    use base64::Engine;
-    let apply = |doc: serde_json::Value| dlq_testenv::chart::apply(audited_plane(), &[doc]);
-    apply(json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": REVEAL_SERVICE, "namespace": ns},
-        "spec": {"type": "ExternalName", "externalName": "127.0.0.1",
-                 "ports": [{"name": "https", "port": port, "targetPort": port}]},
-    }));
-    apply(json!({
-        "apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
-        "metadata": {"name": "v1alpha1.payloads.dlq.dev"},
-        "spec": {
-            "group": "payloads.dlq.dev", "version": "v1alpha1",
-            "service": {"namespace": ns, "name": REVEAL_SERVICE, "port": port},
-            "caBundle": base64::engine::general_purpose::STANDARD.encode(ca_pem),
-            "groupPriorityMinimum": 1000, "versionPriority": 15,
-        },
-    }));
-    let services: Api<kube::api::DynamicObject> = Api::all_with(
-        client.clone(),
-        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
-            "apiregistration.k8s.io",
-            "v1",
-            "APIService",
-        )),
-    );
-    eventually(60, "the APIService Available", || async {
-        let s = services.get("v1alpha1.payloads.dlq.dev").await.ok()?;
-        let conditions = s.data["status"]["conditions"].as_array()?.clone();
-        conditions
-            .iter()
-            .any(|c| c["type"] == "Available" && c["status"] == "True")
-            .then_some(())
-    })
-    .await;
 }
 
 /// The record's payload through the apiserver as `user`: the object, or the refusal's code.

@@ -420,15 +420,7 @@ async fn an_extended_client_pointer_references_its_object_and_is_redriven_untouc
     create_queue(&sqs, mq, &dead, None).await;
     create_queue(&sqs, mq, &jobs, Some((&dead, 1))).await;
     aws_secret(&client, &ns).await;
-    let creds: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "s3"},
-        "stringData": {"accessKeyId": s3.access_key(), "secretAccessKey": s3.secret_key()},
-    }))
-    .expect("a Secret");
-    Api::<Secret>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &creds)
-        .await
-        .expect("creating the s3 Secret");
+    s3.credentials_secret(&client, &ns, "s3").await;
     let conn = json!({"region": REGION, "endpoint": mq.endpoint(), "credentialsSecretRef": {"name": "aws"}});
     let mut target = conn.clone();
     target["queueUrl"] = json!(mq.queue_url(&jobs));

@@ -219,3 +219,17 @@ pub async fn redrive_many(
     eventually(300, "all records Redriven", || all_in(Phase::Redriven)).await;
     started.elapsed().as_secs_f64()
 }
+
+/// `len` bytes that are not UTF-8 (a source carries them as base64) and differ per `seed`: a
+/// large dead message whose every byte matters.
+pub fn noise(seed: u8, len: usize) -> Vec<u8> {
+    let mut x = u32::from(seed).wrapping_mul(2_654_435_761) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (x >> 24) as u8 | 0x80
+        })
+        .collect()
+}

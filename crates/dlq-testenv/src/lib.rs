@@ -36,6 +36,7 @@ pub mod operator;
 pub mod paths;
 pub mod plane;
 pub mod replays;
+pub mod reveal;
 pub mod ui_page;
 
 pub use cluster::{

@@ -104,6 +104,11 @@ impl S3Server {
         self.port
     }
 
+    /// The server's process id while it runs (a bench reads its CPU time).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// The root user's access key id.
     pub fn access_key(&self) -> &str {
         &self.access_key
@@ -154,6 +159,30 @@ impl S3Server {
             .with_retry(retry)
             .build()
             .unwrap_or_else(|e| panic!("an S3 client for {bucket} on {}: {e}", self.endpoint()))
+    }
+
+    /// A Secret `name` in `ns` with this server's keys as a body store reads them
+    /// (`accessKeyId`, `secretAccessKey`).
+    pub async fn credentials_secret(&self, client: &kube::Client, ns: &str, name: &str) {
+        use k8s_openapi::api::core::v1::Secret;
+        let secret = Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.to_string()),
+                ..Default::default()
+            },
+            string_data: Some(
+                [
+                    ("accessKeyId".to_string(), self.access_key().to_string()),
+                    ("secretAccessKey".to_string(), self.secret_key().to_string()),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        };
+        let api: kube::Api<Secret> = kube::Api::namespaced(client.clone(), ns);
+        if let Err(e) = api.create(&Default::default(), &secret).await {
+            panic!("the S3 credentials Secret {ns}/{name}: {e}");
+        }
     }
 
     /// Creates `bucket` with S3's CreateBucket (a bucket that exists already is fine).
