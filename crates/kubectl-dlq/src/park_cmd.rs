@@ -234,7 +234,16 @@ async fn park_large(
         ))
     })?;
     let endpoint = crate::park_endpoint::endpoint_of(&queue, size, args.park_url.as_deref())?;
-    let (name, new) = crate::park_endpoint::park_file(args, &endpoint, path, size).await?;
+    let described = crate::park_endpoint::Described {
+        id: &args.id,
+        deliveries: args.deliveries,
+        reason: &args.reason,
+        failure_kind: args.failure_kind,
+        error_class: args.error_class.as_deref(),
+        headers: &args.headers,
+        token_file: args.token_file.as_deref(),
+    };
+    let (name, new) = crate::park_endpoint::park_file(&described, &endpoint, path, size).await?;
     if new {
         println!(
             "parked {name} (new; {size} bytes sent to the queue's park endpoint {}, kept in its body store)",

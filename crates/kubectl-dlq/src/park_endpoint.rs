@@ -17,7 +17,6 @@ use dlq_core::cloudevent::{
 use http_body_util::BodyExt;
 use kube::ResourceExt;
 
-use crate::park_cmd::ParkArgs;
 use crate::session::CliError;
 
 /// Bytes read from the file per chunk sent.
@@ -73,10 +72,23 @@ pub fn endpoint_of(
     }
 }
 
+/// What `kubectl dlq park` says of the job beside its payload, as the endpoint's headers carry
+/// it (the park command fills it from its flags).
+pub struct Described<'a> {
+    pub id: &'a str,
+    pub deliveries: i32,
+    pub reason: &'a str,
+    pub failure_kind: FailureKind,
+    pub error_class: Option<&'a str>,
+    /// `K=V` pairs, as `--header` takes them.
+    pub headers: &'a [String],
+    pub token_file: Option<&'a std::path::Path>,
+}
+
 /// Streams the file at `path` (`size` bytes) to `endpoint` with the request `args` describe;
 /// returns the record's name and whether it is new.
 pub async fn park_file(
-    args: &ParkArgs,
+    args: &Described<'_>,
     endpoint: &Endpoint,
     path: &str,
     size: u64,
@@ -100,19 +112,19 @@ pub async fn park_file(
     let body = http_body_util::StreamBody::new(futures::StreamExt::boxed(chunks));
     let mut request = hyper::Request::post(&endpoint.url)
         .header(hyper::header::CONTENT_LENGTH, size)
-        .header(HEADER_JOB_ID, &args.id)
+        .header(HEADER_JOB_ID, args.id)
         .header(HEADER_DELIVERIES, args.deliveries.to_string());
     if !args.reason.is_empty() {
-        request = request.header(HEADER_REASON, &args.reason);
+        request = request.header(HEADER_REASON, args.reason);
     }
     if args.failure_kind == FailureKind::Invalid {
         request = request.header(HEADER_FAILURE_KIND, "Invalid");
     }
-    if let Some(class) = &args.error_class {
+    if let Some(class) = args.error_class {
         request = request.header(HEADER_ERROR_CLASS, class);
     }
     let mut typed = false;
-    for h in &args.headers {
+    for h in args.headers {
         let (k, v) = h
             .split_once('=')
             .ok_or_else(|| CliError::Usage(format!("--header {h:?}: expected K=V")))?;
@@ -164,8 +176,8 @@ pub async fn park_file(
 }
 
 /// The bearer token `--token-file` names, if any.
-fn token(args: &ParkArgs) -> Result<Option<String>, CliError> {
-    let Some(path) = &args.token_file else {
+fn token(args: &Described<'_>) -> Result<Option<String>, CliError> {
+    let Some(path) = args.token_file else {
         return Ok(None);
     };
     let text = std::fs::read_to_string(path)
