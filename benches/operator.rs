@@ -14,10 +14,14 @@
 //! (see `profile`). `BENCH_PHASES` runs only the phases it names, `BENCH_OPERATOR_ENV` gives
 //! the operator extra environment. The `ab` phase measures what each throughput mechanism buys
 //! (`BENCH_AB_N`, `BENCH_AB_ROUNDS`, `BENCH_AB_MEMORY`: see `ab`). The `seal` phase measures
-//! payload sealing on against off (`BENCH_SEAL_N`, `BENCH_SEAL_ROUNDS`: see `seal`).
+//! payload sealing on against off (`BENCH_SEAL_N`, `BENCH_SEAL_ROUNDS`: see `seal`). The
+//! `bodies` phase, last, measures the body store against versitygw (`BENCH_BODIES_N`,
+//! `BENCH_BODIES_ROUNDS`, `BENCH_BODIES_ETCD_N`, `BENCH_BODIES_RSS_N`: see `bodies`).
 
 #[path = "operator/ab.rs"]
 mod ab;
+#[path = "operator/bodies.rs"]
+mod bodies;
 #[path = "operator/http.rs"]
 mod http;
 #[path = "operator/profile.rs"]
@@ -78,7 +82,8 @@ fn operator_env() -> Vec<(String, String)> {
 }
 
 /// Whether `BENCH_PHASES` (a comma list; default: every phase) names `phase`: park, redrive,
-/// latency, http, storm, standing, seal, ab, memory, capacity, records, scale. For investigating one phase at a time.
+/// latency, http, storm, standing, seal, ab, memory, capacity, records, scale, bodies. For
+/// investigating one phase at a time.
 fn wanted(phase: &str) -> bool {
     std::env::var("BENCH_PHASES").map_or(true, |list| list.split(',').any(|p| p.trim() == phase))
 }
@@ -132,6 +137,8 @@ struct Bench {
     client: Client,
     plane: ControlPlane,
     redis_url: String,
+    /// redis-server's process id (the bodies phase reads its CPU time).
+    redis_pid: u32,
     operator_bin: PathBuf,
     c: usize,
     seq: u32,
@@ -793,6 +800,7 @@ async fn main() -> anyhow::Result<()> {
         client: client.clone(),
         plane,
         redis_url: format!("redis://127.0.0.1:{redis_port}/"),
+        redis_pid: _redis.0.id(),
         operator_bin,
         c,
         seq: 0,
@@ -1107,6 +1115,14 @@ async fn main() -> anyhow::Result<()> {
         scale.push(json!({"n": s, "records_per_s": rate, "seconds": s as f64 / rate}));
     }
     json.insert("scaling".into(), json!(scale));
+
+    // 10. The body store (issue 48), last: its RSS points leave the apiserver holding tens of
+    // thousands of 64 KiB records (and restart it), which no phase after should meet.
+    if wanted("bodies") {
+        let (bodies_rows, bodies_json) = bodies::run(&mut b).await?;
+        rows.extend(bodies_rows);
+        json.insert("bodies".into(), bodies_json);
+    }
 
     println!();
     println!(

@@ -171,7 +171,7 @@ async fn in_redis(redis: &mut redis::aio::MultiplexedConnection) -> usize {
 }
 
 /// etcd's `etcd_mvcc_db_total_size_in_use_in_bytes`.
-fn etcd_bytes(plane: &ControlPlane) -> anyhow::Result<f64> {
+pub fn etcd_bytes(plane: &ControlPlane) -> anyhow::Result<f64> {
     etcd_http(plane, "GET", "/metrics", "")?
         .lines()
         .find(|l| l.starts_with("etcd_mvcc_db_total_size_in_use_in_bytes "))
@@ -217,7 +217,11 @@ fn etcd_http(plane: &ControlPlane, method: &str, path: &str, body: &str) -> anyh
 }
 
 /// A request to etcd's JSON gateway.
-fn etcd_post(plane: &ControlPlane, path: &str, body: &serde_json::Value) -> anyhow::Result<String> {
+pub fn etcd_post(
+    plane: &ControlPlane,
+    path: &str,
+    body: &serde_json::Value,
+) -> anyhow::Result<String> {
     etcd_http(plane, "POST", path, &body.to_string())
 }
 
