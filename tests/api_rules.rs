@@ -150,8 +150,7 @@ async fn the_error_class_is_bounded_and_immutable_once_set() {
 }
 
 /// The CRD's one-payload-form rule, in its words.
-const ONE_FORM: &str =
-    "exactly one of spec.job.payload, spec.job.payloadBase64 and spec.job.payloadNull";
+const ONE_FORM: &str = "exactly one of spec.job.payload, spec.job.payloadBase64, spec.job.payloadNull and spec.job.body";
 
 #[tokio::test]
 async fn payload_forms_and_sizes_are_bounded() {
@@ -192,6 +191,39 @@ async fn payload_forms_and_sizes_are_bounded() {
         msg.contains(ONE_FORM),
         "payloadNull false is no payload: {msg}"
     );
+
+    // A body in the store (issue 48) is a form of its own: never beside a payload, unless it
+    // is a producer's object the inline payload points at (`external`).
+    let body = json!({"ref": "s3://dlq-bodies/sha256/ab", "size": 3, "sha256": "a".repeat(64)});
+    api.create(
+        &PostParams::default(),
+        &record("stored", json!({"id": "j", "body": body})),
+    )
+    .await
+    .expect("a stored body alone is a payload");
+    let (code, msg) = refusal(
+        api.create(
+            &PostParams::default(),
+            &record(
+                "stored-and-text",
+                json!({"id": "j", "payload": "a", "body": body}),
+            ),
+        )
+        .await,
+    );
+    assert_eq!(code, 422);
+    assert!(msg.contains("holds no payload"), "{msg}");
+    let mut external = body.clone();
+    external["external"] = json!(true);
+    api.create(
+        &PostParams::default(),
+        &record(
+            "pointer",
+            json!({"id": "j", "payload": "[pointer]", "body": external}),
+        ),
+    )
+    .await
+    .expect("an external body beside its pointer message");
 
     let neither = json!({"id": "j"});
     let (_, msg) = refusal(
