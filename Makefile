@@ -57,7 +57,7 @@ test: ensure-deps tools fmt-check clippy crds-check deps-check docs-check workfl
 	@# The tests run the workspace's binaries (operator, kubectl-dlq, dlq-testenv) and the demo
 	@# example, which `cargo test` alone does not build.
 	$(CARGO) build --workspace --features $(TEST_FEATURES) --bins --examples
-	@# In-process tests first, then the integration binaries in TEST_LANES (default 3) lanes.
+	@# In-process tests first, then the integration binaries in TEST_LANES (default 2) lanes.
 	@bash scripts/test-lanes.sh --workspace --features $(TEST_FEATURES) --lib --bins --tests --examples
 
 # Each check that needs an installed tool (rustfmt, clippy, shellcheck, Java, ...) depends on

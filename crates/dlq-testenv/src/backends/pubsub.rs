@@ -25,12 +25,15 @@ pub struct PubsubBackend {
 
 impl PubsubBackend {
     /// The topics and subscriptions (again: pstest keeps them in memory).
+    /// The topics and subscriptions, each subscription right after its topic: after a restart
+    /// (pstest keeps nothing) the operator publishes as soon as a topic exists, and a message
+    /// published to a topic without its subscription yet is delivered to no one.
     fn declare(&self) {
-        self.ps.create_topic("jobs");
         self.ps.create_topic("dead");
+        self.ps.create_subscription("dead", "dead", None, false);
+        self.ps.create_topic("jobs");
         self.ps
             .create_subscription("jobs", "jobs", Some(("dead", MAX_DELIVERY_ATTEMPTS)), false);
-        self.ps.create_subscription("dead", "dead", None, false);
     }
 
     pub fn pstest(&self) -> &Pstest {
