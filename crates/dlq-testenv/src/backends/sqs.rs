@@ -282,7 +282,9 @@ impl Source for SqsBackend {
             sqs.receive_message()
                 .queue_url(&url)
                 .max_number_of_messages(10)
-                .visibility_timeout(0)
+                // Not 0 in a tight loop: ElasticMQ then sometimes never moves a message.
+                .visibility_timeout(1)
+                .wait_time_seconds(1)
                 .send()
                 .await
                 .unwrap_or_else(|e| panic!("receiving from {url}: {e:?}"));
