@@ -9,7 +9,7 @@
 // GET /v1/projects/P/topics/T (the target's Ready probe). A
 // connection opening with the HTTP/2 preface goes to pstest's gRPC server; any other is REST.
 //
-//	pstest-server -grpc-port N -admin-port M
+//	pstest-server -grpc-port N -admin-port M [-closed]
 //
 // Admin shim (POST bodies and answers are JSON; data is base64, as encoding/json writes []byte):
 //
@@ -20,6 +20,7 @@
 //	POST /ack           {"subscription","ackIds"}
 //	POST /nack          {"subscription","ackIds"}   (ack deadline 0: redelivered at once)
 //	GET  /pstest/pending?subscription=S -> {"pending": n}   (unacknowledged, outstanding or not)
+//	POST /open                                   (with -closed: only now the gRPC port listens)
 package main
 
 import (
@@ -34,6 +35,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 
 	pb "cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
@@ -107,12 +109,9 @@ type message struct {
 func main() {
 	grpcPort := flag.Int("grpc-port", 8085, "loopback port of the Pub/Sub gRPC API")
 	adminPort := flag.Int("admin-port", 8086, "loopback port of the JSON admin shim")
+	closed := flag.Bool("closed", false, "open the gRPC port only on POST /open (declare topics and subscriptions first)")
 	flag.Parse()
 
-	public, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", *grpcPort))
-	if err != nil {
-		log.Fatalf("gRPC listener: %v", err)
-	}
 	srv := pstest.NewServerWithAddress("127.0.0.1:0")
 	g := &srv.GServer
 	ctx := context.Background()
@@ -140,7 +139,20 @@ func main() {
 		t, err := g.GetTopic(r.Context(), &pb.GetTopicRequest{Topic: name})
 		answer(w, t, err)
 	})
-	go serveGrpcAndRest(public, srv.Addr, rest)
+	var opened sync.Once
+	open := func() {
+		opened.Do(func() {
+			public, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", *grpcPort))
+			if err != nil {
+				log.Fatalf("gRPC listener: %v", err)
+			}
+			log.Printf("pstest gRPC (and REST) on %s via %s", public.Addr(), srv.Addr)
+			go serveGrpcAndRest(public, srv.Addr, rest)
+		})
+	}
+	if !*closed {
+		open()
+	}
 
 	mux := http.NewServeMux()
 	handle := func(path string, f func(r *http.Request) (any, error)) {
@@ -270,12 +282,19 @@ func main() {
 		return map[string]int{"pending": n}, nil
 	})
 
+	// After a restart the tests declare the topics and subscriptions before the operator can
+	// publish: a message published to a topic without its subscription reaches no one.
+	handle("POST /open", func(r *http.Request) (any, error) {
+		open()
+		return map[string]bool{"open": true}, nil
+	})
+
 	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", *adminPort))
 	if err != nil {
 		log.Fatalf("admin listener: %v", err)
 	}
 	go func() { log.Fatal(http.Serve(ln, mux)) }()
-	log.Printf("pstest gRPC (and REST) on %s via %s, admin on %s", public.Addr(), srv.Addr, ln.Addr())
+	log.Printf("pstest admin on %s", ln.Addr())
 
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)

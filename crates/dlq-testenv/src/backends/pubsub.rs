@@ -24,16 +24,12 @@ pub struct PubsubBackend {
 }
 
 impl PubsubBackend {
-    /// The topics and subscriptions (again: pstest keeps them in memory).
-    /// The topics and subscriptions, each subscription right after its topic: after a restart
-    /// (pstest keeps nothing) the operator publishes as soon as a topic exists, and a message
-    /// published to a topic without its subscription yet is delivered to no one.
-    fn declare(&self) {
-        self.ps.create_topic("dead");
-        self.ps.create_subscription("dead", "dead", None, false);
-        self.ps.create_topic("jobs");
-        self.ps
-            .create_subscription("jobs", "jobs", Some(("dead", MAX_DELIVERY_ATTEMPTS)), false);
+    /// The topics and subscriptions (again after a restart: pstest keeps them in memory).
+    fn declare(ps: &Pstest) {
+        ps.create_topic("dead");
+        ps.create_subscription("dead", "dead", None, false);
+        ps.create_topic("jobs");
+        ps.create_subscription("jobs", "jobs", Some(("dead", MAX_DELIVERY_ATTEMPTS)), false);
     }
 
     pub fn pstest(&self) -> &Pstest {
@@ -50,7 +46,7 @@ impl Backend for PubsubBackend {
             ps: Pstest::start(),
             taken: Mutex::default(),
         };
-        b.declare();
+        Self::declare(&b.ps);
         b
     }
 
@@ -84,10 +80,11 @@ impl Backend for PubsubBackend {
         self.ps.stop();
     }
 
-    /// pstest comes back empty: the topics and subscriptions are declared again.
+    /// pstest comes back empty: the topics and subscriptions are declared again, before the
+    /// operator can reach it (a job published to `jobs` before its subscription exists would
+    /// reach no one: once in a CI run).
     async fn restart(&mut self) {
-        self.ps.restart();
-        self.declare();
+        self.ps.restart_declared(Self::declare);
     }
 }
 

@@ -80,6 +80,13 @@ impl Pstest {
 
     /// Starts (again) on the same ports, with no topics.
     pub fn restart(&self) {
+        self.restart_declared(|_| {});
+    }
+
+    /// Starts (again) on the same ports and runs `declare` (topics, subscriptions) before the
+    /// gRPC port opens: the operator cannot publish to a topic whose subscription is not there
+    /// yet (such a message reaches no one).
+    pub fn restart_declared(&self, declare: impl FnOnce(&Pstest)) {
         let mut slot = self.child.lock().unwrap_or_else(|p| p.into_inner());
         assert!(slot.is_none(), "pstest already running");
         let log = self.dir.join("pstest.log");
@@ -87,13 +94,16 @@ impl Pstest {
         cmd.arg("-grpc-port")
             .arg(self.grpc_port.to_string())
             .arg("-admin-port")
-            .arg(self.admin_port.to_string());
+            .arg(self.admin_port.to_string())
+            .arg("-closed");
         let child = crate::plane::spawn_guarded(&mut cmd, &log)
             .unwrap_or_else(|e| panic!("starting pstest-server: {e}"));
         *slot = Some(child);
         drop(slot);
-        super::child::wait_listening(self.grpc_port, 30, "pstest (gRPC)", &log);
         super::child::wait_listening(self.admin_port, 30, "pstest (admin)", &log);
+        declare(self);
+        self.call("POST", "/open", None);
+        super::child::wait_listening(self.grpc_port, 30, "pstest (gRPC)", &log);
     }
 
     /// Kills it hard, like a crashed server.
