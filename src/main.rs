@@ -69,6 +69,12 @@ struct RunArgs {
     /// How often each queue's body store is swept of objects no record references, in seconds.
     #[arg(long, env = "DLQ_BODY_SWEEP_SECONDS", default_value_t = 300)]
     body_sweep_seconds: u64,
+    /// The SQS source's long poll, in seconds (1-20). 20, SQS's longest, costs least; shorter
+    /// only for an emulator that does not end a long poll when its redrive policy moves a
+    /// message in (ElasticMQ: the message waits out the poll).
+    #[arg(long, env = "DLQ_SQS_LONG_POLL_SECONDS", default_value_t = 20,
+          value_parser = clap::value_parser!(u8).range(1..=20))]
+    sqs_long_poll_seconds: u8,
     /// How often the records decided and still Parked are listed again, in seconds (a watch
     /// event lost across an apiserver restart costs one period, not the decision).
     #[arg(long, default_value_t = 30)]
@@ -210,6 +216,7 @@ impl RunArgs {
             concurrency,
             backoff_cap_seconds,
             body_sweep_seconds,
+            sqs_long_poll_seconds,
             decided_resync_seconds,
             stall_after_seconds,
             alerts,
@@ -233,6 +240,7 @@ impl RunArgs {
             concurrency,
             backoff_cap_seconds,
             body_sweep_seconds,
+            sqs_long_poll_seconds,
             decided_resync_seconds,
             stall_after_seconds,
             alerts: AlertOptions {

@@ -49,6 +49,8 @@ pub struct Settings {
     pub park_ca_file: Option<std::path::PathBuf>,
     /// How often the body stores are swept (`crate::body::sweep`).
     pub body_sweep_every: Duration,
+    /// The SQS source's long poll (`crate::source::sqs`).
+    pub sqs_long_poll: Duration,
 }
 
 impl Default for Settings {
@@ -62,6 +64,7 @@ impl Default for Settings {
             park_url: None,
             park_ca_file: None,
             body_sweep_every: crate::body::sweep::SWEEP_EVERY,
+            sqs_long_poll: Duration::from_secs(20),
         }
     }
 }

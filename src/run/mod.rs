@@ -222,6 +222,7 @@ pub async fn run_scope(
         standing: ctx.standing.clone(),
         kafka_in_flight: settings.mechanisms.kafka_in_flight,
         sqs_receivers: settings.mechanisms.sqs_receivers,
+        sqs_long_poll: settings.sqs_long_poll,
         bodies: ctx.bodies.clone(),
     };
     let sweep = bodies::sweep(

@@ -47,6 +47,8 @@ pub struct Options {
     pub backoff_cap_seconds: u64,
     /// How often the body stores are swept, in seconds.
     pub body_sweep_seconds: u64,
+    /// The SQS source's long poll, in seconds.
+    pub sqs_long_poll_seconds: u8,
     pub decided_resync_seconds: u64,
     pub stall_after_seconds: u64,
     pub alerts: AlertOptions,
@@ -300,6 +302,7 @@ fn settings(options: &Options) -> Result<Settings, StartError> {
             .filter(|u| !u.trim().is_empty()),
         park_ca_file: options.park.park_tls_dir.as_ref().map(|d| d.join("ca.crt")),
         body_sweep_every: Duration::from_secs(options.body_sweep_seconds.max(1)),
+        sqs_long_poll: Duration::from_secs(options.sqs_long_poll_seconds.clamp(1, 20).into()),
         ..Settings::default()
     })
 }

@@ -87,6 +87,8 @@ pub struct Shared {
     /// The SQS source receives with several long polls at once (`super::sqs::RECEIVERS`); one
     /// only in the bench's A/B.
     pub sqs_receivers: bool,
+    /// The SQS source's long poll (`--sqs-long-poll-seconds`).
+    pub sqs_long_poll: std::time::Duration,
     /// The queues' body stores: a dead message over a queue's threshold is kept there and its
     /// record holds a reference.
     pub bodies: Arc<dyn Bodies>,
@@ -561,6 +563,7 @@ mod tests {
                 standing: Standing::default(),
                 kafka_in_flight: true,
                 sqs_receivers: true,
+                sqs_long_poll: std::time::Duration::from_secs(20),
                 bodies: Arc::new(crate::body::NoBodies),
                 client,
             },

@@ -47,8 +47,8 @@ pub const RECEIVERS: usize = 4;
 const VISIBILITY: i32 = 30;
 /// Visibility set before each retry wait (the park backoff is capped at 30 s).
 const VISIBILITY_WHILE_RETRYING: i32 = 60;
-/// SQS's longest long poll.
-const WAIT_SECONDS: i32 = 20;
+/// SQS's longest long poll: an HTTP timeout beyond it.
+const MAX_WAIT_SECONDS: u64 = 20;
 /// The String attribute a producer may set to say why a job died.
 pub const REASON_ATTRIBUTE: &str = "dlq-reason";
 
@@ -206,7 +206,7 @@ async fn run_once(
 ) -> Result<(), SourceError> {
     let conn = conn_for(client, into.namespace(), queue, source).await?;
     let sqs = conn
-        .client(Duration::from_secs(WAIT_SECONDS as u64 + 10))
+        .client(Duration::from_secs(MAX_WAIT_SECONDS + 10))
         .await;
     let bridge = Arc::new(Bridge {
         into: into.clone(),
@@ -222,6 +222,14 @@ async fn run_once(
     let slots = Arc::new(Semaphore::new(CONCURRENCY * receivers));
     let polls = (0..receivers).map(|_| receive(&bridge, &slots));
     futures::future::try_join_all(polls).await.map(|_| ())
+}
+
+/// The long poll's seconds (`--sqs-long-poll-seconds`), within SQS's 1-20.
+fn long_poll_seconds(into: &ParkInto) -> i32 {
+    into.shared
+        .sqs_long_poll
+        .as_secs()
+        .clamp(1, MAX_WAIT_SECONDS) as i32
 }
 
 /// One long poll after another, each for as many messages as there are free slots (at most
@@ -241,7 +249,7 @@ async fn receive(bridge: &Arc<Bridge>, slots: &Arc<Semaphore>) -> Result<(), Sou
             .receive_message()
             .queue_url(&bridge.url)
             .max_number_of_messages(10)
-            .wait_time_seconds(WAIT_SECONDS)
+            .wait_time_seconds(long_poll_seconds(&bridge.into))
             .visibility_timeout(VISIBILITY)
             .message_attribute_names("All")
             .message_system_attribute_names(MessageSystemAttributeName::All)

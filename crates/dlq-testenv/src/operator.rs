@@ -61,7 +61,10 @@ impl Operator {
             .args(args)
             .env("KUBECONFIG", kubeconfig)
             .env("POD_NAME", format!("op-{n}"))
-            .env("RUST_LOG", "info,kube=warn,lapin=error");
+            .env("RUST_LOG", "info,kube=warn,lapin=error")
+            // ElasticMQ does not end a long poll when its redrive policy moves a message in:
+            // at SQS's 20 s each such message waited out the poll (20 s of a test, each time).
+            .env("DLQ_SQS_LONG_POLL_SECONDS", "2");
         for (k, v) in env {
             cmd.env(k, v);
         }
