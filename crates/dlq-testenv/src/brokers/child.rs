@@ -47,6 +47,40 @@ pub(super) fn wait_listening(port: u16, secs: u64, what: &str, log: &Path) {
     );
 }
 
+/// Waits until `child` listens on `port`: an error with its log's tail as soon as it exits
+/// (then `child` is None), or after `secs`. For servers whose start may fail for a reason the
+/// test should show (an emulator's bad flag, a taken port).
+pub(super) fn wait_child_listening(
+    child: &mut Option<Child>,
+    port: u16,
+    secs: u64,
+    what: &'static str,
+    log: &Path,
+) -> Result<(), crate::plane::TestenvError> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(());
+        }
+        if let Some(c) = child.as_mut()
+            && let Ok(Some(status)) = c.try_wait()
+        {
+            *child = None;
+            return Err(crate::plane::TestenvError::Setup(format!(
+                "{what} exited ({status}) before listening on {port}; log:\n{}",
+                crate::plane::tail(log, 30)
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(crate::plane::TestenvError::NotReady {
+        what,
+        secs,
+        log: log.display().to_string(),
+        tail: crate::plane::tail(log, 30),
+    })
+}
+
 /// Waits (up to `secs`) until nothing listens on `port` any more.
 pub(super) fn wait_closed(port: u16, secs: u64) {
     let deadline = Instant::now() + Duration::from_secs(secs);

@@ -230,29 +230,7 @@ impl GcsServer {
     }
 
     fn wait_listening(&mut self, log: &Path) -> Result<(), TestenvError> {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while std::time::Instant::now() < deadline {
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return Ok(());
-            }
-            if let Some(c) = self.child.as_mut()
-                && let Ok(Some(status)) = c.try_wait()
-            {
-                self.child = None;
-                return Err(TestenvError::Setup(format!(
-                    "fake-gcs-server exited ({status}) before listening on {}; log:\n{}",
-                    self.port,
-                    crate::plane::tail(log, 30)
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Err(TestenvError::NotReady {
-            what: "fake-gcs-server",
-            secs: 30,
-            log: log.display().to_string(),
-            tail: crate::plane::tail(log, 30),
-        })
+        super::child::wait_child_listening(&mut self.child, self.port, 30, "fake-gcs-server", log)
     }
 }
 
