@@ -8,8 +8,8 @@
 //! digest instead of the payload (screenshot `body.png` in target/ui-screenshots). The HTTP park
 //! endpoint takes bodies up to the queue's `maxBytes` into the store (a 3 MiB POST parked and
 //! redriven byte-exact), answers 413 above it whether the length is declared or streamed
-//! (nothing kept), and `kubectl dlq park --payload @file` sends a file over a record's limit to
-//! the queue's park endpoint.
+//! (nothing kept), and `kubectl dlq park --payload @file` (or `@-`, stdin) sends a payload over
+//! a record's limit to the queue's park endpoint.
 
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -456,6 +456,45 @@ async fn show_prints_a_stored_bodys_facts_and_head_and_body_downloads_its_exact_
 
 /// POSTs the file `path` to `url` with curl (`chunked`: without a declared length), as a
 /// plain body with job id `id`: (status, answer).
+/// `kubectl dlq park --queue ingest --id ID --payload @-` with `payload` on its stdin:
+/// (success, stdout, stderr).
+fn park_from_stdin(ns: &str, id: &str, payload: &[u8]) -> (bool, String, String) {
+    use std::io::Write;
+    let kubeconfig = audited_plane().kubeconfig.clone();
+    let mut child = std::process::Command::new(dlq_testenv::bin("kubectl-dlq"))
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args([
+            "-n",
+            ns,
+            "park",
+            "--queue",
+            "ingest",
+            "--id",
+            id,
+            "--payload",
+            "@-",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl-dlq runs");
+    let mut stdin = child.stdin.take().expect("its stdin");
+    let bytes = payload.to_vec();
+    // A refusal may close stdin early: the writer's broken pipe is expected then.
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&bytes);
+    });
+    let out = child.wait_with_output().expect("kubectl-dlq ends");
+    let _ = writer.join();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 fn post_file(url: &str, path: &std::path::Path, id: &str, chunked: bool) -> (u16, String) {
     let mut cmd = Command::new("curl");
     cmd.args(["-sS", "-w", "\n%{http_code}", "-H"])
@@ -618,6 +657,27 @@ async fn the_http_endpoint_parks_large_bodies_into_the_store_and_refuses_above_m
         Some(sha256(&via_cli))
     );
     assert_eq!(record.spec.reason, "too big for a record");
+
+    // The same from stdin (spooled to a private temp file, then sent), and one byte over the
+    // queue's maxBytes refused before anything is sent.
+    let via_stdin = body(5, 600 << 10);
+    let (ok, out, err) = park_from_stdin(&ns, "cli-2", &via_stdin);
+    assert!(ok && out.contains("park endpoint"), "{out}{err}");
+    let record = parked(&api, "ingest", "cli-2").await;
+    assert_eq!(
+        record.spec.job.body.as_deref().map(|b| b.sha256.clone()),
+        Some(sha256(&via_stdin))
+    );
+    let (ok, out, err) = park_from_stdin(&ns, "cli-3", &body(6, MAX_BYTES + 1));
+    assert!(!ok && err.contains("limit of 8388608 bytes"), "{out}{err}");
+    assert!(
+        api.get_opt(&record_name("ingest", "cli-3", 1))
+            .await
+            .ok()
+            .flatten()
+            .is_none(),
+        "nothing parked"
+    );
     let _ = std::fs::remove_dir_all(&dir);
     report(&format!(
         "bodies_cli: the HTTP endpoint's large bodies in {:?}",

@@ -21,17 +21,19 @@ pub struct ParkArgs {
     #[arg(long)]
     pub id: String,
     /// Payload: TEXT, @FILE, or @- for stdin. Non-UTF-8 bytes are stored as payloadBase64.
-    /// A FILE over a record's limit (256 KiB) is streamed to the queue's HTTP park endpoint
-    /// (`status.address`; the queue needs spec.http and spec.bodies), which keeps it in the
-    /// queue's body store: this plugin never holds the store's credentials.
+    /// A FILE or stdin over a record's limit (256 KiB) is streamed to the queue's HTTP park
+    /// endpoint (`status.address`; the queue needs spec.http and spec.bodies), which keeps it
+    /// in the queue's body store: this plugin never holds the store's credentials. Stdin is
+    /// first copied to a private temp file (the endpoint wants its length), up to the queue's
+    /// maxBytes.
     #[arg(long)]
     pub payload: Option<String>,
-    /// With a FILE over a record's limit: a bearer token for the park endpoint, with the
+    /// With a payload over a record's limit: a bearer token for the park endpoint, with the
     /// queue's audience (e.g. `kubectl create token SA --audience AUDIENCE`); without one the
     /// endpoint takes it only from a queue allowing anonymous callers, from inside the cluster.
     #[arg(long, value_name = "PATH")]
     pub token_file: Option<std::path::PathBuf>,
-    /// With a FILE over a record's limit: the park endpoint's URL as reachable from here
+    /// With a payload over a record's limit: the park endpoint's URL as reachable from here
     /// (default: the queue's status.address.url, an in-cluster address).
     #[arg(long, value_name = "URL")]
     pub park_url: Option<String>,
@@ -138,15 +140,18 @@ fn shown(value: &str) -> String {
     }
 }
 
-/// The park request the flags describe; reads payload files, so it can fail before any I/O
-/// to the cluster.
-pub fn request(args: &ParkArgs) -> Result<ParkRequest, CliError> {
+/// The park request the flags describe, with `stdin` already read for `--payload @-`; reads
+/// payload files, so it can fail before any I/O to the cluster.
+pub fn request(args: &ParkArgs, stdin: Option<Vec<u8>>) -> Result<ParkRequest, CliError> {
     let mut job = Job {
         id: args.id.clone(),
         ..Job::default()
     };
     if let Some(p) = &args.payload {
-        let bytes = read_arg("--payload", p, MAX_PAYLOAD_BYTES)?;
+        let bytes = match stdin {
+            Some(bytes) => bytes,
+            None => read_arg("--payload", p, MAX_PAYLOAD_BYTES)?,
+        };
         match String::from_utf8(bytes) {
             Ok(text) => job.payload = Some(text),
             Err(e) => {
@@ -209,13 +214,57 @@ fn large_file(args: &ParkArgs) -> Result<Option<(String, u64)>, CliError> {
         .then(|| (path.to_string(), meta.len())))
 }
 
-/// `park` of a file over a record's limit, through the queue's park endpoint.
-async fn park_large(
-    global: &Global,
-    args: &ParkArgs,
-    path: &str,
+/// A payload over a record's limit: a file, or what stdin gave so far (the rest still unread).
+enum Large<'a> {
+    File { path: &'a str, size: u64 },
+    Stdin(Vec<u8>),
+}
+
+/// Stdin's bytes in a temp file of this user's alone (the park endpoint wants a length before
+/// the body), deleted when dropped.
+struct Spool {
+    path: std::path::PathBuf,
     size: u64,
-) -> Result<(), CliError> {
+}
+
+impl Spool {
+    /// `head` and the rest of stdin, at most `max + 1` bytes in all (one more says "too long").
+    fn from_stdin(head: &[u8], max: u64) -> Result<Spool, CliError> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or_default();
+        let path =
+            std::env::temp_dir().join(format!("kubectl-dlq-park-{}-{nanos}", std::process::id()));
+        let io = |e| CliError::Io("--payload @-: copying stdin to a temp file".into(), e);
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io)?;
+        // Deleted on drop from here on, whatever fails next.
+        let mut spool = Spool { path, size: 0 };
+        file.write_all(head).map_err(io)?;
+        let rest = (max + 1).saturating_sub(head.len() as u64);
+        let copied =
+            std::io::copy(&mut std::io::stdin().lock().take(rest), &mut file).map_err(io)?;
+        file.flush().map_err(io)?;
+        spool.size = head.len() as u64 + copied;
+        Ok(spool)
+    }
+}
+
+impl Drop for Spool {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// `park` of a payload over a record's limit, through the queue's park endpoint.
+async fn park_large(global: &Global, args: &ParkArgs, large: Large<'_>) -> Result<(), CliError> {
     if args.payload_base64.is_some()
         || args.intent_id.is_some()
         || args.service_version.is_some()
@@ -233,6 +282,27 @@ async fn park_large(
             args.queue
         ))
     })?;
+    let spool;
+    let (path, size) = match large {
+        Large::File { path, size } => (path.to_string(), size),
+        Large::Stdin(head) => {
+            // What the queue lacks is said before the rest of stdin is read.
+            crate::park_endpoint::endpoint_of(&queue, head.len() as u64, args.park_url.as_deref())?;
+            let max = queue
+                .spec
+                .bodies
+                .as_ref()
+                .map_or(MAX_PAYLOAD_BYTES as u64, |b| b.max());
+            spool = Spool::from_stdin(&head, max)?;
+            if spool.size > max {
+                return Err(CliError::Refused(format!(
+                    "the payload on stdin is over DeadLetterQueue {}'s limit of {max} bytes (spec.bodies.maxBytes, or a record's limit without a body store)",
+                    args.queue
+                )));
+            }
+            (spool.path.display().to_string(), spool.size)
+        }
+    };
     let endpoint = crate::park_endpoint::endpoint_of(&queue, size, args.park_url.as_deref())?;
     let described = crate::park_endpoint::Described {
         id: &args.id,
@@ -243,7 +313,7 @@ async fn park_large(
         headers: &args.headers,
         token_file: args.token_file.as_deref(),
     };
-    let (name, new) = crate::park_endpoint::park_file(&described, &endpoint, path, size).await?;
+    let (name, new) = crate::park_endpoint::park_file(&described, &endpoint, &path, size).await?;
     if new {
         println!(
             "parked {name} (new; {size} bytes sent to the queue's park endpoint {}, kept in its body store)",
@@ -261,9 +331,22 @@ async fn park_large(
 /// `park`: validates locally, parks once, and says whether the record is new.
 pub async fn run(global: &Global, args: ParkArgs) -> Result<(), CliError> {
     if let Some((path, size)) = large_file(&args)? {
-        return park_large(global, &args, &path, size).await;
+        return park_large(global, &args, Large::File { path: &path, size }).await;
     }
-    let req = request(&args)?;
+    let stdin = match args.payload.as_deref() {
+        Some("@-") => Some(
+            read_bounded(std::io::stdin().lock(), MAX_PAYLOAD_BYTES)
+                .map_err(|e| CliError::Io("--payload @-: reading stdin".into(), e))?,
+        ),
+        _ => None,
+    };
+    let stdin = match stdin {
+        Some(head) if head.len() > MAX_PAYLOAD_BYTES => {
+            return park_large(global, &args, Large::Stdin(head)).await;
+        }
+        small => small,
+    };
+    let req = request(&args, stdin)?;
     // Refused before connecting: a malformed request needs no cluster to say so.
     validate(&req).map_err(ParkError::Invalid)?;
     let (client, ns) = connect(global).await?;
