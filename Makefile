@@ -65,11 +65,11 @@ test lint-probe: export RUSTC_WORKSPACE_WRAPPER = $(shell rustc --print sysroot)
 test lint-probe: export CLIPPY_ARGS = -D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__
 test: ensure-deps tools fmt-check lint-probe crds-check deps-check docs-check workflows-check
 	@# crds-check built the workspace's binaries and examples (the tests run them, and `cargo
-	@# test` alone does not build them); the benches are only compiled, so they are linted.
+	@# test` alone does not build them).
 	$(TEST_BUILD)
-	$(CARGO) test -q --workspace --features $(TEST_FEATURES) --benches --no-run
-	@# In-process tests first, then the integration binaries in TEST_LANES (default 2) lanes.
-	@bash scripts/test-lanes.sh --workspace --features $(TEST_FEATURES) --lib --bins --tests --examples
+	@# In-process tests first, then the integration binaries in TEST_LANES (default 2) lanes; the
+	@# benches are compiled with the tests (so linted) and not run (`make bench` runs them).
+	@bash scripts/test-lanes.sh --workspace --features $(TEST_FEATURES) --lib --bins --tests --examples --benches
 
 lint-probe: ensure-deps
 	@mkdir -p target && printf 'pub fn f(v: &[u8]) -> bool {\n    v.len() == 0\n}\n' >target/lint-probe.rs
