@@ -10,6 +10,7 @@ use dlq_client::park::{ParkError, ParkOutcome, ParkRequest, Parker};
 use dlq_core::api::{FailureKind, IntentSnapshot, Job, MAX_PAYLOAD_BYTES};
 use dlq_core::park::validate;
 
+use crate::park_endpoint::Size;
 use crate::session::{CliError, Global, connect};
 
 #[derive(Args, Debug)]
@@ -287,7 +288,7 @@ async fn park_large(global: &Global, args: &ParkArgs, large: Large<'_>) -> Resul
         Large::File { path, size } => (path.to_string(), size),
         Large::Stdin(head) => {
             // What the queue lacks is said before the rest of stdin is read.
-            crate::park_endpoint::endpoint_of(&queue, head.len() as u64, args.park_url.as_deref())?;
+            crate::park_endpoint::endpoint_of(&queue, Size::OverARecord, args.park_url.as_deref())?;
             let max = queue
                 .spec
                 .bodies
@@ -303,7 +304,8 @@ async fn park_large(global: &Global, args: &ParkArgs, large: Large<'_>) -> Resul
             (spool.path.display().to_string(), spool.size)
         }
     };
-    let endpoint = crate::park_endpoint::endpoint_of(&queue, size, args.park_url.as_deref())?;
+    let endpoint =
+        crate::park_endpoint::endpoint_of(&queue, Size::Exactly(size), args.park_url.as_deref())?;
     let described = crate::park_endpoint::Described {
         id: &args.id,
         deliveries: args.deliveries,

@@ -29,23 +29,38 @@ pub struct Endpoint {
     pub ca: Option<String>,
 }
 
-/// The park endpoint of `queue` for a payload of `size` bytes (over a record's limit), or
-/// what the queue lacks, worded as what to do.
+/// How much is to be sent, over a record's limit.
+#[derive(Clone, Copy, Debug)]
+pub enum Size {
+    /// A file's length, or stdin's once spooled.
+    Exactly(u64),
+    /// Stdin not read to its end yet: more than a record holds.
+    OverARecord,
+}
+
+/// The park endpoint of `queue` for a payload of `size` (over a record's limit), or what the
+/// queue lacks, worded as what to do.
 pub fn endpoint_of(
     queue: &DeadLetterQueue,
-    size: u64,
+    size: Size,
     url: Option<&str>,
 ) -> Result<Endpoint, CliError> {
     let name = queue.name_any();
+    let is = match size {
+        Size::Exactly(n) => format!("is {n} bytes, over the {MAX_PAYLOAD_BYTES}"),
+        Size::OverARecord => format!("is over the limit of {MAX_PAYLOAD_BYTES} bytes"),
+    };
     let over = format!(
-        "the payload is {size} bytes, over the {MAX_PAYLOAD_BYTES} a record holds: kubectl dlq parks a larger one by streaming it to the queue's HTTP park endpoint, which keeps it in the queue's body store"
+        "the payload {is} a record holds: kubectl dlq parks a larger one by streaming it to the queue's HTTP park endpoint, which keeps it in the queue's body store"
     );
     let Some(bodies) = &queue.spec.bodies else {
         return Err(CliError::Refused(format!(
             "{over}, and DeadLetterQueue {name} has no spec.bodies (give it a body store)"
         )));
     };
-    if size > bodies.max() {
+    if let Size::Exactly(size) = size
+        && size > bodies.max()
+    {
         return Err(CliError::Refused(format!(
             "the payload is {size} bytes, over DeadLetterQueue {name}'s spec.bodies.maxBytes ({})",
             bodies.max()
@@ -253,17 +268,27 @@ mod tests {
         let target = serde_json::json!({"redis": {"urlSecretRef": {"name": "r", "key": "url"}, "list": "j"}});
         let bodies = serde_json::json!({"volume": {"path": "/b"}, "maxBytes": 1_000_000});
         let none = queue(serde_json::json!({"target": target}), serde_json::json!({}));
-        let e = endpoint_of(&none, 300_000, None).unwrap_err().to_string();
+        let e = endpoint_of(&none, Size::Exactly(300_000), None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("spec.bodies"), "{e}");
+        // Stdin not read to its end: no byte count it does not know.
+        let e = endpoint_of(&none, Size::OverARecord, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("over the limit of 262144 bytes") && e.contains("spec.bodies"),
+            "{e}"
+        );
         let no_http = queue(
             serde_json::json!({"target": target, "bodies": bodies}),
             serde_json::json!({}),
         );
-        let e = endpoint_of(&no_http, 300_000, None)
+        let e = endpoint_of(&no_http, Size::Exactly(300_000), None)
             .unwrap_err()
             .to_string();
         assert!(e.contains("spec.http"), "{e}");
-        let e = endpoint_of(&no_http, 2_000_000, None)
+        let e = endpoint_of(&no_http, Size::Exactly(2_000_000), None)
             .unwrap_err()
             .to_string();
         assert!(e.contains("maxBytes"), "{e}");
@@ -271,7 +296,7 @@ mod tests {
             serde_json::json!({"target": target, "bodies": bodies, "http": {}}),
             serde_json::json!({}),
         );
-        let e = endpoint_of(&no_address, 300_000, None)
+        let e = endpoint_of(&no_address, Size::Exactly(300_000), None)
             .unwrap_err()
             .to_string();
         assert!(e.contains("status.address"), "{e}");
@@ -280,14 +305,14 @@ mod tests {
             serde_json::json!({"address": {"url": "https://park.pay.svc/v1/namespaces/pay/queues/ingest"}}),
         );
         assert_eq!(
-            endpoint_of(&ready, 300_000, None).unwrap(),
+            endpoint_of(&ready, Size::Exactly(300_000), None).unwrap(),
             Endpoint {
                 url: "https://park.pay.svc/v1/namespaces/pay/queues/ingest".into(),
                 ca: None
             }
         );
         assert_eq!(
-            endpoint_of(&ready, 300_000, Some("http://127.0.0.1:1/x"))
+            endpoint_of(&ready, Size::Exactly(300_000), Some("http://127.0.0.1:1/x"))
                 .unwrap()
                 .url,
             "http://127.0.0.1:1/x"
