@@ -53,9 +53,9 @@ unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS
 # scheduling). Stale weights cost wall time: the old ones left the lanes at 716 s and 515 s.
 weight() {
   case $1 in
-    backends) echo 450 ;; chaos) echo 132 ;; sidekiq) echo 82 ;; knative) echo 55 ;;
+    backends) echo 392 ;; chaos) echo 135 ;; sidekiq) echo 68 ;; knative) echo 55 ;;
     redrive) echo 48 ;; alerts) echo 46 ;; chart_rbac) echo 44 ;; park) echo 39 ;;
-    release) echo 47 ;; sqs) echo 30 ;; kafka) echo 20 ;; replay) echo 34 ;; http_park) echo 31 ;;
+    release) echo 44 ;; sqs) echo 23 ;; kafka) echo 18 ;; replay) echo 34 ;; http_park) echo 31 ;;
     chart_node) echo 29 ;; bodies) echo 27 ;; nats) echo 28 ;; groups) echo 26 ;; leader) echo 23 ;;
     gitops) echo 20 ;; capacity) echo 17 ;; ui|seal) echo 16 ;; pubsub) echo 15 ;; cli) echo 14 ;;
     bodies_clouds|bodies_cli) echo 14 ;; *) echo 12 ;;
