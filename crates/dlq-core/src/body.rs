@@ -104,6 +104,46 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
+/// Base64 characters decoded per block (a multiple of 4: only the last block may be padded).
+const BASE64_BLOCK: usize = 4096;
+
+/// `payloadBase64` text (standard, padded) decoded into the text's own buffer: a large binary
+/// body on its way to the store is not held a second time beside its base64. Each block is
+/// copied aside before its bytes (3/4 of it at most) are written at or before where it was
+/// read. Text that is not base64 comes back exactly as it was: the blocks before the bad one
+/// are full and unpadded, so their base64 is the encoding of what they decoded to.
+pub fn decode_base64_in_place(text: String) -> Result<Vec<u8>, String> {
+    use base64::Engine;
+    let engine = &base64::engine::general_purpose::STANDARD;
+    if !text.len().is_multiple_of(4) {
+        return Err(text);
+    }
+    let mut buf = text.into_bytes();
+    let mut block = [0u8; BASE64_BLOCK];
+    let mut out = [0u8; BASE64_BLOCK / 4 * 3];
+    let (mut read, mut written) = (0, 0);
+    while read < buf.len() {
+        let n = (buf.len() - read).min(BASE64_BLOCK);
+        block[..n].copy_from_slice(&buf[read..read + n]);
+        let last = read + n == buf.len();
+        // Padding ends the text: a padded block before the last is not base64 as a whole.
+        let decoded = match block[n - 1] == b'=' && !last {
+            true => None,
+            false => engine.decode_slice(&block[..n], &mut out).ok(),
+        };
+        let Some(got) = decoded else {
+            let mut text = engine.encode(&buf[..written]);
+            text.push_str(&String::from_utf8_lossy(&buf[read..]));
+            return Err(text);
+        };
+        buf[written..written + got].copy_from_slice(&out[..got]);
+        read += n;
+        written += got;
+    }
+    buf.truncate(written);
+    Ok(buf)
+}
+
 /// An SQS Extended Client pointer: the producer put the body in S3 and sent this instead. Its
 /// object belongs to the producer: a record references it (`external`), never copies or
 /// deletes it.
@@ -262,6 +302,64 @@ pub fn sweep<'a>(
 mod tests {
     use super::*;
     use crate::queue::{S3Bodies, VolumeBodies};
+
+    fn noise(len: usize) -> Vec<u8> {
+        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn base64_decodes_in_its_own_buffer() {
+        use base64::Engine;
+        let engine = &base64::engine::general_purpose::STANDARD;
+        for len in [0, 1, 2, 3, 4, 100, 3071, 3072, 3073, 6144, 6145, 100_000] {
+            let bytes = noise(len);
+            let text = engine.encode(&bytes);
+            let at = text.as_ptr();
+            let decoded = decode_base64_in_place(text).unwrap();
+            assert_eq!(decoded, bytes, "{len} bytes");
+            assert_eq!(decoded.as_ptr(), at, "{len} bytes: the text's own buffer");
+        }
+    }
+
+    #[test]
+    fn what_is_not_base64_comes_back_exactly() {
+        use base64::Engine;
+        let engine = &base64::engine::general_purpose::STANDARD;
+        let long = engine.encode(noise(10_000));
+        let mut bad_end = long.clone();
+        bad_end.replace_range(long.len() - 2.., "!!");
+        // Padding where the first block ends: each block alone decodes, the whole does not.
+        let mut padded_inside = engine.encode(noise(3072 * 2));
+        padded_inside.replace_range(4094..4096, "==");
+        // Characters of several bytes, inside a later block and across the first block's end.
+        let mut wide = engine.encode(noise(9000));
+        wide.replace_range(8000..8005, "é√");
+        let mut straddling = engine.encode(noise(9000));
+        straddling.replace_range(4095..4097, "é");
+        for text in [
+            bad_end,
+            padded_inside,
+            wide,
+            straddling,
+            "abc".into(),
+            "ab=c".into(),
+        ] {
+            assert!(text.len().is_multiple_of(4) || text == "abc");
+            assert!(
+                engine.decode(&text).is_err(),
+                "not base64 to the crate either"
+            );
+            assert_eq!(decode_base64_in_place(text.clone()), Err(text));
+        }
+    }
 
     fn s3() -> BodiesSpec {
         BodiesSpec {
