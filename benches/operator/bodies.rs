@@ -38,7 +38,7 @@ use dlq_core::api::{BodyRef, DeadLetterQueue};
 use dlq_testenv::brokers::S3Server;
 use k8s_openapi::api::core::v1::Secret;
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use redis::aio::MultiplexedConnection;
 
 use super::scale::{etcd_bytes, etcd_post, settle_etcd};
@@ -52,8 +52,6 @@ const BUCKET: &str = "bench-bodies";
 const CEILING_BUCKET: &str = "bench-ceiling";
 /// The bench queues' `thresholdBytes` (see the module's doc).
 const THRESHOLD: usize = 32 * 1024;
-/// The operator's part size: bodies above it go up as a multipart upload (src/body).
-const PART_BYTES: usize = 8 * 1024 * 1024;
 /// Payload of the etcd and RSS points.
 const POINT_BYTES: usize = 64 * 1024;
 /// The body sizes of the throughput runs, paired with `BENCH_BODIES_N`.
@@ -544,28 +542,6 @@ fn bodies_of(seed: &str, size: usize, n: usize) -> Vec<(ObjectPath, Bytes)> {
         .collect()
 }
 
-/// Puts `bytes` as the operator puts a body: one PUT up to [`PART_BYTES`], parts of it above.
-async fn put_object(
-    store: &dyn ObjectStore,
-    path: &ObjectPath,
-    bytes: Bytes,
-) -> anyhow::Result<()> {
-    if bytes.len() <= PART_BYTES {
-        store.put(path, PutPayload::from(bytes)).await?;
-        return Ok(());
-    }
-    let upload = store.put_multipart(path).await?;
-    let mut write = WriteMultipart::new_with_chunk_size(upload, PART_BYTES);
-    let mut offset = 0;
-    while offset < bytes.len() {
-        let end = (offset + PART_BYTES).min(bytes.len());
-        write.put(bytes.slice(offset..end));
-        offset = end;
-    }
-    write.finish().await?;
-    Ok(())
-}
-
 /// Runs `each` on `0..n`, `c` at a time: records/s, or the first error.
 async fn rate_of<F, Fut>(n: usize, c: usize, each: F) -> anyhow::Result<f64>
 where
@@ -642,7 +618,9 @@ async fn ceiling_run(
         Kind::Objects => {
             rate_of(n, c_park, |i| {
                 let (store, (path, bytes)) = (&store, &bodies[i]);
-                async move { put_object(store.as_ref(), path, bytes.clone()).await }
+                async move {
+                    Ok(deadletter::body::put_object(store.as_ref(), path, bytes.clone()).await?)
+                }
             })
             .await?
         }
@@ -651,7 +629,7 @@ async fn ceiling_run(
                 let (store, (path, bytes)) = (&store, &bodies[i]);
                 let (api, pp, r) = (&api, &pp, &records[i]);
                 async move {
-                    put_object(store.as_ref(), path, bytes.clone()).await?;
+                    deadletter::body::put_object(store.as_ref(), path, bytes.clone()).await?;
                     api.create(pp, r).await?;
                     Ok(())
                 }

@@ -23,6 +23,29 @@ use dlq_core::body::{self, BodyCheck, Stored, Verifier};
 /// request holds the whole body and a failed part is retried alone.
 const PART_BYTES: usize = 8 * 1024 * 1024;
 
+/// Puts `bytes` at `path`: one PUT up to [`PART_BYTES`], parts of that size above (the bench's
+/// ceiling puts its objects the same way).
+pub async fn put_object(
+    store: &dyn ObjectStore,
+    path: &Path,
+    bytes: Bytes,
+) -> Result<(), object_store::Error> {
+    if bytes.len() <= PART_BYTES {
+        store.put(path, PutPayload::from(bytes)).await?;
+        return Ok(());
+    }
+    let upload = store.put_multipart(path).await?;
+    let mut write = WriteMultipart::new_with_chunk_size(upload, PART_BYTES);
+    let mut offset = 0;
+    while offset < bytes.len() {
+        let end = (offset + PART_BYTES).min(bytes.len());
+        write.put(bytes.slice(offset..end));
+        offset = end;
+    }
+    write.finish().await?;
+    Ok(())
+}
+
 /// Why a body could not be kept or read. `reason()` names it on conditions and Events.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum BodyError {
@@ -144,22 +167,9 @@ impl BodyStore {
             pending: self.pending.clone(),
         };
         let path = Path::from(body::object_key(&self.spec.prefix(), &sha256));
-        if bytes.len() <= PART_BYTES {
-            self.store
-                .put(&path, PutPayload::from(bytes))
-                .await
-                .map_err(unreachable)?;
-        } else {
-            let upload = self.store.put_multipart(&path).await.map_err(unreachable)?;
-            let mut write = WriteMultipart::new_with_chunk_size(upload, PART_BYTES);
-            let mut offset = 0;
-            while offset < bytes.len() {
-                let end = (offset + PART_BYTES).min(bytes.len());
-                write.put(bytes.slice(offset..end));
-                offset = end;
-            }
-            write.finish().await.map_err(unreachable)?;
-        }
+        put_object(self.store.as_ref(), &path, bytes)
+            .await
+            .map_err(unreachable)?;
         Ok(kept)
     }
 
