@@ -336,17 +336,15 @@ pub async fn run(global: &Global, args: ParkArgs) -> Result<(), CliError> {
         return park_large(global, &args, Large::File { path: &path, size }).await;
     }
     let stdin = match args.payload.as_deref() {
-        Some("@-") => Some(
-            read_bounded(std::io::stdin().lock(), MAX_PAYLOAD_BYTES)
-                .map_err(|e| CliError::Io("--payload @-: reading stdin".into(), e))?,
-        ),
-        _ => None,
-    };
-    let stdin = match stdin {
-        Some(head) if head.len() > MAX_PAYLOAD_BYTES => {
-            return park_large(global, &args, Large::Stdin(head)).await;
+        Some("@-") => {
+            let head = read_bounded(std::io::stdin().lock(), MAX_PAYLOAD_BYTES)
+                .map_err(|e| CliError::Io("--payload @-: reading stdin".into(), e))?;
+            if head.len() > MAX_PAYLOAD_BYTES {
+                return park_large(global, &args, Large::Stdin(head)).await;
+            }
+            Some(head)
         }
-        small => small,
+        _ => None,
     };
     let req = request(&args, stdin)?;
     // Refused before connecting: a malformed request needs no cluster to say so.
