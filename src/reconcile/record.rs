@@ -139,12 +139,37 @@ async fn write(ctx: &Context, record: &DeadLetter, write: &Write) -> Result<bool
 async fn mark_parked(ctx: &Context, dl: &DeadLetter) -> Result<Action> {
     let turn = ctx.parking_first.mark_turn().await;
     tracing::debug!(name = %dl.name_any(), while_parking = turn.is_some(), "marking Parked");
-    if write(ctx, dl, &plan::mark_parked(dl, Timestamp::now())).await? {
+    let Some(dl) = slimmed(ctx, dl).await else {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    };
+    if write(ctx, &dl, &plan::mark_parked(&dl, Timestamp::now())).await? {
         Ok(Action::await_change())
     } else {
         // Someone else wrote first: look again shortly (status-only changes do not wake this
         // controller).
         Ok(Action::requeue(Duration::from_secs(1)))
+    }
+}
+
+/// The record about to be marked with its managed fields cleared (see
+/// `Apiserver::clear_managed_fields`), at its new version; None when it changed since it was
+/// read (409: look again). Any other failure is only logged and the mark goes on with the
+/// record as it was: a record keeps its bytes of managed fields rather than wait unmarked.
+async fn slimmed<'a>(ctx: &Context, dl: &'a DeadLetter) -> Option<Cow<'a, DeadLetter>> {
+    if !ctx.settings.mechanisms.slim_records {
+        return Some(Cow::Borrowed(dl));
+    }
+    match ctx.apiserver.clear_managed_fields(dl).await {
+        Ok(version) => {
+            let mut cleared = dl.clone();
+            cleared.metadata.resource_version = version;
+            Some(Cow::Owned(cleared))
+        }
+        Err(e) if is_conflict(&e) => None,
+        Err(e) => {
+            tracing::warn!(name = %dl.name_any(), error = %e, "clearing a record's managed fields failed; marking it as it is");
+            Some(Cow::Borrowed(dl))
+        }
     }
 }
 

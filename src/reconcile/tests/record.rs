@@ -83,6 +83,49 @@ async fn a_new_record_is_marked_parked_announced_and_counted_once() {
     assert_eq!(h.metric(parked), 1.0);
 }
 
+/// The mark clears the record's managed fields first, at the version it read, then writes its
+/// status at the version that left; a record that changed since it was read is looked at again,
+/// unmarked; with `slim_records` off the managed fields stay.
+#[tokio::test]
+async fn a_mark_clears_the_managed_fields_first() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+    let mut parked = record(None);
+    parked.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+        manager: Some("dlq-parker".into()),
+        ..ManagedFieldsEntry::default()
+    }]);
+    let name = parked.metadata.name.clone().expect("a name");
+
+    let h = Harness::new(&parked, &[queue()]);
+    h.reconcile().await.expect("reconcile");
+    assert_eq!(h.apiserver.cleared(), std::slice::from_ref(&name));
+    assert_eq!(h.apiserver.current().metadata.managed_fields, None);
+    assert_eq!(h.phase(), Phase::Parked);
+    assert_eq!(h.apiserver.reasons(), ["Parked"]);
+
+    let h = Harness::new(&parked, &[queue()]);
+    let stale = h.apiserver.current();
+    h.apiserver.edit(&name, |_| {});
+    let again = record::reconcile(Arc::new(stale), h.ctx.clone()).await;
+    assert_eq!(
+        again.expect("reconcile"),
+        ReconcileAction::requeue(Duration::from_secs(1))
+    );
+    assert!(h.apiserver.cleared().is_empty());
+    assert!(h.apiserver.reasons().is_empty(), "not marked");
+
+    let apiserver = FakeApiserver::holding([parked.clone()]);
+    let mut settings = Settings::default();
+    settings.mechanisms.slim_records = false;
+    let ctx = context(&apiserver, &Arc::default(), &[queue()], settings);
+    record::reconcile(Arc::new(apiserver.current()), ctx)
+        .await
+        .expect("reconcile");
+    assert!(apiserver.cleared().is_empty());
+    assert_eq!(apiserver.current().phase(), Phase::Parked);
+    assert!(apiserver.current().metadata.managed_fields.is_some());
+}
+
 /// While sources are busy parking, a new record's mark waits for its turn behind another mark,
 /// and a signed decision does not wait at all (see `parking_first`).
 #[tokio::test]

@@ -91,6 +91,8 @@ pub struct FakeApiserver {
     replay_statuses: Mutex<Vec<DeadLetterReplayStatus>>,
     /// Names of the records labelled with their group, in order.
     group_labelled: Mutex<Vec<String>>,
+    /// Names of the records whose managed fields were cleared, in order.
+    cleared: Mutex<Vec<String>>,
     /// DeadLetterGroups by namespace and name.
     groups: Mutex<BTreeMap<Key, DeadLetterGroup>>,
     /// Group writes, in order: (name, whether it was a create).
@@ -189,6 +191,11 @@ impl FakeApiserver {
     /// Names of the records signed by a replay, in order.
     pub fn signed(&self) -> Vec<String> {
         lock(&self.signed).clone()
+    }
+
+    /// Names of the records whose managed fields were cleared, in order.
+    pub fn cleared(&self) -> Vec<String> {
+        lock(&self.cleared).clone()
     }
 
     /// Names of the records labelled with their group, in order.
@@ -300,6 +307,21 @@ impl Apiserver for FakeApiserver {
         if result.is_ok() {
             lock(&self.writes).push(status.clone());
         }
+        async move { result }.boxed()
+    }
+
+    fn clear_managed_fields<'a>(
+        &'a self,
+        record: &'a DeadLetter,
+    ) -> BoxFuture<'a, Result<Option<String>, kube::Error>> {
+        let result = self
+            .cas(record, |stored| stored.metadata.managed_fields = None)
+            .map(|()| {
+                let name = record.metadata.name.clone().unwrap_or_default();
+                let version = self.get(&name).and_then(|r| r.metadata.resource_version);
+                lock(&self.cleared).push(name);
+                version
+            });
         async move { result }.boxed()
     }
 
