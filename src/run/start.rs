@@ -302,7 +302,7 @@ fn settings(options: &Options) -> Result<Settings, StartError> {
             .filter(|u| !u.trim().is_empty()),
         park_ca_file: options.park.park_tls_dir.as_ref().map(|d| d.join("ca.crt")),
         body_sweep_every: Duration::from_secs(options.body_sweep_seconds.max(1)),
-        sqs_long_poll: Duration::from_secs(options.sqs_long_poll_seconds.clamp(1, 20).into()),
+        sqs_long_poll: Duration::from_secs(options.sqs_long_poll_seconds.into()),
         ..Settings::default()
     })
 }
