@@ -6,11 +6,14 @@
 //! `BENCH_AB_ROUNDS` (default 2) rounds whose order reverses every other round, the phase's
 //! ceiling measured in the middle of each round; a variant's rate is its records over its
 //! seconds across the rounds. What a mechanism buys is `(with − without) / ceiling`, in
-//! points. The memory point runs once per variant (peak RSS does not drift as rates do).
+//! points. The memory phase runs in rounds too (its marks a second drift as any rate does);
+//! its peak RSS is the mean over the rounds.
 //!
 //! `BENCH_AB_N` (default 2000) sizes the runs: a storm of 2 N messages into `maxParked` N, 2 N
 //! parks through the sources' path, a redrive of N / 2; `BENCH_AB_MEMORY` (default 5000)
-//! unmarked records of 1 KiB for the mark quota's memory.
+//! unmarked records of 1 KiB for the mark quota's memory and for what clearing managed fields
+//! costs the marks (`slim_records`: marks a second, with and without). `BENCH_AB_PHASES` (a
+//! comma list of storm, park, redrive, memory; default all) runs only those.
 
 use super::*;
 
@@ -43,7 +46,7 @@ impl Phase {
             Phase::Storm => &["parking_first", "mark_quota", "ask_ahead"],
             Phase::Park => &["ask_ahead"],
             Phase::Redrive => &["aggregation"],
-            Phase::Memory => &["mark_quota"],
+            Phase::Memory => &["mark_quota", "slim_records"],
         }
     }
 }
@@ -114,10 +117,13 @@ async fn once(b: &mut Bench, phase: Phase, sizes: Sizes, off: &str) -> anyhow::R
             rate: redrive_without(b, sizes.redrive, &disable).await?,
             peak_mib: None,
         },
-        Phase::Memory => Outcome {
-            rate: 0.0,
-            peak_mib: Some(marking_peak(b, sizes.memory, &disable).await?),
-        },
+        Phase::Memory => {
+            let (peak, rate) = marking(b, sizes.memory, &disable).await?;
+            Outcome {
+                rate,
+                peak_mib: Some(peak),
+            }
+        }
     })
 }
 
@@ -136,11 +142,12 @@ async fn ceiling(b: &mut Bench, phase: Phase, sizes: Sizes) -> anyhow::Result<f6
 }
 
 /// The operator's peak RSS (MiB) from its start over `n` unmarked 1 KiB records until it has
-/// marked them all.
-async fn marking_peak(b: &mut Bench, n: usize, disable: &[&str]) -> anyhow::Result<f64> {
+/// marked them all, and its marks a second.
+async fn marking(b: &mut Bench, n: usize, disable: &[&str]) -> anyhow::Result<(f64, f64)> {
     let ns = b.namespace("ab-memory").await?;
     create_plain(&b.client, &ns, n, b.c, 1024).await?;
     let (operator, pid) = b.operator_without(&ns, disable)?;
+    let start = Instant::now();
     let api: Api<DeadLetter> = Api::namespaced(b.client.clone(), &ns);
     let unmarked = ListParams::default().fields("status.phase=").limit(1);
     let deadline = Instant::now() + Duration::from_secs(600);
@@ -150,10 +157,11 @@ async fn marking_peak(b: &mut Bench, n: usize, disable: &[&str]) -> anyhow::Resu
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let rate = n as f64 / start.elapsed().as_secs_f64();
     let peak = rss_mib(pid).0;
     drop(operator);
     clear(&b.client, &ns).await?;
-    Ok(peak)
+    Ok((peak, rate))
 }
 
 /// A phase's variants over the rounds.
@@ -236,9 +244,11 @@ fn throughput_rows(
     }
 }
 
-/// The memory phase's rows: peak RSS with and without, and the difference in MiB.
+/// The memory phase's rows: peak RSS with and without, and the difference in MiB; the marks a
+/// second with and without, and the change in per cent.
 fn memory_rows(sizes: Sizes, m: &Measured, rows: &mut Vec<Row>, out: &mut Vec<serde_json::Value>) {
     let on = mean(m.peaks.get(ON).map_or(&[][..], |p| p));
+    let marks_on = m.rates.rate(ON);
     for &name in Phase::Memory.mechanisms() {
         let off = mean(m.peaks.get(name).map_or(&[][..], |p| p));
         rows.push((
@@ -247,7 +257,14 @@ fn memory_rows(sizes: Sizes, m: &Measured, rows: &mut Vec<Row>, out: &mut Vec<se
             format!("{off:.1} MiB"),
             format!("{:+.1} MiB", on - off),
         ));
-        out.push(json!({"mechanism": name, "phase": "memory", "records": sizes.memory, "peak_mib_with": on, "peak_mib_without": off, "each": m.peaks.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>()}));
+        let marks_off = m.rates.rate(name);
+        rows.push((
+            format!("{name} (marks, {} unmarked)", sizes.memory),
+            format!("{marks_on:.0}/s"),
+            format!("{marks_off:.0}/s"),
+            format!("{:+.0}%", 100.0 * (marks_on / marks_off - 1.0)),
+        ));
+        out.push(json!({"mechanism": name, "phase": "memory", "records": sizes.memory, "peak_mib_with": on, "peak_mib_without": off, "marks_per_s_with": marks_on, "marks_per_s_without": marks_off, "each": m.peaks.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>()}));
     }
 }
 
@@ -265,9 +282,12 @@ pub async fn run(b: &mut Bench) -> anyhow::Result<(Vec<Row>, serde_json::Value)>
     let (before, started) = (loadavg(), Instant::now());
     eprintln!("ab: load average {before}");
     let (mut rows, mut out) = (Vec::new(), Vec::new());
+    let only = std::env::var("BENCH_AB_PHASES").unwrap_or_default();
+    let wanted = |p: Phase| only.is_empty() || only.split(',').any(|w| w.trim() == p.name());
     for phase in [Phase::Storm, Phase::Park, Phase::Redrive, Phase::Memory] {
-        // Memory does not drift with the apiserver as rates do: one round.
-        let rounds = if phase == Phase::Memory { 1 } else { rounds };
+        if !wanted(phase) {
+            continue;
+        }
         let m = measure(b, phase, sizes, rounds).await?;
         if phase == Phase::Memory {
             memory_rows(sizes, &m, &mut rows, &mut out);

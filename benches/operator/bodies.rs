@@ -17,15 +17,18 @@
 //!   object_store in this process, and the apiserver's creates / redrive writes of the record.
 //!   Park ceilings run at the Redis source's concurrency (32), redrive ceilings at `BENCH_C`.
 //!   The CPU each process spent per record is printed with each.
-//! - **etcd bytes per record** of 64 KiB bodies with a store against without
-//!   (`BENCH_BODIES_ETCD_N`, default 1,000): parked by the operator through the Redis source
-//!   and marked, etcd compacted and defragmented before and after, the in-use size's growth
-//!   per record; and the stored value of a record read from etcd itself (the mean of 50).
+//! - **etcd bytes per record** of 64 KiB bodies with a store, with a store and the operator's
+//!   `slim_records` off (managed fields kept), and without a store (`BENCH_BODIES_ETCD_N`,
+//!   default 1,000): parked by the operator through the Redis source and marked, etcd
+//!   compacted and defragmented before and after, the in-use size's growth per record, then
+//!   again once their Parked Events are deleted (the Events' share); and the stored value of a
+//!   record read from etcd itself (the mean of 50).
 //! - **apiserver RSS** with `BENCH_BODIES_RSS_N` (default 20,000) records of 64 KiB bodies
-//!   parked with a store, then `BENCH_BODIES_RSS_NONE_N` (default the same) without: the
-//!   apiserver restarted first (its RSS then), right after the operator parked and marked them,
-//!   and once more restarted over them (what holding them costs, without what writing them
-//!   left behind).
+//!   parked with a store, then `BENCH_BODIES_RSS_KEPT_N` with a store and managed fields kept,
+//!   then `BENCH_BODIES_RSS_NONE_N` without a store (both default the same): the apiserver
+//!   restarted first (its RSS then), right after the operator parked and marked them, and once
+//!   more restarted over them (what holding them costs, without what writing them left
+//!   behind).
 //!
 //! The bench's queues have `thresholdBytes` 32 KiB: a body goes to the store when it is over the
 //! threshold, and 64 KiB is not over the default (65,536).
@@ -37,6 +40,7 @@ use bytes::Bytes;
 use dlq_core::api::{BodyRef, DeadLetterQueue};
 use dlq_testenv::brokers::S3Server;
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::events::v1::Event;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use redis::aio::MultiplexedConnection;
@@ -54,6 +58,8 @@ const CEILING_BUCKET: &str = "bench-ceiling";
 const THRESHOLD: usize = 32 * 1024;
 /// Payload of the etcd and RSS points.
 const POINT_BYTES: usize = 64 * 1024;
+/// The operator's mechanism that clears a record's managed fields with its mark.
+const SLIM: &str = "slim_records";
 /// The body sizes of the throughput runs, paired with `BENCH_BODIES_N`.
 const SIZES: [usize; 3] = [1024, 256 * 1024, 10 * 1024 * 1024];
 
@@ -855,9 +861,10 @@ async fn etcd_point(
     env: &mut Env,
     n: usize,
     store: bool,
-) -> anyhow::Result<(f64, f64)> {
+    disable: &[&str],
+) -> anyhow::Result<EtcdPoint> {
     let ns = queue_ns(b, env, "bodies-etcd", store).await?;
-    let (op, _) = b.operator(&ns)?;
+    let (op, _) = b.operator_without(&ns, disable)?;
     // The operator's start-up writes (the queue's status) before the first measure.
     tokio::time::sleep(Duration::from_secs(2)).await;
     settle_etcd(&b.plane)?;
@@ -868,9 +875,28 @@ async fn etcd_point(
     settle_etcd(&b.plane)?;
     let after = etcd_bytes(&b.plane)?;
     let value = stored_value_bytes(&b.plane, &ns)?;
+    // The records' Parked Events (one each, gone after the apiserver's --event-ttl): their share.
+    let events: Api<Event> = Api::namespaced(b.client.clone(), &ns);
+    events
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await?;
+    settle_etcd(&b.plane)?;
+    let records_only = etcd_bytes(&b.plane)?;
     clear(&b.client, &ns).await?;
     drop_namespace(b, &ns).await;
-    Ok(((after - before) / n as f64, value))
+    Ok(EtcdPoint {
+        per_record: (after - before) / n as f64,
+        events_per_record: (after - records_only) / n as f64,
+        value,
+    })
+}
+
+/// etcd's growth per parked record, the share of it its Parked Event takes, and the mean
+/// stored value of a record.
+struct EtcdPoint {
+    per_record: f64,
+    events_per_record: f64,
+    value: f64,
 }
 
 /// The apiserver's RSS (MiB) with `n` records of 64 KiB bodies parked with (or without) a
@@ -880,12 +906,13 @@ async fn rss_point(
     env: &mut Env,
     n: usize,
     store: bool,
+    disable: &[&str],
 ) -> anyhow::Result<([f64; 3], String)> {
     b.plane.restart_apiserver()?;
     tokio::time::sleep(Duration::from_secs(10)).await;
     let fresh = rss_mib(b.plane.apiserver_pid()).1;
     let ns = queue_ns(b, env, "bodies-rss", store).await?;
-    let (op, _) = b.operator(&ns)?;
+    let (op, _) = b.operator_without(&ns, disable)?;
     let start = Instant::now();
     park_point(b, env, &ns, n).await?;
     eprintln!(
@@ -918,6 +945,60 @@ async fn rss_point(
     Ok(([fresh, parked, restarted], ns))
 }
 
+/// The RSS points' rows: with a store against keeping managed fields and against no store,
+/// right after parking, restarted over them, and fresh before; a point alone on its own row.
+fn rss_rows(points: &[(&str, usize, [f64; 3])], rows: &mut Vec<Row>) {
+    let find = |which: &str| points.iter().find(|p| p.0 == which);
+    let Some(store) = find("store") else {
+        for (which, n, mib) in points {
+            rows.push((
+                format!("bodies apiserver MiB {n}, {which}"),
+                format!("{:.0} parked", mib[1]),
+                format!("{:.0} restarted", mib[2]),
+                "-".into(),
+            ));
+        }
+        return;
+    };
+    let pairs = [
+        ("store_managed_fields_kept", "cleared/kept"),
+        ("none", "store/none"),
+    ];
+    let mut compared = false;
+    for (other, vs) in pairs {
+        let Some(o) = find(other) else { continue };
+        compared = true;
+        let n = if store.1 == o.1 {
+            format!("{}", store.1)
+        } else {
+            format!("{}/{}", store.1, o.1)
+        };
+        rows.push(row(
+            &format!("bodies apiserver MiB {n}, {vs}"),
+            store.2[1],
+            o.2[1],
+        ));
+        rows.push(row(
+            &format!("bodies apiserver MiB restarted, {vs}"),
+            store.2[2],
+            o.2[2],
+        ));
+        rows.push(row(
+            &format!("bodies apiserver MiB fresh, {vs}"),
+            store.2[0],
+            o.2[0],
+        ));
+    }
+    if !compared {
+        rows.push((
+            format!("bodies apiserver MiB {}, store", store.1),
+            format!("{:.0} parked", store.2[1]),
+            format!("{:.0} restarted", store.2[2]),
+            format!("{:.0} fresh", store.2[0]),
+        ));
+    }
+}
+
 // --- The phase --------------------------------------------------------------------------------
 
 /// Rows and JSON of the bodies phase.
@@ -928,6 +1009,7 @@ pub async fn run(
     let rounds = env_usize("BENCH_BODIES_ROUNDS", 2).max(1);
     let etcd_n = env_usize("BENCH_BODIES_ETCD_N", 1000);
     let rss_n = env_usize("BENCH_BODIES_RSS_N", 20_000);
+    let rss_kept_n = env_usize("BENCH_BODIES_RSS_KEPT_N", rss_n);
     let rss_none_n = env_usize("BENCH_BODIES_RSS_NONE_N", rss_n);
 
     let s3 = S3Server::try_start()?;
@@ -964,32 +1046,62 @@ pub async fn run(
     json.insert("throughput".into(), json!(sizes));
 
     if etcd_n > 0 {
-        let (store_per, store_value) = etcd_point(b, &mut env, etcd_n, true).await?;
-        let (none_per, none_value) = etcd_point(b, &mut env, etcd_n, false).await?;
+        let store = etcd_point(b, &mut env, etcd_n, true, &[]).await?;
+        let kept = etcd_point(b, &mut env, etcd_n, true, &[SLIM]).await?;
+        let none = etcd_point(b, &mut env, etcd_n, false, &[]).await?;
         eprintln!(
-            "bodies: etcd per record of 64 KiB, {etcd_n} records: {store_per:.0} B with a store ({store_value:.0} B stored value), {none_per:.0} B without ({none_value:.0} B)"
+            "bodies: etcd per record of 64 KiB, {etcd_n} records: {:.0} B with a store ({:.0} B its Event, {:.0} B stored value), {:.0} B keeping managed fields ({:.0} B), {:.0} B without a store ({:.0} B)",
+            store.per_record,
+            store.events_per_record,
+            store.value,
+            kept.per_record,
+            kept.value,
+            none.per_record,
+            none.value
         );
+        let records = |p: &EtcdPoint| p.per_record - p.events_per_record;
         rows.push(row(
             "bodies etcd B/record 64 KiB, store / none",
-            store_per,
-            none_per,
+            store.per_record,
+            none.per_record,
+        ));
+        rows.push(row(
+            "bodies etcd B/rec w/o Event, store / none",
+            records(&store),
+            records(&none),
+        ));
+        rows.push(row(
+            "bodies etcd B/rec w/o Event, cleared / kept",
+            records(&store),
+            records(&kept),
         ));
         rows.push(row(
             "bodies etcd value of a record, store / none",
-            store_value,
-            none_value,
+            store.value,
+            none.value,
         ));
-        json.insert("etcd".into(), json!({"records": etcd_n, "payload": POINT_BYTES, "store_bytes_per_record": store_per, "none_bytes_per_record": none_per, "store_value_bytes": store_value, "none_value_bytes": none_value}));
+        rows.push(row(
+            "bodies etcd value, fields cleared / kept",
+            store.value,
+            kept.value,
+        ));
+        let point = |p: &EtcdPoint| json!({"bytes_per_record": p.per_record, "event_bytes_per_record": p.events_per_record, "value_bytes": p.value});
+        json.insert("etcd".into(), json!({"records": etcd_n, "payload": POINT_BYTES, "store": point(&store), "store_managed_fields_kept": point(&kept), "none": point(&none)}));
     }
 
     let mut rss = serde_json::Map::new();
     let mut points = Vec::new();
-    for (n, store) in [(rss_n, true), (rss_none_n, false)] {
+    let variants = [
+        (rss_n, true, "store", &[][..]),
+        (rss_kept_n, true, "store_managed_fields_kept", &[SLIM][..]),
+        (rss_none_n, false, "none", &[][..]),
+    ];
+    let last = variants.iter().rposition(|v| v.0 > 0);
+    for (i, (n, store, which, disable)) in variants.into_iter().enumerate() {
         if n == 0 {
             continue;
         }
-        let (mib, ns) = rss_point(b, &mut env, n, store).await?;
-        let which = if store { "store" } else { "none" };
+        let (mib, ns) = rss_point(b, &mut env, n, store, disable).await?;
         eprintln!(
             "bodies: apiserver RSS, {n} x 64 KiB, {which}: {:.0} MiB fresh, {:.0} parked, {:.0} restarted over them",
             mib[0], mib[1], mib[2]
@@ -998,45 +1110,16 @@ pub async fn run(
             which.into(),
             json!({"records": n, "fresh_mib": mib[0], "parked_mib": mib[1], "restarted_mib": mib[2]}),
         );
-        points.push((n, mib));
-        if store && rss_none_n > 0 {
-            // Gone before the point without a store, which then meets the same etcd.
-            clear_many(&b.client, &ns, n).await?;
-            drop_namespace(b, &ns).await;
-            settle_etcd(&b.plane)?;
+        points.push((which, n, mib));
+        if Some(i) == last {
+            break;
         }
+        // Gone before the next point, which then meets the same etcd.
+        clear_many(&b.client, &ns, n).await?;
+        drop_namespace(b, &ns).await;
+        settle_etcd(&b.plane)?;
     }
-    if let [(sn, s), (nn, none)] = points[..] {
-        let label = if sn == nn {
-            format!("{sn}")
-        } else {
-            format!("{sn}/{nn}")
-        };
-        rows.push(row(
-            &format!("bodies apiserver MiB, {label} x 64 KiB, store / none"),
-            s[1],
-            none[1],
-        ));
-        rows.push(row(
-            "bodies apiserver MiB, restarted over them",
-            s[2],
-            none[2],
-        ));
-        rows.push(row(
-            "bodies apiserver MiB, fresh before each",
-            s[0],
-            none[0],
-        ));
-    } else {
-        for (n, mib) in points {
-            rows.push((
-                format!("bodies apiserver MiB, {n} x 64 KiB parked/restarted"),
-                format!("{:.0}/{:.0}", mib[1], mib[2]),
-                "-".into(),
-                "-".into(),
-            ));
-        }
-    }
+    rss_rows(&points, &mut rows);
     json.insert("apiserver_rss".into(), rss.into());
     Ok((rows, json.into()))
 }
