@@ -4,6 +4,10 @@
 //! create is the atomic step that makes racing parkers safe (the loser gets AlreadyExists,
 //! re-reads, and answers AlreadyParked). The parker only ever owns the parked facts, never
 //! `action`/`by`/`note`, so a GitOps server-side apply of a decision does not conflict with it.
+//! The operator clears the record's managed fields when it marks it (they are most of the
+//! apiserver's memory a record); the first server-side apply then gives the facts to the
+//! apiserver's `before-first-apply` manager, so a decision still does not conflict and another
+//! value of a fact still does (and the CRD's rules keep the facts immutable anyway).
 //! The rules themselves (validation, sealing, naming, cycles) are the core's: a park asks it
 //! once for the whole plan (`dlq_core::park_plan::plan`) and carries that plan out.
 
