@@ -461,6 +461,11 @@ async fn operator_run(
     let secs = drained(&mut env.redis, &dead, start, Duration::from_secs(1800)).await?;
     let park = n as f64 / secs;
     cpu.add(kind.names().0, n, before.spent());
+    eprintln!(
+        "bodies: {} {size} B x {n}: operator peak RSS {:.1} MiB after parking",
+        kind.names().0,
+        rss_mib(pid).0
+    );
 
     let rejected = list_len(&mut env.redis, &format!("{dead}:rejected")).await;
     let records = count(&api).await?;

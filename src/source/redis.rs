@@ -1,7 +1,8 @@
 //! Redis source bridge: consumers LPUSH dead jobs onto a list; the bridge moves each one into
 //! the hash `<list>:inflight` under an id Redis gives it (server time + a counter), parks it
 //! with that id as its source message identity, and only then HDELs it. While the list has a
-//! backlog one atomic script moves as many elements as there are free parking slots ([`TAKE_BATCH`]);
+//! backlog one atomic script moves as many elements as there are free parking slots and room in
+//! the source's byte budget ([`TAKE_BATCH`], [`super::taken::BYTES_IN_FLIGHT`]);
 //! when it is empty the bridge blocks in BLMOVE onto `<list>:processing` and then takes that
 //! element into the hash ([`TAKE_ONE`]). On start it first re-parks whatever a crash left in
 //! `<list>:processing` and `<list>:inflight`. The id is what makes that safe: a re-parked
@@ -28,7 +29,7 @@ use dlq_core::api::{DeadLetterQueue, RedisSourceSpec};
 use dlq_core::envelope::request_for;
 
 use super::park_into::{ParkInto, SourceError, keep_running, url_from_secret};
-use super::taken::{Failpoints, Taken, free_slots, pairs, spawn_handle};
+use super::taken::{ByteBudget, Failpoints, Taken, free_slots, pairs, spawn_handle};
 use crate::broker::redis::RedisConn;
 
 /// Parks in flight at once per bridge: parkings waiting together share one reservation under
@@ -53,13 +54,19 @@ return id
 
 /// Moves up to ARGV[1] elements from the dead list straight into the inflight hash, each under
 /// a fresh id, in one atomic step; returns id, element, id, element, ... (empty when the list
-/// is). KEYS: dead, inflight, counter. One round trip per batch instead of two per element:
+/// is). At most ARGV[2] bytes of elements, but always the first (see
+/// [`super::taken::BYTES_IN_FLIGHT`]). KEYS: dead, inflight, counter. One round trip per batch instead of two per element:
 /// a storm was drained at the pace of those round trips.
 const TAKE_BATCH: &str = r"
 local out = {}
+local room = tonumber(ARGV[2])
+local total = 0
 for i = 1, tonumber(ARGV[1]) do
-  local raw = redis.call('RPOP', KEYS[1])
+  local raw = redis.call('LINDEX', KEYS[1], -1)
   if not raw then break end
+  if i > 1 and total + #raw > room then break end
+  redis.call('LTRIM', KEYS[1], 0, -2)
+  total = total + #raw
   local t = redis.call('TIME')
   local id = t[1] .. '.' .. t[2] .. '-' .. redis.call('INCR', KEYS[3])
   redis.call('HSET', KEYS[2], id, raw)
@@ -123,22 +130,28 @@ async fn run_once(
 /// backlog, else one at a time through a blocking BLMOVE.
 async fn pull(ctx: &Arc<Bridge>, puller: &RedisConn) -> Result<(), SourceError> {
     let slots = Arc::new(Semaphore::new(CONCURRENCY));
+    let budget = ByteBudget::default();
     loop {
         let mut permits = free_slots(&slots).await?;
-        let taken = ctx.take(permits.len()).await?;
+        let room = budget.free().await?;
+        let taken = ctx.take(permits.len(), room).await?;
         if taken.is_empty() {
             // The slot is taken before the element (free_slots holds at least one), so a
             // taken element always has one.
             if let Some(permit) = permits.pop()
                 && let Some((id, raw)) = ctx.wait_for_one(puller).await?
             {
-                spawn_handle(&ctx.taken, id, raw, permit);
+                let bytes = budget.hold(raw.len()).await?;
+                spawn_handle(&ctx.taken, id, raw, (permit, bytes));
             }
             continue;
         }
-        // Slots left over (fewer elements than free slots) are dropped, so freed.
+        // Slots left over (fewer elements than free slots) are dropped, so freed. The batch
+        // fits the room it was taken for, but its first element, which may wait here for
+        // elements in flight to give their bytes back.
         for ((id, raw), permit) in taken.into_iter().zip(permits) {
-            spawn_handle(&ctx.taken, id, raw, permit);
+            let bytes = budget.hold(raw.len()).await?;
+            spawn_handle(&ctx.taken, id, raw, (permit, bytes));
         }
     }
 }
@@ -194,7 +207,7 @@ impl Bridge {
 
     /// Up to `n` elements moved from the dead list into the inflight hash, with their ids
     /// (see [`TAKE_BATCH`]).
-    async fn take(&self, n: usize) -> Result<Vec<(String, Vec<u8>)>, SourceError> {
+    async fn take(&self, n: usize, room: usize) -> Result<Vec<(String, Vec<u8>)>, SourceError> {
         let flat: Vec<Vec<u8>> = self
             .taken
             .conn
@@ -205,7 +218,8 @@ impl Bridge {
                     .arg(&self.dead)
                     .arg(&self.taken.hash)
                     .arg(&self.counter)
-                    .arg(n),
+                    .arg(n)
+                    .arg(room),
             )
             .await
             .map_err(SourceError::broker(format!(
@@ -263,4 +277,44 @@ impl Bridge {
 fn fingerprint(raw: &[u8]) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(raw))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{TAKE_BATCH, pairs};
+
+    /// [`TAKE_BATCH`] against a real redis-server: oldest first, at most its room of bytes,
+    /// but always one element however large.
+    #[tokio::test]
+    async fn a_batch_take_moves_at_most_its_room_but_always_one() {
+        let redis = dlq_testenv::brokers::Redis::start();
+        let mut conn = redis.conn().await;
+        for i in 0..4u8 {
+            let _: () = redis::cmd("LPUSH")
+                .arg("dead")
+                .arg(vec![i; 1 << 20])
+                .query_async(&mut conn)
+                .await
+                .expect("LPUSH");
+        }
+        let mut take = async |n: usize, room: usize| -> Vec<u8> {
+            let flat: Vec<Vec<u8>> = redis::cmd("EVAL")
+                .arg(TAKE_BATCH)
+                .arg(3)
+                .arg(&["dead", "dead:inflight", "dead:seq"])
+                .arg(n)
+                .arg(room)
+                .query_async(&mut conn)
+                .await
+                .expect("EVAL");
+            let taken = pairs(flat).expect("pairs");
+            taken.iter().map(|(_, raw)| raw[0]).collect()
+        };
+        assert_eq!(take(32, (1 << 20) + 10).await, [0], "one fits");
+        assert_eq!(take(32, 0).await, [1], "one however large");
+        assert_eq!(take(1, 10 << 20).await, [2], "at most n");
+        assert_eq!(take(32, 10 << 20).await, [3]);
+        assert!(take(32, 10 << 20).await.is_empty());
+        assert_eq!(redis.hash_len("dead:inflight").await, 4);
+    }
 }
