@@ -576,8 +576,18 @@ impl ControlPlane {
             return Err(err);
         }
         if let Err(e) = plane.wait_ready(&api_log) {
+            // etcd may lose its port race later than the check above: the apiserver then
+            // dials whatever holds the port and gives up on its storage. Say why, so that
+            // `start_with` retries on fresh ports.
+            let err = match plane.etcd.try_wait() {
+                Ok(Some(status)) => TestenvError::Setup(format!(
+                    "etcd exited at start ({status}):\n{}\n{e}",
+                    tail(&etcd_log, 20)
+                )),
+                _ => e,
+            };
             plane.stop();
-            return Err(e);
+            return Err(err);
         }
         Ok(plane)
     }
