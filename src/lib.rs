@@ -26,3 +26,5 @@ pub mod serving_tls;
 pub mod source;
 pub mod state;
 pub mod target;
+#[cfg(test)]
+mod test_alloc;

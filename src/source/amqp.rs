@@ -233,13 +233,15 @@ pub fn request_for(queue: &str, data: &[u8], props: &BasicProperties, again: boo
         queue: Some(d.queue.clone()),
         ..Origin::default()
     });
-    let mut req = ParkRequest::new(
+    let mut req = ParkRequest::of_message(
         queue,
         Job {
+            id,
             headers: carried.headers,
             origin: origin.map(Box::new),
-            ..Job::from_bytes(id, data)
+            ..Job::default()
         },
+        data,
     );
     match death {
         Ok(d) => {
@@ -356,10 +358,12 @@ struct Bridge {
 }
 
 impl Bridge {
-    async fn handle(&self, delivery: Delivery) {
+    async fn handle(&self, mut delivery: Delivery) {
+        // Moved out, not copied: a large body goes to the store from this one buffer.
+        let data = bytes::Bytes::from(std::mem::take(&mut delivery.data));
         let mut req = request_for(
             self.into.queue(),
-            &delivery.data,
+            &data,
             &delivery.properties,
             delivery.redelivered,
         );
@@ -378,16 +382,14 @@ impl Bridge {
         crate::failpoint::hit("amqp-before-park").await;
         let parked = self
             .into
-            .park_message(req, &delivery.data, "unacked in RabbitMQ", || async {})
+            .park_message(req, &data, "unacked in RabbitMQ", || async {})
             .await;
         if let Err(e) = parked {
-            if let Err(copy) = self.copy_to_rejected(&delivery).await {
+            if let Err(copy) = self.copy_to_rejected(&data, &delivery).await {
                 tracing::error!(namespace = %ns, queue = %queue, job = %job, error = %copy, "copying to the rejected queue failed; the message stays unacked");
                 return;
             }
-            self.into
-                .rejected(&e, delivery.data.len(), &self.rejected)
-                .await;
+            self.into.rejected(&e, data.len(), &self.rejected).await;
         }
         crate::failpoint::hit("amqp-before-ack").await;
         if let Err(e) = delivery.acker.ack(BasicAckOptions::default()).await {
@@ -396,7 +398,7 @@ impl Bridge {
         }
     }
 
-    async fn copy_to_rejected(&self, delivery: &Delivery) -> Result<(), BrokerError> {
+    async fn copy_to_rejected(&self, data: &[u8], delivery: &Delivery) -> Result<(), BrokerError> {
         let publisher = AmqpConn::new(&self.url)?;
         let (conn, _) = publisher.get().await?;
         let ch = conn.create_channel().await.map_err(|e| classify(&e))?;
@@ -414,12 +416,7 @@ impl Bridge {
         let _ = ch.close(200, ShortString::from("declared")).await;
         declared.map_err(|e| classify(&e))?;
         let result = publisher
-            .publish(
-                "",
-                &self.rejected,
-                &delivery.data,
-                delivery.properties.clone(),
-            )
+            .publish("", &self.rejected, data, delivery.properties.clone())
             .await;
         publisher.reset().await;
         result

@@ -51,7 +51,7 @@ pub struct Dead {
     pub offset: i64,
     pub key: Option<Vec<u8>>,
     /// None for a tombstone (no value at all), which is not an empty value.
-    pub value: Option<Vec<u8>>,
+    pub value: Option<bytes::Bytes>,
     pub headers: Vec<RawHeader>,
     /// Milliseconds since the epoch: when it was dead-lettered.
     pub timestamp: Option<i64>,
@@ -72,15 +72,15 @@ impl Dead {
             partition: m.partition(),
             offset: m.offset(),
             key: m.key().map(<[u8]>::to_vec),
-            value: m.payload().map(<[u8]>::to_vec),
+            value: m.payload().map(bytes::Bytes::copy_from_slice),
             headers,
             timestamp: m.timestamp().to_millis(),
         }
     }
 
     /// The value's bytes; none for a tombstone.
-    pub fn bytes(&self) -> &[u8] {
-        self.value.as_deref().unwrap_or_default()
+    pub fn bytes(&self) -> bytes::Bytes {
+        self.value.clone().unwrap_or_default()
     }
 
     /// The job id: the dead-letter message's own address, so a re-read parks the same record.
@@ -99,19 +99,23 @@ pub fn request_for(queue: &str, dead: &Dead) -> ParkRequest {
         offset: info.offset,
         ..Origin::default()
     });
-    let job = match &dead.value {
-        Some(value) => Job::from_bytes(dead.job_id(), value),
-        None => Job::null_value(dead.job_id()),
+    let job = Job {
+        headers,
+        origin: origin.map(Box::new),
+        ..Job::null_value(dead.job_id())
     };
-    let mut req = ParkRequest::new(
-        queue,
-        Job {
-            headers,
-            origin: origin.map(Box::new),
-            ..job
-        },
-    )
-    .with_message(format!(
+    let req = match &dead.value {
+        Some(value) => ParkRequest::of_message(
+            queue,
+            Job {
+                payload_null: false,
+                ..job
+            },
+            value,
+        ),
+        None => ParkRequest::new(queue, job),
+    };
+    let mut req = req.with_message(format!(
         "kafka:{}/{}/{}",
         dead.topic, dead.partition, dead.offset
     ));
@@ -250,7 +254,7 @@ async fn handle(
     let parked = into
         .park_message(
             req,
-            dead.bytes(),
+            &dead.bytes(),
             "in the dead-letter topic (offset not committed)",
             || std::future::ready(()),
         )
@@ -267,7 +271,12 @@ async fn handle(
         "Kafka topic {rejected} (copy of {} partition {} offset {})",
         dead.topic, dead.partition, dead.offset
     );
-    into.rejected(&why, dead.bytes().len(), &kept_in).await;
+    into.rejected(
+        &why,
+        dead.value.as_ref().map_or(0, bytes::Bytes::len),
+        &kept_in,
+    )
+    .await;
     Ok(())
 }
 
@@ -318,7 +327,7 @@ mod tests {
             partition: 0,
             offset: 17,
             key: Some(vec![0, 255]),
-            value: Some(br#"{"order":1}"#.to_vec()),
+            value: Some(bytes::Bytes::from_static(br#"{"order":1}"#)),
             headers: vec![
                 ("kafka_dlt-original-topic".into(), Some(b"orders".to_vec())),
                 (
@@ -367,7 +376,7 @@ mod tests {
         assert!(req.job.payload_null);
         assert_eq!((req.job.payload, req.job.payload_base64), (None, None));
         let empty = Dead {
-            value: Some(Vec::new()),
+            value: Some(bytes::Bytes::new()),
             ..tombstone
         };
         let req = request_for("orders", &empty);

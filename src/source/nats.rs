@@ -94,7 +94,7 @@ pub struct Stored {
     pub subject: String,
     pub sequence: u64,
     pub headers: BTreeMap<String, Vec<String>>,
-    pub payload: Vec<u8>,
+    pub payload: bytes::Bytes,
 }
 
 /// Decodes a `STREAM.MSG.GET` answer: the message, None when there is no such message, or the
@@ -134,7 +134,7 @@ pub fn decode_stored(answer: &serde_json::Value) -> Result<Option<Stored>, Strin
             .to_string(),
         sequence: m.get("seq").and_then(|v| v.as_u64()).unwrap_or_default(),
         headers,
-        payload: b64("data")?,
+        payload: b64("data")?.into(),
     }))
 }
 
@@ -147,9 +147,10 @@ pub fn request_for(queue: &str, adv: &Advisory, msg: &Stored) -> ParkRequest {
         .map(|(_, v)| v.trim().to_string())
         .filter(|v| !v.is_empty() && v.len() <= api::MAX_JOB_ID_LEN);
     let id = msg_id.unwrap_or_else(|| format!("nats-{}-{}", adv.stream, adv.stream_seq));
-    let mut req = ParkRequest::new(
+    let mut req = ParkRequest::of_message(
         queue,
         Job {
+            id,
             headers,
             origin: Some(Box::new(Origin {
                 stream: Some(adv.stream.clone()),
@@ -157,8 +158,9 @@ pub fn request_for(queue: &str, adv: &Advisory, msg: &Stored) -> ParkRequest {
                 sequence: i64::try_from(adv.stream_seq).ok(),
                 ..Origin::default()
             })),
-            ..Job::from_bytes(id, &msg.payload)
+            ..Job::default()
         },
+        &msg.payload,
     )
     // The work stream's sequence: a redriven job dying again is a new message there.
     .with_message(format!("nats:{}/{}", adv.stream, adv.stream_seq));
@@ -431,7 +433,7 @@ mod tests {
         let m = decode_stored(&answer).unwrap().unwrap();
         assert_eq!(m.subject, "jobs.a");
         assert_eq!(m.headers["x-tag"], ["a", "b"]);
-        assert_eq!(m.payload, b"\xffpayload");
+        assert_eq!(&m.payload[..], b"\xffpayload");
         let adv = Advisory {
             kind: None,
             stream: "JOBS".into(),

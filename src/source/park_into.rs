@@ -152,10 +152,12 @@ impl ParkInto {
     /// `Err` only when even that is refused or the message is over the payload limit: the
     /// source then keeps it where rejected messages go and reports it with
     /// [`ParkInto::rejected`].
+    /// `raw` is shared, not copied: a payload left in it ([`ParkRequest::of_message`]) goes to
+    /// the body store from the broker's own buffer.
     pub async fn park_message<W, Fut>(
         &self,
         req: ParkRequest,
-        raw: &[u8],
+        raw: &bytes::Bytes,
         where_it_stays: &str,
         waiting: W,
     ) -> Result<(), ParkError>
@@ -165,12 +167,12 @@ impl ParkInto {
     {
         // A large body goes to the queue's store first; its record holds a reference. It is
         // not passed through a standing replay: the record's redrive sends it.
-        let (req, kept) = self.keep_body(req, where_it_stays, &waiting).await?;
+        let (req, kept) = self.keep_body(req, raw, where_it_stays, &waiting).await?;
         let mut req = self.dispose(req, raw)?;
         if kept.is_none() && self.passed_through(&req, raw).await {
             return Ok(());
         }
-        let passable = kept.is_none().then_some(raw);
+        let passable = kept.is_none().then_some(&raw[..]);
         let mut tried = 0;
         loop {
             let refused = match self
@@ -198,6 +200,7 @@ impl ParkInto {
     pub(super) async fn keep_body<W, Fut>(
         &self,
         mut req: ParkRequest,
+        raw: &bytes::Bytes,
         where_it_stays: &str,
         waiting: &W,
     ) -> Result<(ParkRequest, Option<Kept>), ParkError>
@@ -205,27 +208,50 @@ impl ParkInto {
         W: Fn() -> Fut,
         Fut: std::future::Future<Output = ()>,
     {
-        let Some(queue) = self.shared.queues.get(&self.key) else {
-            return Ok((req, None));
-        };
-        let Some(bodies) = &queue.spec.bodies else {
-            return Ok((req, None));
-        };
-        let size = dlq_core::body::job_size(&req.job);
-        match dlq_core::body::placement(Some(bodies), size) {
-            Placement::Inline => return Ok((req, None)),
-            Placement::TooLarge { limit } => {
-                return Err(ParkError::Invalid(ParkInvalid::PayloadTooLarge {
+        let queue = self.shared.queues.get(&self.key);
+        let bodies = queue.as_ref().and_then(|q| q.spec.bodies.as_ref());
+        let size = dlq_core::body::request_size(&req, raw);
+        match (queue.as_ref(), dlq_core::body::placement(bodies, size)) {
+            (Some(queue), Placement::Store) => {
+                let queue = queue.clone();
+                let payload = match payload_of(&mut req, raw) {
+                    Some(payload) => payload,
+                    // Not base64 after all: dispose parks it as an Invalid record of its bytes.
+                    None => return Ok((req, None)),
+                };
+                self.put_until_kept(req, payload, &queue, size, where_it_stays, waiting)
+                    .await
+            }
+            (_, Placement::TooLarge { limit }) if bodies.is_some() => {
+                Err(ParkError::Invalid(ParkInvalid::PayloadTooLarge {
                     size: usize::try_from(size).unwrap_or(usize::MAX),
                     limit: usize::try_from(limit).unwrap_or(usize::MAX),
-                }));
+                }))
             }
-            Placement::Store => {}
+            // Stays in the record, or is refused there with the record's own limit.
+            _ => {
+                req.fill_payload(raw);
+                Ok((req, None))
+            }
         }
-        let Ok(payload) = take_payload(&mut req.job) else {
-            // Not base64 after all: dispose parks it as an Invalid record of its bytes.
-            return Ok((req, None));
-        };
+    }
+
+    /// Puts `payload` in the queue's store, retrying while the store cannot take it (the
+    /// message stays in the broker meanwhile, `waiting` runs before each wait, and a
+    /// `BodyStoreUnavailable` Event says why).
+    async fn put_until_kept<W, Fut>(
+        &self,
+        mut req: ParkRequest,
+        payload: bytes::Bytes,
+        queue: &Arc<DeadLetterQueue>,
+        size: u64,
+        where_it_stays: &str,
+        waiting: &W,
+    ) -> Result<(ParkRequest, Option<Kept>), ParkError>
+    where
+        W: Fn() -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
         let mut attempt = 0u32;
         loop {
             // Read afresh each time: the recipient it seals to may be published meanwhile.
@@ -448,6 +474,15 @@ impl ParkInto {
     }
 }
 
+/// The payload to keep in the store: the message's own buffer when the payload was left in it
+/// (shared, not copied), else moved out of the job. None: a payload that is not base64 after all.
+fn payload_of(req: &mut ParkRequest, raw: &bytes::Bytes) -> Option<bytes::Bytes> {
+    if std::mem::take(&mut req.payload_in_message) {
+        return Some(raw.clone());
+    }
+    take_payload(&mut req.job).ok()
+}
+
 /// Moves the job's payload out of it, as bytes (text without a copy).
 fn take_payload(job: &mut Job) -> Result<bytes::Bytes, ()> {
     if let Some(text) = job.payload.take() {
@@ -523,6 +558,42 @@ mod tests {
     use super::*;
     use crate::state::apiserver::KubeApiserver;
 
+    /// A source's way in for queue `payments/relayer`, its parker's apiserver at `addr`.
+    fn into_for(
+        addr: std::net::SocketAddr,
+        mut queue: DeadLetterQueue,
+        leadership: Leadership,
+        bodies: Arc<dyn Bodies>,
+    ) -> ParkInto {
+        let url = format!("http://{addr}").parse().expect("url");
+        let client = Client::try_from(kube::Config::new(url)).expect("client");
+        queue.metadata.name = Some("relayer".into());
+        queue.metadata.namespace = Some("payments".into());
+        let (queues, mut writer) = reflector::store();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitApply(queue));
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        ParkInto {
+            shared: Shared {
+                parker: Parker::new(client.clone()),
+                queues,
+                jobs: JobIndex::default(),
+                apiserver: Arc::new(KubeApiserver::new(client.clone(), Reporter::from("t"))),
+                metrics: Metrics::default(),
+                leadership,
+                in_flight: InFlight::default(),
+                parking_first: ParkingFirst::default(),
+                standing: Standing::default(),
+                kafka_in_flight: true,
+                sqs_receivers: true,
+                sqs_long_poll: std::time::Duration::from_secs(20),
+                bodies,
+                client,
+            },
+            key: ObjectRef::new("relayer").within("payments"),
+        }
+    }
+
     /// A replica whose term on the Lease ran out (a leader paused past it) parks nothing, not
     /// even a first try: the broker may have handed the same message to the new leader, whose
     /// record of it may be resolved by now. It parks again once the term is renewed.
@@ -541,34 +612,14 @@ mod tests {
                 drop(socket);
             }
         });
-        let url = format!("http://{addr}").parse().expect("url");
-        let client = Client::try_from(kube::Config::new(url)).expect("client");
-        let mut queue = DeadLetterQueue::new("relayer", Default::default());
-        queue.metadata.namespace = Some("payments".into());
-        let (queues, mut writer) = reflector::store();
-        writer.apply_watcher_event(&watcher::Event::Init);
-        writer.apply_watcher_event(&watcher::Event::InitApply(queue));
-        writer.apply_watcher_event(&watcher::Event::InitDone);
         let leadership = Leadership::not_yet();
-        let into = ParkInto {
-            shared: Shared {
-                parker: Parker::new(client.clone()),
-                queues,
-                jobs: JobIndex::default(),
-                apiserver: Arc::new(KubeApiserver::new(client.clone(), Reporter::from("t"))),
-                metrics: Metrics::default(),
-                leadership: leadership.clone(),
-                in_flight: InFlight::default(),
-                parking_first: ParkingFirst::default(),
-                standing: Standing::default(),
-                kafka_in_flight: true,
-                sqs_receivers: true,
-                sqs_long_poll: std::time::Duration::from_secs(20),
-                bodies: Arc::new(crate::body::NoBodies),
-                client,
-            },
-            key: ObjectRef::new("relayer").within("payments"),
-        };
+        let queue = DeadLetterQueue::new("relayer", Default::default());
+        let into = into_for(
+            addr,
+            queue,
+            leadership.clone(),
+            Arc::new(crate::body::NoBodies),
+        );
         let job = Job {
             id: "pi_0003/settle".into(),
             payload: Some("{}".into()),
@@ -600,5 +651,71 @@ mod tests {
             "parking resumes once the term is renewed"
         );
         parking.abort();
+    }
+
+    /// Every queue's store: one in memory.
+    struct InMemoryBodies(Arc<crate::body::BodyStore>);
+
+    impl Bodies for InMemoryBodies {
+        fn store<'a>(
+            &'a self,
+            _: &'a DeadLetterQueue,
+        ) -> futures::future::BoxFuture<'a, Result<Option<Arc<crate::body::BodyStore>>, BodyError>>
+        {
+            let store = self.0.clone();
+            Box::pin(async move { Ok(Some(store)) })
+        }
+    }
+
+    /// A dead message too large for any record goes to the body store from the source's own
+    /// buffer, never copied whole into the job first (#48): text or binary (which a record would
+    /// hold as base64), keeping 6 MiB holds at most a small fraction of it beside the message.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_large_message_goes_to_the_store_from_its_own_buffer() {
+        use dlq_core::api::{BodiesSpec, DeadLetterQueueSpec, VolumeBodies};
+        let spec = BodiesSpec {
+            volume: Some(VolumeBodies {
+                path: "/bodies".into(),
+            }),
+            ..BodiesSpec::default()
+        };
+        let memory = Arc::new(object_store::memory::InMemory::new());
+        let store = Arc::new(crate::body::BodyStore::new(memory, spec.clone()));
+        let queue = DeadLetterQueue::new(
+            "relayer",
+            DeadLetterQueueSpec {
+                bodies: Some(spec),
+                ..Default::default()
+            },
+        );
+        let apiserver = "127.0.0.1:9".parse().expect("an address");
+        let bodies = Arc::new(InMemoryBodies(store.clone()));
+        let into = into_for(apiserver, queue, Leadership::not_yet(), bodies);
+        for (kind, byte) in [("text", b'x'), ("binary", 0xff)] {
+            let raw = bytes::Bytes::from(vec![byte; 6 << 20]);
+            let before = crate::test_alloc::held();
+            crate::test_alloc::reset_peak();
+            let job = Job {
+                id: format!("big-{kind}"),
+                ..Job::default()
+            };
+            let req = ParkRequest::of_message("relayer", job, &raw);
+            let (req, kept) = into
+                .keep_body(req, &raw, "in the broker", &|| async {})
+                .await
+                .expect("kept");
+            let peak = crate::test_alloc::peak_above(before);
+            assert!(kept.is_some(), "{kind}: kept in the store");
+            assert!(
+                peak < (raw.len() / 16) as isize,
+                "{kind}: held {peak} bytes beside a message of {}",
+                raw.len()
+            );
+            assert_eq!(req.job.payload, None);
+            assert_eq!(req.job.payload_base64, None);
+            let body = req.job.body.as_deref().expect("a reference");
+            let fetched = store.fetch(&req.job.id, body).await.expect("fetched");
+            assert!(fetched == raw, "{kind}: the exact bytes");
+        }
     }
 }

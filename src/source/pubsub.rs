@@ -62,7 +62,8 @@ pub const SOURCE_PROJECT: &str = "CloudPubSubDeadLetterSourceSubscriptionProject
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Dead {
     pub message_id: String,
-    pub data: Vec<u8>,
+    /// The message's bytes, shared with the client's message (not copied).
+    pub data: bytes::Bytes,
     pub attributes: BTreeMap<String, String>,
     pub ordering_key: String,
 }
@@ -71,7 +72,7 @@ impl Dead {
     pub fn from_message(m: &Message) -> Dead {
         Dead {
             message_id: m.message_id.clone(),
-            data: m.data.to_vec(),
+            data: m.data.clone(),
             attributes: m
                 .attributes
                 .iter()
@@ -121,13 +122,15 @@ pub fn request_for(
         ordering_key: Some(dead.ordering_key.clone()).filter(|k| !k.is_empty()),
         ..Origin::default()
     };
-    let mut req = ParkRequest::new(
+    let mut req = ParkRequest::of_message(
         queue,
         Job {
+            id,
             headers: dead.attributes.clone(),
             origin: (origin != Origin::default()).then(|| Box::new(origin)),
-            ..Job::from_bytes(id, &dead.data)
+            ..Job::default()
         },
+        &dead.data,
     );
     // The message id is the message's identity in its dead-letter subscription: a redelivery
     // after a crash carries the same one, a redriven job that dies again a new one.
@@ -355,7 +358,7 @@ mod tests {
     fn dead() -> Dead {
         Dead {
             message_id: "1234567".into(),
-            data: vec![0xff, 0x00, b'x'],
+            data: bytes::Bytes::from_static(&[0xff, 0x00, b'x']),
             attributes: [
                 ("trace", "abc"),
                 ("job", "pi_0003/settle"),
@@ -429,7 +432,7 @@ mod tests {
     fn a_message_without_pubsubs_attributes_still_parks() {
         let bare = Dead {
             message_id: "m0".into(),
-            data: b"{}".to_vec(),
+            data: bytes::Bytes::from_static(b"{}"),
             ..Dead::default()
         };
         let req = request_for(

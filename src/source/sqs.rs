@@ -63,7 +63,8 @@ pub struct Dead {
 }
 
 impl Dead {
-    pub fn from_message(m: &Message) -> Dead {
+    /// The message's parts, its body moved out of the SDK's message (not copied).
+    pub fn from_message(mut m: Message) -> Dead {
         let attributes = m
             .message_attributes()
             .map(|attrs| {
@@ -91,7 +92,7 @@ impl Dead {
             .unwrap_or_default();
         Dead {
             message_id: m.message_id().map(str::to_string),
-            body: m.body().unwrap_or_default().to_string(),
+            body: m.body.take().unwrap_or_default(),
             attributes,
             system,
         }
@@ -120,9 +121,10 @@ pub fn request_for(queue: &str, dead: &Dead) -> ParkRequest {
         .get("ApproximateReceiveCount")
         .and_then(|n| n.parse::<i32>().ok())
         .map_or(0, |n| n.saturating_sub(1).max(0));
-    let mut req = ParkRequest::new(
+    let mut req = ParkRequest::of_message(
         queue,
         Job {
+            id,
             headers,
             origin: source_arn.clone().map(|arn| {
                 Box::new(Origin {
@@ -130,8 +132,9 @@ pub fn request_for(queue: &str, dead: &Dead) -> ParkRequest {
                     ..Origin::default()
                 })
             }),
-            ..Job::from_bytes(id, dead.body.as_bytes())
+            ..Job::default()
         },
+        dead.body.as_bytes(),
     );
     // SQS keeps a message's id while it sits in the dead-letter queue; a redriven job that
     // dies again is sent anew and gets a new one.
@@ -291,17 +294,19 @@ impl Bridge {
             tracing::warn!(queue = %self.into.queue(), message_id = m.message_id().unwrap_or_default(), "SQS returned a message without a receipt handle; left for the next receive");
             return;
         };
-        let dead = Dead::from_message(&m);
+        let mut dead = Dead::from_message(m);
         let mut req = request_for(self.into.queue(), &dead);
         let job = req.job.id.clone();
         if let Some(pointer) = dlq_core::body::extended_pointer(&dead.body, &dead.attributes) {
             self.reference_external(&mut req, &pointer, &receipt).await;
         }
+        // Moved out, not copied: a large body goes to the store from this one buffer.
+        let raw = bytes::Bytes::from(std::mem::take(&mut dead.body));
         let parked = self
             .into
             .park_message(
                 req,
-                dead.body.as_bytes(),
+                &raw,
                 "in the SQS queue (kept invisible meanwhile)",
                 || self.extend(&receipt, VISIBILITY_WHILE_RETRYING),
             )
@@ -312,7 +317,7 @@ impl Bridge {
             // it; counted and announced.
             self.extend(&receipt, 12 * 3600).await;
             let kept_in = format!("SQS queue {} (message {job})", self.url);
-            self.into.rejected(&e, dead.body.len(), &kept_in).await;
+            self.into.rejected(&e, raw.len(), &kept_in).await;
             return;
         }
         crate::failpoint::hit("sqs-before-delete").await;

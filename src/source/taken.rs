@@ -124,6 +124,7 @@ impl Taken {
         let req = (self.request_for)(self.into.queue(), &raw)
             .with_message(format!("{}#{id}", self.identity_prefix));
         let stays = format!("in {}", self.hash);
+        let raw = bytes::Bytes::from(raw);
         let parked = self.into.park_message(req, &raw, &stays, || async {}).await;
         if let Err(e) = parked {
             // Can never be a record (over the payload limit, or refused by the apiserver even
@@ -174,8 +175,8 @@ pub async fn free_slots(slots: &Arc<Semaphore>) -> Result<Vec<OwnedSemaphorePerm
 
 /// Bytes of taken elements a source holds at once while it parks them. A slot's worth of
 /// large dead messages is otherwise held all at once, each about twice over on its way to the
-/// body store (32 slots: 20 envelopes of 10 MiB peaked at 453 MiB, over the chart's 256 MiB
-/// limit). An element larger than the whole budget is still taken, alone.
+/// body store (32 slots: 20 envelopes of 10 MiB peaked at 453 MiB, over the 256 MiB the chart
+/// allowed then). An element larger than the whole budget is still taken, alone.
 pub const BYTES_IN_FLIGHT: u32 = 32 << 20;
 
 /// The [`BYTES_IN_FLIGHT`] of one source.

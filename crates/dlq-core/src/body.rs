@@ -10,6 +10,7 @@ use std::collections::HashSet;
 use sha2::{Digest, Sha256};
 
 use crate::dead_letter::{BodyRef, Job, MAX_PAYLOAD_BYTES};
+use crate::park::ParkRequest;
 use crate::queue::BodiesSpec;
 
 /// The directory of the content-addressed objects under the store's prefix.
@@ -55,6 +56,17 @@ pub fn job_size(job: &Job) -> u64 {
         + job.payload_base64.as_ref().map_or(0, |b| b.len() / 4 * 3);
     let headers: usize = job.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
     (payload + headers) as u64
+}
+
+/// The bytes a request's payload and headers take, `message` being the source's message when
+/// the payload is still only there ([`ParkRequest::of_message`]).
+pub fn request_size(req: &ParkRequest, message: &[u8]) -> u64 {
+    let left = if req.payload_in_message {
+        message.len() as u64
+    } else {
+        0
+    };
+    job_size(&req.job) + left
 }
 
 /// The object key of a body with digest `sha256` under `prefix` (empty, or ending in `/`).
@@ -302,6 +314,40 @@ pub fn sweep<'a>(
 mod tests {
     use super::*;
     use crate::queue::{S3Bodies, VolumeBodies};
+
+    /// A message's bytes are copied into its job up to what a record holds; above that they
+    /// are left in the message (its size still weighed) until the parker places them.
+    #[test]
+    fn a_message_too_large_for_a_record_leaves_its_payload_in_the_message() {
+        let job = || Job {
+            id: "j".into(),
+            headers: [("h".to_string(), "v".to_string())].into(),
+            ..Job::default()
+        };
+        let small = ParkRequest::of_message("q", job(), b"\xff\x00");
+        assert!(!small.payload_in_message);
+        assert_eq!(small.job.payload_base64.as_deref(), Some("/wA="));
+        assert_eq!(
+            request_size(&small, b"\xff\x00"),
+            job_size(&small.job),
+            "in the job only"
+        );
+
+        let big = vec![b'x'; MAX_PAYLOAD_BYTES + 1];
+        let mut left = ParkRequest::of_message("q", job(), &big);
+        assert!(left.payload_in_message);
+        assert_eq!(left.job.payload, None);
+        assert_eq!(left.job.headers.len(), 1);
+        assert_eq!(request_size(&left, &big), big.len() as u64 + 2);
+        left.fill_payload(&big);
+        assert!(!left.payload_in_message);
+        assert_eq!(left.job.payload.as_deref().map(str::len), Some(big.len()));
+        assert_eq!(
+            request_size(&left, &big),
+            big.len() as u64 + 2,
+            "counted once"
+        );
+    }
 
     fn noise(len: usize) -> Vec<u8> {
         let mut x = 0x9e37_79b9_7f4a_7c15_u64;

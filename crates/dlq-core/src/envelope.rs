@@ -87,6 +87,7 @@ pub fn request_for(queue: &str, raw: &[u8]) -> ParkRequest {
                 redelivered: false,
                 sealed_reason: None,
                 own_death: false,
+                payload_in_message: false,
             }
         }
         Ok(_) => invalid(

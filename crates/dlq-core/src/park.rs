@@ -52,6 +52,10 @@ pub struct ParkRequest {
     /// next cycle beside it. Sidekiq's dead set, whose members are distinct by their bytes
     /// while a `jid` is not unique across them (a job enqueued twice, a client that sets jids).
     pub own_death: bool,
+    /// Whether the job's payload is still only the source's message (see
+    /// [`ParkRequest::of_message`]): the job holds none yet, and the parker takes it from the
+    /// message's bytes when it places the body ([`ParkRequest::fill_payload`]).
+    pub payload_in_message: bool,
 }
 
 impl ParkRequest {
@@ -71,7 +75,44 @@ impl ParkRequest {
             redelivered: false,
             sealed_reason: None,
             own_death: false,
+            payload_in_message: false,
         }
+    }
+
+    /// A request for a message whose exact bytes `data` are the job's payload. Up to what a
+    /// record can hold they are copied into the job; above that the payload can only go to a
+    /// body store (or be refused), so it is left in the message, which the body store is given
+    /// whole: a large dead message is never held twice on its way there.
+    pub fn of_message(queue: impl Into<String>, job: Job, data: &[u8]) -> Self {
+        if data.len() > dead_letter::MAX_PAYLOAD_BYTES {
+            let mut req = ParkRequest::new(queue, job);
+            req.payload_in_message = true;
+            return req;
+        }
+        let Job {
+            payload,
+            payload_base64,
+            ..
+        } = Job::from_bytes(String::new(), data);
+        ParkRequest::new(
+            queue,
+            Job {
+                payload,
+                payload_base64,
+                ..job
+            },
+        )
+    }
+
+    /// Copies the payload left in the source's `message` into the job (a payload that stays in
+    /// the record, or is refused with the record's limit).
+    pub fn fill_payload(&mut self, message: &[u8]) {
+        if !std::mem::take(&mut self.payload_in_message) {
+            return;
+        }
+        let filled = Job::from_bytes(String::new(), message);
+        self.job.payload = filled.payload;
+        self.job.payload_base64 = filled.payload_base64;
     }
 
     /// Sets [`ParkRequest::message`], hashed when longer than an annotation should be.
@@ -652,6 +693,7 @@ pub fn arriving(req: &ParkRequest, seals: bool) -> DeadLetter {
         redelivered: false,
         sealed_reason: None,
         own_death: false,
+        payload_in_message: false,
     };
     new_record(&light, 1)
 }

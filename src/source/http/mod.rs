@@ -611,7 +611,9 @@ async fn keep_body(
     into: &ParkInto,
     request: ParkRequest,
 ) -> Result<(ParkRequest, Option<crate::body::Kept>), Answer> {
-    let keeping = into.keep_body(request, "with the sender", &|| async {});
+    // The endpoint reads its job from the body, so nothing is left in a message here.
+    let none = bytes::Bytes::new();
+    let keeping = into.keep_body(request, &none, "with the sender", &|| async {});
     match tokio::time::timeout(BODY_STORE_WAIT, keeping).await {
         Ok(Ok(kept)) => Ok(kept),
         Ok(Err(e @ ParkError::Invalid(ParkInvalid::PayloadTooLarge { .. }))) => {

@@ -85,6 +85,10 @@ pub trait Backend: Sized {
         bytes
     }
 
+    /// The size of the body-store scenario's dead message: over what any record holds (256
+    /// KiB), so a source whose message is the body keeps it from the broker's own buffer.
+    const LARGE_BYTES: usize = 320 << 10;
+
     /// A job of `len` bytes for the body-store scenario (over a queue's threshold): bytes that
     /// are not UTF-8, unless the broker only takes text.
     fn large_payload(&self, len: usize) -> Vec<u8> {

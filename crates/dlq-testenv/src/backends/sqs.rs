@@ -120,6 +120,8 @@ impl SqsBackend {
 impl Backend for SqsBackend {
     const NAME: &'static str = "sqs";
     const CARRIES_KEY: bool = false;
+    /// ElasticMQ takes at most 256 KiB a message.
+    const LARGE_BYTES: usize = 200 << 10;
 
     async fn start(ns: &str, broker: Broker) -> Self {
         let node = match broker {
