@@ -219,7 +219,7 @@ fn endpoint_record(i: usize) -> anyhow::Result<DeadLetter> {
         &dlq_core::cloudevent::HttpRequest {
             method: "POST",
             headers,
-            body: &body,
+            body,
         },
     )?;
     let event = events

@@ -653,6 +653,36 @@ mod tests {
         parking.abort();
     }
 
+    /// The park request of a message `raw` as a broker's source reads it, or as the park
+    /// endpoint reads a binary-mode CloudEvent posted with it as its body.
+    fn read(kind: &str, raw: bytes::Bytes) -> (ParkRequest, bytes::Bytes) {
+        if kind != "cloudevent" {
+            let job = Job {
+                id: format!("big-{kind}"),
+                ..Job::default()
+            };
+            return (ParkRequest::of_message("relayer", job, &raw), raw);
+        }
+        let headers = [
+            ("ce-specversion", "1.0"),
+            ("ce-id", "e-1"),
+            ("ce-source", "/s"),
+        ]
+        .into_iter()
+        .chain([("ce-type", "t")])
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect();
+        let post = dlq_core::cloudevent::HttpRequest {
+            method: "POST",
+            headers,
+            body: raw,
+        };
+        let (_, mut events) =
+            dlq_core::cloudevent::parse_within("relayer", &post, 8 << 20).expect("an event");
+        let event = events.pop().expect("one event");
+        (event.request, event.raw)
+    }
+
     /// Every queue's store: one in memory.
     struct InMemoryBodies(Arc<crate::body::BodyStore>);
 
@@ -668,8 +698,9 @@ mod tests {
     }
 
     /// A dead message too large for any record goes to the body store from the source's own
-    /// buffer, never copied whole into the job first (#48): text or binary (which a record would
-    /// hold as base64), keeping 6 MiB holds at most a small fraction of it beside the message.
+    /// buffer, never copied whole into the job first (#48): text, binary (which a record would
+    /// hold as base64) or a CloudEvent posted to the park endpoint, keeping 6 MiB holds at most
+    /// a small fraction of it beside the message.
     #[tokio::test(flavor = "current_thread")]
     async fn a_large_message_goes_to_the_store_from_its_own_buffer() {
         use dlq_core::api::{BodiesSpec, DeadLetterQueueSpec, VolumeBodies};
@@ -691,15 +722,11 @@ mod tests {
         let apiserver = "127.0.0.1:9".parse().expect("an address");
         let bodies = Arc::new(InMemoryBodies(store.clone()));
         let into = into_for(apiserver, queue, Leadership::not_yet(), bodies);
-        for (kind, byte) in [("text", b'x'), ("binary", 0xff)] {
+        for (kind, byte) in [("text", b'x'), ("binary", 0xff), ("cloudevent", 0xff)] {
             let raw = bytes::Bytes::from(vec![byte; 6 << 20]);
             let before = crate::test_alloc::held();
             crate::test_alloc::reset_peak();
-            let job = Job {
-                id: format!("big-{kind}"),
-                ..Job::default()
-            };
-            let req = ParkRequest::of_message("relayer", job, &raw);
+            let (req, raw) = read(kind, raw);
             let (req, kept) = into
                 .keep_body(req, &raw, "in the broker", &|| async {})
                 .await

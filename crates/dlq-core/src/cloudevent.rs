@@ -106,7 +106,8 @@ impl CeError {
 pub struct HttpRequest<'a> {
     pub method: &'a str,
     pub headers: BTreeMap<String, String>,
-    pub body: &'a [u8],
+    /// Shared by the events read from it, not copied.
+    pub body: bytes::Bytes,
 }
 
 impl HttpRequest<'_> {
@@ -160,8 +161,9 @@ pub enum Mode {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Incoming {
     pub request: ParkRequest,
-    /// What an Invalid record of it holds ([`crate::park::dispose`]).
-    pub raw: Vec<u8>,
+    /// What an Invalid record of it holds ([`crate::park::dispose`]), shared with the body it
+    /// came in; a large event's data is left in it ([`ParkRequest::of_message`]).
+    pub raw: bytes::Bytes,
 }
 
 /// The park requests in `req` for queue `queue`, in order.
@@ -192,9 +194,9 @@ pub fn parse_within(
     if req.headers.contains_key("ce-specversion") {
         Ok((Mode::Binary, vec![binary(queue, req)]))
     } else if media == STRUCTURED {
-        Ok((Mode::Structured, vec![structured(queue, req.body)]))
+        Ok((Mode::Structured, vec![structured(queue, &req.body)]))
     } else if media == BATCH {
-        Ok((Mode::Batched, batched(queue, req.body)?))
+        Ok((Mode::Batched, batched(queue, &req.body)?))
     } else {
         Ok((Mode::Plain, vec![plain(queue, req)]))
     }
@@ -230,11 +232,11 @@ fn binary(queue: &str, req: &HttpRequest<'_>) -> Incoming {
         error_data: attr("knativeerrordata"),
         error_dest: attr("knativeerrordest"),
     };
-    event(queue, attrs, req.body, headers)
+    event(queue, attrs, req.body.clone(), headers)
 }
 
 /// Structured mode: the whole event is one JSON document, kept as it arrived.
-fn structured(queue: &str, body: &[u8]) -> Incoming {
+fn structured(queue: &str, body: &bytes::Bytes) -> Incoming {
     let doc: serde_json::Value = match serde_json::from_slice(body) {
         Ok(v) => v,
         Err(e) => return not_an_event(queue, body, &format!("not JSON ({e})")),
@@ -257,14 +259,15 @@ fn structured(queue: &str, body: &[u8]) -> Incoming {
         error_dest: attr("knativeerrordest"),
     };
     let headers = BTreeMap::from([("content-type".to_string(), STRUCTURED.to_string())]);
-    event(queue, attrs, body, headers)
+    event(queue, attrs, body.clone(), headers)
 }
 
 /// Batched mode: a JSON array of structured events, each its own record.
-fn batched(queue: &str, body: &[u8]) -> Result<Vec<Incoming>, CeError> {
-    // Each event as the exact text the sender wrote: parsed into values, a number such as
-    // 12345678901234567890.12345678901234567890 would come back as another number.
-    let events: Vec<Box<serde_json::value::RawValue>> = match serde_json::from_slice(body) {
+fn batched(queue: &str, body: &bytes::Bytes) -> Result<Vec<Incoming>, CeError> {
+    // Each event as the exact text the sender wrote (parsed into values, a number such as
+    // 12345678901234567890.12345678901234567890 would come back as another number), a slice of
+    // the body rather than a copy.
+    let events: Vec<&serde_json::value::RawValue> = match serde_json::from_slice(body) {
         Ok(events) => events,
         Err(e) => {
             let why = match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
@@ -285,7 +288,7 @@ fn batched(queue: &str, body: &[u8]) -> Result<Vec<Incoming>, CeError> {
     }
     Ok(events
         .iter()
-        .map(|e| structured(queue, e.get().as_bytes()))
+        .map(|e| structured(queue, &body.slice_ref(e.get().as_bytes())))
         .collect())
 }
 
@@ -302,10 +305,14 @@ fn plain(queue: &str, req: &HttpRequest<'_>) -> Incoming {
         .header(HEADER_JOB_ID)
         .or_else(|| req.header("idempotency-key"))
         .map(str::to_string)
-        .unwrap_or_else(|| format!("body-{}", hex::encode(&Sha256::digest(req.body)[..8])));
-    let mut job = Job::from_bytes(id.clone(), req.body);
-    job.headers = headers;
-    let mut request = ParkRequest::new(queue, job).with_message(format!("http:{id}"));
+        .unwrap_or_else(|| format!("body-{}", hex::encode(&Sha256::digest(&req.body)[..8])));
+    let job = Job {
+        id: id.clone(),
+        headers,
+        ..Job::default()
+    };
+    let mut request =
+        ParkRequest::of_message(queue, job, &req.body).with_message(format!("http:{id}"));
     // Only a retry (or a copy waiting for its turn) matches an earlier record by identity: a
     // resolved job that dies again is a new cycle.
     request.redelivered = false;
@@ -326,7 +333,7 @@ fn plain(queue: &str, req: &HttpRequest<'_>) -> Incoming {
     request.error_class = req.header(HEADER_ERROR_CLASS).map(str::to_string);
     Incoming {
         request,
-        raw: req.body.to_vec(),
+        raw: req.body.clone(),
     }
 }
 
@@ -372,7 +379,7 @@ fn looks_hashed(source: &str) -> bool {
 fn event(
     queue: &str,
     attrs: Attributes,
-    raw: &[u8],
+    raw: bytes::Bytes,
     headers: BTreeMap<String, String>,
 ) -> Incoming {
     let missing: Vec<&str> = [
@@ -387,7 +394,7 @@ fn event(
     .collect();
     if !missing.is_empty() {
         let why = format!("a CloudEvent without {}", missing.join(", "));
-        return not_an_event_with(queue, raw, &why, headers);
+        return not_an_event_with(queue, &raw, &why, headers);
     }
     let (id, source) = (
         attrs.id.unwrap_or_default(),
@@ -398,12 +405,16 @@ fn event(
             "CloudEvents specversion {:?}; only 1.0 is read",
             attrs.specversion.unwrap_or_default()
         );
-        return not_an_event_with(queue, raw, &why, headers);
+        return not_an_event_with(queue, &raw, &why, headers);
     }
     let job_id = job_id(&id, &source);
-    let mut job = Job::from_bytes(job_id.clone(), raw);
-    job.headers = headers;
-    let mut request = ParkRequest::new(queue, job).with_message(format!("ce:{job_id}"));
+    let job = Job {
+        id: job_id.clone(),
+        headers,
+        ..Job::default()
+    };
+    let mut request =
+        ParkRequest::of_message(queue, job, &raw).with_message(format!("ce:{job_id}"));
     request.redelivered = false;
     request.deliveries = 1;
     request.reason = reason(
@@ -417,10 +428,7 @@ fn event(
         .as_deref()
         .map(|c| format!("HTTP {}", c.trim()))
         .filter(|c| c.len() <= crate::group::MAX_ERROR_CLASS);
-    Incoming {
-        request,
-        raw: raw.to_vec(),
-    }
+    Incoming { request, raw }
 }
 
 /// The reason of an event: Knative's words when it dead-lettered it, else that it was posted.
@@ -474,7 +482,7 @@ fn not_an_event_with(
     }
     Incoming {
         request,
-        raw: raw.to_vec(),
+        raw: bytes::Bytes::copy_from_slice(raw),
     }
 }
 
@@ -492,7 +500,7 @@ mod tests {
                 .iter()
                 .map(|(n, v)| (n.to_string(), v.to_string()))
                 .collect(),
-            body,
+            body: bytes::Bytes::copy_from_slice(body),
         }
     }
 

@@ -420,14 +420,15 @@ async fn answer(
     let http_request = HttpRequest {
         method: parts.method.as_str(),
         headers,
-        body: &body,
+        // Moved, not copied: the events share it, and a large one's data goes to the body
+        // store from it.
+        body: bytes::Bytes::from(body),
     };
     let events = match cloudevent::parse_within(queue, &http_request, limit) {
         Ok((_, events)) => events,
         Err(e) => return Answer::error(e.status(), e),
     };
-    // The events hold their own copies: the body read goes before any is kept.
-    drop(body);
+    drop(http_request);
     let mut created = Vec::new();
     let mut existing = Vec::new();
     for event in events {
@@ -550,10 +551,10 @@ fn lower_case_headers(
 async fn park_one(into: &ParkInto, event: Incoming) -> Result<(String, bool), Answer> {
     let Incoming { request, mut raw } = event;
     // Over the queue's threshold: kept in its body store first, as every source does.
-    let (request, kept) = keep_body(into, request).await?;
+    let (request, kept) = keep_body(into, request, &raw).await?;
     if kept.is_some() {
         // Its bytes are in the store now; a record cannot hold them as an Invalid one either.
-        raw = Vec::new();
+        raw = bytes::Bytes::new();
     }
     let mut req = match dispose(request, &raw) {
         Disposition::Park(req) => *req,
@@ -610,10 +611,9 @@ async fn park_one(into: &ParkInto, event: Incoming) -> Result<(String, bool), An
 async fn keep_body(
     into: &ParkInto,
     request: ParkRequest,
+    raw: &bytes::Bytes,
 ) -> Result<(ParkRequest, Option<crate::body::Kept>), Answer> {
-    // The endpoint reads its job from the body, so nothing is left in a message here.
-    let none = bytes::Bytes::new();
-    let keeping = into.keep_body(request, &none, "with the sender", &|| async {});
+    let keeping = into.keep_body(request, raw, "with the sender", &|| async {});
     match tokio::time::timeout(BODY_STORE_WAIT, keeping).await {
         Ok(Ok(kept)) => Ok(kept),
         Ok(Err(e @ ParkError::Invalid(ParkInvalid::PayloadTooLarge { .. }))) => {
