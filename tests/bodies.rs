@@ -31,7 +31,7 @@ const PREFIX: &str = "payments/";
 const DEAD: &str = "relayer:dead";
 const JOBS: &str = "relayer:jobs";
 /// `spec.bodies.maxBytes` of the test queue.
-const MAX_BYTES: usize = 8 << 20;
+const MAX_BYTES: usize = 12 << 20;
 
 /// Bytes that are not UTF-8 (so the envelope carries them as base64) and differ per `seed`.
 fn body(seed: u8, len: usize) -> Vec<u8> {
@@ -113,7 +113,7 @@ async fn large_bodies_live_in_the_bucket_and_redrive_byte_exact() {
     let op = start_operator(&ns, &[]);
     let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
 
-    // 3 MiB goes to the bucket; 1 KiB stays inline; 9 MiB is over maxBytes.
+    // 3 MiB goes to the bucket; 1 KiB stays inline; 13 MiB is over maxBytes.
     let big = body(1, 3 << 20);
     let small = body(2, 1024);
     let huge = body(3, MAX_BYTES + (1 << 20));
@@ -260,7 +260,8 @@ async fn a_kill_between_upload_and_create_parks_once_and_sealed_bodies_are_ciphe
 
     let mut op = start_operator(&ns, &[("DLQ_FAILPOINT", "body-after-upload")]);
     let marker = b"CARD-4111111111111111-";
-    let mut secret = marker.repeat(20_000);
+    // Over one part (8 MiB): sealed on its way up, staged and moved to its key in the bucket.
+    let mut secret = marker.repeat(400_000);
     secret.extend_from_slice(&body(7, 1000));
     push(&redis, "sealed", &secret).await;
     op.reached_failpoint("body-after-upload", 60).await;

@@ -2,7 +2,8 @@
 //! the apiserver sends it (managed fields, labels, annotations, a condition, a 1 KiB payload)
 //! goes through the job index, the record index and the records controller's feeder, as the
 //! record watch does. Allocation counts do not depend on the machine's speed, so this is a budget,
-//! not a timing: 100,000 records are 100,000 times this figure.
+//! not a timing: 100,000 records are 100,000 times this figure. And what keeping one large
+//! sealed body holds at once beside it, sealed whole against sealed on its way up.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
@@ -17,21 +18,30 @@ use kube::runtime::{reflector, watcher};
 struct Counting;
 
 static HELD: AtomicIsize = AtomicIsize::new(0);
+/// The most [`HELD`] reached since a test last set it.
+static PEAK: AtomicIsize = AtomicIsize::new(0);
+/// The tests count the whole process: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn count(delta: isize) {
+    let now = HELD.fetch_add(delta, Ordering::Relaxed) + delta;
+    PEAK.fetch_max(now, Ordering::Relaxed);
+}
 
 // SAFETY: every call is passed on to the system allocator unchanged.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        HELD.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        count(layout.size() as isize);
         // SAFETY: the caller's contract is the system allocator's.
         unsafe { System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        HELD.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        count(-(layout.size() as isize));
         // SAFETY: as above.
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new: usize) -> *mut u8 {
-        HELD.fetch_add(new as isize - layout.size() as isize, Ordering::Relaxed);
+        count(new as isize - layout.size() as isize);
         // SAFETY: as above.
         unsafe { System.realloc(ptr, layout, new) }
     }
@@ -136,6 +146,7 @@ const BUDGET: usize = 896;
 
 #[test]
 fn a_parked_record_costs_the_operator_at_most_its_budget() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let whole = held_per_record(whole);
     let kept = held_per_record(operator);
     println!(
@@ -147,5 +158,70 @@ fn a_parked_record_costs_the_operator_at_most_its_budget() {
     assert!(
         kept <= BUDGET,
         "a parked record costs the operator {kept} bytes (budget {BUDGET}): see state::records"
+    );
+}
+
+/// The most the process held beside what it held when `run` started, while it ran.
+async fn peak_while<F: std::future::Future>(run: F) -> (F::Output, isize) {
+    let before = HELD.load(Ordering::Relaxed);
+    PEAK.store(before, Ordering::Relaxed);
+    let out = run.await;
+    (out, PEAK.load(Ordering::Relaxed) - before)
+}
+
+/// A body of 32 MiB kept in a sealing queue's store (a volume here): sealed on its way up, it
+/// holds a few parts beside the plaintext (the part being filled and those being sent), not a
+/// second copy of it as ciphertext. Sealed whole first (as before), measured in the same run.
+#[test]
+fn a_large_sealed_body_is_never_held_twice_on_its_way_to_the_store() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(a_large_sealed_body_kept());
+}
+
+async fn a_large_sealed_body_kept() {
+    use deadletter::body::BodyStore;
+    let dir = std::env::temp_dir().join(format!("dlq-held-sealed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a scratch directory");
+    let fs = object_store::local::LocalFileSystem::new_with_prefix(&dir).expect("a directory");
+    let spec = dlq_core::api::BodiesSpec {
+        volume: Some(dlq_core::api::VolumeBodies {
+            path: dir.display().to_string(),
+        }),
+        ..Default::default()
+    };
+    let store = BodyStore::new(std::sync::Arc::new(fs), spec);
+    let (_, recipient) = dlq_core::seal::generate_identity();
+    let plain = bytes::Bytes::from(vec![7u8; 32 << 20]);
+
+    let (whole, whole_peak) = peak_while(async {
+        let sealed = dlq_core::seal::seal_body("j", &plain, &recipient).expect("sealed");
+        store
+            .put(bytes::Bytes::from(sealed), Some(&recipient))
+            .await
+    })
+    .await;
+    drop(whole.expect("kept, sealed whole"));
+    let (streamed, peak) = peak_while(store.put_sealed(plain.clone(), "j", &recipient)).await;
+    drop(streamed.expect("kept, sealed on its way up"));
+    let _ = std::fs::remove_dir_all(&dir);
+    println!(
+        "a sealed body of {} MiB held {:.1} MiB beside it sealed on its way up, {:.1} MiB sealed whole",
+        plain.len() >> 20,
+        peak as f64 / 1048576.0,
+        whole_peak as f64 / 1048576.0
+    );
+    assert!(
+        whole_peak >= plain.len() as isize,
+        "the baseline holds its ciphertext"
+    );
+    assert!(
+        peak < (plain.len() / 2) as isize,
+        "held {peak} bytes beside a body of {}",
+        plain.len()
     );
 }

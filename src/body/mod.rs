@@ -46,6 +46,53 @@ pub async fn put_object(
     Ok(())
 }
 
+/// Parts a sealed upload has in flight at once (each [`PART_BYTES`]).
+const PARTS_IN_FLIGHT: usize = 2;
+
+/// Plaintext sealed at a time: its ciphertext is written to the part being filled at once.
+const SEAL_PIECE: usize = 1024 * 1024;
+
+/// Seals `plain` into `write` a piece at a time, waiting while [`PARTS_IN_FLIGHT`] parts are
+/// being sent; the ciphertext's digest and size.
+async fn seal_into(
+    write: &mut WriteMultipart,
+    plain: &[u8],
+    job: &str,
+    recipient: &str,
+) -> Result<(String, u64), BodyError> {
+    use sha2::Digest;
+    let seal = |e: dlq_core::seal::SealError| BodyError::Seal(e.to_string());
+    let mut sealer = dlq_core::seal::BodySealer::new(job, recipient).map_err(seal)?;
+    let mut hasher = sha2::Sha256::new();
+    let mut size = 0u64;
+    for piece in plain.chunks(SEAL_PIECE) {
+        sealer.seal(piece).map_err(seal)?;
+        let sealed = sealer.take();
+        hasher.update(&sealed);
+        size += sealed.len() as u64;
+        write
+            .wait_for_capacity(PARTS_IN_FLIGHT)
+            .await
+            .map_err(unreachable)?;
+        write.write(&sealed);
+    }
+    let sealed = sealer.finish().map_err(seal)?;
+    hasher.update(&sealed);
+    size += sealed.len() as u64;
+    write.write(&sealed);
+    Ok((hex::encode(hasher.finalize()), size))
+}
+
+/// A name no other staged upload has: the job's, the time and a count, hashed.
+fn staging_name(job: &str) -> String {
+    use sha2::Digest;
+    static STAGED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = STAGED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let now = jiff::Timestamp::now().as_nanosecond();
+    let seed = format!("{job}/{now}/{}/{n}", std::process::id());
+    hex::encode(&sha2::Sha256::digest(seed.as_bytes())[..16])
+}
+
 /// Why a body could not be kept or read. `reason()` names it on conditions and Events.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum BodyError {
@@ -168,6 +215,53 @@ impl BodyStore {
         };
         let path = Path::from(body::object_key(&self.spec.prefix(), &sha256));
         put_object(self.store.as_ref(), &path, bytes)
+            .await
+            .map_err(unreachable)?;
+        Ok(kept)
+    }
+
+    /// Keeps `plain` sealed to `recipient`, sealing it a piece at a time on its way up (each
+    /// part goes as soon as it is sealed), so neither the ciphertext nor the plaintext is held a
+    /// second time: at most one part being filled and [`PARTS_IN_FLIGHT`] being sent. Its key is
+    /// its ciphertext's digest, known only at the end, so it is written under the store's
+    /// staging directory and then moved to its key (a copy in the store, for S3, GCS and
+    /// Azure). A body of one part or less is sealed whole, as before.
+    pub async fn put_sealed(
+        &self,
+        plain: Bytes,
+        job: &str,
+        recipient: &str,
+    ) -> Result<Kept, BodyError> {
+        let seal = |e: dlq_core::seal::SealError| BodyError::Seal(e.to_string());
+        if plain.len() <= PART_BYTES {
+            let sealed = dlq_core::seal::seal_body(job, &plain, recipient).map_err(seal)?;
+            drop(plain);
+            return self.put(Bytes::from(sealed), Some(recipient)).await;
+        }
+        let staged = Path::from(body::staging_key(&self.spec.prefix(), &staging_name(job)));
+        let upload = self
+            .store
+            .put_multipart(&staged)
+            .await
+            .map_err(unreachable)?;
+        let mut write = WriteMultipart::new_with_chunk_size(upload, PART_BYTES);
+        let (sha256, size) = match seal_into(&mut write, &plain, job, recipient).await {
+            Ok(sealed) => sealed,
+            Err(e) => {
+                // Nothing half-written is left behind (an S3 upload's parts are dropped).
+                let _ = write.abort().await;
+                return Err(e);
+            }
+        };
+        write.finish().await.map_err(unreachable)?;
+        *lock(&self.pending).entry(sha256.clone()).or_default() += 1;
+        let kept = Kept {
+            body: body::body_ref(&self.spec, &sha256, size, Some(recipient)),
+            pending: self.pending.clone(),
+        };
+        let path = Path::from(body::object_key(&self.spec.prefix(), &sha256));
+        self.store
+            .rename(&staged, &path)
             .await
             .map_err(unreachable)?;
         Ok(kept)
@@ -333,16 +427,18 @@ impl BodyStore {
     /// Every object under the store's prefix with its age.
     pub async fn list(&self) -> Result<Vec<Stored>, BodyError> {
         let prefix = self.spec.prefix();
-        let under = Path::from(format!("{prefix}{}", body::OBJECTS_DIR));
         let now = jiff::Timestamp::now().as_second();
-        let mut listed = self.store.list(Some(&under));
         let mut stored = Vec::new();
-        while let Some(meta) = listed.next().await {
-            let meta = meta.map_err(unreachable)?;
-            stored.push(Stored {
-                key: meta.location.to_string(),
-                age_secs: now - meta.last_modified.timestamp(),
-            });
+        for dir in [body::OBJECTS_DIR, body::STAGING_DIR] {
+            let under = Path::from(format!("{prefix}{dir}"));
+            let mut listed = self.store.list(Some(&under));
+            while let Some(meta) = listed.next().await {
+                let meta = meta.map_err(unreachable)?;
+                stored.push(Stored {
+                    key: meta.location.to_string(),
+                    age_secs: now - meta.last_modified.timestamp(),
+                });
+            }
         }
         Ok(stored)
     }
@@ -401,6 +497,49 @@ mod tests {
                 ..BodiesSpec::default()
             },
         )
+    }
+
+    /// A sealed body larger than a part is sealed on its way up (staged, then moved to the key
+    /// of its ciphertext's digest): it comes back as one age file its key opens to the exact
+    /// bytes, and nothing is left staged. A staged upload a crash left behind is swept.
+    #[tokio::test]
+    async fn a_large_sealed_body_is_sealed_on_its_way_up() {
+        let dir = std::env::temp_dir().join(format!("dlq-sealed-{}", std::process::id()));
+        let store = volume(&dir);
+        let (file, recipient) = dlq_core::seal::generate_identity();
+        let mut keys = dlq_core::seal::Keyring::default();
+        keys.add(&file).expect("a key");
+        let body: Vec<u8> = (0..(20 << 20) + 7).map(|i: u32| (i % 251) as u8).collect();
+        let kept = store
+            .put_sealed(Bytes::from(body.clone()), "j", &recipient)
+            .await
+            .expect("kept");
+        let reference = kept.body.clone();
+        assert_eq!(reference.recipient.as_deref(), Some(recipient.as_str()));
+        let sealed = store.fetch("j", &reference).await.expect("fetched");
+        assert_eq!(reference.size, sealed.len() as i64);
+        assert!(
+            !sealed.windows(64).any(|w| w == &body[..64]),
+            "ciphertext only"
+        );
+        let opened = dlq_core::seal::open_body("j", &sealed, &recipient, &keys).expect("opens");
+        assert!(opened == body, "the exact bytes");
+        let listed = store.list().await.expect("listed");
+        assert_eq!(listed.len(), 1, "nothing left staged: {listed:?}");
+
+        let crashed = dir.join(dlq_core::body::staging_key("", "left-by-a-crash"));
+        std::fs::write(&crashed, b"half").expect("a staged upload");
+        let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        std::fs::File::options()
+            .write(true)
+            .open(&crashed)
+            .and_then(|f| f.set_modified(hour_ago))
+            .expect("aged");
+        let referenced = || vec![Box::from(reference.sha256.as_str())];
+        assert_eq!(sweep::sweep(&store, referenced).await.expect("swept"), 1);
+        assert!(!crashed.exists());
+        drop(kept);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// The volume store (a PVC in production) keeps, fetches, checks and sweeps for real on

@@ -309,14 +309,10 @@ impl ParkInto {
             }
             None => None,
         };
-        let bytes = match recipient {
-            Some(r) => bytes::Bytes::from(
-                dlq_core::seal::seal_body(job, payload, r)
-                    .map_err(|e| BodyError::Seal(e.to_string()))?,
-            ),
-            None => payload.clone(),
-        };
-        store.put(bytes, recipient).await
+        match recipient {
+            Some(r) => store.put_sealed(payload.clone(), job, r).await,
+            None => store.put(payload.clone(), None).await,
+        }
     }
 
     /// Whether a standing replay took `req` (see [`crate::state::standing`]): requeued on the

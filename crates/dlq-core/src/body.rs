@@ -16,6 +16,16 @@ use crate::queue::BodiesSpec;
 /// The directory of the content-addressed objects under the store's prefix.
 pub const OBJECTS_DIR: &str = "sha256/";
 
+/// The directory of bodies being sealed on their way in: a sealed body's digest (its key) is
+/// known only once its ciphertext is all written, so it is written here and then moved to its
+/// key. What a crash leaves here is swept like an orphan.
+pub const STAGING_DIR: &str = "staging/";
+
+/// The key of staged upload `name` under `prefix`.
+pub fn staging_key(prefix: &str, name: &str) -> String {
+    format!("{prefix}{STAGING_DIR}{name}")
+}
+
 /// What becomes of a payload of `size` bytes (headers included) on a queue with `bodies`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Placement {
@@ -294,8 +304,9 @@ pub struct Stored {
 
 /// The objects a sweep deletes: the store's own (`<prefix>sha256/<hex>`) that no live record
 /// references (`referenced`: digests) and that are older than `orphans_after_secs` (an upload
-/// whose record is not created yet, or not yet seen, is younger). Anything else under the
-/// prefix is not ours and stays.
+/// whose record is not created yet, or not yet seen, is younger), and staged uploads
+/// (`<prefix>staging/`) as old (one is moved to its key as soon as it is written). Anything
+/// else under the prefix is not ours and stays.
 pub fn sweep<'a>(
     prefix: &str,
     stored: &'a [Stored],
@@ -305,7 +316,14 @@ pub fn sweep<'a>(
     stored
         .iter()
         .filter(|o| o.age_secs >= orphans_after_secs)
-        .filter(|o| digest_of_key(prefix, &o.key).is_some_and(|d| !referenced.contains(d)))
+        .filter(|o| {
+            let staged = o
+                .key
+                .strip_prefix(prefix)
+                .and_then(|k| k.strip_prefix(STAGING_DIR))
+                .is_some_and(|name| !name.is_empty());
+            staged || digest_of_key(prefix, &o.key).is_some_and(|d| !referenced.contains(d))
+        })
         .map(|o| o.key.as_str())
         .collect()
 }
@@ -540,9 +558,21 @@ mod tests {
                 key: "payments/sha256/not-a-digest".into(),
                 age_secs: 7200,
             },
+            Stored {
+                key: staging_key("payments/", "left-by-a-crash"),
+                age_secs: 7200,
+            },
+            Stored {
+                key: staging_key("payments/", "being-moved"),
+                age_secs: 1,
+            },
         ];
         let referenced = HashSet::from([kept.as_str()]);
         let swept = sweep("payments/", &stored, &referenced, 3600);
-        assert_eq!(swept, vec![object_key("payments/", &orphan).as_str()]);
+        let left = staging_key("payments/", "left-by-a-crash");
+        assert_eq!(
+            swept,
+            vec![object_key("payments/", &orphan).as_str(), left.as_str()]
+        );
     }
 }

@@ -269,6 +269,90 @@ pub fn seal_body(job: &str, body: &[u8], recipient: &str) -> Result<Vec<u8>, Sea
     })
 }
 
+/// A stored body sealed a piece at a time ([`seal_body`]'s age file, as a stream): each piece
+/// written comes out as ciphertext at once ([`BodySealer::take`]), so a large body is sealed on
+/// its way to the store without its ciphertext ever being held whole beside it.
+pub struct BodySealer {
+    job: String,
+    writer: age::stream::StreamWriter<Sealed>,
+    out: Sealed,
+}
+
+/// The ciphertext written so far and not yet taken.
+#[derive(Clone, Default)]
+struct Sealed(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Sealed {
+    fn take(&self) -> Vec<u8> {
+        // A panic while holding it leaves a plain buffer behind; keep using it.
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+impl std::io::Write for Sealed {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut out = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        out.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl BodySealer {
+    /// A sealer of job `job`'s body to `recipient`.
+    pub fn new(job: &str, recipient: &str) -> Result<Self, SealError> {
+        let to = age::x25519::Recipient::from_str(recipient)
+            .map_err(|e| SealError::Recipient(e.to_string()))?;
+        let encrypt = |why: String| SealError::Encrypt {
+            job: job.to_string(),
+            why,
+        };
+        let out = Sealed::default();
+        let writer = age::Encryptor::with_recipients(std::iter::once(&to as &dyn age::Recipient))
+            .map_err(|e| encrypt(e.to_string()))?
+            .wrap_output(out.clone())
+            .map_err(|e| encrypt(e.to_string()))?;
+        Ok(BodySealer {
+            job: job.to_string(),
+            writer,
+            out,
+        })
+    }
+
+    /// Seals the next `piece` of the body.
+    pub fn seal(&mut self, piece: &[u8]) -> Result<(), SealError> {
+        use std::io::Write;
+        self.writer
+            .write_all(piece)
+            .map_err(|e| self.failed(e.to_string()))
+    }
+
+    /// The ciphertext sealed since the last take.
+    pub fn take(&mut self) -> Vec<u8> {
+        self.out.take()
+    }
+
+    /// Ends the age file: the ciphertext not yet taken.
+    pub fn finish(self) -> Result<Vec<u8>, SealError> {
+        let out = self.out.clone();
+        let job = self.job;
+        self.writer.finish().map_err(|e| SealError::Encrypt {
+            job,
+            why: e.to_string(),
+        })?;
+        Ok(out.take())
+    }
+
+    fn failed(&self, why: String) -> SealError {
+        SealError::Encrypt {
+            job: self.job.clone(),
+            why,
+        }
+    }
+}
+
 /// A sealed stored body opened with the identity of `recipient` from `keyring`.
 pub fn open_body(
     job: &str,
@@ -398,6 +482,30 @@ mod tests {
         assert!(matches!(
             open_body("j", &flipped, &recipient, &keys),
             Err(OpenError::Corrupt { .. })
+        ));
+    }
+
+    /// Sealed a piece at a time, a body is one age file its key opens, its ciphertext handed
+    /// out as it is made (each take holds only what the pieces since the last one made).
+    #[test]
+    fn a_stored_body_sealed_in_pieces_opens_whole() {
+        let (file, recipient) = generate_identity();
+        let mut keys = Keyring::default();
+        keys.add(&file).unwrap();
+        let body: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+        let mut sealer = BodySealer::new("j", &recipient).unwrap();
+        let mut sealed = Vec::new();
+        for piece in body.chunks(100_000) {
+            sealer.seal(piece).unwrap();
+            let out = sealer.take();
+            assert!(out.len() <= 2 * 100_000, "{} bytes at once", out.len());
+            sealed.extend(out);
+        }
+        sealed.extend(sealer.finish().unwrap());
+        assert_eq!(open_body("j", &sealed, &recipient, &keys).unwrap(), body);
+        assert!(matches!(
+            BodySealer::new("j", "age1nope"),
+            Err(SealError::Recipient(_))
         ));
     }
 
