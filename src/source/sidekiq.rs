@@ -1,11 +1,13 @@
 //! Sidekiq source bridge: collects the `dead` sorted set, where Sidekiq moves a job that
 //! exhausted its retries (and which it trims to 10,000 jobs and 6 months by default, dropping
 //! the rest silently). One atomic script ([`TAKE`]) moves the oldest dead jobs, as many as there
-//! are free parking slots, into this queue's inflight hash under ids Redis gives them (server
-//! time + a counter); each is parked with that id as its source message identity and only then
-//! HDELed. On start the bridge re-parks what a crash left in the hash: a job whose record exists,
-//! even one a human resolved meanwhile, is found by its id, not parked as a new death. A sweep
-//! every [`SWEEP`] re-parks what another process left there, as the Redis source does.
+//! are free parking slots and room in the source's byte budget
+//! ([`super::taken::BYTES_IN_FLIGHT`]), into this queue's inflight hash under ids Redis gives
+//! them (server time + a counter); each is parked with that id as its source message identity
+//! and only then HDELed. On start the bridge re-parks what a crash left in the hash: a job whose
+//! record exists, even one a human resolved meanwhile, is found by its id, not parked as a new
+//! death. A sweep every [`SWEEP`] re-parks what another process left there, as the Redis source
+//! does.
 //!
 //! `queues` and `classes` narrow what is taken (inside the script, so two queues filtering one
 //! Sidekiq never take the same job); a member that is not JSON is taken by every filter, since
@@ -39,7 +41,7 @@ use dlq_core::events::{self, EventPlan};
 use dlq_core::sidekiq::DeadSetBounds;
 
 use super::park_into::{ParkInto, SourceError, keep_running, url_from_secret};
-use super::taken::{Failpoints, Taken, free_slots, pairs, spawn_handle};
+use super::taken::{ByteBudget, Failpoints, Taken, free_slots, pairs, spawn_handle};
 use crate::broker::redis::RedisConn;
 use crate::state::apiserver::reference;
 
@@ -100,32 +102,41 @@ end
 
 /// Moves up to ARGV[1] dead jobs into the inflight hash, each under a fresh id: first from the
 /// overflow list (oldest first, already filtered), then the oldest dead jobs from scores ARGV[2]
-/// on that match the filters, reading past at most ARGV[5] others. Returns the next cursor (the
-/// score of the last job read past, below which none matches), then id, job, id, job, ...
+/// on that match the filters, reading past at most ARGV[5] others; at most ARGV[6] bytes of
+/// them, but always the first however large (the source's byte budget, as the Redis source's).
+/// Returns the next cursor (the score of the last job read past, below which none matches),
+/// then id, job, id, job, ...
 /// KEYS: dead, inflight, counter, overflow.
 const TAKE: &str = concat!(
     filter_lua!(),
     r"
-local n, limit = tonumber(ARGV[1]), tonumber(ARGV[5])
-local out, cursor, skipped = {ARGV[2]}, ARGV[2], 0
+local n, limit, room = tonumber(ARGV[1]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local out, cursor, skipped, total, full = {ARGV[2]}, ARGV[2], 0, 0, false
+local function fits(raw)
+  full = #out > 1 and total + #raw > room
+  return not full
+end
 local function take(raw)
   local t = redis.call('TIME')
   local id = t[1] .. '.' .. t[2] .. '-' .. redis.call('INCR', KEYS[3])
   redis.call('HSET', KEYS[2], id, raw)
+  total = total + #raw
   out[#out + 1] = id
   out[#out + 1] = raw
 end
 while #out < 2 * n + 1 do
-  local raw = redis.call('LPOP', KEYS[4])
-  if not raw then break end
+  local raw = redis.call('LINDEX', KEYS[4], 0)
+  if not raw or not fits(raw) then break end
+  redis.call('LPOP', KEYS[4])
   take(raw)
 end
-while #out < 2 * n + 1 and skipped < limit do
+while not full and #out < 2 * n + 1 and skipped < limit do
   local batch = redis.call('ZRANGEBYSCORE', KEYS[1], cursor, '+inf', 'WITHSCORES', 'LIMIT', skipped, 100)
   if #batch == 0 then break end
   for i = 1, #batch, 2 do
     local raw = batch[i]
     if wanted(raw) then
+      if not fits(raw) then break end
       redis.call('ZREM', KEYS[1], raw)
       take(raw)
       if #out >= 2 * n + 1 then break end
@@ -221,22 +232,28 @@ async fn run_once(
     }
 }
 
-/// Takes dead jobs as parking slots free up; looks again after [`IDLE`] when there are none.
+/// Takes dead jobs as parking slots and the byte budget free up; looks again after [`IDLE`]
+/// when there are none.
 async fn pull(ctx: &Arc<Bridge>) -> Result<(), SourceError> {
     let slots = Arc::new(Semaphore::new(CONCURRENCY));
+    let budget = ByteBudget::default();
     let mut cursor = Cursor::new();
     loop {
         let permits = free_slots(&slots).await?;
-        let (next, taken) = ctx.take(permits.len(), cursor.at()).await?;
+        let room = budget.free().await?;
+        let (next, taken) = ctx.take(permits.len(), cursor.at(), room).await?;
         cursor.moved_to(next);
         if taken.is_empty() {
             drop(permits);
             tokio::time::sleep(IDLE).await;
             continue;
         }
-        // Slots left over (fewer jobs than free slots) are dropped, so freed.
+        // Slots left over (fewer jobs than free slots) are dropped, so freed. The batch fits
+        // the room it was taken for, but its first job, which may wait here for jobs in flight
+        // to give their bytes back.
         for ((id, raw), permit) in taken.into_iter().zip(permits) {
-            spawn_handle(&ctx.taken, id, raw, permit);
+            let bytes = budget.hold(raw.len()).await?;
+            spawn_handle(&ctx.taken, id, raw, (permit, bytes));
         }
     }
 }
@@ -487,12 +504,14 @@ impl Bridge {
         })
     }
 
-    /// Up to `n` jobs moved into the inflight hash with their ids (the overflow list's first),
-    /// and the cursor to start from next time (see [`TAKE`]).
+    /// Up to `n` jobs (and `room` bytes, but at least one) moved into the inflight hash with
+    /// their ids (the overflow list's first), and the cursor to start from next time (see
+    /// [`TAKE`]).
     async fn take(
         &self,
         n: usize,
         cursor: &str,
+        room: usize,
     ) -> Result<(String, Vec<(String, Vec<u8>)>), SourceError> {
         let flat: Vec<Vec<u8>> = self
             .taken
@@ -509,7 +528,8 @@ impl Bridge {
                     .arg(cursor)
                     .arg(&self.queues)
                     .arg(&self.classes)
-                    .arg(SCAN_LIMIT),
+                    .arg(SCAN_LIMIT)
+                    .arg(room),
             )
             .await
             .map_err(SourceError::broker(format!("taking jobs of {}", self.dead)))?;
@@ -521,5 +541,66 @@ impl Bridge {
             .map_err(|e| SourceError::Decode(format!("a dead-set cursor: {e}")))?
             .unwrap_or_else(|| "-inf".into());
         Ok((next, pairs(items)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{TAKE, pairs};
+
+    /// [`TAKE`] against a real redis-server: the overflow list first, then the dead set, at
+    /// most its room of bytes but always one job however large, and once a job does not fit,
+    /// nothing behind it (a small job later in the set is not taken out of order).
+    #[tokio::test]
+    async fn a_take_moves_at_most_its_room_but_always_one_in_order() {
+        let redis = dlq_testenv::brokers::Redis::start();
+        let mut conn = redis.conn().await;
+        for i in 0..3u8 {
+            let _: () = redis::cmd("RPUSH")
+                .arg("overflow")
+                .arg(vec![i; 1 << 20])
+                .query_async(&mut conn)
+                .await
+                .expect("RPUSH");
+        }
+        let _: () = redis::cmd("ZADD")
+            .arg("dead")
+            .arg(1)
+            .arg(vec![3u8; 10])
+            .arg(2)
+            .arg(vec![4u8; 1 << 20])
+            .query_async(&mut conn)
+            .await
+            .expect("ZADD");
+        let mut take = async |n: usize, room: usize| -> Vec<u8> {
+            let flat: Vec<Vec<u8>> = redis::cmd("EVAL")
+                .arg(TAKE)
+                .arg(4)
+                .arg(&["dead", "inflight", "counter", "overflow"])
+                .arg(n)
+                .arg("-inf")
+                .arg("[]")
+                .arg("[]")
+                .arg(1000)
+                .arg(room)
+                .query_async(&mut conn)
+                .await
+                .expect("EVAL");
+            let taken = pairs(flat.into_iter().skip(1)).expect("pairs");
+            taken.iter().map(|(_, raw)| raw[0]).collect()
+        };
+        assert_eq!(
+            take(32, (1 << 20) + 10).await,
+            [0],
+            "one fits, not the next"
+        );
+        assert_eq!(take(32, 0).await, [1], "one however large");
+        assert_eq!(
+            take(32, (2 << 20) + 10).await,
+            [2, 3, 4],
+            "the list, then the set"
+        );
+        assert!(take(32, 10 << 20).await.is_empty());
+        assert_eq!(redis.hash_len("inflight").await, 5);
     }
 }
