@@ -611,6 +611,28 @@ async fn the_http_endpoint_parks_large_bodies_into_the_store_and_refuses_above_m
     want.sort();
     assert_eq!(keys, want, "nothing else in the bucket");
 
+    // Hostile: a job id longer than a record takes, on a body over the threshold. The body goes
+    // to the store first; the request then fails validation and is parked as an Invalid record
+    // of the body's exact bytes (100 KiB fits a record), not of nothing.
+    let odd = body(7, 100 << 10);
+    let odd_file = dir.join("odd");
+    std::fs::write(&odd_file, &odd).expect("the file");
+    let long_id = "j".repeat(dlq_core::api::MAX_JOB_ID_LEN + 1);
+    let (code, answer) = post_file(&url, &odd_file, &long_id, false);
+    assert_eq!(code, 201, "{answer}");
+    let invalid = eventually(30, "the Invalid record", || async {
+        let records = api.list(&Default::default()).await.ok()?.items;
+        records
+            .into_iter()
+            .find(|r| r.spec.failure_kind == dlq_core::api::FailureKind::Invalid)
+    })
+    .await;
+    assert!(
+        invalid.spec.job.payload_bytes().ok() == Some(odd),
+        "an Invalid record of the exact bytes: {:?}",
+        invalid.spec.reason
+    );
+
     // Redriven byte-exact from the store.
     let name = record.metadata.name.clone().unwrap_or_default();
     decide(&api, &name, Action::Redrive, "ada").await;

@@ -549,13 +549,12 @@ fn lower_case_headers(
 
 /// Parks one event once: its record's name and whether it is new, or the answer to give.
 async fn park_one(into: &ParkInto, event: Incoming) -> Result<(String, bool), Answer> {
-    let Incoming { request, mut raw } = event;
-    // Over the queue's threshold: kept in its body store first, as every source does.
+    let Incoming { request, raw } = event;
+    // Over the queue's threshold: kept in its body store first, as every source does. The
+    // event's bytes are kept too (a share of the body, not a copy): a request that then fails
+    // validation is parked as an Invalid record of them (refused with 413 when a record cannot
+    // hold them), never of nothing.
     let (request, kept) = keep_body(into, request, &raw).await?;
-    if kept.is_some() {
-        // Its bytes are in the store now; a record cannot hold them as an Invalid one either.
-        raw = bytes::Bytes::new();
-    }
     let mut req = match dispose(request, &raw) {
         Disposition::Park(req) => *req,
         Disposition::Reject(why @ ParkInvalid::PayloadTooLarge { .. }) => {
