@@ -5,47 +5,15 @@
 //! not a timing: 100,000 records are 100,000 times this figure. And what keeping one large
 //! sealed body holds at once beside it, sealed whole against sealed on its way up.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
-
 use deadletter::run::feeder::Feeder;
 use deadletter::state::jobs::JobIndex;
 use deadletter::state::records::RecordIndex;
 use dlq_core::api::DeadLetter;
+use dlq_testenv::alloc::{self, Counting};
 use kube::runtime::{reflector, watcher};
 
-/// The system allocator, counting the bytes it holds.
-struct Counting;
-
-static HELD: AtomicIsize = AtomicIsize::new(0);
-/// The most [`HELD`] reached since a test last set it.
-static PEAK: AtomicIsize = AtomicIsize::new(0);
 /// The tests count the whole process: one at a time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn count(delta: isize) {
-    let now = HELD.fetch_add(delta, Ordering::Relaxed) + delta;
-    PEAK.fetch_max(now, Ordering::Relaxed);
-}
-
-// SAFETY: every call is passed on to the system allocator unchanged.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count(layout.size() as isize);
-        // SAFETY: the caller's contract is the system allocator's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        count(-(layout.size() as isize));
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new: usize) -> *mut u8 {
-        count(new as isize - layout.size() as isize);
-        // SAFETY: as above.
-        unsafe { System.realloc(ptr, layout, new) }
-    }
-}
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
@@ -83,9 +51,9 @@ fn held_per_record(keep: impl FnOnce(&[String]) -> Box<dyn std::any::Any>) -> us
     if let Some(first) = events.first() {
         let _ = dlq_core::record::Facts::group(&parsed(first));
     }
-    let before = HELD.load(Ordering::Relaxed);
+    let before = alloc::held();
     let kept = keep(&events);
-    let held = HELD.load(Ordering::Relaxed) - before;
+    let held = alloc::held() - before;
     drop(kept);
     usize::try_from(held).unwrap_or(0) / RECORDS
 }
@@ -163,10 +131,9 @@ fn a_parked_record_costs_the_operator_at_most_its_budget() {
 
 /// The most the process held beside what it held when `run` started, while it ran.
 async fn peak_while<F: std::future::Future>(run: F) -> (F::Output, isize) {
-    let before = HELD.load(Ordering::Relaxed);
-    PEAK.store(before, Ordering::Relaxed);
+    let before = alloc::start_peak();
     let out = run.await;
-    (out, PEAK.load(Ordering::Relaxed) - before)
+    (out, alloc::peak_above(before))
 }
 
 /// A body of 32 MiB kept in a sealing queue's store (a volume here): sealed on its way up, it

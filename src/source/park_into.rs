@@ -720,14 +720,13 @@ mod tests {
         let into = into_for(apiserver, queue, Leadership::not_yet(), bodies);
         for (kind, byte) in [("text", b'x'), ("binary", 0xff), ("cloudevent", 0xff)] {
             let raw = bytes::Bytes::from(vec![byte; 6 << 20]);
-            let before = crate::test_alloc::held();
-            crate::test_alloc::reset_peak();
+            let before = dlq_testenv::alloc::thread::start_peak();
             let (req, raw) = read(kind, raw);
             let (req, kept) = into
                 .keep_body(req, &raw, "in the broker", &|| async {})
                 .await
                 .expect("kept");
-            let peak = crate::test_alloc::peak_above(before);
+            let peak = dlq_testenv::alloc::thread::peak_above(before);
             assert!(kept.is_some(), "{kind}: kept in the store");
             assert!(
                 peak < (raw.len() / 16) as isize,
