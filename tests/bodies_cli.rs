@@ -632,6 +632,27 @@ async fn the_http_endpoint_parks_large_bodies_into_the_store_and_refuses_above_m
         "an Invalid record of the exact bytes: {:?}",
         invalid.spec.reason
     );
+    // The same over what a record holds inline: an Invalid record of the stored body, by
+    // reference (refused as too large before).
+    let odd_large = body(8, 1 << 20);
+    std::fs::write(&odd_file, &odd_large).expect("the file");
+    let long_id = "k".repeat(dlq_core::api::MAX_JOB_ID_LEN + 1);
+    let (code, answer) = post_file(&url, &odd_file, &long_id, false);
+    assert_eq!(code, 201, "{answer}");
+    let by_reference = eventually(30, "the Invalid record by reference", || async {
+        let records = api.list(&Default::default()).await.ok()?.items;
+        records.into_iter().find(|r| {
+            r.spec.failure_kind == dlq_core::api::FailureKind::Invalid && r.spec.job.body.is_some()
+        })
+    })
+    .await;
+    let reference = by_reference.spec.job.body.as_deref().expect("a body");
+    assert_eq!(
+        reference.sha256,
+        sha256(&odd_large),
+        "the exact bytes, referenced"
+    );
+    assert!(by_reference.spec.job.payload.is_none());
 
     // Redriven byte-exact from the store.
     let name = record.metadata.name.clone().unwrap_or_default();

@@ -151,6 +151,10 @@ pub struct BodyStore {
 /// object whatever its age.
 pub struct Kept {
     pub body: BodyRef,
+    /// Whether the body is the dead message's exact bytes (a broker's message, a post's body),
+    /// not a payload read out of an envelope: then an invalid request is parked as an Invalid
+    /// record of it (`dlq_core::park::dispose_kept`).
+    pub of_message: bool,
     pending: Arc<Mutex<HashMap<String, usize>>>,
 }
 
@@ -211,6 +215,7 @@ impl BodyStore {
         *lock(&self.pending).entry(sha256.clone()).or_default() += 1;
         let kept = Kept {
             body: body::body_ref(&self.spec, &sha256, bytes.len() as u64, recipient),
+            of_message: false,
             pending: self.pending.clone(),
         };
         let path = Path::from(body::object_key(&self.spec.prefix(), &sha256));
@@ -257,6 +262,7 @@ impl BodyStore {
         *lock(&self.pending).entry(sha256.clone()).or_default() += 1;
         let kept = Kept {
             body: body::body_ref(&self.spec, &sha256, size, Some(recipient)),
+            of_message: false,
             pending: self.pending.clone(),
         };
         let path = Path::from(body::object_key(&self.spec.prefix(), &sha256));

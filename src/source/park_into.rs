@@ -14,7 +14,7 @@ use dlq_core::api::Job;
 use dlq_core::api::{DeadLetterQueue, SecretKeyRef};
 use dlq_core::body::Placement;
 use dlq_core::events::{self, EventPlan};
-use dlq_core::park::{Disposition, ParkInvalid, after_refusal, dispose, job_key};
+use dlq_core::park::{Disposition, ParkInvalid, after_refusal, dispose, dispose_kept, job_key};
 
 use super::in_flight::InFlight;
 use crate::body::{Bodies, BodyError, Kept};
@@ -134,11 +134,20 @@ impl ParkInto {
     }
 
     /// The one rule for every source (`dlq_core::park::dispose`): `req` if it is valid, else an
-    /// Invalid record of the message's exact bytes `raw`; `Err` only for what can never be a
-    /// record, which the source then keeps where rejected messages go and reports with
-    /// [`ParkInto::rejected`].
-    pub fn dispose(&self, req: ParkRequest, raw: &[u8]) -> Result<ParkRequest, ParkError> {
-        match dispose(req, raw) {
+    /// Invalid record of the message's exact bytes `raw` (by reference when they were `kept` in
+    /// the body store as they are); `Err` only for what can never be a record, which the source
+    /// then keeps where rejected messages go and reports with [`ParkInto::rejected`].
+    pub fn dispose(
+        &self,
+        req: ParkRequest,
+        raw: &[u8],
+        kept: Option<&Kept>,
+    ) -> Result<ParkRequest, ParkError> {
+        let disposed = match kept.filter(|k| k.of_message) {
+            Some(kept) => dispose_kept(req, raw, &kept.body),
+            None => dispose(req, raw),
+        };
+        match disposed {
             Disposition::Park(req) => Ok(*req),
             Disposition::Reject(why) => Err(ParkError::Invalid(why)),
         }
@@ -168,7 +177,7 @@ impl ParkInto {
         // A large body goes to the queue's store first; its record holds a reference. It is
         // not passed through a standing replay: the record's redrive sends it.
         let (req, kept) = self.keep_body(req, raw, where_it_stays, &waiting).await?;
-        let mut req = self.dispose(req, raw)?;
+        let mut req = self.dispose(req, raw, kept.as_ref())?;
         if kept.is_none() && self.passed_through(&req, raw).await {
             return Ok(());
         }
@@ -214,13 +223,19 @@ impl ParkInto {
         match (queue.as_ref(), dlq_core::body::placement(bodies, size)) {
             (Some(queue), Placement::Store) => {
                 let queue = queue.clone();
+                let of_message = req.payload_in_message;
                 let payload = match payload_of(&mut req, raw) {
                     Some(payload) => payload,
                     // Not base64 after all: dispose parks it as an Invalid record of its bytes.
                     None => return Ok((req, None)),
                 };
-                self.put_until_kept(req, payload, &queue, size, where_it_stays, waiting)
-                    .await
+                let (req, mut kept) = self
+                    .put_until_kept(req, payload, &queue, size, where_it_stays, waiting)
+                    .await?;
+                if let Some(kept) = &mut kept {
+                    kept.of_message = of_message;
+                }
+                Ok((req, kept))
             }
             (_, Placement::TooLarge { limit }) if bodies.is_some() => {
                 Err(ParkError::Invalid(ParkInvalid::PayloadTooLarge {

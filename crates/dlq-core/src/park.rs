@@ -7,7 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use sha2::{Digest, Sha256};
 
 use crate::dead_letter::{
-    self, DeadLetter, DeadLetterSpec, FailureKind, IntentSnapshot, Job, Phase,
+    self, BodyRef, DeadLetter, DeadLetterSpec, FailureKind, IntentSnapshot, Job, Phase,
 };
 
 /// Everything known about a given-up job.
@@ -290,6 +290,36 @@ pub fn dispose(req: ParkRequest, raw: &[u8]) -> Disposition {
     }
     match validate(&invalid) {
         Ok(()) => Disposition::Park(Box::new(invalid)),
+        Err(e) => Disposition::Reject(e),
+    }
+}
+
+/// [`dispose`] for a request whose payload was kept in the body store as `body`, the message's
+/// exact bytes `raw` themselves: an invalid one too large for a record inline is parked as an
+/// Invalid record of those bytes by reference, instead of being refused as too large.
+pub fn dispose_kept(req: ParkRequest, raw: &[u8], body: &BodyRef) -> Disposition {
+    let light = ParkRequest {
+        job: Job {
+            payload: None,
+            payload_base64: None,
+            body: None,
+            ..req.job.clone()
+        },
+        ..req.clone()
+    };
+    match dispose(req, raw) {
+        Disposition::Reject(ParkInvalid::PayloadTooLarge { .. }) => {}
+        other => return other,
+    }
+    let mut invalid = match dispose(light, b"") {
+        Disposition::Park(invalid) => invalid,
+        reject => return reject,
+    };
+    invalid.job.payload = None;
+    invalid.job.payload_base64 = None;
+    invalid.job.body = Some(Box::new(body.clone()));
+    match validate(&invalid) {
+        Ok(()) => Disposition::Park(invalid),
         Err(e) => Disposition::Reject(e),
     }
 }
@@ -856,6 +886,57 @@ mod tests {
                 ..Job::default()
             },
         )
+    }
+
+    /// A request whose payload went to the store as the message's own bytes: valid, it parks as
+    /// it is; invalid and too large for a record inline, it parks as an Invalid record of those
+    /// bytes by reference (refused before, as too large); small enough, inline as always.
+    #[test]
+    fn an_invalid_request_kept_in_the_store_parks_by_reference() {
+        let body = BodyRef {
+            reference: "s3://b/p/sha256/ab".into(),
+            size: 300_000,
+            sha256: "ab".repeat(32),
+            ..BodyRef::default()
+        };
+        let kept = |id: &str| {
+            let mut r = req();
+            r.job.id = id.into();
+            r.job.payload = None;
+            r.job.body = Some(Box::new(body.clone()));
+            r
+        };
+        let raw = vec![b'x'; 300_000];
+        let valid = kept("j");
+        assert_eq!(
+            dispose_kept(valid.clone(), &raw, &body),
+            Disposition::Park(Box::new(valid))
+        );
+        let long = "j".repeat(dead_letter::MAX_JOB_ID_LEN + 1);
+        assert!(matches!(
+            dispose(kept(&long), &raw),
+            Disposition::Reject(ParkInvalid::PayloadTooLarge { .. })
+        ));
+        let Disposition::Park(invalid) = dispose_kept(kept(&long), &raw, &body) else {
+            panic!("parked by reference");
+        };
+        assert_eq!(invalid.failure_kind, FailureKind::Invalid);
+        assert_eq!(invalid.job.body.as_deref(), Some(&body));
+        assert_eq!(
+            (invalid.job.payload, invalid.job.payload_base64),
+            (None, None)
+        );
+        assert!(
+            invalid.reason.contains("job id is 254 bytes"),
+            "{}",
+            invalid.reason
+        );
+        let small = b"tiny";
+        let Disposition::Park(inline) = dispose_kept(kept(&long), small, &body) else {
+            panic!("parked inline");
+        };
+        assert_eq!(inline.job.payload_bytes().ok().as_deref(), Some(&small[..]));
+        assert_eq!(inline.job.body, None);
     }
 
     /// Issue 47: a message passed through without a record is matched by the group its record

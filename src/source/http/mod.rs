@@ -41,7 +41,7 @@ use kube::runtime::reflector::ObjectRef;
 use dlq_client::park::{ParkError, ParkOutcome};
 use dlq_core::cloudevent::{self, HttpRequest, Incoming, MAX_BODY};
 use dlq_core::park::ParkRequest;
-use dlq_core::park::{Disposition, ParkInvalid, after_refusal, dispose};
+use dlq_core::park::{ParkInvalid, after_refusal};
 
 use crate::metrics::Metrics;
 
@@ -552,15 +552,15 @@ async fn park_one(into: &ParkInto, event: Incoming) -> Result<(String, bool), An
     let Incoming { request, raw } = event;
     // Over the queue's threshold: kept in its body store first, as every source does. The
     // event's bytes are kept too (a share of the body, not a copy): a request that then fails
-    // validation is parked as an Invalid record of them (refused with 413 when a record cannot
-    // hold them), never of nothing.
+    // validation is parked as an Invalid record of them (by reference when they are the
+    // stored body itself), never of nothing.
     let (request, kept) = keep_body(into, request, &raw).await?;
-    let mut req = match dispose(request, &raw) {
-        Disposition::Park(req) => *req,
-        Disposition::Reject(why @ ParkInvalid::PayloadTooLarge { .. }) => {
-            return Err(Answer::error(413, why));
+    let mut req = match into.dispose(request, &raw, kept.as_ref()) {
+        Ok(req) => req,
+        Err(e @ ParkError::Invalid(ParkInvalid::PayloadTooLarge { .. })) => {
+            return Err(Answer::error(413, e));
         }
-        Disposition::Reject(why) => return Err(Answer::error(400, why)),
+        Err(e) => return Err(Answer::error(400, e)),
     };
     let mut tried = 0;
     loop {
