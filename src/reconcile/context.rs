@@ -179,12 +179,21 @@ pub struct Context {
     /// The queues' body stores (fetching a stored body to redrive it); [`crate::body::NoBodies`]
     /// unless set with [`Context::with_bodies`].
     pub bodies: Arc<dyn crate::body::Bodies>,
+    /// Bytes of stored bodies being redriven at once ([`REDRIVE_BYTES`], see
+    /// [`Context::body_turn`]).
+    pub(super) redrive_bytes: Arc<tokio::sync::Semaphore>,
     /// The standing replays running here, which the sources pass dead messages through for.
     pub standing: Standing,
     /// DeadLetterReplays as the watch sees them (what standing replays passed through, for
     /// the groups); None in tests that do not watch them.
     pub replay_store: Option<Store<DeadLetterReplay>>,
 }
+
+/// Bytes of stored bodies redriven at once. A redrive holds its body whole (fetched, opened when
+/// sealed, encoded by the target), and the records controllers run 32 reconciles at once: 32
+/// bodies of 100 MiB would be gigabytes, past any memory limit, and again after each restart.
+/// Bodies below a few MiB are not held back; one larger than this runs alone.
+pub const REDRIVE_BYTES: u32 = 64 << 20;
 
 /// Passes standing replays' dead messages to their queues' targets, as a redrive enqueues a
 /// record's job: untouched, with the idempotency key in the queue's key header.
@@ -272,11 +281,27 @@ impl Context {
             group_store: None,
             keys: Arc::new(crate::keys::NoKeys),
             bodies: Arc::new(crate::body::NoBodies),
+            redrive_bytes: Arc::new(tokio::sync::Semaphore::new(REDRIVE_BYTES as usize)),
             standing: Standing::new(Arc::new(TargetsPass(targets.clone()))),
             replay_store: None,
             targets,
             settings,
         }
+    }
+
+    /// A turn to redrive `job`'s stored body: its size of [`REDRIVE_BYTES`] (all of it for a
+    /// larger one), held while the body is fetched, opened and sent; None for a job whose
+    /// bytes are in its record or whose body is only checked (an external object).
+    pub async fn body_turn(&self, job: &Job) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let body = job.body.as_deref().filter(|b| !b.external)?;
+        let bytes = u32::try_from(body.size)
+            .unwrap_or(u32::MAX)
+            .clamp(1, REDRIVE_BYTES);
+        self.redrive_bytes
+            .clone()
+            .acquire_many_owned(bytes)
+            .await
+            .ok()
     }
 
     /// Reads the replays from `store` (see [`Context::passed_through`]).

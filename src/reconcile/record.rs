@@ -366,6 +366,7 @@ async fn requeue(ctx: &Context, ns: &str, record: &DeadLetter) -> Result<(), Req
         })?;
     let job = opened(ctx, &queue, record).await?;
     let target = ctx.targets.target(&queue).await.map_err(failure)?;
+    let _turn = ctx.body_turn(&job).await;
     let mut message = message_of(ctx, &queue, &job).await?;
     message.idempotency_key = Some(decide::redrive_key(record));
     message.key_header = queue
