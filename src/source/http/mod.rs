@@ -661,4 +661,37 @@ mod tests {
         assert_eq!(out.get("x-a").map(String::as_str), Some("1, 2"));
         assert_eq!(unreadable, ["ce-subject"]);
     }
+
+    /// A structured event is read for its attributes only: its `data`, here 4 MiB of a JSON
+    /// array of small numbers (which as JSON values would take about 32 bytes an element, some
+    /// 70 MiB), is never read into values, so a post of the queue's `maxBytes` cannot take the
+    /// operator's memory many times over.
+    #[test]
+    fn a_structured_events_data_is_not_read_into_values() {
+        let mut text =
+            String::from(r#"{"specversion":"1.0","id":"e-1","source":"/s","type":"t","data":[0"#);
+        while text.len() < 4 << 20 {
+            text.push_str(",0");
+        }
+        text.push_str("]}");
+        let post = HttpRequest {
+            method: "POST",
+            headers: [(
+                "content-type".to_string(),
+                "application/cloudevents+json".to_string(),
+            )]
+            .into(),
+            body: bytes::Bytes::from(text),
+        };
+        let before = dlq_testenv::alloc::thread::start_peak();
+        let (_, events) = cloudevent::parse_within("relayer", &post, 8 << 20).expect("parsed");
+        let peak = dlq_testenv::alloc::thread::peak_above(before);
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].request.job.id, "e-1@/s");
+        assert!(
+            peak < (post.body.len() / 8) as isize,
+            "read with {peak} bytes beside a body of {}",
+            post.body.len()
+        );
+    }
 }
