@@ -317,4 +317,43 @@ mod tests {
         assert!(take(32, 10 << 20).await.is_empty());
         assert_eq!(redis.hash_len("dead:inflight").await, 4);
     }
+
+    /// A dead element is read for the members a record takes, never whole into JSON values: an
+    /// element of 4 MiB whose other member is an array of small numbers (67 MB as values) holds
+    /// no more than its own size beside it as an envelope (an Invalid record of its bytes), and
+    /// as a Sidekiq job, whose `args` may be that large, next to nothing (its JSON is left in the
+    /// member for the body store).
+    #[test]
+    fn a_dead_element_is_never_read_whole_into_json_values() {
+        let numbers = |head: &str| {
+            let mut text = String::from(head);
+            while text.len() < 4 << 20 {
+                text.push_str("0,");
+            }
+            text.push_str("0]}");
+            text.into_bytes()
+        };
+        let envelope = numbers(r#"{"id":"j","payload":"p","junk":["#);
+        let before = dlq_testenv::alloc::thread::start_peak();
+        let req = dlq_core::envelope::request_for("relayer", &envelope);
+        let peak = dlq_testenv::alloc::thread::peak_above(before);
+        assert_eq!(req.failure_kind, dlq_core::api::FailureKind::Invalid);
+        assert!(
+            peak < (envelope.len() + (1 << 20)) as isize,
+            "an envelope read with {peak} bytes beside {}",
+            envelope.len()
+        );
+        let job = numbers(r#"{"jid":"j1","class":"C","queue":"q","args":["#);
+        let before = dlq_testenv::alloc::thread::start_peak();
+        let req = dlq_core::sidekiq::request_for("relayer", &job);
+        let peak = dlq_testenv::alloc::thread::peak_above(before);
+        assert_eq!(req.job.id, "j1");
+        assert!(req.payload_in_message);
+        assert!(
+            peak < (job.len() / 8) as isize,
+            "a job read with {peak} bytes beside {}",
+            job.len()
+        );
+        assert_eq!(dlq_core::sidekiq::job_queue(&job).as_deref(), Ok("q"));
+    }
 }

@@ -13,7 +13,7 @@
 //! (`knativeerrorcode`, `knativeerrordata`, `knativeerrordest`) make the reason and error class;
 //! they stay on the event.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use base64::Engine;
 use sha2::{Digest, Sha256};
@@ -238,25 +238,17 @@ fn binary(queue: &str, req: &HttpRequest<'_>) -> Incoming {
 /// Structured mode: the whole event is one JSON document, kept as it arrived.
 fn structured(queue: &str, body: &bytes::Bytes) -> Incoming {
     // The event's members as their text: `data`, which may be most of a large body, is never
-    // read into JSON values (a large array of small numbers takes many times its text as values).
-    let members: HashMap<String, &serde_json::value::RawValue> = match serde_json::from_slice(body)
-    {
+    // read into JSON values (`crate::json`).
+    let members = match crate::json::members(body) {
         Ok(members) => members,
-        Err(_) => {
-            let why = match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
-                Ok(_) => "a structured CloudEvent is a JSON object".to_string(),
-                Err(e) => format!("not JSON ({e})"),
-            };
-            return not_an_event(queue, body, &why);
+        Err(crate::json::NotObject::Syntax(e)) => {
+            return not_an_event(queue, body, &format!("not JSON ({e})"));
+        }
+        Err(crate::json::NotObject::Shape(_)) => {
+            return not_an_event(queue, body, "a structured CloudEvent is a JSON object");
         }
     };
-    // Only attributes of a size an attribute can have are read.
-    let value = |n: &str| {
-        members
-            .get(n)
-            .filter(|v| v.get().len() <= MAX_ATTRIBUTE_JSON)
-            .and_then(|v| serde_json::from_str::<serde_json::Value>(v.get()).ok())
-    };
+    let value = |n: &str| members.get(n).and_then(|v| crate::json::value(n, v).ok());
     // Attributes are strings; a number or null is read as absent (and so refused below).
     let attr = |n: &str| match value(n) {
         Some(serde_json::Value::String(s)) => Some(s),
@@ -277,10 +269,6 @@ fn structured(queue: &str, body: &bytes::Bytes) -> Incoming {
     let headers = BTreeMap::from([("content-type".to_string(), STRUCTURED.to_string())]);
     event(queue, attrs, body.clone(), headers)
 }
-
-/// The longest JSON text of an attribute a structured event is read for (a record's reason holds
-/// 1,024 characters; ids and sources are shorter still).
-const MAX_ATTRIBUTE_JSON: usize = 64 * 1024;
 
 /// Batched mode: a JSON array of structured events, each its own record.
 fn batched(queue: &str, body: &bytes::Bytes) -> Result<Vec<Incoming>, CeError> {

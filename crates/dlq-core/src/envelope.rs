@@ -12,7 +12,23 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use crate::dead_letter::{FailureKind, IntentSnapshot, Job};
+use crate::json::{self, NotObject};
 use crate::park::{ParkRequest, invalid_request, json_error_without_values};
+
+/// The members of [`Envelope`], as its JSON names them.
+const FIELDS: &[&str] = &[
+    "id",
+    "payload",
+    "payloadBase64",
+    "headers",
+    "reason",
+    "deliveries",
+    "failureKind",
+    "intent",
+    "serviceVersion",
+    "errorClass",
+    "failedAt",
+];
 
 /// The JSON a consumer pushes onto the dead list.
 #[derive(Debug, Deserialize)]
@@ -45,20 +61,19 @@ pub struct Envelope {
 /// Turns one dead-list element into a park request: the envelope's facts, or an Invalid record
 /// of the raw bytes when it is not an envelope.
 pub fn request_for(queue: &str, raw: &[u8]) -> ParkRequest {
-    let value = match serde_json::from_slice::<serde_json::Value>(raw) {
-        Ok(v) => v,
-        Err(e) => return not_json(queue, raw, &e),
+    // Only the envelope's own members are read into values (`crate::json`); any other is seen
+    // by name, so it is still refused as unknown.
+    let members = match json::members(raw) {
+        Ok(members) => members,
+        Err(NotObject::Syntax(e)) => return not_json(queue, raw, &e),
+        Err(NotObject::Shape(shape)) => {
+            return invalid(queue, raw, format!("{shape}, not an object"));
+        }
     };
-    if !value.is_object() {
-        let shape = match value {
-            serde_json::Value::Array(_) => "a JSON array",
-            serde_json::Value::String(_) => "a JSON string",
-            serde_json::Value::Number(_) => "a JSON number",
-            serde_json::Value::Bool(_) => "a JSON boolean",
-            _ => "JSON null",
-        };
-        return invalid(queue, raw, format!("{shape}, not an object"));
-    }
+    let value = match json::object(&members, FIELDS, true) {
+        Ok(value) => value,
+        Err(too_large) => return invalid(queue, raw, too_large.to_string()),
+    };
     match serde_json::from_value::<Envelope>(value) {
         Ok(env)
             if !env.id.trim().is_empty()

@@ -35,6 +35,7 @@ pub mod facts;
 pub mod group;
 pub mod groups;
 pub mod headers;
+pub mod json;
 pub mod mask;
 pub mod park;
 pub mod park_plan;

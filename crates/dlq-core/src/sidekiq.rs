@@ -7,6 +7,7 @@
 use serde::Deserialize;
 
 use crate::dead_letter::{FailureKind, Job, Origin};
+use crate::json::{self, NotObject};
 use crate::park::{ParkRequest, invalid_request, json_error_without_values};
 
 /// Longest reason a record holds (its schema's bound).
@@ -32,6 +33,18 @@ struct DeadJob {
     #[serde(default)]
     failed_at: Option<f64>,
 }
+
+/// The members of [`DeadJob`].
+const DEAD_JOB_FIELDS: &[&str] = &[
+    "jid",
+    "class",
+    "wrapped",
+    "queue",
+    "retry_count",
+    "error_class",
+    "error_message",
+    "failed_at",
+];
 
 /// How full Sidekiq's dead set may grow while a source collects it, given Sidekiq's
 /// `dead_max_jobs` (the size at which it drops the oldest dead jobs silently). Well below
@@ -68,11 +81,16 @@ impl DeadSetBounds {
 
 /// Turns one member of the `dead` set into a park request for DeadLetterQueue `queue`.
 pub fn request_for(queue: &str, raw: &[u8]) -> ParkRequest {
-    // Through a Value: serde would read a JSON array as the fields in order.
-    let job = match serde_json::from_slice::<serde_json::Value>(raw) {
-        Ok(v) if v.is_object() => serde_json::from_value::<DeadJob>(v),
-        Ok(_) => return invalid(queue, raw, "not a JSON object".into()),
-        Err(e) => return not_json(queue, raw, &e),
+    // Through an object of the members read (serde would read a JSON array as the fields in
+    // order); `args`, which may be large, is never read into values (`crate::json`).
+    let members = match json::members(raw) {
+        Ok(members) => members,
+        Err(NotObject::Syntax(e)) => return not_json(queue, raw, &e),
+        Err(NotObject::Shape(_)) => return invalid(queue, raw, "not a JSON object".into()),
+    };
+    let job = match json::object(&members, DEAD_JOB_FIELDS, false) {
+        Ok(value) => serde_json::from_value::<DeadJob>(value),
+        Err(too_large) => return invalid(queue, raw, too_large.to_string()),
     };
     let job = match job {
         Ok(job) => job,
@@ -86,12 +104,15 @@ pub fn request_for(queue: &str, raw: &[u8]) -> ParkRequest {
         class: job.wrapped.clone().or_else(|| job.class.clone()),
         ..Origin::default()
     };
-    let mut req = ParkRequest::new(
+    // The job's exact JSON is the payload: left in the member when larger than a record holds.
+    let mut req = ParkRequest::of_message(
         queue,
         Job {
+            id: job.jid.clone(),
             origin: Some(Box::new(origin)),
-            ..Job::from_bytes(job.jid.clone(), raw)
+            ..Job::default()
         },
+        raw,
     );
     req.deliveries = job
         .retry_count
@@ -112,10 +133,14 @@ pub fn request_for(queue: &str, raw: &[u8]) -> ParkRequest {
 
 /// The queue a job goes back to: its own `queue` field, as Sidekiq's client reads it.
 pub fn job_queue(payload: &[u8]) -> Result<String, String> {
-    let job = serde_json::from_slice::<serde_json::Value>(payload)
-        .map_err(|e| format!("not a Sidekiq job: {e}"))?;
-    match job.get("queue").and_then(serde_json::Value::as_str) {
-        Some(queue) if !queue.is_empty() => Ok(queue.to_string()),
+    let members = match json::members(payload) {
+        Ok(members) => members,
+        Err(NotObject::Syntax(e)) => return Err(format!("not a Sidekiq job: {e}")),
+        Err(NotObject::Shape(_)) => return Err("not a Sidekiq job: it names no queue".into()),
+    };
+    let queue = members.get("queue").map(|q| json::value("queue", q));
+    match queue {
+        Some(Ok(serde_json::Value::String(queue))) if !queue.is_empty() => Ok(queue),
         _ => Err("not a Sidekiq job: it names no queue".into()),
     }
 }
@@ -124,13 +149,14 @@ pub fn job_queue(payload: &[u8]) -> Result<String, String> {
 /// store it as base64 of zlib-deflated JSON, older versions as a JSON array. None when the job
 /// has none; `Err` when it is there but does not decode. The payload itself is never changed.
 pub fn backtrace(payload: &[u8]) -> Option<Result<Vec<String>, String>> {
-    let job = serde_json::from_slice::<serde_json::Value>(payload).ok()?;
-    match job.get("error_backtrace")? {
-        serde_json::Value::String(packed) => Some(inflate(packed)),
-        lines @ serde_json::Value::Array(_) => {
-            Some(serde_json::from_value(lines.clone()).map_err(|e| e.to_string()))
+    let members = json::members(payload).ok()?;
+    match json::value("error_backtrace", members.get("error_backtrace")?) {
+        Ok(serde_json::Value::String(packed)) => Some(inflate(&packed)),
+        Ok(lines @ serde_json::Value::Array(_)) => {
+            Some(serde_json::from_value(lines).map_err(|e| e.to_string()))
         }
-        _ => Some(Err("error_backtrace is neither text nor a list".into())),
+        Ok(_) => Some(Err("error_backtrace is neither text nor a list".into())),
+        Err(too_large) => Some(Err(too_large.to_string())),
     }
 }
 
