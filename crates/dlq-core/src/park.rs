@@ -298,15 +298,10 @@ pub fn dispose(req: ParkRequest, raw: &[u8]) -> Disposition {
 /// exact bytes `raw` themselves: an invalid one too large for a record inline is parked as an
 /// Invalid record of those bytes by reference, instead of being refused as too large.
 pub fn dispose_kept(req: ParkRequest, raw: &[u8], body: &BodyRef) -> Disposition {
-    let light = ParkRequest {
-        job: Job {
-            payload: None,
-            payload_base64: None,
-            body: None,
-            ..req.job.clone()
-        },
-        ..req.clone()
-    };
+    let mut light = req.clone();
+    light.job.payload = None;
+    light.job.payload_base64 = None;
+    light.job.body = None;
     match dispose(req, raw) {
         Disposition::Reject(ParkInvalid::PayloadTooLarge { .. }) => {}
         other => return other,
