@@ -466,6 +466,39 @@ pub trait Bodies: Send + Sync {
     ) -> BoxFuture<'a, Result<Option<Arc<BodyStore>>, BodyError>>;
 }
 
+/// Every queue's store one in memory (in-process tests of what keeps and reads bodies).
+#[cfg(test)]
+pub struct InMemory {
+    pub store: Arc<BodyStore>,
+}
+
+#[cfg(test)]
+impl InMemory {
+    /// A volume-shaped store in memory, and its `spec.bodies`.
+    pub fn new() -> (Arc<InMemory>, BodiesSpec) {
+        let spec = BodiesSpec {
+            volume: Some(dlq_core::api::VolumeBodies {
+                path: "/bodies".into(),
+            }),
+            ..BodiesSpec::default()
+        };
+        let memory = Arc::new(object_store::memory::InMemory::new());
+        let store = Arc::new(BodyStore::new(memory, spec.clone()));
+        (Arc::new(InMemory { store }), spec)
+    }
+}
+
+#[cfg(test)]
+impl Bodies for InMemory {
+    fn store<'a>(
+        &'a self,
+        _: &'a DeadLetterQueue,
+    ) -> BoxFuture<'a, Result<Option<Arc<BodyStore>>, BodyError>> {
+        let store = self.store.clone();
+        Box::pin(async move { Ok(Some(store)) })
+    }
+}
+
 /// No queue has a store (tests without one; a queue that names one is refused).
 pub struct NoBodies;
 

@@ -694,35 +694,15 @@ mod tests {
         (event.request, event.raw)
     }
 
-    /// Every queue's store: one in memory.
-    struct InMemoryBodies(Arc<crate::body::BodyStore>);
-
-    impl Bodies for InMemoryBodies {
-        fn store<'a>(
-            &'a self,
-            _: &'a DeadLetterQueue,
-        ) -> futures::future::BoxFuture<'a, Result<Option<Arc<crate::body::BodyStore>>, BodyError>>
-        {
-            let store = self.0.clone();
-            Box::pin(async move { Ok(Some(store)) })
-        }
-    }
-
     /// A dead message too large for any record goes to the body store from the source's own
     /// buffer, never copied whole into the job first (#48): text, binary (which a record would
     /// hold as base64) or a CloudEvent posted to the park endpoint, keeping 6 MiB holds at most
     /// a small fraction of it beside the message.
     #[tokio::test(flavor = "current_thread")]
     async fn a_large_message_goes_to_the_store_from_its_own_buffer() {
-        use dlq_core::api::{BodiesSpec, DeadLetterQueueSpec, VolumeBodies};
-        let spec = BodiesSpec {
-            volume: Some(VolumeBodies {
-                path: "/bodies".into(),
-            }),
-            ..BodiesSpec::default()
-        };
-        let memory = Arc::new(object_store::memory::InMemory::new());
-        let store = Arc::new(crate::body::BodyStore::new(memory, spec.clone()));
+        use dlq_core::api::DeadLetterQueueSpec;
+        let (bodies, spec) = crate::body::InMemory::new();
+        let store = bodies.store.clone();
         let queue = DeadLetterQueue::new(
             "relayer",
             DeadLetterQueueSpec {
@@ -731,7 +711,6 @@ mod tests {
             },
         );
         let apiserver = "127.0.0.1:9".parse().expect("an address");
-        let bodies = Arc::new(InMemoryBodies(store.clone()));
         let into = into_for(apiserver, queue, Leadership::not_yet(), bodies);
         for (kind, byte) in [("text", b'x'), ("binary", 0xff), ("cloudevent", 0xff)] {
             let raw = bytes::Bytes::from(vec![byte; 6 << 20]);

@@ -70,7 +70,7 @@ impl Target for FakeTarget {
     }
 }
 
-impl Targets for Arc<FakeTarget> {
+impl<T: Target + 'static> Targets for Arc<T> {
     fn target<'a>(
         &'a self,
         _queue: &'a DeadLetterQueue,

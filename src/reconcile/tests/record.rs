@@ -641,41 +641,11 @@ impl Target for SlowTarget {
     }
 }
 
-impl Targets for Arc<SlowTarget> {
-    fn target<'a>(
-        &'a self,
-        _queue: &'a DeadLetterQueue,
-    ) -> BoxFuture<'a, Result<Arc<dyn Target>, TargetError>> {
-        let target: Arc<dyn Target> = self.clone();
-        async move { Ok(target) }.boxed()
-    }
-}
-
-/// Every queue's store: one in memory.
-struct OneStore(Arc<crate::body::BodyStore>);
-
-impl crate::body::Bodies for OneStore {
-    fn store<'a>(
-        &'a self,
-        _: &'a DeadLetterQueue,
-    ) -> BoxFuture<'a, Result<Option<Arc<crate::body::BodyStore>>, crate::body::BodyError>> {
-        let store = self.0.clone();
-        async move { Ok(Some(store)) }.boxed()
-    }
-}
-
 /// How many of two decided records with stored bodies of `size` bytes were being sent at once
 /// when reconciled together.
 async fn redriven_at_once(size: usize) -> usize {
-    use dlq_core::api::{BodiesSpec, VolumeBodies};
-    let spec = BodiesSpec {
-        volume: Some(VolumeBodies {
-            path: "/bodies".into(),
-        }),
-        ..BodiesSpec::default()
-    };
-    let memory = Arc::new(object_store::memory::InMemory::new());
-    let store = Arc::new(crate::body::BodyStore::new(memory, spec.clone()));
+    let (bodies, spec) = crate::body::InMemory::new();
+    let store = bodies.store.clone();
     let mut records = Vec::new();
     for i in 0..2u8 {
         let kept = store
@@ -704,7 +674,7 @@ async fn redriven_at_once(size: usize) -> usize {
             Metrics::default(),
             Settings::default(),
         )
-        .with_bodies(Arc::new(OneStore(store))),
+        .with_bodies(bodies),
     );
     let reconciles = records
         .iter()
