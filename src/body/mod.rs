@@ -212,12 +212,7 @@ impl BodyStore {
     /// the write renews its age, so the sweep cannot take it before its record is created.
     pub async fn put(&self, bytes: Bytes, recipient: Option<&str>) -> Result<Kept, BodyError> {
         let sha256 = body::sha256_hex(&bytes);
-        *lock(&self.pending).entry(sha256.clone()).or_default() += 1;
-        let kept = Kept {
-            body: body::body_ref(&self.spec, &sha256, bytes.len() as u64, recipient),
-            of_message: false,
-            pending: self.pending.clone(),
-        };
+        let kept = self.pending_kept(&sha256, bytes.len() as u64, recipient);
         let path = Path::from(body::object_key(&self.spec.prefix(), &sha256));
         put_object(self.store.as_ref(), &path, bytes)
             .await
@@ -259,18 +254,24 @@ impl BodyStore {
             }
         };
         write.finish().await.map_err(unreachable)?;
-        *lock(&self.pending).entry(sha256.clone()).or_default() += 1;
-        let kept = Kept {
-            body: body::body_ref(&self.spec, &sha256, size, Some(recipient)),
-            of_message: false,
-            pending: self.pending.clone(),
-        };
+        let kept = self.pending_kept(&sha256, size, Some(recipient));
         let path = Path::from(body::object_key(&self.spec.prefix(), &sha256));
         self.store
             .rename(&staged, &path)
             .await
             .map_err(unreachable)?;
         Ok(kept)
+    }
+
+    /// The guard of the object of digest `sha256` about to be written, counted as pending from
+    /// now on so the sweep keeps it.
+    fn pending_kept(&self, sha256: &str, size: u64, recipient: Option<&str>) -> Kept {
+        *lock(&self.pending).entry(sha256.to_string()).or_default() += 1;
+        Kept {
+            body: body::body_ref(&self.spec, sha256, size, recipient),
+            of_message: false,
+            pending: self.pending.clone(),
+        }
     }
 
     /// Digests of bodies kept by parks still in progress (see [`Kept`]).

@@ -84,24 +84,12 @@ impl ParkRequest {
     /// body store (or be refused), so it is left in the message, which the body store is given
     /// whole: a large dead message is never held twice on its way there.
     pub fn of_message(queue: impl Into<String>, job: Job, data: &[u8]) -> Self {
-        if data.len() > dead_letter::MAX_PAYLOAD_BYTES {
-            let mut req = ParkRequest::new(queue, job);
-            req.payload_in_message = true;
-            return req;
+        let mut req = ParkRequest::new(queue, job);
+        req.payload_in_message = true;
+        if data.len() <= dead_letter::MAX_PAYLOAD_BYTES {
+            req.fill_payload(data);
         }
-        let Job {
-            payload,
-            payload_base64,
-            ..
-        } = Job::from_bytes(String::new(), data);
-        ParkRequest::new(
-            queue,
-            Job {
-                payload,
-                payload_base64,
-                ..job
-            },
-        )
+        req
     }
 
     /// Copies the payload left in the source's `message` into the job (a payload that stays in

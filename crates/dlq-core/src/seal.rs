@@ -305,15 +305,11 @@ impl BodySealer {
     pub fn new(job: &str, recipient: &str) -> Result<Self, SealError> {
         let to = age::x25519::Recipient::from_str(recipient)
             .map_err(|e| SealError::Recipient(e.to_string()))?;
-        let encrypt = |why: String| SealError::Encrypt {
-            job: job.to_string(),
-            why,
-        };
         let out = Sealed::default();
         let writer = age::Encryptor::with_recipients(std::iter::once(&to as &dyn age::Recipient))
-            .map_err(|e| encrypt(e.to_string()))?
+            .map_err(|e| encrypt_failed(job, e))?
             .wrap_output(out.clone())
-            .map_err(|e| encrypt(e.to_string()))?;
+            .map_err(|e| encrypt_failed(job, e))?;
         Ok(BodySealer {
             job: job.to_string(),
             writer,
@@ -326,7 +322,7 @@ impl BodySealer {
         use std::io::Write;
         self.writer
             .write_all(piece)
-            .map_err(|e| self.failed(e.to_string()))
+            .map_err(|e| encrypt_failed(&self.job, e))
     }
 
     /// The ciphertext sealed since the last take.
@@ -336,20 +332,18 @@ impl BodySealer {
 
     /// Ends the age file: the ciphertext not yet taken.
     pub fn finish(self) -> Result<Vec<u8>, SealError> {
-        let out = self.out.clone();
-        let job = self.job;
-        self.writer.finish().map_err(|e| SealError::Encrypt {
-            job,
-            why: e.to_string(),
-        })?;
-        Ok(out.take())
+        self.writer
+            .finish()
+            .map_err(|e| encrypt_failed(&self.job, e))?;
+        Ok(self.out.take())
     }
+}
 
-    fn failed(&self, why: String) -> SealError {
-        SealError::Encrypt {
-            job: self.job.clone(),
-            why,
-        }
+/// Sealing job `job` failed: `why`.
+fn encrypt_failed(job: &str, why: impl fmt::Display) -> SealError {
+    SealError::Encrypt {
+        job: job.to_string(),
+        why: why.to_string(),
     }
 }
 
