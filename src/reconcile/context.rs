@@ -22,6 +22,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use super::{aggregate, claims, kept_groups};
 use crate::metrics::Metrics;
 use crate::state::apiserver::{self, Apiserver};
+use crate::state::bytes::ByteBudget;
 use crate::state::leadership::Leadership;
 use crate::state::parking_first;
 use crate::state::records::RecordIndex;
@@ -181,7 +182,7 @@ pub struct Context {
     pub bodies: Arc<dyn crate::body::Bodies>,
     /// Bytes of stored bodies being redriven at once ([`REDRIVE_BYTES`], see
     /// [`Context::body_turn`]).
-    pub(super) redrive_bytes: Arc<tokio::sync::Semaphore>,
+    pub(super) redrive_bytes: ByteBudget,
     /// The standing replays running here, which the sources pass dead messages through for.
     pub standing: Standing,
     /// DeadLetterReplays as the watch sees them (what standing replays passed through, for
@@ -281,7 +282,7 @@ impl Context {
             group_store: None,
             keys: Arc::new(crate::keys::NoKeys),
             bodies: Arc::new(crate::body::NoBodies),
-            redrive_bytes: Arc::new(tokio::sync::Semaphore::new(REDRIVE_BYTES as usize)),
+            redrive_bytes: ByteBudget::new(REDRIVE_BYTES),
             standing: Standing::new(Arc::new(TargetsPass(targets.clone()))),
             replay_store: None,
             targets,
@@ -294,14 +295,8 @@ impl Context {
     /// bytes are in its record or whose body is only checked (an external object).
     pub async fn body_turn(&self, job: &Job) -> Option<tokio::sync::OwnedSemaphorePermit> {
         let body = job.body.as_deref().filter(|b| !b.external)?;
-        let bytes = u32::try_from(body.size)
-            .unwrap_or(u32::MAX)
-            .clamp(1, REDRIVE_BYTES);
-        self.redrive_bytes
-            .clone()
-            .acquire_many_owned(bytes)
-            .await
-            .ok()
+        let size = u64::try_from(body.size).unwrap_or(0);
+        self.redrive_bytes.hold(size).await.ok()
     }
 
     /// Reads the replays from `store` (see [`Context::passed_through`]).

@@ -35,6 +35,8 @@ pub enum SourceError {
     Secret(#[from] SecretError),
     #[error("unreadable answer from the broker: {0}")]
     Decode(String),
+    #[error(transparent)]
+    Budget(#[from] crate::state::bytes::Closed),
     #[error("{context}: {source}")]
     Broker {
         context: String,
@@ -229,13 +231,12 @@ impl ParkInto {
                     // Not base64 after all: dispose parks it as an Invalid record of its bytes.
                     None => return Ok((req, None)),
                 };
-                let (req, mut kept) = self
-                    .put_until_kept(req, payload, &queue, size, where_it_stays, waiting)
-                    .await?;
-                if let Some(kept) = &mut kept {
-                    kept.of_message = of_message;
-                }
-                Ok((req, kept))
+                let mut kept = self
+                    .put_until_kept(&req.job.id, payload, &queue, size, where_it_stays, waiting)
+                    .await;
+                kept.of_message = of_message;
+                req.job.body = Some(Box::new(kept.body.clone()));
+                Ok((req, Some(kept)))
             }
             (_, Placement::TooLarge { limit }) if bodies.is_some() => {
                 Err(ParkError::Invalid(ParkInvalid::PayloadTooLarge {
@@ -256,13 +257,13 @@ impl ParkInto {
     /// `BodyStoreUnavailable` Event says why).
     async fn put_until_kept<W, Fut>(
         &self,
-        mut req: ParkRequest,
+        job: &str,
         payload: bytes::Bytes,
         queue: &Arc<DeadLetterQueue>,
         size: u64,
         where_it_stays: &str,
         waiting: &W,
-    ) -> Result<(ParkRequest, Option<Kept>), ParkError>
+    ) -> Kept
     where
         W: Fn() -> Fut,
         Fut: std::future::Future<Output = ()>,
@@ -275,17 +276,16 @@ impl ParkInto {
                 .queues
                 .get(&self.key)
                 .unwrap_or_else(|| queue.clone());
-            match self.put_body(&queue, &req.job.id, &payload).await {
+            match self.put_body(&queue, job, &payload).await {
                 Ok(kept) => {
                     // Tests kill the operator here: an object with no record yet.
                     crate::failpoint::hit("body-after-upload").await;
-                    req.job.body = Some(Box::new(kept.body.clone()));
-                    return Ok((req, Some(kept)));
+                    return kept;
                 }
                 Err(e) => {
                     attempt = attempt.saturating_add(1);
                     let wait = dlq_core::decide::backoff(attempt, Duration::from_secs(30));
-                    tracing::warn!(namespace = %self.namespace(), queue = %self.queue(), job = %req.job.id, error = %e, retry_in = ?wait, "keeping a large body failed; the dead message stays {where_it_stays}");
+                    tracing::warn!(namespace = %self.namespace(), queue = %self.queue(), job = %job, error = %e, retry_in = ?wait, "keeping a large body failed; the dead message stays {where_it_stays}");
                     if attempt == 1 || attempt.is_power_of_two() {
                         let note = format!(
                             "a dead message of {size} bytes waits {where_it_stays}: {} ({})",

@@ -29,8 +29,9 @@ use dlq_core::api::{DeadLetterQueue, RedisSourceSpec};
 use dlq_core::envelope::request_for;
 
 use super::park_into::{ParkInto, SourceError, keep_running, url_from_secret};
-use super::taken::{ByteBudget, Failpoints, Taken, free_slots, pairs, spawn_handle};
+use super::taken::{BYTES_IN_FLIGHT, Failpoints, Taken, free_slots, pairs, spawn_handle};
 use crate::broker::redis::RedisConn;
+use crate::state::bytes::ByteBudget;
 
 /// Parks in flight at once per bridge: parkings waiting together share one reservation under
 /// maxParked, so more in flight means fewer queue writes per record. 32 rather than the 16 of
@@ -130,7 +131,7 @@ async fn run_once(
 /// backlog, else one at a time through a blocking BLMOVE.
 async fn pull(ctx: &Arc<Bridge>, puller: &RedisConn) -> Result<(), SourceError> {
     let slots = Arc::new(Semaphore::new(CONCURRENCY));
-    let budget = ByteBudget::default();
+    let budget = ByteBudget::new(BYTES_IN_FLIGHT);
     loop {
         let mut permits = free_slots(&slots).await?;
         let room = budget.free().await?;
@@ -141,7 +142,7 @@ async fn pull(ctx: &Arc<Bridge>, puller: &RedisConn) -> Result<(), SourceError> 
             if let Some(permit) = permits.pop()
                 && let Some((id, raw)) = ctx.wait_for_one(puller).await?
             {
-                let bytes = budget.hold(raw.len()).await?;
+                let bytes = budget.hold(raw.len() as u64).await?;
                 spawn_handle(&ctx.taken, id, raw, (permit, bytes));
             }
             continue;
@@ -150,7 +151,7 @@ async fn pull(ctx: &Arc<Bridge>, puller: &RedisConn) -> Result<(), SourceError> 
         // fits the room it was taken for, but its first element, which may wait here for
         // elements in flight to give their bytes back.
         for ((id, raw), permit) in taken.into_iter().zip(permits) {
-            let bytes = budget.hold(raw.len()).await?;
+            let bytes = budget.hold(raw.len() as u64).await?;
             spawn_handle(&ctx.taken, id, raw, (permit, bytes));
         }
     }

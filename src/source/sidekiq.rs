@@ -41,9 +41,10 @@ use dlq_core::events::{self, EventPlan};
 use dlq_core::sidekiq::DeadSetBounds;
 
 use super::park_into::{ParkInto, SourceError, keep_running, url_from_secret};
-use super::taken::{ByteBudget, Failpoints, Taken, free_slots, pairs, spawn_handle};
+use super::taken::{BYTES_IN_FLIGHT, Failpoints, Taken, free_slots, pairs, spawn_handle};
 use crate::broker::redis::RedisConn;
 use crate::state::apiserver::reference;
+use crate::state::bytes::ByteBudget;
 
 /// Parks in flight at once per bridge (as the Redis source: a backlog is taken in batches).
 pub const CONCURRENCY: usize = 32;
@@ -236,7 +237,7 @@ async fn run_once(
 /// when there are none.
 async fn pull(ctx: &Arc<Bridge>) -> Result<(), SourceError> {
     let slots = Arc::new(Semaphore::new(CONCURRENCY));
-    let budget = ByteBudget::default();
+    let budget = ByteBudget::new(BYTES_IN_FLIGHT);
     let mut cursor = Cursor::new();
     loop {
         let permits = free_slots(&slots).await?;
@@ -252,7 +253,7 @@ async fn pull(ctx: &Arc<Bridge>) -> Result<(), SourceError> {
         // the room it was taken for, but its first job, which may wait here for jobs in flight
         // to give their bytes back.
         for ((id, raw), permit) in taken.into_iter().zip(permits) {
-            let bytes = budget.hold(raw.len()).await?;
+            let bytes = budget.hold(raw.len() as u64).await?;
             spawn_handle(&ctx.taken, id, raw, (permit, bytes));
         }
     }

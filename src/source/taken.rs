@@ -179,43 +179,6 @@ pub async fn free_slots(slots: &Arc<Semaphore>) -> Result<Vec<OwnedSemaphorePerm
 /// allowed then). An element larger than the whole budget is still taken, alone.
 pub const BYTES_IN_FLIGHT: u32 = 32 << 20;
 
-/// The [`BYTES_IN_FLIGHT`] of one source.
-pub struct ByteBudget(Arc<Semaphore>);
-
-impl Default for ByteBudget {
-    fn default() -> Self {
-        ByteBudget(Arc::new(Semaphore::new(BYTES_IN_FLIGHT as usize)))
-    }
-}
-
-impl ByteBudget {
-    /// Waits until some of the budget is free, then says how much: what a take may move.
-    pub async fn free(&self) -> Result<usize, SourceError> {
-        if self.0.available_permits() == 0 {
-            drop(
-                self.0
-                    .acquire()
-                    .await
-                    .map_err(SourceError::broker("waiting for the byte budget"))?,
-            );
-        }
-        Ok(self.0.available_permits())
-    }
-
-    /// Holds `len` bytes of the budget (all of it for a larger element) until the permit is
-    /// dropped, waiting while other elements hold them.
-    pub async fn hold(&self, len: usize) -> Result<OwnedSemaphorePermit, SourceError> {
-        let bytes = u32::try_from(len)
-            .unwrap_or(u32::MAX)
-            .clamp(1, BYTES_IN_FLIGHT);
-        self.0
-            .clone()
-            .acquire_many_owned(bytes)
-            .await
-            .map_err(SourceError::broker("waiting for the byte budget"))
-    }
-}
-
 /// Parks and acknowledges one taken element in its own task, holding what it `holds` (its
 /// slot, its bytes of the budget) until done.
 pub fn spawn_handle<H: Send + 'static>(taken: &Arc<Taken>, id: String, raw: Vec<u8>, holds: H) {
@@ -238,37 +201,4 @@ pub fn pairs(
         taken.push((id, raw));
     }
     Ok(taken)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{BYTES_IN_FLIGHT, ByteBudget};
-    use futures::FutureExt;
-
-    /// Elements hold their bytes until dropped; a larger one holds the whole budget, so it waits
-    /// for the others and the next waits for it.
-    #[tokio::test]
-    async fn the_byte_budget_holds_what_elements_take_and_a_large_one_alone() {
-        let budget = ByteBudget::default();
-        let all = BYTES_IN_FLIGHT as usize;
-        assert_eq!(budget.free().await.expect("free"), all);
-        let small = budget.hold(10 << 20).await.expect("hold");
-        assert_eq!(budget.free().await.expect("free"), all - (10 << 20));
-        let mut large = Box::pin(budget.hold(100 << 20));
-        assert!(
-            (&mut large).now_or_never().is_none(),
-            "waits for the small one"
-        );
-        drop(small);
-        let large = large.await.expect("the whole budget");
-        assert!(
-            budget.free().now_or_never().is_none(),
-            "nothing free while it is held"
-        );
-        drop(large);
-        assert_eq!(
-            budget.hold(0).await.expect("at least a byte").num_permits(),
-            1
-        );
-    }
 }

@@ -4,6 +4,7 @@
 //! replays sources pass dead messages through for.
 
 pub mod apiserver;
+pub mod bytes;
 pub mod jobs;
 pub mod leadership;
 pub mod parking_first;
