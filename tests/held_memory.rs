@@ -3,7 +3,8 @@
 //! goes through the job index, the record index and the records controller's feeder, as the
 //! record watch does. Allocation counts do not depend on the machine's speed, so this is a budget,
 //! not a timing: 100,000 records are 100,000 times this figure. And what keeping one large
-//! sealed body holds at once beside it, sealed whole against sealed on its way up.
+//! sealed body holds at once beside it, sealed whole against sealed on its way up, and
+//! what opening it holds on its way out.
 
 use deadletter::run::feeder::Feeder;
 use deadletter::state::jobs::JobIndex;
@@ -150,18 +151,22 @@ fn a_large_sealed_body_is_never_held_twice_on_its_way_to_the_store() {
         .block_on(a_large_sealed_body_kept());
 }
 
-async fn a_large_sealed_body_kept() {
-    use deadletter::body::BodyStore;
-    let dir = std::env::temp_dir().join(format!("dlq-held-sealed-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("a scratch directory");
-    let fs = object_store::local::LocalFileSystem::new_with_prefix(&dir).expect("a directory");
+/// A volume store in `dir`.
+fn volume(dir: &std::path::Path) -> deadletter::body::BodyStore {
+    std::fs::create_dir_all(dir).expect("a scratch directory");
+    let fs = object_store::local::LocalFileSystem::new_with_prefix(dir).expect("a directory");
     let spec = dlq_core::api::BodiesSpec {
         volume: Some(dlq_core::api::VolumeBodies {
             path: dir.display().to_string(),
         }),
         ..Default::default()
     };
-    let store = BodyStore::new(std::sync::Arc::new(fs), spec);
+    deadletter::body::BodyStore::new(std::sync::Arc::new(fs), spec)
+}
+
+async fn a_large_sealed_body_kept() {
+    let dir = std::env::temp_dir().join(format!("dlq-held-sealed-{}", std::process::id()));
+    let store = volume(&dir);
     let (_, recipient) = dlq_core::seal::generate_identity();
     let plain = bytes::Bytes::from(vec![7u8; 32 << 20]);
 
@@ -190,5 +195,82 @@ async fn a_large_sealed_body_kept() {
         peak < (plain.len() / 2) as isize,
         "held {peak} bytes beside a body of {}",
         plain.len()
+    );
+}
+
+/// A sealed body of 32 MiB opened from the store as a redrive and a reveal read it: opened as
+/// it streams in, a redrive holds the plaintext it sends and a chunk, and a reveal a chunk;
+/// fetched whole and then opened (as before), both the ciphertext and the plaintext, measured
+/// in the same run.
+#[test]
+fn a_large_sealed_body_is_never_held_twice_on_its_way_out() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(a_large_sealed_body_opened());
+}
+
+async fn a_large_sealed_body_opened() {
+    use futures::{AsyncReadExt, StreamExt};
+    let dir = std::env::temp_dir().join(format!("dlq-held-opened-{}", std::process::id()));
+    let store = volume(&dir);
+    let (file, recipient) = dlq_core::seal::generate_identity();
+    let mut keys = dlq_core::seal::Keyring::default();
+    keys.add(&file).expect("a key");
+    let plain = bytes::Bytes::from(vec![7u8; 32 << 20]);
+    let kept = store
+        .put_sealed(plain.clone(), "j", &recipient)
+        .await
+        .expect("kept");
+    let want = kept.body.clone();
+    drop(kept);
+
+    let (whole, whole_peak) = peak_while(async {
+        let sealed = store.fetch("j", &want).await.expect("fetched");
+        let mut reader = dlq_core::seal::body_reader("j", &sealed[..], &recipient, &keys)
+            .await
+            .expect("a reader");
+        let mut opened = Vec::with_capacity(sealed.len());
+        reader.read_to_end(&mut opened).await.map(|_| opened)
+    })
+    .await;
+    assert!(whole.expect("opened whole") == plain, "the exact bytes");
+    let (redriven, redrive_peak) =
+        peak_while(store.fetch_opened("j", &want, &recipient, &keys)).await;
+    assert!(redriven.expect("opened") == plain, "the exact bytes");
+    let (revealed, reveal_peak) = peak_while(async {
+        let mut chunks = store.plaintext("j", &want, &keys).await.expect("a stream");
+        let mut len = 0;
+        while let Some(chunk) = chunks.next().await {
+            len += chunk.expect("a chunk").len();
+        }
+        len
+    })
+    .await;
+    assert_eq!(revealed, plain.len());
+    let _ = std::fs::remove_dir_all(&dir);
+    let mib = |n: isize| n as f64 / 1048576.0;
+    println!(
+        "a sealed body of {} MiB: opened whole held {:.1} MiB, a redrive {:.1} MiB, a reveal {:.1} MiB",
+        plain.len() >> 20,
+        mib(whole_peak),
+        mib(redrive_peak),
+        mib(reveal_peak)
+    );
+    let len = plain.len() as isize;
+    assert!(
+        whole_peak >= 2 * len,
+        "the baseline holds ciphertext and plaintext"
+    );
+    assert!(
+        redrive_peak < len + len / 4,
+        "a redrive held {redrive_peak} bytes for a body of {len}"
+    );
+    assert!(
+        reveal_peak < len / 8,
+        "a reveal held {reveal_peak} bytes for a body of {len}"
     );
 }

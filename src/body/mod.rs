@@ -5,6 +5,7 @@
 //! The rules (what goes where, keys, what a sweep deletes) are `dlq_core::body`'s.
 
 pub mod cache;
+pub mod open;
 pub mod sweep;
 
 use std::collections::HashMap;
@@ -562,8 +563,16 @@ mod tests {
             !sealed.windows(64).any(|w| w == &body[..64]),
             "ciphertext only"
         );
-        let opened = dlq_core::seal::open_body("j", &sealed, &recipient, &keys).expect("opens");
+        let opened = store
+            .fetch_opened("j", &reference, &recipient, &keys)
+            .await
+            .expect("opens");
         assert!(opened == body, "the exact bytes");
+        let (head, len) = store
+            .head("j", &reference, &keys, 100)
+            .await
+            .expect("a head");
+        assert_eq!((&head[..], len), (&body[..100], body.len() as u64));
         let listed = store.list().await.expect("listed");
         assert_eq!(listed.len(), 1, "nothing left staged: {listed:?}");
 

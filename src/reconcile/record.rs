@@ -25,6 +25,7 @@ use dlq_core::seal::{self, OpenError};
 use super::claims::Unwritten;
 use super::context::Context;
 use super::error::ReconcileError;
+use crate::body::open::OpenFailed;
 use crate::state::apiserver::is_conflict;
 use crate::target::{JobMessage, TargetError};
 
@@ -414,20 +415,17 @@ async fn message_of(
         store.check(&job.id, body).await.map_err(body_failure)?;
         return JobMessage::from_job(job).map_err(failure);
     }
-    let bytes = store.fetch(&job.id, body).await.map_err(body_failure)?;
     let payload = match &body.recipient {
-        None => bytes,
+        None => store.fetch(&job.id, body).await.map_err(body_failure)?,
         Some(recipient) => {
             let loaded = ctx.keys.load(queue).await;
-            seal::open_body(&job.id, &bytes, recipient, &loaded.keyring).map_err(|e| {
-                RequeueFailure {
-                    reason: match e {
-                        OpenError::KeyMissing { .. } => reason::SEAL_KEY_MISSING,
-                        OpenError::Corrupt { .. } => reason::SEAL_BROKEN,
-                    },
-                    message: e.to_string(),
-                }
-            })?
+            store
+                .fetch_opened(&job.id, body, recipient, &loaded.keyring)
+                .await
+                .map_err(|e| match e {
+                    OpenFailed::Body(e) => body_failure(e),
+                    OpenFailed::Seal(e) => seal_failure(e),
+                })?
         }
     };
     Ok(JobMessage::with_payload(job, payload))
@@ -454,13 +452,17 @@ async fn opened<'r>(
     let loaded = ctx.keys.load(queue).await;
     seal::open(record, &loaded.keyring)
         .map(Cow::Owned)
-        .map_err(|e| RequeueFailure {
-            reason: match e {
-                OpenError::KeyMissing { .. } => reason::SEAL_KEY_MISSING,
-                OpenError::Corrupt { .. } => reason::SEAL_BROKEN,
-            },
-            message: e.to_string(),
-        })
+        .map_err(seal_failure)
+}
+
+fn seal_failure(e: OpenError) -> RequeueFailure {
+    RequeueFailure {
+        reason: match e {
+            OpenError::KeyMissing { .. } => reason::SEAL_KEY_MISSING,
+            OpenError::Corrupt { .. } => reason::SEAL_BROKEN,
+        },
+        message: e.to_string(),
+    }
 }
 
 fn failure(e: TargetError) -> RequeueFailure {

@@ -37,28 +37,18 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client, Resource};
 use serde_json::Value;
 
-use bytes::Bytes;
 use futures::StreamExt;
 
 use dlq_core::api::{BodyRef, DeadLetter, DeadLetterQueue};
 use dlq_core::reveal::{self, View};
 use dlq_core::seal::{Keyring, OpenError};
 
-use crate::body::{Bodies, BodyError, BodyStore};
+use crate::body::{Bodies, BodyError};
 use crate::serving_tls::{self as tls, TlsListener};
 use front_proxy::FrontProxy;
 
 /// Longest wait between attempts to read the front-proxy settings at start.
 const SETTINGS_RETRY_CAP: Duration = Duration::from_secs(30);
-/// Sealed bodies opened in memory at once (each up to the queue's `maxBytes`, ciphertext and
-/// plaintext); further reveals of sealed bodies wait their turn.
-static OPENING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
-
-/// What age adds to a sealed body beyond its plaintext, at most: its header, and a tag per
-/// 64 KiB chunk (a sealed body over the queue's `maxBytes` by more is not opened in memory).
-fn seal_overhead(size: u64) -> u64 {
-    4096 + size / 4096
-}
 
 /// The verified client certificate of a request's connection (DER), if it had one.
 #[derive(Clone, Debug, Default)]
@@ -424,9 +414,10 @@ impl RevealApi {
     }
 
     /// The record's stored `body`, checked against its size and digest and opened when
-    /// sealed: its head (the JSON views), or all of it (`raw`). An unsealed body is never held
-    /// whole: the head is kept while the rest is checked, and the bytes are checked in a first
-    /// pass and streamed in a second (checked again: an error then ends the response short).
+    /// sealed: its head (the JSON views), or all of it (`raw`). Never held whole, sealed or
+    /// not: the head is kept while the rest is checked (and opened), and the bytes are checked
+    /// in a first pass and streamed in a second (checked again: an error then ends the
+    /// response short).
     async fn read_body(
         &self,
         queue: Option<&DeadLetterQueue>,
@@ -449,41 +440,18 @@ impl RevealApi {
             ))
         })?;
         let want_head = reveal::BODY_HEAD + reveal::BODY_HEAD_MARGIN;
-        let Some(recipient) = &body.recipient else {
-            let head = checked_head(&store, job, body, want_head).await?;
-            if !raw {
-                let whole = head.len() as u64 >= body.size.max(0).unsigned_abs();
-                return Ok(BodyRead::Head { head, whole });
-            }
-            let stream = store.stream(job, body).await?.map(|chunk| {
-                chunk.map_err(|e| std::io::Error::other(format!("{} ({})", e, e.reason())))
-            });
-            return Ok(BodyRead::Bytes {
-                body: axum::body::Body::from_stream(stream),
-                len: body.size.max(0).unsigned_abs(),
-            });
-        };
-        let size = body.size.max(0).unsigned_abs();
-        let limit = store.spec().max();
-        if size > limit + seal_overhead(limit) {
-            return Err(BodyError::Seal(format!(
-                "the sealed body of job {job} is {size} bytes, over the queue's maxBytes ({limit}): not opened in memory"
-            )));
+        let (head, len) = store.head(job, body, keyring, want_head).await?;
+        if !raw {
+            let whole = len <= want_head as u64;
+            return Ok(BodyRead::Head { head, whole });
         }
-        let _turn = OPENING.acquire().await.ok();
-        let sealed = store.fetch(job, body).await?;
-        let opened = dlq_core::seal::open_body(job, &sealed, recipient, keyring)
-            .map_err(|e| BodyError::Seal(e.to_string()))?;
-        drop(sealed);
-        if raw {
-            return Ok(BodyRead::Bytes {
-                len: opened.len() as u64,
-                body: axum::body::Body::from(opened),
-            });
-        }
-        let whole = opened.len() <= want_head;
-        let head = opened.get(..want_head).unwrap_or(&opened).to_vec();
-        Ok(BodyRead::Head { head, whole })
+        let stream = store.plaintext(job, body, keyring).await?.map(|chunk| {
+            chunk.map_err(|e| std::io::Error::other(format!("{} ({})", e, e.reason())))
+        });
+        Ok(BodyRead::Bytes {
+            body: axum::body::Body::from_stream(stream),
+            len,
+        })
     }
 
     /// The `RevealFailed` Warning on a record whose body could not be read, and a log line.
@@ -597,23 +565,6 @@ enum BodyRead {
     Head { head: Vec<u8>, whole: bool },
     /// All of it, checked, as the response's body.
     Bytes { body: axum::body::Body, len: u64 },
-}
-
-/// The first `keep` bytes of the unsealed body `want`, after checking all of it.
-async fn checked_head(
-    store: &BodyStore,
-    job: &str,
-    want: &BodyRef,
-    keep: usize,
-) -> Result<Vec<u8>, BodyError> {
-    let mut stream = store.stream(job, want).await?;
-    let mut head = Vec::with_capacity(keep);
-    while let Some(chunk) = stream.next().await {
-        let chunk: Bytes = chunk?;
-        let room = keep - head.len();
-        head.extend_from_slice(&chunk[..chunk.len().min(room)]);
-    }
-    Ok(head)
 }
 
 #[cfg(test)]

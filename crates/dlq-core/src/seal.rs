@@ -347,24 +347,49 @@ fn encrypt_failed(job: &str, why: impl fmt::Display) -> SealError {
     }
 }
 
-/// A sealed stored body opened with the identity of `recipient` from `keyring`.
-pub fn open_body(
+/// Why a sealed stored body did not open as it streamed in.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyOpenError {
+    /// No key of the queue is its recipient's, or its age header does not open with it.
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    /// Reading the ciphertext failed: the reader's own error, as it came.
+    #[error("reading the sealed body failed: {0}")]
+    Read(#[source] std::io::Error),
+}
+
+/// A sealed stored body's plaintext as its ciphertext (`sealed`) streams in: age's STREAM is
+/// read and authenticated a 64 KiB chunk at a time, so neither is ever held whole (a redrive
+/// keeps only the plaintext it sends, a reveal a chunk). A damaged chunk is an `InvalidData`
+/// read error where it is; `sealed`'s own errors come through the reader as they are.
+pub async fn body_reader<R>(
     job: &str,
-    sealed: &[u8],
+    sealed: R,
     recipient: &str,
     keyring: &Keyring,
-) -> Result<Vec<u8>, OpenError> {
+) -> Result<age::stream::StreamReader<R>, BodyOpenError>
+where
+    R: futures::io::AsyncBufRead + Unpin,
+{
     let identity = keyring
         .identity_for(recipient)
         .ok_or_else(|| OpenError::KeyMissing {
             job: job.to_string(),
             recipient: recipient.to_string(),
         })?;
-    age::decrypt(identity, sealed).map_err(|e| OpenError::Corrupt {
-        job: job.to_string(),
-        recipient: recipient.to_string(),
-        why: e.to_string(),
-    })
+    let failed = |e: age::DecryptError| match e {
+        age::DecryptError::Io(e) => BodyOpenError::Read(e),
+        e => BodyOpenError::Open(OpenError::Corrupt {
+            job: job.to_string(),
+            recipient: recipient.to_string(),
+            why: e.to_string(),
+        }),
+    };
+    age::Decryptor::new_async_buffered(sealed)
+        .await
+        .map_err(failed)?
+        .decrypt_async(std::iter::once(identity as &dyn age::Identity))
+        .map_err(failed)
 }
 
 /// The queue's `status.protection`: the recipients read from its keys (`published`, the first
@@ -468,15 +493,40 @@ mod tests {
         let (_, other) = generate_identity();
         assert!(matches!(
             open_body("j", &sealed, &other, &keys),
-            Err(OpenError::KeyMissing { .. })
+            Err(BodyOpenError::Open(OpenError::KeyMissing { .. }))
         ));
         let mut flipped = sealed.clone();
         let last = flipped.len() - 1;
         flipped[last] ^= 1;
         assert!(matches!(
             open_body("j", &flipped, &recipient, &keys),
-            Err(OpenError::Corrupt { .. })
+            Err(BodyOpenError::Read(e)) if e.kind() == std::io::ErrorKind::InvalidData
         ));
+        let mut header = sealed.clone();
+        header[40] ^= 1;
+        assert!(matches!(
+            open_body("j", &header, &recipient, &keys),
+            Err(BodyOpenError::Open(OpenError::Corrupt { .. }))
+        ));
+    }
+
+    /// The whole plaintext of a sealed stored body, read through [`body_reader`].
+    fn open_body(
+        job: &str,
+        sealed: &[u8],
+        recipient: &str,
+        keys: &Keyring,
+    ) -> Result<Vec<u8>, BodyOpenError> {
+        use futures::AsyncReadExt;
+        futures::executor::block_on(async {
+            let mut reader = body_reader(job, sealed, recipient, keys).await?;
+            let mut plain = Vec::new();
+            reader
+                .read_to_end(&mut plain)
+                .await
+                .map_err(BodyOpenError::Read)?;
+            Ok(plain)
+        })
     }
 
     /// Sealed a piece at a time, a body is one age file its key opens, its ciphertext handed
