@@ -14,7 +14,9 @@ use dlq_core::api::Job;
 use dlq_core::api::{DeadLetterQueue, SecretKeyRef};
 use dlq_core::body::Placement;
 use dlq_core::events::{self, EventPlan};
-use dlq_core::park::{Disposition, ParkInvalid, after_refusal, dispose, dispose_kept, job_key};
+use dlq_core::park::{
+    Disposition, ParkInvalid, after_refusal, dispose, dispose_kept, job_key, validate,
+};
 
 use super::in_flight::InFlight;
 use crate::body::{Bodies, BodyError, Kept};
@@ -176,14 +178,58 @@ impl ParkInto {
         W: Fn() -> Fut,
         Fut: std::future::Future<Output = ()>,
     {
+        self.park_read(req, Some(raw), where_it_stays, waiting)
+            .await
+    }
+
+    /// [`ParkInto::park_message`] for a message whose exact bytes are no longer held here: a
+    /// Redis envelope whose payload, too large for a record, was decoded in the element's own
+    /// buffer (`dlq_core::envelope::take_apart`). Parked as `req` or not at all: an Invalid
+    /// record of the message's bytes could not hold them anyway (they are more than a record
+    /// holds), so what would be one is `Err`, and the source keeps the message where rejected
+    /// messages go from its own copy.
+    pub async fn park_taken_apart<W, Fut>(
+        &self,
+        req: ParkRequest,
+        where_it_stays: &str,
+        waiting: W,
+    ) -> Result<(), ParkError>
+    where
+        W: Fn() -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        self.park_read(req, None, where_it_stays, waiting).await
+    }
+
+    /// Parks `req`, read from a message of exact bytes `raw` when they are still held.
+    async fn park_read<W, Fut>(
+        &self,
+        req: ParkRequest,
+        raw: Option<&bytes::Bytes>,
+        where_it_stays: &str,
+        waiting: W,
+    ) -> Result<(), ParkError>
+    where
+        W: Fn() -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
         // A large body goes to the queue's store first; its record holds a reference. It is
         // not passed through a standing replay: the record's redrive sends it.
-        let (req, kept) = self.keep_body(req, raw, where_it_stays, &waiting).await?;
-        let mut req = self.dispose(req, raw, kept.as_ref())?;
-        if kept.is_none() && self.passed_through(&req, raw).await {
+        let none = bytes::Bytes::new();
+        let (req, kept) = self
+            .keep_body(req, raw.unwrap_or(&none), where_it_stays, &waiting)
+            .await?;
+        let mut req = match raw {
+            Some(raw) => self.dispose(req, raw, kept.as_ref())?,
+            None => validate(&req).map(|()| req).map_err(ParkError::Invalid)?,
+        };
+        let raw = raw.filter(|_| kept.is_none());
+        if let Some(raw) = raw
+            && self.passed_through(&req, raw).await
+        {
             return Ok(());
         }
-        let passable = kept.is_none().then_some(&raw[..]);
+        let passable = raw.map(|raw| &raw[..]);
         let mut tried = 0;
         loop {
             let refused = match self
@@ -194,7 +240,7 @@ impl ParkInto {
                 done => return done,
             };
             let refusal = refused.final_refusal().unwrap_or_default();
-            let Some(next) = after_refusal(&req, raw, refusal, tried) else {
+            let Some(next) = raw.and_then(|raw| after_refusal(&req, raw, refusal, tried)) else {
                 return Err(refused);
             };
             tracing::warn!(namespace = %self.namespace(), queue = %self.queue(), job = %req.job.id, error = %refused, fallback = tried + 1, "the apiserver refused the record for good; parking the message as Invalid with its exact bytes");

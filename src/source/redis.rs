@@ -26,10 +26,9 @@ use kube::Client;
 use tokio::sync::Semaphore;
 
 use dlq_core::api::{DeadLetterQueue, RedisSourceSpec};
-use dlq_core::envelope::request_for;
 
 use super::park_into::{ParkInto, SourceError, keep_running, url_from_secret};
-use super::taken::{BYTES_IN_FLIGHT, Failpoints, Taken, free_slots, pairs, spawn_handle};
+use super::taken::{BYTES_IN_FLIGHT, Element, Failpoints, Taken, free_slots, pairs, spawn_handle};
 use crate::broker::redis::RedisConn;
 use crate::state::bytes::ByteBudget;
 
@@ -107,7 +106,7 @@ async fn run_once(
         format!("{dead}:inflight"),
         format!("{dead}:rejected"),
         dead.clone(),
-        request_for,
+        read,
         Failpoints {
             after_take: "redis-after-take",
             before_ack: "redis-before-ack",
@@ -154,6 +153,16 @@ async fn pull(ctx: &Arc<Bridge>, puller: &RedisConn) -> Result<(), SourceError> 
             let bytes = budget.hold(raw.len() as u64).await?;
             spawn_handle(&ctx.taken, id, raw, (permit, bytes));
         }
+    }
+}
+
+/// A dead-list element: taken apart in its own buffer when its payload is too large for a
+/// record (`dlq_core::envelope::take_apart`), so it is never held twice on its way to the body
+/// store; else read as it is.
+fn read(queue: &str, raw: Vec<u8>) -> Element {
+    match dlq_core::envelope::take_apart(queue, raw) {
+        Ok(req) => Element::Apart(req),
+        Err(raw) => Element::Whole(dlq_core::envelope::request_for(queue, &raw), raw),
     }
 }
 
@@ -282,7 +291,7 @@ fn fingerprint(raw: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{TAKE_BATCH, pairs};
+    use super::{Element, TAKE_BATCH, pairs, read};
 
     /// [`TAKE_BATCH`] against a real redis-server: oldest first, at most its room of bytes,
     /// but always one element however large.
@@ -356,5 +365,41 @@ mod tests {
             job.len()
         );
         assert_eq!(dlq_core::sidekiq::job_queue(&job).as_deref(), Ok("q"));
+    }
+
+    /// An element whose payload is too large for a record is read in its own buffer: 4 MiB of
+    /// an order's JSON as the payload string (escaped quotes and all) holds next to nothing
+    /// beside the element, where reading it out (as before, measured in the same run) holds
+    /// the payload a second time; both read the same request.
+    #[test]
+    fn a_large_payload_is_read_in_the_elements_own_buffer() {
+        let order = r#"{\"order\":\"o-1\",\"amount\":1999,\"note\":\"caf\u00e9\"},"#;
+        let payload = order.repeat((4 << 20) / order.len());
+        let raw = format!(r#"{{"id":"o-1","payload":"[{payload}0]","reason":"gave up"}}"#);
+        let raw = raw.into_bytes();
+        let before = dlq_testenv::alloc::thread::start_peak();
+        let whole = dlq_core::envelope::request_for("relayer", &raw);
+        let read_out = dlq_testenv::alloc::thread::peak_above(before);
+        let element = raw.clone();
+        let before = dlq_testenv::alloc::thread::start_peak();
+        let Element::Apart(apart) = read("relayer", element) else {
+            panic!("taken apart");
+        };
+        let in_place = dlq_testenv::alloc::thread::peak_above(before);
+        assert!(apart == whole, "the request request_for reads");
+        println!(
+            "a payload of {} bytes read out held {read_out} bytes beside its element, in place {in_place}",
+            whole.job.payload.as_deref().map_or(0, str::len)
+        );
+        assert!(read_out > (3 << 20), "the baseline holds the payload again");
+        assert!(
+            in_place < (64 << 10),
+            "read in place with {in_place} bytes beside {}",
+            raw.len()
+        );
+        let small = br#"{"id":"s","payload":"x"}"#.to_vec();
+        assert!(
+            matches!(read("relayer", small), Element::Whole(_, raw) if raw == br#"{"id":"s","payload":"x"}"#)
+        );
     }
 }

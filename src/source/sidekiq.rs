@@ -41,7 +41,7 @@ use dlq_core::events::{self, EventPlan};
 use dlq_core::sidekiq::DeadSetBounds;
 
 use super::park_into::{ParkInto, SourceError, keep_running, url_from_secret};
-use super::taken::{BYTES_IN_FLIGHT, Failpoints, Taken, free_slots, pairs, spawn_handle};
+use super::taken::{BYTES_IN_FLIGHT, Element, Failpoints, Taken, free_slots, pairs, spawn_handle};
 use crate::broker::redis::RedisConn;
 use crate::state::apiserver::reference;
 use crate::state::bytes::ByteBudget;
@@ -340,7 +340,7 @@ impl Bridge {
             format!("{own}:inflight"),
             format!("{own}:rejected"),
             format!("{own}:inflight"),
-            dlq_core::sidekiq::request_for,
+            |queue, raw| Element::Whole(dlq_core::sidekiq::request_for(queue, &raw), raw),
             Failpoints {
                 after_take: "sidekiq-after-take",
                 before_ack: "sidekiq-before-ack",

@@ -22,6 +22,20 @@ pub struct Failpoints {
     pub before_ack: &'static str,
 }
 
+/// Moves element `ARGV[1]` of hash `KEYS[1]` onto list `KEYS[2]` as Redis holds it, at once
+/// (nothing when it is gone: acknowledged already).
+const REJECT: &str = "local v = redis.call('HGET', KEYS[1], ARGV[1]) \
+    if v then redis.call('LPUSH', KEYS[2], v) redis.call('HDEL', KEYS[1], ARGV[1]) end return 1";
+
+/// A taken element as its source reads it.
+pub enum Element {
+    /// The request it names, and its exact bytes.
+    Whole(ParkRequest, Vec<u8>),
+    /// The request alone: its payload, too large for a record, was decoded in the element's
+    /// own buffer (`dlq_core::envelope::take_apart`), so its exact bytes are only in the hash.
+    Apart(ParkRequest),
+}
+
 /// One source's hash of taken elements and how it parks them.
 pub struct Taken {
     pub into: ParkInto,
@@ -32,8 +46,8 @@ pub struct Taken {
     pub rejected: String,
     /// The source message identity of element `id` is `<identity_prefix>#<id>`.
     pub identity_prefix: String,
-    /// The park request for an element's bytes (in the queue of the given name).
-    pub request_for: fn(&str, &[u8]) -> ParkRequest,
+    /// How an element is read (in the queue of the given name).
+    pub read: fn(&str, Vec<u8>) -> Element,
     pub failpoints: Failpoints,
     /// Ids this process is parking or acknowledging now (the sweep leaves them be). Wider than
     /// `super::in_flight`'s turns, which end with the park: an acknowledgement retried through
@@ -48,7 +62,7 @@ impl Taken {
         hash: String,
         rejected: String,
         identity_prefix: String,
-        request_for: fn(&str, &[u8]) -> ParkRequest,
+        read: fn(&str, Vec<u8>) -> Element,
         failpoints: Failpoints,
     ) -> Self {
         Taken {
@@ -57,7 +71,7 @@ impl Taken {
             hash,
             rejected,
             identity_prefix,
-            request_for,
+            read,
             failpoints,
             handling: Mutex::default(),
         }
@@ -121,22 +135,35 @@ impl Taken {
 
     async fn park_and_ack(&self, id: &str, raw: Vec<u8>) {
         crate::failpoint::hit(self.failpoints.after_take).await;
-        let req = (self.request_for)(self.into.queue(), &raw)
-            .with_message(format!("{}#{id}", self.identity_prefix));
+        let message = format!("{}#{id}", self.identity_prefix);
         let stays = format!("in {}", self.hash);
-        let raw = bytes::Bytes::from(raw);
-        let parked = self.into.park_message(req, &raw, &stays, || async {}).await;
+        let len = raw.len();
+        let parked = match (self.read)(self.into.queue(), raw) {
+            Element::Whole(req, raw) => {
+                let raw = bytes::Bytes::from(raw);
+                let req = req.with_message(message);
+                self.into.park_message(req, &raw, &stays, || async {}).await
+            }
+            Element::Apart(req) => {
+                let req = req.with_message(message);
+                self.into.park_taken_apart(req, &stays, || async {}).await
+            }
+        };
         if let Err(e) = parked {
             // Can never be a record (over the payload limit, or refused by the apiserver even
-            // as an Invalid record of its bytes): keep it in Redis, and say so.
-            if self
-                .ack(redis::cmd("LPUSH").arg(&self.rejected).arg(&raw[..]))
-                .await
-                .is_err()
-            {
+            // as an Invalid record of its bytes): keep it in Redis, moved there by Redis from
+            // the hash (its bytes as they were; an element taken apart is no longer whole
+            // here), and say so.
+            let mut reject = redis::cmd("EVAL");
+            reject
+                .arg(REJECT)
+                .arg(2)
+                .arg(&self.hash)
+                .arg(&self.rejected);
+            if self.ack(reject.arg(id)).await.is_err() {
                 return;
             }
-            self.into.rejected(&e, raw.len(), &self.rejected).await;
+            self.into.rejected(&e, len, &self.rejected).await;
         }
         crate::failpoint::hit(self.failpoints.before_ack).await;
         let _ = self.ack(redis::cmd("HDEL").arg(&self.hash).arg(id)).await;

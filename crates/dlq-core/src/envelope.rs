@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use crate::dead_letter::{FailureKind, IntentSnapshot, Job};
+use crate::dead_letter::{FailureKind, IntentSnapshot, Job, MAX_PAYLOAD_BYTES};
 use crate::json::{self, NotObject};
 use crate::park::{ParkRequest, invalid_request, json_error_without_values};
 
@@ -75,43 +75,96 @@ pub fn request_for(queue: &str, raw: &[u8]) -> ParkRequest {
         Err(too_large) => return invalid(queue, raw, too_large.to_string()),
     };
     match serde_json::from_value::<Envelope>(value) {
-        Ok(env)
-            if !env.id.trim().is_empty()
-                && (env.payload.is_some() != env.payload_base64.is_some()) =>
-        {
-            ParkRequest {
-                queue: queue.into(),
-                job: Job {
-                    id: env.id,
-                    payload: env.payload,
-                    payload_base64: env.payload_base64,
-                    payload_null: false,
-                    headers: env.headers,
-                    origin: None,
-                    body: None,
-                    sealed: None,
-                },
-                intent: env.intent,
-                deliveries: env.deliveries,
-                reason: env.reason,
-                failure_kind: env.failure_kind.unwrap_or(FailureKind::Transient),
-                service_version: env.service_version,
-                error_class: env.error_class,
-                failed_at: env.failed_at,
-                message: None,
-                redelivered: false,
-                sealed_reason: None,
-                own_death: false,
-                payload_in_message: false,
-            }
-        }
-        Ok(_) => invalid(
-            queue,
-            raw,
-            "envelope needs a non-empty id and exactly one of payload, payloadBase64".into(),
-        ),
+        Ok(env) => request_of(queue, env).unwrap_or_else(|why| invalid(queue, raw, why.into())),
         Err(e) => not_json(queue, raw, &e),
     }
+}
+
+/// The request an envelope names, or why it names none.
+fn request_of(queue: &str, env: Envelope) -> Result<ParkRequest, &'static str> {
+    if env.id.trim().is_empty() || env.payload.is_some() == env.payload_base64.is_some() {
+        return Err("envelope needs a non-empty id and exactly one of payload, payloadBase64");
+    }
+    Ok(ParkRequest {
+        queue: queue.into(),
+        job: Job {
+            id: env.id,
+            payload: env.payload,
+            payload_base64: env.payload_base64,
+            payload_null: false,
+            headers: env.headers,
+            origin: None,
+            body: None,
+            sealed: None,
+        },
+        intent: env.intent,
+        deliveries: env.deliveries,
+        reason: env.reason,
+        failure_kind: env.failure_kind.unwrap_or(FailureKind::Transient),
+        service_version: env.service_version,
+        error_class: env.error_class,
+        failed_at: env.failed_at,
+        message: None,
+        redelivered: false,
+        sealed_reason: None,
+        own_death: false,
+        payload_in_message: false,
+    })
+}
+
+/// An element whose payload is too large for a record, taken apart in its own buffer: its
+/// payload string decoded in place and the buffer made the job's payload (`payloadBase64`
+/// still as base64, decoded in place on its way to the store), so the element and its payload
+/// are never held at once. `Err` gives the element back untouched when it is not such an
+/// element, or when, its payload aside, it is not a valid request: [`request_for`] reads it
+/// then, and an Invalid record of it keeps its exact bytes as before. Once taken apart the
+/// exact bytes are only in the source's own copy (Redis's inflight hash).
+pub fn take_apart(queue: &str, mut raw: Vec<u8>) -> Result<ParkRequest, Vec<u8>> {
+    let Some((mut req, text)) = apart(queue, &raw) else {
+        return Err(raw);
+    };
+    match json::unescape_in_place(&mut raw, text.clone(), false) {
+        Some(len) if len > MAX_PAYLOAD_BYTES => {}
+        _ => return Err(raw),
+    }
+    let len = json::unescape_in_place(&mut raw, text.clone(), true).unwrap_or(0);
+    raw.copy_within(text.start..text.start + len, 0);
+    raw.truncate(len);
+    // Decoded from JSON text, which is UTF-8, by escapes that stand for characters: UTF-8.
+    let payload = String::from_utf8(raw)
+        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+    if req.job.payload.is_some() {
+        req.job.payload = Some(payload);
+    } else {
+        req.job.payload_base64 = Some(payload);
+    }
+    Ok(req)
+}
+
+/// The request of element `raw` with an empty payload, valid as it is, and where in `raw` its
+/// payload's JSON string is (longer than a record holds); `None` for any other element.
+fn apart(queue: &str, raw: &[u8]) -> Option<(ParkRequest, std::ops::Range<usize>)> {
+    let mut members = json::members(raw).ok()?;
+    let name = match (
+        members.contains_key("payload"),
+        members.contains_key("payloadBase64"),
+    ) {
+        (true, false) => "payload",
+        (false, true) => "payloadBase64",
+        _ => return None,
+    };
+    let text = members.remove(name)?.get();
+    if text.len() <= MAX_PAYLOAD_BYTES || !text.starts_with('"') {
+        return None;
+    }
+    let start = (text.as_ptr() as usize).checked_sub(raw.as_ptr() as usize)?;
+    let mut value = json::object(&members, FIELDS, true).ok()?;
+    if let serde_json::Value::Object(object) = &mut value {
+        object.insert(name.into(), serde_json::Value::String(String::new()));
+    }
+    let req = request_of(queue, serde_json::from_value::<Envelope>(value).ok()?).ok()?;
+    crate::park::validate(&req).ok()?;
+    Some((req, start..start + text.len()))
 }
 
 fn invalid(queue: &str, raw: &[u8], why: String) -> ParkRequest {
@@ -207,7 +260,7 @@ mod tests {
 
 #[cfg(test)]
 mod dispositions {
-    use super::request_for;
+    use super::{request_for, take_apart};
     use crate::dead_letter::FailureKind;
     use crate::park::{Disposition, dispose};
 
@@ -245,6 +298,47 @@ mod dispositions {
                 "{why}: exact bytes"
             );
             assert!(r.reason.contains(why), "{why} not in {:?}", r.reason);
+        }
+    }
+
+    /// An element whose payload is larger than a record holds is taken apart in its own
+    /// buffer into the very request `request_for` reads from it. Any other element comes back
+    /// untouched: a small payload, one that decodes to no more than a record holds, one that
+    /// does not decode, and one whose other members are not a valid request (its Invalid
+    /// record keeps its exact bytes).
+    #[test]
+    fn a_large_payload_is_taken_apart_in_its_own_buffer() {
+        let big = "{\\\"a\\\":\\\"\\u00e9\\ud83d\\ude00\\\"}\\n".repeat(20_000);
+        let b64 = "QUJD".repeat(70_000);
+        let taken = [
+            format!(r#"{{"id":"j1","payload":"{big}","reason":"r","headers":{{"h":"v"}}}}"#),
+            format!(r#"{{"payloadBase64":"{b64}","id":"j2","deliveries":2}}"#),
+        ];
+        for raw in taken {
+            let want = request_for("relayer", raw.as_bytes());
+            assert_eq!(want.failure_kind, FailureKind::Transient);
+            let got = take_apart("relayer", raw.into_bytes()).expect("taken apart");
+            assert!(got == want, "the request request_for reads");
+        }
+        let untouched = [
+            r#"{"id":"j3","payload":"small"}"#.to_string(),
+            format!(r#"{{"id":"j4","payload":"{}"}}"#, "\\u0041".repeat(50_000)),
+            format!(r#"{{"id":"j5","payload":"{}\ud83d"}}"#, "x".repeat(300_000)),
+            format!(r#"{{"id":"","payload":"{big}"}}"#),
+            format!(r#"{{"id":"j7","payload":"{big}","deliveries":-1}}"#),
+            format!(r#"{{"id":"j8","payload":"{big}","paylod":"typo"}}"#),
+            format!(r#"{{"id":"{}","payload":"{big}"}}"#, "i".repeat(300)),
+            format!(r#"{{"id":"j9","payload":"{big}","payloadBase64":"{b64}"}}"#),
+            format!(r#"["j10","{big}"]"#),
+        ];
+        for raw in untouched {
+            let back = take_apart("relayer", raw.clone().into_bytes());
+            let got = back.as_ref().map(|r| r.job.id.clone()).map_err(|b| b.len());
+            assert!(
+                back == Err(raw.clone().into_bytes()),
+                "{}: {got:?}",
+                &raw[..20]
+            );
         }
     }
 }

@@ -86,6 +86,91 @@ pub fn object(
     Ok(Value::Object(object))
 }
 
+/// Decodes the JSON string whose text (its quotes included) is `buf[text]`, in its own place:
+/// its value is written from `text.start` on (an escape is never shorter than what it stands
+/// for, so writing never overtakes reading). With `write` false nothing is written: a first
+/// pass says whether, and to how many bytes, it decodes. `None`: not a string a `String` can
+/// hold (not quoted, a bad escape, a lone surrogate), or `text` outside `buf`.
+///
+/// So a large string member is read out of its message without a second buffer: the message
+/// and the value read from it are never held at once.
+pub fn unescape_in_place(
+    buf: &mut [u8],
+    text: std::ops::Range<usize>,
+    write: bool,
+) -> Option<usize> {
+    let quoted = buf.get(text.clone())?;
+    if quoted.len() < 2 || quoted.first() != Some(&b'"') || quoted.last() != Some(&b'"') {
+        return None;
+    }
+    let (stop, mut read, mut wrote) = (text.end - 1, text.start + 1, text.start);
+    while read < stop {
+        if buf[read] != b'\\' {
+            let run = buf[read..stop]
+                .iter()
+                .position(|b| *b == b'\\')
+                .map_or(stop, |at| read + at);
+            if write {
+                buf.copy_within(read..run, wrote);
+            }
+            wrote += run - read;
+            read = run;
+            continue;
+        }
+        let (c, used) = escape(buf.get(read + 1..stop)?)?;
+        let mut utf8 = [0u8; 4];
+        let c = c.encode_utf8(&mut utf8).as_bytes();
+        if write {
+            buf[wrote..wrote + c.len()].copy_from_slice(c);
+        }
+        wrote += c.len();
+        read += 1 + used;
+    }
+    Some(wrote - text.start)
+}
+
+/// The character the escape after a backslash (`rest`) stands for, and how many bytes of
+/// `rest` it takes.
+fn escape(rest: &[u8]) -> Option<(char, usize)> {
+    let c = match rest.first()? {
+        b'"' => '"',
+        b'\\' => '\\',
+        b'/' => '/',
+        b'b' => '\u{8}',
+        b'f' => '\u{c}',
+        b'n' => '\n',
+        b'r' => '\r',
+        b't' => '\t',
+        b'u' => return unicode_escape(rest),
+        _ => return None,
+    };
+    Some((c, 1))
+}
+
+/// `uXXXX`, or a surrogate pair `uD83D\uDE00`.
+fn unicode_escape(rest: &[u8]) -> Option<(char, usize)> {
+    let high = hex4(rest.get(1..5)?)?;
+    if !(0xD800..0xE000).contains(&high) {
+        return Some((char::from_u32(high)?, 5));
+    }
+    if high >= 0xDC00 || rest.get(5..7)? != b"\\u" {
+        return None;
+    }
+    let low = hex4(rest.get(7..11)?)?;
+    if !(0xDC00..0xE000).contains(&low) {
+        return None;
+    }
+    let c = char::from_u32(0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00))?;
+    Some((c, 11))
+}
+
+fn hex4(digits: &[u8]) -> Option<u32> {
+    if !digits.iter().all(u8::is_ascii_hexdigit) {
+        return None;
+    }
+    u32::from_str_radix(std::str::from_utf8(digits).ok()?, 16).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,5 +208,43 @@ mod tests {
             );
         }
         assert!(matches!(members(b"{\"a\":"), Err(NotObject::Syntax(_))));
+    }
+
+    /// Every string serde reads decodes in place to what serde reads, in both passes; what
+    /// serde refuses (a lone surrogate, a bad escape) does not decode.
+    #[test]
+    fn a_string_decodes_in_its_own_place_as_serde_reads_it() {
+        let strings = [
+            r#""""#,
+            r#""plain""#,
+            r#""{\"a\":1,\"b\":\"x\\y\"}\n\t\r\b\f\/""#,
+            r#""\u00e9t\u00E9 \ud83d\ude00 \u20ac""#,
+            "\"d\u{e9}j\u{e0} \u{1F600}\\\"\"",
+        ];
+        for text in strings {
+            let want: String = serde_json::from_str(text).expect("a JSON string");
+            let mut buf = format!("{{\"x\":{text}}}").into_bytes();
+            let at = 5..5 + text.len();
+            let len = unescape_in_place(&mut buf, at.clone(), false);
+            assert_eq!(len, Some(want.len()), "{text}");
+            assert_eq!(unescape_in_place(&mut buf, at, true), Some(want.len()));
+            assert_eq!(&buf[5..5 + want.len()], want.as_bytes(), "{text}");
+        }
+        for bad in [
+            r#""\ud83d""#,
+            r#""\ude00x""#,
+            r#""\ud83d\u0041""#,
+            r#""\x""#,
+            r#""\"#,
+            "x",
+            r#""\u12""#,
+            r#""\u+123""#,
+            r#""\""#,
+        ] {
+            let mut buf = bad.as_bytes().to_vec();
+            let len = buf.len();
+            assert_eq!(unescape_in_place(&mut buf, 0..len, false), None, "{bad}");
+        }
+        assert_eq!(unescape_in_place(&mut b"\"a\"".to_vec(), 0..9, false), None);
     }
 }
