@@ -259,7 +259,8 @@ async fn park_and_redrive(store: Emulator, ns_prefix: &str, sealed_over_a_part: 
 /// A sealing queue's body over one part (8 MiB) on the same store: sealed on its way up in
 /// parts, staged and copied to the key of its ciphertext's digest (the emulator's block upload
 /// and copy), nothing left staged; the object is ciphertext, and a redrive opens it as it
-/// streams back and sends the exact bytes.
+/// streams back and sends the exact bytes. It shares the place of `relayer`'s bodies, whose
+/// sweep leaves it be.
 async fn sealed_body_over_a_part(
     client: &Client,
     ns: &str,
@@ -270,7 +271,8 @@ async fn sealed_body_over_a_part(
     let (identity, recipient) = dlq_core::seal::generate_identity();
     create_secret(client, ns, "seal", "identity", &identity).await;
     let (bodies, _) = store.store_spec();
-    let mut spec_bodies = json!({"thresholdBytes": 65536, "maxBytes": 16 << 20});
+    let mut spec_bodies =
+        json!({"thresholdBytes": 65536, "maxBytes": 16 << 20, "orphansAfter": "10s"});
     spec_bodies
         .as_object_mut()
         .unwrap()
@@ -298,20 +300,49 @@ async fn sealed_body_over_a_part(
     let sealed = store.get(&key).await.expect("the sealed object");
     assert_eq!(sealed.len() as i64, reference.size);
     assert_eq!(sha256(&sealed), reference.sha256);
-    assert!(!sealed.windows(64).any(|w| w == &large[..64]), "ciphertext only");
+    assert!(
+        !sealed.windows(64).any(|w| w == &large[..64]),
+        "ciphertext only"
+    );
     let keys = store.keys().await;
     assert!(
-        keys.iter().all(|k| k.starts_with(&format!("{PREFIX}sha256/"))),
+        keys.iter()
+            .all(|k| k.starts_with(&format!("{PREFIX}sha256/"))),
         "nothing left staged: {keys:?}"
     );
 
     let name = record_name("sealed", "large", 1);
     decide(api, &name, Action::Redrive, "ada").await;
     wait_phase(api, &name, Phase::Redriven, 60).await;
-    eventually(30, "the 9 MiB job on the target, opened, byte-exact", || async {
-        redis.list("sealed:jobs").await.contains(&large).then_some(())
+    eventually(
+        30,
+        "the 9 MiB job on the target, opened, byte-exact",
+        || async {
+            redis
+                .list("sealed:jobs")
+                .await
+                .contains(&large)
+                .then_some(())
+        },
+    )
+    .await;
+
+    // Two queues keep bodies in one place: one sweep serves both, with both queues' records.
+    // An orphan put now is swept once 10 s old; by then the sealed object is older still, and
+    // stays (a sweep of `relayer`'s records alone would take it).
+    let orphan = body(6, 70_000);
+    let orphan_key = key_of(&orphan);
+    store.put(&orphan_key, orphan).await;
+    let put = std::time::Instant::now();
+    eventually(40, "the shared place's orphan swept", || async {
+        (!store.keys().await.contains(&orphan_key)).then_some(())
     })
     .await;
+    assert!(put.elapsed().as_secs() >= 10, "swept once 10 s old");
+    assert!(
+        store.get(&key).await.is_some(),
+        "the sealing queue's body stays in the shared place"
+    );
 }
 
 #[tokio::test]

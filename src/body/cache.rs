@@ -14,7 +14,7 @@ use tokio::sync::Mutex;
 
 use dlq_core::api::{BodiesSpec, DeadLetterQueue, SecretKeyRef};
 
-use super::{Bodies, BodyError, BodyStore};
+use super::{Bodies, BodyError, BodyStore, Pending};
 use crate::secret::{SecretError, read_secret};
 
 /// How long a cached store is trusted before its Secret is read again.
@@ -30,6 +30,9 @@ struct Entry {
 pub struct BodyCache {
     client: Client,
     entries: Mutex<HashMap<(String, String), Entry>>,
+    /// The parks waiting with a body, per place (`BodiesSpec::location`): shared by every
+    /// queue's store there.
+    pending: std::sync::Mutex<HashMap<String, Pending>>,
 }
 
 impl BodyCache {
@@ -37,6 +40,7 @@ impl BodyCache {
         BodyCache {
             client,
             entries: Mutex::new(HashMap::new()),
+            pending: std::sync::Mutex::default(),
         }
     }
 
@@ -65,7 +69,8 @@ impl BodyCache {
             e.checked = Instant::now();
             return Ok(Some(e.store.clone()));
         }
-        let mut store = BodyStore::new(build(spec, &secrets)?, spec.clone());
+        let mut store = BodyStore::new(build(spec, &secrets)?, spec.clone())
+            .with_pending(self.pending_at(spec));
         if spec.s3.is_some() {
             // SQS Extended Client objects live in the producer's bucket on the same endpoint.
             let (spec, secrets) = (spec.clone(), secrets.clone());
@@ -87,6 +92,13 @@ impl BodyCache {
             },
         );
         Ok(Some(store))
+    }
+}
+
+impl BodyCache {
+    fn pending_at(&self, spec: &BodiesSpec) -> Pending {
+        let mut places = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        places.entry(spec.location()).or_default().clone()
     }
 }
 

@@ -142,11 +142,14 @@ pub struct BodyStore {
     spec: BodiesSpec,
     /// Digests of bodies kept whose records are not created yet (a park waiting for room can
     /// wait longer than `orphansAfter`): the sweep keeps them.
-    pending: Arc<Mutex<HashMap<String, usize>>>,
+    pending: Pending,
     /// How to read other buckets (S3 stores only), and those opened so far.
     open_bucket: Option<OpenBucket>,
     buckets: Mutex<HashMap<String, Arc<dyn ObjectStore>>>,
 }
+
+/// Digests of bodies kept whose records are not created yet, with how many parks hold each.
+pub type Pending = Arc<Mutex<HashMap<String, usize>>>;
 
 /// A body kept in the store, its record not yet created: while this lives, the sweep keeps the
 /// object whatever its age.
@@ -156,7 +159,7 @@ pub struct Kept {
     /// not a payload read out of an envelope: then an invalid request is parked as an Invalid
     /// record of it (`dlq_core::park::dispose_kept`).
     pub of_message: bool,
-    pending: Arc<Mutex<HashMap<String, usize>>>,
+    pending: Pending,
 }
 
 impl Drop for Kept {
@@ -196,6 +199,14 @@ impl BodyStore {
             open_bucket: None,
             buckets: Mutex::default(),
         }
+    }
+
+    /// This store, counting the bodies it keeps for records not yet created in `pending`, the
+    /// map of every store of the same place (`BodiesSpec::location`): the place's one sweep
+    /// keeps what a park into any of them is waiting with.
+    pub fn with_pending(mut self, pending: Pending) -> Self {
+        self.pending = pending;
+        self
     }
 
     /// This store, able to read external objects in other buckets through `open`.

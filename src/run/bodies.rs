@@ -1,5 +1,6 @@
 //! The leader's sweep of every queue's body store (`crate::body::sweep`), with the digests its
-//! live records name from the record index.
+//! live records name from the record index: one sweep per place, with the records of every
+//! queue keeping bodies there (`dlq_core::body::shared_sweeps`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,9 +28,16 @@ pub async fn sweep(
         if !leadership.holds() || !records.listed() {
             continue;
         }
-        for queue in queues.state() {
-            let (ns, name) = (queue.namespace().unwrap_or_default(), queue.name_any());
-            let store = match bodies.store(&queue).await {
+        let state = queues.state();
+        let stored = state
+            .iter()
+            .filter_map(|q| Some((q.clone(), q.spec.bodies.as_ref()?)));
+        for place in dlq_core::body::shared_sweeps(stored) {
+            let (ns, name) = (
+                place.by.namespace().unwrap_or_default(),
+                place.by.name_any(),
+            );
+            let store = match bodies.store(&place.by).await {
                 Ok(Some(store)) => store,
                 Ok(None) => continue,
                 Err(e) => {
@@ -38,16 +46,17 @@ pub async fn sweep(
                 }
             };
             let referenced = || {
-                records
-                    .queue(&ns, &name)
+                place
+                    .queues
                     .iter()
+                    .flat_map(|q| records.queue(&q.namespace().unwrap_or_default(), &q.name_any()))
                     .filter_map(|s| s.body.clone())
                     .collect()
             };
             match crate::body::sweep::sweep(&store, referenced).await {
                 Ok(0) => {}
                 Ok(deleted) => {
-                    tracing::info!(namespace = %ns, queue = %name, deleted, "swept bodies no record references")
+                    tracing::info!(namespace = %ns, queue = %name, sharing = place.queues.len(), deleted, "swept bodies no record references")
                 }
                 Err(e) => {
                     tracing::warn!(namespace = %ns, queue = %name, error = %e, "sweeping the body store failed")

@@ -328,10 +328,97 @@ pub fn sweep<'a>(
         .collect()
 }
 
+/// One sweep of a place several queues may keep their bodies in ([`BodiesSpec::location`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedSweep<Q> {
+    /// The queue whose store sweeps it: the one that keeps orphans longest.
+    pub by: Q,
+    /// Every queue keeping bodies there: an object any of their records names stays.
+    pub queues: Vec<Q>,
+}
+
+/// The sweeps of `queues` (each with its `spec.bodies`): one per place, so a queue's sweep
+/// never deletes what another queue's record in the same bucket and prefix names (nor, for
+/// content-addressed keys, the same body parked in both), by the queue keeping orphans longest.
+pub fn shared_sweeps<'s, Q: Clone>(
+    queues: impl IntoIterator<Item = (Q, &'s BodiesSpec)>,
+) -> Vec<SharedSweep<Q>> {
+    let mut places: std::collections::BTreeMap<String, (i64, SharedSweep<Q>)> =
+        std::collections::BTreeMap::new();
+    for (queue, spec) in queues {
+        let after = spec.orphans_after_secs();
+        match places.entry(spec.location()) {
+            std::collections::btree_map::Entry::Vacant(e) => {
+                e.insert((
+                    after,
+                    SharedSweep {
+                        by: queue.clone(),
+                        queues: vec![queue],
+                    },
+                ));
+            }
+            std::collections::btree_map::Entry::Occupied(mut e) => {
+                let (longest, sweep) = e.get_mut();
+                if after > *longest {
+                    *longest = after;
+                    sweep.by = queue.clone();
+                }
+                sweep.queues.push(queue);
+            }
+        }
+    }
+    places.into_values().map(|(_, sweep)| sweep).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::queue::{S3Bodies, VolumeBodies};
+
+    /// Queues in one bucket and prefix (or one volume) are swept once, with every one of their
+    /// records, by the queue keeping orphans longest; another prefix, bucket or endpoint is
+    /// another place.
+    #[test]
+    fn queues_sharing_a_place_share_one_sweep() {
+        let s3 =
+            |bucket: &str, prefix: Option<&str>, endpoint: Option<&str>, after: &str| BodiesSpec {
+                s3: Some(S3Bodies {
+                    bucket: bucket.into(),
+                    prefix: prefix.map(Into::into),
+                    endpoint: endpoint.map(Into::into),
+                    ..S3Bodies::default()
+                }),
+                orphans_after: Some(after.into()),
+                ..BodiesSpec::default()
+            };
+        let volume = |path: &str| BodiesSpec {
+            volume: Some(VolumeBodies { path: path.into() }),
+            ..BodiesSpec::default()
+        };
+        let specs = [
+            ("pay/a", s3("b", None, None, "10s")),
+            ("ord/b", s3("b", Some("/"), None, "2h")),
+            ("pay/c", s3("b", Some("x/"), None, "1h")),
+            ("pay/d", s3("b", None, Some("http://127.0.0.1:9000/"), "1h")),
+            ("pay/e", s3("other", None, None, "1h")),
+            ("pay/f", volume("/var/lib/dlq/bodies")),
+            ("ord/g", volume("/var/lib/dlq/bodies/")),
+        ];
+        let sweeps = shared_sweeps(specs.iter().map(|(q, s)| (*q, s)));
+        let mut got: Vec<(&str, Vec<&str>)> =
+            sweeps.iter().map(|s| (s.by, s.queues.clone())).collect();
+        got.sort();
+        assert_eq!(
+            got,
+            vec![
+                ("ord/b", vec!["pay/a", "ord/b"]),
+                ("pay/c", vec!["pay/c"]),
+                ("pay/d", vec!["pay/d"]),
+                ("pay/e", vec!["pay/e"]),
+                ("pay/f", vec!["pay/f", "ord/g"]),
+            ]
+        );
+    }
 
     /// A message's bytes are copied into its job up to what a record holds; above that they
     /// are left in the message (its size still weighed) until the parker places them.

@@ -94,6 +94,22 @@ impl BodiesSpec {
         }
     }
 
+    /// Where the store's objects live (endpoint, bucket or container, volume path, prefix): two
+    /// queues with the same location share their objects (one body parked in both is one
+    /// object), so one sweep serves them both, with both queues' records.
+    pub fn location(&self) -> String {
+        let place = match (&self.s3, &self.gcs, &self.azure, &self.volume) {
+            (Some(s), _, _, _) => format!(
+                "s3://{}@{}",
+                s.bucket,
+                s.endpoint.as_deref().unwrap_or("aws").trim_end_matches('/')
+            ),
+            (_, _, _, Some(v)) => format!("volume://{}", v.path.trim_end_matches('/')),
+            _ => self.base_uri(),
+        };
+        format!("{place}/{}", self.prefix())
+    }
+
     /// The URI scheme and container of the store's references (`s3://bucket`, `gs://bucket`,
     /// `azure://account/container`, `volume://`).
     pub fn base_uri(&self) -> String {
