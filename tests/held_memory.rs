@@ -130,6 +130,17 @@ fn a_parked_record_costs_the_operator_at_most_its_budget() {
     );
 }
 
+/// Runs `test` on a runtime of two workers, one such test at a time (they count the process).
+fn serially(test: impl std::future::Future<Output = ()>) {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(test);
+}
+
 /// The most the process held beside what it held when `run` started, while it ran.
 async fn peak_while<F: std::future::Future>(run: F) -> (F::Output, isize) {
     let before = alloc::start_peak();
@@ -142,13 +153,7 @@ async fn peak_while<F: std::future::Future>(run: F) -> (F::Output, isize) {
 /// second copy of it as ciphertext. Sealed whole first (as before), measured in the same run.
 #[test]
 fn a_large_sealed_body_is_never_held_twice_on_its_way_to_the_store() {
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime")
-        .block_on(a_large_sealed_body_kept());
+    serially(a_large_sealed_body_kept());
 }
 
 /// A volume store in `dir`.
@@ -204,13 +209,7 @@ async fn a_large_sealed_body_kept() {
 /// in the same run.
 #[test]
 fn a_large_sealed_body_is_never_held_twice_on_its_way_out() {
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime")
-        .block_on(a_large_sealed_body_opened());
+    serially(a_large_sealed_body_opened());
 }
 
 async fn a_large_sealed_body_opened() {

@@ -187,18 +187,14 @@ impl ParkInto {
     /// buffer (`dlq_core::envelope::take_apart`). Parked as `req` or not at all: an Invalid
     /// record of the message's bytes could not hold them anyway (they are more than a record
     /// holds), so what would be one is `Err`, and the source keeps the message where rejected
-    /// messages go from its own copy.
-    pub async fn park_taken_apart<W, Fut>(
+    /// messages go from its own copy. Nothing to do while it waits: the message is in the
+    /// source's hash meanwhile.
+    pub async fn park_taken_apart(
         &self,
         req: ParkRequest,
         where_it_stays: &str,
-        waiting: W,
-    ) -> Result<(), ParkError>
-    where
-        W: Fn() -> Fut,
-        Fut: std::future::Future<Output = ()>,
-    {
-        self.park_read(req, None, where_it_stays, waiting).await
+    ) -> Result<(), ParkError> {
+        self.park_read(req, None, where_it_stays, || async {}).await
     }
 
     /// Parks `req`, read from a message of exact bytes `raw` when they are still held.

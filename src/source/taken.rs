@@ -146,7 +146,7 @@ impl Taken {
             }
             Element::Apart(req) => {
                 let req = req.with_message(message);
-                self.into.park_taken_apart(req, &stays, || async {}).await
+                self.into.park_taken_apart(req, &stays).await
             }
         };
         if let Err(e) = parked {
