@@ -7,7 +7,9 @@
 //! broker (`Rejected`); with the bucket down a large dead message stays in Redis with a
 //! `BodyStoreUnavailable` Event and is parked once it is back; the operator killed between the
 //! upload and the record's create parks the message once, and the sweep deletes objects no
-//! record references (an orphan, a deleted record's) and keeps every referenced one. A sealed
+//! record references (an orphan, a deleted record's) and keeps every referenced one; a queue
+//! whose store moved to another bucket (its objects copied) still redrives what it parked
+//! before. A sealed
 //! queue's objects are ciphertext, and its redrive is still byte-exact.
 
 use std::time::Duration;
@@ -22,12 +24,14 @@ use dlq_testenv::{
     wait_phase,
 };
 use kube::Client;
-use kube::api::{Api, DeleteParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use redis::AsyncCommands;
 use serde_json::json;
 
 const BUCKET: &str = "dlq-bodies";
 const PREFIX: &str = "payments/";
+/// Where the queue's store moves to.
+const MOVED: &str = "dlq-bodies-moved";
 const DEAD: &str = "relayer:dead";
 const JOBS: &str = "relayer:jobs";
 /// `spec.bodies.maxBytes` of the test queue.
@@ -236,6 +240,25 @@ async fn large_bodies_live_in_the_bucket_and_redrive_byte_exact() {
         !op.logs().contains(&s3.secret_key().to_string()),
         "no credentials in the log"
     );
+
+    // The queue's store moved to another bucket, its objects copied there: a record parked
+    // before still redrives, its body found by its digest in the new place.
+    s3.create_bucket(MOVED).await;
+    let late_bytes = s3
+        .get_object(BUCKET, &late_key)
+        .await
+        .expect("the late body");
+    s3.put_object(MOVED, &late_key, late_bytes).await;
+    let queues: Api<dlq_core::api::DeadLetterQueue> = Api::namespaced(client.clone(), &ns);
+    let moved = json!({"spec": {"bodies": {"s3": {"bucket": MOVED}}}});
+    queues
+        .patch("relayer", &PatchParams::default(), &Patch::Merge(&moved))
+        .await
+        .expect("the queue's store moved");
+    let late_name = record_name("relayer", "late", 1);
+    decide(&api, &late_name, Action::Redrive, "ada").await;
+    wait_phase(&api, &late_name, Phase::Redriven, 60).await;
+    delivered(&redis, &late, "the moved body redriven byte-exact").await;
 }
 
 async fn requeue_refused(api: &Api<DeadLetter>, name: &str, reason: &str) {

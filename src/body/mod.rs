@@ -299,7 +299,7 @@ impl BodyStore {
             job: job.to_string(),
             reference: want.reference.clone(),
         };
-        let got = match store.get(&Path::from(key)).await {
+        let got = match store.get(&key).await {
             Ok(got) => got,
             Err(object_store::Error::NotFound { .. }) => return Err(missing()),
             Err(e) => return Err(unreachable(e)),
@@ -329,7 +329,7 @@ impl BodyStore {
         want: &BodyRef,
     ) -> Result<futures::stream::BoxStream<'static, Result<Bytes, BodyError>>, BodyError> {
         let (store, key) = self.locate(job, want)?;
-        let got = match store.get(&Path::from(key)).await {
+        let got = match store.get(&key).await {
             Ok(got) => got,
             Err(object_store::Error::NotFound { .. }) => {
                 return Err(BodyError::Missing {
@@ -382,7 +382,7 @@ impl BodyStore {
             ..BodyRef::default()
         };
         let (store, key) = self.locate(job, &described)?;
-        let got = match store.get(&Path::from(key)).await {
+        let got = match store.get(&key).await {
             Ok(got) => got,
             Err(object_store::Error::NotFound { .. }) => {
                 return Err(BodyError::Missing {
@@ -407,21 +407,17 @@ impl BodyStore {
 
     /// The store and key of the object `want` names: the queue's own, or for an external
     /// object (an SQS Extended Client pointer's) the bucket its `s3://` URI names.
-    fn locate<'r>(
-        &self,
-        job: &str,
-        want: &'r BodyRef,
-    ) -> Result<(Arc<dyn ObjectStore>, &'r str), BodyError> {
+    fn locate(&self, job: &str, want: &BodyRef) -> Result<(Arc<dyn ObjectStore>, Path), BodyError> {
         let missing = || BodyError::Missing {
             job: job.to_string(),
             reference: want.reference.clone(),
         };
         if want.external {
             let (bucket, key) = body::split_external(&want.reference).ok_or_else(missing)?;
-            return Ok((self.bucket(bucket)?, key));
+            return Ok((self.bucket(bucket)?, Path::from(key)));
         }
-        let key = body::key_of_reference(&self.spec, &want.reference).ok_or_else(missing)?;
-        Ok((self.store.clone(), key))
+        let key = body::key_of_body(&self.spec, want).ok_or_else(missing)?;
+        Ok((self.store.clone(), Path::from(key)))
     }
 
     /// Bucket `name` of the store's S3 endpoint, with the store's credentials.

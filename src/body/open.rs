@@ -240,10 +240,7 @@ mod tests {
         flipped[200_000] ^= 1;
         let (inner, key) = store.locate("j", &want).expect("located");
         inner
-            .put(
-                &object_store::path::Path::from(key),
-                Bytes::from(flipped.clone()).into(),
-            )
+            .put(&key, Bytes::from(flipped.clone()).into())
             .await
             .expect("changed by hand");
         let changed = store.fetch_opened("j", &want, &recipient, &keys).await;

@@ -99,15 +99,29 @@ pub fn reference(bodies: &BodiesSpec, sha256: &str) -> String {
     }
 }
 
-/// The object key inside the store of `bodies` that `reference` names; None when it names
-/// another store (a record parked before the queue's store changed).
-pub fn key_of_reference<'r>(bodies: &BodiesSpec, reference: &'r str) -> Option<&'r str> {
-    if bodies.volume.is_some() {
-        return reference.strip_prefix("volume://");
+/// The object key in the store of `bodies` of the body `want` names: the key its reference
+/// names when that is this store's, else (a record parked before the queue's store moved) its
+/// digest's key under this store's prefix, where the same bytes are found once copied (keys
+/// are content-addressed and every read is checked against size and digest). None for a
+/// reference that names anything but a body of its own digest (a record can read no other
+/// object of the bucket).
+pub fn key_of_body(bodies: &BodiesSpec, want: &BodyRef) -> Option<String> {
+    let own = format!("{OBJECTS_DIR}{}", want.sha256);
+    if want.sha256.len() != 64 || !want.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
     }
-    reference
-        .strip_prefix(&bodies.base_uri())
-        .and_then(|rest| rest.strip_prefix('/'))
+    let named = match bodies.volume {
+        Some(_) => want.reference.strip_prefix("volume://"),
+        None => want
+            .reference
+            .strip_prefix(&bodies.base_uri())
+            .and_then(|rest| rest.strip_prefix('/')),
+    };
+    match named {
+        Some(key) if key == own || key.ends_with(&format!("/{own}")) => Some(key.to_string()),
+        Some(_) => None,
+        None => Some(object_key(&bodies.prefix(), &want.sha256)),
+    }
 }
 
 /// A body's reference from its bytes' digest and length.
@@ -546,9 +560,15 @@ mod tests {
         let digest = sha256_hex(b"body");
         let r = reference(&bodies, &digest);
         assert_eq!(r, format!("s3://dlq-bodies/payments/sha256/{digest}"));
-        let key = key_of_reference(&bodies, &r).expect("ours");
+        let want = |reference: &str| BodyRef {
+            reference: reference.into(),
+            size: 4,
+            sha256: digest.clone(),
+            ..BodyRef::default()
+        };
+        let key = key_of_body(&bodies, &want(&r)).expect("ours");
         assert_eq!(key, format!("payments/sha256/{digest}"));
-        assert_eq!(digest_of_key("payments/", key), Some(digest.as_str()));
+        assert_eq!(digest_of_key("payments/", &key), Some(digest.as_str()));
         let volume = BodiesSpec {
             volume: Some(VolumeBodies {
                 path: "/var/lib/dlq".into(),
@@ -557,8 +577,26 @@ mod tests {
         };
         let v = reference(&volume, &digest);
         assert_eq!(v, format!("volume://sha256/{digest}"));
-        assert_eq!(key_of_reference(&volume, &v), Some(&v[9..]));
-        assert_eq!(key_of_reference(&bodies, "s3://other/x"), None);
+        assert_eq!(key_of_body(&volume, &want(&v)), Some(v[9..].to_string()));
+        // Parked under an older prefix of the same bucket: read where its reference says.
+        let older = format!("s3://dlq-bodies/2025/sha256/{digest}");
+        let key = key_of_body(&bodies, &want(&older));
+        assert_eq!(key, Some(format!("2025/sha256/{digest}")));
+        // Parked in another store: its digest's key in this one (its objects copied here).
+        let moved = format!("gs://old-bucket/x/sha256/{digest}");
+        let key = key_of_body(&bodies, &want(&moved));
+        assert_eq!(key, Some(format!("payments/sha256/{digest}")));
+        // Any other key of the bucket, or a digest that is not one: none.
+        for other in [
+            "s3://dlq-bodies/payments/secrets.json".to_string(),
+            format!("s3://dlq-bodies/payments/sha256/{digest}/../../x"),
+            format!("s3://dlq-bodies/payments/xsha256/{digest}"),
+        ] {
+            assert_eq!(key_of_body(&bodies, &want(&other)), None, "{other}");
+        }
+        let mut short = want(&r);
+        short.sha256 = "ab".into();
+        assert_eq!(key_of_body(&bodies, &short), None);
     }
 
     #[test]
