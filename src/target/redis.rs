@@ -62,32 +62,36 @@ impl RedisTarget {
 }
 
 /// The command that puts `job` on `key`, or why it cannot carry it untouched: the
-/// [`PUSH_ONCE`] script when the job has an idempotency key, else a plain LPUSH / XADD.
+/// [`PUSH_ONCE`] script when the job has an idempotency key, else a plain LPUSH / XADD. The
+/// payload is copied once, into the command (a large body is not held a third time).
 pub fn requeue_command(key: &RedisKey, job: &JobMessage) -> Result<redis::Cmd, TargetError> {
-    let (name, kind, values) = match key {
-        RedisKey::List(list) => (list, "list", list_value(job)?),
-        RedisKey::Stream(stream) => (stream, "stream", stream_fields(job)),
-    };
-    let Some(idempotency_key) = &job.idempotency_key else {
-        let mut cmd = match key {
-            RedisKey::List(_) => redis::cmd("LPUSH"),
-            RedisKey::Stream(_) => redis::cmd("XADD"),
-        };
-        cmd.arg(name);
-        if kind == "stream" {
-            cmd.arg("*");
+    let (name, kind) = match key {
+        RedisKey::List(list) => {
+            refuse_headers(job)?;
+            (list, "list")
         }
-        cmd.arg(values);
-        return Ok(cmd);
+        RedisKey::Stream(stream) => (stream, "stream"),
     };
-    let mut cmd = redis::cmd("EVAL");
-    cmd.arg(PUSH_ONCE)
-        .arg(2)
-        .arg(name)
-        .arg(marker(name, idempotency_key))
-        .arg(kind)
-        .arg(MARKER_TTL.as_secs())
-        .arg(values);
+    let mut cmd = match &job.idempotency_key {
+        None if kind == "list" => redis::cmd("LPUSH"),
+        None => redis::cmd("XADD"),
+        Some(_) => redis::cmd("EVAL"),
+    };
+    match &job.idempotency_key {
+        None if kind == "list" => cmd.arg(name),
+        None => cmd.arg(name).arg("*"),
+        Some(idempotency_key) => cmd
+            .arg(PUSH_ONCE)
+            .arg(2)
+            .arg(name)
+            .arg(marker(name, idempotency_key))
+            .arg(kind)
+            .arg(MARKER_TTL.as_secs()),
+    };
+    match key {
+        RedisKey::List(_) => cmd.arg(&job.payload[..]),
+        RedisKey::Stream(_) => stream_fields(&mut cmd, job),
+    };
     Ok(cmd)
 }
 
@@ -97,27 +101,24 @@ pub fn marker(name: &str, idempotency_key: &str) -> String {
 }
 
 /// A list element is the payload alone: a job with headers is refused, not stripped.
-fn list_value(job: &JobMessage) -> Result<Vec<Vec<u8>>, TargetError> {
-    if !job.headers.is_empty() {
-        return Err(TargetError::Unsupported(format!(
-            "redis list target cannot carry headers ({}); use a stream target, or a backend with headers",
-            job.headers.keys().cloned().collect::<Vec<_>>().join(", ")
-        )));
+fn refuse_headers(job: &JobMessage) -> Result<(), TargetError> {
+    if job.headers.is_empty() {
+        return Ok(());
     }
-    Ok(vec![job.payload.clone()])
+    Err(TargetError::Unsupported(format!(
+        "redis list target cannot carry headers ({}); use a stream target, or a backend with headers",
+        job.headers.keys().cloned().collect::<Vec<_>>().join(", ")
+    )))
 }
 
 /// A stream entry's fields: the payload, then each header (the idempotency key among them).
-fn stream_fields(job: &JobMessage) -> Vec<Vec<u8>> {
-    let mut fields = vec![
-        STREAM_PAYLOAD_FIELD.as_bytes().to_vec(),
-        job.payload.clone(),
-    ];
+fn stream_fields<'c>(cmd: &'c mut redis::Cmd, job: &JobMessage) -> &'c mut redis::Cmd {
+    cmd.arg(STREAM_PAYLOAD_FIELD).arg(&job.payload[..]);
     for (k, v) in job.headers_with_key().iter() {
-        fields.push(format!("{STREAM_HEADER_PREFIX}{k}").into_bytes());
-        fields.push(v.as_bytes().to_vec());
+        cmd.arg(format!("{STREAM_HEADER_PREFIX}{k}"))
+            .arg(v.as_str());
     }
-    fields
+    cmd
 }
 
 impl Target for RedisTarget {
@@ -212,5 +213,25 @@ mod tests {
         assert_eq!(args[4], b"\x00bytes\xff");
         assert_eq!(args[5], b"header:x-trace");
         assert_eq!(args[6], b"abc");
+    }
+
+    /// A large job is copied once, into the command: 8 MiB holds about 8 MiB beside the job
+    /// while its command is built, for a list and a stream alike.
+    #[test]
+    fn a_large_job_is_copied_once_into_its_command() {
+        let mut large = job(&[]);
+        large.payload = vec![7u8; 8 << 20];
+        large.idempotency_key = Some("u-1-1".into());
+        for key in [RedisKey::List("q".into()), RedisKey::Stream("s".into())] {
+            let before = dlq_testenv::alloc::thread::start_peak();
+            let cmd = requeue_command(&key, &large).expect("a command");
+            let peak = dlq_testenv::alloc::thread::peak_above(before);
+            assert!(
+                peak < (large.payload.len() + (large.payload.len() >> 3)) as isize,
+                "{key:?}: {peak} bytes beside a job of {}",
+                large.payload.len()
+            );
+            drop(cmd);
+        }
     }
 }
