@@ -228,7 +228,7 @@ async fn redis_keeps_one_job_per_redrive_key() {
     let redis = Redis::start();
     let message = |key: &str, headers: &[(&str, &str)]| JobMessage {
         id: "pi_0003/settle".into(),
-        payload: b"\x00job\xff".to_vec(),
+        payload: b"\x00job\xff".to_vec().into(),
         null_payload: false,
         headers: headers
             .iter()

@@ -562,7 +562,7 @@ async fn one_redrive_enqueued_twice_pushes_one_job() {
     let payload = dead_job("j1", "payments", "SettleJob", None).into_bytes();
     let job = |key: &str| JobMessage {
         id: "j1".into(),
-        payload: payload.clone(),
+        payload: payload.clone().into(),
         null_payload: false,
         headers: Default::default(),
         origin: None,

@@ -119,7 +119,7 @@ mod tests {
     fn origin_wins_unless_the_route_says_target() {
         let mut job = JobMessage {
             id: "j".into(),
-            payload: vec![],
+            payload: vec![].into(),
             null_payload: false,
             headers: BTreeMap::new(),
             origin: None,

@@ -168,7 +168,7 @@ impl Target for HttpTarget {
             if let Some(t) = &self.token {
                 req = req.header(AUTHORIZATION, t.clone());
             }
-            let body: Body = Full::new(Bytes::copy_from_slice(&job.payload)).boxed();
+            let body: Body = Full::new(job.payload.clone()).boxed();
             let req = req
                 .body(body)
                 .map_err(|e| TargetError::Invalid(format!("building the request: {e}")))?;

@@ -83,7 +83,7 @@ impl KafkaTarget {
         let (topic, partition) = self.destination(job);
         let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&topic).headers(out);
         if !job.null_payload {
-            record = record.payload(job.payload.as_slice());
+            record = record.payload(&job.payload[..]);
         }
         if let Some(k) = key.as_deref() {
             record = record.key(k);
@@ -163,7 +163,7 @@ mod tests {
     fn job(origin: Option<Origin>) -> JobMessage {
         JobMessage {
             id: "j".into(),
-            payload: vec![1, 2],
+            payload: vec![1, 2].into(),
             null_payload: false,
             headers: Default::default(),
             origin,

@@ -34,7 +34,8 @@ use crate::broker::BrokerError;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobMessage {
     pub id: String,
-    pub payload: Vec<u8>,
+    /// Shared, not copied, by a target whose client takes `Bytes`.
+    pub payload: bytes::Bytes,
     /// No value at all (a Kafka tombstone), not an empty `payload`: only a target that
     /// [`Target::carries_null_payload`] sends it.
     pub null_payload: bool,
@@ -85,7 +86,7 @@ impl JobMessage {
     pub fn with_payload(job: &Job, payload: Vec<u8>) -> Self {
         JobMessage {
             id: job.id.clone(),
-            payload,
+            payload: bytes::Bytes::from(payload),
             null_payload: job.payload_null,
             headers: job.headers.clone(),
             origin: job.origin.as_deref().cloned(),
@@ -199,7 +200,7 @@ mod tests {
     fn job() -> JobMessage {
         JobMessage {
             id: "j".into(),
-            payload: b"p".to_vec(),
+            payload: bytes::Bytes::from_static(b"p"),
             null_payload: false,
             headers: BTreeMap::from([("x-trace".to_string(), "t".to_string())]),
             origin: None,

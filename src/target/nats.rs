@@ -27,7 +27,6 @@
 //! While the client is reconnecting nothing is published: a publish buffered during an outage
 //! would land later, after the redrive had been reported failed and retried.
 
-use bytes::Bytes;
 use futures::future::BoxFuture;
 
 use super::{JobMessage, Target, TargetError};
@@ -132,7 +131,7 @@ impl Target for NatsTarget {
                 headers.insert(MSG_ID, key);
             }
             let subject = address(self.route, job, &self.subject).to_string();
-            let payload = Bytes::copy_from_slice(&job.payload);
+            let payload = job.payload.clone();
             let client = self.conn.get().await?;
             if !self.jet_stream {
                 client
@@ -188,7 +187,7 @@ mod tests {
     fn job(origin: Option<Origin>) -> JobMessage {
         JobMessage {
             id: "j".into(),
-            payload: b"p".to_vec(),
+            payload: b"p".to_vec().into(),
             null_payload: false,
             headers: BTreeMap::from([("Nats-Msg-Id".to_string(), "m1".to_string())]),
             origin,

@@ -131,7 +131,7 @@ pub fn message_for(job: &JobMessage) -> Message {
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     let mut msg = Message::new()
-        .set_data(bytes::Bytes::from(job.payload.clone()))
+        .set_data(job.payload.clone())
         .set_attributes(attributes);
     if let Some(key) = job.origin.as_ref().and_then(|o| o.ordering_key.as_deref()) {
         msg = msg.set_ordering_key(key);
@@ -236,7 +236,7 @@ mod tests {
     fn job(topic: Option<&str>) -> JobMessage {
         JobMessage {
             id: "m-1".into(),
-            payload: vec![0, 159, 146, 150],
+            payload: vec![0, 159, 146, 150].into(),
             null_payload: false,
             headers: BTreeMap::from([
                 ("trace".to_string(), "abc".to_string()),

@@ -153,7 +153,7 @@ mod tests {
     fn job(headers: &[(&str, &str)]) -> JobMessage {
         JobMessage {
             id: "j1".into(),
-            payload: b"\x00bytes\xff".to_vec(),
+            payload: b"\x00bytes\xff".to_vec().into(),
             null_payload: false,
             headers: headers
                 .iter()
@@ -220,7 +220,7 @@ mod tests {
     #[test]
     fn a_large_job_is_copied_once_into_its_command() {
         let mut large = job(&[]);
-        large.payload = vec![7u8; 8 << 20];
+        large.payload = vec![7u8; 8 << 20].into();
         large.idempotency_key = Some("u-1-1".into());
         for key in [RedisKey::List("q".into()), RedisKey::Stream("s".into())] {
             let before = dlq_testenv::alloc::thread::start_peak();

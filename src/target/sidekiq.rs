@@ -122,7 +122,7 @@ mod tests {
     fn job(payload: &[u8], headers: &[(&str, &str)]) -> JobMessage {
         JobMessage {
             id: "b4a5".into(),
-            payload: payload.to_vec(),
+            payload: payload.to_vec().into(),
             null_payload: false,
             headers: headers
                 .iter()

@@ -115,7 +115,7 @@ pub fn dedup_id(job: &JobMessage) -> String {
 
 /// The body of `job`, or why SQS cannot carry it untouched.
 fn body_of(job: &JobMessage) -> Result<String, TargetError> {
-    let body = String::from_utf8(job.payload.clone()).map_err(|_| {
+    let body = String::from_utf8(job.payload.to_vec()).map_err(|_| {
         TargetError::Invalid(
             "SQS message bodies are text and this job's payload is binary (payloadBase64); \
              it is not re-encoded"
@@ -230,7 +230,7 @@ mod tests {
     fn job(arn: Option<&str>) -> JobMessage {
         JobMessage {
             id: "m-1".into(),
-            payload: b"hi".to_vec(),
+            payload: b"hi".to_vec().into(),
             null_payload: false,
             headers: Default::default(),
             origin: arn.map(|a| Origin {
@@ -285,7 +285,7 @@ mod tests {
     #[test]
     fn binary_jobs_are_refused_and_dedup_ids_follow_the_record() {
         let mut bin = job(None);
-        bin.payload = vec![0xff, 0xfe];
+        bin.payload = vec![0xff, 0xfe].into();
         assert!(matches!(body_of(&bin), Err(TargetError::Invalid(_))));
         let a = job(None);
         let mut next_cycle = job(None);

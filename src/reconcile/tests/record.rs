@@ -163,7 +163,7 @@ async fn a_redrive_requeues_the_untouched_job_then_resolves() {
     h.reconcile().await.expect("reconcile");
     let sent = h.sent();
     assert_eq!(sent.len(), 1);
-    assert_eq!(sent[0].payload, br#"{"intent":"pi_0003"}"#);
+    assert_eq!(sent[0].payload, &br#"{"intent":"pi_0003"}"#[..]);
     assert_eq!(sent[0].headers["x-trace"], "abc");
     let now = h.apiserver.current();
     assert_eq!(now.phase(), Phase::Redriven);
@@ -214,7 +214,7 @@ async fn a_redrive_from_a_stripped_held_copy_sends_the_whole_job() {
         .expect("reconcile");
     let sent = h.sent();
     assert_eq!(sent.len(), 1);
-    assert_eq!(sent[0].payload, br#"{"intent":"pi_0003"}"#);
+    assert_eq!(sent[0].payload, &br#"{"intent":"pi_0003"}"#[..]);
     assert_eq!(sent[0].headers["x-trace"], "abc");
     assert_eq!(h.phase(), Phase::Redriven);
 }
