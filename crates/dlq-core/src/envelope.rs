@@ -120,6 +120,10 @@ fn request_of(queue: &str, env: Envelope) -> Result<ParkRequest, &'static str> {
 /// then, and an Invalid record of it keeps its exact bytes as before. Once taken apart the
 /// exact bytes are only in the source's own copy (Redis's inflight hash).
 pub fn take_apart(queue: &str, mut raw: Vec<u8>) -> Result<ParkRequest, Vec<u8>> {
+    // No payload of a shorter element is longer than a record holds: not parsed twice.
+    if raw.len() <= MAX_PAYLOAD_BYTES {
+        return Err(raw);
+    }
     let Some((mut req, text)) = apart(queue, &raw) else {
         return Err(raw);
     };
