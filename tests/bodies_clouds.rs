@@ -338,7 +338,8 @@ async fn sealed_body_over_a_part(
         (!store.keys().await.contains(&orphan_key)).then_some(())
     })
     .await;
-    assert!(put.elapsed().as_secs() >= 10, "swept once 10 s old");
+    // Ages are whole seconds of the store's Last-Modified: 10 of them can be 9 s and a bit.
+    assert!(put.elapsed().as_secs() >= 9, "swept once 10 s old");
     assert!(
         store.get(&key).await.is_some(),
         "the sealing queue's body stays in the shared place"
