@@ -259,6 +259,103 @@ async fn large_bodies_live_in_the_bucket_and_redrive_byte_exact() {
     decide(&api, &late_name, Action::Redrive, "ada").await;
     wait_phase(&api, &late_name, Phase::Redriven, 60).await;
     delivered(&redis, &late, "the moved body redriven byte-exact").await;
+
+    // The apiserver refuses a record of a kept body for good (an admission policy): the
+    // message, small enough for a record, is parked as an Invalid record of its exact bytes.
+    let policy = refuse_stored_bodies(&client, &ns).await;
+    let refused = body(7, 100_000);
+    push(&redis, "refused", &refused).await;
+    let record = parked(&api, "refused").await;
+    assert_eq!(
+        record.spec.failure_kind,
+        dlq_core::api::FailureKind::Invalid
+    );
+    assert!(record.spec.job.body.is_none(), "inline, not by reference");
+    assert_eq!(
+        record.spec.job.payload_bytes().expect("bytes"),
+        envelope("refused", &refused).into_bytes(),
+        "the element's exact bytes"
+    );
+    unrefuse(&client, &policy).await;
+}
+
+/// A ValidatingAdmissionPolicy on `ns` refusing (422, a CEL rule) any record that references
+/// a stored body, but the operator's fallback after a refusal.
+async fn refuse_stored_bodies(client: &Client, ns: &str) -> String {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let name = format!("no-bodies-{ns}");
+    let selector = json!({"matchLabels": {"kubernetes.io/metadata.name": ns}});
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "namespaceSelector": selector,
+                "resourceRules": [{"apiGroups": ["dlq.dev"], "apiVersions": ["*"],
+                                   "operations": ["CREATE"], "resources": ["deadletters"]}],
+            },
+            "validations": [{
+                "expression": "!has(object.spec.job.body) || object.spec.reason.contains('apiserver refused')",
+                "message": "no stored bodies: refused by the test's policy",
+                "reason": "Invalid",
+            }],
+        },
+    }))
+    .unwrap();
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"],
+                 "matchResources": {"namespaceSelector": selector}},
+    }))
+    .unwrap();
+    let pp = kube::api::PostParams::default();
+    Api::<ValidatingAdmissionPolicy>::all(client.clone())
+        .create(&pp, &policy)
+        .await
+        .unwrap();
+    Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+        .create(&pp, &binding)
+        .await
+        .unwrap();
+    // In effect once the apiserver has read it: probed with a dry-run create.
+    let probe: DeadLetter = serde_json::from_value(json!({
+        "metadata": {"name": "probe"},
+        "spec": {"queue": "relayer", "cycle": 1, "deliveries": 0, "reason": "probe",
+                 "failureKind": "Transient", "failedAt": "2026-12-01T00:00:00Z",
+                 "job": {"id": "probe", "body": {"ref": "s3://b/k", "size": 1,
+                         "sha256": "0".repeat(64)}}},
+    }))
+    .unwrap();
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), ns);
+    let dry = kube::api::PostParams {
+        dry_run: true,
+        ..kube::api::PostParams::default()
+    };
+    eventually(30, "the test's admission policy in effect", || async {
+        match api.create(&dry, &probe).await {
+            Err(kube::Error::Api(e)) if e.code == 422 && e.message.contains("no stored") => {
+                Some(())
+            }
+            _ => None,
+        }
+    })
+    .await;
+    name
+}
+
+async fn unrefuse(client: &Client, name: &str) {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let dp = DeleteParams::default();
+    let _ = Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+        .delete(name, &dp)
+        .await;
+    let _ = Api::<ValidatingAdmissionPolicy>::all(client.clone())
+        .delete(name, &dp)
+        .await;
 }
 
 async fn requeue_refused(api: &Api<DeadLetter>, name: &str, reason: &str) {

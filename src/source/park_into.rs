@@ -219,13 +219,14 @@ impl ParkInto {
             Some(raw) => self.dispose(req, raw, kept.as_ref())?,
             None => validate(&req).map(|()| req).map_err(ParkError::Invalid)?,
         };
-        let raw = raw.filter(|_| kept.is_none());
-        if let Some(raw) = raw
+        // Passed through (or passable when parked meanwhile) only with its bytes in hand.
+        let passable = raw.filter(|_| kept.is_none());
+        if let Some(raw) = passable
             && self.passed_through(&req, raw).await
         {
             return Ok(());
         }
-        let passable = raw.map(|raw| &raw[..]);
+        let passable = passable.map(|raw| &raw[..]);
         let mut tried = 0;
         loop {
             let refused = match self
