@@ -93,9 +93,8 @@ impl BodyCache {
         );
         Ok(Some(store))
     }
-}
 
-impl BodyCache {
+    /// The parks waiting with a body in the place `spec` names, shared by its stores.
     fn pending_at(&self, spec: &BodiesSpec) -> Pending {
         let mut places = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         places.entry(spec.location()).or_default().clone()

@@ -60,20 +60,17 @@ impl BodyStore {
         keyring: &Keyring,
     ) -> Result<BoxStream<'static, Result<Bytes, OpenFailed>>, OpenFailed> {
         let reader = self.reader(job, want, recipient, keyring).await?;
-        let (job, recipient) = (job.to_string(), recipient.to_string());
-        let chunks = futures::stream::unfold(Some(reader), move |reader| {
-            let (job, recipient) = (job.clone(), recipient.clone());
-            async move {
-                let mut reader = reader?;
-                let mut chunk = vec![0; CHUNK];
-                match reader.read(&mut chunk).await {
-                    Ok(0) => None,
-                    Ok(n) => {
-                        chunk.truncate(n);
-                        Some((Ok(Bytes::from(chunk)), Some(reader)))
-                    }
-                    Err(e) => Some((Err(read_failed(&job, &recipient, e)), None)),
+        let named = (job.to_string(), recipient.to_string());
+        let chunks = futures::stream::unfold(Some((reader, named)), |state| async move {
+            let (mut reader, named) = state?;
+            let mut chunk = vec![0; CHUNK];
+            match reader.read(&mut chunk).await {
+                Ok(0) => None,
+                Ok(n) => {
+                    chunk.truncate(n);
+                    Some((Ok(Bytes::from(chunk)), Some((reader, named))))
                 }
+                Err(e) => Some((Err(read_failed(&named.0, &named.1, e)), None)),
             }
         });
         Ok(chunks.boxed())
