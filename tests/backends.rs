@@ -715,9 +715,6 @@ fn marker<B: Backend>(b: &B, i: usize) -> String {
 /// record that carries job 0's bytes unless it is the operator's fallback after a refusal (its
 /// reason says so), and any record carrying job 1's.
 async fn refuse_poison<B: Backend>(client: &kube::Client, ns: &str, b: &B) -> String {
-    use k8s_openapi::api::admissionregistration::v1::{
-        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-    };
     let carries = |m: &str| {
         let m = cel_string(m);
         format!(
@@ -725,78 +722,26 @@ async fn refuse_poison<B: Backend>(client: &kube::Client, ns: &str, b: &B) -> St
              (has(object.spec.job.payloadBase64) && object.spec.job.payloadBase64.contains({m})))"
         )
     };
-    let name = format!("poison-{ns}");
-    let selector = json!({"matchLabels": {"kubernetes.io/metadata.name": ns}});
-    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "namespaceSelector": selector,
-                "resourceRules": [{"apiGroups": ["dlq.dev"], "apiVersions": ["*"],
-                                   "operations": ["CREATE"], "resources": ["deadletters"]}],
-            },
-            "validations": [{
-                "expression": format!(
-                    "!(!object.spec.reason.contains('apiserver refused') && {}) && !{}",
-                    carries(&marker(b, 0)),
-                    carries(&marker(b, 1))
-                ),
-                "message": "poisoned: refused by the test's policy",
-                "reason": "Invalid",
-            }],
-        },
-    }))
-    .unwrap();
-    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {"policyName": name, "validationActions": ["Deny"],
-                 "matchResources": {"namespaceSelector": selector}},
-    }))
-    .unwrap();
-    let pp = PostParams::default();
-    Api::<ValidatingAdmissionPolicy>::all(client.clone())
-        .create(&pp, &policy)
-        .await
-        .unwrap();
-    Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
-        .create(&pp, &binding)
-        .await
-        .unwrap();
-    // The policy takes effect once the apiserver has read it: probe with a dry-run create.
-    let probe: DeadLetter = serde_json::from_value(json!({
+    let allowed = format!(
+        "!(!object.spec.reason.contains('apiserver refused') && {}) && !{}",
+        carries(&marker(b, 0)),
+        carries(&marker(b, 1))
+    );
+    let probe = json!({
         "metadata": {"name": "probe"},
         "spec": {"queue": "relayer", "cycle": 1, "deliveries": 0, "reason": "probe",
                  "failureKind": "Invalid", "failedAt": "2026-12-01T00:00:00Z",
                  "job": {"id": "probe", "payload": marker(b, 1)}},
-    }))
-    .unwrap();
-    let api: Api<DeadLetter> = Api::namespaced(client.clone(), ns);
-    let dry = PostParams {
-        dry_run: true,
-        ..PostParams::default()
-    };
-    eventually(30, "the test's admission policy in effect", || async {
-        match api.create(&dry, &probe).await {
-            Err(kube::Error::Api(e)) if e.code == 422 && e.message.contains("poisoned") => Some(()),
-            _ => None,
-        }
-    })
-    .await;
-    name
-}
-
-async fn unrefuse(client: &kube::Client, name: &str) {
-    use k8s_openapi::api::admissionregistration::v1::{
-        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-    };
-    let dp = kube::api::DeleteParams::default();
-    let _ = Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
-        .delete(name, &dp)
-        .await;
-    let _ = Api::<ValidatingAdmissionPolicy>::all(client.clone())
-        .delete(name, &dp)
-        .await;
+    });
+    dlq_testenv::admission::refuse(
+        client,
+        ns,
+        "poison",
+        &allowed,
+        "poisoned: refused by the test's policy",
+        probe,
+    )
+    .await
 }
 
 /// Three dead messages in a row: the apiserver refuses job 0's record (422, a CEL rule) unless
@@ -826,7 +771,7 @@ async fn a_refused_message_is_accounted_for_and_the_next_one_parks<B: Source>() 
         "{}: refused, rejected and good message accounted for in {secs:.1}s",
         B::NAME
     ));
-    unrefuse(&r.client, &policy).await;
+    dlq_testenv::admission::unrefuse(&r.client, &policy).await;
     // ElasticMQ does not wake a long poll (20 s) for messages its redrive policy moved.
     assert!(secs < 45.0, "took {secs:.1}s");
     let items = records(&r.api).await;

@@ -276,86 +276,22 @@ async fn large_bodies_live_in_the_bucket_and_redrive_byte_exact() {
         envelope("refused", &refused).into_bytes(),
         "the element's exact bytes"
     );
-    unrefuse(&client, &policy).await;
+    dlq_testenv::admission::unrefuse(&client, &policy).await;
 }
 
-/// A ValidatingAdmissionPolicy on `ns` refusing (422, a CEL rule) any record that references
-/// a stored body, but the operator's fallback after a refusal.
+/// Refuses (422, an admission policy's CEL rule) any record in `ns` that references a stored
+/// body, but the operator's fallback after a refusal.
 async fn refuse_stored_bodies(client: &Client, ns: &str) -> String {
-    use k8s_openapi::api::admissionregistration::v1::{
-        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-    };
-    let name = format!("no-bodies-{ns}");
-    let selector = json!({"matchLabels": {"kubernetes.io/metadata.name": ns}});
-    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "namespaceSelector": selector,
-                "resourceRules": [{"apiGroups": ["dlq.dev"], "apiVersions": ["*"],
-                                   "operations": ["CREATE"], "resources": ["deadletters"]}],
-            },
-            "validations": [{
-                "expression": "!has(object.spec.job.body) || object.spec.reason.contains('apiserver refused')",
-                "message": "no stored bodies: refused by the test's policy",
-                "reason": "Invalid",
-            }],
-        },
-    }))
-    .unwrap();
-    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {"policyName": name, "validationActions": ["Deny"],
-                 "matchResources": {"namespaceSelector": selector}},
-    }))
-    .unwrap();
-    let pp = kube::api::PostParams::default();
-    Api::<ValidatingAdmissionPolicy>::all(client.clone())
-        .create(&pp, &policy)
-        .await
-        .unwrap();
-    Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
-        .create(&pp, &binding)
-        .await
-        .unwrap();
-    // In effect once the apiserver has read it: probed with a dry-run create.
-    let probe: DeadLetter = serde_json::from_value(json!({
+    let probe = json!({
         "metadata": {"name": "probe"},
         "spec": {"queue": "relayer", "cycle": 1, "deliveries": 0, "reason": "probe",
                  "failureKind": "Transient", "failedAt": "2026-12-01T00:00:00Z",
                  "job": {"id": "probe", "body": {"ref": "s3://b/k", "size": 1,
                          "sha256": "0".repeat(64)}}},
-    }))
-    .unwrap();
-    let api: Api<DeadLetter> = Api::namespaced(client.clone(), ns);
-    let dry = kube::api::PostParams {
-        dry_run: true,
-        ..kube::api::PostParams::default()
-    };
-    eventually(30, "the test's admission policy in effect", || async {
-        match api.create(&dry, &probe).await {
-            Err(kube::Error::Api(e)) if e.code == 422 && e.message.contains("no stored") => {
-                Some(())
-            }
-            _ => None,
-        }
-    })
-    .await;
-    name
-}
-
-async fn unrefuse(client: &Client, name: &str) {
-    use k8s_openapi::api::admissionregistration::v1::{
-        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-    };
-    let dp = DeleteParams::default();
-    let _ = Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
-        .delete(name, &dp)
-        .await;
-    let _ = Api::<ValidatingAdmissionPolicy>::all(client.clone())
-        .delete(name, &dp)
-        .await;
+    });
+    let allowed = "!has(object.spec.job.body) || object.spec.reason.contains('apiserver refused')";
+    dlq_testenv::admission::refuse(client, ns, "no-bodies", allowed, "no stored bodies", probe)
+        .await
 }
 
 async fn requeue_refused(api: &Api<DeadLetter>, name: &str, reason: &str) {

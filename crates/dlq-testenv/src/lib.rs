@@ -21,6 +21,7 @@
 //! Binaries of other packages are not visible through `env!("CARGO_BIN_EXE_…")`: build them
 //! first with `cargo build --workspace --bins` (`make test` does).
 
+pub mod admission;
 pub mod alloc;
 pub mod backends;
 pub mod brokers;
