@@ -67,16 +67,22 @@ fi
 
 # Cycles injected into a copy must fail the cycle check, each by name: one through `super::`
 # (the pages' frame naming the pages, which use it), one through `crate::` (admission naming
-# the parker, which uses it), and one back to a facade (dlq-testenv's harness naming its
-# lib.rs, which re-exports it).
+# the parker, which uses it), one back to a facade (dlq-testenv's harness naming its lib.rs,
+# which re-exports it), and one whose parent names the child only by a bare path.
 cp -r src "$cycles/src"
 for d in crates/*/src; do mkdir -p "$cycles/${d%/src}"; cp -r "$d" "$cycles/$d"; done
 sed -i '1i use super::pages::can_decide;' "$cycles/crates/kubectl-dlq/src/ui/frame.rs"
 sed -i '1i use crate::park::Parker;' "$cycles/crates/dlq-client/src/admission.rs"
 sed -i '1i use crate::report;' "$cycles/crates/dlq-testenv/src/harness.rs"
+# (the page's records naming its parent, which names them only by a bare path: pages::queues)
+sed -i '1i use super::HTMX;' "$cycles/crates/kubectl-dlq/src/ui/pages.rs"
 found=$(bash scripts/module-cycles.sh "$cycles" 2>&1 || true)
 if ! grep -q 'a cycle among .*ui::frame' <<<"$found"; then
   echo "deps-check: scripts/module-cycles.sh did not catch a super:: cycle (ui::frame, ui::pages)" >&2
+  fail=1
+fi
+if ! grep -q 'kubectl-dlq/src: a cycle among .*ui -> ui::pages.*ui::pages -> ui[;)]' <<<"$found"; then
+  echo "deps-check: scripts/module-cycles.sh did not catch a cycle through a bare child path (ui -> ui::pages by pages::queues)" >&2
   fail=1
 fi
 if ! grep -q 'a cycle among admission, park' <<<"$found"; then

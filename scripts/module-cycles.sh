@@ -3,8 +3,8 @@
 # each path it names through `crate::` or `super::`, and each `use` of `self::` or of one of
 # its own child modules (`pub use cluster::Cluster;`: a facade's arrow), is an arrow to the
 # file that path lands in. Comments, string literals, `#[cfg(test)]` items and `tests.rs` files
-# are not read (a doc link or a test may look anywhere); nor are bare paths in code
-# (`pages::queues`). A cycle is most often a parent that is both facade and shared kernel:
+# are not read (a doc link or a test may look anywhere). A bare path in code through one of the
+# file's own child modules (`pages::queues(..)` beside `mod pages;`) is an arrow. A cycle is most often a parent that is both facade and shared kernel:
 # give the shared part its own file. MODULE_CYCLES_TRACE=1 prints every arrow.
 #
 #   scripts/module-cycles.sh [ROOT]   (ROOT: a checkout, default this one)
@@ -113,6 +113,10 @@ for my $mod (sort keys %file_of) {
   }
   while ($src =~ /(?<![\w\$:])((?:crate|super)(?:::\w+)+)/g) {
     push @paths, [$1, $-[0]];
+  }
+  # A bare path through one of its own child modules (`pages::queues(..)`) is an arrow too.
+  while ($src =~ /(?<![\w\$:])((\w+)(?:::\w+)+)/g) {
+    push @paths, ["self::$1", $-[0]] if $children{$2};
   }
   for my $p (@paths) {
     my ($text, $at) = @$p;

@@ -12,9 +12,9 @@ use maud::{Markup, html};
 
 use dlq_core::api::{Action, DeadLetter};
 
-use super::Ui;
 use super::frame::{failure, layout};
 use super::guard::csrf_ok;
+use super::state::Ui;
 use super::view::{self, Snapshot};
 use crate::decision::sign_at;
 

@@ -5,7 +5,7 @@ use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
 use maud::{DOCTYPE, Markup, html};
 
-use super::Ui;
+use super::state::Ui;
 
 /// The frame of every page: who you are, where you look.
 pub fn layout(ui: &Ui, title: &str, body: Markup) -> Response {

@@ -12,7 +12,7 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::Ui;
+use super::state::Ui;
 use crate::session::CliError;
 
 /// No inline script or style, nothing from elsewhere, no framing, forms only to this server.

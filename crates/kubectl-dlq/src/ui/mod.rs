@@ -10,6 +10,7 @@
 //! - [`pages`]: the server-rendered pages (maud escapes every value).
 //! - [`act`]: decisions on an explicit selection (names + resourceVersions).
 //! - [`replay`]: bulk replay through the runbook: dry run, confirmation, progress, Stop.
+//! - [`state`]: what every handler shares (its own module, so that they name it without a cycle).
 
 mod act;
 mod frame;
@@ -17,43 +18,26 @@ mod guard;
 mod live;
 mod pages;
 mod replay;
+mod state;
 mod view;
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use axum::Router;
 use axum::routing::{get, post};
 use clap::Args;
-use kube::Client;
 
 use crate::decision::whoami;
 use crate::session::{CliError, Global, connect};
+use state::{Replays, Ui};
 
 #[derive(Args, Debug)]
 pub struct UiArgs {
     /// Port on 127.0.0.1 (default: a free one).
     #[arg(long, default_value_t = 0)]
     pub port: u16,
-}
-
-/// What every handler shares: the user's client, who they are, the run's secrets.
-pub struct Ui {
-    pub client: Client,
-    /// None with -A: every namespace the user may list.
-    pub namespace: Option<String>,
-    pub user: String,
-    pub token: String,
-    pub csrf: String,
-    /// `127.0.0.1:PORT`: the only Host and Origin accepted (DNS rebinding, cross-site posts).
-    pub authority: String,
-    pub records: live::Records,
-    pub replays: replay::Replays,
-    /// SelfSubjectAccessReview answers per namespace, with when they were asked.
-    pub access: Mutex<HashMap<String, (Instant, bool)>>,
 }
 
 /// Static assets compiled into the binary: no Node build, nothing fetched at run time.
@@ -81,7 +65,7 @@ pub async fn run(g: &Global, args: UiArgs) -> Result<(), CliError> {
         csrf: guard::secret()?,
         authority: format!("127.0.0.1:{}", addr.port()),
         records,
-        replays: replay::Replays::default(),
+        replays: Replays::default(),
         access: Mutex::default(),
     });
     // Not println!: a closed stdout (a script that read the URL and left) must not stop the page.

@@ -19,8 +19,8 @@ use dlq_core::group::LABEL_GROUP;
 use dlq_core::groups::DeadLetterGroup;
 use dlq_core::mask::mask_cards;
 
-use super::Ui;
 use super::frame::{failure, layout};
+use super::state::Ui;
 use super::view::{self, Filter, PAGE, Payload, Snapshot};
 use crate::inspect::{human_age, recent_events};
 use crate::lookup;

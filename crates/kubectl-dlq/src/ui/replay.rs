@@ -15,32 +15,12 @@ use maud::{Markup, html};
 
 use dlq_core::api::{DeadLetter, DeadLetterQueue};
 
-use super::Ui;
 use super::act::CONFIRM_ABOVE;
 use super::frame::{failure, layout};
 use super::guard::csrf_ok;
+use super::state::{Running, Ui};
 use super::view::{self, Filter};
 use crate::runbook::{Control, Pace, ReplayPlan, parse_rate, select_records};
-
-/// The replay this page started, if any (one at a time).
-#[derive(Default)]
-pub struct Replays {
-    current: Mutex<Option<Running>>,
-}
-
-#[derive(Clone)]
-struct Running {
-    control: Control,
-    describe: String,
-    /// The summary line once it ended (or the error that ended it).
-    done: Arc<Mutex<Option<String>>>,
-}
-
-impl Replays {
-    fn get(&self) -> Option<Running> {
-        self.current.lock().ok().and_then(|c| c.clone())
-    }
-}
 
 /// The runbook's stop bounds, as the CLI's defaults.
 fn pace(rate: f64) -> Pace {
