@@ -63,7 +63,7 @@ bench: ensure-deps
 # driver; lint-probe fails if that ever stops denying a lint.
 test lint-probe: export RUSTC_WORKSPACE_WRAPPER = $(shell rustc --print sysroot)/bin/clippy-driver
 test lint-probe: export CLIPPY_ARGS = -D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__
-test: ensure-deps tools fmt-check lint-probe crds-check deps-check docs-check workflows-check
+test: ensure-deps tools fmt-check lint-probe crds-check deps-check docs-check workflows-check commits-check
 	@# crds-check built the workspace's binaries and examples (the tests run them, and `cargo
 	@# test` alone does not build them).
 	$(TEST_BUILD)
@@ -98,6 +98,11 @@ deps-check:
 ## runbook URLs (external links only checked for form: no network)
 docs-check:
 	@bash scripts/docs-check.sh
+
+.PHONY: commits-check
+## every commit since the rule began has a subject of at most 72 characters (the story in the body)
+commits-check:
+	@bash scripts/commits-check.sh
 
 .PHONY: workflows-check
 ## .github/workflows linted by actionlint + shellcheck (after a known-bad workflow must fail), actions
