@@ -10,7 +10,9 @@
 #  - the chart's runbook URLs: every runbookBaseUrl in charts/*/values.yaml ends in
 #    docs/runbooks.md, every alert the chart renders and every per-record alert the operator
 #    raises has a section `Alert: <name>` in docs/runbooks.md, and every literal runbook_url under
-#    charts/ (the promtool tests) is <base>#<an anchor of docs/runbooks.md>.
+#    charts/ (the promtool tests) is <base>#<an anchor of docs/runbooks.md>;
+#  - the CRDs the docs name agree with crds/dlq.dev.yaml: "the <number> CRDs" counts them, and
+#    every `kubectl delete crd` (README, docs, the chart's NOTES) names each of them.
 # Prints what it checked; for each broken link `file:line: why`; exits 1 if any.
 #
 #   scripts/docs-check.sh            (make docs-check; part of make test)
@@ -238,7 +240,27 @@ while IFS=: read -r ufile uline value; do
     has_anchor "$runbooks" "${url#*#}" || fail "$ufile" "$uline" "runbook_url: no heading or anchor #${url#*#} in $runbooks"
 done < <(grep -rnH 'runbook_url:' charts 2>/dev/null)
 
+# The CRDs the docs name, against crds/dlq.dev.yaml (what the chart installs).
+mapfile -t crd_names < <(awk '/^kind: CustomResourceDefinition/ { want = 1 }
+  want && /^  name:/ { print $2; want = 0 }' crds/dlq.dev.yaml)
+numbers=(zero one two three four five six seven eight nine ten)
+crd_count_word=${numbers[${#crd_names[@]}]:-${#crd_names[@]}}
+crd_mentions=0
+while IFS=: read -r cfile cline text; do
+  crd_mentions=$((crd_mentions + 1))
+  said=$(grep -oiE 'the (zero|one|two|three|four|five|six|seven|eight|nine|ten|[0-9]+) CRDs' <<<"$text" | head -1 | awk '{ print tolower($2) }')
+  [ -z "$said" ] || [ "$said" = "$crd_count_word" ] || [ "$said" = "${#crd_names[@]}" ] ||
+    fail "$cfile" "$cline" "says the $said CRDs; crds/dlq.dev.yaml has ${#crd_names[@]} (${crd_names[*]})"
+done < <(grep -rnHiE 'the (zero|one|two|three|four|five|six|seven|eight|nine|ten|[0-9]+) CRDs' "${files[@]}" charts/*/templates/NOTES.txt 2>/dev/null)
+while IFS=: read -r cfile cline text; do
+  crd_mentions=$((crd_mentions + 1))
+  for c in "${crd_names[@]}"; do
+    grep -qF "$c" <<<"$text" || fail "$cfile" "$cline" "kubectl delete crd leaves $c (crds/dlq.dev.yaml) behind"
+  done
+done < <(grep -rnHE 'kubectl delete crds? [a-z]' "${files[@]}" charts/*/templates/NOTES.txt 2>/dev/null)
+
 echo "docs-check: ${#files[@]} Markdown files, $total links: $rel relative ($rel_anchors into another file's headings), $same same-file anchors, $ext external (well-formed only, not fetched; $md_repo_links into this repository, checked here)"
+echo "docs-check: CRDs: ${#crd_names[@]} in crds/dlq.dev.yaml; $crd_mentions lines naming them agree"
 echo "docs-check: runbooks: $chart_alerts chart alerts and $record_alerts per-record alerts each have a section in $runbooks; $rb_urls runbook URLs in charts/ checked"
 if [ "$errors" -gt 0 ]; then
   echo "docs-check: $errors broken link(s)" >&2

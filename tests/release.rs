@@ -9,12 +9,14 @@
 //! - on the real node (`dlq_testenv::node`; containerd pulls from the registry over plain HTTP on
 //!   loopback, by digest), the previous release's chart (0.1.x, from git history) installed with
 //!   the release's image, records parked, one redriven and one dropped; the new CRDs applied as
-//!   docs/operations.md says (`helm show crds oci://… | kubectl apply --server-side`), `helm
+//!   the release's NOTES print them (`helm show crds oci://… | kubectl apply --server-side
+//!   --force-conflicts`, that very line run, aimed at the test registry), `helm
 //!   upgrade` to the release from the registry: 2 Ready replicas running the image by digest, the
 //!   records and their decisions unchanged (same objects, same phases), none re-parked, nothing
 //!   re-enqueued, the failure groups made from the records and kept; the parked one redriven;
-//! - `helm uninstall`, then `helm install oci://127.0.0.1:PORT/charts/deadletter-operator
-//!   --version <release>`: 2 Ready replicas, a record parked and redriven.
+//! - `helm uninstall`, then docs/operations.md's block for a registry served over plain HTTP run
+//!   as printed (cosign verify of the chart and its image, `helm install oci://…`): 2 Ready
+//!   replicas, a record parked and redriven.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -42,6 +44,10 @@ const RELEASE: &str = "dlo";
 const RELEASE_NS: &str = "dlq-system";
 const FULLNAME: &str = "dlo-deadletter-operator";
 const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The release name docs/operations.md installs under.
+const DOCS_RELEASE: &str = "deadletter-operator";
+/// The chart's public address, as the NOTES and the docs print it.
+const PUBLIC_CHART: &str = "oci://ghcr.io/deadletter-operator/charts/deadletter-operator";
 
 fn tool(name: &str, tool: &str) -> PathBuf {
     let dirs = dlq_testenv::plane::tool_dirs(&[tool])
@@ -444,6 +450,88 @@ fn krew(env: &BTreeMap<String, String>, out: &Path) {
     ));
 }
 
+/// `bash -c script` as a user at a terminal runs it: this test's helm (and its homes), kubectl,
+/// cosign and crane first on PATH, against `plane`.
+fn user_shell(plane: &Plane, script: &str) -> Command {
+    let helm = helm_on(plane);
+    let mut cmd = Command::new("bash");
+    for (var, value) in helm.get_envs() {
+        if let Some(value) = value {
+            cmd.env(var, value);
+        }
+    }
+    let programs = [
+        PathBuf::from(helm.get_program()),
+        plane.tool("kubectl"),
+        tool("cosign", "cosign"),
+        tool("crane", "crane"),
+    ];
+    let dirs = programs
+        .iter()
+        .filter_map(|p| p.parent().map(Path::to_path_buf));
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let path = std::env::join_paths(dirs.chain(std::env::split_paths(&path))).expect("PATH");
+    cmd.env("PATH", path)
+        .args(["-euo", "pipefail", "-c", script]);
+    cmd
+}
+
+/// The CRD command the release's NOTES print on `helm upgrade` (rendered by a dry run), with the
+/// chart's public address replaced by `chart` in the test registry (served over plain HTTP).
+fn notes_crd_command(plane: &Plane, chart: &str) -> String {
+    let printed = check(
+        "helm upgrade --dry-run (the release's NOTES)",
+        helm_on(plane)
+            .args([
+                "upgrade",
+                RELEASE,
+                chart,
+                "--version",
+                VERSION,
+                "--plain-http",
+            ])
+            .args(["--namespace", RELEASE_NS, "--reset-values", "--dry-run"]),
+        None,
+    );
+    let (_, notes) = printed
+        .split_once("NOTES:")
+        .unwrap_or_else(|| panic!("helm upgrade prints the NOTES: {printed}"));
+    let line = notes
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("helm show crds"))
+        .unwrap_or_else(|| panic!("the NOTES give the CRD command: {notes}"));
+    // (a placeholder, as NOTES once printed, is filled in as a user would)
+    line.replace("<this chart>", &format!("{chart} --version {VERSION}"))
+        .replace(PUBLIC_CHART, chart)
+        .replacen("helm show crds", "helm show crds --plain-http", 1)
+}
+
+/// docs/operations.md's block for a registry served over plain HTTP, `registry` put in.
+fn docs_plain_http_block(registry: &str) -> String {
+    let docs = std::fs::read_to_string(dlq_testenv::workspace_root().join("docs/operations.md"))
+        .expect("docs/operations.md");
+    let blocks: Vec<&str> = docs.split("```").collect();
+    let block = blocks
+        .iter()
+        .skip(1)
+        .step_by(2)
+        .find(|b| b.contains("REGISTRY=registry.internal:5000"))
+        .expect("docs/operations.md shows verifying over plain HTTP");
+    let block = block.strip_prefix("sh").unwrap_or(block);
+    block
+        .lines()
+        .map(|l| {
+            if l.starts_with("REGISTRY=") {
+                format!("REGISTRY={registry}")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn helm_on(plane: &Plane) -> Command {
     let mut cmd = helm();
     cmd.env("KUBECONFIG", &plane.kubeconfig);
@@ -614,24 +702,19 @@ async fn a_release_from_a_registry_verifies_installs_and_upgrades() {
     assert_eq!(redis.list(LIST).await, vec![b"redriven".to_vec()]);
     let before = snapshot(&records).await;
 
-    // The upgrade as docs/operations.md says: the CRDs first, then the chart. CRDs that Helm
-    // installed are Helm's fields: without --force-conflicts the apply is refused.
+    // The upgrade as the release's NOTES say (printed by `helm upgrade`): the CRDs first, with
+    // the very command the NOTES print, aimed at the test registry. CRDs that Helm installed are
+    // Helm's fields: a command without --force-conflicts is refused.
     let upgraded = Instant::now();
-    let crds = check(
-        "helm show crds",
-        helm_on(plane).args(["show", "crds", &chart, "--version", VERSION, "--plain-http"]),
+    let crds_command = notes_crd_command(plane, &chart);
+    let applied = check(
+        "the NOTES' CRD command",
+        &mut user_shell(plane, &crds_command),
         None,
     );
     assert!(
-        crds.contains("deadlettergroups.dlq.dev"),
-        "the release's CRDs"
-    );
-    check(
-        "kubectl apply --server-side (the release's CRDs)",
-        plane
-            .kubectl()
-            .args(["apply", "--server-side", "--force-conflicts", "-f", "-"]),
-        Some(&crds),
+        applied.contains("deadlettergroups.dlq.dev"),
+        "the release's CRDs: {applied}"
     );
     check(
         "helm upgrade (the release, from the registry)",
@@ -691,25 +774,23 @@ async fn a_release_from_a_registry_verifies_installs_and_upgrades() {
     );
     groups_cover(&client, &ns, 0, 2, 1).await;
 
-    // A fresh install from the registry, as the README's first line says.
+    // A fresh install from the registry as docs/operations.md says for a registry served over
+    // plain HTTP: its block run as it is printed (the registry's address put in), verifying the
+    // chart and the image it pins with the release's key before `helm install`.
     check(
         "helm uninstall",
         helm_on(plane).args(["uninstall", RELEASE, "--namespace", RELEASE_NS, "--wait"]),
         None,
     );
     let fresh = Instant::now();
+    let work = out.join("user");
+    std::fs::create_dir_all(&work).expect("the user's directory");
+    std::fs::copy(&env["COSIGN_PUBLIC_KEY"], work.join("cosign.pub")).expect("cosign.pub");
+    let mut install = user_shell(plane, &docs_plain_http_block(&registry.host));
+    install.current_dir(&work).env("VERSION", VERSION);
     check(
-        "helm install oci://",
-        helm_on(plane)
-            .args([
-                "install",
-                RELEASE,
-                &chart,
-                "--version",
-                VERSION,
-                "--plain-http",
-            ])
-            .args(["--namespace", RELEASE_NS]),
+        "docs/operations.md: verify and install over plain HTTP",
+        &mut install,
         None,
     );
     ready_pods(&pods, 2, &image, 120).await;
@@ -725,7 +806,13 @@ async fn a_release_from_a_registry_verifies_installs_and_upgrades() {
     ));
     check(
         "helm uninstall",
-        helm_on(plane).args(["uninstall", RELEASE, "--namespace", RELEASE_NS, "--wait"]),
+        helm_on(plane).args([
+            "uninstall",
+            DOCS_RELEASE,
+            "--namespace",
+            RELEASE_NS,
+            "--wait",
+        ]),
         None,
     );
     drop(registry);
