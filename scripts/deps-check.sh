@@ -55,6 +55,13 @@ if ! grep -q 'src/source/redis.rs names crate::target' <<<"$found"; then
   fail=1
 fi
 rm -rf "$probe/src" && cp -r src "$probe/src"
+sed -i 's/\[`broker`\]/broker/' "$probe/src/lib.rs"
+found=$(bash scripts/module-arrows.sh "$probe" 2>&1 || true)
+if ! grep -q 'src/lib.rs puts broker in layer none' <<<"$found"; then
+  echo "deps-check: scripts/module-arrows.sh did not catch src/lib.rs leaving a layer's module out" >&2
+  fail=1
+fi
+rm -rf "$probe/src" && cp -r src "$probe/src"
 mkdir -p "$probe/docs" "$probe/crates/dlq-core" "$probe/crates/dlq-client"
 cp docs/architecture.md "$probe/docs/"
 cp -r crates/dlq-core/src "$probe/crates/dlq-core/src"

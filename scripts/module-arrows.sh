@@ -145,5 +145,23 @@ for my $c (@cycles) {
 exit(@cycles ? 1 : 0);
 PERL
 
-[ $fail = 0 ] && echo "module-arrows: every arrow in src/ runs down (run > reconcile, source, alert, reveal > state, target, server, keys, body > broker > metrics, access, secret, https, serving_tls, failpoint); no source names a target nor a target a source; no cycle between the files of src/"
+# src/lib.rs tells the same layers: its `//! N. ...` lines name exactly the modules of layer N.
+declare -A told=()
+n=0
+while IFS= read -r line; do
+  if [[ $line =~ ^//!\ ([0-9])\.\  ]]; then n=${BASH_REMATCH[1]}; fi
+  [[ $line == '//!'* ]] || { n=0; continue; }
+  [ "$n" = 0 ] && continue
+  for m in $(grep -oE '\[`[a-z_]+`\]' <<<"$line" | tr -d '[]`'); do told[$m]=$n; done
+done < src/lib.rs
+for m in "${!layer[@]}"; do
+  if [ "${told[$m]:-}" != "${layer[$m]}" ]; then
+    echo "module-arrows: src/lib.rs puts $m in layer ${told[$m]:-none}; this table says ${layer[$m]}" >&2; fail=1
+  fi
+done
+for m in "${!told[@]}"; do
+  [ -n "${layer[$m]:-}" ] || { echo "module-arrows: src/lib.rs names $m in layer ${told[$m]}; this table has no such module" >&2; fail=1; }
+done
+
+[ $fail = 0 ] && echo "module-arrows: every arrow in src/ runs down (run > reconcile, source, alert, reveal > state, target, server, keys, body > broker > metrics, access, secret, https, serving_tls, failpoint); no source names a target nor a target a source; no cycle between the files of src/; src/lib.rs tells the same layers"
 exit $fail

@@ -2,12 +2,17 @@
 //! that a human redrives or drops, once, with a signed decision.
 //!
 //! The decisions and their effects are computed purely in `dlq_core` (see
-//! docs/architecture.md); this crate carries them out, in layers whose arrows run one way
-//! (`make deps-check`): [`run`] wires the process; beneath it [`reconcile`] (the reconcilers),
-//! [`source`] (collecting a broker's dead messages into records) and [`alert`] (per-record
-//! alerts) stand side by side; beneath those, [`state`] (what they share) and [`target`] (where
-//! redrive puts a job back, one file per backend) and [`keys`] (the queues' sealing keys); [`metrics`], [`server`], [`secret`],
-//! [`https`] and [`failpoint`] at the bottom.
+//! docs/architecture.md); this crate carries them out, in layers whose arrows run one way, down
+//! (`make deps-check`: `scripts/module-arrows.sh` holds the same table and checks this one):
+//!
+//! 5. [`run`] wires the process.
+//! 4. [`reconcile`] (the reconcilers), [`source`] (a broker's dead messages into records),
+//!    [`alert`] (per-record alerts) and [`reveal`] (the reveal API) side by side.
+//! 3. [`state`] (what they share), [`target`] (where a redrive puts a job back, one file per
+//!    backend), [`server`] (the probes and `/metrics`), [`keys`] (the queues' sealing keys) and
+//!    [`body`] (the body store).
+//! 2. [`broker`]: what a backend's source and target both need (connection, codec, refusals).
+//! 1. [`metrics`], [`access`], [`secret`], [`https`], [`serving_tls`] and [`failpoint`].
 
 pub mod access;
 pub mod alert;
