@@ -61,6 +61,14 @@ pub struct CodeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabels {
+    /// client_limit | connection_limit
+    pub reason: String,
+    /// "true" when the refusal was written, "false" when the connection closed without it.
+    pub answered: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
     pub kind: String,
 }
@@ -77,6 +85,7 @@ pub struct Metrics {
     pub rejected: Family<RejectedLabels, Counter>,
     pub alerts_sent: Family<AlertResultLabels, Counter>,
     pub http_park_requests: Family<CodeLabels, Counter>,
+    pub http_refused: Family<RefusedLabels, Counter>,
     pub passed_through: Family<QueueLabels, Counter>,
     pub registry: Arc<Registry>,
 }
@@ -140,6 +149,12 @@ impl Default for Metrics {
             "Requests to the HTTP park endpoint, by the status answered",
             http_park_requests.clone(),
         );
+        let http_refused = Family::<RefusedLabels, Counter>::default();
+        registry.register(
+            "dlq_http_refused",
+            "Connections to the HTTP park endpoint refused over its connection limits, by limit and whether the refusal was written",
+            http_refused.clone(),
+        );
         let passed_through = Family::<QueueLabels, Counter>::default();
         registry.register(
             "dlq_passed_through",
@@ -148,6 +163,7 @@ impl Default for Metrics {
         );
         Metrics {
             http_park_requests,
+            http_refused,
             passed_through,
             rejected,
             parked,
@@ -208,6 +224,29 @@ impl Metrics {
                 code: code.to_string(),
             })
             .inc();
+    }
+
+    /// One more connection to the HTTP park endpoint refused for `reason`, `answered` or
+    /// closed without its answer.
+    pub fn http_refused(&self, reason: &str, answered: bool) {
+        self.http_refused
+            .get_or_create(&RefusedLabels {
+                reason: reason.into(),
+                answered: answered.to_string(),
+            })
+            .inc();
+    }
+
+    /// Creates the series of `reasons` at 0, so the first refusal is an increase.
+    pub fn touch_http_refused(&self, reasons: &[&str]) {
+        for reason in reasons {
+            for answered in [true, false] {
+                let _ = self.http_refused.get_or_create(&RefusedLabels {
+                    reason: (*reason).into(),
+                    answered: answered.to_string(),
+                });
+            }
+        }
     }
 
     /// Carries out one metric change of a plan.

@@ -148,17 +148,41 @@ struct Reply {
     body: String,
 }
 
+/// A client trusting `ca`, as the operator's own targets build it.
+type Sender = hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    Full<Bytes>,
+>;
+
+fn sender(ca: &str) -> Sender {
+    deadletter::https::client::<Full<Bytes>>(Some(ca), "test CA", Duration::from_secs(5))
+        .expect("client")
+}
+
 /// POSTs `body` with `headers` to `url`, trusting `ca`.
 async fn post(url: &str, ca: &str, headers: &[(&str, &str)], body: Vec<u8>) -> Reply {
-    let client =
-        deadletter::https::client::<Full<Bytes>>(Some(ca), "test CA", Duration::from_secs(5))
-            .expect("client");
+    send(&sender(ca), url, headers, body)
+        .await
+        .expect("an answer")
+}
+
+/// POSTs `body` with `headers` to `url` through `client`: its answer, or how the connection
+/// failed without one.
+async fn send(
+    client: &Sender,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Vec<u8>,
+) -> Result<Reply, String> {
     let mut req = hyper::Request::post(url);
     for (n, v) in headers {
         req = req.header(*n, *v);
     }
     let req = req.body(Full::new(Bytes::from(body))).expect("request");
-    let res = client.request(req).await.expect("an answer");
+    let res = client
+        .request(req)
+        .await
+        .map_err(|e| deadletter::https::error_chain(&e))?;
     let status = res.status().as_u16();
     let headers = res
         .headers()
@@ -171,11 +195,11 @@ async fn post(url: &str, ca: &str, headers: &[(&str, &str)], body: Vec<u8>) -> R
         .await
         .map(|b| b.to_bytes())
         .unwrap_or_default();
-    Reply {
+    Ok(Reply {
         status,
         headers,
         body: String::from_utf8_lossy(&body).into_owned(),
-    }
+    })
 }
 
 /// Waits until the endpoint parks for the queue at `url` (a standby or starting scope says 503,
@@ -833,20 +857,103 @@ async fn hostile_events_are_parked_apart_and_exactly_or_refused() {
     );
 }
 
+/// A TLS connector trusting `ca_pem`, for connections the test writes byte by byte.
+fn tls_connector(ca_pem: &str) -> tokio_rustls::TlsConnector {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(cert.expect("CA pem")).expect("a root");
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("protocol versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+}
+
+/// How one trickling connection ended: the status line it was answered with, if any, and
+/// when (from `started`) the endpoint ended it.
+struct Trickled {
+    answer: Option<String>,
+    ended: Duration,
+}
+
+/// A slowloris client over TLS: a POST's request line to `path`, then its headers a byte a
+/// second, until the endpoint answers or closes the connection (at most 30 s). It adds one to
+/// `begun` once it has written its first bytes (or failed to).
+async fn trickle(
+    addr: String,
+    connector: tokio_rustls::TlsConnector,
+    path: String,
+    started: Instant,
+    begun: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> Trickled {
+    let began = || begun.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ended = |answer: Option<String>| Trickled {
+        answer,
+        ended: started.elapsed(),
+    };
+    let Ok(tcp) = tokio::net::TcpStream::connect(&addr).await else {
+        began();
+        return ended(None);
+    };
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+    let Ok(tls) = connector.connect(name, tcp).await else {
+        began();
+        return ended(None);
+    };
+    let (mut rd, mut wr) = tokio::io::split(tls);
+    let reading = tokio::spawn(async move {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 512];
+        while let Ok(Ok(n @ 1..)) =
+            tokio::time::timeout(Duration::from_secs(30), rd.read(&mut buf)).await
+        {
+            got.extend_from_slice(&buf[..n]);
+        }
+        got
+    });
+    let mut next = format!("POST {path} HTTP/1.1\r\nHost: x\r\nx-trickle: ").into_bytes();
+    while !reading.is_finished() && started.elapsed() < Duration::from_secs(30) {
+        if wr.write_all(&next).await.is_err() || wr.flush().await.is_err() {
+            break;
+        }
+        if next.len() > 1 {
+            began();
+        }
+        next = b"x".to_vec();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let at = started.elapsed();
+    let got = reading.await.unwrap_or_default();
+    let answer = String::from_utf8_lossy(&got)
+        .lines()
+        .next()
+        .filter(|l| !l.is_empty())
+        .map(str::to_string);
+    Trickled { answer, ended: at }
+}
+
 /// Slowloris (issue 45 item 14): one client opening many connections gets at most 32 at once
-/// (the rest are closed at once), and a connection that never finishes its TLS handshake, or
-/// trickles its headers, is closed within about 10 s, so file descriptors cannot be exhausted.
+/// (the rest are refused, and one that never asks is never answered), and a connection that
+/// never finishes its TLS handshake, or trickles its headers, is closed within about 10 s, so
+/// file descriptors cannot be exhausted.
 #[tokio::test]
 async fn trickling_clients_are_cut_off_and_cannot_hold_every_connection() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (_client, ns) = setup("http-park-slow").await;
     let certs = certs();
-    let (_op, base) = operator_with_endpoint(&ns, &certs, "127.0.0.0/8");
+    let (op, base) = operator_with_endpoint(&ns, &certs, "127.0.0.0/8");
     let url = queue_url(&base, &ns, "none");
     endpoint_ready(&url, &certs.ca_pem, 404).await;
     let addr = base.trim_start_matches("https://").to_string();
 
-    // 60 connections that say nothing: 32 held, 28 closed at once.
+    // 60 connections that say nothing: 32 held, 28 refused; all closed once their handshake
+    // is overdue (10 s).
     let started = Instant::now();
     let mut held = Vec::new();
     for _ in 0..60 {
@@ -856,7 +963,6 @@ async fn trickling_clients_are_cut_off_and_cannot_hold_every_connection() {
                 .expect("connect"),
         );
     }
-    let mut closed_at_once = 0;
     let mut ends = Vec::new();
     for mut c in held {
         ends.push(tokio::spawn(async move {
@@ -867,33 +973,26 @@ async fn trickling_clients_are_cut_off_and_cannot_hold_every_connection() {
     }
     let mut last = started;
     for end in ends {
-        let at = end.await.expect("joined");
-        if at.duration_since(started) < Duration::from_secs(2) {
-            closed_at_once += 1;
-        }
-        last = last.max(at);
+        last = last.max(end.await.expect("joined"));
     }
     let all_closed = last.duration_since(started);
     dlq_testenv::report(&format!(
-        "http_park slowloris: 60 silent connections, {closed_at_once} closed at once, all closed after {all_closed:?}"
+        "http_park slowloris: 60 silent connections, all closed after {all_closed:?}"
     ));
-    assert!(closed_at_once >= 28, "{closed_at_once} closed at once");
+    // Those over the limit never asked: refused, and counted so, but not answered.
+    let op = &op;
+    eventually(5, "28 refusals counted unanswered", || async move {
+        let unanswered = op.metric(
+            "dlq_http_refused_total",
+            &[("reason", "client_limit"), ("answered", "false")],
+        );
+        (unanswered >= 28.0).then_some(())
+    })
+    .await;
     assert!(all_closed < Duration::from_secs(15), "{all_closed:?}");
 
     // Headers trickled one line a second over TLS: closed within the header timeout.
-    let mut roots = rustls::RootCertStore::empty();
-    use rustls::pki_types::pem::PemObject;
-    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(certs.ca_pem.as_bytes()) {
-        roots.add(cert.expect("CA pem")).expect("a root");
-    }
-    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("protocol versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let connector = tls_connector(&certs.ca_pem);
     let tcp = tokio::net::TcpStream::connect(&addr)
         .await
         .expect("connect");
@@ -925,4 +1024,241 @@ async fn trickling_clients_are_cut_off_and_cannot_hold_every_connection() {
         "http_park slowloris: trickled headers cut after {cut:?}"
     ));
     assert!(cut < Duration::from_secs(15), "{cut:?}");
+}
+
+/// Issue 57 item 6: a connection over its client's limit is answered, never just closed. 60
+/// connections from loopback trickle their headers over TLS, a byte a second: 32 hold their
+/// client's slots, the other 28 are answered 429 with `Retry-After`. A real event from the
+/// same address is answered at once (429 with `Retry-After` while the trickles hold the slots)
+/// and parked by the Go SDK sender retrying as told once the trickles are cut at the header
+/// timeout. Then 1,000 POSTs at once from that address, from a Rust client and again from the
+/// Go sender: every one is answered, 2xx or 429/503 with `Retry-After`, none closed bare, and
+/// each 201 is a record.
+#[tokio::test]
+async fn connections_over_a_clients_limit_are_answered_429_with_retry_after() {
+    let (client, ns) = setup("http-park-refused").await;
+    let certs = certs();
+    create_dlq(
+        &client,
+        &ns,
+        "relayer",
+        json!({"target": {"http": {"url": "http://127.0.0.1:9/x"}}, "http": {"allowAnonymous": true}}),
+    )
+    .await;
+    let (op, base) = operator_with_endpoint(&ns, &certs, "127.0.0.0/8");
+    let url = queue_url(&base, &ns, "relayer");
+    let ca = certs.ca_pem.as_str();
+    let addr = base.trim_start_matches("https://").to_string();
+    let plain = |id: &str| {
+        vec![
+            ("content-type".to_string(), "text/plain".to_string()),
+            ("x-dlq-job-id".to_string(), id.to_string()),
+        ]
+    };
+    let url_ref = url.as_str();
+    eventually(30, "the endpoint to park", || async move {
+        let headers = [("content-type", "text/plain"), ("x-dlq-job-id", "probe")];
+        let r = post(url_ref, ca, &headers, b"probe".to_vec()).await;
+        (r.status == 201).then_some(())
+    })
+    .await;
+    // The probe's client is gone; its connection closes and frees its slot.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // 60 trickling connections from 127.0.0.1.
+    let connector = tls_connector(ca);
+    let path = dlq_core::api::park_path(&ns, "relayer");
+    let started = Instant::now();
+    let begun = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let trickles: Vec<_> = (0..60)
+        .map(|_| {
+            let (addr, connector, path, begun) =
+                (addr.clone(), connector.clone(), path.clone(), begun.clone());
+            tokio::spawn(trickle(addr, connector, path, started, begun))
+        })
+        .collect();
+    let begun_ref = &begun;
+    eventually(9, "the 60 trickles to begin", || async move {
+        (begun_ref.load(std::sync::atomic::Ordering::SeqCst) == 60).then_some(())
+    })
+    .await;
+    dlq_testenv::report(&format!(
+        "http_park refusals: 60 trickles begun after {:?}",
+        started.elapsed()
+    ));
+
+    // A real event from the same address: answered at once.
+    let sender = sender(ca);
+    let asked = Instant::now();
+    let headers = plain("during-trickles");
+    let headers: Vec<(&str, &str)> = headers
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect();
+    let first = send(&sender, &url, &headers, b"real".to_vec()).await;
+    let answered_in = asked.elapsed();
+    let first = first.unwrap_or_else(|e| panic!("the event got no HTTP answer: {e}"));
+    dlq_testenv::report(&format!(
+        "http_park refusals: an event beside 60 trickles answered {} in {answered_in:?}",
+        first.status
+    ));
+    assert!(answered_in < Duration::from_secs(3), "{answered_in:?}");
+    match first.status {
+        201 => assert!(
+            started.elapsed() > Duration::from_secs(9),
+            "served beside 32 trickles"
+        ),
+        429 | 503 => assert!(
+            first.headers.contains_key("retry-after"),
+            "{:?}",
+            first.headers
+        ),
+        other => panic!("answered {other}: {}", first.body),
+    }
+
+    // The Go SDK sender, retrying as Retry-After says, parks its event once the trickles are cut.
+    let ca_path = certs.ca.display().to_string();
+    let go = {
+        let url = url.clone();
+        tokio::task::spawn_blocking(move || {
+            cesender(&[
+                "-url",
+                &url,
+                "-ca",
+                &ca_path,
+                "-mode",
+                "batch",
+                "-id",
+                "e-after-trickles",
+                "-source",
+                "/t",
+                "-retry-for",
+                "30s",
+            ])
+        })
+    };
+    let out = go.await.expect("cesender");
+    let parked_after = started.elapsed();
+    dlq_testenv::report(&format!(
+        "http_park refusals: the Go sender's event parked {parked_after:?} after the trickles began: {}",
+        out.trim()
+    ));
+    assert_eq!(codes(&out), [201], "{out}");
+    assert!(parked_after < Duration::from_secs(16), "{parked_after:?}");
+
+    let mut trickled = Vec::new();
+    for t in trickles {
+        trickled.push(t.await.expect("trickle"));
+    }
+    let answered_429 = trickled
+        .iter()
+        .filter(|t| {
+            t.answer
+                .as_deref()
+                .is_some_and(|a| a.starts_with("HTTP/1.1 429"))
+        })
+        .count();
+    let last_cut = trickled.iter().map(|t| t.ended).max().unwrap_or_default();
+    dlq_testenv::report(&format!(
+        "http_park refusals: 60 trickles, {answered_429} answered 429, the last cut after {last_cut:?}"
+    ));
+    assert!(
+        answered_429 >= 28,
+        "{answered_429} of the trickles answered 429"
+    );
+    assert!(last_cut < Duration::from_secs(15), "{last_cut:?}");
+
+    // 1,000 sends at once from the Go SDK sender: copies of one event (its connections close
+    // when it exits, so the next burst has the address's slots).
+    let ca_path = certs.ca.display().to_string();
+    let go_url = url.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        cesender(&[
+            "-url", &go_url, "-ca", &ca_path, "-mode", "binary", "-id", "e-burst", "-source", "/t",
+            "-copies", "1000",
+        ])
+    })
+    .await
+    .expect("cesender");
+    let summary = out.lines().last().unwrap_or_default().to_string();
+    dlq_testenv::report(&format!(
+        "http_park refusals: 1,000 Go sends at once: {summary}"
+    ));
+    let go_codes = codes(&out);
+    let go_429 = go_codes.iter().filter(|c| **c == 429).count();
+    assert_eq!(go_codes.len(), 1000, "{summary}");
+    assert!(
+        go_codes.iter().all(|c| matches!(c, 200 | 201 | 429 | 503)),
+        "a copy without an HTTP answer (0) or another status: {summary}"
+    );
+
+    // 1,000 POSTs at once from the same address, from a Rust client.
+    let burst = Instant::now();
+    let posts: Vec<_> = (0..1000)
+        .map(|n| {
+            let (sender, url) = (sender.clone(), url.clone());
+            tokio::spawn(async move {
+                let id = format!("burst-{n}");
+                let headers = [
+                    ("content-type", "text/plain"),
+                    ("x-dlq-job-id", id.as_str()),
+                ];
+                let sent = send(&sender, &url, &headers, b"burst".to_vec());
+                match tokio::time::timeout(Duration::from_secs(60), sent).await {
+                    Ok(answer) => answer,
+                    Err(_) => Err("no answer in 60 s".to_string()),
+                }
+            })
+        })
+        .collect();
+    let mut statuses: BTreeMap<u16, usize> = BTreeMap::new();
+    let mut bare = Vec::new();
+    for p in posts {
+        match p.await.expect("post") {
+            Ok(r) => {
+                *statuses.entry(r.status).or_default() += 1;
+                assert!(
+                    matches!(r.status, 200 | 201 | 429 | 503),
+                    "answered {}: {}",
+                    r.status,
+                    r.body
+                );
+                if r.status >= 429 {
+                    assert!(r.headers.contains_key("retry-after"), "{:?}", r.headers);
+                }
+            }
+            Err(e) => bare.push(e),
+        }
+    }
+    dlq_testenv::report(&format!(
+        "http_park refusals: 1,000 POSTs at once from one address in {:?}: {statuses:?}, {} without an answer",
+        burst.elapsed(),
+        bare.len()
+    ));
+    assert!(
+        bare.is_empty(),
+        "{} closed without an answer, e.g. {:?}",
+        bare.len(),
+        bare.first()
+    );
+    let created = statuses.get(&201).copied().unwrap_or(0);
+    let burst_records = records(&client, &ns)
+        .await
+        .iter()
+        .filter(|r| r.spec.job.id.starts_with("burst-"))
+        .count();
+    assert_eq!(
+        burst_records, created,
+        "one record for each 201, none for a refusal"
+    );
+
+    let refused = op.metric(
+        "dlq_http_refused_total",
+        &[("reason", "client_limit"), ("answered", "true")],
+    );
+    let counted = answered_429 + go_429 + statuses.get(&429).copied().unwrap_or(0);
+    assert!(
+        refused >= counted as f64,
+        "{refused} counted, {counted} seen"
+    );
 }

@@ -22,6 +22,7 @@
 //! Service: the leader points it at itself ([`service`]).
 
 pub mod auth;
+pub mod connections;
 pub mod service;
 
 use std::net::{IpAddr, SocketAddr};
@@ -47,6 +48,8 @@ use crate::metrics::Metrics;
 
 use super::park_into::{ParkInto, Shared};
 use auth::Auth;
+use connections::{Connections, Refusal, Refusals};
+use hyper_util::service::TowerToHyperService;
 
 /// What a full queue tells the sender to wait: about when the operator looks at it again.
 const RETRY_AFTER_FULL: u64 = 2;
@@ -66,14 +69,10 @@ static LARGE_BODY_TURNS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_
 /// Longest wait for the body store to take an event's body before answering 503 (the sender
 /// keeps the event and retries).
 const BODY_STORE_WAIT: Duration = Duration::from_secs(15);
-/// Longest wait for a request's headers, from its first byte (or the connection's).
+/// Longest wait for a connection's first request to arrive whole, from its accept (the TLS
+/// handshake included), and for each later request's headers: the longest a connection that
+/// trickles holds one of its client's slots before it is closed.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
-/// Longest TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Connections one client address may hold open at once.
-const MAX_CONNECTIONS_PER_CLIENT: usize = 32;
-/// Connections the endpoint holds open at once.
-const MAX_CONNECTIONS: usize = 4096;
 
 /// One scope of the operator (a namespace, or all of them) that parks while it runs.
 struct Scope {
@@ -150,72 +149,29 @@ impl ParkEndpoint {
 #[derive(Clone, Copy, Debug)]
 struct Peer(SocketAddr);
 
-/// Connections open per client address, and in all: a client that opens many and trickles
-/// its headers (slowloris) cannot take every file descriptor.
-#[derive(Clone, Default)]
-struct Connections {
-    open: Arc<std::sync::Mutex<(usize, std::collections::HashMap<IpAddr, usize>)>>,
-}
-
-/// One open connection, counted until dropped.
-struct Counted {
-    connections: Connections,
-    client: IpAddr,
-}
-
-impl Connections {
-    /// A place for one more connection from `client`, or None when it (or the endpoint) holds
-    /// as many as it may.
-    fn enter(&self, client: IpAddr) -> Option<Counted> {
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        let (total, per_client) = &mut *open;
-        let mine = per_client.entry(client).or_default();
-        if *mine >= MAX_CONNECTIONS_PER_CLIENT || *total >= MAX_CONNECTIONS {
-            return None;
-        }
-        *mine += 1;
-        *total += 1;
-        Some(Counted {
-            connections: self.clone(),
-            client,
-        })
-    }
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        let mut open = self
-            .connections
-            .open
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let (total, per_client) = &mut *open;
-        *total = total.saturating_sub(1);
-        if let Some(mine) = per_client.get_mut(&self.client) {
-            *mine = mine.saturating_sub(1);
-            if *mine == 0 {
-                per_client.remove(&self.client);
-            }
-        }
-    }
-}
-
 /// Serves the endpoint on `listener` (TLS when `tls` is given) until `shutdown` resolves, then
 /// lets the requests under way finish.
 ///
 /// Its own accept loop rather than `axum::serve`, whose connections have no header timeout:
-/// each connection has [`HANDSHAKE_TIMEOUT`] for TLS, [`HEADER_TIMEOUT`] for each request's
-/// headers and [`BODY_TIMEOUT`] for its body, and a client holds at most
-/// [`MAX_CONNECTIONS_PER_CLIENT`] at once (more are closed as they arrive).
+/// a connection has [`HEADER_TIMEOUT`] from its accept for its TLS handshake and first
+/// request's headers, as long for each later request's headers and [`BODY_TIMEOUT`] for a
+/// body; one over the [`connections`] limits is answered 429 or 503 with `Retry-After` once
+/// its request begins (within the same [`HEADER_TIMEOUT`]) and closed.
 pub async fn serve(
     endpoint: ParkEndpoint,
     listener: tokio::net::TcpListener,
     tls: Option<Arc<rustls::ServerConfig>>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let metrics = endpoint.metrics.clone();
+    metrics.touch_http_refused(&[
+        Refusal::ClientLimit.reason(),
+        Refusal::ConnectionLimit.reason(),
+    ]);
     let router = endpoint.router();
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let connections = Connections::default();
+    let mut refusals = Refusals::default();
     let (stop, stopping) = tokio::sync::watch::channel(false);
     let mut served = tokio::task::JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
@@ -233,11 +189,16 @@ pub async fn serve(
                 }
             },
         };
-        let Some(counted) = connections.enter(peer.ip()) else {
-            tracing::debug!(%peer, "park endpoint connection closed: its client holds as many as it may");
-            continue;
-        };
         let _ = tcp.set_nodelay(true);
+        let first_by = tokio::time::Instant::now() + HEADER_TIMEOUT;
+        let counted = match connections.enter(peer.ip()) {
+            Ok(counted) => counted,
+            Err(refusal) => {
+                tracing::debug!(%peer, reason = refusal.reason(), "park endpoint connection refused");
+                refusals.refuse(tcp, acceptor.clone(), first_by, refusal, &metrics);
+                continue;
+            }
+        };
         // The peer's address decides whether a caller without a token is inside the cluster.
         let app = router
             .clone()
@@ -246,10 +207,10 @@ pub async fn serve(
         served.spawn(async move {
             let _counted = counted;
             match acceptor {
-                None => connection(tcp, app, stopping).await,
+                None => connection(tcp, app, first_by, stopping).await,
                 Some(acceptor) => {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                        Ok(Ok(tls)) => connection(tls, app, stopping).await,
+                    match tokio::time::timeout_at(first_by, acceptor.accept(tcp)).await {
+                        Ok(Ok(tls)) => connection(tls, app, first_by, stopping).await,
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                     }
@@ -257,22 +218,43 @@ pub async fn serve(
             }
         });
     }
+    // Refusals under way end with the loop (each is a few seconds at most anyway).
+    drop(refusals);
     let _ = stop.send(true);
     while served.join_next().await.is_some() {}
     Ok(())
 }
 
-/// Serves HTTP/1 on one connection, its headers bounded by [`HEADER_TIMEOUT`], until the
-/// client closes it or the endpoint stops (then the request under way finishes first).
-async fn connection<Io>(io: Io, app: Router, mut stopping: tokio::sync::watch::Receiver<bool>)
-where
+/// Serves HTTP/1 on one connection until the client closes it or the endpoint stops (then
+/// the request under way finishes first): its first request must arrive by `first_by`,
+/// each later one's headers within [`HEADER_TIMEOUT`].
+async fn connection<Io>(
+    io: Io,
+    app: Router,
+    first_by: tokio::time::Instant,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
+) where
     Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT);
-    let service = hyper_util::service::TowerToHyperService::new(app);
+    let asked = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let service = {
+        let (asked, app) = (asked.clone(), TowerToHyperService::new(app));
+        hyper::service::service_fn(move |request| {
+            asked.store(true, std::sync::atomic::Ordering::Relaxed);
+            hyper::service::Service::call(&app, request)
+        })
+    };
+    // hyper's header timeout starts after the TLS handshake: this one counts it too.
+    let first_late = async {
+        tokio::time::sleep_until(first_by).await;
+        if asked.load(std::sync::atomic::Ordering::Relaxed) {
+            std::future::pending::<()>().await;
+        }
+    };
     let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io), service);
     let mut conn = std::pin::pin!(conn);
     tokio::select! {
@@ -281,6 +263,7 @@ where
                 tracing::debug!(error = %e, "park endpoint connection ended");
             }
         }
+        () = first_late => tracing::debug!("park endpoint connection closed: no request in time"),
         _ = async { stopping.wait_for(|stop| *stop).await.map(|_| ()) } => {
             conn.as_mut().graceful_shutdown();
             let _ = conn.await;
