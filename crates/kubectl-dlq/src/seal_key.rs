@@ -51,8 +51,14 @@ pub async fn run(g: &Global, args: SealKeyArgs) -> Result<(), CliError> {
         let tail = &recipient[recipient.len().saturating_sub(8)..];
         format!("{}-seal-{tail}", args.queue)
     });
-    // Refused before any Secret is made.
-    decided(&queue, &name)?;
+    // Refused, or already done, before any Secret is made.
+    if decided(&queue, &name)?.is_none() {
+        println!(
+            "queue {} already seals new records with Secret {name}: nothing to do",
+            args.queue
+        );
+        return Ok(());
+    }
     let key = key_secret(&client, &ns, &name, &args.queue, identity, recipient).await?;
     let written = make_first(&queues, &ns, queue, &key.name)
         .await
