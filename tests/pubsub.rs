@@ -326,6 +326,38 @@ async fn the_apiserver_accepts_the_documented_pubsub_shape_and_one_backend_only(
         .expect("the documented shape is accepted");
 }
 
+/// 100 attributes, Pub/Sub's most: a message's own 96, and with them the 4 Pub/Sub adds when
+/// it dead-letters it from subscription `jobs` (which pstest does not add).
+fn hundred_attributes() -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+    let own: BTreeMap<String, String> = (0..96)
+        .map(|i| (format!("attr-{i:03}"), format!("v{i}")))
+        .collect();
+    let mut dead = own.clone();
+    dead.extend(attrs(&[
+        ("CloudPubSubDeadLetterSourceDeliveryCount", "5"),
+        ("CloudPubSubDeadLetterSourceSubscription", "jobs"),
+        ("CloudPubSubDeadLetterSourceSubscriptionProject", PROJECT),
+        (
+            "CloudPubSubDeadLetterSourceTopicPublishTime",
+            "2026-12-07T07:00:00.000+00:00",
+        ),
+    ]));
+    assert_eq!(dead.len(), 100);
+    (own, dead)
+}
+
+/// What a redrive of record `name` must deliver: `own` attributes and the idempotency key.
+async fn with_key(
+    api: &Api<DeadLetter>,
+    name: &str,
+    own: BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut want = own;
+    let record = api.get(name).await.expect("record");
+    want.insert(KEY_HEADER.into(), dlq_core::decide::redrive_key(&record));
+    want
+}
+
 /// Issue #57 (7): a message with 100 attributes (Pub/Sub's limit; a record holds 64 headers)
 /// was left in the subscription, redelivered for as long as it kept it, with only a Rejected
 /// Event. It is parked within seconds as an Invalid record whose payload is the whole message
@@ -341,20 +373,7 @@ async fn a_message_with_more_attributes_than_a_record_holds_is_parked_whole_and_
     pubsub_dlq(&client, &ns, "jobs").await;
     let _op = operator(&ns, &ps, &[]);
     let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
-    let own: BTreeMap<String, String> = (0..96)
-        .map(|i| (format!("attr-{i:03}"), format!("v{i}")))
-        .collect();
-    let mut dead = own.clone();
-    dead.extend(attrs(&[
-        ("CloudPubSubDeadLetterSourceDeliveryCount", "5"),
-        ("CloudPubSubDeadLetterSourceSubscription", "jobs"),
-        ("CloudPubSubDeadLetterSourceSubscriptionProject", PROJECT),
-        (
-            "CloudPubSubDeadLetterSourceTopicPublishTime",
-            "2026-12-07T07:00:00.000+00:00",
-        ),
-    ]));
-    assert_eq!(dead.len(), 100);
+    let (own, dead) = hundred_attributes();
     let data: Vec<u8> = vec![0xff, 0x00, b'{', b'}', 0x80];
     let started = std::time::Instant::now();
     let ids = ps.publish(
@@ -417,13 +436,84 @@ async fn a_message_with_more_attributes_than_a_record_holds_is_parked_whole_and_
     let got = &back[0].message;
     assert_eq!(got.data, data, "byte-identical data");
     assert_eq!(got.ordering_key, "k-100");
-    let mut want = own;
-    want.insert(
-        KEY_HEADER.into(),
-        dlq_core::decide::redrive_key(&api.get(&r.name_any()).await.expect("record")),
-    );
     assert_eq!(
-        got.attributes, want,
+        got.attributes,
+        with_key(&api, &r.name_any(), own).await,
+        "its own 96 attributes and the idempotency key"
+    );
+}
+
+/// Issue #57 (7): parked whole, a message larger than a record holds (300 KiB of data beside its
+/// 100 attributes) goes to the queue's body store like any large message: the record holds the
+/// reference, the bucket the whole message as JSON, and its redrive publishes the very message.
+#[tokio::test]
+async fn a_large_message_with_more_attributes_than_a_record_holds_is_kept_whole_in_the_store() {
+    use dlq_core::headers::pubsub::{WHOLE_HEADER, Whole};
+    use dlq_testenv::brokers::s3::S3Server;
+    const BUCKET: &str = "dlq-bodies";
+    let (client, ns) = setup("pubsub-whole-store").await;
+    let ps = Pstest::start();
+    topology(&ps, false);
+    let s3 = S3Server::start();
+    s3.create_bucket(BUCKET).await;
+    s3.credentials_secret(&client, &ns, "s3").await;
+    create_dlq(
+        &client,
+        &ns,
+        "relayer",
+        json!({
+            "source": {"pubsub": {"project": PROJECT, "subscription": "dead"}},
+            "target": {"pubsub": {"project": PROJECT, "topic": "jobs"}},
+            "bodies": {"thresholdBytes": 65536,
+                       "s3": {"bucket": BUCKET, "endpoint": s3.endpoint(), "region": "us-east-1",
+                              "credentialsSecretRef": {"name": "s3"}}},
+        }),
+    )
+    .await;
+    let _op = operator(&ns, &ps, &[]);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let (own, dead) = hundred_attributes();
+    let data = vec![b'x'; 300 << 10];
+    ps.publish(
+        "dead",
+        &[PsMessage {
+            data: data.clone(),
+            attributes: dead.clone(),
+            ordering_key: String::new(),
+        }],
+    );
+
+    let r = one_record(&api).await;
+    wait_acked(&ps, "dead", 30).await;
+    assert_eq!(r.spec.failure_kind, dlq_core::api::FailureKind::Invalid);
+    assert!(r.spec.job.payload.is_none() && r.spec.job.payload_base64.is_none());
+    assert_eq!(
+        r.spec.job.headers.get(WHOLE_HEADER).map(String::as_str),
+        Some("json")
+    );
+    let body = r
+        .spec
+        .job
+        .body
+        .as_deref()
+        .expect("a reference into the store");
+    let key = body
+        .reference
+        .strip_prefix(&format!("s3://{BUCKET}/"))
+        .unwrap_or_else(|| panic!("a reference into the bucket: {}", body.reference));
+    let stored = s3.get_object(BUCKET, key).await.expect("the stored body");
+    let whole = Whole::from_payload(&stored).expect("the whole message");
+    assert_eq!(whole.attributes, dead, "every attribute");
+    assert!(whole.data_bytes().expect("data") == data, "the exact data");
+
+    decide(&api, &r.name_any(), Action::Redrive, "ops").await;
+    wait_phase(&api, &r.name_any(), Phase::Redriven, 30).await;
+    let back = ps.drain("jobs");
+    assert_eq!(back.len(), 1, "exactly one message back");
+    assert!(back[0].message.data == data, "byte-identical data");
+    assert_eq!(
+        back[0].message.attributes,
+        with_key(&api, &r.name_any(), own).await,
         "its own 96 attributes and the idempotency key"
     );
 }
