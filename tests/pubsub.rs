@@ -326,55 +326,194 @@ async fn the_apiserver_accepts_the_documented_pubsub_shape_and_one_backend_only(
         .expect("the documented shape is accepted");
 }
 
-/// A message with 100 attributes (Pub/Sub's limit; a record holds 64 headers): it stays in the
-/// subscription, counted and announced as Rejected, instead of an Invalid record without its
-/// attributes and an acknowledgement that lost them. A message beside it still parks.
+/// 100 attributes, Pub/Sub's most: a message's own 96, and with them the 4 Pub/Sub adds when
+/// it dead-letters it from subscription `jobs` (which pstest does not add).
+fn hundred_attributes() -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+    let own: BTreeMap<String, String> = (0..96)
+        .map(|i| (format!("attr-{i:03}"), format!("v{i}")))
+        .collect();
+    let mut dead = own.clone();
+    dead.extend(attrs(&[
+        ("CloudPubSubDeadLetterSourceDeliveryCount", "5"),
+        ("CloudPubSubDeadLetterSourceSubscription", "jobs"),
+        ("CloudPubSubDeadLetterSourceSubscriptionProject", PROJECT),
+        (
+            "CloudPubSubDeadLetterSourceTopicPublishTime",
+            "2026-12-07T07:00:00.000+00:00",
+        ),
+    ]));
+    assert_eq!(dead.len(), 100);
+    (own, dead)
+}
+
+/// What a redrive of record `name` must deliver: `own` attributes and the idempotency key.
+async fn with_key(
+    api: &Api<DeadLetter>,
+    name: &str,
+    own: BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut want = own;
+    let record = api.get(name).await.expect("record");
+    want.insert(KEY_HEADER.into(), dlq_core::decide::redrive_key(&record));
+    want
+}
+
+/// Issue #57 (7): a message with 100 attributes (Pub/Sub's limit; a record holds 64 headers)
+/// was left in the subscription, redelivered for as long as it kept it, with only a Rejected
+/// Event. It is parked within seconds as an Invalid record whose payload is the whole message
+/// (data, every attribute, ordering key, as JSON), whose headers and reason a person reads, and
+/// the subscription is emptied; its redrive publishes the very same message to its origin topic.
 #[tokio::test]
-async fn a_message_with_more_attributes_than_a_record_holds_stays_in_the_subscription() {
+async fn a_message_with_more_attributes_than_a_record_holds_is_parked_whole_and_redriven_as_it_was()
+{
+    use dlq_core::headers::pubsub::{WHOLE_HEADER, Whole};
     let (client, ns) = setup("pubsub-many-attrs").await;
     let ps = Pstest::start();
     topology(&ps, false);
     pubsub_dlq(&client, &ns, "jobs").await;
     let _op = operator(&ns, &ps, &[]);
     let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
-    let many: BTreeMap<String, String> = (0..100)
-        .map(|i| (format!("attr-{i:03}"), format!("v{i}")))
-        .collect();
-    ps.publish(
+    let (own, dead) = hundred_attributes();
+    let data: Vec<u8> = vec![0xff, 0x00, b'{', b'}', 0x80];
+    let started = std::time::Instant::now();
+    let ids = ps.publish(
         "dead",
         &[PsMessage {
-            data: b"{\"many\":true}".to_vec(),
-            attributes: many,
-            ordering_key: String::new(),
+            data: data.clone(),
+            attributes: dead.clone(),
+            ordering_key: "k-100".into(),
         }],
     );
-    let events = eventually(60, "a Rejected event on the queue", || async {
-        let events = dlq_testenv::events_for(&client, &ns, "relayer", "Rejected").await;
-        (!events.is_empty()).then_some(events)
-    })
-    .await;
-    let note = events[0].note.clone().unwrap_or_default();
-    assert!(note.contains("100 headers; at most 64"), "{note}");
-    assert!(note.contains("Pub/Sub subscription"), "{note}");
-    ps.publish(
-        "dead",
-        &[PsMessage {
-            data: b"{\"few\":true}".to_vec(),
-            attributes: attrs(&[("x-trace", "t-1")]),
-            ordering_key: String::new(),
-        }],
-    );
+
     let r = one_record(&api).await;
-    assert_eq!(r.spec.job.payload.as_deref(), Some("{\"few\":true}"));
-    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    wait_acked(&ps, "dead", 30).await;
+    let parked_in = started.elapsed();
+    dlq_testenv::report(&format!(
+        "a message of 100 attributes parked whole and acknowledged in {parked_in:.1?}; reason: {}",
+        r.spec.reason
+    ));
+    assert!(parked_in.as_secs() < 30, "{parked_in:?}");
+    assert_eq!(r.spec.failure_kind, dlq_core::api::FailureKind::Invalid);
+    assert_eq!(r.spec.job.id, ids[0], "the job id is the message id");
+    assert_eq!(r.spec.deliveries, 5);
+    let origin = r.spec.job.origin.as_deref().cloned().expect("an origin");
+    assert_eq!(origin.topic, Some(topic("jobs")));
+    let payload = r.spec.job.payload.as_deref().expect("JSON a person reads");
+    let whole = Whole::from_payload(payload.as_bytes()).expect("the whole message");
+    assert_eq!(whole.attributes, dead, "every attribute");
+    assert_eq!(whole.data_bytes().expect("data"), data);
+    assert_eq!(whole.ordering_key, "k-100");
     assert_eq!(
-        records(&api).await.len(),
-        1,
-        "no record of the rejected message"
+        r.spec.job.headers.len(),
+        64,
+        "as many headers as a record holds"
     );
     assert_eq!(
-        ps.pending("dead"),
-        1,
-        "the rejected message is still in the subscription"
+        r.spec.job.headers.get(WHOLE_HEADER).map(String::as_str),
+        Some("json")
+    );
+    assert_eq!(
+        r.spec
+            .job
+            .headers
+            .get("CloudPubSubDeadLetterSourceDeliveryCount"),
+        Some(&"5".to_string())
+    );
+    assert!(
+        r.spec.reason.contains("its 100 attributes")
+            && r.spec.reason.contains("100 headers; at most 64")
+            && r.spec.reason.contains(&subscription("jobs")),
+        "{}",
+        r.spec.reason
+    );
+    let rejected = dlq_testenv::events_for(&client, &ns, "relayer", "Rejected").await;
+    assert!(rejected.is_empty(), "{rejected:?}");
+
+    decide(&api, &r.name_any(), Action::Redrive, "ops").await;
+    wait_phase(&api, &r.name_any(), Phase::Redriven, 30).await;
+    let back = ps.drain("jobs");
+    assert_eq!(back.len(), 1, "exactly one message back");
+    let got = &back[0].message;
+    assert_eq!(got.data, data, "byte-identical data");
+    assert_eq!(got.ordering_key, "k-100");
+    assert_eq!(
+        got.attributes,
+        with_key(&api, &r.name_any(), own).await,
+        "its own 96 attributes and the idempotency key"
+    );
+}
+
+/// Issue #57 (7): parked whole, a message larger than a record holds (300 KiB of data beside its
+/// 100 attributes) goes to the queue's body store like any large message: the record holds the
+/// reference, the bucket the whole message as JSON, and its redrive publishes the very message.
+#[tokio::test]
+async fn a_large_message_with_more_attributes_than_a_record_holds_is_kept_whole_in_the_store() {
+    use dlq_core::headers::pubsub::{WHOLE_HEADER, Whole};
+    use dlq_testenv::brokers::s3::S3Server;
+    const BUCKET: &str = "dlq-bodies";
+    let (client, ns) = setup("pubsub-whole-store").await;
+    let ps = Pstest::start();
+    topology(&ps, false);
+    let s3 = S3Server::start();
+    s3.create_bucket(BUCKET).await;
+    s3.credentials_secret(&client, &ns, "s3").await;
+    create_dlq(
+        &client,
+        &ns,
+        "relayer",
+        json!({
+            "source": {"pubsub": {"project": PROJECT, "subscription": "dead"}},
+            "target": {"pubsub": {"project": PROJECT, "topic": "jobs"}},
+            "bodies": {"thresholdBytes": 65536,
+                       "s3": {"bucket": BUCKET, "endpoint": s3.endpoint(), "region": "us-east-1",
+                              "credentialsSecretRef": {"name": "s3"}}},
+        }),
+    )
+    .await;
+    let _op = operator(&ns, &ps, &[]);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let (own, dead) = hundred_attributes();
+    let data = vec![b'x'; 300 << 10];
+    ps.publish(
+        "dead",
+        &[PsMessage {
+            data: data.clone(),
+            attributes: dead.clone(),
+            ordering_key: String::new(),
+        }],
+    );
+
+    let r = one_record(&api).await;
+    wait_acked(&ps, "dead", 30).await;
+    assert_eq!(r.spec.failure_kind, dlq_core::api::FailureKind::Invalid);
+    assert!(r.spec.job.payload.is_none() && r.spec.job.payload_base64.is_none());
+    assert_eq!(
+        r.spec.job.headers.get(WHOLE_HEADER).map(String::as_str),
+        Some("json")
+    );
+    let body = r
+        .spec
+        .job
+        .body
+        .as_deref()
+        .expect("a reference into the store");
+    let key = body
+        .reference
+        .strip_prefix(&format!("s3://{BUCKET}/"))
+        .unwrap_or_else(|| panic!("a reference into the bucket: {}", body.reference));
+    let stored = s3.get_object(BUCKET, key).await.expect("the stored body");
+    let whole = Whole::from_payload(&stored).expect("the whole message");
+    assert_eq!(whole.attributes, dead, "every attribute");
+    assert!(whole.data_bytes().expect("data") == data, "the exact data");
+
+    decide(&api, &r.name_any(), Action::Redrive, "ops").await;
+    wait_phase(&api, &r.name_any(), Phase::Redriven, 30).await;
+    let back = ps.drain("jobs");
+    assert_eq!(back.len(), 1, "exactly one message back");
+    assert!(back[0].message.data == data, "byte-identical data");
+    assert_eq!(
+        back[0].message.attributes,
+        with_key(&api, &r.name_any(), own).await,
+        "its own 96 attributes and the idempotency key"
     );
 }

@@ -364,13 +364,27 @@ async fn rotation_seals_new_records_to_the_first_key_and_old_ones_still_redrive(
     assert!(out.contains(&new) && out.contains("seal-old"), "{out}");
     assert!(!out.contains("AGE-SECRET-KEY") && !err.contains("AGE-SECRET-KEY"));
     published(&client, &ns, &[&new, &old]).await;
-    let (ok, _, err) = kubectl_dlq_on(
+    // Run again, it finds the key first already and changes nothing; an older key, or a Secret
+    // it did not make, is not taken.
+    let (ok, out, err) = kubectl_dlq_on(
         audited_plane(),
         &ns,
         &["seal-key", "relayer", "--secret", "seal-new"],
     );
+    assert!(ok && out.contains("already seals"), "{out}{err}");
+    let (ok, _, err) = kubectl_dlq_on(
+        audited_plane(),
+        &ns,
+        &["seal-key", "relayer", "--secret", "seal-old"],
+    );
+    assert!(!ok && err.contains("already an older key"), "{err}");
+    let (ok, _, err) = kubectl_dlq_on(
+        audited_plane(),
+        &ns,
+        &["seal-key", "relayer", "--secret", "redis"],
+    );
     assert!(
-        !ok && err.contains("Secret seal-new already exists"),
+        !ok && err.contains("Secret redis already exists and is not a key"),
         "{err}"
     );
     park_with_client(&client, &ns, "rot/2").await;
@@ -386,6 +400,174 @@ async fn rotation_seals_new_records_to_the_first_key_and_old_ones_still_redrive(
         .await
         .unwrap();
     sealed_counts(&client, &ns, &[(&new, 1), (&old, 0)]).await;
+}
+
+/// A queue `relayer` with no key yet (Redis target), the operator watching it.
+async fn unsealed_queue(client: &Client, ns: &str, redis: &Redis) -> Operator {
+    create_secret(client, ns, "redis", "url", &redis.url()).await;
+    create_dlq(
+        client,
+        ns,
+        "relayer",
+        json!({"target": {"redis": {"urlSecretRef": {"name": "redis", "key": "url"}, "stream": STREAM}}}),
+    )
+    .await;
+    Operator::start_on(&audited_plane().kubeconfig, ns, &[], &[LOG])
+}
+
+/// Writes the queue's status again and again (what the operator does to a new queue, without
+/// pause) until `stop`; returns how many writes the apiserver took.
+fn status_writes(
+    client: &Client,
+    ns: &str,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<u64> {
+    let queues: Api<DeadLetterQueue> = Api::namespaced(client.clone(), ns);
+    tokio::spawn(async move {
+        let mut written = 0;
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            let status = json!({"status": {"http": {"refusedLastMinute": written + 1}}});
+            let pp = PatchParams::default();
+            if queues
+                .patch_status("relayer", &pp, &Patch::Merge(&status))
+                .await
+                .is_ok()
+            {
+                written += 1;
+            }
+        }
+        written
+    })
+}
+
+/// `kubectl dlq seal-key` against the admin kubeconfig, off the test's runtime threads.
+async fn seal_key(ns: &str, args: &[&str]) -> (bool, String, String) {
+    let ns = ns.to_string();
+    let args: Vec<String> = std::iter::once("seal-key")
+        .chain(args.iter().copied())
+        .map(String::from)
+        .collect();
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        kubectl_dlq_on(audited_plane(), &ns, &args)
+    })
+    .await
+    .unwrap()
+}
+
+/// The names of the queue's keys, in order.
+async fn key_names(client: &Client, ns: &str) -> Vec<String> {
+    let queues: Api<DeadLetterQueue> = Api::namespaced(client.clone(), ns);
+    let q = queues.get("relayer").await.unwrap();
+    let seal = q.spec.protection.and_then(|p| p.seal).unwrap_or_default();
+    seal.key_refs().iter().map(|k| k.name.clone()).collect()
+}
+
+/// Issue #57 (9): `seal-key`'s change of the queue was guarded by the resourceVersion it read,
+/// which the operator's own status writes move: on a new queue about 1 run in 4 failed with a
+/// raw 409 and left its Secret behind. Here the queue's status is written without pause while
+/// it runs three times (a first key, then two rotations): each run makes its key the queue's.
+#[tokio::test]
+async fn seal_key_makes_its_key_the_queues_while_the_queues_status_is_written() {
+    let (client, ns) = setup_on(audited_plane(), "sealkey-race").await;
+    let redis = Redis::start();
+    let _op = unsealed_queue(&client, &ns, &redis).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = status_writes(&client, &ns, stop.clone());
+    let started = std::time::Instant::now();
+    let mut runs = Vec::new();
+    for name in ["key-1", "key-2", "key-3"] {
+        runs.push((name, seal_key(&ns, &["relayer", "--secret", name]).await));
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let written = writer.await.unwrap();
+    dlq_testenv::report(&format!(
+        "seal-key: 3 runs against {written} status writes in {:.1}s",
+        started.elapsed().as_secs_f64()
+    ));
+    assert!(written >= 3, "the status was written meanwhile: {written}");
+    for (name, (ok, out, err)) in &runs {
+        assert!(*ok, "seal-key --secret {name}: {out}{err}");
+    }
+    assert_eq!(key_names(&client, &ns).await, ["key-3", "key-2", "key-1"]);
+    let mut recipients = Vec::new();
+    for name in ["key-3", "key-2", "key-1"] {
+        recipients.push(recipient_in(&client, &ns, name).await);
+    }
+    let recipients: Vec<&str> = recipients.iter().map(String::as_str).collect();
+    published(&client, &ns, &recipients).await;
+}
+
+/// Lets `user` read queues and create and read Secrets in `ns`, but not change a queue: a
+/// `seal-key` as `user` makes its Secret and then fails.
+fn grant_secrets_only(ns: &str, user: &str) {
+    let role = format!("secrets-{user}");
+    dlq_testenv::chart::apply(
+        audited_plane(),
+        &[
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+             "metadata": {"name": role, "namespace": ns},
+             "rules": [
+                {"apiGroups": ["dlq.dev"], "resources": ["deadletterqueues"], "verbs": ["get"]},
+                {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "get"]}]}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+             "metadata": {"name": role, "namespace": ns},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}),
+        ],
+    );
+}
+
+/// Issue #57 (9): a run that failed after making its Secret says so and names it; the command
+/// it prints finishes the job with that very Secret (its key, not a new one), where a second
+/// run used to be refused because the Secret exists. Run once more, it changes nothing.
+#[tokio::test]
+async fn seal_key_run_again_after_a_failure_uses_the_secret_it_left() {
+    let (client, ns) = setup_on(audited_plane(), "sealkey-again").await;
+    let redis = Redis::start();
+    let _op = unsealed_queue(&client, &ns, &redis).await;
+    grant_secrets_only(&ns, "half");
+    // Until the authorizer has the Role, the queue's read or the Secret's create is refused.
+    let (ok, out, err) = eventually(
+        30,
+        "seal-key as half to reach the queue's change",
+        || async {
+            let run = seal_key(&ns, &["--as", "half", "relayer"]).await;
+            run.2.contains("cannot patch resource").then_some(run)
+        },
+    )
+    .await;
+    assert!(!ok, "half may not change the queue: {out}{err}");
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), &ns);
+    let left: Vec<String> = secrets
+        .list(&ListParams::default().labels(&format!("{}=relayer", dlq_core::api::LABEL_QUEUE)))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|s| s.name_any())
+        .collect();
+    assert_eq!(left.len(), 1, "one key Secret made: {left:?}");
+    let name = &left[0];
+    let finish = format!("kubectl dlq seal-key relayer --secret {name}");
+    assert!(
+        err.contains(&format!("Secret {name} holds the new key")) && err.contains(&finish),
+        "the failure names what it left and how to finish: {err}"
+    );
+    assert!(key_names(&client, &ns).await.is_empty());
+
+    let recipient = recipient_in(&client, &ns, name).await;
+    let (ok, out, err) = seal_key(&ns, &["relayer", "--secret", name]).await;
+    assert!(ok, "the run again finishes: {out}{err}");
+    assert!(
+        out.contains(&recipient),
+        "its own key, not a new one: {out}"
+    );
+    assert_eq!(key_names(&client, &ns).await, [name.as_str()]);
+    published(&client, &ns, &[&recipient]).await;
+    let (ok, out, err) = seal_key(&ns, &["relayer", "--secret", name]).await;
+    assert!(ok && out.contains("already seals"), "{out}{err}");
+    assert_eq!(key_names(&client, &ns).await, [name.as_str()]);
 }
 
 #[tokio::test]

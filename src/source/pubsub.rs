@@ -8,8 +8,10 @@
 //! id) finds the record already made.
 //!
 //! A message whose attributes a record cannot all hold (more than 64, Pub/Sub allows 100; a
-//! name that is not a token) is left in the subscription, counted and announced as rejected,
-//! rather than parked as an Invalid record without them and acknowledged.
+//! name that is not a token) is parked whole as an Invalid record and acknowledged: its payload
+//! is the message as JSON, every attribute in it (`dlq_core::headers::pubsub`), its headers
+//! what a record can hold, and a redrive publishes the very same message again. Left in the
+//! subscription instead, it was redelivered for as long as the subscription kept it.
 //!
 //! Each record carries: the data untouched, every attribute as a job header (the
 //! `CloudPubSubDeadLetter*` ones too; the target does not send those back), the job id from
@@ -28,9 +30,9 @@ use google_cloud_pubsub::subscriber::handler::Handler;
 use kube::Client;
 use tokio::sync::{Mutex, Semaphore};
 
-use dlq_client::park::{ParkError, ParkInvalid, ParkRequest};
-use dlq_core::api::{self, DeadLetterQueue, Job, Origin, PubsubSourceSpec};
-use dlq_core::park::validate_headers;
+use dlq_client::park::{ParkInvalid, ParkRequest};
+use dlq_core::api::{self, DeadLetterQueue, FailureKind, Job, Origin, PubsubSourceSpec};
+use dlq_core::headers::pubsub::{Whole, held_headers, unholdable};
 
 use super::park_into::{ParkInto, SourceError, keep_running};
 use crate::broker::pubsub::{PubsubConn, resource_name};
@@ -94,15 +96,17 @@ impl Dead {
     }
 }
 
-/// Turns one dead message into a park request; `subscription` is the dead-letter subscription
-/// it was pulled from, `origin_topic` the topic of the subscription that gave up on it.
+/// Turns one dead message into a park request and the exact bytes it parks: the message's data,
+/// or the whole message as JSON when its attributes cannot all be headers ([`whole`]);
+/// `subscription` is the dead-letter subscription it was pulled from, `origin_topic` the topic
+/// of the subscription that gave up on it.
 pub fn request_for(
     queue: &str,
     subscription: &str,
     spec: &PubsubSourceSpec,
     dead: &Dead,
     origin_topic: Option<String>,
-) -> ParkRequest {
+) -> (ParkRequest, bytes::Bytes) {
     let own_id = spec
         .job_id_attribute
         .as_ref()
@@ -122,15 +126,20 @@ pub fn request_for(
         ordering_key: Some(dead.ordering_key.clone()).filter(|k| !k.is_empty()),
         ..Origin::default()
     };
+    let unheld = unholdable(&dead.attributes);
+    let (headers, raw) = match &unheld {
+        None => (dead.attributes.clone(), dead.data.clone()),
+        Some(_) => (held_headers(&dead.attributes), whole_bytes(dead)),
+    };
     let mut req = ParkRequest::of_message(
         queue,
         Job {
             id,
-            headers: dead.attributes.clone(),
+            headers,
             origin: (origin != Origin::default()).then(|| Box::new(origin)),
             ..Job::default()
         },
-        &dead.data,
+        &raw,
     );
     // The message id is the message's identity in its dead-letter subscription: a redelivery
     // after a crash carries the same one, a redriven job that dies again a new one.
@@ -151,14 +160,32 @@ pub fn request_for(
             None => format!("dead-lettered by Pub/Sub from {from} (maxDeliveryAttempts reached)"),
         },
     };
-    req
+    if let Some(why) = unheld {
+        whole(&mut req, dead, &why);
+    }
+    (req, raw)
 }
 
-/// Why a message's attributes cannot all be a record's headers (more than a record holds, a
-/// name that is not a token), if so. Such a message stays in the subscription: parked, it
-/// would be an Invalid record without them, and acknowledged, they would be gone.
-pub fn unholdable(dead: &Dead) -> Option<ParkInvalid> {
-    validate_headers(&dead.attributes).err()
+/// The whole message as its record's payload (canonical JSON of `dlq_core::headers::pubsub::Whole`).
+fn whole_bytes(dead: &Dead) -> bytes::Bytes {
+    let whole = Whole::new(&dead.data, &dead.attributes, &dead.ordering_key);
+    bytes::Bytes::from(whole.to_payload())
+}
+
+/// Makes `req` the Invalid record of a message parked whole, its reason saying why and what a
+/// redrive does.
+fn whole(req: &mut ParkRequest, dead: &Dead, why: &ParkInvalid) {
+    let said = |why: String| {
+        format!(
+            "its {} attributes cannot all be a record's headers ({why}): parked whole, the payload is the message as JSON (its data, every attribute, its ordering key) and a redrive publishes that very message; {}",
+            dead.attributes.len(),
+            req.reason
+        )
+    };
+    let (reason, sealed) = (said(why.to_string()), said(why.without_values()));
+    req.failure_kind = FailureKind::Invalid;
+    req.reason = reason;
+    req.sealed_reason = Some(sealed);
 }
 
 /// Runs one bridge until aborted.
@@ -268,7 +295,7 @@ impl Bridge {
             Some(sub) => self.topic_of(&sub).await,
             None => None,
         };
-        let req = request_for(
+        let (req, raw) = request_for(
             self.into.queue(),
             &self.subscription,
             &self.spec,
@@ -278,19 +305,15 @@ impl Bridge {
         let job = req.job.id.clone();
         // The client extends the message's lease by itself while the handler is held: nothing
         // to tell the server while parking waits.
-        let parked = match unholdable(&dead) {
-            Some(why) => Err(ParkError::Invalid(why)),
-            None => {
-                self.into
-                    .park_message(
-                        req,
-                        &dead.data,
-                        "in the Pub/Sub subscription (its lease extended meanwhile)",
-                        || async {},
-                    )
-                    .await
-            }
-        };
+        let parked = self
+            .into
+            .park_message(
+                req,
+                &raw,
+                "in the Pub/Sub subscription (its lease extended meanwhile)",
+                || async {},
+            )
+            .await;
         if let Err(e) = parked {
             // Can never be a record (over the payload limit, or refused by the apiserver even
             // as Invalid): left unacknowledged in Pub/Sub, held a while so it does not come
@@ -376,13 +399,14 @@ mod tests {
     #[test]
     fn dead_messages_become_records_with_their_origin_and_delivery_count() {
         let sub = "projects/shop/subscriptions/relayer-dead";
-        let req = request_for(
+        let (req, raw) = request_for(
             "relayer",
             sub,
             &spec(None),
             &dead(),
             Some("projects/payments/topics/relayer".into()),
         );
+        assert_eq!(raw, dead().data, "the message's data");
         assert_eq!(req.job.id, "1234567");
         assert_eq!(
             req.job.payload, None,
@@ -410,22 +434,42 @@ mod tests {
             "{}",
             req.reason
         );
-        let own = request_for("relayer", sub, &spec(Some("job")), &dead(), None);
+        let (own, _) = request_for("relayer", sub, &spec(Some("job")), &dead(), None);
         assert_eq!(own.job.id, "pi_0003/settle");
     }
 
     #[test]
-    fn attributes_a_record_cannot_hold_keep_the_message_in_the_subscription() {
-        assert_eq!(unholdable(&dead()), None);
+    fn attributes_a_record_cannot_hold_park_the_message_whole() {
+        let sub = "projects/shop/subscriptions/relayer-dead";
         let mut many = dead();
-        many.attributes = (0..100).map(|i| (format!("a{i}"), "v".into())).collect();
-        assert!(matches!(
-            unholdable(&many),
-            Some(ParkInvalid::TooManyHeaders { count: 100, .. })
-        ));
+        many.attributes
+            .extend((0..96).map(|i| (format!("a{i:02}"), "v".to_string())));
+        let (req, raw) = request_for("relayer", sub, &spec(None), &many, None);
+        assert_eq!(req.failure_kind, FailureKind::Invalid);
+        assert_eq!(req.job.id, "1234567", "the job keeps its id");
+        assert_eq!(req.deliveries, 5);
+        assert_eq!(req.job.payload_bytes().expect("bytes"), raw.to_vec());
+        let whole = Whole::from_payload(&raw).expect("the whole message");
+        assert_eq!(whole.attributes, many.attributes, "every attribute");
+        assert_eq!(whole.data_bytes().expect("data"), many.data.to_vec());
+        assert_eq!(whole.ordering_key, "customer-7");
+        assert_eq!(req.job.headers.len(), api::MAX_HEADERS);
+        assert!(dlq_core::park::validate(&req).is_ok(), "a record holds it");
+        assert!(
+            req.reason.starts_with("its 101 attributes cannot all be a record's headers (101 headers; at most 64)")
+                && req
+                    .reason
+                    .ends_with("dead-lettered by Pub/Sub from subscription projects/payments/subscriptions/relayer (maxDeliveryAttempts reached after 5 deliveries)"),
+            "{}",
+            req.reason
+        );
         let mut spaced = dead();
         spaced.attributes.insert("not a token".into(), "v".into());
-        assert!(unholdable(&spaced).is_some());
+        let (req, _) = request_for("relayer", sub, &spec(None), &spaced, None);
+        assert_eq!(req.failure_kind, FailureKind::Invalid);
+        assert!(req.reason.contains("\"not a token\""), "{}", req.reason);
+        let sealed = req.sealed_reason.expect("a sealed reason");
+        assert!(!sealed.contains("not a token"), "{sealed}");
     }
 
     #[test]
@@ -435,7 +479,7 @@ mod tests {
             data: bytes::Bytes::from_static(b"{}"),
             ..Dead::default()
         };
-        let req = request_for(
+        let (req, _) = request_for(
             "relayer",
             "projects/shop/subscriptions/d",
             &spec(None),

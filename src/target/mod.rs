@@ -53,11 +53,23 @@ pub struct JobMessage {
 }
 
 impl JobMessage {
-    /// Refuses a null job to a target that would send it as an empty value instead.
+    /// Refuses a null job to a target that would send it as an empty value instead, and a
+    /// Pub/Sub message parked whole to a target that would send its JSON instead.
     pub fn check_carried_by(&self, target: &dyn Target) -> Result<(), TargetError> {
         if self.null_payload && !target.carries_null_payload() {
             return Err(TargetError::NullNotCarried(format!(
                 "job {} has no value at all (a Kafka tombstone); {} would send an empty one instead: redrive it to a Kafka target, or drop it",
+                self.id,
+                target.describe()
+            )));
+        }
+        if self
+            .headers
+            .contains_key(dlq_core::headers::pubsub::WHOLE_HEADER)
+            && !target.publishes_whole_pubsub_messages()
+        {
+            return Err(TargetError::Unsupported(format!(
+                "job {} is a whole Pub/Sub message (its payload holds its data and attributes as JSON); {} would send that JSON instead: redrive it to a Pub/Sub target, or drop it",
                 self.id,
                 target.describe()
             )));
@@ -177,6 +189,11 @@ pub trait Target: Send + Sync {
     fn carries_null_payload(&self) -> bool {
         false
     }
+    /// Whether it publishes a Pub/Sub message parked whole as that message
+    /// (`dlq_core::headers::pubsub`): only Pub/Sub does; the others would send its JSON.
+    fn publishes_whole_pubsub_messages(&self) -> bool {
+        false
+    }
     /// Cheap reachability check for the queue's Ready condition.
     fn probe(&self) -> BoxFuture<'_, Result<(), TargetError>>;
 }
@@ -257,5 +274,21 @@ mod tests {
         assert_eq!(refused.reason(), "NullNotCarried");
         let empty = JobMessage::from_job(&Job::from_bytes("e", b"")).expect("empty");
         assert_eq!(empty.check_carried_by(&Carrier(false)), Ok(()));
+    }
+
+    #[test]
+    fn a_pubsub_message_parked_whole_goes_only_to_pubsub() {
+        let mut whole = job();
+        whole.headers.insert(
+            dlq_core::headers::pubsub::WHOLE_HEADER.into(),
+            dlq_core::headers::pubsub::WHOLE_JSON.into(),
+        );
+        let refused = whole.check_carried_by(&Carrier(true)).expect_err("refused");
+        assert!(
+            refused
+                .to_string()
+                .contains("redrive it to a Pub/Sub target"),
+            "{refused}"
+        );
     }
 }

@@ -4,11 +4,13 @@
 //! The data goes back byte for byte with the original attributes and ordering key. The
 //! `CloudPubSubDeadLetter*` attributes Pub/Sub added when it dead-lettered the message stay on
 //! the record but are not sent: the next dead-lettering adds them again. The redrive's
-//! idempotency key rides as one more attribute (`spec.target.idempotencyKeyHeader`).
+//! idempotency key rides as one more attribute (`spec.target.idempotencyKeyHeader`). A record
+//! of a message parked whole (more attributes than a record holds, `dlq_core::headers::pubsub`)
+//! is published as the message its payload holds, not as its payload.
 //!
 //! [`PubsubConn`] (emulator or Google, credentials) is shared with the source.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -22,6 +24,7 @@ use google_cloud_pubsub::retry_policy::RetryableErrors;
 use tokio::sync::{Mutex, OnceCell};
 
 use dlq_core::api::{PubsubTargetSpec, Route};
+use dlq_core::headers::pubsub;
 
 use super::{JobMessage, Target, TargetError};
 use crate::broker::pubsub::{DEAD_LETTER_PREFIX, PubsubConn, resource_name};
@@ -122,21 +125,63 @@ impl PubsubTarget {
 }
 
 /// The message a redrive publishes: the job's data, its attributes but Pub/Sub's dead-letter
-/// ones, the idempotency key's attribute, and its ordering key.
-pub fn message_for(job: &JobMessage) -> Message {
-    let attributes: Vec<(String, String)> = job
-        .headers_with_key()
+/// ones, the idempotency key's attribute, and its ordering key; for a message parked whole,
+/// those of the message its payload holds. Refused when that payload is not one.
+pub fn message_for(job: &JobMessage) -> Result<Message, TargetError> {
+    if job.headers.contains_key(pubsub::WHOLE_HEADER) {
+        return whole_message_for(job);
+    }
+    let ordering_key = job.origin.as_ref().and_then(|o| o.ordering_key.as_deref());
+    Ok(message(
+        job.payload.clone(),
+        &job.headers_with_key(),
+        ordering_key.unwrap_or_default(),
+    ))
+}
+
+/// The message a record of a message parked whole holds, with the redrive's idempotency key.
+fn whole_message_for(job: &JobMessage) -> Result<Message, TargetError> {
+    let refused = |why: String| {
+        TargetError::Invalid(format!(
+            "job {} says its payload is a whole Pub/Sub message ({}), but it is not one: {why}",
+            job.id,
+            pubsub::WHOLE_HEADER
+        ))
+    };
+    let whole = pubsub::Whole::from_payload(&job.payload).map_err(refused)?;
+    let data = whole.data_bytes().map_err(refused)?;
+    let with_key = JobMessage {
+        id: job.id.clone(),
+        payload: bytes::Bytes::new(),
+        null_payload: false,
+        headers: whole.attributes,
+        origin: None,
+        idempotency_key: job.idempotency_key.clone(),
+        key_header: job.key_header.clone(),
+    };
+    Ok(message(
+        data.into(),
+        &with_key.headers_with_key(),
+        &whole.ordering_key,
+    ))
+}
+
+/// A message of `data`, `attributes` but Pub/Sub's dead-letter ones, and `ordering_key`.
+fn message(
+    data: bytes::Bytes,
+    attributes: &BTreeMap<String, String>,
+    ordering_key: &str,
+) -> Message {
+    let attributes: Vec<(String, String)> = attributes
         .iter()
         .filter(|(k, _)| !k.starts_with(DEAD_LETTER_PREFIX))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    let mut msg = Message::new()
-        .set_data(job.payload.clone())
-        .set_attributes(attributes);
-    if let Some(key) = job.origin.as_ref().and_then(|o| o.ordering_key.as_deref()) {
-        msg = msg.set_ordering_key(key);
+    let msg = Message::new().set_data(data).set_attributes(attributes);
+    match ordering_key {
+        "" => msg,
+        key => msg.set_ordering_key(key),
     }
-    msg
 }
 
 /// Refused (the server will not take it as it is) or unreachable (retrying may help).
@@ -167,10 +212,14 @@ impl Target for PubsubTarget {
         }
     }
 
+    fn publishes_whole_pubsub_messages(&self) -> bool {
+        true
+    }
+
     fn requeue<'a>(&'a self, job: &'a JobMessage) -> BoxFuture<'a, Result<(), TargetError>> {
         async move {
             let topic = self.topic_for(job)?;
-            let msg = message_for(job);
+            let msg = message_for(job)?;
             let ordering_key = msg.ordering_key.clone();
             let publisher = self.publisher(&topic).await?;
             let answer = tokio::time::timeout(PUBLISH_TIMEOUT, publisher.publish(msg)).await;
@@ -289,8 +338,38 @@ mod tests {
     }
 
     #[test]
+    fn a_message_parked_whole_is_published_as_the_message_it_holds() {
+        let mut attributes: BTreeMap<String, String> = (0..100)
+            .map(|i| (format!("a{i:03}"), format!("v{i}")))
+            .collect();
+        attributes.insert(
+            "CloudPubSubDeadLetterSourceDeliveryCount".into(),
+            "5".into(),
+        );
+        let data = [0u8, 159, 146, 150];
+        let mut parked = job(None);
+        parked.payload = pubsub::Whole::new(&data, &attributes, "k-9")
+            .to_payload()
+            .into();
+        parked.headers = pubsub::held_headers(&attributes);
+        let msg = message_for(&parked).expect("the message it holds");
+        assert_eq!(msg.data.as_ref(), &data);
+        assert_eq!(msg.ordering_key, "k-9");
+        attributes.remove("CloudPubSubDeadLetterSourceDeliveryCount");
+        attributes.insert("Idempotency-Key".into(), "uid-1".into());
+        let sent: BTreeMap<String, String> = msg.attributes.into_iter().collect();
+        assert_eq!(sent, attributes);
+        parked.payload = bytes::Bytes::from_static(b"{\"data\":\"x\"}");
+        let refused = message_for(&parked).expect_err("not a whole message");
+        assert_eq!(
+            refused.reason(),
+            TargetError::Invalid(String::new()).reason()
+        );
+    }
+
+    #[test]
     fn the_message_is_untouched_but_for_pubsubs_dead_letter_attributes() {
-        let msg = message_for(&job(None));
+        let msg = message_for(&job(None)).expect("a message");
         assert_eq!(msg.data.as_ref(), &[0, 159, 146, 150]);
         assert_eq!(msg.ordering_key, "customer-7");
         assert_eq!(msg.attributes.get("trace").map(String::as_str), Some("abc"));

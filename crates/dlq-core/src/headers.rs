@@ -679,3 +679,192 @@ pub mod kafka {
         }
     }
 }
+
+/// Google Cloud Pub/Sub: a message's attributes are its job's headers. Pub/Sub allows 100
+/// attributes of any name; a record holds 64 headers with token names. A message whose
+/// attributes a record cannot all hold is parked whole: its payload is the message as JSON
+/// ([`Whole`]: its data, every attribute, its ordering key), marked by [`WHOLE_HEADER`] beside
+/// the attributes a record can hold ([`held_headers`], for a person to read), and the target
+/// publishes the message it holds ([`Whole::from_payload`]) instead of the payload.
+pub mod pubsub {
+    use std::collections::BTreeMap;
+
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD;
+    use serde::Deserialize;
+
+    use crate::api;
+    use crate::park::{ParkInvalid, header_holdable, validate_headers};
+
+    /// The header marking a job whose payload is a whole Pub/Sub message (value [`WHOLE_JSON`]).
+    pub const WHOLE_HEADER: &str = "pubsub-whole-message";
+    /// [`WHOLE_HEADER`]'s value: the payload is [`Whole`] as JSON.
+    pub const WHOLE_JSON: &str = "json";
+
+    /// A whole Pub/Sub message: what a redrive publishes again.
+    #[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    pub struct Whole {
+        pub attributes: BTreeMap<String, String>,
+        /// The data when it is UTF-8 (as a person reads it), else in `dataBase64`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub data: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub data_base64: Option<String>,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        pub ordering_key: String,
+    }
+
+    impl Whole {
+        pub fn new(data: &[u8], attributes: &BTreeMap<String, String>, ordering_key: &str) -> Self {
+            let (data, data_base64) = match std::str::from_utf8(data) {
+                Ok(text) => (Some(text.to_string()), None),
+                Err(_) => (None, Some(STANDARD.encode(data))),
+            };
+            Whole {
+                attributes: attributes.clone(),
+                data,
+                data_base64,
+                ordering_key: ordering_key.to_string(),
+            }
+        }
+
+        /// The message as the payload of its record: canonical JSON (keys sorted), so the same
+        /// message is always the same bytes.
+        pub fn to_payload(&self) -> Vec<u8> {
+            use serde_json::{Map, Value};
+            let attributes: Map<String, Value> = self
+                .attributes
+                .iter()
+                .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+                .collect();
+            let mut whole = Map::new();
+            whole.insert("attributes".into(), Value::Object(attributes));
+            let fields = [
+                ("data", self.data.as_deref()),
+                ("dataBase64", self.data_base64.as_deref()),
+                (
+                    "orderingKey",
+                    Some(self.ordering_key.as_str()).filter(|k| !k.is_empty()),
+                ),
+            ];
+            for (name, value) in fields {
+                if let Some(value) = value {
+                    whole.insert(name.into(), Value::String(value.to_string()));
+                }
+            }
+            Value::Object(whole).to_string().into_bytes()
+        }
+
+        /// The message a record's payload holds; an error (quoting nothing of it) when it is
+        /// not one.
+        pub fn from_payload(payload: &[u8]) -> Result<Whole, String> {
+            let whole: Whole = serde_json::from_slice(payload)
+                .map_err(|e| crate::park::json_error_without_values(&e))?;
+            if whole.data.is_some() && whole.data_base64.is_some() {
+                return Err("both data and dataBase64".into());
+            }
+            Ok(whole)
+        }
+
+        /// The message's data, byte for byte.
+        pub fn data_bytes(&self) -> Result<Vec<u8>, String> {
+            match (&self.data, &self.data_base64) {
+                (Some(text), _) => Ok(text.clone().into_bytes()),
+                (None, Some(b64)) => STANDARD
+                    .decode(b64)
+                    .map_err(|_| "dataBase64 is not base64".to_string()),
+                (None, None) => Ok(Vec::new()),
+            }
+        }
+    }
+
+    /// Why a message's attributes cannot all be its record's headers (more than 64, a name
+    /// that is not a token, or [`WHOLE_HEADER`] itself), if so: then it is parked whole.
+    pub fn unholdable(attributes: &BTreeMap<String, String>) -> Option<ParkInvalid> {
+        if attributes.contains_key(WHOLE_HEADER) {
+            return Some(ParkInvalid::ReservedHeaderName(WHOLE_HEADER.to_string()));
+        }
+        validate_headers(attributes).err()
+    }
+
+    /// The headers of a message parked whole: [`WHOLE_HEADER`] and the attributes a record can
+    /// hold, in name order, as many as fit beside it.
+    pub fn held_headers(attributes: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+        let held = attributes
+            .iter()
+            .filter(|(k, v)| {
+                k.as_str() != WHOLE_HEADER
+                    && header_holdable(k, v)
+                    && v.len() <= api::MAX_HEADER_VALUE_LEN
+            })
+            .take(api::MAX_HEADERS - 1)
+            .map(|(k, v)| (k.clone(), v.clone()));
+        std::iter::once((WHOLE_HEADER.to_string(), WHOLE_JSON.to_string()))
+            .chain(held)
+            .collect()
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        fn attrs(n: usize) -> BTreeMap<String, String> {
+            (0..n)
+                .map(|i| (format!("a{i:03}"), format!("v{i}")))
+                .collect()
+        }
+
+        #[test]
+        fn a_whole_message_comes_back_byte_for_byte() {
+            let mut attributes = attrs(100);
+            attributes.insert("not a token".into(), "x\r\ny".into());
+            for data in [&b"{\"a\":1}"[..], &[0xff, 0x00, 0x80][..], &[][..]] {
+                let whole = Whole::new(data, &attributes, "k-1");
+                let payload = whole.to_payload();
+                assert_eq!(payload, whole.to_payload(), "canonical");
+                let back = Whole::from_payload(&payload).expect("a whole message");
+                assert_eq!(back, whole);
+                assert_eq!(back.data_bytes().expect("data"), data);
+                assert_eq!(back.attributes, attributes);
+                assert_eq!(back.ordering_key, "k-1");
+            }
+            assert!(
+                Whole::from_payload(b"{\"data\":\"x\"}").is_err(),
+                "no attributes"
+            );
+            assert!(Whole::from_payload(b"[1]").is_err());
+        }
+
+        #[test]
+        fn what_a_record_cannot_hold_is_parked_whole_beside_what_it_can() {
+            assert_eq!(unholdable(&attrs(64)), None);
+            assert!(matches!(
+                unholdable(&attrs(100)),
+                Some(ParkInvalid::TooManyHeaders { count: 100, .. })
+            ));
+            let mut spaced = attrs(2);
+            spaced.insert("not a token".into(), "v".into());
+            assert!(unholdable(&spaced).is_some());
+            let mut marked = attrs(2);
+            marked.insert(WHOLE_HEADER.into(), "mine".into());
+            assert!(
+                unholdable(&marked).is_some(),
+                "the marker is never an attribute"
+            );
+
+            let held = held_headers(&spaced);
+            assert_eq!(held.get(WHOLE_HEADER).map(String::as_str), Some(WHOLE_JSON));
+            assert!(!held.contains_key("not a token"));
+            assert_eq!(held.len(), 3);
+            let held = held_headers(&attrs(100));
+            assert_eq!(held.len(), api::MAX_HEADERS);
+            assert_eq!(validate_headers(&held), Ok(()));
+            let marked = held_headers(&marked);
+            assert_eq!(
+                marked.get(WHOLE_HEADER).map(String::as_str),
+                Some(WHOLE_JSON)
+            );
+        }
+    }
+}

@@ -171,6 +171,8 @@ pub enum ParkInvalid {
     InvalidHeaderValue { name: String, why: String },
     #[error("{count} headers; at most {max}")]
     TooManyHeaders { count: usize, max: usize },
+    #[error("header name {0:?} is the operator's own")]
+    ReservedHeaderName(String),
     #[error("deliveries must be >= 0, got {0}")]
     NegativeDeliveries(i32),
     #[error("{field} is {len} characters; at most {max}")]
@@ -193,6 +195,7 @@ impl ParkInvalid {
             ParkInvalid::InvalidHeaderName(_) => {
                 "invalid header name: use RFC 7230 token characters, at most 256".into()
             }
+            ParkInvalid::ReservedHeaderName(_) => "a header name is the operator's own".into(),
             ParkInvalid::InvalidHeaderValue { why, .. } => {
                 format!("a header value is invalid: {why}")
             }
@@ -217,6 +220,7 @@ impl ParkInvalid {
             ParkInvalid::InvalidHeaderName(_) => "InvalidHeaderName",
             ParkInvalid::InvalidHeaderValue { .. } => "InvalidHeaderValue",
             ParkInvalid::TooManyHeaders { .. } => "TooManyHeaders",
+            ParkInvalid::ReservedHeaderName(_) => "ReservedHeaderName",
             ParkInvalid::NegativeDeliveries(_) => "NegativeDeliveries",
             ParkInvalid::TooLong { .. } => "TooLong",
         }

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dead_letter::{DeadLetter, Job, SealedJob};
 use crate::park::ParkRequest;
+use crate::queue::{SealKeyRef, SealSpec};
 
 /// Longest `sealed.ciphertext` (base64): a 256 KiB payload with 64 headers of 8 KiB, as JSON,
 /// sealed and encoded, fits.
@@ -435,6 +436,50 @@ pub fn protection_write(
     }
 }
 
+/// Most keys a queue lists (the CRD's bound on `spec.protection.seal.keys`).
+pub const MAX_KEYS: usize = 8;
+
+/// What making Secret `name` a queue's sealing key (`kubectl dlq seal-key`) does, decided from
+/// the queue's `spec.protection.seal` as it is now: so a run again after a failure, or after a
+/// concurrent change of the keys, does the right thing once.
+#[derive(Debug, Clone, PartialEq)]
+pub enum KeyAdded {
+    /// The seal to write: `name` the only identity, or first before the older keys (rotation).
+    Write(SealSpec),
+    /// `name` seals new records already: nothing to write.
+    AlreadyFirst,
+    /// `name` is an older key of the queue, kept to open older records.
+    AlreadyOlder,
+    /// The queue lists [`MAX_KEYS`] already.
+    Full,
+}
+
+/// [`KeyAdded`] for Secret `name` (its default key) and the queue's `seal`.
+pub fn add_key(seal: Option<&SealSpec>, name: &str) -> KeyAdded {
+    let old = seal.map(SealSpec::key_refs).unwrap_or_default();
+    match old.iter().position(|k| k.name == name) {
+        Some(0) => return KeyAdded::AlreadyFirst,
+        Some(_) => return KeyAdded::AlreadyOlder,
+        None if old.len() >= MAX_KEYS => return KeyAdded::Full,
+        None => {}
+    }
+    let new = SealKeyRef {
+        name: name.to_string(),
+        key: None,
+    };
+    // One identity is `identitySecretRef`; a rotation lists them all in `keys`, new first.
+    KeyAdded::Write(match old {
+        [] => SealSpec {
+            identity_secret_ref: Some(new),
+            keys: Vec::new(),
+        },
+        _ => SealSpec {
+            identity_secret_ref: None,
+            keys: std::iter::once(new).chain(old.iter().cloned()).collect(),
+        },
+    })
+}
+
 /// The most an age file to one X25519 recipient adds to its plaintext: its header (about 210
 /// bytes, plus the random "grease" stanza age adds, up to about 300), a 16-byte tag per 64 KiB
 /// chunk, and the JSON around the content.
@@ -465,6 +510,36 @@ mod tests {
         let mut record = crate::testing::RecordBuilder::job(&job.id).build();
         record.spec.job = job;
         record
+    }
+
+    #[test]
+    fn a_new_key_goes_first_once_and_an_existing_one_is_not_added_again() {
+        let named = |n: &str| SealKeyRef {
+            name: n.into(),
+            key: None,
+        };
+        let one = SealSpec {
+            identity_secret_ref: Some(named("a")),
+            keys: Vec::new(),
+        };
+        assert_eq!(
+            add_key(None, "a"),
+            KeyAdded::Write(one.clone()),
+            "the first key is the identity"
+        );
+        let rotated = SealSpec {
+            identity_secret_ref: None,
+            keys: vec![named("b"), named("a")],
+        };
+        assert_eq!(add_key(Some(&one), "b"), KeyAdded::Write(rotated.clone()));
+        assert_eq!(add_key(Some(&rotated), "b"), KeyAdded::AlreadyFirst);
+        assert_eq!(add_key(Some(&rotated), "a"), KeyAdded::AlreadyOlder);
+        let full = SealSpec {
+            identity_secret_ref: None,
+            keys: (0..MAX_KEYS).map(|i| named(&format!("k{i}"))).collect(),
+        };
+        assert_eq!(add_key(Some(&full), "new"), KeyAdded::Full);
+        assert_eq!(add_key(Some(&full), "k0"), KeyAdded::AlreadyFirst);
     }
 
     #[test]

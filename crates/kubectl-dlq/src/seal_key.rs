@@ -2,105 +2,203 @@
 //! Secret, made the queue's identity: `spec.protection.seal.identitySecretRef` for a queue that
 //! had none, else first in `spec.protection.seal.keys` (the keys after it only open older
 //! records: rotation). The identity is never printed.
+//!
+//! Safe to run again. The queue's change is guarded by its `metadata.generation`, which only a
+//! change of its spec moves (the operator's status writes moved the `resourceVersion` the
+//! guard used to be, and made about 1 run in 4 on a new queue fail with a 409): when it moved,
+//! the queue is read again and the change decided again (`dlq_core::seal::add_key`). A Secret
+//! an earlier run left behind (labelled for the queue, holding an identity) is used again under
+//! the same name, and a failure after the Secret was made names it and the command that
+//! finishes.
 
 use std::collections::BTreeMap;
 
 use clap::Args;
-use dlq_core::api::{DeadLetterQueue, SealKeyRef};
+use dlq_core::api::{DeadLetterQueue, SealSpec};
+use dlq_core::seal::{KeyAdded, Keyring, add_key};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use crate::session::{CliError, Global, connect};
 
-/// Most keys a queue lists (the CRD's bound).
-const MAX_KEYS: usize = 8;
+/// Times the queue is read and patched before giving up while its spec keeps changing.
+const ATTEMPTS: usize = 5;
 
 #[derive(Args, Debug)]
 pub struct SealKeyArgs {
     /// The DeadLetterQueue to seal with the new key.
     pub queue: String,
     /// Name of the Secret to create (default `<queue>-seal-<last 8 characters of the
-    /// recipient>`).
+    /// recipient>`); one an earlier run of this command left for the queue is used again.
     #[arg(long)]
     pub secret: Option<String>,
+}
+
+/// The key Secret in hand: its name, its recipient, and whether this run made it.
+struct KeySecret {
+    name: String,
+    recipient: String,
+    made: bool,
 }
 
 pub async fn run(g: &Global, args: SealKeyArgs) -> Result<(), CliError> {
     let (client, ns) = connect(g).await?;
     let queues: Api<DeadLetterQueue> = Api::namespaced(client.clone(), &ns);
-    let queue = queues.get_opt(&args.queue).await?.ok_or_else(|| {
-        CliError::Usage(format!(
-            "no DeadLetterQueue {} in namespace {ns}",
-            args.queue
-        ))
-    })?;
-    let old = current_keys(&queue);
-    if old.len() >= MAX_KEYS {
-        return Err(CliError::Refused(format!(
-            "queue {} already lists {MAX_KEYS} keys: retire one whose count in status.protection.records is 0 first",
-            args.queue
-        )));
-    }
+    let queue = read_queue(&queues, &ns, &args.queue).await?;
     let (identity, recipient) = dlq_core::seal::generate_identity();
-    let secret = args.secret.clone().unwrap_or_else(|| {
+    let name = args.secret.clone().unwrap_or_else(|| {
         let tail = &recipient[recipient.len().saturating_sub(8)..];
         format!("{}-seal-{tail}", args.queue)
     });
-    create_secret(&client, &ns, &secret, &args.queue, identity).await?;
-    let new = SealKeyRef {
-        name: secret.clone(),
-        key: None,
-    };
-    // One identity is `identitySecretRef`; a rotation lists them all in `keys`, new first.
-    let seal = if old.is_empty() {
-        json!({"identitySecretRef": new, "keys": null})
-    } else {
-        let keys: Vec<SealKeyRef> = std::iter::once(new).chain(old.iter().cloned()).collect();
-        json!({"identitySecretRef": null, "keys": keys})
-    };
-    // Guarded by the resourceVersion read: a concurrent change of the keys is not overwritten.
-    let patch = json!({
-        "metadata": {"resourceVersion": queue.metadata.resource_version},
-        "spec": {"protection": {"seal": seal}},
-    });
+    // Refused, or already done, before any Secret is made.
+    if decided(&queue, &name)?.is_none() {
+        println!(
+            "queue {} already seals new records with Secret {name}: nothing to do",
+            args.queue
+        );
+        return Ok(());
+    }
+    let key = key_secret(&client, &ns, &name, &args.queue, identity, recipient).await?;
+    let written = make_first(&queues, &ns, queue, &key.name)
+        .await
+        .map_err(|e| unfinished(e, &args.queue, &key))?;
+    report(&args.queue, &key, written.as_ref());
+    Ok(())
+}
+
+/// The queue, or a usage error naming it.
+async fn read_queue(
+    queues: &Api<DeadLetterQueue>,
+    ns: &str,
+    queue: &str,
+) -> Result<DeadLetterQueue, CliError> {
     queues
-        .patch(&args.queue, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    println!(
-        "created Secret {secret} (key identity); queue {} seals new records to {recipient}",
-        args.queue
-    );
-    if !old.is_empty() {
+        .get_opt(queue)
+        .await?
+        .ok_or_else(|| CliError::Usage(format!("no DeadLetterQueue {queue} in namespace {ns}")))
+}
+
+fn seal_of(queue: &DeadLetterQueue) -> Option<&SealSpec> {
+    queue.spec.protection.as_ref().and_then(|p| p.seal.as_ref())
+}
+
+/// The seal to write for Secret `name` (None: the queue seals with it already), or why not.
+fn decided(queue: &DeadLetterQueue, name: &str) -> Result<Option<SealSpec>, CliError> {
+    let queue_name = queue.metadata.name.as_deref().unwrap_or_default();
+    match add_key(seal_of(queue), name) {
+        KeyAdded::Write(seal) => Ok(Some(seal)),
+        KeyAdded::AlreadyFirst => Ok(None),
+        KeyAdded::AlreadyOlder => Err(CliError::Refused(format!(
+            "Secret {name} is already an older key of queue {queue_name} (it opens older records): pick another --secret"
+        ))),
+        KeyAdded::Full => Err(CliError::Refused(format!(
+            "queue {queue_name} already lists {} keys: retire one whose count in status.protection.records is 0 first",
+            dlq_core::seal::MAX_KEYS
+        ))),
+    }
+}
+
+/// Makes Secret `name` the queue's first key, reading the queue again and deciding again
+/// while a change of its spec gets in between; the seal written, None when it was already.
+async fn make_first(
+    queues: &Api<DeadLetterQueue>,
+    ns: &str,
+    mut queue: DeadLetterQueue,
+    name: &str,
+) -> Result<Option<SealSpec>, CliError> {
+    let queue_name = queue.metadata.name.clone().unwrap_or_default();
+    for _ in 0..ATTEMPTS {
+        let Some(seal) = decided(&queue, name)? else {
+            return Ok(None);
+        };
+        let patch = guarded(&queue, &seal)?;
+        match queues
+            .patch(&queue_name, &PatchParams::default(), &patch)
+            .await
+        {
+            Ok(_) => return Ok(Some(seal)),
+            // 422: the generation test failed (or a rule refused it: the same generation).
+            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 422 => {
+                let again = read_queue(queues, ns, &queue_name).await?;
+                if s.code == 422 && again.metadata.generation == queue.metadata.generation {
+                    return Err(CliError::Api(s.message));
+                }
+                queue = again;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(CliError::Refused(format!(
+        "queue {queue_name}'s spec changed {ATTEMPTS} times while its key was being added"
+    )))
+}
+
+/// A JSON patch setting the queue's seal, applied only while the queue's spec is the one read:
+/// a concurrent change of the keys is not overwritten, and status writes do not get in the way.
+fn guarded(queue: &DeadLetterQueue, seal: &SealSpec) -> Result<Patch<()>, CliError> {
+    let generation = queue
+        .metadata
+        .generation
+        .ok_or_else(|| CliError::Api("the queue has no metadata.generation".into()))?;
+    let (path, value) = match &queue.spec.protection {
+        Some(_) => ("/spec/protection/seal", json!(seal)),
+        None => ("/spec/protection", json!({ "seal": seal })),
+    };
+    let ops = json!([
+        {"op": "test", "path": "/metadata/generation", "value": generation},
+        {"op": "add", "path": path, "value": value},
+    ]);
+    serde_json::from_value(ops)
+        .map(Patch::Json)
+        .map_err(|e| CliError::Api(format!("a JSON patch: {e}")))
+}
+
+/// The error of a run that made (or found) the key Secret but did not make it the queue's:
+/// what is left and how to finish.
+fn unfinished(e: CliError, queue: &str, key: &KeySecret) -> CliError {
+    let name = &key.name;
+    CliError::Refused(format!(
+        "{e}\nSecret {name} holds the new key but queue {queue} does not name it yet: run `kubectl dlq seal-key {queue} --secret {name}` again to finish (or delete Secret {name})"
+    ))
+}
+
+fn report(queue: &str, key: &KeySecret, written: Option<&SealSpec>) {
+    let (name, recipient) = (&key.name, &key.recipient);
+    let Some(seal) = written else {
+        println!("queue {queue} already seals new records with Secret {name} ({recipient})");
+        return;
+    };
+    let how = if key.made {
+        "created Secret"
+    } else {
+        "used Secret (left by an earlier run)"
+    };
+    println!("{how} {name} (key identity); queue {queue} seals new records to {recipient}");
+    let older = seal.key_refs().get(1..).unwrap_or_default();
+    if !older.is_empty() {
         println!(
             "older keys kept to open older records: {}",
-            old.iter()
+            older
+                .iter()
                 .map(|k| k.name.as_str())
                 .collect::<Vec<_>>()
                 .join(", ")
         );
     }
-    Ok(())
 }
 
-fn current_keys(queue: &DeadLetterQueue) -> Vec<SealKeyRef> {
-    queue
-        .spec
-        .protection
-        .as_ref()
-        .and_then(|p| p.seal.as_ref())
-        .map(|s| s.key_refs().to_vec())
-        .unwrap_or_default()
-}
-
-/// The identity's Secret; refuses to replace an existing one (its key may seal records).
-async fn create_secret(
+/// The identity's Secret: created with `identity`, or the one an earlier run made for `queue`
+/// under this name (labelled for it, holding an identity). Refuses to touch any other existing
+/// Secret (its key may seal records).
+async fn key_secret(
     client: &kube::Client,
     ns: &str,
     name: &str,
     queue: &str,
     identity: String,
-) -> Result<(), CliError> {
+    recipient: String,
+) -> Result<KeySecret, CliError> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
     let secret = Secret {
         metadata: ObjectMeta {
@@ -119,10 +217,36 @@ async fn create_secret(
         ..Secret::default()
     };
     match secrets.create(&PostParams::default(), &secret).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 409 => Err(CliError::Refused(format!(
-            "Secret {name} already exists; it may hold a key that opens records: pick another --secret"
-        ))),
+        Ok(_) => Ok(KeySecret {
+            name: name.to_string(),
+            recipient,
+            made: true,
+        }),
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            let found = secrets.get_opt(name).await?;
+            let recipient = found.as_ref().and_then(|s| made_for(s, queue));
+            recipient
+                .map(|recipient| KeySecret {
+                    name: name.to_string(),
+                    recipient,
+                    made: false,
+                })
+                .ok_or_else(|| CliError::Refused(format!(
+                    "Secret {name} already exists and is not a key this command made for queue {queue}; it may hold a key that opens records: pick another --secret"
+                )))
+        }
         Err(e) => Err(e.into()),
     }
+}
+
+/// The recipient of a key Secret made for `queue` by this command: labelled for the queue and
+/// holding an age identity under the default key.
+fn made_for(secret: &Secret, queue: &str) -> Option<String> {
+    let labels = secret.metadata.labels.as_ref()?;
+    if labels.get(dlq_core::api::LABEL_QUEUE).map(String::as_str) != Some(queue) {
+        return None;
+    }
+    let identity = secret.data.as_ref()?.get(dlq_core::api::DEFAULT_SEAL_KEY)?;
+    let identity = std::str::from_utf8(&identity.0).ok()?;
+    Keyring::default().add(identity).ok()
 }
