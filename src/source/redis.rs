@@ -54,6 +54,8 @@ const REACH_EVERY: Duration = Duration::from_secs(1);
 const REACH_PAGE: isize = 64;
 /// Most elements one reach reads (the next goes on from there).
 const REACH_DEPTH: isize = 4096;
+/// Most bytes one reach reads: a look down a list of large elements stops sooner.
+const REACH_BYTES: usize = 16 << 20;
 /// Elements larger than this are left for the slots: a page is read whole, and a message
 /// large enough for the body store is never passed through anyway.
 const REACH_LARGEST: usize = 256 << 10;
@@ -335,17 +337,19 @@ impl Bridge {
         }
     }
 
-    /// One look down the dead list, `from` elements past its oldest end and [`REACH_DEPTH`]
-    /// deep at most; where the next look goes on (0: from the oldest end again).
+    /// One look down the dead list, `from` elements past its oldest end, [`REACH_DEPTH`]
+    /// elements and [`REACH_BYTES`] at most; where the next look goes on (0: from the oldest
+    /// end again).
     async fn reach_once(
         &self,
         from: isize,
         reaching: &Arc<Semaphore>,
     ) -> Result<isize, SourceError> {
-        let mut at = from;
-        while at - from < REACH_DEPTH {
+        let (mut at, mut bytes) = (from, 0);
+        while at - from < REACH_DEPTH && bytes < REACH_BYTES {
             let page = self.reach_read(at).await?;
             let read = page.len();
+            bytes += page.iter().map(Vec::len).sum::<usize>();
             let mut took = 0;
             for raw in page.into_iter().filter(|raw| !raw.is_empty()) {
                 let Element::Whole(req, raw) = (self.taken.read)(self.taken.into.queue(), raw)
