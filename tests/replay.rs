@@ -326,3 +326,261 @@ async fn one_standing_redrive_drains_a_storm_past_max_parked_each_job_once() {
         made.len()
     ));
 }
+
+/// Dead messages of one failure group onto the Redis dead list `relayer:dead`, as a worker
+/// leaves them: `prefix/NNNNN`, each its own payload, its reason made by `reason`. The group's
+/// fingerprint, as the source reads it.
+async fn push_dead(
+    redis: &Redis,
+    prefix: &str,
+    n: usize,
+    reason: impl Fn(usize) -> String,
+) -> String {
+    use dlq_core::facts::Facts;
+    let mut pipe = redis::pipe();
+    let mut group = String::new();
+    for i in 0..n {
+        let envelope = json!({
+            "id": format!("{prefix}/{i:05}"),
+            "payload": format!("{{\"job\":\"{prefix}-{i:05}\"}}"),
+            "reason": reason(i),
+            "failureKind": "Transient",
+        })
+        .to_string();
+        let req = dlq_core::envelope::request_for("relayer", envelope.as_bytes());
+        group = dlq_core::park::arriving(&req, false).group().into_owned();
+        pipe.cmd("RPUSH").arg("relayer:dead").arg(envelope);
+    }
+    let mut conn = redis.conn().await;
+    let _: () = pipe.query_async(&mut conn).await.expect("RPUSH");
+    group
+}
+
+/// A queue `relayer` draining the Redis dead list `relayer:dead` onto the list target, at most
+/// `max_parked` records.
+async fn storm_queue(client: &kube::Client, ns: &str, redis: &Redis, max_parked: i64) {
+    create_queue(
+        client,
+        ns,
+        &redis.url(),
+        list_target(),
+        json!({"maxParked": max_parked, "source": {"redis": {"list": "relayer:dead"}}}),
+    )
+    .await;
+}
+
+/// Waits until queue `relayer` holds `parked` records, and `inflight` messages wait in the
+/// source's hands for room.
+async fn full(client: &kube::Client, ns: &str, redis: &Redis, parked: i64, inflight: usize) {
+    use dlq_core::api::DeadLetterQueue;
+    let queues: Api<DeadLetterQueue> = Api::namespaced(client.clone(), ns);
+    eventually(90, "the queue Full, messages waiting for room", || async {
+        let s = queues.get("relayer").await.ok()?.status?;
+        let waiting = redis.hash_len("relayer:dead:inflight").await;
+        (s.parked == parked && waiting >= inflight).then_some(())
+    })
+    .await;
+}
+
+/// Creates standing replay `name` of `group` (`extra` merged into its spec) and waits for its end.
+async fn standing_run(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    group: &str,
+    extra: serde_json::Value,
+) -> DeadLetterReplay {
+    let replays: Api<DeadLetterReplay> = Api::namespaced(client.clone(), ns);
+    let mut spec = json!({
+        "queue": "relayer", "by": "ops", "note": "INC-57", "standing": true,
+        "selector": {"group": group}, "settleSeconds": 15
+    });
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+        spec.extend(extra.clone());
+    }
+    let spec: DeadLetterReplaySpec = serde_json::from_value(spec).expect("a spec");
+    replays
+        .create(&PostParams::default(), &DeadLetterReplay::new(name, spec))
+        .await
+        .expect("the replay");
+    eventually(180, "the standing replay to end", || async {
+        let r = replays.get(name).await.ok()?;
+        r.phase().is_final().then_some(r)
+    })
+    .await
+}
+
+/// What the list target holds, by job payload: how many times each arrived.
+async fn arrivals(redis: &Redis) -> std::collections::BTreeMap<String, usize> {
+    let mut seen = std::collections::BTreeMap::new();
+    for p in redis.list(LIST).await {
+        *seen
+            .entry(String::from_utf8_lossy(&p).into_owned())
+            .or_insert(0) += 1;
+    }
+    seen
+}
+
+/// The dead messages of `prefix` still in the broker (dead list, processing list, inflight).
+async fn left_in_broker(redis: &Redis, prefix: &str) -> usize {
+    let mut conn = redis.conn().await;
+    let mut left: Vec<Vec<u8>> = redis.list("relayer:dead").await;
+    left.extend(redis.list("relayer:dead:processing").await);
+    let taken: Vec<Vec<u8>> = redis::cmd("HVALS")
+        .arg("relayer:dead:inflight")
+        .query_async(&mut conn)
+        .await
+        .expect("HVALS");
+    left.extend(taken);
+    let mark = format!("\"id\":\"{prefix}/");
+    left.iter()
+        .filter(|e| String::from_utf8_lossy(e).contains(&mark))
+        .count()
+}
+
+/// Issue 57 item 2: the queue Full (`maxParked` 5) with 32 messages of another group waiting
+/// for room in the source's hands, then 60 of group G behind them: one standing redrive of G
+/// reaches past the waiting ones, passes all 60 through, each once, and completes only once
+/// none of G is left in the broker; the other group's messages stay where they were.
+#[tokio::test]
+async fn a_standing_redrive_reaches_its_group_behind_other_groups_waiting_for_room() {
+    let (client, ns) = setup("replay-reach").await;
+    let redis = Redis::start();
+    storm_queue(&client, &ns, &redis, 5).await;
+    push_dead(&redis, "other", 40, |i| {
+        format!("card declined for customer {i}")
+    })
+    .await;
+    let _op = Operator::start(&ns);
+    full(&client, &ns, &redis, 5, 32).await;
+    let group = push_dead(&redis, "g", 60, |i| {
+        format!("payer timeout after {}ms", 30_000 + i)
+    })
+    .await;
+    let started = std::time::Instant::now();
+    let done = standing_run(&client, &ns, "reach", &group, json!({})).await;
+    let status = done.status.clone().unwrap_or_default();
+    assert_eq!(done.phase(), ReplayPhase::Completed, "{status:?}");
+    let left = left_in_broker(&redis, "g").await;
+    let got = arrivals(&redis).await;
+    let g_arrived = got.keys().filter(|p| p.contains("\"g-")).count();
+    assert_eq!(
+        (left, g_arrived, status.passed_through),
+        (0, 60, 60),
+        "G left in the broker, G on the target, passed through: {status:?}"
+    );
+    assert!(
+        got.values().all(|n| *n == 1),
+        "a job arrived twice: {got:?}"
+    );
+    assert_eq!(
+        left_in_broker(&redis, "other").await,
+        35,
+        "the other group's messages wait where they were"
+    );
+    dlq_testenv::report(&format!(
+        "standing redrive behind 32 waiting messages of another group: 60 of 60 passed through, completed in {:.1} s",
+        started.elapsed().as_secs_f64()
+    ));
+}
+
+/// Issue 57 item 4: `max` bounds the records decided and the messages passed together: with
+/// `maxParked` 10 and 60 dead messages of one group, a standing redrive with `max: 30` sends
+/// exactly 30 jobs to the target (it sent 40: 10 decided, 30 passed).
+#[tokio::test]
+async fn a_standing_replays_max_counts_decisions_and_passes_together() {
+    let (client, ns) = setup("replay-max").await;
+    let redis = Redis::start();
+    storm_queue(&client, &ns, &redis, 10).await;
+    let group = push_dead(&redis, "g", 60, |i| {
+        format!("payer timeout after {}ms", 30_000 + i)
+    })
+    .await;
+    let _op = Operator::start(&ns);
+    full(&client, &ns, &redis, 10, 32).await;
+    let done = standing_run(&client, &ns, "capped", &group, json!({"max": 30})).await;
+    let status = done.status.clone().unwrap_or_default();
+    assert_eq!(done.phase(), ReplayPhase::Completed, "{status:?}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let sent: usize = arrivals(&redis).await.values().sum();
+    assert_eq!(
+        (sent, status.decided + status.passed_through),
+        (30, 30),
+        "jobs sent, and decided + passed through, under max 30: {status:?}"
+    );
+}
+
+/// Issue 57 item 5: the operator SIGKILLed while a standing redrive passes 600 dead messages
+/// through, then started again: every job arrives exactly once, and the replay's log says at
+/// least as many as arrived (`passedThrough + redriven`); it said 266 of 300. Reports the
+/// pass-through rate before the kill.
+#[tokio::test]
+async fn a_kill_during_pass_through_never_leaves_the_count_below_what_was_sent() {
+    const STORM: usize = 600;
+    let (client, ns) = setup("replay-count").await;
+    let redis = Redis::start();
+    storm_queue(&client, &ns, &redis, 5).await;
+    let group = push_dead(&redis, "g", STORM, |i| {
+        format!("payer timeout after {}ms", 30_000 + i)
+    })
+    .await;
+    let mut first = Operator::start(&ns);
+    full(&client, &ns, &redis, 5, 32).await;
+    let replays: Api<DeadLetterReplay> = Api::namespaced(client.clone(), &ns);
+    let spec: DeadLetterReplaySpec = serde_json::from_value(json!({
+        "queue": "relayer", "by": "ops", "note": "INC-57", "standing": true,
+        "selector": {"group": group}, "settleSeconds": 20
+    }))
+    .expect("a spec");
+    replays
+        .create(
+            &PostParams::default(),
+            &DeadLetterReplay::new("count", spec),
+        )
+        .await
+        .expect("the replay");
+    let labels = [("namespace", ns.as_str()), ("queue", "relayer")];
+    let passed = || first.metric("dlq_passed_through_total", &labels);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let (mut first_at, mut first_n) = (None, 0.0);
+    let (at_kill, rate) = loop {
+        let n = passed();
+        let now = std::time::Instant::now();
+        if n > 0.0 && first_at.is_none() {
+            (first_at, first_n) = (Some(now), n);
+        }
+        if n >= (STORM / 3) as f64 {
+            let secs = first_at.map_or(0.0, |t| now.duration_since(t).as_secs_f64());
+            break (n, (n - first_n) / secs.max(0.001));
+        }
+        assert!(now < deadline, "{n} passed through in 120 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    first.kill();
+    dlq_testenv::report(&format!(
+        "pass-through {rate:.0}/s (debug build) until a SIGKILL at {at_kill} passed"
+    ));
+    let _second = Operator::start(&ns);
+    let done = eventually(180, "the standing replay to end", || async {
+        let r = replays.get("count").await.ok()?;
+        r.phase().is_final().then_some(r)
+    })
+    .await;
+    let status = done.status.clone().unwrap_or_default();
+    assert_eq!(done.phase(), ReplayPhase::Completed, "{status:?}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let got = arrivals(&redis).await;
+    assert_eq!(got.len(), STORM, "every job on the target");
+    assert!(got.values().all(|n| *n == 1), "a job arrived twice");
+    let logged = status.passed_through + status.redriven;
+    assert!(
+        logged >= STORM as i64,
+        "the replay's log says {logged} (passed through {} + redriven {}) for {STORM} jobs on the target",
+        status.passed_through,
+        status.redriven
+    );
+    dlq_testenv::report(&format!(
+        "log after the restart: passed through {} + redriven {} for {STORM} jobs sent",
+        status.passed_through, status.redriven
+    ));
+}

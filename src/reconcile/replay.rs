@@ -29,8 +29,8 @@ use dlq_core::replay::{
 
 use super::context::{Context, LIST_WAIT};
 use super::error::ReconcileError;
-use crate::state::apiserver::{Signature, is_conflict, reference};
-use crate::state::standing::{Cover, Tally};
+use crate::state::apiserver::{Apiserver, PassedThrough, Signature, is_conflict, reference};
+use crate::state::standing::{Cover, PassLog, Tally};
 
 /// Signatures in flight at once within one step.
 const SIGN_CONCURRENCY: usize = 64;
@@ -123,6 +123,8 @@ struct Run<'a> {
     records: Vec<Arc<Summary>>,
     mem: Memory,
     status: DeadLetterReplayStatus,
+    /// A standing replay's cover: what its sources pass, folded into every status write.
+    cover: Option<Arc<Cover>>,
 }
 
 pub async fn reconcile(replay: Arc<DeadLetterReplay>, replays: Arc<Replays>) -> Result<Action> {
@@ -159,6 +161,7 @@ pub async fn reconcile(replay: Arc<DeadLetterReplay>, replays: Arc<Replays>) -> 
         replay: &replay,
         mem,
         status,
+        cover: None,
     };
     let action = step(&mut run).await?;
     let mut memory = replays.memory.lock().await;
@@ -191,7 +194,6 @@ async fn step(run: &mut Run<'_>) -> Result<Action> {
     let Some(started) = replay::Start::of(&status, standing) else {
         return Ok(Action::requeue(PENDING_RETRY));
     };
-    let pass_failures = if standing.is_some() { stand(run) } else { None };
     let observed = replay::observe(
         run.records.iter().map(|r| r.as_ref()),
         run.replay_ref(),
@@ -199,6 +201,8 @@ async fn step(run: &mut Run<'_>) -> Result<Action> {
         &run.mem.signed,
     );
     replay::counts(&mut run.status, &observed);
+    // After the counts: a restarted leader's cover starts from what the records show decided.
+    let pass_failures = if standing.is_some() { stand(run) } else { None };
     let stop = if run.replay.spec.stop_requested() {
         Some("stopped on request (spec.stop)".to_string())
     } else {
@@ -327,9 +331,13 @@ async fn decide(
     let spec = &run.replay.spec;
     let decided = usize::try_from(run.status.decided).unwrap_or(0);
     let passed = usize::try_from(run.status.passed_through).unwrap_or(0);
-    let quota = spec
-        .max()
-        .map_or(usize::MAX, |m| m.saturating_sub(decided + passed));
+    // A standing replay's cover holds the one budget of decisions and passes (claimed below).
+    let quota = match &run.cover {
+        Some(_) => usize::MAX,
+        None => spec
+            .max()
+            .map_or(usize::MAX, |m| m.saturating_sub(decided + passed)),
+    };
     let candidates: Vec<DeadLetter> = replay::select(
         run.records.iter().map(|r| r.as_ref()),
         &spec.queue,
@@ -356,14 +364,29 @@ async fn decide(
     let n = replay::budget(spec.rate(), elapsed, decided);
     if n > 0 && run.ctx.settings.leadership.holds() {
         let clock = Instant::now();
-        let batch = &candidates[..n.min(candidates.len())];
-        if let Some(refusal) = sign_batch(run, batch).await? {
+        let batch = claim(run, &candidates[..n.min(candidates.len())]);
+        let before = run.mem.signed.len();
+        let refused = sign_batch(run, batch).await;
+        if let Some(cover) = &run.cover {
+            // What was claimed and not signed (skipped, refused, failed) is not spent.
+            cover.unclaim(batch.len() - (run.mem.signed.len() - before));
+        }
+        if let Some(refusal) = refused? {
             return finish(run, observed, Some(refusal)).await;
         }
         tracing::debug!(replay = %run.name, signed = batch.len(), took_ms = clock.elapsed().as_millis() as u64, "replay step");
     }
     write_progress(run).await?;
     Ok(Action::requeue(replay::step(spec.rate())))
+}
+
+/// The part of `batch` a standing replay's budget under `max` still allows (its sources'
+/// passes take from the same budget); all of it for another replay.
+fn claim<'b>(run: &Run<'_>, batch: &'b [DeadLetter]) -> &'b [DeadLetter] {
+    match &run.cover {
+        Some(cover) => &batch[..cover.claim(batch.len())],
+        None => batch,
+    }
 }
 
 /// Writes the progress at most every [`PROGRESS_EVERY`].
@@ -389,10 +412,17 @@ fn stand(run: &mut Run<'_>) -> Option<String> {
             sample: status.sample.clone(),
             at: status.passed_at.as_ref().map(|t| t.0),
         };
-        Cover::new(&uid, name, spec, status.passed_through, tally)
+        let log = Arc::new(ReplayLog {
+            apiserver: run.ctx.apiserver.clone(),
+            replay: run.replay.clone(),
+        });
+        let counts = (status.decided, status.passed_through);
+        Cover::new(&uid, name, spec, counts, tally, log)
     });
     cover.renew();
+    cover.decided_at_least(run.status.decided);
     fold(&mut run.status, &cover);
+    run.cover = Some(cover.clone());
     let bounds = run.replay.spec.bounds();
     let ratio = cover.failure_ratio()?;
     (ratio > bounds.failure_ratio).then(|| {
@@ -403,6 +433,30 @@ fn stand(run: &mut Run<'_>) -> Option<String> {
             bounds.failure_ratio * 100.0
         )
     })
+}
+
+/// Where a standing replay's passes are written before their acknowledgement: its status'
+/// pass-through fields alone.
+struct ReplayLog {
+    apiserver: Arc<dyn Apiserver>,
+    replay: DeadLetterReplay,
+}
+
+impl PassLog for ReplayLog {
+    fn write<'a>(&'a self, passed: i64, tally: &'a Tally) -> BoxFuture<'a, Result<(), String>> {
+        async move {
+            let passed = PassedThrough {
+                passed_through: passed,
+                sample: tally.sample.clone(),
+                passed_at: tally.at.map(Time),
+            };
+            self.apiserver
+                .write_replay_passed(&self.replay, &passed)
+                .await
+                .map_err(|e| e.to_string())
+        }
+        .boxed()
+    }
 }
 
 /// What `cover` passed through, into `status` (never below what it already says).
@@ -430,7 +484,9 @@ fn standing_over(run: &Run<'_>, started: &replay::Start<'_>) -> bool {
         .filter_map(|r| r.created())
         .max();
     let passed_at = run.status.passed_at.as_ref().map(|t| t.0);
-    let last_came = [Some(started.at), newest_record, passed_at]
+    // A message of the group seen in the broker, passed or not (one waiting behind others).
+    let sighted = run.cover.as_ref().and_then(|c| c.last_sighted());
+    let last_came = [Some(started.at), newest_record, passed_at, sighted]
         .into_iter()
         .flatten()
         .max()
@@ -552,7 +608,10 @@ async fn finish(run: &mut Run<'_>, observed: &Observed, stop: Option<String>) ->
     if let Some(cover) = run.ctx.standing.uncover(&run.ns, &uid) {
         // Messages in the middle of passing through when the cover ended are counted too.
         cover.passing_done(PASSING_WAIT).await;
-        fold(&mut run.status, &cover);
+        run.cover = Some(cover);
+    }
+    if let Some(cover) = &run.cover {
+        fold(&mut run.status, cover);
     }
     let now = Timestamp::now();
     if stop.is_some() {
@@ -701,8 +760,19 @@ fn set_phase(run: &mut Run<'_>, phase: ReplayPhase, reason: &str, message: &str)
     );
 }
 
-/// Writes the status when it changed since this process last wrote it.
+/// Writes the status when it changed since this process last wrote it. A standing replay's
+/// passes are folded in during its cover's journal turn: its sources' own writes of them
+/// take turns with this one, so `passedThrough` never goes back.
 async fn write(run: &mut Run<'_>) -> Result<()> {
+    let cover = run.cover.clone();
+    let mut journal = match &cover {
+        Some(cover) => {
+            let turn = cover.journal().await;
+            fold(&mut run.status, cover);
+            Some(turn)
+        }
+        None => None,
+    };
     if run.mem.status.as_ref() == Some(&run.status) {
         return Ok(());
     }
@@ -714,6 +784,9 @@ async fn write(run: &mut Run<'_>) -> Result<()> {
             name: run.name.clone(),
             source,
         })?;
+    if let Some(logged) = journal.as_deref_mut() {
+        *logged = (*logged).max(run.status.passed_through);
+    }
     run.mem.status = Some(run.status.clone());
     run.mem.written_at = Some(Instant::now());
     Ok(())

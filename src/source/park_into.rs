@@ -402,6 +402,24 @@ impl ParkInto {
         }
     }
 
+    /// Whether a standing replay runs on this queue (while this replica leads): only then does
+    /// a source reach past the messages that wait for room.
+    pub fn covered(&self) -> bool {
+        self.shared.leadership.holds()
+            && self
+                .shared
+                .standing
+                .covers_queue(self.namespace(), self.queue())
+    }
+
+    /// Whether a standing replay would pass `req` now (seen, it keeps its replay running).
+    pub fn would_pass(&self, req: &ParkRequest) -> bool {
+        let Some(queue) = self.shared.queues.get(&self.key) else {
+            return false;
+        };
+        !self.maybe_parked(req) && self.shared.standing.would_pass(&queue, req)
+    }
+
     /// Whether this very message may already be a record: re-read after a crash between its
     /// park and its acknowledgement, it belongs to that record (passing it would deliver the
     /// job a second time, under another key). Until the records are listed, it may be.

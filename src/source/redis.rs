@@ -9,6 +9,11 @@
 //! element whose record exists, even one a human resolved meanwhile, is recognised as the same
 //! dead message, not a new death of the job.
 //!
+//! While a standing replay runs on the queue and every slot holds a message waiting for room
+//! (the queue Full), the bridge also reaches past them every [`REACH_EVERY`]: it reads the
+//! dead list from its oldest end and takes the elements the replay passes, leaving the others
+//! where they are, in their order ([`Bridge::reach`]); a storm's group is rarely alone.
+//!
 //! While running it also sweeps both places every [`SWEEP`]: what another process left there
 //! after this one started (a replica that lost its Lease while parking, a puller of a run that
 //! failed) and is still there one sweep later, unhandled here, is re-parked the same way.
@@ -42,14 +47,39 @@ pub const CONCURRENCY: usize = 32;
 /// How often a running bridge looks for elements nobody is parking (see the module doc).
 const SWEEP: Duration = Duration::from_secs(10);
 
-/// Moves one element from the processing list into the inflight hash under a fresh id; nil
-/// when the element is no longer in the list. KEYS: processing, inflight, counter.
+/// How often a bridge whose slots all hold messages waiting for room looks past them for a
+/// standing replay's messages.
+const REACH_EVERY: Duration = Duration::from_secs(1);
+/// Dead-list elements read per round trip while reaching.
+const REACH_PAGE: isize = 64;
+/// Most elements one reach reads (the next goes on from there).
+const REACH_DEPTH: isize = 4096;
+/// Most bytes one reach reads: a look down a list of large elements stops sooner.
+const REACH_BYTES: usize = 16 << 20;
+/// Elements larger than this are left for the slots: a page is read whole, and a message
+/// large enough for the body store is never passed through anyway.
+const REACH_LARGEST: usize = 256 << 10;
+
+/// Moves one element (the one nearest the oldest end) from a list into the inflight hash under
+/// a fresh id; nil when the element is no longer in the list. KEYS: the list (processing, or
+/// the dead list when reaching), inflight, counter.
 const TAKE_ONE: &str = r"
-if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return false end
+if redis.call('LREM', KEYS[1], -1, ARGV[1]) == 0 then return false end
 local t = redis.call('TIME')
 local id = t[1] .. '.' .. t[2] .. '-' .. redis.call('INCR', KEYS[3])
 redis.call('HSET', KEYS[2], id, ARGV[1])
 return id
+";
+
+/// Elements ARGV[1]..ARGV[2] of the dead list (negative: from its oldest end), oldest first;
+/// an element over ARGV[3] bytes as an empty string. KEYS: dead.
+const REACH_READ: &str = r"
+local out = {}
+local page = redis.call('LRANGE', KEYS[1], ARGV[1], ARGV[2])
+for i = #page, 1, -1 do
+  if #page[i] > tonumber(ARGV[3]) then out[#out + 1] = '' else out[#out + 1] = page[i] end
+end
+return out
 ";
 
 /// Moves up to ARGV[1] elements from the dead list straight into the inflight hash, each under
@@ -120,19 +150,24 @@ async fn run_once(
     });
     ctx.recover().await?;
     tracing::debug!(namespace = %ns, queue = %name, list = %dead, "redis source draining");
+    let slots = Arc::new(Semaphore::new(CONCURRENCY));
     tokio::select! {
-        pulled = pull(&ctx, &puller) => pulled,
+        pulled = pull(&ctx, &puller, &slots) => pulled,
         swept = ctx.sweep() => swept,
+        reached = ctx.reach(&slots) => reached,
     }
 }
 
 /// Takes dead elements as parking slots free up: a batch at once while the list has a
 /// backlog, else one at a time through a blocking BLMOVE.
-async fn pull(ctx: &Arc<Bridge>, puller: &RedisConn) -> Result<(), SourceError> {
-    let slots = Arc::new(Semaphore::new(CONCURRENCY));
+async fn pull(
+    ctx: &Arc<Bridge>,
+    puller: &RedisConn,
+    slots: &Arc<Semaphore>,
+) -> Result<(), SourceError> {
     let budget = ByteBudget::new(BYTES_IN_FLIGHT);
     loop {
-        let mut permits = free_slots(&slots).await?;
+        let mut permits = free_slots(slots).await?;
         let room = budget.free().await?;
         let taken = ctx.take(permits.len(), room).await?;
         if taken.is_empty() {
@@ -180,7 +215,7 @@ impl Bridge {
     /// never acknowledged (those keep their ids, so records made before the crash are found).
     async fn recover(&self) -> Result<(), SourceError> {
         for raw in &self.untaken().await? {
-            self.take_one(raw).await?;
+            self.take_one(&self.processing, raw).await?;
         }
         self.taken.recover().await
     }
@@ -206,7 +241,7 @@ impl Bridge {
             for raw in &self.untaken().await? {
                 let digest = fingerprint(raw);
                 if untaken_suspects.contains(&digest) {
-                    self.take_one(raw).await?;
+                    self.take_one(&self.processing, raw).await?;
                 }
                 seen.insert(digest);
             }
@@ -259,27 +294,103 @@ impl Bridge {
             .map_err(SourceError::broker(format!("BLMOVE from {}", self.dead)))?;
         let Some(raw) = raw else { return Ok(None) };
         // Until taken the element waits in the processing list for the next start.
-        Ok(self.take_one(&raw).await?.map(|id| (id, raw)))
+        Ok(self
+            .take_one(&self.processing, &raw)
+            .await?
+            .map(|id| (id, raw)))
     }
 
-    /// Gives an element of the processing list its id (see [`TAKE_ONE`]).
-    async fn take_one(&self, raw: &[u8]) -> Result<Option<String>, SourceError> {
+    /// Takes an element of `list` into the hash under its id (see [`TAKE_ONE`]).
+    async fn take_one(&self, list: &str, raw: &[u8]) -> Result<Option<String>, SourceError> {
         self.taken
             .conn
             .query(
                 redis::cmd("EVAL")
                     .arg(TAKE_ONE)
                     .arg(3)
-                    .arg(&self.processing)
+                    .arg(list)
                     .arg(&self.taken.hash)
                     .arg(&self.counter)
                     .arg(raw),
             )
             .await
             .map_err(SourceError::broker(format!(
-                "claiming an element of {}",
-                self.processing
+                "claiming an element of {list}"
             )))
+    }
+
+    /// Every [`REACH_EVERY`], while a standing replay runs on the queue and every slot holds a
+    /// message waiting for room: takes the dead list's elements that the replay passes from
+    /// behind the others, which stay in the list in their order. What it takes is handled as
+    /// any taken element (passed, or parked if its requeue fails), at most [`CONCURRENCY`] at
+    /// once beside the slots.
+    async fn reach(&self, slots: &Semaphore) -> Result<(), SourceError> {
+        let reaching = Arc::new(Semaphore::new(CONCURRENCY));
+        let mut from = 0;
+        loop {
+            tokio::time::sleep(REACH_EVERY).await;
+            if slots.available_permits() > 0 || !self.taken.into.covered() {
+                from = 0;
+                continue;
+            }
+            from = self.reach_once(from, &reaching).await?;
+        }
+    }
+
+    /// One look down the dead list, `from` elements past its oldest end, [`REACH_DEPTH`]
+    /// elements and [`REACH_BYTES`] at most; where the next look goes on (0: from the oldest
+    /// end again).
+    async fn reach_once(
+        &self,
+        from: isize,
+        reaching: &Arc<Semaphore>,
+    ) -> Result<isize, SourceError> {
+        let (mut at, mut bytes) = (from, 0);
+        while at - from < REACH_DEPTH && bytes < REACH_BYTES {
+            let page = self.reach_read(at).await?;
+            let read = page.len();
+            bytes += page.iter().map(Vec::len).sum::<usize>();
+            let mut took = 0;
+            for raw in page.into_iter().filter(|raw| !raw.is_empty()) {
+                let Element::Whole(req, raw) = (self.taken.read)(self.taken.into.queue(), raw)
+                else {
+                    continue;
+                };
+                if !self.taken.into.would_pass(&req) {
+                    continue;
+                }
+                let Ok(turn) = reaching.clone().try_acquire_owned() else {
+                    return Ok(at);
+                };
+                if let Some(id) = self.take_one(&self.dead, &raw).await? {
+                    took += 1;
+                    spawn_handle(&self.taken, id, raw, turn);
+                }
+            }
+            if read < REACH_PAGE as usize {
+                return Ok(0);
+            }
+            at += REACH_PAGE - took;
+        }
+        Ok(at)
+    }
+
+    /// [`REACH_PAGE`] elements of the dead list from `at` past its oldest end (see
+    /// [`REACH_READ`]).
+    async fn reach_read(&self, at: isize) -> Result<Vec<Vec<u8>>, SourceError> {
+        self.taken
+            .conn
+            .query(
+                redis::cmd("EVAL")
+                    .arg(REACH_READ)
+                    .arg(1)
+                    .arg(&self.dead)
+                    .arg(-(at + REACH_PAGE))
+                    .arg(-(at + 1))
+                    .arg(REACH_LARGEST),
+            )
+            .await
+            .map_err(SourceError::broker(format!("reading {}", self.dead)))
     }
 }
 

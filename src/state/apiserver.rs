@@ -28,6 +28,17 @@ pub struct Signature<'a> {
     pub replay_uid: &'a str,
 }
 
+/// What a standing replay passed through, as its status says it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PassedThrough {
+    pub passed_through: i64,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sample: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub passed_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+}
+
 /// Field manager of every status write the operator makes.
 pub const MANAGER: &str = "deadletter-operator";
 
@@ -96,6 +107,14 @@ pub trait Apiserver: Send + Sync {
         &'a self,
         replay: &'a DeadLetterReplay,
         status: &'a DeadLetterReplayStatus,
+    ) -> BoxFuture<'a, Result<(), kube::Error>>;
+
+    /// Writes what a standing replay passed through (`passedThrough`, `sample`, `passedAt`)
+    /// and nothing else of its status: the write a pass waits for before its acknowledgement.
+    fn write_replay_passed<'a>(
+        &'a self,
+        replay: &'a DeadLetterReplay,
+        passed: &'a PassedThrough,
     ) -> BoxFuture<'a, Result<(), kube::Error>>;
 
     /// The DeadLetterGroups of one queue (label `dlq.dev/queue`).
@@ -299,6 +318,25 @@ impl Apiserver for KubeApiserver {
                 &replay.name_any(),
                 &merge_params(),
                 &Patch::Merge(json!({ "status": status })),
+            )
+            .await
+            .map(|_| ())
+        }
+        .boxed()
+    }
+
+    fn write_replay_passed<'a>(
+        &'a self,
+        replay: &'a DeadLetterReplay,
+        passed: &'a PassedThrough,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        async move {
+            let ns = replay.namespace().unwrap_or_default();
+            let api: Api<DeadLetterReplay> = Api::namespaced(self.client.clone(), &ns);
+            api.patch_status(
+                &replay.name_any(),
+                &merge_params(),
+                &Patch::Merge(json!({ "status": passed })),
             )
             .await
             .map(|_| ())

@@ -8,9 +8,13 @@
 //! a stop, a bound or the end of the run uncovers it, and the next message parks as before. A
 //! requeue that fails parks the message instead, so it stays visible as a record (which the
 //! replay then decides, and whose failing requeue counts toward its `failureRatio`).
+//!
+//! `max` bounds the records a replay decides and the messages it passes together: both take
+//! from one [`Cover`]'s budget. A pass is written into the replay's status ([`PassLog`])
+//! before the source acknowledges it, passes waiting together sharing one write: the decision
+//! log never says less than what reached the target, whenever the operator dies.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -39,6 +43,27 @@ pub trait PassTarget: Send + Sync {
     ) -> BoxFuture<'a, Result<(), String>>;
 }
 
+/// Writes what a replay passed through into its status (the replay controller gives it, with
+/// the replay's name): the count auditors read, written before the source acknowledges.
+pub trait PassLog: Send + Sync {
+    /// Writes `passed` and `tally` (never a smaller count than an earlier write of the same
+    /// cover: the writes are taken in turn, see [`Cover::journal`]).
+    fn write<'a>(&'a self, passed: i64, tally: &'a Tally) -> BoxFuture<'a, Result<(), String>>;
+}
+
+/// The log of a cover made without one (unit tests): nothing to write.
+pub struct NoLog;
+
+impl PassLog for NoLog {
+    fn write<'a>(&'a self, _: i64, _: &'a Tally) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// How long a pass's log write is retried before the source acknowledges it anyway (the
+/// count then stays in memory, for the replay's next status write).
+const LOG_RETRY: Duration = Duration::from_millis(200);
+
 /// The target of a process that passes nothing through (tests that build no targets).
 struct NoTarget;
 
@@ -66,16 +91,38 @@ pub struct Cover {
     /// When the cover lapses unless its replay's next step renews it: a replay deleted while
     /// it runs, or a leader that stopped reconciling, passes nothing more.
     lapses_at: Mutex<tokio::time::Instant>,
-    /// Most messages it passes (the replay's `max`).
+    /// Most records decided and messages passed together (the replay's `max`).
     limit: Option<i64>,
-    passed: AtomicI64,
+    /// What it decided, passed, and is passing: one budget under `limit`.
+    spent: Mutex<Spent>,
+    /// Where passes are written before they are acknowledged, and the count written last
+    /// (held while writing: writes are taken in turn, so a count never goes back).
+    log: Arc<dyn PassLog>,
+    logged: tokio::sync::Mutex<i64>,
+    /// When a message of its group was last seen in the broker, passed or not.
+    sighted: Mutex<Option<Timestamp>>,
     /// The last `stopWhen.window` pass-through outcomes (false: the enqueue failed), which the
     /// replay's `failureRatio` bound reads as it reads its records' redrives.
     recent: Mutex<VecDeque<bool>>,
     window: usize,
-    /// Messages between [`Cover::take`] and their outcome.
-    passing: AtomicI64,
     tally: Mutex<Tally>,
+}
+
+/// A cover's budget under `max`.
+#[derive(Default, Debug, Clone, Copy)]
+struct Spent {
+    decided: i64,
+    passed: i64,
+    /// Messages taken, their requeue not answered yet.
+    passing: i64,
+}
+
+impl Spent {
+    fn room(&self, limit: Option<i64>) -> i64 {
+        limit.map_or(i64::MAX, |l| {
+            (l - self.decided - self.passed - self.passing).max(0)
+        })
+    }
 }
 
 /// What passed through, beyond the count.
@@ -86,13 +133,15 @@ pub struct Tally {
 }
 
 impl Cover {
-    /// The cover of a running standing replay, counting on from what its status says passed.
+    /// The cover of a running standing replay, counting on from what its status says it
+    /// decided and passed; `log` writes its passes.
     pub fn new(
         uid: &str,
         replay: &str,
         spec: &DeadLetterReplaySpec,
-        passed: i64,
+        (decided, passed): (i64, i64),
         tally: Tally,
+        log: Arc<dyn PassLog>,
     ) -> Self {
         Cover {
             uid: uid.to_string(),
@@ -103,10 +152,16 @@ impl Cover {
             next_slot: tokio::sync::Mutex::new(tokio::time::Instant::now()),
             lapses_at: Mutex::new(tokio::time::Instant::now() + LAPSE),
             limit: spec.max,
-            passed: AtomicI64::new(passed),
+            spent: Mutex::new(Spent {
+                decided,
+                passed,
+                passing: 0,
+            }),
+            log,
+            logged: tokio::sync::Mutex::new(passed),
+            sighted: Mutex::default(),
             recent: Mutex::default(),
             window: spec.bounds().window,
-            passing: AtomicI64::new(0),
             tally: Mutex::new(tally),
         }
     }
@@ -120,29 +175,100 @@ impl Cover {
         *lock(&self.lapses_at) <= tokio::time::Instant::now()
     }
 
-    /// Takes one message of the limit; false once `max` passed.
+    /// Takes one message of the budget; false once `max` is spent.
     fn take(&self) -> bool {
-        self.passing.fetch_add(1, Ordering::SeqCst);
-        let before = self.passed.fetch_add(1, Ordering::SeqCst);
-        if self.limit.is_some_and(|l| before >= l) {
-            self.passed.fetch_sub(1, Ordering::SeqCst);
-            self.passing.fetch_sub(1, Ordering::SeqCst);
+        let mut spent = lock(&self.spent);
+        if spent.room(self.limit) == 0 {
             return false;
         }
+        spent.passing += 1;
         true
     }
 
     /// Gives back a message taken with [`Cover::take`] that did not pass.
     fn give_back(&self) {
-        self.passed.fetch_sub(1, Ordering::SeqCst);
-        self.passing.fetch_sub(1, Ordering::SeqCst);
+        lock(&self.spent).passing -= 1;
+    }
+
+    /// Takes up to `n` decisions of the budget (what `max` leaves beside the passes); how
+    /// many the replay may sign now.
+    pub fn claim(&self, n: usize) -> usize {
+        let mut spent = lock(&self.spent);
+        let n = i64::try_from(n)
+            .unwrap_or(i64::MAX)
+            .min(spent.room(self.limit));
+        spent.decided += n;
+        usize::try_from(n).unwrap_or(0)
+    }
+
+    /// Gives back `n` claimed decisions that were not signed (a record resolved meanwhile).
+    pub fn unclaim(&self, n: usize) {
+        lock(&self.spent).decided -= i64::try_from(n).unwrap_or(0);
+    }
+
+    /// What the records show was decided (a restarted leader's signatures): never less.
+    pub fn decided_at_least(&self, decided: i64) {
+        let mut spent = lock(&self.spent);
+        spent.decided = spent.decided.max(decided);
+    }
+
+    /// A message of its group was seen in the broker now.
+    fn sight(&self) {
+        *lock(&self.sighted) = Some(Timestamp::now());
+    }
+
+    /// When a message of its group was last seen in the broker (passed or not).
+    pub fn last_sighted(&self) -> Option<Timestamp> {
+        *lock(&self.sighted)
+    }
+
+    /// Whether it covers `facts` now: running, and of its group.
+    fn takes(&self, facts: &impl dlq_core::facts::Facts) -> bool {
+        !self.lapsed() && self.selector.matches(facts)
+    }
+
+    /// The turn to write this cover's passes: the count written last, held while writing so
+    /// that writes of the replay's status are taken in turn and a count never goes back.
+    pub async fn journal(&self) -> tokio::sync::MutexGuard<'_, i64> {
+        self.logged.lock().await
+    }
+
+    /// Waits until the replay's status says at least `passed` (one write for every pass
+    /// waiting meanwhile), so the source acknowledges only what the log holds. Gives up, the
+    /// count left in memory for the next status write, once the cover lapsed.
+    async fn logged(&self, passed: i64) {
+        let mut attempt = 0u32;
+        loop {
+            let mut logged = self.journal().await;
+            if *logged >= passed {
+                return;
+            }
+            let (now, tally) = self.passed();
+            match self.log.write(now, &tally).await {
+                Ok(()) => {
+                    *logged = now;
+                    return;
+                }
+                Err(why) if self.lapsed() => {
+                    tracing::warn!(replay = %self.replay, error = %why, "writing passed-through messages failed and the replay no longer steps; acknowledging, the count stays in memory");
+                    return;
+                }
+                Err(why) => {
+                    drop(logged);
+                    attempt = attempt.saturating_add(1);
+                    let wait = dlq_core::decide::backoff(attempt, LOG_RETRY);
+                    tracing::debug!(replay = %self.replay, error = %why, retry_in = ?wait, "writing passed-through messages failed; the source acknowledges none until it is written");
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
     }
 
     /// Waits (at most `wait`) until no message is in the middle of passing through, so an
     /// uncovered replay's final count includes them.
     pub async fn passing_done(&self, wait: Duration) {
         let until = tokio::time::Instant::now() + wait;
-        while self.passing.load(Ordering::SeqCst) > 0 && tokio::time::Instant::now() < until {
+        while lock(&self.spent).passing > 0 && tokio::time::Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
@@ -168,10 +294,7 @@ impl Cover {
 
     /// Messages passed through so far, with the sample and the last time.
     pub fn passed(&self) -> (i64, Tally) {
-        (
-            self.passed.load(Ordering::SeqCst),
-            lock(&self.tally).clone(),
-        )
+        (lock(&self.spent).passed, lock(&self.tally).clone())
     }
 
     /// Waits for this message's turn at the replay's rate (none: at once).
@@ -187,13 +310,20 @@ impl Cover {
         tokio::time::sleep_until(at).await;
     }
 
-    fn count(&self, job: &str) {
+    /// Counts a message that passed; the count with it, for [`Cover::logged`].
+    fn count(&self, job: &str) -> i64 {
+        let passed = {
+            let mut spent = lock(&self.spent);
+            spent.passing -= 1;
+            spent.passed += 1;
+            spent.passed
+        };
         let mut tally = lock(&self.tally);
         if tally.sample.len() < SAMPLE {
             tally.sample.push(job.to_string());
         }
         tally.at = Some(Timestamp::now());
-        self.passing.fetch_sub(1, Ordering::SeqCst);
+        passed
     }
 }
 
@@ -277,7 +407,34 @@ impl Standing {
             .cloned()
     }
 
-    /// Whether any standing replay covers a queue of `ns` (the fast path of every park).
+    /// Whether a standing replay runs on queue `ns/queue` (a source reaches past what waits
+    /// for room only then).
+    pub fn covers_queue(&self, ns: &str, queue: &str) -> bool {
+        !self.covering(ns, queue).is_empty()
+    }
+
+    /// Whether a running standing replay with budget left would pass `req`; a message so
+    /// covered counts as seen in the broker (its replay does not end while they are).
+    pub fn would_pass(&self, queue: &DeadLetterQueue, req: &ParkRequest) -> bool {
+        let Some(cover) = self.cover_of(queue, req) else {
+            return false;
+        };
+        cover.sight();
+        lock(&cover.spent).room(cover.limit) > 0
+    }
+
+    /// The running cover whose group `req` is of, if any.
+    fn cover_of(&self, queue: &DeadLetterQueue, req: &ParkRequest) -> Option<Arc<Cover>> {
+        let ns = queue.namespace().unwrap_or_default();
+        let covers = self.covering(&ns, &queue.name_any());
+        if covers.is_empty() {
+            return None;
+        }
+        let facts = arriving(req, queue.seals());
+        covers.into_iter().find(|c| c.takes(&facts))
+    }
+
+    /// The covers of a queue of `ns` (empty: the fast path of every park).
     fn covering(&self, ns: &str, queue: &str) -> Vec<Arc<Cover>> {
         lock(&self.covers)
             .get(&(ns.to_string(), queue.to_string()))
@@ -289,23 +446,16 @@ impl Standing {
     /// the target with the message's own idempotency key ([`message_key`]) and counted on the
     /// replay. The caller acknowledges the message only on [`Passed::Through`].
     pub async fn pass(&self, queue: &DeadLetterQueue, req: &ParkRequest, raw: &[u8]) -> Passed {
-        let ns = queue.namespace().unwrap_or_default();
-        let covers = self.covering(&ns, &queue.name_any());
-        if covers.is_empty() {
-            return Passed::No;
-        }
-        let facts = arriving(req, queue.seals());
-        let Some(cover) = covers
-            .into_iter()
-            .find(|c| !c.lapsed() && c.selector.matches(&facts))
-        else {
+        let Some(cover) = self.cover_of(queue, req) else {
             return Passed::No;
         };
+        cover.sight();
         if !cover.take() {
             return Passed::No;
         }
         cover.turn().await;
         if cover.action == Action::Redrive {
+            let ns = queue.namespace().unwrap_or_default();
             let key = message_key(&ns, &queue.name_any(), req.message.as_deref(), raw);
             let result = self.target.requeue(queue, &req.job, key).await;
             cover.outcome(result.is_ok());
@@ -317,7 +467,8 @@ impl Standing {
                 };
             }
         }
-        cover.count(&req.job.id);
+        let passed = cover.count(&req.job.id);
+        cover.logged(passed).await;
         Passed::Through {
             replay: cover.replay.clone(),
         }
@@ -398,7 +549,14 @@ mod tests {
         let payer = dead("pi_1/settle", "payer timeout after 30s");
         let spec = standing_spec(&payer, Action::Redrive);
         standing.cover("payments", "relayer", "u1", || {
-            Cover::new("u1", "storm", &spec, 0, Tally::default())
+            Cover::new(
+                "u1",
+                "storm",
+                &spec,
+                (0, 0),
+                Tally::default(),
+                Arc::new(NoLog),
+            )
         });
         assert_eq!(
             standing.pass(&q, &payer, b"raw").await,
@@ -436,7 +594,14 @@ mod tests {
         let payer = dead("pi_1/settle", "payer timeout");
         let spec = standing_spec(&payer, Action::Redrive);
         let cover = standing.cover("payments", "relayer", "u1", || {
-            Cover::new("u1", "storm", &spec, 7, Tally::default())
+            Cover::new(
+                "u1",
+                "storm",
+                &spec,
+                (0, 7),
+                Tally::default(),
+                Arc::new(NoLog),
+            )
         });
         assert!(matches!(
             standing.pass(&queue(), &payer, b"raw").await,
@@ -457,7 +622,14 @@ mod tests {
         let payer = dead("pi_1/settle", "payer timeout");
         let spec = standing_spec(&payer, Action::Drop);
         standing.cover("payments", "relayer", "u1", || {
-            Cover::new("u1", "storm", &spec, 0, Tally::default())
+            Cover::new(
+                "u1",
+                "storm",
+                &spec,
+                (0, 0),
+                Tally::default(),
+                Arc::new(NoLog),
+            )
         });
         assert!(matches!(
             standing.pass(&queue(), &payer, b"raw").await,
@@ -474,7 +646,14 @@ mod tests {
         let mut spec = standing_spec(&payer, Action::Redrive);
         spec.rate = Some("10/s".into());
         standing.cover("payments", "relayer", "u1", || {
-            Cover::new("u1", "storm", &spec, 0, Tally::default())
+            Cover::new(
+                "u1",
+                "storm",
+                &spec,
+                (0, 0),
+                Tally::default(),
+                Arc::new(NoLog),
+            )
         });
         let start = tokio::time::Instant::now();
         for _ in 0..5 {
@@ -492,7 +671,14 @@ mod tests {
         let mut spec = standing_spec(&payer, Action::Redrive);
         spec.max = Some(2);
         let cover = standing.cover("payments", "relayer", "u1", || {
-            Cover::new("u1", "storm", &spec, 0, Tally::default())
+            Cover::new(
+                "u1",
+                "storm",
+                &spec,
+                (0, 0),
+                Tally::default(),
+                Arc::new(NoLog),
+            )
         });
         for _ in 0..2 {
             assert!(matches!(
@@ -509,7 +695,14 @@ mod tests {
         let roomy = standing_spec(&payer, Action::Redrive);
         standing.uncover("payments", "u1");
         standing.cover("payments", "relayer", "u2", || {
-            Cover::new("u2", "storm2", &roomy, 0, Tally::default())
+            Cover::new(
+                "u2",
+                "storm2",
+                &roomy,
+                (0, 0),
+                Tally::default(),
+                Arc::new(NoLog),
+            )
         });
         tokio::time::advance(LAPSE).await;
         assert_eq!(
@@ -522,6 +715,74 @@ mod tests {
             standing.pass(&queue(), &payer, b"raw").await,
             Passed::Through { .. }
         ));
+    }
+
+    /// Issue 57: `max` is one budget for the replay's decisions and its passes: with `max: 3`
+    /// and 2 decisions claimed, one message passes; a decision given back lets one more pass.
+    #[tokio::test]
+    async fn max_bounds_decisions_and_passes_together() {
+        let standing = Standing::new(Arc::new(Remember::default()));
+        let payer = dead("pi_1/settle", "payer timeout");
+        let mut spec = standing_spec(&payer, Action::Redrive);
+        spec.max = Some(3);
+        let cover = standing.cover("payments", "relayer", "u1", || {
+            Cover::new(
+                "u1",
+                "storm",
+                &spec,
+                (0, 0),
+                Tally::default(),
+                Arc::new(NoLog),
+            )
+        });
+        assert_eq!(cover.claim(2), 2);
+        let q = queue();
+        let pass = || standing.pass(&q, &payer, b"raw");
+        assert!(matches!(pass().await, Passed::Through { .. }));
+        assert_eq!(pass().await, Passed::No, "2 decided + 1 passed = max");
+        assert_eq!(cover.claim(5), 0, "nothing left to decide either");
+        cover.unclaim(1);
+        assert!(matches!(pass().await, Passed::Through { .. }));
+        assert_eq!(cover.passed().0, 2);
+    }
+
+    /// A log that remembers every count written, each write taking a while.
+    #[derive(Default)]
+    struct SlowLog {
+        written: Mutex<Vec<i64>>,
+    }
+
+    impl PassLog for SlowLog {
+        fn write<'a>(&'a self, passed: i64, _: &'a Tally) -> BoxFuture<'a, Result<(), String>> {
+            Box::pin(async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                lock(&self.written).push(passed);
+                Ok(())
+            })
+        }
+    }
+
+    /// Issue 57: a pass returns (and its source acknowledges) only once the log holds its
+    /// count; passes waiting together share a write, and a count written never goes back.
+    #[tokio::test]
+    async fn a_pass_returns_once_the_log_holds_it_and_waiting_passes_share_a_write() {
+        let standing = Standing::new(Arc::new(Remember::default()));
+        let log = Arc::new(SlowLog::default());
+        let payer = dead("pi_1/settle", "payer timeout");
+        let spec = standing_spec(&payer, Action::Redrive);
+        let cover = standing.cover("payments", "relayer", "u1", || {
+            Cover::new("u1", "storm", &spec, (0, 5), Tally::default(), log.clone())
+        });
+        let q = queue();
+        let passes = (0..16).map(|_| standing.pass(&q, &payer, b"raw"));
+        for passed in futures::future::join_all(passes).await {
+            assert!(matches!(passed, Passed::Through { .. }));
+        }
+        let written = lock(&log.written).clone();
+        assert_eq!(written.last(), Some(&21), "every pass logged: {written:?}");
+        assert!(written.len() < 16, "one write per pass: {written:?}");
+        assert!(written.windows(2).all(|w| w[0] < w[1]), "{written:?}");
+        assert_eq!(*cover.journal().await, 21);
     }
 
     /// Failed enqueues count toward the replay's `failureRatio` once a window of them is seen.
@@ -538,7 +799,14 @@ mod tests {
             ..Default::default()
         });
         let cover = standing.cover("payments", "relayer", "u1", || {
-            Cover::new("u1", "storm", &spec, 0, Tally::default())
+            Cover::new(
+                "u1",
+                "storm",
+                &spec,
+                (0, 0),
+                Tally::default(),
+                Arc::new(NoLog),
+            )
         });
         for _ in 0..2 {
             standing.pass(&queue(), &payer, b"raw").await;

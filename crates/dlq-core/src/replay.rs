@@ -140,7 +140,7 @@ pub struct DeadLetterReplaySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?(/s)?$"), length(max = 16))]
     pub rate: Option<String>,
-    /// Decide at most this many records.
+    /// Decide at most this many records (standing: records decided plus messages passed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub max: Option<i64>,

@@ -21,7 +21,7 @@ use dlq_core::replay::{
     ANNOTATION_REPLAY_UID, DeadLetterReplay, DeadLetterReplayStatus, LABEL_REPLAY,
 };
 
-use super::{Apiserver, Signature};
+use super::{Apiserver, PassedThrough, Signature};
 
 /// (namespace, name) of a record.
 type Key = (String, String);
@@ -406,6 +406,25 @@ impl Apiserver for FakeApiserver {
             r.spec.note = None;
         });
         async move { result }.boxed()
+    }
+
+    fn write_replay_passed<'a>(
+        &'a self,
+        _replay: &'a DeadLetterReplay,
+        passed: &'a PassedThrough,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        // As a merge patch of those fields lands on the last status.
+        let mut statuses = lock(&self.replay_statuses);
+        let mut status = statuses.last().cloned().unwrap_or_default();
+        status.passed_through = passed.passed_through;
+        if !passed.sample.is_empty() {
+            status.sample = passed.sample.clone();
+        }
+        if passed.passed_at.is_some() {
+            status.passed_at = passed.passed_at.clone();
+        }
+        statuses.push(status);
+        async { Ok(()) }.boxed()
     }
 
     fn list_groups<'a>(

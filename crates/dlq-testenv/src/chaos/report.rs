@@ -75,9 +75,10 @@ pub struct Report {
     pub storm_left_parked: u64,
     /// 1 when the standing redrive did not end Completed.
     pub storm_replay_incomplete: u64,
-    /// `passedThrough + redriven` minus the storm: what the replay's counts miss (passes of a
-    /// replica killed before its next progress write) or count twice (a message passed again
-    /// after a fault). Reported, not an invariant: the jobs themselves are checked one by one.
+    /// `passedThrough + redriven` minus the storm: what the replay's counts count twice (a
+    /// message passed again after a fault); not below 0 since a pass is in the status before
+    /// its acknowledgement (issue 57). Reported, not an invariant: the jobs themselves are
+    /// checked one by one.
     pub storm_count_gap: i64,
     /// Up to five job ids per failed invariant, to start an investigation from.
     pub examples: BTreeMap<String, Vec<String>>,
