@@ -58,33 +58,52 @@ fn sha256(bytes: &[u8]) -> String {
 
 /// Queue `relayer`: Redis list target and dead-list source, bodies in the bucket above 64 KiB.
 async fn queue(client: &Client, ns: &str, redis: &Redis, s3: &S3Server, seal: Option<&str>) {
-    create_secret(client, ns, "redis", "url", &redis.url()).await;
-    s3.credentials_secret(client, ns, "s3").await;
-    let mut spec = json!({
-        "target": {"redis": {"urlSecretRef": {"name": "redis", "key": "url"}, "list": JOBS}},
-        "source": {"redis": {"list": DEAD}},
-        "bodies": {
-            "thresholdBytes": 65536,
-            "maxBytes": MAX_BYTES,
-            "orphansAfter": "10s",
-            "s3": {"bucket": BUCKET, "prefix": PREFIX, "endpoint": s3.endpoint(),
-                   "region": "us-east-1", "credentialsSecretRef": {"name": "s3"}},
-        },
-    });
+    secrets(client, ns, redis, s3).await;
+    let mut spec = queue_spec(DEAD, &s3.endpoint());
     if let Some(identity) = seal {
         spec["protection"] = json!({"seal": {"identitySecretRef": {"name": identity}}});
     }
     create_dlq(client, ns, "relayer", spec).await;
 }
 
+/// The Secrets `redis` (its URL) and `s3` (the store's keys).
+async fn secrets(client: &Client, ns: &str, redis: &Redis, s3: &S3Server) {
+    create_secret(client, ns, "redis", "url", &redis.url()).await;
+    s3.credentials_secret(client, ns, "s3").await;
+}
+
+/// A queue parking from Redis list `dead` to [`JOBS`], its bodies under [`PREFIX`] of
+/// [`BUCKET`] on the S3 endpoint spelled `endpoint`.
+fn queue_spec(dead: &str, endpoint: &str) -> serde_json::Value {
+    json!({
+        "target": {"redis": {"urlSecretRef": {"name": "redis", "key": "url"}, "list": JOBS}},
+        "source": {"redis": {"list": dead}},
+        "bodies": {
+            "thresholdBytes": 65536,
+            "maxBytes": MAX_BYTES,
+            "orphansAfter": "10s",
+            "s3": {"bucket": BUCKET, "prefix": PREFIX, "endpoint": endpoint,
+                   "region": "us-east-1", "credentialsSecretRef": {"name": "s3"}},
+        },
+    })
+}
+
 async fn push(redis: &Redis, id: &str, payload: &[u8]) {
+    push_to(redis, DEAD, id, payload).await;
+}
+
+async fn push_to(redis: &Redis, dead: &str, id: &str, payload: &[u8]) {
     let mut conn = redis.conn().await;
-    let _: () = conn.lpush(DEAD, envelope(id, payload)).await.unwrap();
+    let _: () = conn.lpush(dead, envelope(id, payload)).await.unwrap();
 }
 
 async fn parked(api: &Api<DeadLetter>, id: &str) -> DeadLetter {
-    let name = record_name("relayer", id, 1);
-    eventually(60, &format!("record of {id}"), || async {
+    parked_in(api, "relayer", id, 60).await
+}
+
+async fn parked_in(api: &Api<DeadLetter>, queue: &str, id: &str, secs: u64) -> DeadLetter {
+    let name = record_name(queue, id, 1);
+    eventually(secs, &format!("record of {id}"), || async {
         api.get_opt(&name).await.ok().flatten()
     })
     .await
@@ -372,4 +391,50 @@ async fn a_kill_between_upload_and_create_parks_once_and_sealed_bodies_are_ciphe
         (keys.len() == 1).then_some(())
     })
     .await;
+}
+
+/// Two queues on one bucket and prefix, one naming the endpoint `127.0.0.1`, the other
+/// `localhost` (issue 57): each spelling is swept on its own, yet neither sweep deletes a body
+/// the other queue's record names, nor one a park into the other queue is still waiting with
+/// (every park held 25 s after its upload, past `orphansAfter`); both redrive byte-exact.
+#[tokio::test]
+async fn queues_spelling_one_place_two_ways_keep_each_others_bodies() {
+    const MIRROR_DEAD: &str = "mirror:dead";
+    let redis = Redis::start();
+    let s3 = S3Server::start();
+    s3.create_bucket(BUCKET).await;
+    let (client, ns) = setup("bodies-spelled").await;
+    secrets(&client, &ns, &redis, &s3).await;
+    let localhost = format!("http://localhost:{}", s3.port());
+    create_dlq(&client, &ns, "relayer", queue_spec(DEAD, &s3.endpoint())).await;
+    create_dlq(&client, &ns, "mirror", queue_spec(MIRROR_DEAD, &localhost)).await;
+    let _op = start_operator(&ns, &[("DLQ_FAILPOINT", "body-after-upload@25000")]);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+
+    let (a, b) = (body(11, 300_000), body(12, 300_000));
+    push(&redis, "a", &a).await;
+    push_to(&redis, MIRROR_DEAD, "b", &b).await;
+    let keys = [&a, &b].map(|bytes| format!("{PREFIX}sha256/{}", sha256(bytes)));
+    parked_in(&api, "relayer", "a", 120).await;
+    parked_in(&api, "mirror", "b", 120).await;
+    let stored = s3.list_keys(BUCKET, PREFIX).await;
+    assert!(
+        keys.iter().all(|k| stored.contains(k)),
+        "kept while their parks waited: {stored:?}"
+    );
+    // Sweeps of both spellings, every 2 s, past orphansAfter with both records Parked.
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    let stored = s3.list_keys(BUCKET, PREFIX).await;
+    assert!(
+        keys.iter().all(|k| stored.contains(k)),
+        "kept while their records name them: {stored:?}"
+    );
+    for (queue, id) in [("relayer", "a"), ("mirror", "b")] {
+        decide(&api, &record_name(queue, id, 1), Action::Redrive, "ada").await;
+    }
+    for (queue, id) in [("relayer", "a"), ("mirror", "b")] {
+        wait_phase(&api, &record_name(queue, id, 1), Phase::Redriven, 60).await;
+    }
+    delivered(&redis, &a, "a redriven byte-exact").await;
+    delivered(&redis, &b, "b redriven byte-exact").await;
 }

@@ -202,8 +202,8 @@ impl BodyStore {
     }
 
     /// This store, counting the bodies it keeps for records not yet created in `pending`, the
-    /// map of every store of the same place (`BodiesSpec::location`): the place's one sweep
-    /// keeps what a park into any of them is waiting with.
+    /// map of every store of the process: any sweep keeps what a park into any store is waiting
+    /// with, since two spellings of one place are two stores.
     pub fn with_pending(mut self, pending: Pending) -> Self {
         self.pending = pending;
         self
@@ -286,7 +286,8 @@ impl BodyStore {
         }
     }
 
-    /// Digests of bodies kept by parks still in progress (see [`Kept`]).
+    /// Digests of bodies kept by parks still in progress (see [`Kept`]), in every store sharing
+    /// this one's map.
     pub fn pending(&self) -> Vec<String> {
         lock(&self.pending).keys().cloned().collect()
     }

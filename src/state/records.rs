@@ -179,6 +179,18 @@ impl RecordIndex {
             .unwrap_or_default()
     }
 
+    /// The digest of every stored body any record names, in every queue and namespace: what a
+    /// sweep of any store keeps (`dlq_core::body::sweep`).
+    pub fn body_digests(&self) -> Vec<Box<str>> {
+        self.read(|live| {
+            live.values()
+                .flat_map(HashMap::values)
+                .filter_map(|s| s.body.clone())
+                .collect()
+        })
+        .unwrap_or_default()
+    }
+
     pub fn len(&self) -> usize {
         self.read(|live| live.values().map(HashMap::len).sum())
             .unwrap_or_default()

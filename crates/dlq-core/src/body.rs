@@ -316,11 +316,16 @@ pub struct Stored {
     pub age_secs: i64,
 }
 
-/// The objects a sweep deletes: the store's own (`<prefix>sha256/<hex>`) that no live record
-/// references (`referenced`: digests) and that are older than `orphans_after_secs` (an upload
-/// whose record is not created yet, or not yet seen, is younger), and staged uploads
-/// (`<prefix>staging/`) as old (one is moved to its key as soon as it is written). Anything
-/// else under the prefix is not ours and stays.
+/// The objects a sweep deletes: the store's own (`<prefix>sha256/<hex>`) whose digest is not in
+/// `referenced` and that are older than `orphans_after_secs` (an upload whose record is not yet
+/// seen is younger), and staged uploads (`<prefix>staging/`) as old (one is moved to its key as
+/// soon as it is written). Anything else under the prefix is not ours and stays.
+///
+/// `referenced` must hold the digest of every body any record of any queue names, and of every
+/// park still in progress, whatever place their queues name: a place is spelled by its endpoint
+/// (`localhost` or `127.0.0.1`, a regional endpoint or the default chain), so two queues may
+/// share objects without their specs saying so. Keys are content-addressed, so a digest kept
+/// by a record elsewhere keeps at most a copy of the same bytes a while longer.
 pub fn sweep<'a>(
     prefix: &str,
     stored: &'a [Stored],
@@ -347,13 +352,14 @@ pub fn sweep<'a>(
 pub struct SharedSweep<Q> {
     /// The queue whose store sweeps it: the one that keeps orphans longest.
     pub by: Q,
-    /// Every queue keeping bodies there: an object any of their records names stays.
+    /// Every queue naming the place the same way.
     pub queues: Vec<Q>,
 }
 
-/// The sweeps of `queues` (each with its `spec.bodies`): one per place, so a queue's sweep
-/// never deletes what another queue's record in the same bucket and prefix names (nor, for
-/// content-addressed keys, the same body parked in both), by the queue keeping orphans longest.
+/// The sweeps of `queues` (each with its `spec.bodies`): one per place as spelled, by the queue
+/// keeping orphans longest, so a place is not listed once per queue. What a sweep keeps does
+/// not depend on this grouping: every record's digest is kept ([`sweep`]), so a place spelled
+/// two ways, swept twice, loses nothing.
 pub fn shared_sweeps<'s, Q: Clone>(
     queues: impl IntoIterator<Item = (Q, &'s BodiesSpec)>,
 ) -> Vec<SharedSweep<Q>> {
