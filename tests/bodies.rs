@@ -438,3 +438,119 @@ async fn queues_spelling_one_place_two_ways_keep_each_others_bodies() {
     delivered(&redis, &a, "a redriven byte-exact").await;
     delivered(&redis, &b, "b redriven byte-exact").await;
 }
+
+/// Records made by hand whose external body names another bucket's object (issue 57): their
+/// redrives are refused (`BodyOutsideStore`, still Parked) without the object ever being asked
+/// for, and no condition, Event or `kubectl dlq show` says its size or digest, even for the
+/// record naming its true size. An object under a bucket and prefix the queue declares
+/// (`externalBuckets`) is checked and its pointer message redriven.
+#[tokio::test]
+async fn a_hand_made_record_reads_no_object_the_queue_does_not_declare() {
+    const VAULT: &str = "vault";
+    const SECRET_KEY: &str = "vault/creds.json";
+    let redis = Redis::start();
+    let s3 = S3Server::start();
+    s3.create_bucket(BUCKET).await;
+    s3.create_bucket(VAULT).await;
+    let secret = body(13, 73_421);
+    s3.put_object(VAULT, SECRET_KEY, secret.clone()).await;
+    let (client, ns) = setup("bodies-forged").await;
+    queue(&client, &ns, &redis, &s3, None).await;
+    let _op = start_operator(&ns, &[]);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+
+    let forged = [("forged-1", 1), ("forged-2", secret.len() as i64)];
+    for (id, size) in forged {
+        let reference = format!("s3://{VAULT}/{SECRET_KEY}");
+        by_hand(&api, id, &reference, size, &"0".repeat(64)).await;
+    }
+    for (id, _) in forged {
+        let name = record_name("relayer", id, 1);
+        wait_phase(&api, &name, Phase::Parked, 60).await;
+        decide(&api, &name, Action::Redrive, "mallory").await;
+        let (why, message) = eventually(60, &format!("{id}'s redrive refused"), || async {
+            let r = api.get(&name).await.ok()?;
+            let (status, why, message) = condition(&r, "Requeued")?;
+            (status == "False" && r.phase() == Phase::Parked).then_some((why, message))
+        })
+        .await;
+        assert_eq!(why, "BodyOutsideStore", "{message}");
+    }
+    let (size, digest) = (secret.len().to_string(), sha256(&secret));
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+    let mut said: Vec<String> = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|e| e.note)
+        .collect();
+    for (id, _) in forged {
+        let name = record_name("relayer", id, 1);
+        let record = api.get(&name).await.unwrap();
+        said.push(condition(&record, "Requeued").expect("Requeued").2);
+        let (ok, out, err) = dlq_testenv::kubectl_dlq(&ns, &["show", &name]);
+        assert!(ok && out.contains("BodyOutsideStore"), "{out}{err}");
+        said.push(out);
+    }
+    for text in &said {
+        assert!(
+            !text.contains(&size) && !text.contains(&digest),
+            "the object's size or digest told: {text}"
+        );
+    }
+    assert_eq!(
+        s3.requests_for(VAULT, SECRET_KEY).len(),
+        1,
+        "only the test's own PUT"
+    );
+
+    // Declared by the queue: read, checked, and the pointer message sent as it is.
+    let declared = json!({"spec": {"bodies": {"s3": {"externalBuckets": [
+        {"bucket": VAULT, "prefix": "offloaded/"}]}}}});
+    let queues: Api<dlq_core::api::DeadLetterQueue> = Api::namespaced(client.clone(), &ns);
+    queues
+        .patch("relayer", &PatchParams::default(), &Patch::Merge(&declared))
+        .await
+        .expect("externalBuckets declared");
+    let offloaded = body(14, 90_000);
+    s3.put_object(VAULT, "offloaded/o-1", offloaded.clone())
+        .await;
+    let reference = format!("s3://{VAULT}/offloaded/o-1");
+    let size = offloaded.len() as i64;
+    by_hand(&api, "declared", &reference, size, &sha256(&offloaded)).await;
+    let name = record_name("relayer", "declared", 1);
+    wait_phase(&api, &name, Phase::Parked, 60).await;
+    decide(&api, &name, Action::Redrive, "ada").await;
+    wait_phase(&api, &name, Phase::Redriven, 60).await;
+    delivered(
+        &redis,
+        b"[pointer declared]",
+        "the pointer message, untouched",
+    )
+    .await;
+    assert_eq!(
+        s3.requests_for(VAULT, SECRET_KEY).len(),
+        1,
+        "the undeclared object still unread"
+    );
+}
+
+/// Creates the record of job `id` of queue `relayer` by hand, its payload a pointer message and
+/// its body the external object `reference` with the `size` and `sha256` given.
+async fn by_hand(api: &Api<DeadLetter>, id: &str, reference: &str, size: i64, sha256: &str) {
+    let record: DeadLetter = serde_json::from_value(json!({
+        "apiVersion": "dlq.dev/v1alpha1", "kind": "DeadLetter",
+        "metadata": {"name": record_name("relayer", id, 1)},
+        "spec": {"queue": "relayer", "cycle": 1, "deliveries": 0, "reason": "by hand",
+                 "failureKind": "Transient", "failedAt": "2026-12-01T00:00:00Z",
+                 "job": {"id": id, "payload": format!("[pointer {id}]"),
+                         "body": {"ref": reference, "size": size, "sha256": sha256,
+                                  "external": true}}},
+    }))
+    .expect("a record");
+    api.create(&Default::default(), &record)
+        .await
+        .unwrap_or_else(|e| panic!("the record of {id} by hand: {e}"));
+}

@@ -104,6 +104,12 @@ pub enum BodyError {
     /// The object is there but is not the body the record names.
     #[error(transparent)]
     Corrupt(#[from] BodyCheck),
+    /// An external reference names an object the queue does not declare (its S3 store's bucket
+    /// and prefix, `externalBuckets`): refused before anything is read.
+    #[error(
+        "the body of job {job} names an object outside the queue's store and its spec.bodies.s3.externalBuckets; not read: {reference}"
+    )]
+    Outside { job: String, reference: String },
     /// The store did not answer, or refused (credentials, permissions).
     #[error("body store unreachable: {0}")]
     Unreachable(String),
@@ -121,6 +127,7 @@ impl BodyError {
         match self {
             BodyError::Missing { .. } => "BodyMissing",
             BodyError::Corrupt(_) => "BodyCorrupt",
+            BodyError::Outside { .. } => "BodyOutsideStore",
             BodyError::Unreachable(_) => "BodyStoreUnreachable",
             BodyError::Config(_) => "BodyStoreMisconfigured",
             BodyError::Seal(_) => "BodySealBroken",
@@ -407,14 +414,21 @@ impl BodyStore {
     }
 
     /// The store and key of the object `want` names: the queue's own, or for an external
-    /// object (an SQS Extended Client pointer's) the bucket its `s3://` URI names.
+    /// object (an SQS Extended Client pointer's) the bucket its `s3://` URI names, when the queue
+    /// allows it (`dlq_core::body::external_object`); decided before anything is read.
     fn locate(&self, job: &str, want: &BodyRef) -> Result<(Arc<dyn ObjectStore>, Path), BodyError> {
         let missing = || BodyError::Missing {
             job: job.to_string(),
             reference: want.reference.clone(),
         };
         if want.external {
-            let (bucket, key) = body::split_external(&want.reference).ok_or_else(missing)?;
+            let (bucket, key) =
+                body::external_object(&self.spec, &want.reference).ok_or_else(|| {
+                    BodyError::Outside {
+                        job: job.to_string(),
+                        reference: want.reference.clone(),
+                    }
+                })?;
             return Ok((self.bucket(bucket)?, Path::from(key)));
         }
         let key = body::key_of_body(&self.spec, want).ok_or_else(missing)?;
