@@ -10,7 +10,9 @@
 //! record references (an orphan, a deleted record's) and keeps every referenced one; a queue
 //! whose store moved to another bucket (its objects copied) still redrives what it parked
 //! before. A sealed
-//! queue's objects are ciphertext, and its redrive is still byte-exact.
+//! queue's objects are ciphertext, and its redrive is still byte-exact. Issue 57: queues spelling
+//! one endpoint two ways (`localhost`, `127.0.0.1`) keep each other's bodies through their sweeps;
+//! a hand-made record naming another bucket's object is refused unread, telling nothing of it.
 
 use std::time::Duration;
 
