@@ -606,7 +606,7 @@ mod tests {
             .open(&crashed)
             .and_then(|f| f.set_modified(hour_ago))
             .expect("aged");
-        let referenced = || vec![Box::from(reference.sha256.as_str())];
+        let referenced = || Some(vec![Box::from(reference.sha256.as_str())]);
         assert_eq!(sweep::sweep(&store, referenced).await.expect("swept"), 1);
         assert!(!crashed.exists());
         drop(kept);
@@ -652,13 +652,18 @@ mod tests {
             .open(&small_path)
             .and_then(|f| f.set_modified(hour_ago))
             .expect("aged");
-        let none = Vec::new;
+        let none = || Some(Vec::new());
         assert_eq!(
             sweep::sweep(&store, none).await.expect("swept"),
             0,
             "its park is in progress"
         );
         drop(small);
+        assert_eq!(
+            sweep::sweep(&store, || None).await.expect("swept"),
+            0,
+            "nothing deleted without the records' digests"
+        );
         assert_eq!(
             sweep::sweep(&store, none).await.expect("swept"),
             1,

@@ -180,15 +180,15 @@ impl RecordIndex {
     }
 
     /// The digest of every stored body any record names, in every queue and namespace: what a
-    /// sweep of any store keeps (`dlq_core::body::sweep`).
-    pub fn body_digests(&self) -> Vec<Box<str>> {
+    /// sweep of any store keeps (`dlq_core::body::sweep`). None when the view cannot be read:
+    /// an empty list would let a sweep delete every body.
+    pub fn body_digests(&self) -> Option<Vec<Box<str>>> {
         self.read(|live| {
             live.values()
                 .flat_map(HashMap::values)
                 .filter_map(|s| s.body.clone())
                 .collect()
         })
-        .unwrap_or_default()
     }
 
     pub fn len(&self) -> usize {
