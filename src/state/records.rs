@@ -212,6 +212,34 @@ mod tests {
         RecordBuilder::job(id).queue(queue).build()
     }
 
+    fn with_body(id: &str, ns: &str, queue: &str, sha256: &str) -> DeadLetter {
+        let mut r = RecordBuilder::job(id).namespace(ns).queue(queue).build();
+        r.spec.job.body = Some(Box::new(dlq_core::api::BodyRef {
+            reference: format!("s3://b/sha256/{sha256}"),
+            size: 1,
+            sha256: sha256.into(),
+            ..Default::default()
+        }));
+        r
+    }
+
+    /// A sweep keeps what any record names: the digests of every queue in every namespace, not
+    /// only of the queues whose spec spells the swept place the same way.
+    #[test]
+    fn body_digests_span_every_queue_and_namespace() {
+        let (a, b) = ("a".repeat(64), "b".repeat(64));
+        let index = RecordIndex::listed_with(&[
+            with_body("1", "payments", "relayer", &a),
+            with_body("2", "orders", "mirror", &b),
+            with_body("3", "orders", "mirror", &a),
+            record("inline", "relayer"),
+        ]);
+        let mut digests = index.body_digests().expect("readable");
+        digests.sort();
+        let want: Vec<Box<str>> = vec![a.as_str().into(), a.as_str().into(), b.as_str().into()];
+        assert_eq!(digests, want);
+    }
+
     #[test]
     fn not_listed_until_the_first_list_completes_and_a_relist_replaces_the_view_when_done() {
         let index = RecordIndex::default();
