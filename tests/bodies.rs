@@ -10,7 +10,9 @@
 //! record references (an orphan, a deleted record's) and keeps every referenced one; a queue
 //! whose store moved to another bucket (its objects copied) still redrives what it parked
 //! before. A sealed
-//! queue's objects are ciphertext, and its redrive is still byte-exact.
+//! queue's objects are ciphertext, and its redrive is still byte-exact. Issue 57: queues spelling
+//! one endpoint two ways (`localhost`, `127.0.0.1`) keep each other's bodies through their sweeps;
+//! a hand-made record naming another bucket's object is refused unread, telling nothing of it.
 
 use std::time::Duration;
 
@@ -58,33 +60,52 @@ fn sha256(bytes: &[u8]) -> String {
 
 /// Queue `relayer`: Redis list target and dead-list source, bodies in the bucket above 64 KiB.
 async fn queue(client: &Client, ns: &str, redis: &Redis, s3: &S3Server, seal: Option<&str>) {
-    create_secret(client, ns, "redis", "url", &redis.url()).await;
-    s3.credentials_secret(client, ns, "s3").await;
-    let mut spec = json!({
-        "target": {"redis": {"urlSecretRef": {"name": "redis", "key": "url"}, "list": JOBS}},
-        "source": {"redis": {"list": DEAD}},
-        "bodies": {
-            "thresholdBytes": 65536,
-            "maxBytes": MAX_BYTES,
-            "orphansAfter": "10s",
-            "s3": {"bucket": BUCKET, "prefix": PREFIX, "endpoint": s3.endpoint(),
-                   "region": "us-east-1", "credentialsSecretRef": {"name": "s3"}},
-        },
-    });
+    secrets(client, ns, redis, s3).await;
+    let mut spec = queue_spec(DEAD, &s3.endpoint());
     if let Some(identity) = seal {
         spec["protection"] = json!({"seal": {"identitySecretRef": {"name": identity}}});
     }
     create_dlq(client, ns, "relayer", spec).await;
 }
 
+/// The Secrets `redis` (its URL) and `s3` (the store's keys).
+async fn secrets(client: &Client, ns: &str, redis: &Redis, s3: &S3Server) {
+    create_secret(client, ns, "redis", "url", &redis.url()).await;
+    s3.credentials_secret(client, ns, "s3").await;
+}
+
+/// A queue parking from Redis list `dead` to [`JOBS`], its bodies under [`PREFIX`] of
+/// [`BUCKET`] on the S3 endpoint spelled `endpoint`.
+fn queue_spec(dead: &str, endpoint: &str) -> serde_json::Value {
+    json!({
+        "target": {"redis": {"urlSecretRef": {"name": "redis", "key": "url"}, "list": JOBS}},
+        "source": {"redis": {"list": dead}},
+        "bodies": {
+            "thresholdBytes": 65536,
+            "maxBytes": MAX_BYTES,
+            "orphansAfter": "10s",
+            "s3": {"bucket": BUCKET, "prefix": PREFIX, "endpoint": endpoint,
+                   "region": "us-east-1", "credentialsSecretRef": {"name": "s3"}},
+        },
+    })
+}
+
 async fn push(redis: &Redis, id: &str, payload: &[u8]) {
+    push_to(redis, DEAD, id, payload).await;
+}
+
+async fn push_to(redis: &Redis, dead: &str, id: &str, payload: &[u8]) {
     let mut conn = redis.conn().await;
-    let _: () = conn.lpush(DEAD, envelope(id, payload)).await.unwrap();
+    let _: () = conn.lpush(dead, envelope(id, payload)).await.unwrap();
 }
 
 async fn parked(api: &Api<DeadLetter>, id: &str) -> DeadLetter {
-    let name = record_name("relayer", id, 1);
-    eventually(60, &format!("record of {id}"), || async {
+    parked_in(api, "relayer", id, 60).await
+}
+
+async fn parked_in(api: &Api<DeadLetter>, queue: &str, id: &str, secs: u64) -> DeadLetter {
+    let name = record_name(queue, id, 1);
+    eventually(secs, &format!("record of {id}"), || async {
         api.get_opt(&name).await.ok().flatten()
     })
     .await
@@ -372,4 +393,166 @@ async fn a_kill_between_upload_and_create_parks_once_and_sealed_bodies_are_ciphe
         (keys.len() == 1).then_some(())
     })
     .await;
+}
+
+/// Two queues on one bucket and prefix, one naming the endpoint `127.0.0.1`, the other
+/// `localhost` (issue 57): each spelling is swept on its own, yet neither sweep deletes a body
+/// the other queue's record names, nor one a park into the other queue is still waiting with
+/// (every park held 25 s after its upload, past `orphansAfter`); both redrive byte-exact.
+#[tokio::test]
+async fn queues_spelling_one_place_two_ways_keep_each_others_bodies() {
+    const MIRROR_DEAD: &str = "mirror:dead";
+    let redis = Redis::start();
+    let s3 = S3Server::start();
+    s3.create_bucket(BUCKET).await;
+    let (client, ns) = setup("bodies-spelled").await;
+    secrets(&client, &ns, &redis, &s3).await;
+    let localhost = format!("http://localhost:{}", s3.port());
+    create_dlq(&client, &ns, "relayer", queue_spec(DEAD, &s3.endpoint())).await;
+    create_dlq(&client, &ns, "mirror", queue_spec(MIRROR_DEAD, &localhost)).await;
+    let _op = start_operator(&ns, &[("DLQ_FAILPOINT", "body-after-upload@25000")]);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+
+    let (a, b) = (body(11, 300_000), body(12, 300_000));
+    push(&redis, "a", &a).await;
+    push_to(&redis, MIRROR_DEAD, "b", &b).await;
+    let keys = [&a, &b].map(|bytes| format!("{PREFIX}sha256/{}", sha256(bytes)));
+    parked_in(&api, "relayer", "a", 120).await;
+    parked_in(&api, "mirror", "b", 120).await;
+    let stored = s3.list_keys(BUCKET, PREFIX).await;
+    assert!(
+        keys.iter().all(|k| stored.contains(k)),
+        "kept while their parks waited: {stored:?}"
+    );
+    // Sweeps of both spellings, every 2 s, past orphansAfter with both records Parked.
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    let stored = s3.list_keys(BUCKET, PREFIX).await;
+    assert!(
+        keys.iter().all(|k| stored.contains(k)),
+        "kept while their records name them: {stored:?}"
+    );
+    for (queue, id) in [("relayer", "a"), ("mirror", "b")] {
+        decide(&api, &record_name(queue, id, 1), Action::Redrive, "ada").await;
+    }
+    for (queue, id) in [("relayer", "a"), ("mirror", "b")] {
+        wait_phase(&api, &record_name(queue, id, 1), Phase::Redriven, 60).await;
+    }
+    delivered(&redis, &a, "a redriven byte-exact").await;
+    delivered(&redis, &b, "b redriven byte-exact").await;
+}
+
+/// Records made by hand whose external body names another bucket's object (issue 57): their
+/// redrives are refused (`BodyOutsideStore`, still Parked) without the object ever being asked
+/// for, and no condition, Event or `kubectl dlq show` says its size or digest, even for the
+/// record naming its true size. An object under a bucket and prefix the queue declares
+/// (`externalBuckets`) is checked and its pointer message redriven.
+#[tokio::test]
+async fn a_hand_made_record_reads_no_object_the_queue_does_not_declare() {
+    const VAULT: &str = "vault";
+    const SECRET_KEY: &str = "vault/creds.json";
+    let redis = Redis::start();
+    let s3 = S3Server::start();
+    s3.create_bucket(BUCKET).await;
+    s3.create_bucket(VAULT).await;
+    let secret = body(13, 73_421);
+    s3.put_object(VAULT, SECRET_KEY, secret.clone()).await;
+    let (client, ns) = setup("bodies-forged").await;
+    queue(&client, &ns, &redis, &s3, None).await;
+    let _op = start_operator(&ns, &[]);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+
+    let forged = [("forged-1", 1), ("forged-2", secret.len() as i64)];
+    for (id, size) in forged {
+        let reference = format!("s3://{VAULT}/{SECRET_KEY}");
+        by_hand(&api, id, &reference, size, &"0".repeat(64)).await;
+    }
+    for (id, _) in forged {
+        let name = record_name("relayer", id, 1);
+        wait_phase(&api, &name, Phase::Parked, 60).await;
+        decide(&api, &name, Action::Redrive, "mallory").await;
+        let (why, message) = eventually(60, &format!("{id}'s redrive refused"), || async {
+            let r = api.get(&name).await.ok()?;
+            let (status, why, message) = condition(&r, "Requeued")?;
+            (status == "False" && r.phase() == Phase::Parked).then_some((why, message))
+        })
+        .await;
+        assert_eq!(why, "BodyOutsideStore", "{message}");
+    }
+    let (size, digest) = (secret.len().to_string(), sha256(&secret));
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+    let mut said: Vec<String> = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|e| e.note)
+        .collect();
+    for (id, _) in forged {
+        let name = record_name("relayer", id, 1);
+        let record = api.get(&name).await.unwrap();
+        said.push(condition(&record, "Requeued").expect("Requeued").2);
+        let (ok, out, err) = dlq_testenv::kubectl_dlq(&ns, &["show", &name]);
+        assert!(ok && out.contains("BodyOutsideStore"), "{out}{err}");
+        said.push(out);
+    }
+    for text in &said {
+        assert!(
+            !text.contains(&size) && !text.contains(&digest),
+            "the object's size or digest told: {text}"
+        );
+    }
+    assert_eq!(
+        s3.requests_for(VAULT, SECRET_KEY).len(),
+        1,
+        "only the test's own PUT"
+    );
+
+    // Declared by the queue: read, checked, and the pointer message sent as it is.
+    let declared = json!({"spec": {"bodies": {"s3": {"externalBuckets": [
+        {"bucket": VAULT, "prefix": "offloaded/"}]}}}});
+    let queues: Api<dlq_core::api::DeadLetterQueue> = Api::namespaced(client.clone(), &ns);
+    queues
+        .patch("relayer", &PatchParams::default(), &Patch::Merge(&declared))
+        .await
+        .expect("externalBuckets declared");
+    let offloaded = body(14, 90_000);
+    s3.put_object(VAULT, "offloaded/o-1", offloaded.clone())
+        .await;
+    let reference = format!("s3://{VAULT}/offloaded/o-1");
+    let size = offloaded.len() as i64;
+    by_hand(&api, "declared", &reference, size, &sha256(&offloaded)).await;
+    let name = record_name("relayer", "declared", 1);
+    wait_phase(&api, &name, Phase::Parked, 60).await;
+    decide(&api, &name, Action::Redrive, "ada").await;
+    wait_phase(&api, &name, Phase::Redriven, 60).await;
+    delivered(
+        &redis,
+        b"[pointer declared]",
+        "the pointer message, untouched",
+    )
+    .await;
+    assert_eq!(
+        s3.requests_for(VAULT, SECRET_KEY).len(),
+        1,
+        "the undeclared object still unread"
+    );
+}
+
+/// Creates the record of job `id` of queue `relayer` by hand, its payload a pointer message and
+/// its body the external object `reference` with the `size` and `sha256` given.
+async fn by_hand(api: &Api<DeadLetter>, id: &str, reference: &str, size: i64, sha256: &str) {
+    let record: DeadLetter = serde_json::from_value(json!({
+        "apiVersion": "dlq.dev/v1alpha1", "kind": "DeadLetter",
+        "metadata": {"name": record_name("relayer", id, 1)},
+        "spec": {"queue": "relayer", "cycle": 1, "deliveries": 0, "reason": "by hand",
+                 "failureKind": "Transient", "failedAt": "2026-12-01T00:00:00Z",
+                 "job": {"id": id, "payload": format!("[pointer {id}]"),
+                         "body": {"ref": reference, "size": size, "sha256": sha256,
+                                  "external": true}}},
+    }))
+    .expect("a record");
+    api.create(&Default::default(), &record)
+        .await
+        .unwrap_or_else(|e| panic!("the record of {id} by hand: {e}"));
 }

@@ -400,9 +400,9 @@ fn extended_pointer(bucket: &str, key: &str) -> String {
 }
 
 /// Issue 48: an SQS Extended Client message (its 5 MiB body offloaded by the producer to its
-/// own bucket, the message a pointer with `ExtendedPayloadSize`) is parked with the pointer
-/// inline and `spec.job.body` naming the producer's object (size and digest read through the
-/// queue's S3 store credentials); a redrive checks the object and sends the pointer message
+/// own bucket, which the queue declares in `externalBuckets`, the message a pointer with
+/// `ExtendedPayloadSize`) is parked with the pointer inline and `spec.job.body` naming the
+/// producer's object (size and digest read through the queue's S3 store credentials); a redrive checks the object and sends the pointer message
 /// untouched, attributes and all, once; the sweep leaves the object alone. An object deleted
 /// before the redrive refuses it (`BodyMissing`): nothing sent, the record stays Parked.
 #[tokio::test]
@@ -432,7 +432,8 @@ async fn an_extended_client_pointer_references_its_object_and_is_redriven_untouc
         "target": {"sqs": target},
         "source": {"sqs": {"queueUrl": mq.queue_url(&dead)}},
         "bodies": {"orphansAfter": "10s", "s3": {"bucket": STORE, "endpoint": s3.endpoint(),
-                   "region": "us-east-1", "credentialsSecretRef": {"name": "s3"}}},
+                   "region": "us-east-1", "credentialsSecretRef": {"name": "s3"},
+                   "externalBuckets": [{"bucket": PRODUCER, "prefix": "payloads/"}]}},
     });
     create_dlq(&client, &ns, "relayer", spec).await;
     let _op = Operator::start_with(&ns, &["--body-sweep-seconds=2"], &[]);

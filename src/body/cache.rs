@@ -30,9 +30,9 @@ struct Entry {
 pub struct BodyCache {
     client: Client,
     entries: Mutex<HashMap<(String, String), Entry>>,
-    /// The parks waiting with a body, per place (`BodiesSpec::location`): shared by every
-    /// queue's store there.
-    pending: std::sync::Mutex<HashMap<String, Pending>>,
+    /// The parks waiting with a body, shared by every queue's store: a place may be spelled two
+    /// ways (`BodiesSpec::location`), so each sweep keeps what any park is waiting with.
+    pending: Pending,
 }
 
 impl BodyCache {
@@ -40,7 +40,7 @@ impl BodyCache {
         BodyCache {
             client,
             entries: Mutex::new(HashMap::new()),
-            pending: std::sync::Mutex::default(),
+            pending: Pending::default(),
         }
     }
 
@@ -69,8 +69,8 @@ impl BodyCache {
             e.checked = Instant::now();
             return Ok(Some(e.store.clone()));
         }
-        let mut store = BodyStore::new(build(spec, &secrets)?, spec.clone())
-            .with_pending(self.pending_at(spec));
+        let mut store =
+            BodyStore::new(build(spec, &secrets)?, spec.clone()).with_pending(self.pending.clone());
         if spec.s3.is_some() {
             // SQS Extended Client objects live in the producer's bucket on the same endpoint.
             let (spec, secrets) = (spec.clone(), secrets.clone());
@@ -92,12 +92,6 @@ impl BodyCache {
             },
         );
         Ok(Some(store))
-    }
-
-    /// The parks waiting with a body in the place `spec` names, shared by its stores.
-    fn pending_at(&self, spec: &BodiesSpec) -> Pending {
-        let mut places = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        places.entry(spec.location()).or_default().clone()
     }
 }
 

@@ -104,6 +104,12 @@ pub enum BodyError {
     /// The object is there but is not the body the record names.
     #[error(transparent)]
     Corrupt(#[from] BodyCheck),
+    /// An external reference names an object the queue does not declare (its S3 store's bucket
+    /// and prefix, `externalBuckets`): refused before anything is read.
+    #[error(
+        "the body of job {job} names an object outside the queue's store and its spec.bodies.s3.externalBuckets; not read: {reference}"
+    )]
+    Outside { job: String, reference: String },
     /// The store did not answer, or refused (credentials, permissions).
     #[error("body store unreachable: {0}")]
     Unreachable(String),
@@ -121,6 +127,7 @@ impl BodyError {
         match self {
             BodyError::Missing { .. } => "BodyMissing",
             BodyError::Corrupt(_) => "BodyCorrupt",
+            BodyError::Outside { .. } => "BodyOutsideStore",
             BodyError::Unreachable(_) => "BodyStoreUnreachable",
             BodyError::Config(_) => "BodyStoreMisconfigured",
             BodyError::Seal(_) => "BodySealBroken",
@@ -202,8 +209,8 @@ impl BodyStore {
     }
 
     /// This store, counting the bodies it keeps for records not yet created in `pending`, the
-    /// map of every store of the same place (`BodiesSpec::location`): the place's one sweep
-    /// keeps what a park into any of them is waiting with.
+    /// map of every store of the process: any sweep keeps what a park into any store is waiting
+    /// with, since two spellings of one place are two stores.
     pub fn with_pending(mut self, pending: Pending) -> Self {
         self.pending = pending;
         self
@@ -286,7 +293,8 @@ impl BodyStore {
         }
     }
 
-    /// Digests of bodies kept by parks still in progress (see [`Kept`]).
+    /// Digests of bodies kept by parks still in progress (see [`Kept`]), in every store sharing
+    /// this one's map.
     pub fn pending(&self) -> Vec<String> {
         lock(&self.pending).keys().cloned().collect()
     }
@@ -406,14 +414,21 @@ impl BodyStore {
     }
 
     /// The store and key of the object `want` names: the queue's own, or for an external
-    /// object (an SQS Extended Client pointer's) the bucket its `s3://` URI names.
+    /// object (an SQS Extended Client pointer's) the bucket its `s3://` URI names, when the queue
+    /// allows it (`dlq_core::body::external_object`); decided before anything is read.
     fn locate(&self, job: &str, want: &BodyRef) -> Result<(Arc<dyn ObjectStore>, Path), BodyError> {
         let missing = || BodyError::Missing {
             job: job.to_string(),
             reference: want.reference.clone(),
         };
         if want.external {
-            let (bucket, key) = body::split_external(&want.reference).ok_or_else(missing)?;
+            let (bucket, key) =
+                body::external_object(&self.spec, &want.reference).ok_or_else(|| {
+                    BodyError::Outside {
+                        job: job.to_string(),
+                        reference: want.reference.clone(),
+                    }
+                })?;
             return Ok((self.bucket(bucket)?, Path::from(key)));
         }
         let key = body::key_of_body(&self.spec, want).ok_or_else(missing)?;
@@ -591,7 +606,7 @@ mod tests {
             .open(&crashed)
             .and_then(|f| f.set_modified(hour_ago))
             .expect("aged");
-        let referenced = || vec![Box::from(reference.sha256.as_str())];
+        let referenced = || Some(vec![Box::from(reference.sha256.as_str())]);
         assert_eq!(sweep::sweep(&store, referenced).await.expect("swept"), 1);
         assert!(!crashed.exists());
         drop(kept);
@@ -637,13 +652,18 @@ mod tests {
             .open(&small_path)
             .and_then(|f| f.set_modified(hour_ago))
             .expect("aged");
-        let none = Vec::new;
+        let none = || Some(Vec::new());
         assert_eq!(
             sweep::sweep(&store, none).await.expect("swept"),
             0,
             "its park is in progress"
         );
         drop(small);
+        assert_eq!(
+            sweep::sweep(&store, || None).await.expect("swept"),
+            0,
+            "nothing deleted without the records' digests"
+        );
         assert_eq!(
             sweep::sweep(&store, none).await.expect("swept"),
             1,

@@ -14,14 +14,19 @@ use super::{BodyError, BodyStore};
 pub const SWEEP_EVERY: Duration = Duration::from_secs(300);
 
 /// One sweep of a store: deletes what `dlq_core::body::sweep` picks; how many. `referenced`
-/// reads the digests the queue's live records name, after the store was listed: an object
-/// uploaded after the list cannot be taken, and one whose record appears meanwhile is young.
+/// reads the digests every live record names (of every queue, whatever place it spells), after
+/// the store was listed: an object uploaded after the list cannot be taken, and one whose record
+/// appears meanwhile is young. The parks in progress are every store's of this process. Without
+/// those digests (None) nothing is deleted.
 pub async fn sweep<F>(store: &BodyStore, referenced: F) -> Result<usize, BodyError>
 where
-    F: FnOnce() -> Vec<Box<str>>,
+    F: FnOnce() -> Option<Vec<Box<str>>>,
 {
     let stored = store.list().await?;
-    let named = referenced();
+    let Some(named) = referenced() else {
+        tracing::warn!(store = ?store, "the record index cannot be read; nothing swept");
+        return Ok(0);
+    };
     let pending = store.pending();
     let referenced: HashSet<&str> = named
         .iter()

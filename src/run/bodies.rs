@@ -1,6 +1,6 @@
-//! The leader's sweep of every queue's body store (`crate::body::sweep`), with the digests its
-//! live records name from the record index: one sweep per place, with the records of every
-//! queue keeping bodies there (`dlq_core::body::shared_sweeps`).
+//! The leader's sweep of every queue's body store (`crate::body::sweep`): one sweep per place as
+//! spelled (`dlq_core::body::shared_sweeps`), each keeping every digest any record of any queue
+//! names (the record index), since one place may be spelled two ways.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,15 +45,7 @@ pub async fn sweep(
                     continue;
                 }
             };
-            let referenced = || {
-                place
-                    .queues
-                    .iter()
-                    .flat_map(|q| records.queue(&q.namespace().unwrap_or_default(), &q.name_any()))
-                    .filter_map(|s| s.body.clone())
-                    .collect()
-            };
-            match crate::body::sweep::sweep(&store, referenced).await {
+            match crate::body::sweep::sweep(&store, || records.body_digests()).await {
                 Ok(0) => {}
                 Ok(deleted) => {
                     tracing::info!(namespace = %ns, queue = %name, sharing = place.queues.len(), deleted, "swept bodies no record references")

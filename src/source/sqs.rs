@@ -328,7 +328,8 @@ impl Bridge {
     /// queue's S3 body store (its endpoint and credentials, the pointer's bucket). While the
     /// store cannot be read the message stays in SQS, kept invisible, with a
     /// `BodyStoreUnavailable` Event; an object that is gone is parked as an Invalid record of
-    /// the pointer saying so. A queue without an S3 store parks the pointer as any message.
+    /// the pointer saying so. A queue without an S3 store, or whose store does not declare the
+    /// pointer's bucket and prefix, parks the pointer as any message.
     async fn reference_external(
         &self,
         req: &mut ParkRequest,
@@ -358,6 +359,12 @@ impl Bridge {
                 Err(e @ crate::body::BodyError::Missing { .. }) => {
                     req.failure_kind = FailureKind::Invalid;
                     req.reason = format!("{e} (an SQS Extended Client pointer): {}", req.reason);
+                    return;
+                }
+                Err(e @ crate::body::BodyError::Outside { .. }) => {
+                    // Parked as the pointer it is, its object unread and unchecked.
+                    tracing::warn!(queue = %self.into.queue(), job = %req.job.id, %reference, "an SQS Extended Client pointer to an object the queue does not declare in spec.bodies.s3.externalBuckets: parked as it is");
+                    req.reason = format!("{e}: {}", req.reason);
                     return;
                 }
                 Err(e) => e,

@@ -179,6 +179,18 @@ impl RecordIndex {
             .unwrap_or_default()
     }
 
+    /// The digest of every stored body any record names, in every queue and namespace: what a
+    /// sweep of any store keeps (`dlq_core::body::sweep`). None when the view cannot be read:
+    /// an empty list would let a sweep delete every body.
+    pub fn body_digests(&self) -> Option<Vec<Box<str>>> {
+        self.read(|live| {
+            live.values()
+                .flat_map(HashMap::values)
+                .filter_map(|s| s.body.clone())
+                .collect()
+        })
+    }
+
     pub fn len(&self) -> usize {
         self.read(|live| live.values().map(HashMap::len).sum())
             .unwrap_or_default()
@@ -198,6 +210,34 @@ mod tests {
 
     fn record(id: &str, queue: &str) -> DeadLetter {
         RecordBuilder::job(id).queue(queue).build()
+    }
+
+    fn with_body(id: &str, ns: &str, queue: &str, sha256: &str) -> DeadLetter {
+        let mut r = RecordBuilder::job(id).namespace(ns).queue(queue).build();
+        r.spec.job.body = Some(Box::new(dlq_core::api::BodyRef {
+            reference: format!("s3://b/sha256/{sha256}"),
+            size: 1,
+            sha256: sha256.into(),
+            ..Default::default()
+        }));
+        r
+    }
+
+    /// A sweep keeps what any record names: the digests of every queue in every namespace, not
+    /// only of the queues whose spec spells the swept place the same way.
+    #[test]
+    fn body_digests_span_every_queue_and_namespace() {
+        let (a, b) = ("a".repeat(64), "b".repeat(64));
+        let index = RecordIndex::listed_with(&[
+            with_body("1", "payments", "relayer", &a),
+            with_body("2", "orders", "mirror", &b),
+            with_body("3", "orders", "mirror", &a),
+            record("inline", "relayer"),
+        ]);
+        let mut digests = index.body_digests().expect("readable");
+        digests.sort();
+        let want: Vec<Box<str>> = vec![a.as_str().into(), a.as_str().into(), b.as_str().into()];
+        assert_eq!(digests, want);
     }
 
     #[test]

@@ -243,17 +243,35 @@ pub fn split_external(reference: &str) -> Option<(&str, &str)> {
     (!bucket.is_empty() && !key.is_empty()).then_some((bucket, key))
 }
 
-/// Why a fetched object is not the body its record names: redrive sends nothing of it.
+/// The bucket and key of the external object `reference` names when the queue of `bodies`
+/// allows it ([`BodiesSpec::external_places`]: its S3 store's bucket and prefix, its
+/// `externalBuckets`), decided before anything is read. None for any other object, and for a
+/// key with an empty, `.` or `..` segment (a posix-backed gateway resolves those elsewhere): a
+/// record, hand-made or not, gets the operator to read no object the queue did not declare.
+pub fn external_object<'r>(bodies: &BodiesSpec, reference: &'r str) -> Option<(&'r str, &'r str)> {
+    let (bucket, key) = split_external(reference)?;
+    if key
+        .split('/')
+        .any(|s| s.is_empty() || s == "." || s == "..")
+    {
+        return None;
+    }
+    bodies
+        .external_places()
+        .iter()
+        .any(|(b, prefix)| *b == bucket && key.starts_with(prefix.as_str()))
+        .then_some((bucket, key))
+}
+
+/// Why a fetched object is not the body its record names: redrive sends nothing of it. It says
+/// only what the record says: the object's own size and digest are not the record's to learn
+/// (a hand-made record could otherwise measure any object it may name).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BodyCheck {
-    #[error("the body of job {job} is {got} bytes in the store; the record says {want}")]
-    Size { job: String, got: u64, want: i64 },
-    #[error("the body of job {job} has SHA-256 {got} in the store; the record says {want}")]
-    Digest {
-        job: String,
-        got: String,
-        want: String,
-    },
+    #[error("the body of job {job} in the store is not the {want} bytes its record says")]
+    Size { job: String, want: i64 },
+    #[error("the body of job {job} in the store does not have the SHA-256 its record says")]
+    Digest { job: String },
 }
 
 /// Checks a body while it streams in: feed each chunk to [`Verifier::update`], then
@@ -289,13 +307,8 @@ impl Verifier {
         if self.seen != self.want.size.max(0).unsigned_abs() {
             return Err(self.size_error());
         }
-        let got = hex::encode(self.hasher.finalize());
-        if got != self.want.sha256 {
-            return Err(BodyCheck::Digest {
-                job: self.job,
-                got,
-                want: self.want.sha256,
-            });
+        if hex::encode(self.hasher.finalize()) != self.want.sha256 {
+            return Err(BodyCheck::Digest { job: self.job });
         }
         Ok(())
     }
@@ -303,7 +316,6 @@ impl Verifier {
     fn size_error(&self) -> BodyCheck {
         BodyCheck::Size {
             job: self.job.clone(),
-            got: self.seen,
             want: self.want.size,
         }
     }
@@ -316,11 +328,16 @@ pub struct Stored {
     pub age_secs: i64,
 }
 
-/// The objects a sweep deletes: the store's own (`<prefix>sha256/<hex>`) that no live record
-/// references (`referenced`: digests) and that are older than `orphans_after_secs` (an upload
-/// whose record is not created yet, or not yet seen, is younger), and staged uploads
-/// (`<prefix>staging/`) as old (one is moved to its key as soon as it is written). Anything
-/// else under the prefix is not ours and stays.
+/// The objects a sweep deletes: the store's own (`<prefix>sha256/<hex>`) whose digest is not in
+/// `referenced` and that are older than `orphans_after_secs` (an upload whose record is not yet
+/// seen is younger), and staged uploads (`<prefix>staging/`) as old (one is moved to its key as
+/// soon as it is written). Anything else under the prefix is not ours and stays.
+///
+/// `referenced` must hold the digest of every body any record of any queue names, and of every
+/// park still in progress, whatever place their queues name: a place is spelled by its endpoint
+/// (`localhost` or `127.0.0.1`, a regional endpoint or the default chain), so two queues may
+/// share objects without their specs saying so. Keys are content-addressed, so a digest kept
+/// by a record elsewhere keeps at most a copy of the same bytes a while longer.
 pub fn sweep<'a>(
     prefix: &str,
     stored: &'a [Stored],
@@ -347,13 +364,14 @@ pub fn sweep<'a>(
 pub struct SharedSweep<Q> {
     /// The queue whose store sweeps it: the one that keeps orphans longest.
     pub by: Q,
-    /// Every queue keeping bodies there: an object any of their records names stays.
+    /// Every queue naming the place the same way.
     pub queues: Vec<Q>,
 }
 
-/// The sweeps of `queues` (each with its `spec.bodies`): one per place, so a queue's sweep
-/// never deletes what another queue's record in the same bucket and prefix names (nor, for
-/// content-addressed keys, the same body parked in both), by the queue keeping orphans longest.
+/// The sweeps of `queues` (each with its `spec.bodies`): one per place as spelled, by the queue
+/// keeping orphans longest, so a place is not listed once per queue. What a sweep keeps does
+/// not depend on this grouping: every record's digest is kept ([`sweep`]), so a place spelled
+/// two ways, swept twice, loses nothing.
 pub fn shared_sweeps<'s, Q: Clone>(
     queues: impl IntoIterator<Item = (Q, &'s BodiesSpec)>,
 ) -> Vec<SharedSweep<Q>> {
@@ -610,7 +628,7 @@ mod tests {
         let mut longer = Verifier::new("j", &want);
         assert!(matches!(
             longer.update(b"hello world!"),
-            Err(BodyCheck::Size { got: 12, .. })
+            Err(BodyCheck::Size { want: 11, .. })
         ));
         let mut shorter = Verifier::new("j", &want);
         shorter.update(b"hello").expect("fits");
@@ -655,6 +673,73 @@ mod tests {
             None
         );
         assert_eq!(extended_pointer("not json", &current), None);
+    }
+
+    /// An external reference is read only where the queue says Extended Client objects live:
+    /// its S3 store's bucket and prefix, or a declared bucket and prefix; never another bucket,
+    /// another prefix, a segment that climbs out, or any object of a store that is not S3.
+    #[test]
+    fn external_objects_are_read_only_where_the_queue_declares_them() {
+        let mut bodies = s3();
+        let allowed = |b: &BodiesSpec, r: &'static str| external_object(b, r);
+        assert_eq!(
+            allowed(&bodies, "s3://dlq-bodies/payments/k/1"),
+            Some(("dlq-bodies", "payments/k/1"))
+        );
+        for refused in [
+            "s3://vault/vault/creds.json",
+            "s3://dlq-bodies/other/k",
+            "s3://dlq-bodies/paymentsx/k",
+            "s3://dlq-bodies/payments/../vault/creds.json",
+            "s3://dlq-bodies/payments//k",
+            "gs://dlq-bodies/payments/k",
+        ] {
+            assert_eq!(allowed(&bodies, refused), None, "{refused}");
+        }
+        let s3 = bodies.s3.as_mut().expect("s3");
+        s3.external_buckets = vec![
+            crate::queue::ExternalBucket {
+                bucket: "producer".into(),
+                prefix: Some("/offloaded".into()),
+            },
+            crate::queue::ExternalBucket {
+                bucket: "whole".into(),
+                prefix: None,
+            },
+        ];
+        assert_eq!(
+            allowed(&bodies, "s3://producer/offloaded/u-1"),
+            Some(("producer", "offloaded/u-1"))
+        );
+        assert_eq!(
+            allowed(&bodies, "s3://whole/any/key"),
+            Some(("whole", "any/key"))
+        );
+        assert_eq!(allowed(&bodies, "s3://producer/elsewhere/u-1"), None);
+        assert_eq!(allowed(&bodies, "s3://vault/vault/creds.json"), None);
+        let volume = BodiesSpec {
+            volume: Some(VolumeBodies { path: "/v".into() }),
+            ..BodiesSpec::default()
+        };
+        assert_eq!(allowed(&volume, "s3://dlq-bodies/payments/k"), None);
+    }
+
+    /// A body that is not the record's is refused with what the record says, never with the
+    /// size or digest of the object found: those are not the record's to learn.
+    #[test]
+    fn a_refused_body_names_nothing_of_the_object_found() {
+        let want = body_ref(&s3(), &sha256_hex(b"hello world"), 11, None);
+        let found = b"a secret of 29 bytes, really";
+        let mut longer = Verifier::new("j", &want);
+        let size = longer.update(found).expect_err("too long").to_string();
+        let mut same_size = Verifier::new("j", &want);
+        same_size.update(b"hello World").expect("fits");
+        let digest = same_size.finish().expect_err("another digest").to_string();
+        let other = sha256_hex(b"hello World");
+        for text in [&size, &digest] {
+            assert!(!text.contains("29") && !text.contains(&other), "{text}");
+        }
+        assert!(size.contains("11 bytes"), "{size}");
     }
 
     #[test]

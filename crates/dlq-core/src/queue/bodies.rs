@@ -84,19 +84,14 @@ impl BodiesSpec {
             (_, Some(g), _) => g.prefix.as_deref(),
             (_, _, Some(a)) => a.prefix.as_deref(),
             _ => None,
-        }
-        .unwrap_or("")
-        .trim_matches('/');
-        if p.is_empty() {
-            String::new()
-        } else {
-            format!("{p}/")
-        }
+        };
+        normal_prefix(p)
     }
 
-    /// Where the store's objects live (endpoint, bucket or container, volume path, prefix): two
-    /// queues with the same location share their objects (one body parked in both is one
-    /// object), so one sweep serves them both, with both queues' records.
+    /// Where the store's objects live as the spec spells it (endpoint, bucket or container,
+    /// volume path, prefix): queues with the same location are swept once. Another spelling
+    /// (`localhost` for `127.0.0.1`) may still be the same place, so nothing that keeps objects
+    /// depends on it (the sweep keeps every record's digest, whatever its queue).
     pub fn location(&self) -> String {
         let place = match (&self.s3, &self.gcs, &self.azure, &self.volume) {
             (Some(s), _, _, _) => format!(
@@ -110,6 +105,21 @@ impl BodiesSpec {
         format!("{place}/{}", self.prefix())
     }
 
+    /// The S3 buckets and key prefixes SQS Extended Client objects may be read from: this
+    /// store's own bucket and prefix, then its `externalBuckets` (none for another backend).
+    pub fn external_places(&self) -> Vec<(&str, String)> {
+        let Some(s3) = &self.s3 else {
+            return Vec::new();
+        };
+        let declared = s3
+            .external_buckets
+            .iter()
+            .map(|e| (e.bucket.as_str(), normal_prefix(e.prefix.as_deref())));
+        std::iter::once((s3.bucket.as_str(), self.prefix()))
+            .chain(declared)
+            .collect()
+    }
+
     /// The URI scheme and container of the store's references (`s3://bucket`, `gs://bucket`,
     /// `azure://account/container`, `volume://`).
     pub fn base_uri(&self) -> String {
@@ -119,6 +129,16 @@ impl BodiesSpec {
             (_, _, Some(a)) => format!("azure://{}/{}", a.account, a.container),
             _ => "volume://".into(),
         }
+    }
+}
+
+/// A key prefix as keys start with it: empty, or its segments and a `/`.
+fn normal_prefix(prefix: Option<&str>) -> String {
+    let p = prefix.unwrap_or("").trim_matches('/');
+    if p.is_empty() {
+        String::new()
+    } else {
+        format!("{p}/")
     }
 }
 
@@ -146,6 +166,26 @@ pub struct S3Bodies {
     pub region: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_secret_ref: Option<BodiesSecretRef>,
+    /// Where SQS Extended Client pointers may name their objects besides this store's own bucket
+    /// and prefix (the default, and all there is without this list). A record naming any other
+    /// object is refused unread: the operator reads no object of its credentials' reach that the
+    /// queue did not declare.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub external_buckets: Vec<ExternalBucket>,
+}
+
+/// A bucket (on the store's endpoint, with its credentials) and key prefix that producers'
+/// SQS Extended Clients offload bodies to.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ExternalBucket {
+    #[schemars(length(min = 3, max = 63))]
+    pub bucket: String,
+    /// Only keys under this prefix (whole path segments); absent: the whole bucket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 512))]
+    pub prefix: Option<String>,
 }
 
 /// Google Cloud Storage. Credentials from `credentialsSecretRef` (key `serviceAccountKey`, a

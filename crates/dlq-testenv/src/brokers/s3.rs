@@ -31,6 +31,9 @@
 //!   otherwise, which no real S3 does): clients pool connections, and a [`S3Server::stop`]
 //!   breaks the pooled ones as an outage would.
 //!
+//! Every request is written to its access log ([`S3Server::requests_for`]), so a test can see
+//! which objects a client asked for.
+//!
 //! [`S3Server::stop`] kills it (connections refused: an unreachable bucket), [`S3Server::pause`]
 //! stops it with SIGSTOP (connections accepted by the kernel, never answered: a hanging one);
 //! [`S3Server::restart`] and [`S3Server::resume`] undo them, with the objects kept on disk. It
@@ -127,6 +130,24 @@ impl S3Server {
     /// versitygw's own log (stdout and stderr).
     pub fn log(&self) -> PathBuf {
         self.dir.join("versitygw.log")
+    }
+
+    /// versitygw's access log: a line per request (bucket, operation, key, status, ...).
+    pub fn access_log(&self) -> PathBuf {
+        self.dir.join("access.log")
+    }
+
+    /// The access log's lines of requests on `key` of `bucket`, any operation: what a client
+    /// asked of that object, whatever it was told.
+    pub fn requests_for(&self, bucket: &str, key: &str) -> Vec<String> {
+        let log = std::fs::read_to_string(self.access_log()).unwrap_or_default();
+        log.lines()
+            .filter(|l| {
+                let fields: Vec<&str> = l.split(' ').collect();
+                fields.get(1) == Some(&bucket) && fields.contains(&key)
+            })
+            .map(str::to_string)
+            .collect()
     }
 
     /// An object_store builder for `bucket` on this server: endpoint, root keys, region,
@@ -292,6 +313,8 @@ impl S3Server {
         cmd.env("ROOT_ACCESS_KEY_ID", &self.access_key)
             .env("ROOT_SECRET_ACCESS_KEY", &self.secret_key)
             .args(["--port", &format!("127.0.0.1:{}", self.port)])
+            .arg("--access-log")
+            .arg(self.access_log())
             .args(["--region", REGION, "--keep-alive", "--quiet", "posix"])
             .arg(self.dir.join("root"));
         self.child = Some(spawn_guarded(&mut cmd, &log)?);
