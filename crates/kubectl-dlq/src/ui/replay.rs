@@ -3,7 +3,7 @@
 //! count first, the count typed to confirm above a threshold, a rate, live progress, and Stop
 //! (the replay's `spec.stop`: the operator withdraws the decisions not carried out yet).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
