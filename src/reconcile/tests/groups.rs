@@ -140,7 +140,9 @@ async fn a_changed_group_that_holds_still_is_written_before_the_interval_passes(
     let now = jiff::Timestamp::now().as_second();
     let apiserver = FakeApiserver::holding(queue_records(now));
     let target: Arc<FakeTarget> = Arc::default();
-    let q = limited_queue(100);
+    // No retention: every group's records stay as they are, only the new one changes.
+    let mut q = limited_queue(100);
+    q.spec.retention = None;
     let ctx = context(
         &apiserver,
         &target,
