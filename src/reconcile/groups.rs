@@ -1,6 +1,8 @@
 //! Keeping a queue's DeadLetterGroups: the plan from the record index
-//! (`dlq_core::groups::plan`), written only where it changed and at most once per group every
-//! [`MIN_INTERVAL`], so a storm of parkings costs a group a few writes, not one per record.
+//! (`dlq_core::groups::plan`), written only where it changed and, while its records keep
+//! changing, at most once per group every [`MIN_INTERVAL`], so a storm of parkings costs a
+//! group a few writes, not one per record; once they have held still for [`SETTLED`] (the
+//! storm is over), at once, so that its counts are exact within a second of its last park.
 //!
 //! The groups are the operator's: one deleted by hand while it has records is created again
 //! from them (at its next write, which finds it gone, or at the next pass once the group watch
@@ -9,6 +11,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
@@ -22,8 +25,13 @@ use super::context::Context;
 use super::kept_groups::{QueueGroups, Written, lock};
 use crate::state::apiserver::reference;
 
-/// Shortest time between two status writes of one group.
+/// Shortest time between two status writes of one group while its status keeps changing.
 pub const MIN_INTERVAL: Duration = Duration::from_secs(2);
+/// How long a group's planned status must stay the same to be written before
+/// [`MIN_INTERVAL`] has passed.
+pub const SETTLED: Duration = Duration::from_millis(500);
+/// Group statuses written at once.
+const WRITES: usize = 8;
 /// How long after this process wrote a group the group watch may still not show it (its
 /// own lag) before the group counts as deleted.
 pub const GONE_AFTER: Duration = Duration::from_secs(5);
@@ -44,8 +52,8 @@ pub async fn keep(
         lock(&ctx.groups.queues).insert(key.clone(), loaded);
     }
     let (plan, due) = {
-        let queues = lock(&ctx.groups.queues);
-        let known = queues.get(&key)?;
+        let mut queues = lock(&ctx.groups.queues);
+        let known = queues.get_mut(&key)?;
         let existing: Vec<Existing<'_>> = known
             .groups
             .iter()
@@ -63,22 +71,27 @@ pub async fn keep(
             acknowledge(ctx, known, &ns, &name, fingerprint, status);
             status.passed_through = passed.get(fingerprint).copied().unwrap_or(0);
         }
-        let mut due = due_writes(known, &plan.groups);
+        let still = known.held_still(&plan.groups);
+        let mut due = due_writes(known, &plan.groups, &still);
         for fingerprint in deleted_by_hand(ctx, known, &ns, &name, &plan.groups) {
             due.insert(fingerprint, Due::Now { create: true });
         }
         (plan, due)
     };
     let mut later: Option<Duration> = None;
+    let mut due_now = Vec::new();
     for (fingerprint, status) in &plan.groups {
         match due.get(fingerprint.as_str()) {
-            Some(Due::Now { create }) => {
-                write(ctx, queue, &key, fingerprint, status, *create).await
-            }
+            Some(Due::Now { create }) => due_now.push((fingerprint, status, *create)),
             Some(Due::After(wait)) => later = Some(later.map_or(*wait, |l| l.min(*wait))),
             None => {}
         }
     }
+    futures::stream::iter(due_now)
+        .for_each_concurrent(WRITES, |(fingerprint, status, create)| {
+            write(ctx, queue, &key, fingerprint, status, create)
+        })
+        .await;
     for fingerprint in &plan.delete {
         let group = groups::group_name(&name, fingerprint);
         match ctx.apiserver.delete_group(&ns, &group).await {
@@ -164,10 +177,12 @@ enum Due {
 }
 
 /// The planned groups whose status differs from what was written: now, or once
-/// [`MIN_INTERVAL`] has passed since the last write.
+/// [`MIN_INTERVAL`] has passed since the last write or the status has been planned unchanged
+/// (`still`) for [`SETTLED`], whichever comes first.
 fn due_writes(
     known: &QueueGroups,
     planned: &std::collections::BTreeMap<String, DeadLetterGroupStatus>,
+    still: &HashMap<String, Duration>,
 ) -> HashMap<String, Due> {
     let mut due = HashMap::new();
     for (fingerprint, status) in planned {
@@ -175,10 +190,15 @@ fn due_writes(
             None => Due::Now { create: true },
             Some(None) => Due::Now { create: false },
             Some(Some(w)) if &w.status == status => continue,
-            Some(Some(w)) => match MIN_INTERVAL.checked_sub(w.at.elapsed()) {
-                Some(wait) if !wait.is_zero() => Due::After(wait),
-                _ => Due::Now { create: false },
-            },
+            Some(Some(w)) => {
+                let interval = MIN_INTERVAL.saturating_sub(w.at.elapsed());
+                let settle =
+                    SETTLED.saturating_sub(still.get(fingerprint).copied().unwrap_or_default());
+                match interval.min(settle) {
+                    wait if wait.is_zero() => Due::Now { create: false },
+                    wait => Due::After(wait),
+                }
+            }
         };
         due.insert(fingerprint.clone(), d);
     }
@@ -194,7 +214,7 @@ async fn load(ctx: &Context, ns: &str, queue: &str) -> Option<QueueGroups> {
                 .filter_map(|g| g.labels().get(dlq_core::group::LABEL_GROUP).cloned())
                 .map(|f| (f, None))
                 .collect(),
-            overflow_announced: 0,
+            ..QueueGroups::default()
         }),
         Err(e) => {
             tracing::warn!(namespace = %ns, queue = %queue, error = %e, "listing the queue's failure groups failed");

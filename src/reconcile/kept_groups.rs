@@ -2,9 +2,9 @@
 //! `Context`), apart from the keeping itself (`super::groups`, which reads the `Context`), so
 //! the two do not name each other.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use dlq_core::groups::DeadLetterGroupStatus;
 
@@ -14,6 +14,12 @@ pub(super) struct Written {
     pub(super) at: Instant,
 }
 
+/// A group's planned status, and since when every pass has planned the same.
+pub(super) struct Planned {
+    status: DeadLetterGroupStatus,
+    since: Instant,
+}
+
 /// One queue's groups as this process knows them.
 #[derive(Default)]
 pub(super) struct QueueGroups {
@@ -21,6 +27,36 @@ pub(super) struct QueueGroups {
     pub(super) groups: HashMap<String, Option<Written>>,
     /// Fingerprints folded into the overflow group when last announced.
     pub(super) overflow_announced: usize,
+    /// By fingerprint: what the passes have planned lately.
+    pub(super) planned: HashMap<String, Planned>,
+}
+
+impl QueueGroups {
+    /// Notes a pass's plan: how long each planned group's status has been planned unchanged
+    /// (zero for one that changed since the last pass).
+    pub(super) fn held_still(
+        &mut self,
+        plan: &BTreeMap<String, DeadLetterGroupStatus>,
+    ) -> HashMap<String, Duration> {
+        let now = Instant::now();
+        self.planned.retain(|f, _| plan.contains_key(f));
+        plan.iter()
+            .map(|(fingerprint, status)| {
+                let since = match self.planned.get(fingerprint) {
+                    Some(p) if &p.status == status => p.since,
+                    _ => {
+                        let fresh = Planned {
+                            status: status.clone(),
+                            since: now,
+                        };
+                        self.planned.insert(fingerprint.clone(), fresh);
+                        now
+                    }
+                };
+                (fingerprint.clone(), now.duration_since(since))
+            })
+            .collect()
+    }
 }
 
 /// The groups of every queue, as this process wrote them; loaded from the apiserver the first

@@ -14,6 +14,7 @@ pub mod lease;
 pub mod relist;
 pub mod shutdown;
 pub mod start;
+pub mod wakes;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -247,9 +248,15 @@ pub async fn run_scope(
         close_deleted_targets,
         shutdown.clone(),
     );
-    let queues_ctl = Controller::for_shared_stream(queue_events, queues.clone())
-        .with_config(cfg.clone().debounce(Duration::from_millis(500)))
-        .reconcile_on(woken_queues)
+    // A queue's own changes and its records' wakes, coalesced per queue (see [`wakes`]): not
+    // kube's debounce, which a storm's steady wakes re-arm until they stop.
+    let queue_triggers = futures::stream::select(
+        woken_queues,
+        queue_events.map(|q| reflector::ObjectRef::from_obj(q.as_ref())),
+    );
+    let queues_ctl = Controller::for_shared_stream(futures::stream::pending(), queues.clone())
+        .with_config(cfg.clone())
+        .reconcile_on(wakes::coalesced(queue_triggers, wakes::COALESCE))
         .graceful_shutdown_on(shutdown.clone())
         .run(reconcile::queue::reconcile, error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));

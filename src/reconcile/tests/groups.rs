@@ -130,6 +130,56 @@ async fn a_queues_failure_groups_are_kept_and_their_writes_coalesced() {
     );
 }
 
+/// A changed group whose status has held still for `groups::SETTLED` (its records stopped
+/// changing: a storm is over) is written without waiting out `groups::MIN_INTERVAL`: a storm's
+/// last counts are exact within a second of its last park, not up to 2 s after it (#57).
+#[tokio::test]
+async fn a_changed_group_that_holds_still_is_written_before_the_interval_passes() {
+    use crate::reconcile::groups::{MIN_INTERVAL, SETTLED};
+    use dlq_core::record::Facts;
+    let now = jiff::Timestamp::now().as_second();
+    let apiserver = FakeApiserver::holding(queue_records(now));
+    let target: Arc<FakeTarget> = Arc::default();
+    // No retention: every group's records stay as they are, only the new one changes.
+    let mut q = limited_queue(100);
+    q.spec.retention = None;
+    let ctx = context(
+        &apiserver,
+        &target,
+        std::slice::from_ref(&q),
+        Settings::default(),
+    );
+    crate::reconcile::queue::reconcile(Arc::new(q.clone()), ctx.clone())
+        .await
+        .expect("reconcile");
+    let written = std::time::Instant::now();
+    let writes = apiserver.group_writes().len();
+    // The storm's last record, right after the group's write: held back while it may change.
+    let last = queued("last", dlq_core::api::FailureKind::Transient, now, 1).build();
+    let name = dlq_core::groups::group_name("relayer", &last.group());
+    ctx.records
+        .observe(&kube::runtime::watcher::Event::Apply(last));
+    crate::reconcile::queue::reconcile(Arc::new(q.clone()), ctx.clone())
+        .await
+        .expect("reconcile");
+    assert_eq!(apiserver.group_writes().len(), writes, "held back");
+    // Nothing changed for SETTLED: written, long before MIN_INTERVAL.
+    tokio::time::sleep(SETTLED).await;
+    crate::reconcile::queue::reconcile(Arc::new(q), ctx)
+        .await
+        .expect("reconcile");
+    assert!(
+        written.elapsed() < MIN_INTERVAL,
+        "a slow machine: {:?}",
+        written.elapsed()
+    );
+    assert_eq!(
+        apiserver.group_writes()[writes..],
+        [(name, false)],
+        "the changed group, once it held still"
+    );
+}
+
 /// An acknowledgement on a group (its spec, from the watch) is kept in its status with what the
 /// group looked like then, and silences it; taken back, the group is no longer silenced.
 #[tokio::test]
