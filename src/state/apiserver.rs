@@ -169,6 +169,30 @@ impl KubeApiserver {
     }
 }
 
+/// A merge patch of `status` on `object`'s status subresource, under the operator's manager.
+async fn merge_status<K>(
+    client: &Client,
+    object: &K,
+    status: &impl serde::Serialize,
+) -> Result<(), kube::Error>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let ns = object.namespace().unwrap_or_default();
+    let api: Api<K> = Api::namespaced(client.clone(), &ns);
+    api.patch_status(
+        &object.name_any(),
+        &merge_params(),
+        &Patch::Merge(json!({ "status": status })),
+    )
+    .await
+    .map(|_| ())
+}
+
 fn merge_params() -> PatchParams {
     PatchParams {
         field_manager: Some(MANAGER.into()),
@@ -226,18 +250,7 @@ impl Apiserver for KubeApiserver {
         queue: &'a DeadLetterQueue,
         status: &'a QueueStatusWrite,
     ) -> BoxFuture<'a, Result<(), kube::Error>> {
-        async move {
-            let ns = queue.namespace().unwrap_or_default();
-            let api: Api<DeadLetterQueue> = Api::namespaced(self.client.clone(), &ns);
-            api.patch_status(
-                &queue.name_any(),
-                &merge_params(),
-                &Patch::Merge(json!({ "status": status })),
-            )
-            .await
-            .map(|_| ())
-        }
-        .boxed()
+        merge_status(&self.client, queue, status).boxed()
     }
 
     fn delete_record<'a>(
@@ -311,18 +324,7 @@ impl Apiserver for KubeApiserver {
         replay: &'a DeadLetterReplay,
         status: &'a DeadLetterReplayStatus,
     ) -> BoxFuture<'a, Result<(), kube::Error>> {
-        async move {
-            let ns = replay.namespace().unwrap_or_default();
-            let api: Api<DeadLetterReplay> = Api::namespaced(self.client.clone(), &ns);
-            api.patch_status(
-                &replay.name_any(),
-                &merge_params(),
-                &Patch::Merge(json!({ "status": status })),
-            )
-            .await
-            .map(|_| ())
-        }
-        .boxed()
+        merge_status(&self.client, replay, status).boxed()
     }
 
     fn write_replay_passed<'a>(
@@ -330,18 +332,7 @@ impl Apiserver for KubeApiserver {
         replay: &'a DeadLetterReplay,
         passed: &'a PassedThrough,
     ) -> BoxFuture<'a, Result<(), kube::Error>> {
-        async move {
-            let ns = replay.namespace().unwrap_or_default();
-            let api: Api<DeadLetterReplay> = Api::namespaced(self.client.clone(), &ns);
-            api.patch_status(
-                &replay.name_any(),
-                &merge_params(),
-                &Patch::Merge(json!({ "status": passed })),
-            )
-            .await
-            .map(|_| ())
-        }
-        .boxed()
+        merge_status(&self.client, replay, passed).boxed()
     }
 
     fn list_groups<'a>(
