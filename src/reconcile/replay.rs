@@ -350,7 +350,10 @@ async fn decide(
     .take(quota)
     .map(|r| r.to_record())
     .collect();
-    if candidates.is_empty() {
+    // A standing replay whose `max` is spent decides no more, even with records of its group
+    // parked since (they would wait for a claim forever): it settles.
+    let spent = run.cover.as_ref().is_some_and(|c| c.spent());
+    if candidates.is_empty() || spent {
         if spec.standing() && !standing_over(run, started) {
             // The rest of the incident may still be in the broker: keep covering it (a step
             // every STANDING_POLL, so each writes what changed).
@@ -473,7 +476,7 @@ fn fold(status: &mut DeadLetterReplayStatus, cover: &Cover) {
 fn standing_over(run: &Run<'_>, started: &replay::Start<'_>) -> bool {
     let spec = &run.replay.spec;
     let done = run.status.decided + run.status.passed_through;
-    if spec.max.is_some_and(|m| done >= m) {
+    if spec.max.is_some_and(|m| done >= m) || run.cover.as_ref().is_some_and(|c| c.spent()) {
         return true;
     }
     let selector = spec.selector();

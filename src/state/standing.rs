@@ -201,6 +201,12 @@ impl Cover {
         usize::try_from(n).unwrap_or(0)
     }
 
+    /// Whether `max` is spent: decided, passed and passing fill it, so the replay can do
+    /// nothing more (records of its group parked since wait for another decision).
+    pub fn spent(&self) -> bool {
+        self.limit.is_some() && lock(&self.spent).room(self.limit) == 0
+    }
+
     /// Gives back `n` claimed decisions that were not signed (a record resolved meanwhile).
     pub fn unclaim(&self, n: usize) {
         lock(&self.spent).decided -= i64::try_from(n).unwrap_or(0);
