@@ -592,7 +592,8 @@ async fn replay_honours_the_rate() {
     let redis = Redis::start();
     create_queue(&client, &ns, &redis.url(), list_target(), json!({})).await;
     park_many(&client, &ns, 300).await;
-    let _op = Operator::start(&ns);
+    // A first decision 1.5 s late (a loaded machine) must not buy a burst that outruns the rate.
+    let _op = Operator::start_with(&ns, &[], &[("DLQ_FAILPOINT", "replay-first-sign@1500")]);
     let started = std::time::Instant::now();
     let out = dlq(
         &ns,

@@ -362,12 +362,13 @@ async fn decide(
         }
         return settle(run, observed).await;
     }
-    let elapsed =
-        Duration::try_from(Timestamp::now().duration_since(started.at)).unwrap_or_default();
-    let n = replay::budget(spec.rate(), elapsed, decided);
+    let n = replay::budget(spec.rate(), paced_for(&run.mem, started, decided), decided);
     if n > 0 && run.ctx.settings.leadership.holds() {
         let clock = Instant::now();
         let batch = claim(run, &candidates[..n.min(candidates.len())]);
+        if run.mem.first.is_none() {
+            crate::failpoint::hit("replay-first-sign").await;
+        }
         let before = run.mem.signed.len();
         let refused = sign_batch(run, batch).await;
         if let Some(cover) = &run.cover {
@@ -381,6 +382,17 @@ async fn decide(
     }
     write_progress(run).await?;
     Ok(Action::requeue(replay::step(spec.rate())))
+}
+
+/// How long the pace has run: since this process's first decision when it made every one
+/// (a slow first step must not buy a burst that outruns the rate), nothing before the first,
+/// else since the run started (a restarted leader catches up, within the burst).
+fn paced_for(mem: &Memory, started: &replay::Start<'_>, decided: usize) -> Duration {
+    match mem.first {
+        Some(first) if mem.signed.len() == decided => first.elapsed(),
+        None if decided == 0 => Duration::ZERO,
+        _ => Duration::try_from(Timestamp::now().duration_since(started.at)).unwrap_or_default(),
+    }
 }
 
 /// The part of `batch` a standing replay's budget under `max` still allows (its sources'
