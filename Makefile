@@ -63,13 +63,27 @@ bench: ensure-deps
 # driver; lint-probe fails if that ever stops denying a lint.
 test lint-probe: export RUSTC_WORKSPACE_WRAPPER = $(shell rustc --print sysroot)/bin/clippy-driver
 test lint-probe: export CLIPPY_ARGS = -D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__
-test: ensure-deps tools fmt-check lint-probe crds-check deps-check docs-check workflows-check commits-check
-	@# crds-check built the workspace's binaries and examples (the tests run them, and `cargo
-	@# test` alone does not build them).
-	$(TEST_BUILD)
-	@# In-process tests first, then the integration binaries in TEST_LANES (default 2) lanes; the
-	@# benches are compiled with the tests (so linted) and not run (`make bench` runs them).
-	@bash scripts/test-lanes.sh --workspace --features $(TEST_FEATURES) --lib --bins --tests --examples --benches
+test: ensure-deps fmt-check lint-probe commits-check docs-check
+	@# The Go, Java and npm tools build in the background, niced, while cargo builds the
+	@# binaries, the examples and the test binaries and then while the tests run: a cold
+	@# machine's tool builds (downloads, links, single-threaded steps) fill the idle time of the
+	@# others instead of preceding them. TEST_TOOLS lists them in the order the tests first need
+	@# them; a test that needs one not built yet waits on its lock in tools/build.sh. With warm
+	@# caches tools/build.sh returns at once. In-process tests first, then the integration
+	@# binaries in TEST_LANES (default 2) lanes; the benches are compiled with the tests (so
+	@# linted) and not run (`make bench` runs them).
+	@mkdir -p target
+	@nice -n 19 setsid bash tools/build.sh $(TEST_TOOLS) >/dev/null 2>target/tools.log & tools=$$!; \
+	  trap 'kill -- -$$tools 2>/dev/null; wait; exit 130' INT TERM; \
+	  stop() { kill -- -$$tools 2>/dev/null; wait; exit "$$1"; }; \
+	  { $(TEST_BUILD) && $(CARGO) test -q $(TEST_CARGO_ARGS) --no-run; } || stop 1; \
+	  $(MAKE) --no-print-directory crds-check deps-check workflows-check || stop 1; \
+	  bash scripts/test-lanes.sh $(TEST_CARGO_ARGS) || stop 101; \
+	  wait $$tools || { cat target/tools.log; echo "make test: a test tool failed to build (above)"; exit 1; }; \
+	  grep -E '^>> (built|resolved|installed)' target/tools.log || true
+
+# What `cargo test` builds and test-lanes runs.
+TEST_CARGO_ARGS = --workspace --features $(TEST_FEATURES) --lib --bins --tests --examples --benches
 
 lint-probe: ensure-deps
 	@mkdir -p target && printf 'pub fn f(v: &[u8]) -> bool {\n    v.len() == 0\n}\n' >target/lint-probe.rs
@@ -131,8 +145,14 @@ crds-check:
 ## Eventing's controllers, broker and in-memory channel for tests/knative.rs; crane, cosign and
 ## krew for the release test, tests/release.rs; versitygw, fake-gcs-server and Azurite (npm) for
 ## the body store's S3, GCS and Azure tests) into the cache
+# In the order the tests first need them (scripts/test-lanes.sh runs the binaries that need the
+# last ones last): the workflows check's linter, the control plane, the brokers, the chart's
+# helm, the node's binaries, then promtool, Flux, Knative and the release's tools.
+TEST_TOOLS := actionlint kube:kube-apiserver,kubectl etcd kafka elasticmq pstest-server versitygw \
+  toxiproxy cesender helm fake-gcs-server azurite kube cni pause promtool flux knative crane \
+  cosign krew
 tools:
-	@bash tools/build.sh kube etcd helm promtool toxiproxy versitygw fake-gcs-server azurite cni pause elasticmq kafka flux actionlint pstest-server cesender knative crane cosign krew >/dev/null
+	@bash tools/build.sh $(TEST_TOOLS) >/dev/null
 
 ## start a local control plane for a human; prints the KUBECONFIG to export. NODE=1 adds a real
 ## node (kubelet, containerd, kube-proxy; needs root): see docs/development.md. Its state (kubeconfig,

@@ -91,6 +91,18 @@ done < <(for e in "${entries[@]}"; do
   [ "$kind" = integration ] && echo "$(weight "$name") $name $dir $exe"
 done | sort -rn)
 
+# Binaries that need the slowest tools to build (promtool, Flux, Knative, the release's and the
+# node's) run last in their lane: on a cold machine `make test` builds the tools beside the tests
+# (TEST_TOOLS in the Makefile, these tools last), so the others need not wait for them.
+late=" ${TEST_LATE:-chart_alerts chart_node gitops knative release} "
+for ((i = 0; i < lanes; i++)); do
+  early="" later=""
+  for item in ${lane_items[i]}; do
+    if [[ $late == *" ${item%%=*} "* ]]; then later+="$item "; else early+="$item "; fi
+  done
+  lane_items[i]="$early$later"
+done
+
 pids=()
 for ((i = 0; i < lanes; i++)); do
   ( for item in ${lane_items[i]}; do IFS== read -r n d x <<<"$item"; run_one "$n" "$d" "$x"; done ) &

@@ -29,7 +29,7 @@ fn check_rules(rule: &Value, dir: &Path) {
     .expect("writing rules.yaml");
     let out = check(
         "promtool check rules",
-        Command::new(&tools().promtool)
+        Command::new(tools().promtool())
             .args(["check", "rules", "rules.yaml"])
             .current_dir(dir),
         None,
@@ -49,7 +49,7 @@ fn run_chart_unit_tests(dir: &Path) -> Vec<PathBuf> {
         }
     }
     assert!(!tests.is_empty(), "no promtool tests in the chart's tests/");
-    let mut test = Command::new(&tools().promtool);
+    let mut test = Command::new(tools().promtool());
     test.args(["test", "rules"]).current_dir(dir);
     for path in &tests {
         test.arg(path.file_name().expect("name"));

@@ -156,6 +156,13 @@ build() (
     | sha256sum | cut -c1-12)
   out="$cache/$tool/$version-$key"
   if [ -f "$out/.done" ]; then echo "$out/bin"; return; fi
+  # kube binaries already built need no lock: a test asking for kube-apiserver does not wait
+  # while `make test`'s background build adds the node's binaries.
+  if [ "$tool" = kube ] && [ ${#only[@]} -gt 0 ]; then
+    local have=1
+    for b in "${only[@]}"; do [ -f "$out/.built-$b" ] || have=; done
+    if [ -n "$have" ]; then echo "$out/bin"; return; fi
+  fi
   # One build per directory at a time (a second caller waits, then finds the binaries built).
   mkdir -p "$cache/$tool"
   if command -v flock >/dev/null; then exec 9>"$out.lock"; flock 9; fi
@@ -174,7 +181,7 @@ build() (
   # Binaries already built there (a partial kube) are kept; anything else is a failed build.
   compgen -G "$out/.built-*" >/dev/null || rm -rf "$out"
   mkdir -p "$out/bin"
-  local start=$SECONDS ldflags="-s -w" pkgs=()
+  local start=$SECONDS ldflags="-s -w" pkgs=() tags=()
   case $tool in
     kube)
       local minor=${version#v1.}; minor=${minor%%.*}
@@ -189,6 +196,9 @@ build() (
       ldflags+=" -X helm.sh/helm/v3/internal/version.version=$version"
       pkgs=(helm.sh/helm/v3/cmd/helm) ;;
     promtool)
+      # Without Prometheus' service-discovery plugins (cloud SDKs): the rule checks and tests
+      # need none, and the build compiles 50 MB of Go source instead of 129 MB.
+      tags=(-tags remove_all_sd)
       pkgs=(github.com/prometheus/prometheus/cmd/promtool) ;;
     toxiproxy)
       pkgs=(github.com/Shopify/toxiproxy/v2/cmd/server) ;;
@@ -243,7 +253,7 @@ build() (
     grep -q 'func (s \*Server) Pending' "$fake" \
       || { echo "tools/build.sh: fake.go.sed did not apply to $fake" >&2; exit 1; }
   fi
-  (cd "$src" && CGO_ENABLED=0 go build "${mod[@]}" -trimpath -gcflags=all=-dwarf=false \
+  (cd "$src" && CGO_ENABLED=0 go build "${mod[@]}" "${tags[@]}" -trimpath -gcflags=all=-dwarf=false \
     -ldflags "$ldflags" -o "$dest" "${pkgs[@]}")
   if [ "$tool" = pstest-server ]; then rm -rf "$src"; fi
   if [ "$tool" = flux ]; then flux_crds "$dir" "$out/crds"; fi

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -35,36 +35,45 @@ pub fn chart_dir() -> PathBuf {
 // ---------------------------------------------------------------------------------------------
 // tools
 
-/// helm and promtool, and what helm renders for.
+/// helm, and what helm renders for; promtool on demand ([`Tools::promtool`]).
 pub struct Tools {
     pub helm: PathBuf,
-    pub promtool: PathBuf,
     /// The kube-apiserver version the test plane runs; helm renders for it.
     pub kube_version: String,
     /// HELM_{CACHE,CONFIG,DATA}_HOME, so helm never touches the user's own configuration.
     pub helm_home: PathBuf,
 }
 
-/// The tools, built (once) by `tools/build.sh helm promtool`.
+impl Tools {
+    /// promtool, built (once) by `tools/build.sh promtool` when a test first asks: only the
+    /// alert tests need it, and on a cold machine the other chart tests need not wait for it.
+    pub fn promtool(&self) -> &'static Path {
+        static PROMTOOL: OnceLock<PathBuf> = OnceLock::new();
+        PROMTOOL.get_or_init(|| built("promtool"))
+    }
+}
+
+/// `name`, built (once) by `tools/build.sh name`.
+fn built(name: &str) -> PathBuf {
+    let dirs =
+        crate::plane::tool_dirs(&[name]).unwrap_or_else(|e| panic!("building {name} failed: {e}"));
+    dirs.iter()
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{name} not in {dirs:?}"))
+}
+
+/// The tools, helm built (once) by `tools/build.sh helm`.
 pub fn tools() -> &'static Tools {
     static TOOLS: OnceLock<Tools> = OnceLock::new();
     TOOLS.get_or_init(|| {
-        let dirs = crate::plane::tool_dirs(&["helm", "promtool"])
-            .unwrap_or_else(|e| panic!("building helm/promtool failed: {e}"));
-        let find = |name: &str| {
-            dirs.iter()
-                .map(|d| d.join(name))
-                .find(|p| p.is_file())
-                .unwrap_or_else(|| panic!("{name} not in {dirs:?}"))
-        };
         let version_file = workspace_root().join("tools/kube/VERSION");
         let kube_version = std::fs::read_to_string(&version_file)
             .unwrap_or_else(|e| panic!("reading {}: {e}", version_file.display()))
             .trim()
             .to_string();
         Tools {
-            helm: find("helm"),
-            promtool: find("promtool"),
+            helm: built("helm"),
             kube_version,
             helm_home: crate::paths::target_tmp_dir().join("helm-home"),
         }
