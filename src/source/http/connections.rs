@@ -1,8 +1,8 @@
 //! Who may hold one of the park endpoint's connections, and the answer to those that may not.
 //!
 //! A client address holds at most [`MAX_CONNECTIONS_PER_CLIENT`] connections, the endpoint
-//! [`MAX_CONNECTIONS`]: a client that opens many and trickles its headers (slowloris) cannot
-//! take every file descriptor. A connection over either limit is still answered, `429` or
+//! [`MAX_CONNECTIONS`]: a client that opens many and trickles its headers or its body
+//! (slowloris) cannot take every file descriptor. A connection over either limit is still answered, `429` or
 //! `503` with `Retry-After` and `Connection: close`, so a sender behind a shared address (a
 //! Knative dispatcher, a node's SNAT, an ingress) can tell a refusal from a network fault.
 //! The answer waits for the request to begin, as long as a served connection's first request
@@ -36,6 +36,11 @@ const REFUSAL_LINGER: Duration = Duration::from_secs(2);
 /// What a refused sender waits before it tries again: a slot frees when a request ends, and
 /// a trickling connection holds one at most the header timeout.
 const RETRY_AFTER_BUSY: u64 = 1;
+
+/// The label of `dlq_http_refused_total{reason}` for a request whose body came too slowly
+/// (answered 408 by the request's handler, not here): counted beside the refused connections
+/// because it is the same defence, a slot freed from a client that holds it.
+pub const SLOW_BODY: &str = "slow_body";
 
 /// Why a connection is not served.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
