@@ -1,8 +1,8 @@
 //! The HTTP park endpoint (issue 33) against the real apiserver and operator: CloudEvents sent
 //! by a sender built on the CloudEvents Go SDK (`tools/cesender`), with ServiceAccount tokens
 //! from a real TokenRequest; the answers a sender acts on (201/200, 400, 401, 403, 404, 408,
-//! 413, 429 with Retry-After), slow clients among them; and the redrive of a parked event as
-//! the same event.
+//! 413, 429 and 503 with Retry-After), slow clients among them; and the redrive of a parked
+//! event as the same event.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -71,18 +71,27 @@ fn rand_suffix() -> u128 {
 /// The operator serving its park endpoint on loopback, taking callers without a token (for
 /// queues that allow them) from `anonymous_from`.
 fn operator_with_endpoint(ns: &str, certs: &Certs, anonymous_from: &str) -> (Operator, String) {
+    operator_with_endpoint_and(ns, certs, anonymous_from, &[])
+}
+
+/// As [`operator_with_endpoint`], with `more` flags.
+fn operator_with_endpoint_and(
+    ns: &str,
+    certs: &Certs,
+    anonymous_from: &str,
+    more: &[&str],
+) -> (Operator, String) {
     let port = dlq_testenv::plane::free_port().expect("a free port");
     let base = format!("https://127.0.0.1:{port}");
-    let op = Operator::start_with(
-        ns,
-        &[
-            &format!("--park-addr=127.0.0.1:{port}"),
-            &format!("--park-tls-dir={}", certs.dir.display()),
-            &format!("--park-url={base}"),
-            &format!("--park-anonymous-from={anonymous_from}"),
-        ],
-        &[],
-    );
+    let mut args = vec![
+        format!("--park-addr=127.0.0.1:{port}"),
+        format!("--park-tls-dir={}", certs.dir.display()),
+        format!("--park-url={base}"),
+        format!("--park-anonymous-from={anonymous_from}"),
+    ];
+    args.extend(more.iter().map(|a| a.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let op = Operator::start_with(ns, &args, &[]);
     (op, base)
 }
 
@@ -1394,4 +1403,87 @@ async fn clients_trickling_bodies_are_answered_408_and_free_their_slots_within_1
             .all(|r| !r.spec.job.id.starts_with("slow-")),
         "a slow body is never parked"
     );
+}
+
+/// The endpoint's own limit (4,096 connections; `--park-max-connections` 64 here, so the
+/// test needs no more descriptors than any other): 127.0.0.2 and 127.0.0.3 hold 32 silent
+/// connections each, and a request from 127.0.0.1 is answered 503 with `Retry-After: 1` and
+/// `Connection: close` (not closed bare) and counted (`connection_limit`, answered); once the
+/// silent ones are cut at the header timeout, the same request is served.
+#[tokio::test]
+async fn a_full_endpoint_answers_503_with_retry_after() {
+    use deadletter::source::http::connections::MAX_CONNECTIONS_PER_CLIENT;
+    use futures::StreamExt;
+    const MAX: usize = 64;
+    let (_client, ns) = setup("http-park-full").await;
+    let certs = certs();
+    let max = format!("--park-max-connections={MAX}");
+    let (op, base) = operator_with_endpoint_and(&ns, &certs, "127.0.0.0/8", &[&max]);
+    let url = queue_url(&base, &ns, "none");
+    let ca = certs.ca_pem.as_str();
+    endpoint_ready(&url, ca, 404).await;
+    let addr: std::net::SocketAddr = base
+        .trim_start_matches("https://")
+        .parse()
+        .expect("an address");
+    let addresses = MAX / MAX_CONNECTIONS_PER_CLIENT;
+    let started = Instant::now();
+    let held: Vec<tokio::net::TcpStream> = futures::stream::iter(0..MAX)
+        .map(|n| async move {
+            let from =
+                std::net::Ipv4Addr::new(127, 0, 0, 2 + (n / MAX_CONNECTIONS_PER_CLIENT) as u8);
+            let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+            socket
+                .bind((from, 0).into())
+                .unwrap_or_else(|e| panic!("binding {from}: {e}"));
+            socket.connect(addr).await.expect("connect")
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    let connected = started.elapsed();
+    // Sent until refused (the endpoint counts a connection once it accepts it), each time on
+    // a connection of its own: a kept-alive one would hold its slot and be served.
+    let url_ref = url.as_str();
+    let ask = || async move {
+        let headers = [("content-type", "text/plain")];
+        send(&sender(ca), url_ref, &headers, b"x".to_vec())
+            .await
+            .ok()
+    };
+    let refused = eventually(8, "a 503 from the full endpoint", || async move {
+        ask().await.filter(|r| r.status == 503)
+    })
+    .await;
+    let refused_after = started.elapsed();
+    dlq_testenv::report(&format!(
+        "http_park full endpoint: {} connections from {addresses} addresses in {connected:?}; a request from another answered 503 after {refused_after:?}: {:?} {}",
+        held.len(),
+        refused.headers.get("retry-after"),
+        refused.body
+    ));
+    assert_eq!(
+        refused.headers.get("retry-after").map(String::as_str),
+        Some("1")
+    );
+    assert_eq!(
+        refused.headers.get("connection").map(String::as_str),
+        Some("close")
+    );
+    assert!(refused.body.contains("try again"), "{}", refused.body);
+    let op = &op;
+    eventually(5, "the refusal counted answered", || async move {
+        let answered = op.metric(
+            "dlq_http_refused_total",
+            &[("reason", "connection_limit"), ("answered", "true")],
+        );
+        (answered >= 1.0).then_some(())
+    })
+    .await;
+    // The silent connections are cut at the header timeout: the endpoint serves again.
+    eventually(20, "the endpoint to serve again", || async move {
+        ask().await.filter(|r| r.status == 404)
+    })
+    .await;
+    drop(held);
 }

@@ -160,8 +160,9 @@ impl ParkEndpoint {
 #[derive(Clone, Copy, Debug)]
 struct Peer(SocketAddr);
 
-/// Serves the endpoint on `listener` (TLS when `tls` is given) until `shutdown` resolves, then
-/// lets the requests under way finish.
+/// Serves the endpoint on `listener` (TLS when `tls` is given), holding at most
+/// `max_connections` connections, until `shutdown` resolves, then lets the requests under way
+/// finish.
 ///
 /// Its own accept loop rather than `axum::serve`, whose connections have no header timeout:
 /// a connection has [`HEADER_TIMEOUT`] from its accept for its TLS handshake and first
@@ -173,17 +174,18 @@ pub async fn serve(
     endpoint: ParkEndpoint,
     listener: tokio::net::TcpListener,
     tls: Option<Arc<rustls::ServerConfig>>,
+    max_connections: usize,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let metrics = endpoint.metrics.clone();
     metrics.touch_http_refused(&[
         Refusal::ClientLimit.reason(),
-        Refusal::ConnectionLimit.reason(),
+        Refusal::ConnectionLimit { max: 0 }.reason(),
         SLOW_BODY,
     ]);
     let router = endpoint.router();
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
-    let connections = Connections::default();
+    let connections = Connections::new(max_connections);
     let mut refusals = Refusals::default();
     let (stop, stopping) = tokio::sync::watch::channel(false);
     let mut served = tokio::task::JoinSet::new();
