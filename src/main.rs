@@ -131,6 +131,11 @@ struct ParkArgs {
     /// This replica's address in the park Service's EndpointSlice (the pod's IP).
     #[arg(long, env = "POD_IP")]
     pod_ip: Option<std::net::IpAddr>,
+    /// Connections the endpoint holds open at once, from all clients (each address holds 32 at
+    /// most); a connection beyond is answered 503 with Retry-After. Keep it well under the
+    /// process's file descriptor limit.
+    #[arg(long, env = "DLQ_PARK_MAX_CONNECTIONS", default_value_t = deadletter::source::http::connections::MAX_CONNECTIONS, value_parser = clap::builder::TypedValueParser::map(clap::value_parser!(u32).range(1..), |n| n as usize))]
+    park_max_connections: usize,
 }
 
 /// The reveal API (`deadletterpayloads.payloads.dlq.dev`, behind an APIService): on once an
@@ -259,6 +264,7 @@ impl RunArgs {
                 park_anonymous_from: park.park_anonymous_from,
                 park_service: park.park_service,
                 pod_ip: park.pod_ip,
+                park_max_connections: park.park_max_connections,
             },
             reveal: RevealOptions {
                 reveal_addr: reveal.reveal_addr,

@@ -1,7 +1,8 @@
 //! The HTTP park endpoint (issue 33) against the real apiserver and operator: CloudEvents sent
 //! by a sender built on the CloudEvents Go SDK (`tools/cesender`), with ServiceAccount tokens
-//! from a real TokenRequest; the answers a sender acts on (201/200, 400, 401, 403, 404, 413,
-//! 429 with Retry-After); and the redrive of a parked event as the same event.
+//! from a real TokenRequest; the answers a sender acts on (201/200, 400, 401, 403, 404, 408,
+//! 413, 429 and 503 with Retry-After), slow clients among them; and the redrive of a parked
+//! event as the same event.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -70,18 +71,27 @@ fn rand_suffix() -> u128 {
 /// The operator serving its park endpoint on loopback, taking callers without a token (for
 /// queues that allow them) from `anonymous_from`.
 fn operator_with_endpoint(ns: &str, certs: &Certs, anonymous_from: &str) -> (Operator, String) {
+    operator_with_endpoint_and(ns, certs, anonymous_from, &[])
+}
+
+/// As [`operator_with_endpoint`], with `more` flags.
+fn operator_with_endpoint_and(
+    ns: &str,
+    certs: &Certs,
+    anonymous_from: &str,
+    more: &[&str],
+) -> (Operator, String) {
     let port = dlq_testenv::plane::free_port().expect("a free port");
     let base = format!("https://127.0.0.1:{port}");
-    let op = Operator::start_with(
-        ns,
-        &[
-            &format!("--park-addr=127.0.0.1:{port}"),
-            &format!("--park-tls-dir={}", certs.dir.display()),
-            &format!("--park-url={base}"),
-            &format!("--park-anonymous-from={anonymous_from}"),
-        ],
-        &[],
-    );
+    let mut args = vec![
+        format!("--park-addr=127.0.0.1:{port}"),
+        format!("--park-tls-dir={}", certs.dir.display()),
+        format!("--park-url={base}"),
+        format!("--park-anonymous-from={anonymous_from}"),
+    ];
+    args.extend(more.iter().map(|a| a.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let op = Operator::start_with(ns, &args, &[]);
     (op, base)
 }
 
@@ -881,14 +891,16 @@ struct Trickled {
     ended: Duration,
 }
 
-/// A slowloris client over TLS: a POST's request line to `path`, then its headers a byte a
-/// second, until the endpoint answers or closes the connection (at most 30 s). It adds one to
+/// A slowloris client over TLS: the pieces of `head` a second apart (a POST's request line, and
+/// maybe its headers), then a byte a second (of a header, or of the body), until the endpoint
+/// answers or closes the connection (at most `for_at_most` from `started`). It adds one to
 /// `begun` once it has written its first bytes (or failed to).
 async fn trickle(
     addr: String,
     connector: tokio_rustls::TlsConnector,
-    path: String,
+    head: Vec<String>,
     started: Instant,
+    for_at_most: Duration,
     begun: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 ) -> Trickled {
     let began = || begun.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -910,22 +922,22 @@ async fn trickle(
     let reading = tokio::spawn(async move {
         let mut got = Vec::new();
         let mut buf = [0u8; 512];
-        while let Ok(Ok(n @ 1..)) =
-            tokio::time::timeout(Duration::from_secs(30), rd.read(&mut buf)).await
-        {
+        while let Ok(Ok(n @ 1..)) = tokio::time::timeout(for_at_most, rd.read(&mut buf)).await {
             got.extend_from_slice(&buf[..n]);
         }
         got
     });
-    let mut next = format!("POST {path} HTTP/1.1\r\nHost: x\r\nx-trickle: ").into_bytes();
-    while !reading.is_finished() && started.elapsed() < Duration::from_secs(30) {
-        if wr.write_all(&next).await.is_err() || wr.flush().await.is_err() {
-            break;
-        }
-        if next.len() > 1 {
+    let mut pieces = head.into_iter();
+    let mut first = true;
+    while !reading.is_finished() && started.elapsed() < for_at_most {
+        let next = pieces.next().unwrap_or_else(|| "x".to_string());
+        let written = wr.write_all(next.as_bytes()).await.is_ok() && wr.flush().await.is_ok();
+        if std::mem::take(&mut first) {
             began();
         }
-        next = b"x".to_vec();
+        if !written {
+            break;
+        }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     let at = started.elapsed();
@@ -1070,11 +1082,13 @@ async fn connections_over_a_clients_limit_are_answered_429_with_retry_after() {
     let path = dlq_core::api::park_path(&ns, "relayer");
     let started = Instant::now();
     let begun = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let head = vec![format!("POST {path} HTTP/1.1\r\nHost: x\r\nx-trickle: ")];
     let trickles: Vec<_> = (0..60)
         .map(|_| {
-            let (addr, connector, path, begun) =
-                (addr.clone(), connector.clone(), path.clone(), begun.clone());
-            tokio::spawn(trickle(addr, connector, path, started, begun))
+            let (addr, connector, head, begun) =
+                (addr.clone(), connector.clone(), head.clone(), begun.clone());
+            let for_at_most = Duration::from_secs(30);
+            tokio::spawn(trickle(addr, connector, head, started, for_at_most, begun))
         })
         .collect();
     let begun_ref = &begun;
@@ -1261,4 +1275,215 @@ async fn connections_over_a_clients_limit_are_answered_429_with_retry_after() {
         refused >= counted as f64,
         "{refused} counted, {counted} seen"
     );
+}
+
+/// Issue 57 item 6, the rest: a client trickling its *body* starves no one sharing its
+/// address for longer than the header timeout. 40 connections from loopback send a POST over
+/// TLS, its headers a line a second for 5 s (a body of 4,096 bytes announced), then its body a
+/// byte a second: 32 hold their address's slots, the other 8 are answered 429. A request that
+/// has not brought its minimum (1 KiB a second over each 10 s, the first from its connection's
+/// accept) is answered 408 and its slot freed, so the Go SDK sender, from the same address and
+/// retrying as told, parks its event within about 10 s of the trickles' start (before: 35 s,
+/// the body timeout after the headers), and every trickle gets an answer;
+/// `dlq_http_refused_total{reason="slow_body"}` counts them.
+#[tokio::test]
+async fn clients_trickling_bodies_are_answered_408_and_free_their_slots_within_10_s() {
+    let (client, ns) = setup("http-park-slow-body").await;
+    let certs = certs();
+    create_dlq(
+        &client,
+        &ns,
+        "relayer",
+        json!({"target": {"http": {"url": "http://127.0.0.1:9/x"}}, "http": {"allowAnonymous": true}}),
+    )
+    .await;
+    let (op, base) = operator_with_endpoint(&ns, &certs, "127.0.0.0/8");
+    let url = queue_url(&base, &ns, "relayer");
+    let ca = certs.ca_pem.as_str();
+    let addr = base.trim_start_matches("https://").to_string();
+    let url_ref = url.as_str();
+    eventually(30, "the endpoint to park", || async move {
+        let headers = [("content-type", "text/plain"), ("x-dlq-job-id", "probe")];
+        let r = post(url_ref, ca, &headers, b"probe".to_vec()).await;
+        (r.status == 201).then_some(())
+    })
+    .await;
+    // The probe's client is gone; its connection closes and frees its slot.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    const TRICKLES: usize = 40;
+    let connector = tls_connector(ca);
+    let path = dlq_core::api::park_path(&ns, "relayer");
+    let started = Instant::now();
+    let begun = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let trickles: Vec<_> = (0..TRICKLES)
+        .map(|n| {
+            let mut head = vec![format!("POST {path} HTTP/1.1\r\nHost: x\r\n")];
+            head.extend((0..4).map(|i| format!("x-slow-{i}: {n}\r\n")));
+            head.push(format!(
+                "content-type: text/plain\r\nx-dlq-job-id: slow-{n}\r\ncontent-length: 4096\r\n\r\n"
+            ));
+            let (addr, connector, begun) = (addr.clone(), connector.clone(), begun.clone());
+            let for_at_most = Duration::from_secs(40);
+            tokio::spawn(trickle(addr, connector, head, started, for_at_most, begun))
+        })
+        .collect();
+    let begun_ref = &begun;
+    eventually(9, "the trickles to begin", || async move {
+        (begun_ref.load(std::sync::atomic::Ordering::SeqCst) == TRICKLES).then_some(())
+    })
+    .await;
+    let all_begun = started.elapsed();
+
+    // The Go SDK sender, from the same address, retrying as Retry-After says.
+    let ca_path = certs.ca.display().to_string();
+    let go = {
+        let url = url.clone();
+        tokio::task::spawn_blocking(move || {
+            cesender(&[
+                "-url",
+                &url,
+                "-ca",
+                &ca_path,
+                "-mode",
+                "batch",
+                "-id",
+                "e-beside-slow-bodies",
+                "-source",
+                "/t",
+                "-retry-for",
+                "45s",
+            ])
+        })
+    };
+    let out = go.await.expect("cesender");
+    let parked_after = started.elapsed();
+
+    let mut trickled = Vec::new();
+    for t in trickles {
+        trickled.push(t.await.expect("trickle"));
+    }
+    let answered = |status: &str| {
+        trickled
+            .iter()
+            .filter(|t| {
+                t.answer
+                    .as_deref()
+                    .is_some_and(|a| a.starts_with(&format!("HTTP/1.1 {status}")))
+            })
+            .count()
+    };
+    let (answered_408, answered_429) = (answered("408"), answered("429"));
+    let last_cut = trickled.iter().map(|t| t.ended).max().unwrap_or_default();
+    let slow_body = op.metric(
+        "dlq_http_refused_total",
+        &[("reason", "slow_body"), ("answered", "true")],
+    );
+    dlq_testenv::report(&format!(
+        "http_park slow bodies: {TRICKLES} trickled bodies (begun in {all_begun:?}); the Go sender's event from the same address parked {parked_after:?} after they began ({}); {answered_408} answered 408, {answered_429} answered 429, the last cut after {last_cut:?}; slow_body refusals counted answered: {slow_body}",
+        out.trim()
+    ));
+    assert_eq!(codes(&out), [201], "{out}");
+    assert!(
+        parked_after < Duration::from_secs(14),
+        "the neighbour waited {parked_after:?}: slow bodies held its address's slots"
+    );
+    assert_eq!(
+        answered_408 + answered_429,
+        TRICKLES,
+        "every trickle answered: {answered_408} 408, {answered_429} 429"
+    );
+    assert!(answered_408 >= 32, "{answered_408} answered 408");
+    assert!(last_cut < Duration::from_secs(15), "{last_cut:?}");
+    assert!(slow_body >= 32.0, "{slow_body} counted");
+    assert!(
+        records(&client, &ns)
+            .await
+            .iter()
+            .all(|r| !r.spec.job.id.starts_with("slow-")),
+        "a slow body is never parked"
+    );
+}
+
+/// The endpoint's own limit (4,096 connections; `--park-max-connections` 64 here, so the
+/// test needs no more descriptors than any other): 127.0.0.2 and 127.0.0.3 hold 32 silent
+/// connections each, and a request from 127.0.0.1 is answered 503 with `Retry-After: 1` and
+/// `Connection: close` (not closed bare) and counted (`connection_limit`, answered); once the
+/// silent ones are cut at the header timeout, the same request is served.
+#[tokio::test]
+async fn a_full_endpoint_answers_503_with_retry_after() {
+    use deadletter::source::http::connections::MAX_CONNECTIONS_PER_CLIENT;
+    use futures::StreamExt;
+    const MAX: usize = 64;
+    let (_client, ns) = setup("http-park-full").await;
+    let certs = certs();
+    let max = format!("--park-max-connections={MAX}");
+    let (op, base) = operator_with_endpoint_and(&ns, &certs, "127.0.0.0/8", &[&max]);
+    let url = queue_url(&base, &ns, "none");
+    let ca = certs.ca_pem.as_str();
+    endpoint_ready(&url, ca, 404).await;
+    let addr: std::net::SocketAddr = base
+        .trim_start_matches("https://")
+        .parse()
+        .expect("an address");
+    let addresses = MAX / MAX_CONNECTIONS_PER_CLIENT;
+    let started = Instant::now();
+    let held: Vec<tokio::net::TcpStream> = futures::stream::iter(0..MAX)
+        .map(|n| async move {
+            let from =
+                std::net::Ipv4Addr::new(127, 0, 0, 2 + (n / MAX_CONNECTIONS_PER_CLIENT) as u8);
+            let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+            socket
+                .bind((from, 0).into())
+                .unwrap_or_else(|e| panic!("binding {from}: {e}"));
+            socket.connect(addr).await.expect("connect")
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    let connected = started.elapsed();
+    // Sent until refused (the endpoint counts a connection once it accepts it), each time on
+    // a connection of its own: a kept-alive one would hold its slot and be served.
+    let url_ref = url.as_str();
+    let ask = || async move {
+        let headers = [("content-type", "text/plain")];
+        send(&sender(ca), url_ref, &headers, b"x".to_vec())
+            .await
+            .ok()
+    };
+    let refused = eventually(8, "a 503 from the full endpoint", || async move {
+        ask().await.filter(|r| r.status == 503)
+    })
+    .await;
+    let refused_after = started.elapsed();
+    dlq_testenv::report(&format!(
+        "http_park full endpoint: {} connections from {addresses} addresses in {connected:?}; a request from another answered 503 after {refused_after:?}: {:?} {}",
+        held.len(),
+        refused.headers.get("retry-after"),
+        refused.body
+    ));
+    assert_eq!(
+        refused.headers.get("retry-after").map(String::as_str),
+        Some("1")
+    );
+    assert_eq!(
+        refused.headers.get("connection").map(String::as_str),
+        Some("close")
+    );
+    assert!(refused.body.contains("try again"), "{}", refused.body);
+    let op = &op;
+    eventually(5, "the refusal counted answered", || async move {
+        let answered = op.metric(
+            "dlq_http_refused_total",
+            &[("reason", "connection_limit"), ("answered", "true")],
+        );
+        (answered >= 1.0).then_some(())
+    })
+    .await;
+    // The silent connections are cut at the header timeout: the endpoint serves again.
+    eventually(20, "the endpoint to serve again", || async move {
+        ask().await.filter(|r| r.status == 404)
+    })
+    .await;
+    drop(held);
 }

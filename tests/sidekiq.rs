@@ -4,7 +4,8 @@
 //! sets the flag and redrives, and the same Sidekiq process performs it once, byte-identical.
 //! Also: many jobs at once (drain rate against Sidekiq's fill rate), a job JSON Sidekiq itself
 //! cannot read, a Redis restart in the middle, the operator killed between take and park, the
-//! `queues`/`classes` filters, and a redrive while Redis is down. What every source must do
+//! `queues`/`classes` filters, a redrive while Redis is down, and a standing redrive reaching
+//! its group behind other groups' jobs waiting for room. What every source must do
 //! (the kill between park and acknowledgement among it) is `tests/backends.rs`' table.
 
 use std::collections::BTreeSet;
@@ -946,4 +947,160 @@ async fn each_performed_once(r: &Rig, jids: &[String], pid: u32, out: &str, sinc
     assert!(performed.iter().all(|p| p.ends_with(&format!(" {pid}"))));
     assert_eq!(r.zcard().await, 0, "none died again");
     secs
+}
+
+/// The group a dead job of `prefix` falls in, read from the dead set as the source reads it.
+async fn group_of(r: &Rig, prefix: &str) -> String {
+    use dlq_core::facts::Facts;
+    let mark = format!("\"{prefix}-");
+    let raw = r
+        .dead()
+        .await
+        .into_iter()
+        .find(|raw| String::from_utf8_lossy(raw).contains(&mark))
+        .unwrap_or_else(|| panic!("a dead job of {prefix}"));
+    let req = dlq_core::sidekiq::request_for("relayer", &raw);
+    dlq_core::park::arriving(&req, false).group().into_owned()
+}
+
+/// The dead jobs of `prefix` still in Redis: in the dead set, the overflow list or the inflight
+/// hash (taken, not acknowledged).
+async fn left_in_redis(r: &Rig, prefix: &str) -> usize {
+    let overflow = deadletter::source::sidekiq::overflow_list(&r.ns, "relayer");
+    let mut left = r.dead().await;
+    let listed: Vec<Vec<u8>> = r
+        .cmd(redis::cmd("LRANGE").arg(&overflow).arg(0).arg(-1))
+        .await;
+    let taken: Vec<Vec<u8>> = r
+        .cmd(redis::cmd("HVALS").arg(format!("dlq:{}/relayer:inflight", r.ns)))
+        .await;
+    left.extend(listed);
+    left.extend(taken);
+    let mark = format!("\"{prefix}-");
+    left.iter()
+        .filter(|raw| String::from_utf8_lossy(raw).contains(&mark))
+        .count()
+}
+
+/// Issue 57 item 2, for Sidekiq as for the Redis source (`tests/replay.rs`): the queue Full
+/// (`maxParked` 5) with 32 dead jobs of another failure group waiting for room in the source's
+/// hands, then 60 jobs of group G die behind them in Sidekiq's dead set. One standing redrive
+/// of G reaches past the waiting jobs and passes all 60 to Sidekiq, which performs each once;
+/// it completes only once none of G is left in Redis (before: Completed with `passedThrough`
+/// 0 and all 60 still in the dead set); the other group's jobs stay where they were.
+#[tokio::test]
+async fn a_standing_redrive_reaches_its_group_behind_other_groups_waiting_for_room() {
+    use dlq_core::replay::{DeadLetterReplay, DeadLetterReplaySpec, ReplayPhase};
+    let redis = Redis::start();
+    let (client, ns) = setup("sidekiq-reach").await;
+    create_secret(&client, &ns, "redis", "url", &redis.url()).await;
+    create_dlq(
+        &client,
+        &ns,
+        "relayer",
+        json!({
+            "target": {"sidekiq": {"urlSecretRef": {"name": "redis", "key": "url"}}},
+            "source": source(),
+            "maxParked": 5,
+        }),
+    )
+    .await;
+    let r = Rig {
+        api: Api::namespaced(client.clone(), &ns),
+        client,
+        ns,
+        redis,
+    };
+    let sidekiq = Sidekiq::start(&r.redis.url(), 10).await;
+    jobs_die(&r, 40, "other").await;
+    let _op = Operator::start(&r.ns);
+    let queues: Api<DeadLetterQueue> = Api::namespaced(r.client.clone(), &r.ns);
+    eventually(90, "the queue Full, 32 jobs waiting for room", || async {
+        let parked = queues.get("relayer").await.ok()?.status?.parked;
+        (parked == 5 && r.inflight().await >= 32).then_some(())
+    })
+    .await;
+    let other = group_of(&r, "other").await;
+    let g_jids = Sidekiq::enqueue(&r.redis.url(), 60, "g");
+    eventually(60, "G's 60 jobs in the dead set", || async {
+        (left_in_redis(&r, "g").await == 60).then_some(())
+    })
+    .await;
+    let group = group_of(&r, "g").await;
+    assert_ne!(group, other, "two failure groups");
+    let _: () = r.cmd(redis::cmd("SET").arg(FLAG).arg("1")).await;
+
+    let started = Instant::now();
+    let replays: Api<DeadLetterReplay> = Api::namespaced(r.client.clone(), &r.ns);
+    let spec: DeadLetterReplaySpec = serde_json::from_value(json!({
+        "queue": "relayer", "by": "ops", "note": "INC-57", "standing": true,
+        "selector": {"group": group}, "settleSeconds": 15
+    }))
+    .expect("a spec");
+    replays
+        .create(
+            &kube::api::PostParams::default(),
+            &DeadLetterReplay::new("reach", spec),
+        )
+        .await
+        .expect("the replay");
+    let done = eventually(180, "the standing replay to end", || async {
+        let r = replays.get("reach").await.ok()?;
+        r.phase().is_final().then_some(r)
+    })
+    .await;
+    let took = started.elapsed();
+    let status = done.status.clone().unwrap_or_default();
+    let left = left_in_redis(&r, "g").await;
+    let performed: Vec<String> = r
+        .cmd(redis::cmd("LRANGE").arg(PERFORMED).arg(0).arg(-1))
+        .await;
+    let g_performed: Vec<&str> = performed
+        .iter()
+        .filter_map(|p| p.split(' ').next())
+        .filter(|jid| g_jids.iter().any(|g| g == jid))
+        .collect();
+    dlq_testenv::report(&format!(
+        "sidekiq standing redrive behind 32 waiting jobs of another group: {:?} after {:.1} s, passed through {}, {} of G's 60 performed, {left} left in Redis",
+        done.phase(),
+        took.as_secs_f64(),
+        status.passed_through,
+        g_performed.len()
+    ));
+    assert_eq!(done.phase(), ReplayPhase::Completed, "{status:?}");
+    assert_eq!(
+        (left, status.passed_through),
+        (0, 60),
+        "G left in Redis when the replay said Completed, and passed through: {status:?}"
+    );
+    // The last passes are acknowledged before the replay ends; Sidekiq performs them soon after.
+    let performed: Vec<String> = eventually(30, "G's 60 jobs performed", || async {
+        let p: Vec<String> = r
+            .cmd(redis::cmd("LRANGE").arg(PERFORMED).arg(0).arg(-1))
+            .await;
+        (p.len() >= 60).then_some(p)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let again: usize = r.cmd(redis::cmd("LLEN").arg(PERFORMED)).await;
+    assert_eq!(again, 60, "each performed once, none of the other group");
+    let once: BTreeSet<&str> = performed
+        .iter()
+        .map(|p| p.split(' ').next().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        once,
+        g_jids.iter().map(String::as_str).collect(),
+        "G's jids"
+    );
+    assert!(
+        performed
+            .iter()
+            .all(|p| p.ends_with(&format!(" {}", sidekiq.pid)))
+    );
+    assert_eq!(
+        left_in_redis(&r, "other").await,
+        35,
+        "the other group's jobs wait where they were"
+    );
 }

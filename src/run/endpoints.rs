@@ -14,7 +14,7 @@ use crate::source::http::ParkEndpoint;
 use crate::source::http::service::LeaderService;
 
 /// The HTTP park endpoint: on once an address is given.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct ParkOptions {
     pub park_addr: Option<SocketAddr>,
     /// Directory holding tls.crt and tls.key.
@@ -29,6 +29,23 @@ pub struct ParkOptions {
     pub park_service: Option<String>,
     /// This replica's address in that Service's EndpointSlice.
     pub pod_ip: Option<IpAddr>,
+    /// Connections the endpoint holds at once (more are answered 503).
+    pub park_max_connections: usize,
+}
+
+impl Default for ParkOptions {
+    fn default() -> Self {
+        ParkOptions {
+            park_addr: None,
+            park_tls_dir: None,
+            park_plaintext: false,
+            park_url: None,
+            park_anonymous_from: Vec::new(),
+            park_service: None,
+            pod_ip: None,
+            park_max_connections: crate::source::http::connections::MAX_CONNECTIONS,
+        }
+    }
 }
 
 /// The reveal API: on once an address (and its certificate's directory) is given.
@@ -111,11 +128,11 @@ pub async fn park_endpoint(
             addr,
             source,
         })?;
-    tracing::info!(%addr, tls = tls.is_some(), url = options.park_url.as_deref().unwrap_or(""), "serving the HTTP park endpoint");
-    let served = endpoint.clone();
+    tracing::info!(%addr, tls = tls.is_some(), url = options.park_url.as_deref().unwrap_or(""), max_connections = options.park_max_connections, "serving the HTTP park endpoint");
+    let (served, max) = (endpoint.clone(), options.park_max_connections);
     let shutdown = shutdown.clone();
     tokio::spawn(async move {
-        if let Err(e) = crate::source::http::serve(served, listener, tls, shutdown).await {
+        if let Err(e) = crate::source::http::serve(served, listener, tls, max, shutdown).await {
             tracing::error!(error = %e, "the HTTP park endpoint stopped");
         }
     });

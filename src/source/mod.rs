@@ -17,6 +17,7 @@ pub mod nats;
 pub mod park_into;
 #[cfg(feature = "pubsub")]
 pub mod pubsub;
+pub mod reach;
 pub mod redis;
 pub mod sidekiq;
 #[cfg(feature = "sqs")]

@@ -10,9 +10,9 @@
 //! dead message, not a new death of the job.
 //!
 //! While a standing replay runs on the queue and every slot holds a message waiting for room
-//! (the queue Full), the bridge also reaches past them every [`REACH_EVERY`]: it reads the
-//! dead list from its oldest end and takes the elements the replay passes, leaving the others
-//! where they are, in their order ([`Bridge::reach`]); a storm's group is rarely alone.
+//! (the queue Full), the bridge also reaches past them ([`super::reach`]): it reads the dead
+//! list from its oldest end and takes the elements the replay passes, leaving the others where
+//! they are, in their order; a storm's group is rarely alone.
 //!
 //! While running it also sweeps both places every [`SWEEP`]: what another process left there
 //! after this one started (a replica that lost its Lease while parking, a puller of a run that
@@ -33,6 +33,7 @@ use tokio::sync::Semaphore;
 use dlq_core::api::{DeadLetterQueue, RedisSourceSpec};
 
 use super::park_into::{ParkInto, SourceError, keep_running, url_from_secret};
+use super::reach::{REACH_LARGEST, REACH_PAGE, Reachable, into_inflight_lua};
 use super::taken::{BYTES_IN_FLIGHT, Element, Failpoints, Taken, free_slots, pairs, spawn_handle};
 use crate::broker::redis::RedisConn;
 use crate::state::bytes::ByteBudget;
@@ -47,29 +48,13 @@ pub const CONCURRENCY: usize = 32;
 /// How often a running bridge looks for elements nobody is parking (see the module doc).
 const SWEEP: Duration = Duration::from_secs(10);
 
-/// How often a bridge whose slots all hold messages waiting for room looks past them for a
-/// standing replay's messages.
-const REACH_EVERY: Duration = Duration::from_secs(1);
-/// Dead-list elements read per round trip while reaching.
-const REACH_PAGE: isize = 64;
-/// Most elements one reach reads (the next goes on from there).
-const REACH_DEPTH: isize = 4096;
-/// Most bytes one reach reads: a look down a list of large elements stops sooner.
-const REACH_BYTES: usize = 16 << 20;
-/// Elements larger than this are left for the slots: a page is read whole, and a message
-/// large enough for the body store is never passed through anyway.
-const REACH_LARGEST: usize = 256 << 10;
-
 /// Moves one element (the one nearest the oldest end) from a list into the inflight hash under
 /// a fresh id; nil when the element is no longer in the list. KEYS: the list (processing, or
 /// the dead list when reaching), inflight, counter.
-const TAKE_ONE: &str = r"
-if redis.call('LREM', KEYS[1], -1, ARGV[1]) == 0 then return false end
-local t = redis.call('TIME')
-local id = t[1] .. '.' .. t[2] .. '-' .. redis.call('INCR', KEYS[3])
-redis.call('HSET', KEYS[2], id, ARGV[1])
-return id
-";
+const TAKE_ONE: &str = concat!(
+    "if redis.call('LREM', KEYS[1], -1, ARGV[1]) == 0 then return false end",
+    into_inflight_lua!()
+);
 
 /// Elements ARGV[1]..ARGV[2] of the dead list (negative: from its oldest end), oldest first;
 /// an element over ARGV[3] bytes as an empty string. KEYS: dead.
@@ -154,7 +139,7 @@ async fn run_once(
     tokio::select! {
         pulled = pull(&ctx, &puller, &slots) => pulled,
         swept = ctx.sweep() => swept,
-        reached = ctx.reach(&slots) => reached,
+        reached = super::reach::reach(ctx.as_ref(), &slots, CONCURRENCY) => reached,
     }
 }
 
@@ -215,7 +200,7 @@ impl Bridge {
     /// never acknowledged (those keep their ids, so records made before the crash are found).
     async fn recover(&self) -> Result<(), SourceError> {
         for raw in &self.untaken().await? {
-            self.take_one(&self.processing, raw).await?;
+            self.take_from(&self.processing, raw).await?;
         }
         self.taken.recover().await
     }
@@ -241,7 +226,7 @@ impl Bridge {
             for raw in &self.untaken().await? {
                 let digest = fingerprint(raw);
                 if untaken_suspects.contains(&digest) {
-                    self.take_one(&self.processing, raw).await?;
+                    self.take_from(&self.processing, raw).await?;
                 }
                 seen.insert(digest);
             }
@@ -295,13 +280,13 @@ impl Bridge {
         let Some(raw) = raw else { return Ok(None) };
         // Until taken the element waits in the processing list for the next start.
         Ok(self
-            .take_one(&self.processing, &raw)
+            .take_from(&self.processing, &raw)
             .await?
             .map(|id| (id, raw)))
     }
 
     /// Takes an element of `list` into the hash under its id (see [`TAKE_ONE`]).
-    async fn take_one(&self, list: &str, raw: &[u8]) -> Result<Option<String>, SourceError> {
+    async fn take_from(&self, list: &str, raw: &[u8]) -> Result<Option<String>, SourceError> {
         self.taken
             .conn
             .query(
@@ -318,66 +303,17 @@ impl Bridge {
                 "claiming an element of {list}"
             )))
     }
+}
 
-    /// Every [`REACH_EVERY`], while a standing replay runs on the queue and every slot holds a
-    /// message waiting for room: takes the dead list's elements that the replay passes from
-    /// behind the others, which stay in the list in their order. What it takes is handled as
-    /// any taken element (passed, or parked if its requeue fails), at most [`CONCURRENCY`] at
-    /// once beside the slots.
-    async fn reach(&self, slots: &Semaphore) -> Result<(), SourceError> {
-        let reaching = Arc::new(Semaphore::new(CONCURRENCY));
-        let mut from = 0;
-        loop {
-            tokio::time::sleep(REACH_EVERY).await;
-            if slots.available_permits() > 0 || !self.taken.into.covered() {
-                from = 0;
-                continue;
-            }
-            from = self.reach_once(from, &reaching).await?;
-        }
-    }
-
-    /// One look down the dead list, `from` elements past its oldest end, [`REACH_DEPTH`]
-    /// elements and [`REACH_BYTES`] at most; where the next look goes on (0: from the oldest
-    /// end again).
-    async fn reach_once(
-        &self,
-        from: isize,
-        reaching: &Arc<Semaphore>,
-    ) -> Result<isize, SourceError> {
-        let (mut at, mut bytes) = (from, 0);
-        while at - from < REACH_DEPTH && bytes < REACH_BYTES {
-            let page = self.reach_read(at).await?;
-            let read = page.len();
-            bytes += page.iter().map(Vec::len).sum::<usize>();
-            let mut took = 0;
-            for raw in page.into_iter().filter(|raw| !raw.is_empty()) {
-                let Element::Whole(req, raw) = (self.taken.read)(self.taken.into.queue(), raw)
-                else {
-                    continue;
-                };
-                if !self.taken.into.would_pass(&req) {
-                    continue;
-                }
-                let Ok(turn) = reaching.clone().try_acquire_owned() else {
-                    return Ok(at);
-                };
-                if let Some(id) = self.take_one(&self.dead, &raw).await? {
-                    took += 1;
-                    spawn_handle(&self.taken, id, raw, turn);
-                }
-            }
-            if read < REACH_PAGE as usize {
-                return Ok(0);
-            }
-            at += REACH_PAGE - took;
-        }
-        Ok(at)
+/// The dead list, read from its oldest end; an element is taken by [`TAKE_ONE`].
+impl Reachable for Bridge {
+    fn taken(&self) -> &Arc<Taken> {
+        &self.taken
     }
 
     /// [`REACH_PAGE`] elements of the dead list from `at` past its oldest end (see
     /// [`REACH_READ`]).
-    async fn reach_read(&self, at: isize) -> Result<Vec<Vec<u8>>, SourceError> {
+    async fn page(&self, at: isize) -> Result<Vec<Vec<u8>>, SourceError> {
         self.taken
             .conn
             .query(
@@ -391,6 +327,10 @@ impl Bridge {
             )
             .await
             .map_err(SourceError::broker(format!("reading {}", self.dead)))
+    }
+
+    async fn take_one(&self, raw: &[u8]) -> Result<Option<String>, SourceError> {
+        self.take_from(&self.dead, raw).await
     }
 }
 

@@ -18,6 +18,11 @@
 //! The dead set has no blocking pop that keeps a job safe, so an idle bridge looks every
 //! [`IDLE`].
 //!
+//! While a standing replay runs on the queue and every slot holds a job waiting for room (the
+//! queue Full), the bridge reaches past them as the Redis source does ([`super::reach`]): it
+//! reads the overflow list and then the dead set, oldest first, and takes the jobs the replay
+//! passes ([`REACH_READ`], [`TAKE_ONE`]), leaving the others where they are, in their order.
+//!
 //! Sidekiq drops the oldest dead jobs beyond its `dead_max_jobs` (`deadMaxJobs` on the source)
 //! whenever a job dies. When parking cannot keep up (the queue at `maxParked`, or jobs dying
 //! faster than records are made), the bridge keeps the set well below that: every [`WATCH`],
@@ -41,6 +46,7 @@ use dlq_core::events::{self, EventPlan};
 use dlq_core::sidekiq::DeadSetBounds;
 
 use super::park_into::{ParkInto, SourceError, keep_running, url_from_secret};
+use super::reach::{REACH_LARGEST, REACH_PAGE, Reachable, into_inflight_lua};
 use super::taken::{BYTES_IN_FLIGHT, Element, Failpoints, Taken, free_slots, pairs, spawn_handle};
 use crate::broker::redis::RedisConn;
 use crate::state::apiserver::reference;
@@ -151,6 +157,42 @@ return out
 "
 );
 
+/// ARGV[2] of this queue's waiting jobs from ARGV[1] past the oldest, oldest first: the
+/// overflow list's, then the dead set's by score; a job over ARGV[5] bytes, or one the filters
+/// do not take, as an empty string (it keeps its place in the count). Jobs Sidekiq adds go to
+/// the set's newest end, and jobs moved to the overflow list go from the set's oldest end to
+/// the list's newest, so the order a reach reads in holds while it reads.
+/// KEYS: overflow, dead.
+const REACH_READ: &str = concat!(
+    filter_lua!(),
+    r"
+local at, count, largest = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[5])
+local page = {}
+local listed = redis.call('LLEN', KEYS[1])
+if at < listed then
+  page = redis.call('LRANGE', KEYS[1], at, at + count - 1)
+end
+if #page < count then
+  local from = math.max(at - listed, 0)
+  for _, raw in ipairs(redis.call('ZRANGE', KEYS[2], from, from + count - #page - 1)) do
+    page[#page + 1] = raw
+  end
+end
+for i = 1, #page do
+  if #page[i] > largest or not wanted(page[i]) then page[i] = '' end
+end
+return page
+"
+);
+
+/// Moves one job, ARGV[1], from the dead set or else the overflow list (its oldest copy) into
+/// the inflight hash under a fresh id; nil when it is in neither (taken meanwhile).
+/// KEYS: overflow, inflight, counter, dead.
+const TAKE_ONE: &str = concat!(
+    "if redis.call('ZREM', KEYS[4], ARGV[1]) == 0 and redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return false end",
+    into_inflight_lua!()
+);
+
 /// While the dead set holds more than ARGV[6] jobs, moves up to ARGV[1] of the oldest that
 /// match the filters, from scores ARGV[2] on, onto the tail of the overflow list, reading past
 /// at most ARGV[5] others. Returns the next cursor (as [`TAKE`]'s), how many it moved, the
@@ -220,11 +262,13 @@ async fn run_once(
     tracing::debug!(namespace = %into.namespace(), queue = %into.queue(), dead = %ctx.dead, "sidekiq source draining");
     // Keeping the set below the trim starts first: re-parking what a crash left may wait
     // for a full queue for hours.
+    let slots = Arc::new(Semaphore::new(CONCURRENCY));
     let drain = async {
         ctx.taken.recover().await?;
         tokio::select! {
-            pulled = pull(&ctx) => pulled,
+            pulled = pull(&ctx, &slots) => pulled,
             swept = ctx.sweep() => swept,
+            reached = super::reach::reach(ctx.as_ref(), &slots, CONCURRENCY) => reached,
         }
     };
     tokio::select! {
@@ -233,14 +277,13 @@ async fn run_once(
     }
 }
 
-/// Takes dead jobs as parking slots and the byte budget free up; looks again after [`IDLE`]
-/// when there are none.
-async fn pull(ctx: &Arc<Bridge>) -> Result<(), SourceError> {
-    let slots = Arc::new(Semaphore::new(CONCURRENCY));
+/// Takes dead jobs as `slots` and the byte budget free up; looks again after [`IDLE`] when
+/// there are none.
+async fn pull(ctx: &Arc<Bridge>, slots: &Arc<Semaphore>) -> Result<(), SourceError> {
     let budget = ByteBudget::new(BYTES_IN_FLIGHT);
     let mut cursor = Cursor::new();
     loop {
-        let permits = free_slots(&slots).await?;
+        let permits = free_slots(slots).await?;
         let room = budget.free().await?;
         let (next, taken) = ctx.take(permits.len(), cursor.at(), room).await?;
         cursor.moved_to(next);
@@ -545,9 +588,135 @@ impl Bridge {
     }
 }
 
+/// The overflow list, then the dead set, oldest first (see [`REACH_READ`]); a job is taken by
+/// [`TAKE_ONE`].
+impl Reachable for Bridge {
+    fn taken(&self) -> &Arc<Taken> {
+        &self.taken
+    }
+
+    async fn page(&self, at: isize) -> Result<Vec<Vec<u8>>, SourceError> {
+        self.taken
+            .conn
+            .query(
+                redis::cmd("EVAL")
+                    .arg(REACH_READ)
+                    .arg(2)
+                    .arg(&self.overflow)
+                    .arg(&self.dead)
+                    .arg(at)
+                    .arg(REACH_PAGE)
+                    .arg(&self.queues)
+                    .arg(&self.classes)
+                    .arg(REACH_LARGEST),
+            )
+            .await
+            .map_err(SourceError::broker(format!(
+                "reading {} and {}",
+                self.overflow, self.dead
+            )))
+    }
+
+    async fn take_one(&self, raw: &[u8]) -> Result<Option<String>, SourceError> {
+        self.taken
+            .conn
+            .query(
+                redis::cmd("EVAL")
+                    .arg(TAKE_ONE)
+                    .arg(4)
+                    .arg(&self.overflow)
+                    .arg(&self.taken.hash)
+                    .arg(&self.counter)
+                    .arg(&self.dead)
+                    .arg(raw),
+            )
+            .await
+            .map_err(SourceError::broker(format!(
+                "taking a job of {}",
+                self.dead
+            )))
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{TAKE, pairs};
+    use super::{REACH_READ, TAKE, TAKE_ONE, pairs};
+
+    /// [`REACH_READ`] and [`TAKE_ONE`] against a real redis-server: pages run through the
+    /// overflow list and on into the dead set by score, a job the filters leave or one over
+    /// the size bound reads as empty in its place, and a job is taken from either by its
+    /// bytes, once.
+    #[tokio::test]
+    async fn a_reach_reads_the_overflow_list_then_the_dead_set_and_takes_by_bytes() {
+        let redis = dlq_testenv::brokers::Redis::start();
+        let mut conn = redis.conn().await;
+        let job = |jid: &str, queue: &str| {
+            format!(r#"{{"jid":"{jid}","queue":"{queue}","class":"C","args":[]}}"#)
+        };
+        let _: () = redis::cmd("RPUSH")
+            .arg("overflow")
+            .arg(job("o1", "q"))
+            .arg(job("o2", "q"))
+            .query_async(&mut conn)
+            .await
+            .expect("RPUSH");
+        let _: () = redis::cmd("ZADD")
+            .arg("dead")
+            .arg(3)
+            .arg(job("d3", "q"))
+            .arg(1)
+            .arg(job("d1", "q"))
+            .arg(2)
+            .arg(job("other", "elsewhere"))
+            .arg(4)
+            .arg(format!(
+                r#"{{"jid":"big","queue":"q","args":["{}"]}}"#,
+                "x".repeat(100)
+            ))
+            .query_async(&mut conn)
+            .await
+            .expect("ZADD");
+        let mut page = async |at: isize, count: isize| -> Vec<String> {
+            let page: Vec<Vec<u8>> = redis::cmd("EVAL")
+                .arg(REACH_READ)
+                .arg(2)
+                .arg(&["overflow", "dead"])
+                .arg(at)
+                .arg(count)
+                .arg(r#"["q"]"#)
+                .arg("[]")
+                .arg(100)
+                .query_async(&mut conn)
+                .await
+                .expect("EVAL");
+            page.iter()
+                .map(|raw| {
+                    let text = String::from_utf8_lossy(raw);
+                    text.split('"').nth(3).unwrap_or_default().to_string()
+                })
+                .collect()
+        };
+        assert_eq!(page(0, 64).await, ["o1", "o2", "d1", "", "d3", ""]);
+        assert_eq!(page(1, 2).await, ["o2", "d1"], "across the list's end");
+        assert_eq!(page(3, 2).await, ["", "d3"], "in the set");
+        assert!(page(6, 64).await.is_empty());
+        let mut taker = redis.conn().await;
+        let mut take = async |raw: String| -> Option<String> {
+            redis::cmd("EVAL")
+                .arg(TAKE_ONE)
+                .arg(4)
+                .arg(&["overflow", "inflight", "counter", "dead"])
+                .arg(raw)
+                .query_async(&mut taker)
+                .await
+                .expect("EVAL")
+        };
+        assert!(take(job("d3", "q")).await.is_some(), "from the set");
+        assert!(take(job("o2", "q")).await.is_some(), "from the list");
+        assert!(take(job("o2", "q")).await.is_none(), "once");
+        assert_eq!(redis.hash_len("inflight").await, 2);
+        assert_eq!(page(0, 64).await, ["o1", "d1", "", ""]);
+    }
 
     /// [`TAKE`] against a real redis-server: the overflow list first, then the dead set, at
     /// most its room of bytes but always one job however large, and once a job does not fit,

@@ -1,8 +1,8 @@
 //! Who may hold one of the park endpoint's connections, and the answer to those that may not.
 //!
 //! A client address holds at most [`MAX_CONNECTIONS_PER_CLIENT`] connections, the endpoint
-//! [`MAX_CONNECTIONS`]: a client that opens many and trickles its headers (slowloris) cannot
-//! take every file descriptor. A connection over either limit is still answered, `429` or
+//! [`MAX_CONNECTIONS`] (`--park-max-connections`): a client that opens many and trickles its
+//! headers or its body (slowloris) cannot take every file descriptor. A connection over either limit is still answered, `429` or
 //! `503` with `Retry-After` and `Connection: close`, so a sender behind a shared address (a
 //! Knative dispatcher, a node's SNAT, an ingress) can tell a refusal from a network fault.
 //! The answer waits for the request to begin, as long as a served connection's first request
@@ -26,7 +26,7 @@ use crate::metrics::Metrics;
 
 /// Connections one client address may hold open at once.
 pub const MAX_CONNECTIONS_PER_CLIENT: usize = 32;
-/// Connections the endpoint holds open at once.
+/// Connections the endpoint holds open at once, unless `--park-max-connections` says otherwise.
 pub const MAX_CONNECTIONS: usize = 4096;
 /// Connections being refused at once; more are closed without an answer.
 pub const MAX_REFUSING: usize = 1024;
@@ -37,13 +37,18 @@ const REFUSAL_LINGER: Duration = Duration::from_secs(2);
 /// a trickling connection holds one at most the header timeout.
 const RETRY_AFTER_BUSY: u64 = 1;
 
+/// The label of `dlq_http_refused_total{reason}` for a request whose body came too slowly
+/// (answered 408 by the request's handler, not here): counted beside the refused connections
+/// because it is the same defence, a slot freed from a client that holds it.
+pub const SLOW_BODY: &str = "slow_body";
+
 /// Why a connection is not served.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {
     /// Its client address holds [`MAX_CONNECTIONS_PER_CLIENT`]: 429.
     ClientLimit,
-    /// The endpoint holds [`MAX_CONNECTIONS`]: 503.
-    ConnectionLimit,
+    /// The endpoint holds `max` connections (its limit): 503.
+    ConnectionLimit { max: usize },
 }
 
 impl Refusal {
@@ -51,7 +56,7 @@ impl Refusal {
     pub fn reason(self) -> &'static str {
         match self {
             Refusal::ClientLimit => "client_limit",
-            Refusal::ConnectionLimit => "connection_limit",
+            Refusal::ConnectionLimit { .. } => "connection_limit",
         }
     }
 
@@ -64,11 +69,9 @@ impl Refusal {
                     "this client address holds {MAX_CONNECTIONS_PER_CLIENT} connections to the park endpoint, as many as it may: try again"
                 ),
             ),
-            Refusal::ConnectionLimit => (
+            Refusal::ConnectionLimit { max } => (
                 "503 Service Unavailable",
-                format!(
-                    "the park endpoint holds {MAX_CONNECTIONS} connections, as many as it may: try again"
-                ),
+                format!("the park endpoint holds {max} connections, as many as it may: try again"),
             ),
         };
         let body = serde_json::json!({ "error": error }).to_string();
@@ -79,10 +82,11 @@ impl Refusal {
     }
 }
 
-/// Connections open per client address, and in all.
-#[derive(Clone, Default)]
+/// Connections open per client address, and in all (at most `max`).
+#[derive(Clone)]
 pub struct Connections {
     open: Arc<Mutex<Open>>,
+    max: usize,
 }
 
 #[derive(Default)]
@@ -98,6 +102,14 @@ pub struct Counted {
 }
 
 impl Connections {
+    /// No connection open yet; the endpoint holds `max` at most.
+    pub fn new(max: usize) -> Self {
+        Connections {
+            open: Arc::default(),
+            max,
+        }
+    }
+
     /// A place for one more connection from `client`, or why there is none.
     pub fn enter(&self, client: IpAddr) -> Result<Counted, Refusal> {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
@@ -107,8 +119,8 @@ impl Connections {
         }
         // Checked before the client gets an entry: a full endpoint keeps no entry of a
         // client it refused, however many addresses knock.
-        if open.total >= MAX_CONNECTIONS {
-            return Err(Refusal::ConnectionLimit);
+        if open.total >= self.max {
+            return Err(Refusal::ConnectionLimit { max: self.max });
         }
         open.per_client.insert(client, mine + 1);
         open.total += 1;
@@ -223,7 +235,7 @@ mod tests {
 
     #[test]
     fn a_client_over_its_share_is_refused_and_its_slot_returns_when_one_closes() {
-        let connections = Connections::default();
+        let connections = Connections::new(MAX_CONNECTIONS);
         let client: IpAddr = [10, 0, 0, 1].into();
         let mut held: Vec<Counted> = (0..MAX_CONNECTIONS_PER_CLIENT)
             .map(|_| connections.enter(client).expect("a slot"))
@@ -236,7 +248,7 @@ mod tests {
 
     #[test]
     fn a_full_endpoint_keeps_no_entry_for_the_clients_it_refuses() {
-        let connections = Connections::default();
+        let connections = Connections::new(MAX_CONNECTIONS);
         let _held: Vec<Counted> = (0..MAX_CONNECTIONS)
             .map(|n| {
                 let client = IpAddr::from((n as u32).to_be_bytes());
@@ -246,7 +258,9 @@ mod tests {
         let stranger: IpAddr = [192, 0, 2, 1].into();
         assert_eq!(
             connections.enter(stranger).err(),
-            Some(Refusal::ConnectionLimit)
+            Some(Refusal::ConnectionLimit {
+                max: MAX_CONNECTIONS
+            })
         );
         let open = connections.open.lock().expect("lock");
         assert_eq!(open.per_client.len(), MAX_CONNECTIONS);
@@ -254,7 +268,10 @@ mod tests {
 
     #[test]
     fn a_refusal_is_a_whole_http_answer_with_retry_after() {
-        for (refusal, status) in [(Refusal::ClientLimit, 429), (Refusal::ConnectionLimit, 503)] {
+        let full = Refusal::ConnectionLimit {
+            max: MAX_CONNECTIONS,
+        };
+        for (refusal, status) in [(Refusal::ClientLimit, 429), (full, 503)] {
             let answer = refusal.answer();
             let (head, body) = answer.split_once("\r\n\r\n").expect("head and body");
             assert!(head.starts_with(&format!("HTTP/1.1 {status} ")), "{head}");

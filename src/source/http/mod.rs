@@ -48,7 +48,7 @@ use crate::metrics::Metrics;
 
 use super::park_into::{ParkInto, Shared};
 use auth::Auth;
-use connections::{Connections, Refusal, Refusals};
+use connections::{Connections, Refusal, Refusals, SLOW_BODY};
 use hyper_util::service::TowerToHyperService;
 
 /// What a full queue tells the sender to wait: about when the operator looks at it again.
@@ -58,6 +58,17 @@ const RETRY_AFTER_UNAVAILABLE: u64 = 1;
 /// Longest wait for a request's body (at most [`MAX_BODY`] bytes); a larger one a second more
 /// per MiB its queue takes.
 const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Least a request must bring over each [`BODY_WINDOW`], in bytes a second, until its body
+/// ends: one trickled slower holds one of its address's slots no longer than a window, its
+/// headers and its body together, as one trickling its headers alone holds it no longer than
+/// [`HEADER_TIMEOUT`]. 1 KiB/s is far below any sender that means to deliver (the
+/// [`BODY_TIMEOUT`] already asks 9 KiB/s of a body of [`MAX_BODY`]) and far above a
+/// slowloris' byte a second.
+const MIN_BODY_RATE: usize = 1024;
+/// The span [`MIN_BODY_RATE`] is measured over, the first from when the connection was ready
+/// for the request (its accept, or the previous answer): the header timeout, so that no slow
+/// client, whether it trickles its headers, its body or both, keeps a neighbour waiting longer.
+const BODY_WINDOW: Duration = HEADER_TIMEOUT;
 /// Room beyond a body store's `maxBytes` for a structured event's or a batch's framing.
 const FRAMING: usize = 4096;
 /// Requests whose bodies are over a record's limit read at once: each is held about three
@@ -149,28 +160,32 @@ impl ParkEndpoint {
 #[derive(Clone, Copy, Debug)]
 struct Peer(SocketAddr);
 
-/// Serves the endpoint on `listener` (TLS when `tls` is given) until `shutdown` resolves, then
-/// lets the requests under way finish.
+/// Serves the endpoint on `listener` (TLS when `tls` is given), holding at most
+/// `max_connections` connections, until `shutdown` resolves, then lets the requests under way
+/// finish.
 ///
 /// Its own accept loop rather than `axum::serve`, whose connections have no header timeout:
 /// a connection has [`HEADER_TIMEOUT`] from its accept for its TLS handshake and first
-/// request's headers, as long for each later request's headers and [`BODY_TIMEOUT`] for a
-/// body; one over the [`connections`] limits is answered 429 or 503 with `Retry-After` once
-/// its request begins (within the same [`HEADER_TIMEOUT`]) and closed.
+/// request's headers, as long for each later request's headers, and a body must bring
+/// [`MIN_BODY_RATE`] over each [`BODY_WINDOW`] and end within [`BODY_TIMEOUT`] (else 408); one
+/// over the [`connections`] limits is answered 429 or 503 with `Retry-After` once its request
+/// begins (within the same [`HEADER_TIMEOUT`]) and closed.
 pub async fn serve(
     endpoint: ParkEndpoint,
     listener: tokio::net::TcpListener,
     tls: Option<Arc<rustls::ServerConfig>>,
+    max_connections: usize,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let metrics = endpoint.metrics.clone();
     metrics.touch_http_refused(&[
         Refusal::ClientLimit.reason(),
-        Refusal::ConnectionLimit.reason(),
+        Refusal::ConnectionLimit { max: 0 }.reason(),
+        SLOW_BODY,
     ]);
     let router = endpoint.router();
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
-    let connections = Connections::default();
+    let connections = Connections::new(max_connections);
     let mut refusals = Refusals::default();
     let (stop, stopping) = tokio::sync::watch::channel(false);
     let mut served = tokio::task::JoinSet::new();
@@ -203,14 +218,14 @@ pub async fn serve(
         let app = router
             .clone()
             .layer(axum::Extension(ConnectInfo(Peer(peer))));
-        let (acceptor, stopping) = (acceptor.clone(), stopping.clone());
+        let (acceptor, stopping, metrics) = (acceptor.clone(), stopping.clone(), metrics.clone());
         served.spawn(async move {
             let _counted = counted;
             match acceptor {
-                None => connection(tcp, app, first_by, stopping).await,
+                None => connection(tcp, app, first_by, stopping, &metrics).await,
                 Some(acceptor) => {
                     match tokio::time::timeout_at(first_by, acceptor.accept(tcp)).await {
-                        Ok(Ok(tls)) => connection(tls, app, first_by, stopping).await,
+                        Ok(Ok(tls)) => connection(tls, app, first_by, stopping, &metrics).await,
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                     }
@@ -227,25 +242,46 @@ pub async fn serve(
 
 /// Serves HTTP/1 on one connection until the client closes it or the endpoint stops (then
 /// the request under way finishes first): its first request must arrive by `first_by`,
-/// each later one's headers within [`HEADER_TIMEOUT`].
+/// each later one's headers within [`HEADER_TIMEOUT`]. A request cut for its slow body
+/// ([`SlowBody`]) closes the connection once answered; it is counted as `slow_body`, answered
+/// when the connection ended without an error (its 408 written).
 async fn connection<Io>(
     io: Io,
     app: Router,
     first_by: tokio::time::Instant,
     mut stopping: tokio::sync::watch::Receiver<bool>,
+    metrics: &Metrics,
 ) where
     Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    use std::sync::atomic::{AtomicBool, Ordering};
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT);
-    let asked = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let asked = Arc::new(AtomicBool::new(false));
+    let slow = Arc::new(AtomicBool::new(false));
+    // When the connection was last ready for a request: its accept, then each answer.
+    let ready = Arc::new(std::sync::Mutex::new(first_by - HEADER_TIMEOUT));
     let service = {
-        let (asked, app) = (asked.clone(), TowerToHyperService::new(app));
-        hyper::service::service_fn(move |request| {
-            asked.store(true, std::sync::atomic::Ordering::Relaxed);
-            hyper::service::Service::call(&app, request)
+        let (asked, slow, app) = (asked.clone(), slow.clone(), TowerToHyperService::new(app));
+        hyper::service::service_fn(move |mut request: hyper::Request<_>| {
+            asked.store(true, Ordering::Relaxed);
+            let began = *ready.lock().unwrap_or_else(|e| e.into_inner());
+            request.extensions_mut().insert(RequestClock {
+                began,
+                asked: tokio::time::Instant::now(),
+            });
+            let answering = hyper::service::Service::call(&app, request);
+            let (slow, ready) = (slow.clone(), ready.clone());
+            async move {
+                let response = answering.await?;
+                *ready.lock().unwrap_or_else(|e| e.into_inner()) = tokio::time::Instant::now();
+                if response.extensions().get::<SlowBody>().is_some() {
+                    slow.store(true, Ordering::Relaxed);
+                }
+                Ok::<_, std::convert::Infallible>(response)
+            }
         })
     };
     // hyper's header timeout starts after the TLS handshake: this one counts it too.
@@ -257,18 +293,39 @@ async fn connection<Io>(
     };
     let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io), service);
     let mut conn = std::pin::pin!(conn);
-    tokio::select! {
-        done = conn.as_mut() => {
-            if let Err(e) = done {
+    let ended_well = tokio::select! {
+        done = conn.as_mut() => match done {
+            Ok(()) => true,
+            Err(e) => {
                 tracing::debug!(error = %e, "park endpoint connection ended");
+                false
             }
+        },
+        () = first_late => {
+            tracing::debug!("park endpoint connection closed: no request in time");
+            false
         }
-        () = first_late => tracing::debug!("park endpoint connection closed: no request in time"),
         _ = async { stopping.wait_for(|stop| *stop).await.map(|_| ()) } => {
             conn.as_mut().graceful_shutdown();
-            let _ = conn.await;
+            conn.await.is_ok()
         }
+    };
+    if slow.load(Ordering::Relaxed) {
+        metrics.http_refused(SLOW_BODY, ended_well);
     }
+}
+
+/// Marks the answer to a request whose body came too slowly (see [`read_body`]): the
+/// connection closes after it, and it is counted as [`SLOW_BODY`].
+#[derive(Clone, Copy, Debug)]
+struct SlowBody;
+
+/// A request's times (an extension of it): when its connection was ready for it, which starts
+/// its first [`BODY_WINDOW`], and when its headers were whole.
+#[derive(Clone, Copy, Debug)]
+struct RequestClock {
+    began: tokio::time::Instant,
+    asked: tokio::time::Instant,
 }
 
 /// An answer: its status, and a JSON body saying what happened or what to fix.
@@ -276,6 +333,8 @@ struct Answer {
     status: StatusCode,
     body: serde_json::Value,
     retry_after: Option<u64>,
+    /// A body cut for coming too slowly ([`SlowBody`]).
+    slow: bool,
 }
 
 impl Answer {
@@ -284,12 +343,21 @@ impl Answer {
             status: StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST),
             body: serde_json::json!({ "error": message.to_string() }),
             retry_after: None,
+            slow: false,
         }
     }
 
     fn retry_after(mut self, secs: u64) -> Self {
         self.retry_after = Some(secs);
         self
+    }
+
+    /// 408 for a body that came too slowly, `why`.
+    fn slow_body(why: impl std::fmt::Display) -> Self {
+        Answer {
+            slow: true,
+            ..Answer::error(408, why)
+        }
     }
 }
 
@@ -310,6 +378,13 @@ impl IntoResponse for Answer {
             response
                 .headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if self.slow {
+            // The rest of the body is never read: the connection cannot carry another request.
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            response.extensions_mut().insert(SlowBody);
         }
         response
     }
@@ -383,6 +458,16 @@ async fn answer(
         }
     };
     let (parts, body) = request.into_parts();
+    let now = tokio::time::Instant::now();
+    let clock = parts
+        .extensions
+        .get::<RequestClock>()
+        .copied()
+        .unwrap_or(RequestClock {
+            began: now,
+            asked: now,
+        });
+    let pace = Pace::first(clock, head_size(&parts), now);
     let declared = parts
         .headers
         .get(header::CONTENT_LENGTH)
@@ -392,7 +477,7 @@ async fn answer(
     if declared.is_some_and(|n| n > limit) {
         return too_large(limit);
     }
-    let (body, _turn) = match read_body(body, limit, declared).await {
+    let (body, _turn) = match read_body(body, limit, declared, pace).await {
         Ok(read) => read,
         Err(answer) => return answer,
     };
@@ -435,6 +520,7 @@ async fn answer(
             "existing": existing,
         }),
         retry_after: None,
+        slow: false,
     }
 }
 
@@ -458,24 +544,37 @@ fn too_large(limit: usize) -> Answer {
     Answer::error(413, format!("the body is over {limit} bytes, {why}"))
 }
 
-/// The body, at most `limit` bytes (counted as it arrives: what is over is never read) and
-/// within [`BODY_TIMEOUT`] (a second more per MiB of `limit` over [`MAX_BODY`]); one over a
-/// record's limit holds one of the [`LARGE_BODIES`] turns, returned with it, from the moment it
-/// is known to be that large until the request is answered.
+/// The body, at most `limit` bytes (counted as it arrives: what is over is never read), at
+/// least [`MIN_BODY_RATE`] over each [`BODY_WINDOW`] until it ends (`pace`, its request's
+/// first window) and within [`BODY_TIMEOUT`] (a second more per MiB of `limit` over
+/// [`MAX_BODY`]), else 408; one over a record's limit holds one of the [`LARGE_BODIES`] turns,
+/// returned with it, from the moment it is known to be that large until the request is
+/// answered (the pace waits with it: the wait is not the client's).
 async fn read_body(
     body: Body,
     limit: usize,
     declared: Option<usize>,
+    mut pace: Pace,
 ) -> Result<(Vec<u8>, Option<tokio::sync::SemaphorePermit<'static>>), Answer> {
     let timeout = BODY_TIMEOUT + Duration::from_secs((limit.saturating_sub(MAX_BODY) >> 20) as u64);
     let mut body = std::pin::pin!(body);
     let mut turn = None;
     let read = async {
         if declared.is_some_and(|n| n > MAX_BODY) {
+            let waiting = tokio::time::Instant::now();
             turn = LARGE_BODY_TURNS.acquire().await.ok();
+            pace.waited(waiting.elapsed());
         }
         let mut out = Vec::with_capacity(declared.unwrap_or(0).min(limit));
-        while let Some(frame) = body.frame().await {
+        loop {
+            let frame = match tokio::time::timeout_at(pace.ends, body.frame()).await {
+                Ok(Some(frame)) => frame,
+                Ok(None) => break,
+                Err(_) => {
+                    pace.window_over(out.len())?;
+                    continue;
+                }
+            };
             let frame = frame.map_err(|e| Answer::error(400, format!("reading the body: {e}")))?;
             if let Ok(data) = frame.into_data() {
                 let len = out.len().saturating_add(data.len());
@@ -483,9 +582,15 @@ async fn read_body(
                     return Err(too_large(limit));
                 }
                 if len > MAX_BODY && turn.is_none() {
+                    let waiting = tokio::time::Instant::now();
                     turn = LARGE_BODY_TURNS.acquire().await.ok();
+                    pace.waited(waiting.elapsed());
                 }
+                pace.brought(data.len());
                 out.extend_from_slice(&data);
+            }
+            if tokio::time::Instant::now() >= pace.ends {
+                pace.window_over(out.len())?;
             }
         }
         Ok(out)
@@ -493,8 +598,68 @@ async fn read_body(
     match tokio::time::timeout(timeout, read).await {
         Ok(Ok(out)) => Ok((out, turn)),
         Ok(Err(answer)) => Err(answer),
-        Err(_) => Err(Answer::error(408, "the body did not arrive in time")),
+        Err(_) => Err(Answer::slow_body(format!(
+            "the body did not arrive within {} s",
+            timeout.as_secs()
+        ))),
     }
+}
+
+/// A request's pace: what it brought in the current [`BODY_WINDOW`], which ends at `ends`.
+struct Pace {
+    ends: tokio::time::Instant,
+    brought: usize,
+}
+
+impl Pace {
+    /// The first window of a request (`clock`) whose headers took `head` bytes, its body read
+    /// from `now` on: from when its connection was ready for it, lengthened by the time since
+    /// its headers were whole (the endpoint's own, authenticating it).
+    fn first(clock: RequestClock, head: usize, now: tokio::time::Instant) -> Self {
+        Pace {
+            ends: clock.began + BODY_WINDOW + now.saturating_duration_since(clock.asked),
+            brought: head,
+        }
+    }
+
+    /// The endpoint kept the body waiting `wait` (for a large body's turn): not the client's.
+    fn waited(&mut self, wait: Duration) {
+        self.ends += wait;
+    }
+
+    fn brought(&mut self, n: usize) {
+        self.brought = self.brought.saturating_add(n);
+    }
+
+    /// At the end of a window: the next one, or 408 when this one brought less than
+    /// [`MIN_BODY_RATE`] (`read` bytes of the body so far).
+    fn window_over(&mut self, read: usize) -> Result<(), Answer> {
+        let least = MIN_BODY_RATE.saturating_mul(BODY_WINDOW.as_secs() as usize);
+        if self.brought < least {
+            tracing::debug!(
+                brought = self.brought,
+                least,
+                read,
+                "park request's body too slow"
+            );
+            return Err(Answer::slow_body(format!(
+                "the body came too slowly: {} bytes in the last {} s, at least {least} wanted ({MIN_BODY_RATE} bytes a second); {read} read",
+                self.brought,
+                BODY_WINDOW.as_secs()
+            )));
+        }
+        self.ends += BODY_WINDOW;
+        self.brought = 0;
+        Ok(())
+    }
+}
+
+/// About how many bytes a request's line and headers took.
+fn head_size(parts: &axum::http::request::Parts) -> usize {
+    let line = parts.method.as_str().len() + parts.uri.to_string().len() + 12;
+    parts.headers.iter().fold(line, |n, (name, value)| {
+        n + name.as_str().len() + value.len() + 4
+    })
 }
 
 /// The bearer token of `Authorization`, if any.
@@ -613,6 +778,39 @@ async fn keep_body(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A window that brought less than its minimum ends the body (a 408 marked slow); one that
+    /// brought enough starts the next, which starts from nothing.
+    #[test]
+    fn a_body_must_bring_its_minimum_in_every_window() {
+        let least = MIN_BODY_RATE * BODY_WINDOW.as_secs() as usize;
+        let start = tokio::time::Instant::now();
+        let clock = RequestClock {
+            began: start,
+            asked: start + Duration::from_secs(2),
+        };
+        // Headers of 100 bytes in 2 s, then 3 s authenticating: the first window ends 13 s in.
+        let mut pace = Pace::first(clock, 100, start + Duration::from_secs(5));
+        assert_eq!(pace.ends, start + BODY_WINDOW + Duration::from_secs(3));
+        pace.waited(Duration::from_secs(1));
+        let start = pace.ends;
+        pace.brought(least - 100);
+        assert!(pace.window_over(least).is_ok());
+        assert_eq!(pace.ends, start + BODY_WINDOW);
+        pace.brought(least - 1);
+        let cut = pace.window_over(2 * least - 1).expect_err("too slow");
+        assert_eq!(cut.status, StatusCode::REQUEST_TIMEOUT);
+        assert!(cut.slow);
+        let response = cut.into_response();
+        assert!(response.extensions().get::<SlowBody>().is_some());
+        assert_eq!(
+            response
+                .headers()
+                .get(header::CONNECTION)
+                .map(|v| v.as_bytes()),
+            Some(&b"close"[..])
+        );
+    }
 
     #[test]
     fn only_a_bearer_token_is_a_token() {
