@@ -134,7 +134,7 @@ async fn decider_filters_opens_and_redrives_a_selection_as_themselves() {
     b.client.goto(&page.url).await.unwrap();
     assert_eq!(b.text("#user").await, "alice");
     assert!(b.text("#queues").await.contains("relayer"));
-    b.screenshot("queues").await;
+    headers_whole(&b, "queues").await;
     a_group_is_the_landing_page_and_opens_its_records(&b, &page).await;
 
     filter_and_follow_live(&b, &page, &client, &ns, &xss).await;
@@ -144,6 +144,21 @@ async fn decider_filters_opens_and_redrives_a_selection_as_themselves() {
     assert_eq!(redis.list(dlq_testenv::LIST).await.len(), 3);
     a_stale_selection_is_refused(&b, &page, &api, &names[3], &names[4]).await;
     b.stop().await;
+}
+
+/// At 1400 and 800 px the page's column headers break between words only (they once read
+/// "Queu e", "Parke d", "Acknowledge d"); a screenshot at each width (`<shot>`, `<shot>-800`).
+async fn headers_whole(b: &Browser, shot: &str) {
+    for (width, name) in [(1400, shot.to_string()), (800, format!("{shot}-800"))] {
+        b.set_width(width).await;
+        let broken = b.broken_header_words().await;
+        b.screenshot(&name).await;
+        assert!(
+            broken.is_empty(),
+            "{shot} at {width} px: header words broken across lines: {broken:?}"
+        );
+    }
+    b.set_width(1400).await;
 }
 
 /// The landing page lists the failure groups (the operator keeps them), most parked first; a
@@ -169,7 +184,7 @@ async fn a_group_is_the_landing_page_and_opens_its_records(b: &Browser, page: &P
     );
     let first = b.text("#groups tbody tr:first-child td:nth-child(3)").await;
     assert!(first.contains("timeout talking to the payer"), "{first}");
-    b.screenshot("groups").await;
+    headers_whole(&b, "groups").await;
     b.click("#groups tbody tr:first-child a.group").await;
     eventually(10, "the group's records", || async {
         b.text("#count")
@@ -587,11 +602,22 @@ async fn replay(b: &Browser, page: &Page, rate: &str, stop_at: Option<&str>) -> 
             b.text("#progress").await.contains(at).then_some(())
         })
         .await;
+        // A real progress element, not a row of '#'.
+        assert_eq!(
+            b.count("progress#progress-bar").await,
+            1,
+            "no progress element"
+        );
+        let line = b.text("#progress-line").await;
+        assert!(!line.contains("###") && !line.contains("..."), "{line}");
         b.click("#stop").await;
     }
-    eventually(60, "the replay to end", || async {
+    let summary = eventually(60, "the replay to end", || async {
         let t = b.text("#progress").await;
         t.contains("replay queue=").then_some(t)
     })
-    .await
+    .await;
+    // An ended replay has nothing to stop: the button goes with the summary's swap.
+    assert_eq!(b.count("#stop").await, 0, "Stop offered after the end");
+    summary
 }

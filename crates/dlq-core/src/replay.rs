@@ -800,30 +800,49 @@ pub fn summary(
 
 /// The progress line (`[####....] 12/300 decided, ...`) for a terminal or the page.
 pub fn progress_line(status: &DeadLetterReplayStatus) -> String {
-    if status.passed_through > 0 {
-        // A standing replay has no total to fill a bar with: what is left is in the broker.
-        return format!(
+    match progress_counts(status) {
+        None => progress_words(status),
+        Some((done, total)) => {
+            let filled = (done * 30 / total.max(1)).min(30);
+            format!(
+                "[{}{}] {}",
+                "#".repeat(filled),
+                ".".repeat(30 - filled),
+                progress_words(status)
+            )
+        }
+    }
+}
+
+/// Decisions made and records selected, for a bar; None for a standing replay, which has no
+/// total to fill a bar with (what is left is in the broker).
+pub fn progress_counts(status: &DeadLetterReplayStatus) -> Option<(usize, usize)> {
+    (status.passed_through == 0).then(|| {
+        (
+            usize::try_from(status.decided).unwrap_or(0),
+            usize::try_from(status.selected).unwrap_or(0),
+        )
+    })
+}
+
+/// [`progress_line`] without its bar (the page draws a `<progress>` element instead).
+pub fn progress_words(status: &DeadLetterReplayStatus) -> String {
+    match progress_counts(status) {
+        None => format!(
             "standing: {} passed through, {} decided, {} redriven, {} failing, {} new parked",
             status.passed_through,
             status.decided,
             status.redriven + status.dropped,
             status.failed,
             status.new_parked
-        );
+        ),
+        Some((done, total)) => format!(
+            "{done}/{total} decided, {} redriven, {} failing, {} new parked",
+            status.redriven + status.dropped,
+            status.failed,
+            status.new_parked
+        ),
     }
-    let (done, total) = (
-        usize::try_from(status.decided).unwrap_or(0),
-        usize::try_from(status.selected).unwrap_or(0),
-    );
-    let filled = (done * 30 / total.max(1)).min(30);
-    format!(
-        "[{}{}] {done}/{total} decided, {} redriven, {} failing, {} new parked",
-        "#".repeat(filled),
-        ".".repeat(30 - filled),
-        status.redriven + status.dropped,
-        status.failed,
-        status.new_parked
-    )
 }
 
 #[cfg(test)]

@@ -135,6 +135,41 @@ impl Browser {
             .map_or(0, |v| v.len())
     }
 
+    /// Resizes the window (the page is laid out again at that width).
+    pub async fn set_width(&self, width: u32) {
+        self.client
+            .set_window_size(width, 900)
+            .await
+            .unwrap_or_else(|e| panic!("window width {width}: {e}"));
+    }
+
+    /// The words of column headers (`th`) laid out over more than one line, i.e. broken inside
+    /// the word ("Queu" / "e"): each word's text range must make a single box.
+    pub async fn broken_header_words(&self) -> Vec<String> {
+        const SCRIPT: &str = r"
+            const broken = [];
+            for (const th of document.querySelectorAll('th')) {
+              const walker = document.createTreeWalker(th, NodeFilter.SHOW_TEXT);
+              for (let t = walker.nextNode(); t; t = walker.nextNode()) {
+                const re = /\S+/g;
+                let m;
+                while ((m = re.exec(t.textContent))) {
+                  const r = document.createRange();
+                  r.setStart(t, m.index);
+                  r.setEnd(t, m.index + m[0].length);
+                  if (r.getClientRects().length > 1) broken.push(m[0]);
+                }
+              }
+            }
+            return broken;";
+        let value = self
+            .client
+            .execute(SCRIPT, vec![])
+            .await
+            .unwrap_or_else(|e| panic!("measuring the column headers: {e}"));
+        serde_json::from_value(value).unwrap_or_default()
+    }
+
     /// Ends the session and chromedriver.
     pub async fn stop(mut self) {
         let _ = self.client.clone().close().await;

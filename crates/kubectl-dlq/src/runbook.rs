@@ -267,7 +267,7 @@ impl Progress {
     fn show(&mut self, status: &DeadLetterReplayStatus) {
         let (done, total) = (status.decided, status.selected);
         let line = replay::progress_line(status);
-        self.control.set_line(&line);
+        self.control.set_status(status);
         if !self.control.terminal {
             return;
         }
@@ -297,8 +297,8 @@ impl Progress {
 #[derive(Clone, Default)]
 pub struct Control {
     stop: Arc<AtomicBool>,
-    line: Arc<Mutex<String>>,
-    /// Print progress to stderr (the CLI), or only keep the line (the page).
+    status: Arc<Mutex<Option<DeadLetterReplayStatus>>>,
+    /// Print progress to stderr (the CLI), or only keep the status (the page).
     terminal: bool,
 }
 
@@ -319,14 +319,14 @@ impl Control {
         self.stop.load(Ordering::SeqCst)
     }
 
-    /// The latest progress line.
-    pub fn line(&self) -> String {
-        self.line.lock().map(|l| l.clone()).unwrap_or_default()
+    /// The latest progress as the replay reported it (None before its first report).
+    pub fn status(&self) -> Option<DeadLetterReplayStatus> {
+        self.status.lock().ok().and_then(|s| s.clone())
     }
 
-    fn set_line(&self, line: &str) {
-        if let Ok(mut l) = self.line.lock() {
-            *l = line.to_string();
+    fn set_status(&self, status: &DeadLetterReplayStatus) {
+        if let Ok(mut s) = self.status.lock() {
+            *s = Some(status.clone());
         }
     }
 }

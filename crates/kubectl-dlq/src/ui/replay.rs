@@ -14,6 +14,7 @@ use kube::Api;
 use maud::{Markup, html};
 
 use dlq_core::api::{DeadLetter, DeadLetterQueue};
+use dlq_core::replay;
 
 use super::act::CONFIRM_ABOVE;
 use super::frame::{failure, layout};
@@ -183,17 +184,27 @@ pub async fn start(State(ui): State<Arc<Ui>>, body: Bytes) -> Response {
     (StatusCode::SEE_OTHER, [(LOCATION, "/replay/run")]).into_response()
 }
 
-/// `/replay/run`: live progress (polled) and Stop.
+/// `/replay/run`: live progress (polled) and Stop, offered only while the replay runs.
 pub async fn follow(State(ui): State<Arc<Ui>>) -> Response {
+    let running = ui
+        .replays
+        .get()
+        .is_some_and(|r| r.done.lock().is_ok_and(|d| d.is_none()));
     let body = html! {
         h1 { "Replay" }
         div #progress hx-get="/replay/status" hx-trigger="every 1s" hx-swap="innerHTML" { (status_part(&ui)) }
+        @if running { (stop_form(&ui)) }
+    };
+    layout(&ui, "Replay", body)
+}
+
+fn stop_form(ui: &Ui) -> Markup {
+    html! {
         form #stop-form method="post" action="/replay/stop" {
             input type="hidden" name="csrf" value=(ui.csrf);
             button #stop type="submit" { "Stop" }
         }
-    };
-    layout(&ui, "Replay", body)
+    }
 }
 
 /// `/replay/status`: the part htmx swaps in.
@@ -201,16 +212,27 @@ pub async fn status(State(ui): State<Arc<Ui>>) -> Response {
     Html(status_part(&ui).into_string()).into_response()
 }
 
+/// The replay's progress: a bar (a `<progress>` element; none for a standing replay, which has
+/// no total), the counts in words, and the summary once it ended, when the Stop form goes too
+/// (swapped out of band: a finished replay has nothing to stop).
 fn status_part(ui: &Ui) -> Markup {
     let Some(r) = ui.replays.get() else {
         return html! { p { "No replay started from this page." } };
     };
     let done = r.done.lock().ok().and_then(|d| d.clone());
+    let status = r.control.status();
+    let counts = status.as_ref().and_then(replay::progress_counts);
     html! {
         p { code { (r.describe) } }
-        pre #progress-line { (r.control.line()) }
+        @if let Some((decided, selected)) = counts {
+            progress #progress-bar max=(selected.max(1)) value=(decided) { (decided) "/" (selected) }
+        }
+        p #progress-line { (status.as_ref().map(replay::progress_words).unwrap_or_default()) }
         @match done {
-            Some(summary) => { p #summary { (summary) } }
+            Some(summary) => {
+                p #summary { (summary) }
+                div #stop-form hx-swap-oob="true" {}
+            }
             None => { p.muted { @if r.control.stop_requested() { "stopping…" } @else { "running…" } } }
         }
     }
