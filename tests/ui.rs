@@ -184,7 +184,7 @@ async fn a_group_is_the_landing_page_and_opens_its_records(b: &Browser, page: &P
     );
     let first = b.text("#groups tbody tr:first-child td:nth-child(3)").await;
     assert!(first.contains("timeout talking to the payer"), "{first}");
-    headers_whole(&b, "groups").await;
+    headers_whole(b, "groups").await;
     b.click("#groups tbody tr:first-child a.group").await;
     eventually(10, "the group's records", || async {
         b.text("#count")

@@ -96,6 +96,9 @@ struct Memory {
     signed: Vec<String>,
     first: Option<Instant>,
     last: Option<Instant>,
+    /// This process started the run (wrote `startedAt`): its pace counts from its first
+    /// decision, however long the steps before that took.
+    started_here: bool,
 }
 
 /// The replay controller's context: the operator's, plus each replay's [`Memory`] by uid.
@@ -284,6 +287,7 @@ async fn start(run: &mut Run<'_>) -> Result<()> {
     write(run).await?;
     // The first decision's progress is written at once, not a throttle period later.
     run.mem.written_at = None;
+    run.mem.started_here = true;
     if spec.standing() {
         announce_standing(run).await;
     }
@@ -384,13 +388,14 @@ async fn decide(
     Ok(Action::requeue(replay::step(spec.rate())))
 }
 
-/// How long the pace has run: since this process's first decision when it made every one
-/// (a slow first step must not buy a burst that outruns the rate), nothing before the first,
-/// else since the run started (a restarted leader catches up, within the burst).
+/// How long the pace has run. When this process started the run, since its first decision
+/// (nothing before it): slow steps before the first decision must not buy a burst that outruns
+/// the rate. A process that took the run over (a restart, a new leader) counts since the run
+/// started, and so catches up, within the burst.
 fn paced_for(mem: &Memory, started: &replay::Start<'_>, decided: usize) -> Duration {
     match mem.first {
-        Some(first) if mem.signed.len() == decided => first.elapsed(),
-        None if decided == 0 => Duration::ZERO,
+        Some(first) if mem.started_here && mem.signed.len() == decided => first.elapsed(),
+        None if mem.started_here && decided == 0 => Duration::ZERO,
         _ => Duration::try_from(Timestamp::now().duration_since(started.at)).unwrap_or_default(),
     }
 }
