@@ -27,7 +27,8 @@ use crate::state::leadership::Leadership;
 use crate::state::parking_first;
 use crate::state::records::RecordIndex;
 use crate::state::standing::{PassTarget, Standing};
-use crate::target::{JobMessage, Targets};
+use crate::target::Targets;
+use crate::target::enqueue::{EnqueueError, enqueue_job};
 
 /// Tunables of the reconcilers.
 #[derive(Clone, Debug)]
@@ -196,8 +197,8 @@ pub struct Context {
 /// Bodies below a few MiB are not held back; one larger than this runs alone.
 pub const REDRIVE_BYTES: u32 = 64 << 20;
 
-/// Passes standing replays' dead messages to their queues' targets, as a redrive enqueues a
-/// record's job: untouched, with the idempotency key in the queue's key header.
+/// Passes standing replays' dead messages to their queues' targets the way a redrive enqueues
+/// a record's job (`crate::target::enqueue`).
 struct TargetsPass(Arc<dyn Targets>);
 
 impl PassTarget for TargetsPass {
@@ -206,21 +207,8 @@ impl PassTarget for TargetsPass {
         queue: &'a DeadLetterQueue,
         job: &'a Job,
         key: String,
-    ) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(async move {
-            let target = self.0.target(queue).await.map_err(|e| e.to_string())?;
-            let mut message = JobMessage::from_job(job).map_err(|e| e.to_string())?;
-            message.idempotency_key = Some(key);
-            message.key_header = queue
-                .spec
-                .target
-                .idempotency_key_header()
-                .map(str::to_string);
-            message
-                .check_carried_by(target.as_ref())
-                .map_err(|e| e.to_string())?;
-            target.requeue(&message).await.map_err(|e| e.to_string())
-        })
+    ) -> BoxFuture<'a, Result<(), EnqueueError>> {
+        Box::pin(enqueue_job(self.0.as_ref(), queue, job, key))
     }
 }
 

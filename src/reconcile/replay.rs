@@ -458,7 +458,11 @@ struct ReplayLog {
 }
 
 impl PassLog for ReplayLog {
-    fn write<'a>(&'a self, passed: i64, tally: &'a Tally) -> BoxFuture<'a, Result<(), String>> {
+    fn write<'a>(
+        &'a self,
+        passed: i64,
+        tally: &'a Tally,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
         async move {
             let passed = PassedThrough {
                 passed_through: passed,
@@ -468,7 +472,6 @@ impl PassLog for ReplayLog {
             self.apiserver
                 .write_replay_passed(&self.replay, &passed)
                 .await
-                .map_err(|e| e.to_string())
         }
         .boxed()
     }

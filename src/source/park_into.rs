@@ -395,8 +395,8 @@ impl ParkInto {
                 tracing::debug!(namespace = %self.namespace(), queue = %self.queue(), job = %req.job.id, %replay, "passed through");
                 true
             }
-            Passed::Failed { replay, why } => {
-                tracing::warn!(namespace = %self.namespace(), queue = %self.queue(), job = %req.job.id, %replay, error = %why, "pass-through failed; parking the dead message instead");
+            Passed::Failed { replay, error } => {
+                tracing::warn!(namespace = %self.namespace(), queue = %self.queue(), job = %req.job.id, %replay, reason = error.reason(), %error, "pass-through failed; parking the dead message instead");
                 false
             }
         }

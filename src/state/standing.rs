@@ -26,6 +26,9 @@ use dlq_core::api::{Action, DeadLetterQueue, Job};
 use dlq_core::park::{ParkRequest, arriving, message_key};
 use dlq_core::replay::{DeadLetterReplaySpec, ReplaySelector, SAMPLE};
 
+use crate::target::TargetError;
+use crate::target::enqueue::EnqueueError;
+
 /// How long a cover lasts without a step of its replay (a running replay steps at least every
 /// two seconds).
 pub const LAPSE: Duration = Duration::from_secs(15);
@@ -34,13 +37,13 @@ pub const LAPSE: Duration = Duration::from_secs(15);
 /// targets; a source never names a target).
 pub trait PassTarget: Send + Sync {
     /// Enqueues `job` untouched with idempotency key `key`, answering once the broker confirmed
-    /// it; `Err` says why not, in words for a log line and an Event.
+    /// it.
     fn requeue<'a>(
         &'a self,
         queue: &'a DeadLetterQueue,
         job: &'a Job,
         key: String,
-    ) -> BoxFuture<'a, Result<(), String>>;
+    ) -> BoxFuture<'a, Result<(), EnqueueError>>;
 }
 
 /// Writes what a replay passed through into its status (the replay controller gives it, with
@@ -48,14 +51,15 @@ pub trait PassTarget: Send + Sync {
 pub trait PassLog: Send + Sync {
     /// Writes `passed` and `tally` (never a smaller count than an earlier write of the same
     /// cover: the writes are taken in turn, see [`Cover::journal`]).
-    fn write<'a>(&'a self, passed: i64, tally: &'a Tally) -> BoxFuture<'a, Result<(), String>>;
+    fn write<'a>(&'a self, passed: i64, tally: &'a Tally)
+    -> BoxFuture<'a, Result<(), kube::Error>>;
 }
 
 /// The log of a cover made without one (unit tests): nothing to write.
 pub struct NoLog;
 
 impl PassLog for NoLog {
-    fn write<'a>(&'a self, _: i64, _: &'a Tally) -> BoxFuture<'a, Result<(), String>> {
+    fn write<'a>(&'a self, _: i64, _: &'a Tally) -> BoxFuture<'a, Result<(), kube::Error>> {
         Box::pin(async { Ok(()) })
     }
 }
@@ -73,8 +77,12 @@ impl PassTarget for NoTarget {
         _: &'a DeadLetterQueue,
         _: &'a Job,
         _: String,
-    ) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(async { Err("no target to pass through to".to_string()) })
+    ) -> BoxFuture<'a, Result<(), EnqueueError>> {
+        Box::pin(async {
+            Err(EnqueueError::NoTarget {
+                source: TargetError::Config("no target to pass through to".into()),
+            })
+        })
     }
 }
 
@@ -255,15 +263,15 @@ impl Cover {
                     *logged = now;
                     return;
                 }
-                Err(why) if self.lapsed() => {
-                    tracing::warn!(replay = %self.replay, error = %why, "writing passed-through messages failed and the replay no longer steps; acknowledging, the count stays in memory");
+                Err(error) if self.lapsed() => {
+                    tracing::warn!(replay = %self.replay, %error, "writing passed-through messages failed and the replay no longer steps; acknowledging, the count stays in memory");
                     return;
                 }
-                Err(why) => {
+                Err(error) => {
                     drop(logged);
                     attempt = attempt.saturating_add(1);
                     let wait = dlq_core::decide::backoff(attempt, LOG_RETRY);
-                    tracing::debug!(replay = %self.replay, error = %why, retry_in = ?wait, "writing passed-through messages failed; the source acknowledges none until it is written");
+                    tracing::debug!(replay = %self.replay, %error, retry_in = ?wait, "writing passed-through messages failed; the source acknowledges none until it is written");
                     tokio::time::sleep(wait).await;
                 }
             }
@@ -341,7 +349,7 @@ pub enum Passed {
     /// Requeued on the target (or, for a standing drop, discarded): acknowledge it.
     Through { replay: String },
     /// Covered, but its requeue failed: park it, so it stays visible.
-    Failed { replay: String, why: String },
+    Failed { replay: String, error: EnqueueError },
 }
 
 /// The covers by namespace and queue.
@@ -465,11 +473,11 @@ impl Standing {
             let key = message_key(&ns, &queue.name_any(), req.message.as_deref(), raw);
             let result = self.target.requeue(queue, &req.job, key).await;
             cover.outcome(result.is_ok());
-            if let Err(why) = result {
+            if let Err(error) = result {
                 cover.give_back();
                 return Passed::Failed {
                     replay: cover.replay.clone(),
-                    why,
+                    error,
                 };
             }
         }
@@ -504,10 +512,13 @@ mod tests {
             _: &'a DeadLetterQueue,
             job: &'a Job,
             key: String,
-        ) -> BoxFuture<'a, Result<(), String>> {
+        ) -> BoxFuture<'a, Result<(), EnqueueError>> {
             Box::pin(async move {
                 if self.refuse {
-                    return Err("broker down".into());
+                    return Err(EnqueueError::NotConfirmed {
+                        target: "remember".into(),
+                        source: TargetError::Unreachable("broker down".into()),
+                    });
                 }
                 lock(&self.got).push((job.id.clone(), key));
                 Ok(())
@@ -759,7 +770,11 @@ mod tests {
     }
 
     impl PassLog for SlowLog {
-        fn write<'a>(&'a self, passed: i64, _: &'a Tally) -> BoxFuture<'a, Result<(), String>> {
+        fn write<'a>(
+            &'a self,
+            passed: i64,
+            _: &'a Tally,
+        ) -> BoxFuture<'a, Result<(), kube::Error>> {
             Box::pin(async move {
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 lock(&self.written).push(passed);
