@@ -5,9 +5,11 @@
 //! docs/architecture.md); this crate carries them out, in layers whose arrows run one way, down
 //! (`make deps-check`: `scripts/module-arrows.sh` holds the same table and checks this one):
 //!
-//! 5. [`run`] wires the process.
-//! 4. [`reconcile`] (the reconcilers), [`source`] (a broker's dead messages into records),
+//! 6. [`run`] wires the process.
+//! 5. [`reconcile`] (the reconcilers), [`source`] (a broker's dead messages into records),
 //!    [`alert`] (per-record alerts) and [`reveal`] (the reveal API) side by side.
+//! 4. [`pass`]: pass-through, the standing replays' dead messages straight to their targets
+//!    (the sources offer, the replay controller covers).
 //! 3. [`state`] (what they share), [`target`] (where a redrive puts a job back, one file per
 //!    backend), [`server`] (the probes and `/metrics`), [`keys`] (the queues' sealing keys) and
 //!    [`body`] (the body store).
@@ -22,6 +24,7 @@ pub mod failpoint;
 pub mod https;
 pub mod keys;
 pub mod metrics;
+pub mod pass;
 pub mod reconcile;
 pub mod reveal;
 pub mod run;

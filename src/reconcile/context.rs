@@ -21,12 +21,12 @@ use k8s_openapi::api::core::v1::ObjectReference;
 
 use super::{aggregate, claims, kept_groups};
 use crate::metrics::Metrics;
+use crate::pass::standing::{PassTarget, Standing};
 use crate::state::apiserver::{self, Apiserver};
 use crate::state::bytes::ByteBudget;
 use crate::state::leadership::Leadership;
 use crate::state::parking_first;
 use crate::state::records::RecordIndex;
-use crate::state::standing::{PassTarget, Standing};
 use crate::target::Targets;
 use crate::target::enqueue::{EnqueueError, enqueue_job};
 

@@ -29,8 +29,8 @@ use dlq_core::replay::{
 
 use super::context::{Context, LIST_WAIT};
 use super::error::ReconcileError;
+use crate::pass::standing::{Cover, PassLog, Tally};
 use crate::state::apiserver::{Apiserver, PassedThrough, Signature, is_conflict, reference};
-use crate::state::standing::{Cover, PassLog, Tally};
 
 /// Signatures in flight at once within one step.
 const SIGN_CONCURRENCY: usize = 64;

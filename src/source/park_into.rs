@@ -21,12 +21,12 @@ use dlq_core::park::{
 use super::in_flight::InFlight;
 use crate::body::{Bodies, BodyError, Kept};
 use crate::metrics::Metrics;
+use crate::pass::standing::{Passed, Standing};
 use crate::secret::{SecretError, read_secret};
 use crate::state::apiserver::{Apiserver, reference};
 use crate::state::jobs::JobIndex;
 use crate::state::leadership::Leadership;
 use crate::state::parking_first::ParkingFirst;
-use crate::state::standing::{Passed, Standing};
 
 /// Why one run of a source ended. It is restarted with backoff.
 #[derive(Debug, thiserror::Error)]
@@ -373,7 +373,7 @@ impl ParkInto {
         }
     }
 
-    /// Whether a standing replay took `req` (see [`crate::state::standing`]): requeued on the
+    /// Whether a standing replay took `req` (see [`crate::pass::standing`]): requeued on the
     /// target, so the source acknowledges it without a record. A failed requeue parks it.
     async fn passed_through(&self, req: &ParkRequest, raw: &[u8]) -> bool {
         // A replica without a term parks nothing, and passes nothing either.

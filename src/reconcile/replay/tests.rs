@@ -236,7 +236,7 @@ async fn a_missing_queue_keeps_the_replay_pending() {
 /// empty; after that the group's messages park again.
 #[tokio::test]
 async fn a_standing_redrive_decides_later_records_and_passes_messages_until_the_backlog_is_empty() {
-    use crate::state::standing::Passed;
+    use crate::pass::standing::Passed;
     use dlq_core::api::{Job, QueueBacklog};
     use dlq_core::facts::Facts;
     use dlq_core::park::ParkRequest;
