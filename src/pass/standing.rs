@@ -1,345 +1,21 @@
-//! Standing replays as the sources see them: which failure group of which queue a running
-//! standing replay covers, so that a source passes a matching dead message straight from the
-//! broker to the target (requeue, then the source acks) instead of making a record of it; and
-//! what passed, which the replay controller writes into the replay's status.
-//!
-//! The replay controller (leader only) covers and uncovers; the sources (leader only too) ask
-//! [`Standing::pass`] before parking. A message passes only while its replay is running here:
-//! a stop, a bound or the end of the run uncovers it, and the next message parks as before. A
-//! requeue that fails parks the message instead, so it stays visible as a record (which the
-//! replay then decides, and whose failing requeue counts toward its `failureRatio`).
-//!
-//! `max` bounds the records a replay decides and the messages it passes together: both take
-//! from one [`Cover`]'s budget. A pass is written into the replay's status ([`PassLog`])
-//! before the source acknowledges it, passes waiting together sharing one write: the decision
-//! log never says less than what reached the target, whenever the operator dies.
+//! The standing replays running in this process, by queue ([`Standing`]): the replay
+//! controller covers and uncovers their groups; a source offers each dead message through
+//! [`PassThrough`], all it may ask, and a covered one is enqueued on the queue's target by the
+//! one enqueue path (`crate::target::enqueue`, keyed by `dlq_core::park::message_key`),
+//! counted on its replay and written into its log before the source acknowledges it.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
-use jiff::Timestamp;
 use kube::ResourceExt;
 
-use dlq_core::api::{Action, DeadLetterQueue, Job};
+use dlq_core::api::{Action, DeadLetterQueue};
 use dlq_core::park::{ParkRequest, arriving, message_key};
-use dlq_core::replay::{DeadLetterReplaySpec, ReplaySelector, SAMPLE};
 
-use crate::target::TargetError;
-use crate::target::enqueue::EnqueueError;
-
-/// How long a cover lasts without a step of its replay (a running replay steps at least every
-/// two seconds).
-pub const LAPSE: Duration = Duration::from_secs(15);
-
-/// Enqueues a passed-through job on its queue's target (the wiring gives the operator's
-/// targets; a source never names a target).
-pub trait PassTarget: Send + Sync {
-    /// Enqueues `job` untouched with idempotency key `key`, answering once the broker confirmed
-    /// it.
-    fn requeue<'a>(
-        &'a self,
-        queue: &'a DeadLetterQueue,
-        job: &'a Job,
-        key: String,
-    ) -> BoxFuture<'a, Result<(), EnqueueError>>;
-}
-
-/// Writes what a replay passed through into its status (the replay controller gives it, with
-/// the replay's name): the count auditors read, written before the source acknowledges.
-pub trait PassLog: Send + Sync {
-    /// Writes `passed` and `tally` (never a smaller count than an earlier write of the same
-    /// cover: the writes are taken in turn, see [`Cover::journal`]).
-    fn write<'a>(&'a self, passed: i64, tally: &'a Tally)
-    -> BoxFuture<'a, Result<(), kube::Error>>;
-}
-
-/// The log of a cover made without one (unit tests): nothing to write.
-pub struct NoLog;
-
-impl PassLog for NoLog {
-    fn write<'a>(&'a self, _: i64, _: &'a Tally) -> BoxFuture<'a, Result<(), kube::Error>> {
-        Box::pin(async { Ok(()) })
-    }
-}
-
-/// How long a pass's log write is retried before the source acknowledges it anyway (the
-/// count then stays in memory, for the replay's next status write).
-const LOG_RETRY: Duration = Duration::from_millis(200);
-
-/// The target of a process that passes nothing through (tests that build no targets).
-struct NoTarget;
-
-impl PassTarget for NoTarget {
-    fn requeue<'a>(
-        &'a self,
-        _: &'a DeadLetterQueue,
-        _: &'a Job,
-        _: String,
-    ) -> BoxFuture<'a, Result<(), EnqueueError>> {
-        Box::pin(async {
-            Err(EnqueueError::NoTarget {
-                source: TargetError::Config("no target to pass through to".into()),
-            })
-        })
-    }
-}
-
-/// One running standing replay, as a source sees it.
-pub struct Cover {
-    /// The replay's uid: one cover per run, kept across its steps.
-    uid: String,
-    pub replay: String,
-    selector: ReplaySelector,
-    action: Action,
-    /// Seconds between two pass-throughs (None: the broker's speed).
-    gap: Option<Duration>,
-    next_slot: tokio::sync::Mutex<tokio::time::Instant>,
-    /// When the cover lapses unless its replay's next step renews it: a replay deleted while
-    /// it runs, or a leader that stopped reconciling, passes nothing more.
-    lapses_at: Mutex<tokio::time::Instant>,
-    /// Most records decided and messages passed together (the replay's `max`).
-    limit: Option<i64>,
-    /// What it decided, passed, and is passing: one budget under `limit`.
-    spent: Mutex<Spent>,
-    /// Where passes are written before they are acknowledged, and the count written last
-    /// (held while writing: writes are taken in turn, so a count never goes back).
-    log: Arc<dyn PassLog>,
-    logged: tokio::sync::Mutex<i64>,
-    /// When a message of its group was last seen in the broker, passed or not.
-    sighted: Mutex<Option<Timestamp>>,
-    /// The last `stopWhen.window` pass-through outcomes (false: the enqueue failed), which the
-    /// replay's `failureRatio` bound reads as it reads its records' redrives.
-    recent: Mutex<VecDeque<bool>>,
-    window: usize,
-    tally: Mutex<Tally>,
-}
-
-/// A cover's budget under `max`.
-#[derive(Default, Debug, Clone, Copy)]
-struct Spent {
-    decided: i64,
-    passed: i64,
-    /// Messages taken, their requeue not answered yet.
-    passing: i64,
-}
-
-impl Spent {
-    fn room(&self, limit: Option<i64>) -> i64 {
-        limit.map_or(i64::MAX, |l| {
-            (l - self.decided - self.passed - self.passing).max(0)
-        })
-    }
-}
-
-/// What passed through, beyond the count.
-#[derive(Default, Clone, Debug, PartialEq)]
-pub struct Tally {
-    pub sample: Vec<String>,
-    pub at: Option<Timestamp>,
-}
-
-impl Cover {
-    /// The cover of a running standing replay, counting on from what its status says it
-    /// decided and passed; `log` writes its passes.
-    pub fn new(
-        uid: &str,
-        replay: &str,
-        spec: &DeadLetterReplaySpec,
-        (decided, passed): (i64, i64),
-        tally: Tally,
-        log: Arc<dyn PassLog>,
-    ) -> Self {
-        Cover {
-            uid: uid.to_string(),
-            replay: replay.to_string(),
-            selector: spec.selector(),
-            action: spec.action(),
-            gap: spec.pass_rate().map(|r| Duration::from_secs_f64(1.0 / r)),
-            next_slot: tokio::sync::Mutex::new(tokio::time::Instant::now()),
-            lapses_at: Mutex::new(tokio::time::Instant::now() + LAPSE),
-            limit: spec.max,
-            spent: Mutex::new(Spent {
-                decided,
-                passed,
-                passing: 0,
-            }),
-            log,
-            logged: tokio::sync::Mutex::new(passed),
-            sighted: Mutex::default(),
-            recent: Mutex::default(),
-            window: spec.bounds().window,
-            tally: Mutex::new(tally),
-        }
-    }
-
-    /// Keeps the cover for another [`LAPSE`] (each step of its replay).
-    pub fn renew(&self) {
-        *lock(&self.lapses_at) = tokio::time::Instant::now() + LAPSE;
-    }
-
-    fn lapsed(&self) -> bool {
-        *lock(&self.lapses_at) <= tokio::time::Instant::now()
-    }
-
-    /// Takes one message of the budget; false once `max` is spent.
-    fn take(&self) -> bool {
-        let mut spent = lock(&self.spent);
-        if spent.room(self.limit) == 0 {
-            return false;
-        }
-        spent.passing += 1;
-        true
-    }
-
-    /// Gives back a message taken with [`Cover::take`] that did not pass.
-    fn give_back(&self) {
-        lock(&self.spent).passing -= 1;
-    }
-
-    /// Takes up to `n` decisions of the budget (what `max` leaves beside the passes); how
-    /// many the replay may sign now.
-    pub fn claim(&self, n: usize) -> usize {
-        let mut spent = lock(&self.spent);
-        let n = i64::try_from(n)
-            .unwrap_or(i64::MAX)
-            .min(spent.room(self.limit));
-        spent.decided += n;
-        usize::try_from(n).unwrap_or(0)
-    }
-
-    /// Whether `max` is spent: decided, passed and passing fill it, so the replay can do
-    /// nothing more (records of its group parked since wait for another decision).
-    pub fn spent(&self) -> bool {
-        self.limit.is_some() && lock(&self.spent).room(self.limit) == 0
-    }
-
-    /// Gives back `n` claimed decisions that were not signed (a record resolved meanwhile).
-    pub fn unclaim(&self, n: usize) {
-        lock(&self.spent).decided -= i64::try_from(n).unwrap_or(0);
-    }
-
-    /// What the records show was decided (a restarted leader's signatures): never less.
-    pub fn decided_at_least(&self, decided: i64) {
-        let mut spent = lock(&self.spent);
-        spent.decided = spent.decided.max(decided);
-    }
-
-    /// A message of its group was seen in the broker now.
-    fn sight(&self) {
-        *lock(&self.sighted) = Some(Timestamp::now());
-    }
-
-    /// When a message of its group was last seen in the broker (passed or not).
-    pub fn last_sighted(&self) -> Option<Timestamp> {
-        *lock(&self.sighted)
-    }
-
-    /// Whether it covers `facts` now: running, and of its group.
-    fn takes(&self, facts: &impl dlq_core::facts::Facts) -> bool {
-        !self.lapsed() && self.selector.matches(facts)
-    }
-
-    /// The turn to write this cover's passes: the count written last, held while writing so
-    /// that writes of the replay's status are taken in turn and a count never goes back.
-    pub async fn journal(&self) -> tokio::sync::MutexGuard<'_, i64> {
-        self.logged.lock().await
-    }
-
-    /// Waits until the replay's status says at least `passed` (one write for every pass
-    /// waiting meanwhile), so the source acknowledges only what the log holds. Gives up, the
-    /// count left in memory for the next status write, once the cover lapsed.
-    async fn logged(&self, passed: i64) {
-        let mut attempt = 0u32;
-        loop {
-            let mut logged = self.journal().await;
-            if *logged >= passed {
-                return;
-            }
-            let (now, tally) = self.passed();
-            match self.log.write(now, &tally).await {
-                Ok(()) => {
-                    *logged = now;
-                    return;
-                }
-                Err(error) if self.lapsed() => {
-                    tracing::warn!(replay = %self.replay, %error, "writing passed-through messages failed and the replay no longer steps; acknowledging, the count stays in memory");
-                    return;
-                }
-                Err(error) => {
-                    drop(logged);
-                    attempt = attempt.saturating_add(1);
-                    let wait = dlq_core::decide::backoff(attempt, LOG_RETRY);
-                    tracing::debug!(replay = %self.replay, %error, retry_in = ?wait, "writing passed-through messages failed; the source acknowledges none until it is written");
-                    tokio::time::sleep(wait).await;
-                }
-            }
-        }
-    }
-
-    /// Waits (at most `wait`) until no message is in the middle of passing through, so an
-    /// uncovered replay's final count includes them.
-    pub async fn passing_done(&self, wait: Duration) {
-        let until = tokio::time::Instant::now() + wait;
-        while lock(&self.spent).passing > 0 && tokio::time::Instant::now() < until {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    /// The share of failed enqueues among the last `window` pass-throughs (None until there
-    /// were `window`).
-    pub fn failure_ratio(&self) -> Option<f64> {
-        let recent = lock(&self.recent);
-        if recent.len() < self.window {
-            return None;
-        }
-        let failed = recent.iter().filter(|ok| !**ok).count();
-        Some(failed as f64 / recent.len() as f64)
-    }
-
-    fn outcome(&self, ok: bool) {
-        let mut recent = lock(&self.recent);
-        if recent.len() == self.window {
-            recent.pop_front();
-        }
-        recent.push_back(ok);
-    }
-
-    /// Messages passed through so far, with the sample and the last time.
-    pub fn passed(&self) -> (i64, Tally) {
-        (lock(&self.spent).passed, lock(&self.tally).clone())
-    }
-
-    /// Waits for this message's turn at the replay's rate (none: at once).
-    async fn turn(&self) {
-        let Some(gap) = self.gap else { return };
-        let at = {
-            let mut next = self.next_slot.lock().await;
-            let now = tokio::time::Instant::now();
-            let at = (*next).max(now);
-            *next = at + gap;
-            at
-        };
-        tokio::time::sleep_until(at).await;
-    }
-
-    /// Counts a message that passed; the count with it, for [`Cover::logged`].
-    fn count(&self, job: &str) -> i64 {
-        let passed = {
-            let mut spent = lock(&self.spent);
-            spent.passing -= 1;
-            spent.passed += 1;
-            spent.passed
-        };
-        let mut tally = lock(&self.tally);
-        if tally.sample.len() < SAMPLE {
-            tally.sample.push(job.to_string());
-        }
-        tally.at = Some(Timestamp::now());
-        passed
-    }
-}
+use super::cover::{Cover, lock};
+use crate::target::Targets;
+use crate::target::enqueue::{EnqueueError, enqueue_job};
 
 /// What became of a dead message a source offered.
 #[derive(Debug, PartialEq, Eq)]
@@ -355,24 +31,40 @@ pub enum Passed {
 /// The covers by namespace and queue.
 type Covers = HashMap<(String, String), Vec<Arc<Cover>>>;
 
-/// The standing replays running in this process, by queue.
+/// What a source asks of the standing replays running here, and all it may: whether one runs
+/// on its queue, whether one would take a message, and to pass one. Covering and uncovering are
+/// the replay controller's, which holds the [`Standing`] itself.
+pub trait PassThrough: Send + Sync {
+    /// Whether a standing replay runs on queue `ns/queue` (a source reaches past what waits
+    /// for room only then).
+    fn covers_queue(&self, ns: &str, queue: &str) -> bool;
+    /// Whether a running standing replay with budget left would pass `req` (seen, it keeps its
+    /// replay running).
+    fn would_pass(&self, queue: &DeadLetterQueue, req: &ParkRequest) -> bool;
+    /// Passes `req` (exact bytes `raw`) through when a standing replay covers it; the source
+    /// acknowledges the message only on [`Passed::Through`].
+    fn pass<'a>(
+        &'a self,
+        queue: &'a DeadLetterQueue,
+        req: &'a ParkRequest,
+        raw: &'a [u8],
+    ) -> BoxFuture<'a, Passed>;
+}
+
+/// The standing replays running in this process, by queue, and the targets their passes go
+/// to. Built once per scope by `crate::run`, which gives the sources its [`PassThrough`] and
+/// the replay controller the whole of it.
 #[derive(Clone)]
 pub struct Standing {
     covers: Arc<Mutex<Covers>>,
-    target: Arc<dyn PassTarget>,
-}
-
-impl Default for Standing {
-    fn default() -> Self {
-        Standing::new(Arc::new(NoTarget))
-    }
+    targets: Arc<dyn Targets>,
 }
 
 impl Standing {
-    pub fn new(target: Arc<dyn PassTarget>) -> Self {
+    pub fn new(targets: Arc<dyn Targets>) -> Self {
         Standing {
             covers: Arc::default(),
-            target,
+            targets,
         }
     }
 
@@ -421,8 +113,7 @@ impl Standing {
             .cloned()
     }
 
-    /// Whether a standing replay runs on queue `ns/queue` (a source reaches past what waits
-    /// for room only then).
+    /// Whether a standing replay runs on queue `ns/queue` (see [`PassThrough::covers_queue`]).
     pub fn covers_queue(&self, ns: &str, queue: &str) -> bool {
         !self.covering(ns, queue).is_empty()
     }
@@ -434,7 +125,7 @@ impl Standing {
             return false;
         };
         cover.sight();
-        lock(&cover.spent).room(cover.limit) > 0
+        cover.has_room()
     }
 
     /// The running cover whose group `req` is of, if any.
@@ -471,7 +162,7 @@ impl Standing {
         if cover.action == Action::Redrive {
             let ns = queue.namespace().unwrap_or_default();
             let key = message_key(&ns, &queue.name_any(), req.message.as_deref(), raw);
-            let result = self.target.requeue(queue, &req.job, key).await;
+            let result = enqueue_job(self.targets.as_ref(), queue, &req.job, key).await;
             cover.outcome(result.is_ok());
             if let Err(error) = result {
                 cover.give_back();
@@ -489,40 +180,80 @@ impl Standing {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+impl PassThrough for Standing {
+    fn covers_queue(&self, ns: &str, queue: &str) -> bool {
+        Standing::covers_queue(self, ns, queue)
+    }
+
+    fn would_pass(&self, queue: &DeadLetterQueue, req: &ParkRequest) -> bool {
+        Standing::would_pass(self, queue, req)
+    }
+
+    fn pass<'a>(
+        &'a self,
+        queue: &'a DeadLetterQueue,
+        req: &'a ParkRequest,
+        raw: &'a [u8],
+    ) -> BoxFuture<'a, Passed> {
+        Box::pin(Standing::pass(self, queue, req, raw))
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use dlq_core::api::DeadLetterQueueSpec;
-    use dlq_core::facts::Facts;
+    use std::time::Duration;
 
-    /// A target that remembers what it was given, or refuses.
-    #[derive(Default)]
+    use super::*;
+    use crate::pass::cover::{LAPSE, NoLog, PassLog, Tally};
+    use crate::target::{JobMessage, Target, TargetError};
+    use dlq_core::api::{DeadLetterQueueSpec, Job};
+    use dlq_core::facts::Facts;
+    use dlq_core::replay::DeadLetterReplaySpec;
+
+    /// A target that remembers what it was given (job id and key), or refuses; every queue's.
+    #[derive(Default, Clone)]
     struct Remember {
-        got: Mutex<Vec<(String, String)>>,
+        got: Arc<Mutex<Vec<(String, String)>>>,
         refuse: bool,
     }
 
-    impl PassTarget for Remember {
-        fn requeue<'a>(
-            &'a self,
-            _: &'a DeadLetterQueue,
-            job: &'a Job,
-            key: String,
-        ) -> BoxFuture<'a, Result<(), EnqueueError>> {
+    impl Remember {
+        fn refusing() -> Self {
+            Remember {
+                refuse: true,
+                ..Remember::default()
+            }
+        }
+    }
+
+    impl Target for Remember {
+        fn describe(&self) -> String {
+            "remember".into()
+        }
+
+        fn requeue<'a>(&'a self, job: &'a JobMessage) -> BoxFuture<'a, Result<(), TargetError>> {
             Box::pin(async move {
                 if self.refuse {
-                    return Err(EnqueueError::NotConfirmed {
-                        target: "remember".into(),
-                        source: TargetError::Unreachable("broker down".into()),
-                    });
+                    return Err(TargetError::Unreachable("broker down".into()));
                 }
+                let key = job.idempotency_key.clone().unwrap_or_default();
                 lock(&self.got).push((job.id.clone(), key));
                 Ok(())
             })
+        }
+
+        fn probe(&self) -> BoxFuture<'_, Result<(), TargetError>> {
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    impl Targets for Remember {
+        fn target<'a>(
+            &'a self,
+            _: &'a DeadLetterQueue,
+        ) -> BoxFuture<'a, Result<Arc<dyn Target>, TargetError>> {
+            let target: Arc<dyn Target> = Arc::new(self.clone());
+            Box::pin(async move { Ok(target) })
         }
     }
 
@@ -546,6 +277,20 @@ mod tests {
         r
     }
 
+    /// Covers `spec`'s group on `payments/relayer` for replay `storm` (uid `uid`), which
+    /// passed `passed` already and writes its passes into `log`.
+    fn cover_group(
+        standing: &Standing,
+        uid: &str,
+        spec: &DeadLetterReplaySpec,
+        passed: i64,
+        log: Arc<dyn PassLog>,
+    ) -> Arc<Cover> {
+        standing.cover("payments", "relayer", uid, || {
+            Cover::new(uid, "storm", spec, (0, passed), Tally::default(), log)
+        })
+    }
+
     fn standing_spec(req: &ParkRequest, action: Action) -> DeadLetterReplaySpec {
         let group = arriving(req, false).group().into_owned();
         serde_json::from_value(serde_json::json!({
@@ -565,16 +310,7 @@ mod tests {
         let q = queue();
         let payer = dead("pi_1/settle", "payer timeout after 30s");
         let spec = standing_spec(&payer, Action::Redrive);
-        standing.cover("payments", "relayer", "u1", || {
-            Cover::new(
-                "u1",
-                "storm",
-                &spec,
-                (0, 0),
-                Tally::default(),
-                Arc::new(NoLog),
-            )
-        });
+        cover_group(&standing, "u1", &spec, 0, Arc::new(NoLog));
         assert_eq!(
             standing.pass(&q, &payer, b"raw").await,
             Passed::Through {
@@ -604,22 +340,10 @@ mod tests {
     /// A requeue that fails is not counted and tells the source to park the message instead.
     #[tokio::test]
     async fn a_failed_pass_through_parks_the_message() {
-        let standing = Standing::new(Arc::new(Remember {
-            refuse: true,
-            ..Remember::default()
-        }));
+        let standing = Standing::new(Arc::new(Remember::refusing()));
         let payer = dead("pi_1/settle", "payer timeout");
         let spec = standing_spec(&payer, Action::Redrive);
-        let cover = standing.cover("payments", "relayer", "u1", || {
-            Cover::new(
-                "u1",
-                "storm",
-                &spec,
-                (0, 7),
-                Tally::default(),
-                Arc::new(NoLog),
-            )
-        });
+        let cover = cover_group(&standing, "u1", &spec, 7, Arc::new(NoLog));
         assert!(matches!(
             standing.pass(&queue(), &payer, b"raw").await,
             Passed::Failed { .. }
@@ -638,16 +362,7 @@ mod tests {
         let standing = Standing::new(target.clone());
         let payer = dead("pi_1/settle", "payer timeout");
         let spec = standing_spec(&payer, Action::Drop);
-        standing.cover("payments", "relayer", "u1", || {
-            Cover::new(
-                "u1",
-                "storm",
-                &spec,
-                (0, 0),
-                Tally::default(),
-                Arc::new(NoLog),
-            )
-        });
+        cover_group(&standing, "u1", &spec, 0, Arc::new(NoLog));
         assert!(matches!(
             standing.pass(&queue(), &payer, b"raw").await,
             Passed::Through { .. }
@@ -662,16 +377,7 @@ mod tests {
         let payer = dead("pi_1/settle", "payer timeout");
         let mut spec = standing_spec(&payer, Action::Redrive);
         spec.rate = Some("10/s".into());
-        standing.cover("payments", "relayer", "u1", || {
-            Cover::new(
-                "u1",
-                "storm",
-                &spec,
-                (0, 0),
-                Tally::default(),
-                Arc::new(NoLog),
-            )
-        });
+        cover_group(&standing, "u1", &spec, 0, Arc::new(NoLog));
         let start = tokio::time::Instant::now();
         for _ in 0..5 {
             standing.pass(&queue(), &payer, b"raw").await;
@@ -687,16 +393,7 @@ mod tests {
         let payer = dead("pi_1/settle", "payer timeout");
         let mut spec = standing_spec(&payer, Action::Redrive);
         spec.max = Some(2);
-        let cover = standing.cover("payments", "relayer", "u1", || {
-            Cover::new(
-                "u1",
-                "storm",
-                &spec,
-                (0, 0),
-                Tally::default(),
-                Arc::new(NoLog),
-            )
-        });
+        let cover = cover_group(&standing, "u1", &spec, 0, Arc::new(NoLog));
         for _ in 0..2 {
             assert!(matches!(
                 standing.pass(&queue(), &payer, b"raw").await,
@@ -711,16 +408,7 @@ mod tests {
         assert_eq!(cover.passed().0, 2);
         let roomy = standing_spec(&payer, Action::Redrive);
         standing.uncover("payments", "u1");
-        standing.cover("payments", "relayer", "u2", || {
-            Cover::new(
-                "u2",
-                "storm2",
-                &roomy,
-                (0, 0),
-                Tally::default(),
-                Arc::new(NoLog),
-            )
-        });
+        cover_group(&standing, "u2", &roomy, 0, Arc::new(NoLog));
         tokio::time::advance(LAPSE).await;
         assert_eq!(
             standing.pass(&queue(), &payer, b"raw").await,
@@ -742,16 +430,7 @@ mod tests {
         let payer = dead("pi_1/settle", "payer timeout");
         let mut spec = standing_spec(&payer, Action::Redrive);
         spec.max = Some(3);
-        let cover = standing.cover("payments", "relayer", "u1", || {
-            Cover::new(
-                "u1",
-                "storm",
-                &spec,
-                (0, 0),
-                Tally::default(),
-                Arc::new(NoLog),
-            )
-        });
+        let cover = cover_group(&standing, "u1", &spec, 0, Arc::new(NoLog));
         assert_eq!(cover.claim(2), 2);
         let q = queue();
         let pass = || standing.pass(&q, &payer, b"raw");
@@ -791,9 +470,7 @@ mod tests {
         let log = Arc::new(SlowLog::default());
         let payer = dead("pi_1/settle", "payer timeout");
         let spec = standing_spec(&payer, Action::Redrive);
-        let cover = standing.cover("payments", "relayer", "u1", || {
-            Cover::new("u1", "storm", &spec, (0, 5), Tally::default(), log.clone())
-        });
+        let cover = cover_group(&standing, "u1", &spec, 5, log.clone());
         let q = queue();
         let passes = (0..16).map(|_| standing.pass(&q, &payer, b"raw"));
         for passed in futures::future::join_all(passes).await {
@@ -809,26 +486,14 @@ mod tests {
     /// Failed enqueues count toward the replay's `failureRatio` once a window of them is seen.
     #[tokio::test]
     async fn failed_pass_throughs_make_a_failure_ratio_over_the_window() {
-        let standing = Standing::new(Arc::new(Remember {
-            refuse: true,
-            ..Remember::default()
-        }));
+        let standing = Standing::new(Arc::new(Remember::refusing()));
         let payer = dead("pi_1/settle", "payer timeout");
         let mut spec = standing_spec(&payer, Action::Redrive);
         spec.stop_when = Some(dlq_core::replay::StopWhen {
             window: Some(3),
             ..Default::default()
         });
-        let cover = standing.cover("payments", "relayer", "u1", || {
-            Cover::new(
-                "u1",
-                "storm",
-                &spec,
-                (0, 0),
-                Tally::default(),
-                Arc::new(NoLog),
-            )
-        });
+        let cover = cover_group(&standing, "u1", &spec, 0, Arc::new(NoLog));
         for _ in 0..2 {
             standing.pass(&queue(), &payer, b"raw").await;
         }

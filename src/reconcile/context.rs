@@ -11,8 +11,6 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use tokio::sync::Mutex;
 
-use futures::future::BoxFuture;
-
 use dlq_core::api::{DeadLetter, DeadLetterQueue, Job};
 use dlq_core::events::EventPlan;
 use dlq_core::plan::{Effects, Then};
@@ -21,14 +19,12 @@ use k8s_openapi::api::core::v1::ObjectReference;
 
 use super::{aggregate, claims, kept_groups};
 use crate::metrics::Metrics;
-use crate::pass::standing::{PassTarget, Standing};
 use crate::state::apiserver::{self, Apiserver};
 use crate::state::bytes::ByteBudget;
 use crate::state::leadership::Leadership;
 use crate::state::parking_first;
 use crate::state::records::RecordIndex;
 use crate::target::Targets;
-use crate::target::enqueue::{EnqueueError, enqueue_job};
 
 /// Tunables of the reconcilers.
 #[derive(Clone, Debug)]
@@ -184,8 +180,6 @@ pub struct Context {
     /// Bytes of stored bodies being redriven at once ([`REDRIVE_BYTES`], see
     /// [`Context::body_turn`]).
     pub(super) redrive_bytes: ByteBudget,
-    /// The standing replays running here, which the sources pass dead messages through for.
-    pub standing: Standing,
     /// DeadLetterReplays as the watch sees them (what standing replays passed through, for
     /// the groups); None in tests that do not watch them.
     pub replay_store: Option<Store<DeadLetterReplay>>,
@@ -196,21 +190,6 @@ pub struct Context {
 /// bodies of 100 MiB would be gigabytes, past any memory limit, and again after each restart.
 /// Bodies below a few MiB are not held back; one larger than this runs alone.
 pub const REDRIVE_BYTES: u32 = 64 << 20;
-
-/// Passes standing replays' dead messages to their queues' targets the way a redrive enqueues
-/// a record's job (`crate::target::enqueue`).
-struct TargetsPass(Arc<dyn Targets>);
-
-impl PassTarget for TargetsPass {
-    fn requeue<'a>(
-        &'a self,
-        queue: &'a DeadLetterQueue,
-        job: &'a Job,
-        key: String,
-    ) -> BoxFuture<'a, Result<(), EnqueueError>> {
-        Box::pin(enqueue_job(self.0.as_ref(), queue, job, key))
-    }
-}
 
 /// How long a reconcile waits for a store's first complete list (the record index's, the queue
 /// store's) before it steps aside and asks to be run again.
@@ -271,7 +250,6 @@ impl Context {
             keys: Arc::new(crate::keys::NoKeys),
             bodies: Arc::new(crate::body::NoBodies),
             redrive_bytes: ByteBudget::new(REDRIVE_BYTES),
-            standing: Standing::new(Arc::new(TargetsPass(targets.clone()))),
             replay_store: None,
             targets,
             settings,

@@ -29,7 +29,7 @@ use dlq_core::replay::{
 
 use super::context::{Context, LIST_WAIT};
 use super::error::ReconcileError;
-use crate::pass::standing::{Cover, PassLog, Tally};
+use crate::pass::{Cover, PassLog, Standing, Tally};
 use crate::state::apiserver::{Apiserver, PassedThrough, Signature, is_conflict, reference};
 
 /// Signatures in flight at once within one step.
@@ -98,16 +98,19 @@ struct Memory {
     last: Option<Instant>,
 }
 
-/// The replay controller's context: the operator's, plus each replay's [`Memory`] by uid.
+/// The replay controller's context: the operator's, the standing replays running here (whose
+/// groups it covers for the sources), and each replay's [`Memory`] by uid.
 pub struct Replays {
     pub ctx: Arc<Context>,
+    pub standing: Standing,
     memory: Mutex<HashMap<String, Memory>>,
 }
 
 impl Replays {
-    pub fn new(ctx: Arc<Context>) -> Self {
+    pub fn new(ctx: Arc<Context>, standing: Standing) -> Self {
         Replays {
             ctx,
+            standing,
             memory: Mutex::default(),
         }
     }
@@ -116,6 +119,7 @@ impl Replays {
 /// One replay, as this step sees it.
 struct Run<'a> {
     ctx: &'a Context,
+    standing: &'a Standing,
     replay: &'a DeadLetterReplay,
     ns: String,
     name: String,
@@ -145,7 +149,7 @@ pub async fn reconcile(replay: Arc<DeadLetterReplay>, replays: Arc<Replays>) -> 
     let ctx = &replays.ctx;
     if status.phase.is_some_and(ReplayPhase::is_final) {
         replays.memory.lock().await.remove(&uid);
-        ctx.standing.uncover(&ns, &uid);
+        replays.standing.uncover(&ns, &uid);
         return Ok(Action::await_change());
     }
     if !ctx.records_ready().await || !ctx.queues_ready().await {
@@ -158,6 +162,7 @@ pub async fn reconcile(replay: Arc<DeadLetterReplay>, replays: Arc<Replays>) -> 
         name: replay.name_any(),
         ns,
         ctx,
+        standing: &replays.standing,
         replay: &replay,
         mem,
         status,
@@ -422,7 +427,7 @@ async fn write_progress(run: &mut Run<'_>) -> Result<()> {
 fn stand(run: &mut Run<'_>) -> Option<String> {
     let uid = run.replay.metadata.uid.clone().unwrap_or_default();
     let (status, spec, name) = (&run.status, &run.replay.spec, &run.name);
-    let cover = run.ctx.standing.cover(&run.ns, &spec.queue, &uid, || {
+    let cover = run.standing.cover(&run.ns, &spec.queue, &uid, || {
         let tally = Tally {
             sample: status.sample.clone(),
             at: status.passed_at.as_ref().map(|t| t.0),
@@ -623,7 +628,7 @@ async fn settle(run: &mut Run<'_>, observed: &Observed) -> Result<Action> {
 /// status, and the decision record (an Event on the queue and on the replay).
 async fn finish(run: &mut Run<'_>, observed: &Observed, stop: Option<String>) -> Result<Action> {
     let uid = run.replay.metadata.uid.clone().unwrap_or_default();
-    if let Some(cover) = run.ctx.standing.uncover(&run.ns, &uid) {
+    if let Some(cover) = run.standing.uncover(&run.ns, &uid) {
         // Messages in the middle of passing through when the cover ended are counted too.
         cover.passing_done(PASSING_WAIT).await;
         run.cover = Some(cover);
