@@ -12,7 +12,10 @@ use futures::future::BoxFuture;
 use jiff::Timestamp;
 
 use dlq_core::api::Action;
+use dlq_core::conditions::truncate;
 use dlq_core::replay::{DeadLetterReplaySpec, ReplaySelector, SAMPLE};
+
+use crate::target::enqueue::EnqueueError;
 
 /// How long a cover lasts without a step of its replay (a running replay steps at least every
 /// two seconds).
@@ -63,12 +66,23 @@ pub struct Cover {
     logged: tokio::sync::Mutex<i64>,
     /// When a message of its group was last seen in the broker, passed or not.
     sighted: Mutex<Option<Timestamp>>,
-    /// The last `stopWhen.window` pass-through outcomes (false: the enqueue failed), which the
-    /// replay's `failureRatio` bound reads as it reads its records' redrives.
-    recent: Mutex<VecDeque<bool>>,
+    /// The last `stopWhen.window` pass-through outcomes, which the replay's `failureRatio`
+    /// bound reads as it reads its records' redrives, and why the last failure failed.
+    recent: Mutex<Recent>,
     window: usize,
     tally: Mutex<Tally>,
 }
+
+/// The last pass-through outcomes of a cover: None an enqueue that went, else its failure's
+/// reason (`EnqueueError::reason`, a bounded set); and the last failure in its words.
+#[derive(Default)]
+struct Recent {
+    outcomes: VecDeque<Option<&'static str>>,
+    last_failure: Option<String>,
+}
+
+/// How much of the last failure's words a stop reason quotes.
+const LAST_FAILURE_BYTES: usize = 256;
 
 /// A cover's budget under `max`.
 #[derive(Default, Debug, Clone, Copy)]
@@ -250,19 +264,52 @@ impl Cover {
     /// were `window`).
     pub fn failure_ratio(&self) -> Option<f64> {
         let recent = lock(&self.recent);
-        if recent.len() < self.window {
+        let outcomes = &recent.outcomes;
+        if outcomes.len() < self.window {
             return None;
         }
-        let failed = recent.iter().filter(|ok| !**ok).count();
-        Some(failed as f64 / recent.len() as f64)
+        let failed = outcomes.iter().filter(|o| o.is_some()).count();
+        Some(failed as f64 / outcomes.len() as f64)
     }
 
-    pub(super) fn outcome(&self, ok: bool) {
-        let mut recent = lock(&self.recent);
-        if recent.len() == self.window {
-            recent.pop_front();
+    /// Why the pass-throughs of the window failed, for a stop reason: each reason with its
+    /// count, most first, and the last failure's words (cut to a few hundred bytes), as in
+    /// `3 BrokerUnreachable; last: ...`. None when none of them failed.
+    pub fn failures(&self) -> Option<String> {
+        let recent = lock(&self.recent);
+        let mut counts: Vec<(&str, usize)> = Vec::new();
+        for reason in recent.outcomes.iter().flatten() {
+            match counts.iter_mut().find(|(r, _)| r == reason) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((reason, 1)),
+            }
         }
-        recent.push_back(ok);
+        if counts.is_empty() {
+            return None;
+        }
+        counts.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        let mut said = counts
+            .iter()
+            .map(|(reason, n)| format!("{n} {reason}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        if let Some(last) = &recent.last_failure {
+            said.push_str("; last: ");
+            said.push_str(&truncate(last, LAST_FAILURE_BYTES));
+        }
+        Some(said)
+    }
+
+    /// Keeps one pass-through's outcome in the window: `failure` when its enqueue failed.
+    pub(super) fn outcome(&self, failure: Option<&EnqueueError>) {
+        let mut recent = lock(&self.recent);
+        if recent.outcomes.len() == self.window {
+            recent.outcomes.pop_front();
+        }
+        recent.outcomes.push_back(failure.map(EnqueueError::reason));
+        if let Some(e) = failure {
+            recent.last_failure = Some(e.to_string());
+        }
     }
 
     /// Messages passed through so far, with the sample and the last time.

@@ -163,7 +163,7 @@ impl Standing {
             let ns = queue.namespace().unwrap_or_default();
             let key = message_key(&ns, &queue.name_any(), req.message.as_deref(), raw);
             let result = enqueue_job(self.targets.as_ref(), queue, &req.job, key).await;
-            cover.outcome(result.is_ok());
+            cover.outcome(result.as_ref().err());
             if let Err(error) = result {
                 cover.give_back();
                 return Passed::Failed {
@@ -500,5 +500,12 @@ mod tests {
         assert_eq!(cover.failure_ratio(), None, "less than a window");
         standing.pass(&queue(), &payer, b"raw").await;
         assert_eq!(cover.failure_ratio(), Some(1.0));
+        assert_eq!(
+            cover.failures().as_deref(),
+            Some(
+                "3 BrokerUnreachable; last: remember did not confirm the job: broker unreachable: broker down"
+            ),
+            "the reasons, bounded, for the replay's stop reason"
+        );
     }
 }

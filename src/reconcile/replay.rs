@@ -446,8 +446,12 @@ fn stand(run: &mut Run<'_>) -> Option<String> {
     let bounds = run.replay.spec.bounds();
     let ratio = cover.failure_ratio()?;
     (ratio > bounds.failure_ratio).then(|| {
+        let why = cover
+            .failures()
+            .map(|f| format!(" ({f})"))
+            .unwrap_or_default();
         format!(
-            "pass-through enqueue failure ratio {:.0}% over the last {} exceeds {:.0}%",
+            "pass-through enqueue failure ratio {:.0}% over the last {} exceeds {:.0}%{why}",
             ratio * 100.0,
             bounds.window,
             bounds.failure_ratio * 100.0

@@ -397,6 +397,11 @@ impl ParkInto {
                 true
             }
             Passed::Failed { replay, error } => {
+                self.shared.metrics.pass_through_failed(
+                    self.namespace(),
+                    self.queue(),
+                    error.reason(),
+                );
                 tracing::warn!(namespace = %self.namespace(), queue = %self.queue(), job = %req.job.id, %replay, reason = error.reason(), %error, "pass-through failed; parking the dead message instead");
                 false
             }
