@@ -56,8 +56,8 @@ caught() { # expect what file sed-expression
 caught 'cycle between the files of src/: .*src/reconcile/context.rs -> src/reconcile/queue.rs' \
   'a super:: cycle (reconcile::context -> reconcile::queue -> reconcile::context)' \
   src/reconcile/context.rs '1i use super::queue::QueueError;'
-caught 'src/source/redis.rs names crate::target' 'a source naming crate::target' \
-  src/source/redis.rs '1i use crate::target::Target;'
+caught 'src/source/redis.rs names crate::targets' 'a source naming crate::targets' \
+  src/source/redis.rs '1i use crate::targets::Target;'
 caught 'src/pass/standing.rs (pass, layer 4) names crate::reconcile (layer 5)' \
   'the pass room naming crate::reconcile' src/pass/standing.rs '1i use crate::reconcile::Context;'
 caught 'src/state/jobs.rs (state, layer 3) names crate::pass (layer 4)' \

@@ -10,7 +10,7 @@
 //!    [`alert`] (per-record alerts) and [`reveal`] (the reveal API) side by side.
 //! 4. [`pass`]: pass-through, the standing replays' dead messages straight to their targets
 //!    (the sources offer, the replay controller covers).
-//! 3. [`state`] (what they share), [`target`] (where a redrive puts a job back, one file per
+//! 3. [`state`] (what they share), [`targets`] (where a redrive puts a job back, one file per
 //!    backend), [`server`] (the probes and `/metrics`), [`keys`] (the queues' sealing keys) and
 //!    [`body`] (the body store).
 //! 2. [`broker`]: what a backend's source and target both need (connection, codec, refusals).
@@ -33,7 +33,7 @@ pub mod server;
 pub mod serving_tls;
 pub mod source;
 pub mod state;
-pub mod target;
+pub mod targets;
 /// The unit tests count what they hold (a large dead message kept from its own buffer).
 #[cfg(test)]
 #[global_allocator]

@@ -15,7 +15,7 @@ use dlq_core::api::Action;
 use dlq_core::conditions::truncate;
 use dlq_core::replay::{DeadLetterReplaySpec, ReplaySelector, SAMPLE};
 
-use crate::target::enqueue::EnqueueError;
+use crate::targets::enqueue::EnqueueError;
 
 /// How long a cover lasts without a step of its replay (a running replay steps at least every
 /// two seconds).

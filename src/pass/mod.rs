@@ -15,7 +15,7 @@
 //! log never says less than what reached the target, whenever the operator dies.
 //!
 //! Built in `crate::run`; below the sources and the reconcilers, it reaches the targets
-//! directly (`crate::target::enqueue`) and names neither of them.
+//! directly (`crate::targets::enqueue`) and names neither of them.
 
 pub mod cover;
 pub mod standing;

@@ -1,7 +1,7 @@
 //! The standing replays running in this process, by queue ([`Standing`]): the replay
 //! controller covers and uncovers their groups; a source offers each dead message through
 //! [`PassThrough`], all it may ask, and a covered one is enqueued on the queue's target by the
-//! one enqueue path (`crate::target::enqueue`, keyed by `dlq_core::park::message_key`),
+//! one enqueue path (`crate::targets::enqueue`, keyed by `dlq_core::park::message_key`),
 //! counted on its replay and written into its log before the source acknowledges it.
 
 use std::collections::HashMap;
@@ -14,8 +14,8 @@ use dlq_core::api::{Action, DeadLetterQueue};
 use dlq_core::park::{ParkRequest, arriving, message_key};
 
 use super::cover::{Cover, lock};
-use crate::target::Targets;
-use crate::target::enqueue::{EnqueueError, enqueue_job};
+use crate::targets::Targets;
+use crate::targets::enqueue::{EnqueueError, enqueue_job};
 
 /// What became of a dead message a source offered.
 #[derive(Debug, PartialEq, Eq)]
@@ -205,7 +205,7 @@ mod tests {
 
     use super::*;
     use crate::pass::cover::{LAPSE, NoLog, PassLog, Tally};
-    use crate::target::{JobMessage, Target, TargetError};
+    use crate::targets::{JobMessage, Target, TargetError};
     use dlq_core::api::{DeadLetterQueueSpec, Job};
     use dlq_core::facts::Facts;
     use dlq_core::replay::DeadLetterReplaySpec;

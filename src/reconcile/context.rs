@@ -24,7 +24,7 @@ use crate::state::bytes::ByteBudget;
 use crate::state::leadership::Leadership;
 use crate::state::parking_first;
 use crate::state::records::RecordIndex;
-use crate::target::Targets;
+use crate::targets::Targets;
 
 /// Tunables of the reconcilers.
 #[derive(Clone, Debug)]

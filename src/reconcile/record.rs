@@ -27,8 +27,8 @@ use super::context::Context;
 use super::error::ReconcileError;
 use crate::body::open::OpenFailed;
 use crate::state::apiserver::is_conflict;
-use crate::target::enqueue::{Destination, EnqueueError};
-use crate::target::{JobMessage, TargetError};
+use crate::targets::enqueue::{Destination, EnqueueError};
+use crate::targets::{JobMessage, TargetError};
 
 /// Attempts at writing a resolution before handing the record back to the work queue.
 const RESOLVE_ATTEMPTS: usize = 8;

@@ -39,7 +39,7 @@ use crate::reconcile::{
 use crate::state::apiserver::{Apiserver, KubeApiserver};
 use crate::state::jobs::JobIndex;
 use crate::state::records::RecordIndex;
-use crate::target::cache::TargetCache;
+use crate::targets::cache::TargetCache;
 
 /// Whether `store` has had its first complete list, without waiting.
 fn listed_now<K>(store: &Store<K>) -> bool
