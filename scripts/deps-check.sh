@@ -38,29 +38,32 @@ if bash scripts/module-arrows.sh "$probe" >/dev/null 2>&1; then
   echo "deps-check: scripts/module-arrows.sh did not catch an arrow from state up to run" >&2
   fail=1
 fi
-# ... a cycle through `super::` (a shared part reaching back into a reconciler), and a source
-# reaching into a target.
-rm -rf "$probe/src" && cp -r src "$probe/src"
-sed -i '1i use super::queue::QueueError;' "$probe/src/reconcile/context.rs"
-found=$(bash scripts/module-arrows.sh "$probe" 2>&1 || true)
-if ! grep -q 'cycle between the files of src/: .*src/reconcile/context.rs -> src/reconcile/queue.rs' <<<"$found"; then
-  echo "deps-check: scripts/module-arrows.sh did not catch a super:: cycle (reconcile::context -> reconcile::queue -> reconcile::context)" >&2
-  fail=1
-fi
-rm -rf "$probe/src" && cp -r src "$probe/src"
-sed -i '1i use crate::target::Target;' "$probe/src/source/redis.rs"
-found=$(bash scripts/module-arrows.sh "$probe" 2>&1 || true)
-if ! grep -q 'src/source/redis.rs names crate::target' <<<"$found"; then
-  echo "deps-check: scripts/module-arrows.sh did not catch a source naming crate::target" >&2
-  fail=1
-fi
-rm -rf "$probe/src" && cp -r src "$probe/src"
-sed -i 's/\[`broker`\]/broker/' "$probe/src/lib.rs"
-found=$(bash scripts/module-arrows.sh "$probe" 2>&1 || true)
-if ! grep -q 'src/lib.rs puts broker in layer none' <<<"$found"; then
-  echo "deps-check: scripts/module-arrows.sh did not catch src/lib.rs leaving a layer's module out" >&2
-  fail=1
-fi
+# An injection into a fresh copy of src/ that module-arrows.sh must catch, saying `expect`.
+caught() { # expect what file sed-expression
+  local found
+  rm -rf "$probe/src" && cp -r src "$probe/src"
+  sed -i "$4" "$probe/$3"
+  found=$(bash scripts/module-arrows.sh "$probe" 2>&1 || true)
+  if ! grep -q "$1" <<<"$found"; then
+    echo "deps-check: scripts/module-arrows.sh did not catch $2" >&2
+    fail=1
+  fi
+}
+# Caught by name: a cycle through `super::` (a shared part reaching back into a reconciler), a source
+# reaching into a target, pass-through climbing back up (the pass room naming the reconcilers:
+# a passing dead letter went source -> state -> reconcile -> target before it had a room of its
+# own; the shared state below it naming it), and src/lib.rs leaving a layer's module out.
+caught 'cycle between the files of src/: .*src/reconcile/context.rs -> src/reconcile/queue.rs' \
+  'a super:: cycle (reconcile::context -> reconcile::queue -> reconcile::context)' \
+  src/reconcile/context.rs '1i use super::queue::QueueError;'
+caught 'src/source/redis.rs names crate::targets' 'a source naming crate::targets' \
+  src/source/redis.rs '1i use crate::targets::Target;'
+caught 'src/pass/standing.rs (pass, layer 4) names crate::reconcile (layer 5)' \
+  'the pass room naming crate::reconcile' src/pass/standing.rs '1i use crate::reconcile::Context;'
+caught 'src/state/jobs.rs (state, layer 3) names crate::pass (layer 4)' \
+  'the shared state naming crate::pass' src/state/jobs.rs '1i use crate::pass::Standing;'
+caught 'src/lib.rs puts broker in layer none' "src/lib.rs leaving a layer's module out" \
+  src/lib.rs 's/\[`broker`\]/broker/'
 rm -rf "$probe/src" && cp -r src "$probe/src"
 mkdir -p "$probe/docs" "$probe/crates/dlq-core" "$probe/crates/dlq-client"
 cp docs/architecture.md "$probe/docs/"

@@ -2,7 +2,7 @@
 # The operator crate's module arrows run one way (docs/architecture.md, "Layers"): a module
 # names only modules of a lower layer, never one beside it or above it. Comments and test
 # modules (`tests.rs`, a `tests/` directory) are not read (a doc link or a test may look anywhere). Three more rules:
-# - a backend's source never names `crate::target`, and a target never names `crate::source`:
+# - a backend's source never names `crate::targets`, and a target never names `crate::source`:
 #   what both need of a broker (connection, codec, classification) is `crate::broker::<name>`
 #   (the supervisor, src/source/mod.rs, closes the targets of deleted queues through a closure
 #   crate::run passes in);
@@ -17,9 +17,10 @@ cd "${1:-$(dirname "$0")/..}"
 
 # Layer of each top-level module of src/ (higher uses lower).
 declare -A layer=(
-  [run]=5
-  [reconcile]=4 [source]=4 [alert]=4 [reveal]=4
-  [state]=3 [target]=3 [server]=3 [keys]=3 [body]=3
+  [run]=6
+  [reconcile]=5 [source]=5 [alert]=5 [reveal]=5
+  [pass]=4
+  [state]=3 [targets]=3 [server]=3 [keys]=3 [body]=3
   [broker]=2
   [metrics]=1 [access]=1 [secret]=1 [https]=1 [serving_tls]=1 [failpoint]=1
 )
@@ -56,8 +57,8 @@ done
 while IFS= read -r file; do
   case $file in */tests.rs|*/tests/*) continue ;; esac
   case $file in
-    src/source/*) other=target ;;
-    src/target/*) other=source ;;
+    src/source/*) other=targets ;;
+    src/targets/*) other=source ;;
   esac
   # Not grep -q: an early exit would SIGPIPE awk, and pipefail would then read the match as
   # none (the probe in deps-check caught it one run in three).
@@ -65,7 +66,7 @@ while IFS= read -r file; do
     echo "module-arrows: $file names crate::$other: a source and a target share a broker through crate::broker, never each other" >&2
     fail=1
   fi
-done < <(find src/source src/target -name '*.rs' | sort)
+done < <(find src/source src/targets -name '*.rs' | sort)
 
 # No cycle between the files of src/ (super:: arrows included).
 perl - <<'PERL' || fail=1
@@ -163,5 +164,5 @@ for m in "${!told[@]}"; do
   [ -n "${layer[$m]:-}" ] || { echo "module-arrows: src/lib.rs names $m in layer ${told[$m]}; this table has no such module" >&2; fail=1; }
 done
 
-[ $fail = 0 ] && echo "module-arrows: every arrow in src/ runs down (run > reconcile, source, alert, reveal > state, target, server, keys, body > broker > metrics, access, secret, https, serving_tls, failpoint); no source names a target nor a target a source; no cycle between the files of src/; src/lib.rs tells the same layers"
+[ $fail = 0 ] && echo "module-arrows: every arrow in src/ runs down (run > reconcile, source, alert, reveal > pass > state, targets, server, keys, body > broker > metrics, access, secret, https, serving_tls, failpoint); no source names a target nor a target a source; no cycle between the files of src/; src/lib.rs tells the same layers"
 exit $fail

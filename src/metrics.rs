@@ -41,10 +41,11 @@ pub struct ResultLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RejectedLabels {
+pub struct ReasonLabels {
     pub namespace: String,
     pub queue: String,
-    /// Why it can never be a record (e.g. PayloadTooLarge).
+    /// Why, in a bounded set of words: why a dead message can never be a record (e.g.
+    /// PayloadTooLarge), why a pass-through's enqueue failed (e.g. BrokerUnreachable).
     pub reason: String,
 }
 
@@ -82,11 +83,12 @@ pub struct Metrics {
     pub oldest_parked_age: Family<QueueLabels, Gauge>,
     pub requeue_duration: Histogram,
     pub reconcile_errors: Family<ErrorLabels, Counter>,
-    pub rejected: Family<RejectedLabels, Counter>,
+    pub rejected: Family<ReasonLabels, Counter>,
     pub alerts_sent: Family<AlertResultLabels, Counter>,
     pub http_park_requests: Family<CodeLabels, Counter>,
     pub http_refused: Family<RefusedLabels, Counter>,
     pub passed_through: Family<QueueLabels, Counter>,
+    pub pass_through_failures: Family<ReasonLabels, Counter>,
     pub registry: Arc<Registry>,
 }
 
@@ -131,7 +133,7 @@ impl Default for Metrics {
             "Reconcile errors by kind",
             reconcile_errors.clone(),
         );
-        let rejected = Family::<RejectedLabels, Counter>::default();
+        let rejected = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "dlq_rejected",
             "Dead messages that can never be records, kept in the broker's rejected list or queue",
@@ -161,10 +163,17 @@ impl Default for Metrics {
             "Dead messages a standing replay passed from the broker to the target without a record",
             passed_through.clone(),
         );
+        let pass_through_failures = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "dlq_pass_through_failures",
+            "Dead messages a standing replay covered whose enqueue on the target failed (parked instead), by reason",
+            pass_through_failures.clone(),
+        );
         Metrics {
             http_park_requests,
             http_refused,
             passed_through,
+            pass_through_failures,
             rejected,
             parked,
             records,
@@ -179,6 +188,22 @@ impl Default for Metrics {
     }
 }
 
+/// One more in `family`'s series of queue `namespace/queue` and `reason`.
+fn count_reason(
+    family: &Family<ReasonLabels, Counter>,
+    namespace: &str,
+    queue: &str,
+    reason: &str,
+) {
+    family
+        .get_or_create(&ReasonLabels {
+            namespace: namespace.into(),
+            queue: queue.into(),
+            reason: reason.into(),
+        })
+        .inc();
+}
+
 impl Metrics {
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -189,13 +214,7 @@ impl Metrics {
 
     /// One more dead message that can never be a record.
     pub fn rejected(&self, namespace: &str, queue: &str, reason: &str) {
-        self.rejected
-            .get_or_create(&RejectedLabels {
-                namespace: namespace.into(),
-                queue: queue.into(),
-                reason: reason.into(),
-            })
-            .inc();
+        count_reason(&self.rejected, namespace, queue, reason);
     }
 
     /// One more dead message passed through by a standing replay.
@@ -206,6 +225,11 @@ impl Metrics {
                 queue: queue.into(),
             })
             .inc();
+    }
+
+    /// One more dead message whose pass-through failed for `reason` (an `EnqueueError`'s).
+    pub fn pass_through_failed(&self, namespace: &str, queue: &str, reason: &str) {
+        count_reason(&self.pass_through_failures, namespace, queue, reason);
     }
 
     /// Counts `n` alerts posted to an Alertmanager with `result` (success | failure).

@@ -223,8 +223,8 @@ async fn crash_between_requeue_and_status_write_redrives_after_restart() {
 /// redrive (another key) is pushed; a push Redis refuses leaves no marker behind.
 #[tokio::test]
 async fn redis_keeps_one_job_per_redrive_key() {
-    use deadletter::target::redis::{MARKER_TTL, RedisKey, RedisTarget, marker};
-    use deadletter::target::{JobMessage, Target};
+    use deadletter::targets::redis::{MARKER_TTL, RedisKey, RedisTarget, marker};
+    use deadletter::targets::{JobMessage, Target};
     let redis = Redis::start();
     let message = |key: &str, headers: &[(&str, &str)]| JobMessage {
         id: "pi_0003/settle".into(),

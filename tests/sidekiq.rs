@@ -556,8 +556,8 @@ async fn a_redrive_while_redis_is_down_waits_and_then_runs_once() {
 /// leader) pushes one job; the next redrive of the job (another key) pushes again.
 #[tokio::test]
 async fn one_redrive_enqueued_twice_pushes_one_job() {
-    use deadletter::target::sidekiq::SidekiqTarget;
-    use deadletter::target::{JobMessage, Target};
+    use deadletter::targets::sidekiq::SidekiqTarget;
+    use deadletter::targets::{JobMessage, Target};
     let redis = Redis::start();
     let target = SidekiqTarget::new(&redis.url(), Some("myapp")).expect("target");
     let payload = dead_job("j1", "payments", "SettleJob", None).into_bytes();

@@ -13,7 +13,7 @@ pub mod redis;
 pub mod sqs;
 
 /// What a broker did with a request: the part of a target's error a connection can cause,
-/// turned into `crate::target::TargetError` by the same words (`From`), so a condition, an
+/// turned into `crate::targets::TargetError` by the same words (`From`), so a condition, an
 /// Event or a log reads as before.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum BrokerError {

@@ -11,8 +11,6 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use tokio::sync::Mutex;
 
-use futures::future::BoxFuture;
-
 use dlq_core::api::{DeadLetter, DeadLetterQueue, Job};
 use dlq_core::events::EventPlan;
 use dlq_core::plan::{Effects, Then};
@@ -26,8 +24,7 @@ use crate::state::bytes::ByteBudget;
 use crate::state::leadership::Leadership;
 use crate::state::parking_first;
 use crate::state::records::RecordIndex;
-use crate::state::standing::{PassTarget, Standing};
-use crate::target::{JobMessage, Targets};
+use crate::targets::Targets;
 
 /// Tunables of the reconcilers.
 #[derive(Clone, Debug)]
@@ -183,8 +180,6 @@ pub struct Context {
     /// Bytes of stored bodies being redriven at once ([`REDRIVE_BYTES`], see
     /// [`Context::body_turn`]).
     pub(super) redrive_bytes: ByteBudget,
-    /// The standing replays running here, which the sources pass dead messages through for.
-    pub standing: Standing,
     /// DeadLetterReplays as the watch sees them (what standing replays passed through, for
     /// the groups); None in tests that do not watch them.
     pub replay_store: Option<Store<DeadLetterReplay>>,
@@ -195,34 +190,6 @@ pub struct Context {
 /// bodies of 100 MiB would be gigabytes, past any memory limit, and again after each restart.
 /// Bodies below a few MiB are not held back; one larger than this runs alone.
 pub const REDRIVE_BYTES: u32 = 64 << 20;
-
-/// Passes standing replays' dead messages to their queues' targets, as a redrive enqueues a
-/// record's job: untouched, with the idempotency key in the queue's key header.
-struct TargetsPass(Arc<dyn Targets>);
-
-impl PassTarget for TargetsPass {
-    fn requeue<'a>(
-        &'a self,
-        queue: &'a DeadLetterQueue,
-        job: &'a Job,
-        key: String,
-    ) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(async move {
-            let target = self.0.target(queue).await.map_err(|e| e.to_string())?;
-            let mut message = JobMessage::from_job(job).map_err(|e| e.to_string())?;
-            message.idempotency_key = Some(key);
-            message.key_header = queue
-                .spec
-                .target
-                .idempotency_key_header()
-                .map(str::to_string);
-            message
-                .check_carried_by(target.as_ref())
-                .map_err(|e| e.to_string())?;
-            target.requeue(&message).await.map_err(|e| e.to_string())
-        })
-    }
-}
 
 /// How long a reconcile waits for a store's first complete list (the record index's, the queue
 /// store's) before it steps aside and asks to be run again.
@@ -283,7 +250,6 @@ impl Context {
             keys: Arc::new(crate::keys::NoKeys),
             bodies: Arc::new(crate::body::NoBodies),
             redrive_bytes: ByteBudget::new(REDRIVE_BYTES),
-            standing: Standing::new(Arc::new(TargetsPass(targets.clone()))),
             replay_store: None,
             targets,
             settings,

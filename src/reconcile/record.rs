@@ -27,7 +27,8 @@ use super::context::Context;
 use super::error::ReconcileError;
 use crate::body::open::OpenFailed;
 use crate::state::apiserver::is_conflict;
-use crate::target::{JobMessage, TargetError};
+use crate::targets::enqueue::{Destination, EnqueueError};
+use crate::targets::{JobMessage, TargetError};
 
 /// Attempts at writing a resolution before handing the record back to the work queue.
 const RESOLVE_ATTEMPTS: usize = 8;
@@ -366,22 +367,19 @@ async fn requeue(ctx: &Context, ns: &str, record: &DeadLetter) -> Result<(), Req
             ),
         })?;
     let job = opened(ctx, &queue, record).await?;
-    let target = ctx.targets.target(&queue).await.map_err(failure)?;
+    let destination = Destination::of(ctx.targets.as_ref(), &queue)
+        .await
+        .map_err(enqueue_failure)?;
     let _turn = ctx.body_turn(&job).await;
-    let mut message = message_of(ctx, &queue, &job).await?;
-    message.idempotency_key = Some(decide::redrive_key(record));
-    message.key_header = queue
-        .spec
-        .target
-        .idempotency_key_header()
-        .map(str::to_string);
-    message.check_carried_by(target.as_ref()).map_err(failure)?;
+    let message = message_of(ctx, &queue, &job).await?;
     let started = Instant::now();
-    let result = target.requeue(&message).await;
+    let result = destination
+        .enqueue(message, decide::redrive_key(record))
+        .await;
     ctx.metrics
         .requeue_duration
         .observe(started.elapsed().as_secs_f64());
-    result.map_err(failure)
+    result.map_err(enqueue_failure)
 }
 
 /// The message a redrive sends: the job's own bytes, or its body fetched from the queue's store
@@ -470,6 +468,11 @@ fn failure(e: TargetError) -> RequeueFailure {
         reason: e.reason(),
         message: e.to_string(),
     }
+}
+
+/// A record's condition says the target's own words, whichever step of the enqueue failed.
+fn enqueue_failure(e: EnqueueError) -> RequeueFailure {
+    failure(e.into_cause())
 }
 
 /// Keeps the record Parked, says why on a condition and a Warning Event, retries with backoff.

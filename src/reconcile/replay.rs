@@ -29,8 +29,8 @@ use dlq_core::replay::{
 
 use super::context::{Context, LIST_WAIT};
 use super::error::ReconcileError;
+use crate::pass::{Cover, PassLog, Standing, Tally};
 use crate::state::apiserver::{Apiserver, PassedThrough, Signature, is_conflict, reference};
-use crate::state::standing::{Cover, PassLog, Tally};
 
 /// Signatures in flight at once within one step.
 const SIGN_CONCURRENCY: usize = 64;
@@ -101,16 +101,19 @@ struct Memory {
     started_here: bool,
 }
 
-/// The replay controller's context: the operator's, plus each replay's [`Memory`] by uid.
+/// The replay controller's context: the operator's, the standing replays running here (whose
+/// groups it covers for the sources), and each replay's [`Memory`] by uid.
 pub struct Replays {
     pub ctx: Arc<Context>,
+    pub standing: Standing,
     memory: Mutex<HashMap<String, Memory>>,
 }
 
 impl Replays {
-    pub fn new(ctx: Arc<Context>) -> Self {
+    pub fn new(ctx: Arc<Context>, standing: Standing) -> Self {
         Replays {
             ctx,
+            standing,
             memory: Mutex::default(),
         }
     }
@@ -119,6 +122,7 @@ impl Replays {
 /// One replay, as this step sees it.
 struct Run<'a> {
     ctx: &'a Context,
+    standing: &'a Standing,
     replay: &'a DeadLetterReplay,
     ns: String,
     name: String,
@@ -148,7 +152,7 @@ pub async fn reconcile(replay: Arc<DeadLetterReplay>, replays: Arc<Replays>) -> 
     let ctx = &replays.ctx;
     if status.phase.is_some_and(ReplayPhase::is_final) {
         replays.memory.lock().await.remove(&uid);
-        ctx.standing.uncover(&ns, &uid);
+        replays.standing.uncover(&ns, &uid);
         return Ok(Action::await_change());
     }
     if !ctx.records_ready().await || !ctx.queues_ready().await {
@@ -161,6 +165,7 @@ pub async fn reconcile(replay: Arc<DeadLetterReplay>, replays: Arc<Replays>) -> 
         name: replay.name_any(),
         ns,
         ctx,
+        standing: &replays.standing,
         replay: &replay,
         mem,
         status,
@@ -427,7 +432,7 @@ async fn write_progress(run: &mut Run<'_>) -> Result<()> {
 fn stand(run: &mut Run<'_>) -> Option<String> {
     let uid = run.replay.metadata.uid.clone().unwrap_or_default();
     let (status, spec, name) = (&run.status, &run.replay.spec, &run.name);
-    let cover = run.ctx.standing.cover(&run.ns, &spec.queue, &uid, || {
+    let cover = run.standing.cover(&run.ns, &spec.queue, &uid, || {
         let tally = Tally {
             sample: status.sample.clone(),
             at: status.passed_at.as_ref().map(|t| t.0),
@@ -446,8 +451,12 @@ fn stand(run: &mut Run<'_>) -> Option<String> {
     let bounds = run.replay.spec.bounds();
     let ratio = cover.failure_ratio()?;
     (ratio > bounds.failure_ratio).then(|| {
+        let why = cover
+            .failures()
+            .map(|f| format!(" ({f})"))
+            .unwrap_or_default();
         format!(
-            "pass-through enqueue failure ratio {:.0}% over the last {} exceeds {:.0}%",
+            "pass-through enqueue failure ratio {:.0}% over the last {} exceeds {:.0}%{why}",
             ratio * 100.0,
             bounds.window,
             bounds.failure_ratio * 100.0
@@ -463,7 +472,11 @@ struct ReplayLog {
 }
 
 impl PassLog for ReplayLog {
-    fn write<'a>(&'a self, passed: i64, tally: &'a Tally) -> BoxFuture<'a, Result<(), String>> {
+    fn write<'a>(
+        &'a self,
+        passed: i64,
+        tally: &'a Tally,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
         async move {
             let passed = PassedThrough {
                 passed_through: passed,
@@ -473,7 +486,6 @@ impl PassLog for ReplayLog {
             self.apiserver
                 .write_replay_passed(&self.replay, &passed)
                 .await
-                .map_err(|e| e.to_string())
         }
         .boxed()
     }
@@ -625,7 +637,7 @@ async fn settle(run: &mut Run<'_>, observed: &Observed) -> Result<Action> {
 /// status, and the decision record (an Event on the queue and on the replay).
 async fn finish(run: &mut Run<'_>, observed: &Observed, stop: Option<String>) -> Result<Action> {
     let uid = run.replay.metadata.uid.clone().unwrap_or_default();
-    if let Some(cover) = run.ctx.standing.uncover(&run.ns, &uid) {
+    if let Some(cover) = run.standing.uncover(&run.ns, &uid) {
         // Messages in the middle of passing through when the cover ended are counted too.
         cover.passing_done(PASSING_WAIT).await;
         run.cover = Some(cover);

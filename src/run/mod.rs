@@ -32,13 +32,14 @@ use dlq_core::api::DeadLetter;
 
 use crate::alert::Alerting;
 use crate::metrics::Metrics;
+use crate::pass::Standing;
 use crate::reconcile::{
     self, Context, Settings, aggregate, error_policy, record::RecordError as Error,
 };
 use crate::state::apiserver::{Apiserver, KubeApiserver};
 use crate::state::jobs::JobIndex;
 use crate::state::records::RecordIndex;
-use crate::target::cache::TargetCache;
+use crate::targets::cache::TargetCache;
 
 /// Whether `store` has had its first complete list, without waiting.
 fn listed_now<K>(store: &Store<K>) -> bool
@@ -172,6 +173,9 @@ pub async fn run_scope(
         futures::future::ready(())
     });
     let targets = Arc::new(TargetCache::new(client.clone()));
+    // The standing replays running here: covered by the replay controller, offered every dead
+    // message by the sources, passing what they cover straight to the targets.
+    let standing = Standing::new(targets.clone());
     let apiserver: Arc<dyn Apiserver> = Arc::new(KubeApiserver::new(client.clone(), reporter));
     let mut ctx = Context::new(
         apiserver.clone(),
@@ -220,7 +224,7 @@ pub async fn run_scope(
         leadership: settings.leadership.clone(),
         in_flight: Default::default(),
         parking_first: ctx.parking_first.clone(),
-        standing: ctx.standing.clone(),
+        passes: Arc::new(standing.clone()),
         kafka_in_flight: settings.mechanisms.kafka_in_flight,
         sqs_receivers: settings.mechanisms.sqs_receivers,
         sqs_long_poll: settings.sqs_long_poll,
@@ -272,7 +276,7 @@ pub async fn run_scope(
         (replay_store, replay_writer),
         &client_for_replays,
         &namespace,
-        ctx.clone(),
+        reconcile::replay::Replays::new(ctx.clone(), standing),
         cfg,
         shutdown.clone(),
     );
@@ -379,11 +383,11 @@ fn replay_controller(
     ),
     client: &Client,
     namespace: &Option<String>,
-    ctx: Arc<Context>,
+    replays: reconcile::replay::Replays,
     cfg: Config,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
 ) -> impl std::future::Future<Output = ()> {
-    let replays = watcher(
+    let changes = watcher(
         api_for::<dlq_core::replay::DeadLetterReplay>(client, namespace),
         watcher::Config::default().any_semantic(),
     )
@@ -391,7 +395,7 @@ fn replay_controller(
     .reflect(writer)
     .applied_objects()
     .predicate_filter(predicates::generation, Default::default());
-    let controller = Controller::for_stream(replays, store.clone())
+    let controller = Controller::for_stream(changes, store.clone())
         .with_config(cfg)
         .graceful_shutdown_on(shutdown.clone())
         .run(
@@ -399,7 +403,7 @@ fn replay_controller(
             |obj, err, replays: Arc<reconcile::replay::Replays>| {
                 error_policy(obj, err, replays.ctx.clone())
             },
-            Arc::new(reconcile::replay::Replays::new(ctx)),
+            Arc::new(replays),
         )
         .for_each(|_| futures::future::ready(()));
     until_stopped(controller, store, shutdown)

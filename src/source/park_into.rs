@@ -21,12 +21,12 @@ use dlq_core::park::{
 use super::in_flight::InFlight;
 use crate::body::{Bodies, BodyError, Kept};
 use crate::metrics::Metrics;
+use crate::pass::{PassThrough, Passed};
 use crate::secret::{SecretError, read_secret};
 use crate::state::apiserver::{Apiserver, reference};
 use crate::state::jobs::JobIndex;
 use crate::state::leadership::Leadership;
 use crate::state::parking_first::ParkingFirst;
-use crate::state::standing::{Passed, Standing};
 
 /// Why one run of a source ended. It is restarted with backoff.
 #[derive(Debug, thiserror::Error)]
@@ -83,8 +83,9 @@ pub struct Shared {
     pub in_flight: InFlight,
     /// Parks in flight, which the records controller's marks yield to.
     pub parking_first: ParkingFirst,
-    /// The standing replays running here: a dead message one covers is passed through.
-    pub standing: Standing,
+    /// The standing replays running here, as a source may ask them: a dead message one covers
+    /// is passed through.
+    pub passes: Arc<dyn PassThrough>,
     /// The Kafka source handles several messages at once (`super::kafka::IN_FLIGHT`); off
     /// only in the bench's A/B.
     pub kafka_in_flight: bool,
@@ -373,7 +374,7 @@ impl ParkInto {
         }
     }
 
-    /// Whether a standing replay took `req` (see [`crate::state::standing`]): requeued on the
+    /// Whether a standing replay took `req` (see [`crate::pass`]): requeued on the
     /// target, so the source acknowledges it without a record. A failed requeue parks it.
     async fn passed_through(&self, req: &ParkRequest, raw: &[u8]) -> bool {
         // A replica without a term parks nothing, and passes nothing either.
@@ -386,7 +387,7 @@ impl ParkInto {
         if self.maybe_parked(req) {
             return false;
         }
-        match self.shared.standing.pass(&queue, req, raw).await {
+        match self.shared.passes.pass(&queue, req, raw).await {
             Passed::No => false,
             Passed::Through { replay } => {
                 self.shared
@@ -395,8 +396,13 @@ impl ParkInto {
                 tracing::debug!(namespace = %self.namespace(), queue = %self.queue(), job = %req.job.id, %replay, "passed through");
                 true
             }
-            Passed::Failed { replay, why } => {
-                tracing::warn!(namespace = %self.namespace(), queue = %self.queue(), job = %req.job.id, %replay, error = %why, "pass-through failed; parking the dead message instead");
+            Passed::Failed { replay, error } => {
+                self.shared.metrics.pass_through_failed(
+                    self.namespace(),
+                    self.queue(),
+                    error.reason(),
+                );
+                tracing::warn!(namespace = %self.namespace(), queue = %self.queue(), job = %req.job.id, %replay, reason = error.reason(), %error, "pass-through failed; parking the dead message instead");
                 false
             }
         }
@@ -408,7 +414,7 @@ impl ParkInto {
         self.shared.leadership.holds()
             && self
                 .shared
-                .standing
+                .passes
                 .covers_queue(self.namespace(), self.queue())
     }
 
@@ -417,7 +423,7 @@ impl ParkInto {
         let Some(queue) = self.shared.queues.get(&self.key) else {
             return false;
         };
-        !self.maybe_parked(req) && self.shared.standing.would_pass(&queue, req)
+        !self.maybe_parked(req) && self.shared.passes.would_pass(&queue, req)
     }
 
     /// Whether this very message may already be a record: re-read after a crash between its
@@ -630,6 +636,26 @@ mod tests {
     use super::*;
     use crate::state::apiserver::KubeApiserver;
 
+    /// A process with no standing replay: every message parks.
+    struct PassesNothing;
+
+    impl PassThrough for PassesNothing {
+        fn covers_queue(&self, _: &str, _: &str) -> bool {
+            false
+        }
+        fn would_pass(&self, _: &DeadLetterQueue, _: &ParkRequest) -> bool {
+            false
+        }
+        fn pass<'a>(
+            &'a self,
+            _: &'a DeadLetterQueue,
+            _: &'a ParkRequest,
+            _: &'a [u8],
+        ) -> futures::future::BoxFuture<'a, Passed> {
+            Box::pin(async { Passed::No })
+        }
+    }
+
     /// A source's way in for queue `payments/relayer`, its parker's apiserver at `addr`.
     fn into_for(
         addr: std::net::SocketAddr,
@@ -655,7 +681,7 @@ mod tests {
                 leadership,
                 in_flight: InFlight::default(),
                 parking_first: ParkingFirst::default(),
-                standing: Standing::default(),
+                passes: Arc::new(PassesNothing),
                 kafka_in_flight: true,
                 sqs_receivers: true,
                 sqs_long_poll: std::time::Duration::from_secs(20),

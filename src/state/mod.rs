@@ -1,7 +1,6 @@
 //! What the reconcilers, the sources and the alert sender share, below all of them: the job
 //! index sources park with, the record index everyone reads, this replica's leadership, the
-//! one writer to the apiserver, the parking priority between sources and marks, and the standing
-//! replays sources pass dead messages through for.
+//! one writer to the apiserver, and the parking priority between sources and marks.
 
 pub mod apiserver;
 pub mod bytes;
@@ -9,4 +8,3 @@ pub mod jobs;
 pub mod leadership;
 pub mod parking_first;
 pub mod records;
-pub mod standing;

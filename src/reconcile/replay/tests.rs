@@ -13,6 +13,7 @@ use dlq_core::testing::{RecordBuilder, at};
 
 use super::{Replays, reconcile};
 use crate::metrics::Metrics;
+use crate::pass::Standing;
 use crate::reconcile::tests::{FakeTarget, store_of};
 use crate::reconcile::{Context, Settings};
 use crate::state::apiserver::fake::FakeApiserver;
@@ -84,7 +85,14 @@ fn process(fake: &Arc<FakeApiserver>) -> Arc<Replays> {
         Metrics::default(),
         Settings::default(),
     );
-    Arc::new(Replays::new(Arc::new(ctx)))
+    replays_of(ctx)
+}
+
+/// The replay controller over `ctx`, its standing replays passing to `ctx`'s targets (as
+/// `crate::run` wires them).
+fn replays_of(ctx: Context) -> Arc<Replays> {
+    let standing = Standing::new(ctx.targets.clone());
+    Arc::new(Replays::new(Arc::new(ctx), standing))
 }
 
 /// Five matching records parked long ago, one that does not match, one parked just now.
@@ -221,7 +229,7 @@ async fn a_missing_queue_keeps_the_replay_pending() {
         Metrics::default(),
         Settings::default(),
     );
-    let replays = Arc::new(Replays::new(Arc::new(ctx)));
+    let replays = replays_of(ctx);
     reconcile(Arc::new(replay("5/s")), replays)
         .await
         .expect("step");
@@ -236,7 +244,7 @@ async fn a_missing_queue_keeps_the_replay_pending() {
 /// empty; after that the group's messages park again.
 #[tokio::test]
 async fn a_standing_redrive_decides_later_records_and_passes_messages_until_the_backlog_is_empty() {
-    use crate::state::standing::Passed;
+    use crate::pass::Passed;
     use dlq_core::api::{Job, QueueBacklog};
     use dlq_core::facts::Facts;
     use dlq_core::park::ParkRequest;
@@ -271,7 +279,7 @@ async fn a_standing_redrive_decides_later_records_and_passes_messages_until_the_
         Metrics::default(),
         Settings::default(),
     );
-    let replays = Arc::new(Replays::new(Arc::new(ctx)));
+    let replays = replays_of(ctx);
     reconcile(Arc::new(standing.clone()), replays.clone())
         .await
         .expect("step");
@@ -294,9 +302,8 @@ async fn a_standing_redrive_decides_later_records_and_passes_messages_until_the_
     )
     .with_message("relayer:dead#9");
     dead.reason = "timeout".into();
-    let ctx = replays.ctx.clone();
     assert!(matches!(
-        ctx.standing.pass(&full, &dead, b"raw").await,
+        replays.standing.pass(&full, &dead, b"raw").await,
         Passed::Through { .. }
     ));
     let got = target.received.lock().expect("lock").clone();
@@ -340,9 +347,7 @@ async fn a_standing_redrive_decides_later_records_and_passes_messages_until_the_
         Metrics::default(),
         Settings::default(),
     );
-    let mut ctx = ctx;
-    ctx.standing = replays.ctx.standing.clone();
-    let later = Arc::new(Replays::new(Arc::new(ctx)));
+    let later = Arc::new(Replays::new(Arc::new(ctx), replays.standing.clone()));
     reconcile(Arc::new(standing), later.clone())
         .await
         .expect("step");
@@ -352,7 +357,7 @@ async fn a_standing_redrive_decides_later_records_and_passes_messages_until_the_
     let summary = status.summary.expect("summary");
     assert!(summary.contains("passed through 1"), "{summary}");
     assert_eq!(
-        later.ctx.standing.pass(&empty, &dead, b"raw").await,
+        later.standing.pass(&empty, &dead, b"raw").await,
         Passed::No,
         "uncovered: the group's messages park again"
     );

@@ -27,7 +27,7 @@ use dlq_core::testing::RecordBuilder;
 use super::{Context, ReconcileError, Settings};
 use crate::metrics::Metrics;
 use crate::state::apiserver::fake::FakeApiserver;
-use crate::target::{JobMessage, Target, TargetError, Targets};
+use crate::targets::{JobMessage, Target, TargetError, Targets};
 
 const NS: &str = "payments";
 const NAME: &str = "pi-0003-settle-5d41402a-1";

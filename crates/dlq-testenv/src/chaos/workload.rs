@@ -27,7 +27,7 @@ pub const REDIS_DEAD: &str = "relayer:dead";
 
 pub use super::shared::REDIS_JOBS;
 
-/// The fields of a redriven job on a Redis stream (`deadletter::target::redis`).
+/// The fields of a redriven job on a Redis stream (`deadletter::targets::redis`).
 const STREAM_PAYLOAD: &str = "payload";
 const STREAM_KEY: &str = "header:Idempotency-Key";
 

@@ -21,18 +21,18 @@ use crate::broker::kafka::{KafkaConn, SaslCredentials, read_kafka_secrets};
 #[cfg(feature = "sqs")]
 use crate::broker::sqs::{AwsKeys, read_aws_keys};
 use crate::secret::read_secret;
-use crate::target::amqp::AmqpTarget;
-use crate::target::http::HttpTarget;
+use crate::targets::amqp::AmqpTarget;
+use crate::targets::http::HttpTarget;
 #[cfg(feature = "kafka")]
-use crate::target::kafka::KafkaTarget;
-use crate::target::nats::NatsTarget;
+use crate::targets::kafka::KafkaTarget;
+use crate::targets::nats::NatsTarget;
 #[cfg(feature = "pubsub")]
-use crate::target::pubsub::PubsubTarget;
-use crate::target::redis::{RedisKey, RedisTarget};
-use crate::target::sidekiq::SidekiqTarget;
+use crate::targets::pubsub::PubsubTarget;
+use crate::targets::redis::{RedisKey, RedisTarget};
+use crate::targets::sidekiq::SidekiqTarget;
 #[cfg(feature = "sqs")]
-use crate::target::sqs::SqsTarget;
-use crate::target::{Target, TargetError, Targets};
+use crate::targets::sqs::SqsTarget;
+use crate::targets::{Target, TargetError, Targets};
 
 /// How long a cached target is trusted before its Secret is read again.
 const SECRET_TTL: Duration = Duration::from_secs(30);

@@ -4,12 +4,14 @@
 //! One file per backend: [`redis`], [`amqp`] (RabbitMQ), [`nats`] (JetStream or core NATS) and
 //! [`http`] (the consumer's own endpoint), [`sqs`] (Amazon SQS), [`kafka`], [`sidekiq`] (the job's
 //! own Sidekiq queue), [`pubsub`] (Google Cloud Pub/Sub); [`cache`] builds them from a queue's spec and Secrets and keeps their
-//! connections. docs/backends.md describes what each one carries. The Kafka,
+//! connections; [`enqueue`] is the one way a job is put on one, for a redrive and a
+//! pass-through alike. docs/backends.md describes what each one carries. The Kafka,
 //! SQS and Pub/Sub backends are cargo features (`kafka`, `sqs`, `pubsub`, on by default); a build without one answers
 //! a queue naming it with [`crate::broker::not_built`].
 
 pub mod amqp;
 pub mod cache;
+pub mod enqueue;
 pub mod http;
 #[cfg(feature = "kafka")]
 pub mod kafka;
