@@ -135,7 +135,7 @@ async fn failure_groups(ui: &Ui) -> Markup {
                         tr data-group=(fingerprint) {
                             td { (g.namespace().unwrap_or_default()) }
                             td { (queue) }
-                            td { a.group href=(format!("/records?queue={queue}&group={fingerprint}")) { (crate::groups_cmd::visible(&s.template)) } }
+                            td.template { a.group href=(format!("/records?queue={queue}&group={fingerprint}")) { (crate::groups_cmd::visible(&s.template)) } }
                             td { (s.failure_kind.map_or("-", |k| k.as_str())) }
                             td { (s.service_version.as_deref().unwrap_or("-")) }
                             td.num { (s.parked) }
