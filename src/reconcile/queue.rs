@@ -70,7 +70,7 @@ pub async fn reconcile(
     let counts = plan::count(live);
     let readiness = readiness(&ctx, &queue).await;
     tracing::debug!(namespace = %ns, queue = %name, ready = readiness.ready, "probed the queue's target");
-    let bounds = capacity::Bounds::default();
+    let bounds = ctx.bounds(&ns);
     let mut plan = plan::queue_status(&queue, counts, reckoned, readiness, &bounds, now);
     let ca_certs = park_ca(&ctx.settings);
     plan.status.address = plan::address(

@@ -122,6 +122,10 @@ What the operator does against the API in the namespaces it watches, and nothing
 - apiGroups: [events.k8s.io]
   resources: [events]
   verbs: [create, patch]
+- apiGroups: [""]
+  resources: [resourcequotas]
+  # a queue's Full condition names a used-up ResourceQuota on its namespace's records
+  verbs: [get, list, watch]
 {{- if .Values.rbac.readSecrets }}
 - apiGroups: [""]
   resources: [secrets]

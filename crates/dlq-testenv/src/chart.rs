@@ -305,6 +305,7 @@ pub fn operator_grants() -> BTreeSet<Grant> {
         ),
         grant("dlq.dev", "deadlettergroups/status", &[], &["patch"]),
         grant("events.k8s.io", "events", &[], &["create", "patch"]),
+        grant("", "resourcequotas", &[], &["get", "list", "watch"]),
         grant("", "secrets", &[], &["get"]),
     ]
     .into_iter()
