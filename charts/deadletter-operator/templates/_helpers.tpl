@@ -59,6 +59,10 @@ app.kubernetes.io/part-of: deadletter-operator
 {{- default (include "dlo.fullname" .) .Values.leaderElection.leaseName }}
 {{- end }}
 
+{{- define "dlo.recordsLedger" -}}
+{{- printf "%s-records" (include "dlo.leaseName" .) }}
+{{- end }}
+
 {{- define "dlo.metricsServiceName" -}}
 {{- printf "%s-metrics" (include "dlo.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}

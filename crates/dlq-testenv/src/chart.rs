@@ -312,6 +312,23 @@ pub fn operator_grants() -> BTreeSet<Grant> {
     .collect()
 }
 
+/// The `--max-records` ledger ConfigMap `ledger` (named after the Lease), in the operator's own
+/// namespace only, and the Event it publishes there when the ceiling is reached.
+pub fn records_ledger_grants(ledger: &str) -> BTreeSet<Grant> {
+    [
+        grant("", "configmaps", &[], &["create"]),
+        grant(
+            "",
+            "configmaps",
+            &[ledger],
+            &["get", "list", "watch", "patch"],
+        ),
+        grant("events.k8s.io", "events", &[], &["create", "patch"]),
+    ]
+    .into_iter()
+    .collect()
+}
+
 /// The operator's Lease (named after the release), in its own namespace only.
 pub fn leader_election_grants(lease: &str) -> BTreeSet<Grant> {
     [
