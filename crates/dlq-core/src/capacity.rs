@@ -168,9 +168,11 @@ pub struct QuotaUse {
 
 impl QuotaUse {
     /// From a ResourceQuota's name, scoped or not, and its `status.hard` and `status.used`
-    /// (quantities as strings): None when it does not bound records, or is scoped (scopes
-    /// select pods; an object count quota with a scope never matches a record), or its
-    /// controller has not counted it yet.
+    /// (quantities as strings): None when it does not bound records, is scoped (scopes select
+    /// pods; an object count quota with a scope never matches a record) or its controller has
+    /// not set `status.hard` yet. Without `status.used` of records (its controller has not
+    /// counted them yet) `used` is None: the apiserver refuses every record meanwhile
+    /// ("status unknown for quota"), and so it is [`QuotaUse::exhausted`].
     pub fn from_status<'a>(
         name: &str,
         scoped: bool,
@@ -183,7 +185,7 @@ impl QuotaUse {
         let hard = records_in(hard)?;
         Some(QuotaUse {
             name: name.to_string(),
-            used: Some(records_in(used).unwrap_or(0)),
+            used: records_in(used),
             hard: Some(hard),
         })
     }
@@ -210,6 +212,10 @@ impl QuotaUse {
         match (self.used, self.hard) {
             (Some(used), Some(hard)) => format!(
                 "ResourceQuota {}: {used} of {hard} {QUOTA_RESOURCE} used",
+                self.name
+            ),
+            (None, Some(hard)) => format!(
+                "ResourceQuota {}: {QUOTA_RESOURCE} of {hard} not counted yet by its controller, so the apiserver refuses every record",
                 self.name
             ),
             _ => format!(
@@ -453,8 +459,15 @@ mod tests {
             None,
             "another resource"
         );
-        let fresh = QuotaUse::from_status("q", false, [(QUOTA_RESOURCE, "5")], []);
-        assert_eq!(fresh.map(|q| q.used), Some(Some(0)));
+        // Not counted yet: the apiserver refuses every record until it is.
+        let fresh =
+            QuotaUse::from_status("q", false, [(QUOTA_RESOURCE, "5")], []).expect("bounds records");
+        assert_eq!((fresh.used, fresh.exhausted()), (None, true));
+        assert!(
+            fresh.describe().contains("not counted yet"),
+            "{}",
+            fresh.describe()
+        );
         let tight = tightest(
             [
                 QuotaUse::from_status(
