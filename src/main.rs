@@ -84,6 +84,12 @@ struct RunArgs {
     /// `LeaderStalled` on the queue, a log line, and the process exits for a standby to lead.
     #[arg(long, default_value_t = 180)]
     stall_after_seconds: u64,
+    /// The records the operator keeps across every queue it watches, any phase: beyond it the
+    /// operator's sources and park endpoint park nothing more (dead messages stay in their
+    /// brokers, queues say Full=True MaxRecordsReached) until records are deleted. Kept exact
+    /// in a ConfigMap `<lease-name>-records` in the operator's namespace. Unset: no ceiling.
+    #[arg(long, env = "DLQ_MAX_RECORDS", value_parser = clap::value_parser!(u64).range(1..))]
+    max_records: Option<u64>,
     #[command(flatten)]
     alerts: AlertArgs,
     #[command(flatten)]
@@ -224,6 +230,7 @@ impl RunArgs {
             sqs_long_poll_seconds,
             decided_resync_seconds,
             stall_after_seconds,
+            max_records,
             alerts,
             park,
             reveal,
@@ -248,6 +255,7 @@ impl RunArgs {
             sqs_long_poll_seconds,
             decided_resync_seconds,
             stall_after_seconds,
+            max_records,
             alerts: AlertOptions {
                 alertmanager_urls: alerts.alertmanager_urls,
                 alertmanager_ca_file: alerts.alertmanager_ca_file,

@@ -70,6 +70,14 @@ pub struct RefusedLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BoundLabels {
+    pub namespace: String,
+    pub queue: String,
+    /// The bound that refused: max_parked | quota | max_records | uncounted
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
     pub kind: String,
 }
@@ -89,6 +97,9 @@ pub struct Metrics {
     pub http_refused: Family<RefusedLabels, Counter>,
     pub passed_through: Family<QueueLabels, Counter>,
     pub pass_through_failures: Family<ReasonLabels, Counter>,
+    pub park_refusals: Family<BoundLabels, Counter>,
+    pub records_held: Gauge,
+    pub records_ceiling: Gauge,
     pub registry: Arc<Registry>,
 }
 
@@ -169,7 +180,28 @@ impl Default for Metrics {
             "Dead messages a standing replay covered whose enqueue on the target failed (parked instead), by reason",
             pass_through_failures.clone(),
         );
+        let park_refusals = Family::<BoundLabels, Counter>::default();
+        registry.register(
+            "dlq_park_refusals",
+            "Parkings refused for now by a bound (maxParked, a ResourceQuota on records, --max-records): the dead message waits in its broker",
+            park_refusals.clone(),
+        );
+        let records_held = Gauge::default();
+        registry.register(
+            "dlq_records_held",
+            "Records the operator keeps across every queue it watches, with slots being parked, as its --max-records ledger counts them",
+            records_held.clone(),
+        );
+        let records_ceiling = Gauge::default();
+        registry.register(
+            "dlq_records_ceiling",
+            "The operator's --max-records (0 without one)",
+            records_ceiling.clone(),
+        );
         Metrics {
+            park_refusals,
+            records_held,
+            records_ceiling,
             http_park_requests,
             http_refused,
             passed_through,
@@ -210,6 +242,17 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+
+    /// A parking refused for now by `bound` (`dlq_client::ParkError::bound`).
+    pub fn park_refused(&self, namespace: &str, queue: &str, bound: &str) {
+        self.park_refusals
+            .get_or_create(&BoundLabels {
+                namespace: namespace.into(),
+                queue: queue.into(),
+                reason: bound.into(),
+            })
+            .inc();
     }
 
     /// One more dead message that can never be a record.

@@ -17,6 +17,7 @@ use dlq_testenv::{
     LIST, Operator, Plane, create_queue, decide, eventually, list_target, wait_phase,
 };
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
@@ -254,27 +255,37 @@ struct Release {
     sa: String,
     /// The Lease the Deployment's operator elects its leader on.
     lease: String,
+    /// The Deployment's `--max-records`, if any.
+    max_records: Option<String>,
 }
 
-/// Renders release `name` and applies its RBAC (nothing else: the operator runs here).
-fn install_rbac(plane: &Plane, name: &str, op_ns: &str, app_ns: &str) -> Release {
+/// Renders release `name` (with `extra` values) and applies its RBAC (nothing else: the
+/// operator runs here).
+fn install_rbac(plane: &Plane, name: &str, op_ns: &str, app_ns: &str, extra: &str) -> Release {
     let values = format!(
-        "watchNamespaces: [{app_ns}]\nuserRoles: {{create: false}}\nadmissionPolicy: {{enabled: false}}\n"
+        "watchNamespaces: [{app_ns}]\nuserRoles: {{create: false}}\nadmissionPolicy: {{enabled: false}}\n{extra}"
     );
     let docs = render(name, op_ns, &values);
     let rbac = of_kinds(&docs, &RBAC_KINDS);
     apply(plane, &rbac);
     let sa = name_of(only(&rbac, "ServiceAccount")).to_string();
     let args = &only(&docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"];
-    let lease = args
-        .as_array()
-        .expect("args")
-        .iter()
-        .filter_map(Value::as_str)
-        .find_map(|a| a.strip_prefix("--lease-name="))
-        .expect("the chart passes --lease-name")
-        .to_string();
-    Release { rbac, sa, lease }
+    let arg = |flag: &str| {
+        args.as_array()
+            .expect("args")
+            .iter()
+            .filter_map(Value::as_str)
+            .find_map(|a| a.strip_prefix(flag))
+            .map(str::to_string)
+    };
+    let lease = arg("--lease-name=").expect("the chart passes --lease-name");
+    let max_records = arg("--max-records=");
+    Release {
+        rbac,
+        sa,
+        lease,
+        max_records,
+    }
 }
 
 /// The operator as the release's Deployment would run it: as its ServiceAccount, electing a
@@ -287,13 +298,15 @@ fn start_operator_as(plane: &Plane, release: &Release, op_ns: &str, app_ns: &str
         "system:authenticated".to_string(),
     ];
     let kubeconfig = impersonating_kubeconfig(plane, &user, &groups);
-    let op_args = [
-        "--leader-election=true",
-        "--lease-namespace",
-        op_ns,
-        "--lease-name",
-        release.lease.as_str(),
+    let mut op_args = vec![
+        "--leader-election=true".to_string(),
+        format!("--lease-namespace={op_ns}"),
+        format!("--lease-name={}", release.lease),
     ];
+    if let Some(max) = &release.max_records {
+        op_args.push(format!("--max-records={max}"));
+    }
+    let op_args: Vec<&str> = op_args.iter().map(String::as_str).collect();
     let kc = kubeconfig.to_string_lossy().to_string();
     Operator::start_with(app_ns, &op_args, &[("KUBECONFIG", kc.as_str())])
 }
@@ -337,7 +350,7 @@ async fn operator_with_exactly_the_charts_rbac_parks_redrives_and_retains() {
     dlq_testenv::install_crds(&client).await;
     let op_ns = dlq_testenv::namespace(&client, "rbac-e2e-op").await;
     let app_ns = dlq_testenv::namespace(&client, "rbac-e2e-app").await;
-    let release = install_rbac(plane, &release("e2e"), &op_ns, &app_ns);
+    let release = install_rbac(plane, &release("e2e"), &op_ns, &app_ns, "");
     let redis = Redis::start();
     create_queue(
         &client,
@@ -387,6 +400,63 @@ async fn operator_with_exactly_the_charts_rbac_parks_redrives_and_retains() {
     );
     apply(plane, &release.rbac);
     wait_phase(&records, &r2, Phase::Parked, 60).await;
+}
+
+/// `maxRecords` (issue 58) with exactly the chart's RBAC: the operator counts its records into
+/// its ledger ConfigMap in its own namespace and says the ceiling there, and its sources park
+/// no more than the ceiling, nothing forbidden.
+#[tokio::test]
+async fn the_records_ceiling_needs_nothing_beyond_the_charts_rbac() {
+    let plane = dlq_testenv::plane();
+    let client = plane.client().await;
+    chart_crds(&client).await;
+    dlq_testenv::install_crds(&client).await;
+    let op_ns = dlq_testenv::namespace(&client, "rbac-ceil-op").await;
+    let app_ns = dlq_testenv::namespace(&client, "rbac-ceil-app").await;
+    let release = install_rbac(plane, &release("ceil"), &op_ns, &app_ns, "maxRecords: 5\n");
+    assert_eq!(release.max_records.as_deref(), Some("5"));
+    let redis = Redis::start();
+    create_queue(
+        &client,
+        &app_ns,
+        &redis.url(),
+        list_target(),
+        json!({"source": {"redis": {"list": "relayer:dead"}}}),
+    )
+    .await;
+    {
+        let mut c = redis.conn().await;
+        for i in 0..8 {
+            let env = json!({"id": format!("ceil/{i}"), "payload": "{}"});
+            let _: () = redis::cmd("LPUSH")
+                .arg("relayer:dead")
+                .arg(env.to_string())
+                .query_async(&mut c)
+                .await
+                .expect("LPUSH");
+        }
+    }
+    let op = start_operator_as(plane, &release, &op_ns, &app_ns);
+    let ledger = format!("{}-records", release.lease);
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &op_ns);
+    eventually(60, "the ledger to count 5 records", || async {
+        let cm = maps.get_opt(&ledger).await.ok()??;
+        (cm.data?.get("records")? == "5").then_some(())
+    })
+    .await;
+    eventually(30, "a MaxRecordsReached Event on the ledger", || async {
+        let e = dlq_testenv::events_for(&client, &op_ns, &ledger, "MaxRecordsReached").await;
+        (!e.is_empty()).then_some(())
+    })
+    .await;
+    let records: Api<DeadLetter> = Api::namespaced(client.clone(), &app_ns);
+    let listed = records.list(&Default::default()).await.expect("list");
+    assert_eq!(listed.items.len(), 5, "exactly the ceiling");
+    assert!(
+        !op.logs().contains("forbidden"),
+        "the chart's RBAC is enough:\n{}",
+        op.logs()
+    );
 }
 
 /// With the park endpoint (issue 33) the operator may ask the apiserver who a caller is and

@@ -13,7 +13,8 @@ use std::sync::OnceLock;
 use dlq_testenv::chart::{
     USER_ROLES, apply, as_list, chart_crds, chart_dir, documents, dry_run_apply, find, grant,
     grants, helm, inventory, kind_of, labelled_namespace, leader_election_grants, name_of,
-    of_kinds, only, operator_grants, release, render, run, scratch_dir, show, tools,
+    of_kinds, only, operator_grants, records_ledger_grants, release, render, run, scratch_dir,
+    show, tools,
 };
 use dlq_testenv::{Plane, workspace_root};
 use serde_json::{Value, json};
@@ -962,6 +963,82 @@ async fn body_volume_render_mounts_a_kept_claim_for_one_replica() {
     );
     let out = template_with("bodyVolume.enabled=true,bodyVolume.accessModes={ReadWriteMany}");
     assert!(out.status.success(), "{}", show(&out));
+}
+
+/// `maxRecords` and `recordQuotas` (issue 58): the ceiling reaches the operator with a Role for
+/// its one ledger ConfigMap (and the Event it publishes there) in the release namespace, and
+/// each listed namespace gets a ResourceQuota on DeadLetter records; the apiserver takes them.
+/// The default render has none of it.
+#[tokio::test]
+async fn record_bounds_render_a_ceiling_and_quotas_per_namespace() {
+    let plane = dlq_testenv::plane();
+    let client = plane.client().await;
+    chart_crds(&client).await;
+    let ns = dlq_testenv::namespace(&client, "chart-bounds").await;
+    let a = dlq_testenv::namespace(&client, "chart-quota-a").await;
+    let b = dlq_testenv::namespace(&client, "chart-quota-b").await;
+    let rel = release("q");
+    let full = format!("{rel}-deadletter-operator");
+    let ledger = format!("{full}-records");
+    let docs = render(
+        &rel,
+        &ns,
+        &format!(
+            "maxRecords: 100000\nrecordQuotas:\n  - {{namespace: {a}, records: 5000}}\n  - {{namespace: {b}, records: 20000}}\n"
+        ),
+    );
+    let deployment = only(&docs, "Deployment");
+    let args: Vec<&str> = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(args.contains(&"--max-records=100000"), "{args:?}");
+    assert!(
+        args.contains(&format!("--lease-name={full}").as_str()),
+        "the ledger is named after the Lease: {args:?}"
+    );
+    assert_eq!(
+        grants(&find(&docs, "Role", &ns, &ledger)["rules"]),
+        records_ledger_grants(&ledger)
+    );
+    let binding = find(&docs, "RoleBinding", &ns, &ledger);
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": full, "namespace": ns}])
+    );
+    for (quota_ns, records) in [(&a, "5000"), (&b, "20000")] {
+        let quota = find(&docs, "ResourceQuota", quota_ns, &ledger);
+        assert_eq!(
+            quota["spec"]["hard"],
+            json!({"count/deadletters.dlq.dev": records}),
+            "{quota:#}"
+        );
+    }
+    assert_eq!(of_kinds(&docs, &["ResourceQuota"]).len(), 2);
+    accepted_without_warnings(plane, &docs);
+
+    let defaults = render(&rel, &ns, "");
+    assert!(of_kinds(&defaults, &["ResourceQuota"]).is_empty());
+    assert!(
+        !defaults
+            .iter()
+            .any(|d| kind_of(d) == "Role" && name_of(d) == ledger),
+        "no ledger Role without maxRecords"
+    );
+    let default_args =
+        only(&defaults, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+            .to_string();
+    assert!(!default_args.contains("--max-records"), "{default_args}");
+    for bad in [
+        "maxRecords=-1",
+        "recordQuotas[0].namespace=Not_A_Namespace,recordQuotas[0].records=5",
+        "recordQuotas[0].namespace=payments",
+    ] {
+        let out = template_with(bad);
+        assert!(!out.status.success(), "{bad} must be refused");
+    }
 }
 
 /// The NetworkPolicy lets traffic in to the container port named `port`.

@@ -12,10 +12,12 @@ use kube::{Resource, ResourceExt};
 use tokio::sync::Mutex;
 
 use dlq_core::api::{DeadLetter, DeadLetterQueue, Job};
+use dlq_core::capacity;
 use dlq_core::events::EventPlan;
 use dlq_core::plan::{Effects, Then};
 use dlq_core::replay::DeadLetterReplay;
-use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::core::v1::{ObjectReference, ResourceQuota};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::{aggregate, claims, kept_groups};
 use crate::metrics::Metrics;
@@ -183,6 +185,11 @@ pub struct Context {
     /// DeadLetterReplays as the watch sees them (what standing replays passed through, for
     /// the groups); None in tests that do not watch them.
     pub replay_store: Option<Store<DeadLetterReplay>>,
+    /// ResourceQuotas as the watch sees them (a queue's `Full` names one on its namespace's
+    /// records); None in tests that do not watch them.
+    pub quotas: Option<Store<ResourceQuota>>,
+    /// The operator's `--max-records` and its last count; None without one.
+    pub ceiling: Option<crate::state::ceiling::Ceiling>,
 }
 
 /// Bytes of stored bodies redriven at once. A redrive holds its body whole (fetched, opened when
@@ -251,6 +258,8 @@ impl Context {
             bodies: Arc::new(crate::body::NoBodies),
             redrive_bytes: ByteBudget::new(REDRIVE_BYTES),
             replay_store: None,
+            quotas: None,
+            ceiling: None,
             targets,
             settings,
         }
@@ -288,6 +297,36 @@ impl Context {
             }
         }
         by_group
+    }
+
+    /// Reads the ResourceQuotas from `store` (see [`Context::bounds`]).
+    pub fn with_quotas(mut self, store: Store<ResourceQuota>) -> Self {
+        self.quotas = Some(store);
+        self
+    }
+
+    /// Tells the queues' `Full` condition about the operator's `--max-records`.
+    pub fn with_ceiling(mut self, ceiling: crate::state::ceiling::Ceiling) -> Self {
+        self.ceiling = Some(ceiling);
+        self
+    }
+
+    /// The bounds beside `maxParked` on the records of a queue in `ns`: the tightest
+    /// ResourceQuota on `count/deadletters.dlq.dev` in `ns`, and the operator's ceiling.
+    pub fn bounds(&self, ns: &str) -> capacity::Bounds {
+        let quota = self.quotas.as_ref().and_then(|store| {
+            capacity::tightest(
+                store
+                    .state()
+                    .iter()
+                    .filter(|q| q.metadata.namespace.as_deref() == Some(ns))
+                    .filter_map(|q| quota_use(q)),
+            )
+        });
+        capacity::Bounds {
+            quota,
+            ceiling: self.ceiling.as_ref().and_then(|c| c.use_now()),
+        }
     }
 
     /// Reads the queues' sealing keys with `keys`.
@@ -393,6 +432,27 @@ pub fn action(then: Then) -> Action {
         Then::AwaitChange => Action::await_change(),
         Then::RequeueAfter(d) => Action::requeue(d),
     }
+}
+
+/// What a ResourceQuota says of the records of its namespace, when it bounds them and its
+/// controller has counted it.
+pub fn quota_use(q: &ResourceQuota) -> Option<capacity::QuotaUse> {
+    let scoped = q.spec.as_ref().is_some_and(|s| {
+        s.scopes.as_ref().is_some_and(|v| !v.is_empty()) || s.scope_selector.is_some()
+    });
+    let status = q.status.as_ref()?;
+    fn pairs(list: Option<&BTreeMap<String, Quantity>>) -> Vec<(&str, &str)> {
+        list.into_iter()
+            .flatten()
+            .map(|(k, v)| (k.as_str(), v.0.as_str()))
+            .collect()
+    }
+    capacity::QuotaUse::from_status(
+        q.metadata.name.as_deref().unwrap_or_default(),
+        scoped,
+        pairs(status.hard.as_ref()),
+        pairs(status.used.as_ref()),
+    )
 }
 
 #[cfg(test)]

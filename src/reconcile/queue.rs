@@ -70,7 +70,8 @@ pub async fn reconcile(
     let counts = plan::count(live);
     let readiness = readiness(&ctx, &queue).await;
     tracing::debug!(namespace = %ns, queue = %name, ready = readiness.ready, "probed the queue's target");
-    let mut plan = plan::queue_status(&queue, counts, reckoned, readiness, now);
+    let bounds = ctx.bounds(&ns);
+    let mut plan = plan::queue_status(&queue, counts, reckoned, readiness, &bounds, now);
     let ca_certs = park_ca(&ctx.settings);
     plan.status.address = plan::address(
         &queue,

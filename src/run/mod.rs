@@ -29,6 +29,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 
 use dlq_core::api::DeadLetter;
+use k8s_openapi::api::core::v1::ResourceQuota;
 
 use crate::alert::Alerting;
 use crate::metrics::Metrics;
@@ -97,6 +98,8 @@ pub struct Process {
     pub vigil: decided::Vigil,
     /// Raised when this leader stalls on decided records; None: it only logs and says so.
     pub stall_alarm: Option<decided::StallAlarm>,
+    /// The operator's `--max-records` across every scope; None without one.
+    pub ceiling: Option<crate::state::ceiling::Ceiling>,
 }
 
 /// Runs the controllers, the sources and the alert sender over `namespace` (all namespaces
@@ -116,8 +119,12 @@ pub async fn run_scope(
         park_endpoint,
         vigil,
         stall_alarm,
+        ceiling,
     } = process;
     let records = RecordIndex::default();
+    if let Some(c) = &ceiling {
+        c.register(records.clone());
+    }
     // The records controller's store: only records with something to do (see [`feeder`]).
     let (work, work_writer) = reflector::store();
     let (record_wakes, woken_records) = futures::channel::mpsc::unbounded();
@@ -132,6 +139,7 @@ pub async fn run_scope(
     let jobs = JobIndex::default();
     let initial = initial_state_for(&api_for(&client, &namespace)).await;
     let group_wakes = queue_wakes.clone();
+    let bound_wakes = queue_wakes.clone();
     let mut feeder = feeder::Feeder::new(work_writer, records.clone(), record_wakes, queue_wakes);
     if !settings.mechanisms.mark_quota {
         feeder = feeder.without_mark_quota();
@@ -194,6 +202,18 @@ pub async fn run_scope(
     if settings.mechanisms.aggregation {
         ctx = ctx.with_aggregator(aggregate::Aggregator::spawn(apiserver));
     }
+    let (quota_store, quota_writer) = reflector::store();
+    ctx = ctx.with_quotas(quota_store);
+    if let Some(c) = &ceiling {
+        ctx = ctx.with_ceiling(c.clone());
+    }
+    let bounds_watch = watch_bounds(
+        api_for(&client, &namespace),
+        quota_writer,
+        queues.clone(),
+        ceiling.clone(),
+        bound_wakes,
+    );
     let ctx = Arc::new(ctx);
     let alerts = alert_sender(alerts, &ctx, shutdown.clone());
     let cfg = Config::default().concurrency(settings.concurrency);
@@ -209,13 +229,17 @@ pub async fn run_scope(
         shutdown.clone(),
     );
     let client_for_replays = client.clone();
+    let mut parker = dlq_client::park::Parker::with_options(
+        client.clone(),
+        dlq_client::park::ParkOptions {
+            ask_ahead: settings.mechanisms.ask_ahead,
+        },
+    );
+    if let Some(c) = &ceiling {
+        parker = parker.with_ceiling(c.ledger().clone());
+    }
     let shared = crate::source::Shared {
-        parker: dlq_client::park::Parker::with_options(
-            client.clone(),
-            dlq_client::park::ParkOptions {
-                ask_ahead: settings.mechanisms.ask_ahead,
-            },
-        ),
+        parker,
         client,
         queues: queues.clone(),
         jobs,
@@ -300,6 +324,7 @@ pub async fn run_scope(
         _ = record_watch => {}
         _ = queue_watch => {}
         _ = group_watch => {}
+        _ = bounds_watch => {}
         // The controllers end after `shutdown`, once in-flight reconciles finished (the
         // decisions controller already once the full record list has arrived).
         _ = async { tokio::join!(records_ctl, decisions_ctl, queues_ctl, sources, alerts, replays_ctl) } => {}
@@ -428,6 +453,62 @@ fn alert_sender(
         )
         .boxed(),
         None => futures::future::ready(()).boxed(),
+    }
+}
+
+/// Wakes the queues whose `Full` condition may change with a bound beside `maxParked`: those of
+/// a namespace whose ResourceQuota on records changed (kept in `quotas` for the queue
+/// reconciler), and every queue when the operator's ceiling is reached or left.
+fn watch_bounds(
+    api: Api<ResourceQuota>,
+    quotas: reflector::store::Writer<ResourceQuota>,
+    queues: Store<dlq_core::api::DeadLetterQueue>,
+    ceiling: Option<crate::state::ceiling::Ceiling>,
+    wakes: futures::channel::mpsc::UnboundedSender<
+        reflector::ObjectRef<dlq_core::api::DeadLetterQueue>,
+    >,
+) -> impl std::future::Future<Output = ()> {
+    let wake = move |ns: Option<&str>| {
+        for q in queues.state() {
+            if ns.is_none() || q.metadata.namespace.as_deref() == ns {
+                let _ = wakes.unbounded_send(reflector::ObjectRef::from_obj(q.as_ref()));
+            }
+        }
+    };
+    let wake_for_quota = wake.clone();
+    let quota_watch = watcher(api, watcher::Config::default().any_semantic())
+        .default_backoff()
+        .reflect(quotas)
+        .inspect_err(|e| {
+            tracing::warn!(error = %e, "watching ResourceQuotas failed (queues cannot name a quota on their records); retrying")
+        })
+        .touched_objects()
+        .for_each(move |quota| {
+            if let Ok(q) = quota
+                && reconcile::context::quota_use(&q).is_some()
+            {
+                wake_for_quota(q.metadata.namespace.as_deref());
+            }
+            futures::future::ready(())
+        });
+    let ceiling_watch = async move {
+        let Some(ceiling) = ceiling else {
+            return std::future::pending::<()>().await;
+        };
+        let limit = ceiling.ledger().limit;
+        let mut counts = ceiling.subscribe();
+        let mut reached = false;
+        while counts.changed().await.is_ok() {
+            let now = counts.borrow_and_update().is_some_and(|held| held >= limit);
+            if now != reached {
+                wake(None);
+            }
+            reached = now;
+        }
+        std::future::pending::<()>().await
+    };
+    async move {
+        tokio::join!(quota_watch, ceiling_watch);
     }
 }
 

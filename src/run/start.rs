@@ -22,6 +22,8 @@ use crate::alert::{AlertError, Alerting, Alertmanager};
 use crate::metrics::Metrics;
 use crate::reconcile::{Mechanisms, Settings, UnknownMechanism};
 use crate::server::{self, Probes};
+use crate::state::apiserver::{Apiserver, KubeApiserver};
+use crate::state::ceiling::Ceiling;
 
 /// How the log lines are written.
 #[derive(Clone, Copy, Debug, Default)]
@@ -51,6 +53,9 @@ pub struct Options {
     pub sqs_long_poll_seconds: u8,
     pub decided_resync_seconds: u64,
     pub stall_after_seconds: u64,
+    /// The records the operator keeps across every queue it watches (`--max-records`); None:
+    /// no ceiling beyond each queue's maxParked and the namespaces' ResourceQuotas.
+    pub max_records: Option<u64>,
     pub alerts: AlertOptions,
     pub park: ParkOptions,
     pub reveal: RevealOptions,
@@ -164,6 +169,24 @@ pub async fn operator(options: Options) -> Result<(), StartError> {
         client.clone(),
         stop.clone(),
     ));
+    let ceiling = options.max_records.map(|limit| {
+        let ceiling = Ceiling::new(dlq_client::ceiling::Ceiling {
+            namespace: options.lease.namespace.clone(),
+            name: dlq_core::ceiling::ledger_name(&options.lease.name),
+            limit: i64::try_from(limit).unwrap_or(i64::MAX),
+        });
+        tracing::info!(limit, ledger = %ceiling.ledger().name, namespace = %ceiling.ledger().namespace, "records kept across every watched queue bounded (--max-records)");
+        let apiserver: Arc<dyn Apiserver> =
+            Arc::new(KubeApiserver::new(client.clone(), reporter.clone()));
+        tokio::spawn(ceiling.clone().keep_count(
+            client.clone(),
+            apiserver,
+            metrics.clone(),
+            scopes.len(),
+            stop.clone(),
+        ));
+        ceiling
+    });
     ready.store(true, Ordering::Relaxed);
     tracing::info!(namespaces = ?scopes, "controllers starting");
     settings.leadership = leadership;
@@ -180,6 +203,7 @@ pub async fn operator(options: Options) -> Result<(), StartError> {
             stall_after: Duration::from_secs(options.stall_after_seconds.max(1)),
         },
         stall_alarm: Some(stall_alarm),
+        ceiling,
     };
     futures::future::join_all(
         scopes

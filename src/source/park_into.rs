@@ -510,7 +510,7 @@ impl ParkInto {
             }
             match self.park(req.clone()).await {
                 Ok(_) => return Ok(()),
-                Err(e @ ParkError::MaxParked { .. }) => {
+                Err(e) if e.is_backpressure() => {
                     // A standing replay started while this message waited for room: it passes
                     // now, instead of after the replay's redrives made room (a storm's first
                     // pass-through waited for 5,000 records to be redriven).
@@ -519,12 +519,18 @@ impl ParkInto {
                     {
                         return Ok(());
                     }
-                    // Backpressure, not a failure: the queue's Full condition and QueueFull
-                    // Event say so once. Look again soon, so parking resumes shortly after
-                    // records are resolved.
+                    // Backpressure, not a failure (maxParked, the namespace's ResourceQuota on
+                    // records, the operator's --max-records): the queue's Full condition and
+                    // QueueFull Event say so once. Look again soon, so parking resumes shortly
+                    // after records are resolved; a used-up quota lets one create through per
+                    // interval whatever the number of messages waiting (dlq_client::quota).
+                    let bound = e.bound().unwrap_or_default();
+                    self.shared
+                        .metrics
+                        .park_refused(self.namespace(), self.queue(), bound);
                     attempt = attempt.saturating_add(1);
                     let wait = dlq_core::decide::backoff(attempt, FULL_RECHECK);
-                    tracing::debug!(namespace = %self.namespace(), queue = %self.queue(), job = %req.job.id, error = %e, retry_in = ?wait, "queue full; the dead message stays {where_it_stays}");
+                    tracing::debug!(namespace = %self.namespace(), queue = %self.queue(), job = %req.job.id, bound, error = %e, retry_in = ?wait, "no room for a record; the dead message stays {where_it_stays}");
                     waiting().await;
                     tokio::time::sleep(wait).await;
                     // And again before the next try: a replay that started during the wait

@@ -8,7 +8,7 @@
 //! Its view is a prefix of the apiserver's history. A re-list builds a new view beside the
 //! live one and replaces it when complete.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
 use kube::runtime::watcher::Event;
@@ -188,6 +188,25 @@ impl RecordIndex {
                 .flat_map(HashMap::values)
                 .filter_map(|s| s.body.clone())
                 .collect()
+        })
+    }
+
+    /// Every record (any phase) in one snapshot, and how many of them carry each slot block
+    /// of `blocks` (`dlq.dev/slot-block`): what the `--max-records` ledger is reckoned from
+    /// (`crate::state::ceiling`). None when the view cannot be read.
+    pub fn tally(&self, blocks: &HashSet<&str>) -> Option<(i64, HashMap<String, i64>)> {
+        self.read(|live| {
+            let mut total = 0i64;
+            let mut seen: HashMap<String, i64> = HashMap::new();
+            for s in live.values().flat_map(HashMap::values) {
+                total += 1;
+                if let Some(b) = s.slot_block.as_deref()
+                    && blocks.contains(b)
+                {
+                    *seen.entry(b.to_string()).or_default() += 1;
+                }
+            }
+            (total, seen)
         })
     }
 

@@ -59,6 +59,10 @@ app.kubernetes.io/part-of: deadletter-operator
 {{- default (include "dlo.fullname" .) .Values.leaderElection.leaseName }}
 {{- end }}
 
+{{- define "dlo.recordsLedger" -}}
+{{- printf "%s-records" (include "dlo.leaseName" .) }}
+{{- end }}
+
 {{- define "dlo.metricsServiceName" -}}
 {{- printf "%s-metrics" (include "dlo.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
@@ -122,6 +126,10 @@ What the operator does against the API in the namespaces it watches, and nothing
 - apiGroups: [events.k8s.io]
   resources: [events]
   verbs: [create, patch]
+- apiGroups: [""]
+  resources: [resourcequotas]
+  # a queue's Full condition names a used-up ResourceQuota on its namespace's records
+  verbs: [get, list, watch]
 {{- if .Values.rbac.readSecrets }}
 - apiGroups: [""]
   resources: [secrets]

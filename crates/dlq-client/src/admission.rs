@@ -4,6 +4,8 @@
 //! process at the same moment share one compare-and-swap, and a storm's blocks grow so that
 //! most parkings take a slot without writing the queue at all. While a storm spends a block,
 //! the next one is asked for in the background, so parkings do not wait for that write either.
+//! A parker told the operator's `--max-records` ([`crate::ceiling`]) takes each block in the
+//! operator's ledger first, with the same id, and the queue grants at most that.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -17,6 +19,8 @@ use tokio::sync::oneshot;
 use dlq_core::api::DeadLetterQueue;
 use dlq_core::capacity::{self, Grant};
 
+use crate::ceiling::{LedgerError, LedgerGate};
+
 /// Field manager of every write a parker makes: its records (`park`) and its queue's slot
 /// blocks (here).
 pub const PARKER: &str = "dlq-parker";
@@ -26,6 +30,11 @@ pub const PARKER: &str = "dlq-parker";
 pub enum AdmitError {
     #[error("queue is full: {in_use} of maxParked {limit}")]
     Full { in_use: i64, limit: i64 },
+    #[error("the operator's --max-records is reached: {in_use} records of {limit}")]
+    MaxRecords { in_use: i64, limit: i64 },
+    /// The operator has not counted its records yet: nothing is granted under its ceiling.
+    #[error("{0}")]
+    Uncounted(String),
     #[error("the DeadLetterQueue is gone")]
     Gone,
     #[error("kubernetes API: {0}")]
@@ -172,12 +181,15 @@ struct Gate {
     last: tokio::sync::Mutex<Option<DeadLetterQueue>>,
 }
 
-/// Grants slots under their queue's `maxParked`.
+/// Grants slots under their queue's `maxParked` (and the operator's `--max-records`, for a
+/// handle told it).
 #[derive(Clone)]
 pub struct Admissions {
     gates: Arc<Mutex<Gates>>,
     /// Whether this handle asks for the next block ahead while a storm spends the current one.
     ask_ahead: bool,
+    /// The operator's ceiling across queues, when this handle parks for the operator.
+    ceiling: Option<Arc<LedgerGate>>,
 }
 
 impl Default for Admissions {
@@ -185,6 +197,7 @@ impl Default for Admissions {
         Admissions {
             gates: Arc::default(),
             ask_ahead: true,
+            ceiling: None,
         }
     }
 }
@@ -207,6 +220,37 @@ impl Admissions {
         self.ask_ahead = ask_ahead;
         self
     }
+
+    /// The same gates, every block also taken under the ceiling of `ledger`.
+    pub fn under(mut self, ledger: Arc<LedgerGate>) -> Admissions {
+        self.ceiling = Some(ledger);
+        self
+    }
+
+    /// What the helpers below need of this handle for `queue`.
+    fn asker<'a>(&'a self, client: &'a Client, queue: &'a DeadLetterQueue) -> Asker<'a> {
+        Asker {
+            client,
+            queue,
+            ask_ahead: self.ask_ahead,
+            ceiling: self.ceiling.as_ref(),
+        }
+    }
+}
+
+/// One admission's context: whose slots, for which queue, and how.
+#[derive(Clone, Copy)]
+struct Asker<'a> {
+    client: &'a Client,
+    queue: &'a DeadLetterQueue,
+    ask_ahead: bool,
+    ceiling: Option<&'a Arc<LedgerGate>>,
+}
+
+impl Asker<'_> {
+    fn give_back(&self) -> GiveBack {
+        GiveBack::of(self.client, self.queue, self.ceiling.cloned())
+    }
 }
 
 /// Most compare-and-swap attempts per batch before giving up (each 409 waits a little and
@@ -222,16 +266,6 @@ const QUICKLY: Duration = Duration::from_secs(2);
 /// The smallest block whose successor is asked for ahead: a single `kubectl dlq park` or a
 /// trickle never takes slots it may not use.
 const REFILL_FROM: i64 = 8;
-
-/// A random wait before attempt `attempt + 1`: up to 5 ms × 2^attempt, at most 400 ms.
-fn jitter(attempt: u32) -> Duration {
-    use std::hash::{BuildHasher, Hasher};
-    let cap = 5u64.saturating_mul(1 << attempt.min(7)).min(400);
-    // RandomState is seeded per instance: enough randomness to de-synchronise processes.
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u32(attempt);
-    Duration::from_millis(h.finish() % (cap + 1))
-}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding it leaves plain data behind; keep using it.
@@ -266,7 +300,8 @@ impl Admissions {
     ) -> Result<Slot, AdmitError> {
         let key = (queue.namespace().unwrap_or_default(), queue.name_any());
         let gate = lock(&self.gates).entry(key).or_default().clone();
-        if let Some(slot) = take(client, queue, &gate, self.ask_ahead) {
+        let asker = self.asker(client, queue);
+        if let Some(slot) = take(asker, &gate) {
             return Ok(slot);
         }
         let (tx, mut rx) = oneshot::channel();
@@ -281,7 +316,7 @@ impl Admissions {
         };
         let mut last = last;
         let batch = std::mem::take(&mut *lock(&gate.pending));
-        let mut batch = serve_from_blocks(client, queue, &gate, batch, self.ask_ahead);
+        let mut batch = serve_from_blocks(asker, &gate, batch);
         // One block per round; more rounds when the parkings waiting outnumber the largest
         // block, until they are served or the queue is full.
         while !batch.is_empty() {
@@ -296,14 +331,14 @@ impl Admissions {
             let asked = Instant::now();
             let id = block_id();
             let waiting = i64::try_from(batch.len()).unwrap_or(i64::MAX);
-            let reserved = reserve(client, &mut last, queue, &id, waiting, want).await;
-            tracing::debug!(queue = %queue.name_any(), block = %id, waiting, want, granted = ?reserved.as_ref().map(|g| g.size), ms = asked.elapsed().as_millis(), "block of slots");
+            let reserved = reserve(asker, &mut last, &id, waiting, want).await;
+            tracing::debug!(queue = %queue.name_any(), block = %id, waiting, want, granted = ?reserved.as_ref().map(|r| r.grant.size), ms = asked.elapsed().as_millis(), "block of slots");
             match reserved {
-                Ok(granted) => {
-                    batch = hand_out(client, queue, &gate, batch, &id, granted, asked);
-                    // Fewer slots than parkings waiting: the queue is full.
-                    if granted.size < want.min(waiting) {
-                        refuse(batch, granted);
+                Ok(Reserved { grant, short }) => {
+                    batch = hand_out(asker, &gate, batch, &id, grant, asked);
+                    // Fewer slots than parkings waiting: the queue (or the ceiling) is full.
+                    if grant.size < want.min(waiting) {
+                        answer_all(batch, Err(short));
                         break;
                     }
                 }
@@ -340,28 +375,24 @@ impl Admissions {
 
 /// A slot from this process's blocks, if any: gives back what a replaced block did not use, and
 /// asks for the next block ahead when a storm is spending the current one.
-fn take(
-    client: &Client,
-    queue: &DeadLetterQueue,
-    gate: &Arc<Gate>,
-    ask_ahead: bool,
-) -> Option<Slot> {
+fn take(asker: Asker<'_>, gate: &Arc<Gate>) -> Option<Slot> {
     let (slot, retired, refill) = {
         let mut blocks = lock(&gate.blocks);
         let (slot, retired) = blocks.take();
-        let refill = blocks.refill_due().filter(|_| ask_ahead);
+        let refill = blocks.refill_due().filter(|_| asker.ask_ahead);
         if refill.is_some() {
             blocks.refilling = true;
         }
         (slot, retired, refill)
     };
     if let Some(Retired { id, used }) = retired {
-        tokio::spawn(GiveBack::of(client, queue).send(id, used));
+        tokio::spawn(asker.give_back().send(id, used));
     }
     if let Some(want) = refill {
         tokio::spawn(refill_ahead(
-            client.clone(),
-            queue.clone(),
+            asker.client.clone(),
+            asker.queue.clone(),
+            asker.ceiling.cloned(),
             gate.clone(),
             want,
         ));
@@ -370,16 +401,10 @@ fn take(
 }
 
 /// Answers what this process's blocks still cover; returns the rest.
-fn serve_from_blocks(
-    client: &Client,
-    queue: &DeadLetterQueue,
-    gate: &Arc<Gate>,
-    batch: Vec<Reply>,
-    ask_ahead: bool,
-) -> Vec<Reply> {
+fn serve_from_blocks(asker: Asker<'_>, gate: &Arc<Gate>, batch: Vec<Reply>) -> Vec<Reply> {
     let mut rest = Vec::new();
     for reply in batch {
-        match take(client, queue, gate, ask_ahead) {
+        match take(asker, gate) {
             Some(slot) => {
                 let _ = reply.send(Ok(slot));
             }
@@ -393,7 +418,19 @@ fn serve_from_blocks(
 /// compare-and-swap in the background (it waits behind a batch's, sharing `gate.last`), so
 /// a storm does not stall every time a block is spent. A full queue or a failure grants
 /// nothing; the parkings then ask for themselves when the current block is spent.
-async fn refill_ahead(client: Client, queue: DeadLetterQueue, gate: Arc<Gate>, want: i64) {
+async fn refill_ahead(
+    client: Client,
+    queue: DeadLetterQueue,
+    ceiling: Option<Arc<LedgerGate>>,
+    gate: Arc<Gate>,
+    want: i64,
+) {
+    let asker = Asker {
+        client: &client,
+        queue: &queue,
+        ask_ahead: true,
+        ceiling: ceiling.as_ref(),
+    };
     let mut last = gate.last.lock().await;
     // A batch may have been served meanwhile, with a block of its own.
     let still_due = {
@@ -402,13 +439,13 @@ async fn refill_ahead(client: Client, queue: DeadLetterQueue, gate: Arc<Gate>, w
     };
     if still_due {
         let (id, asked) = (block_id(), Instant::now());
-        let reserved = reserve(&client, &mut last, &queue, &id, 0, want).await;
-        tracing::debug!(queue = %queue.name_any(), block = %id, want, granted = ?reserved.as_ref().map(|g| g.size), ms = asked.elapsed().as_millis(), "block of slots, asked ahead");
-        if let Ok(granted) = reserved
-            && granted.size > 0
+        let reserved = reserve(asker, &mut last, &id, 0, want).await;
+        tracing::debug!(queue = %queue.name_any(), block = %id, want, granted = ?reserved.as_ref().map(|r| r.grant.size), ms = asked.elapsed().as_millis(), "block of slots, asked ahead");
+        if let Ok(Reserved { grant, .. }) = reserved
+            && grant.size > 0
         {
-            lock(&gate.blocks).next = Some(Block::granted(&id, granted.size, 0, asked));
-            GiveBack::of(&client, &queue).after_use(gate.clone(), id, asked);
+            lock(&gate.blocks).next = Some(Block::granted(&id, grant.size, 0, asked));
+            asker.give_back().after_use(gate.clone(), id, asked);
         }
     }
     lock(&gate.blocks).refilling = false;
@@ -417,8 +454,7 @@ async fn refill_ahead(client: Client, queue: DeadLetterQueue, gate: Arc<Gate>, w
 /// Gives waiting parkings their slots of a new block and keeps what is left of it for the
 /// next ones; returns the parkings it did not cover.
 fn hand_out(
-    client: &Client,
-    queue: &DeadLetterQueue,
+    asker: Asker<'_>,
     gate: &Arc<Gate>,
     mut batch: Vec<Reply>,
     id: &str,
@@ -437,7 +473,7 @@ fn hand_out(
         let taken = i64::try_from(covered).unwrap_or(0);
         let block = Block::granted(id, granted.size, taken, asked);
         let retired = lock(&gate.blocks).replace_current(block);
-        let back = GiveBack::of(client, queue);
+        let back = asker.give_back();
         if let Some(Retired { id, used }) = retired {
             tokio::spawn(back.clone().send(id, used));
         }
@@ -453,14 +489,17 @@ struct GiveBack {
     client: Client,
     namespace: String,
     queue: String,
+    /// The ledger whose block of the same id shrinks with it.
+    ceiling: Option<Arc<LedgerGate>>,
 }
 
 impl GiveBack {
-    fn of(client: &Client, queue: &DeadLetterQueue) -> Self {
+    fn of(client: &Client, queue: &DeadLetterQueue, ceiling: Option<Arc<LedgerGate>>) -> Self {
         GiveBack {
             client: client.clone(),
             namespace: queue.namespace().unwrap_or_default(),
             queue: queue.name_any(),
+            ceiling,
         }
     }
 
@@ -481,8 +520,12 @@ impl GiveBack {
     }
 
     /// The block's size becomes `used` (a merge patch: shrinking a block is safe whatever
-    /// else changed meanwhile). A failure leaves the slots to the block's expiry.
+    /// else changed meanwhile), in the queue and in the ledger. A failure leaves the slots to
+    /// the block's expiry.
     async fn send(self, id: String, used: i64) {
+        if let Some(ledger) = &self.ceiling {
+            ledger.shrink(&self.client, &id, used).await;
+        }
         let api: Api<DeadLetterQueue> = Api::namespaced(self.client, &self.namespace);
         let patch = json!({"status": {"blocks": {id.as_str(): {"size": used}}}});
         let pp = PatchParams {
@@ -498,17 +541,6 @@ impl GiveBack {
     }
 }
 
-/// The queue is full: every parking still waiting is refused.
-fn refuse(batch: Vec<Reply>, granted: Grant) {
-    answer_all(
-        batch,
-        Err(AdmitError::Full {
-            in_use: granted.in_use,
-            limit: granted.limit,
-        }),
-    );
-}
-
 fn answer_all(batch: Vec<Reply>, result: Result<Slot, AdmitError>) {
     for reply in batch {
         let _ = reply.send(result.clone());
@@ -519,53 +551,118 @@ fn dropped() -> AdmitError {
     AdmitError::Kube("admission dropped".into())
 }
 
+/// What one reservation granted, and what the parkings it did not cover are told: the queue
+/// is full, or the operator's ceiling is reached.
+struct Reserved {
+    grant: Grant,
+    short: AdmitError,
+}
+
+impl From<LedgerError> for AdmitError {
+    fn from(e: LedgerError) -> Self {
+        match e {
+            LedgerError::Uncounted { .. } => AdmitError::Uncounted(e.to_string()),
+            other => AdmitError::Kube(other.to_string()),
+        }
+    }
+}
+
 /// One compare-and-swap adding block `id` with what fits of `want` slots, starting from the
 /// freshest view at hand; re-reads on a conflict, and once before refusing on a view that may
-/// be stale.
+/// be stale. Under a ceiling, the block is first taken in its ledger (once, with the same id)
+/// and the queue grants at most that; the ledger's block shrinks to what the queue granted.
 async fn reserve(
-    client: &Client,
+    asker: Asker<'_>,
     last: &mut Option<DeadLetterQueue>,
-    given: &DeadLetterQueue,
     id: &str,
     waiting: i64,
     want: i64,
-) -> Result<Grant, AdmitError> {
+) -> Result<Reserved, AdmitError> {
+    let given = asker.queue;
     let api: Api<DeadLetterQueue> =
-        Api::namespaced(client.clone(), &given.namespace().unwrap_or_default());
+        Api::namespaced(asker.client.clone(), &given.namespace().unwrap_or_default());
     let mut current = last.take().unwrap_or_else(|| given.clone());
     let mut fresh = false;
+    // The ledger's grant for block `id`, once taken.
+    let mut ledger: Option<Grant> = None;
     for attempt in 0..ATTEMPTS {
         let limit = current.spec.max_parked();
-        let granted = capacity::grant(current.status.as_ref(), limit, waiting, want);
+        let mut granted = capacity::grant(current.status.as_ref(), limit, waiting, want);
         if granted.size < want.min(waiting) && !fresh {
             current = read(&api, &given.name_any()).await?;
             fresh = true;
             continue;
         }
+        let mut short = AdmitError::Full {
+            in_use: granted.in_use,
+            limit: granted.limit,
+        };
+        if let Some(gate) = asker.ceiling
+            && granted.size > 0
+        {
+            let under = match ledger {
+                Some(g) => g,
+                None => {
+                    let g = gate
+                        .reserve(asker.client, id, waiting.min(granted.size), granted.size)
+                        .await?;
+                    ledger = Some(g);
+                    g
+                }
+            };
+            if under.size < granted.size {
+                short = AdmitError::MaxRecords {
+                    in_use: under.in_use,
+                    limit: under.limit,
+                };
+                granted.size = under.size;
+            }
+        }
         if granted.size == 0 {
+            release(asker, ledger, id, 0).await;
             *last = Some(current);
-            return Ok(granted);
+            return Ok(Reserved {
+                grant: granted,
+                short,
+            });
         }
         match write(&api, &current, id, granted.size).await {
             Ok(updated) => {
+                release(asker, ledger, id, granted.size).await;
                 *last = Some(updated);
-                return Ok(granted);
+                return Ok(Reserved {
+                    grant: granted,
+                    short,
+                });
             }
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 tracing::debug!(queue = %given.name_any(), block = %id, attempt, "block of slots: conflict");
                 // Another process won this round: wait a random moment so contenders spread
                 // out instead of colliding again.
-                tokio::time::sleep(jitter(attempt)).await;
+                tokio::time::sleep(crate::retry::jitter(attempt)).await;
                 current = read(&api, &given.name_any()).await?;
                 fresh = true;
             }
-            Err(e) => return Err(AdmitError::Kube(e.to_string())),
+            Err(e) => {
+                release(asker, ledger, id, 0).await;
+                return Err(AdmitError::Kube(e.to_string()));
+            }
         }
     }
+    release(asker, ledger, id, 0).await;
     Err(AdmitError::Kube(format!(
         "DeadLetterQueue {} kept changing ({ATTEMPTS} conflicts in a row)",
         given.name_any()
     )))
+}
+
+/// Shrinks the ledger's block `id` to `kept` slots when it granted more.
+async fn release(asker: Asker<'_>, ledger: Option<Grant>, id: &str, kept: i64) {
+    if let (Some(gate), Some(granted)) = (asker.ceiling, ledger)
+        && granted.size > kept
+    {
+        gate.shrink(asker.client, id, kept).await;
+    }
 }
 
 async fn read(api: &Api<DeadLetterQueue>, name: &str) -> Result<DeadLetterQueue, AdmitError> {

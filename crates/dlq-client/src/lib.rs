@@ -3,7 +3,10 @@
 //! [`dlq_core::events::EventPlan`]).
 
 pub mod admission;
+pub mod ceiling;
 pub mod events;
 pub mod park;
+pub mod quota;
+pub mod retry;
 
 pub use park::{ParkError, ParkOutcome, ParkRequest, Parker, park};

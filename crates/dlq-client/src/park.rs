@@ -19,11 +19,14 @@ use kube::api::{ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 
 use dlq_core::api::{self, DeadLetter, DeadLetterQueue, Phase};
+use dlq_core::capacity::{QuotaUse, quota_refusal};
 use dlq_core::park::validate;
 use dlq_core::park_plan::{AfterList, ParkPlan, Step, Unplannable};
 use dlq_core::seal::SealError;
 
 use crate::admission::{Admissions, AdmitError, Slot};
+use crate::ceiling::{Ceiling, LedgerGate};
+use crate::quota::HOLDS;
 pub use dlq_core::park::{KnownCycle, ParkInvalid, ParkRequest};
 
 /// Field manager of every record the parker creates (its home is `admission`, which writes the
@@ -71,6 +74,21 @@ pub enum ParkError {
         parked: i64,
         limit: i64,
     },
+    /// The namespace's ResourceQuota on records is used up (the apiserver refused the create,
+    /// or refused one a moment ago: see `crate::quota`).
+    #[error(
+        "namespace {namespace} is at its quota on records ({}): resolve records and let retention delete them, or raise the quota",
+        quota.describe()
+    )]
+    QuotaExceeded { namespace: String, quota: QuotaUse },
+    /// The operator's `--max-records` across every queue it watches is reached.
+    #[error(
+        "the operator keeps {in_use} records across its queues, at its --max-records of {limit}: resolve records and let retention delete them, or raise the ceiling"
+    )]
+    MaxRecords { in_use: i64, limit: i64 },
+    /// The operator has not counted its records yet (just started): parking waits for it.
+    #[error("{0}")]
+    RecordsUncounted(String),
     #[error("job {0} kept changing while parking (parked and resolved concurrently); try again")]
     Busy(String),
     #[error("reserving a place under maxParked: {0}")]
@@ -107,6 +125,25 @@ impl ParkError {
         ) && self.final_refusal().is_none()
     }
 
+    /// A bound refused the record for now (`maxParked`, a ResourceQuota on records, the
+    /// operator's `--max-records`): backpressure, not a failure. The message waits where it is
+    /// and parking tries again once records are resolved.
+    pub fn is_backpressure(&self) -> bool {
+        self.bound().is_some()
+    }
+
+    /// Which bound refused: `max_parked`, `quota`, `max_records` (or `uncounted`, the
+    /// ceiling's count not made yet); None for any other error.
+    pub fn bound(&self) -> Option<&'static str> {
+        match self {
+            ParkError::MaxParked { .. } => Some("max_parked"),
+            ParkError::QuotaExceeded { .. } => Some("quota"),
+            ParkError::MaxRecords { .. } => Some("max_records"),
+            ParkError::RecordsUncounted(_) => Some("uncounted"),
+            _ => None,
+        }
+    }
+
     /// The apiserver's words when it refused the record for good
     /// (`dlq_core::park::refusal_is_final`: 400, 413, 422): the record as asked for can never
     /// be made, however often it is retried.
@@ -130,6 +167,16 @@ pub struct Parker {
     queues: Arc<Mutex<QueueReads>>,
     /// Slots under `maxParked`, granted in blocks per queue shared by the process's parkers.
     admissions: Admissions,
+}
+
+/// Where a park's create goes: a quota's hold lets it (`crate::quota`), or it is refused.
+fn quota_gate(namespace: &str) -> Result<Option<crate::quota::Probe>, ParkError> {
+    HOLDS
+        .enter(namespace)
+        .map_err(|quota| ParkError::QuotaExceeded {
+            namespace: namespace.to_string(),
+            quota,
+        })
 }
 
 /// (namespace, name) → when read, and what.
@@ -165,6 +212,13 @@ impl Parker {
             queues: Arc::default(),
             admissions: Admissions::shared().asking_ahead(options.ask_ahead),
         }
+    }
+
+    /// This parker also keeps the operator's `ceiling` (`--max-records`): every block of slots
+    /// is taken in its ledger first. Only the operator's own parkers are told it.
+    pub fn with_ceiling(mut self, ceiling: Ceiling) -> Self {
+        self.admissions = self.admissions.under(LedgerGate::shared(ceiling, PARKER));
+        self
     }
 
     /// Validates, reads the DeadLetterQueue (reused for a second), and parks.
@@ -298,6 +352,8 @@ impl Parker {
         record: DeadLetter,
     ) -> Result<Option<ParkOutcome>, ParkError> {
         let req = plan.request();
+        // A used-up quota: no slot taken, no create sent, but one probe at a time.
+        let _probe = quota_gate(plan.namespace())?;
         let admitted_at = Instant::now();
         let slot = self
             .admissions
@@ -309,6 +365,8 @@ impl Parker {
                     parked: in_use,
                     limit,
                 },
+                AdmitError::MaxRecords { in_use, limit } => ParkError::MaxRecords { in_use, limit },
+                AdmitError::Uncounted(why) => ParkError::RecordsUncounted(why),
                 AdmitError::Gone => ParkError::UnknownQueue {
                     namespace: queue.namespace().unwrap_or_default(),
                     queue: req.queue.clone(),
@@ -322,6 +380,13 @@ impl Parker {
         let created = self.create(records, plan, record, &slot).await;
         if !matches!(created, Ok(Some(ParkOutcome::Parked(_)))) && certainly_not_created(&created) {
             self.admissions.unuse(queue, &slot);
+        }
+        match &created {
+            Err(ParkError::QuotaExceeded { namespace, quota }) => {
+                HOLDS.refused(namespace, quota.clone());
+            }
+            Ok(Some(ParkOutcome::Parked(_))) => HOLDS.fits(plan.namespace()),
+            _ => {}
         }
         created
     }
@@ -359,6 +424,14 @@ impl Parker {
                 }
                 _ => Ok(None),
             },
+            // The namespace's ResourceQuota on records is used up: backpressure, said as such.
+            Err(kube::Error::Api(s)) if let Some(quota) = quota_refusal(s.code, &s.message) => {
+                tracing::debug!(namespace = %plan.namespace(), name = %name, quota = %quota.name, "the quota on records refused the record");
+                Err(ParkError::QuotaExceeded {
+                    namespace: plan.namespace().to_string(),
+                    quota,
+                })
+            }
             Err(e) => Err(e.into()),
         }
     }
@@ -370,6 +443,7 @@ fn certainly_not_created(outcome: &Result<Option<ParkOutcome>, ParkError>) -> bo
     match outcome {
         Ok(None) | Ok(Some(ParkOutcome::AlreadyParked(_))) => true,
         Ok(Some(_)) => false,
+        Err(ParkError::QuotaExceeded { .. }) => true,
         Err(ParkError::Kube(kube::Error::Api(s))) => {
             (400..500).contains(&s.code) && s.code != 408 && s.code != 429
         }

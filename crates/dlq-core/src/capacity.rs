@@ -27,6 +27,13 @@
 //!
 //! Without a running operator nothing is counted: blocks pile up and parking stops at
 //! `maxParked` (the safe side).
+//!
+//! Two more bounds can refuse a record, and a queue's `Full` condition names whichever holds
+//! ([`Bounds`]): a ResourceQuota on [`QUOTA_RESOURCE`] in the queue's namespace, which the
+//! apiserver enforces (a create refused 403 "exceeded quota", read by [`quota_refusal`]; a
+//! quota's status read by [`QuotaUse::from_status`]), and the operator's own `--max-records`
+//! across every queue it watches ([`CeilingUse`]; its ledger is `crate::ceiling`, the same
+//! blocks as here).
 
 use std::collections::BTreeMap;
 
@@ -69,7 +76,12 @@ pub struct Grant {
 /// free under `limit`, and the slots beyond those waiting (taken ahead for a storm) at most
 /// half of what is free, so that near the limit a block is what is needed now.
 pub fn grant(status: Option<&DeadLetterQueueStatus>, limit: i64, waiting: i64, want: i64) -> Grant {
-    let used = in_use(status);
+    grant_under(in_use(status), limit, waiting, want)
+}
+
+/// [`grant`] with `used` slots in use of `limit`, wherever they are kept (a queue's status, or
+/// the `--max-records` ledger of `crate::ceiling`).
+pub fn grant_under(used: i64, limit: i64, waiting: i64, want: i64) -> Grant {
     let free = limit.saturating_sub(used).max(0);
     let ahead_cap = waiting.max(free / 2);
     Grant {
@@ -137,6 +149,183 @@ pub fn reckon_blocks(
         }
     }
     out
+}
+
+/// What a ResourceQuota names to bound a namespace's DeadLetter records.
+pub const QUOTA_RESOURCE: &str = "count/deadletters.dlq.dev";
+
+/// A ResourceQuota's bound on a namespace's DeadLetter records: from its status, or from the
+/// apiserver's words when it refused a record (where it may not say the numbers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuotaUse {
+    /// The ResourceQuota's name.
+    pub name: String,
+    /// Records it counts as used.
+    pub used: Option<i64>,
+    /// Its hard limit on records.
+    pub hard: Option<i64>,
+}
+
+impl QuotaUse {
+    /// From a ResourceQuota's name, scoped or not, and its `status.hard` and `status.used`
+    /// (quantities as strings): None when it does not bound records, is scoped (scopes select
+    /// pods; an object count quota with a scope never matches a record) or its controller has
+    /// not set `status.hard` yet. Without `status.used` of records (its controller has not
+    /// counted them yet) `used` is None: the apiserver refuses every record meanwhile
+    /// ("status unknown for quota"), and so it is [`QuotaUse::exhausted`].
+    pub fn from_status<'a>(
+        name: &str,
+        scoped: bool,
+        hard: impl IntoIterator<Item = (&'a str, &'a str)>,
+        used: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Option<QuotaUse> {
+        if scoped {
+            return None;
+        }
+        let hard = records_in(hard)?;
+        Some(QuotaUse {
+            name: name.to_string(),
+            used: records_in(used),
+            hard: Some(hard),
+        })
+    }
+
+    /// Whether no further record fits: used has reached hard. Unknown numbers (a refusal that
+    /// did not say them) count as exhausted: the apiserver said so.
+    pub fn exhausted(&self) -> bool {
+        match (self.used, self.hard) {
+            (Some(used), Some(hard)) => used >= hard,
+            _ => true,
+        }
+    }
+
+    /// Records that still fit (0 when unknown or exhausted).
+    pub fn room(&self) -> i64 {
+        match (self.used, self.hard) {
+            (Some(used), Some(hard)) => hard.saturating_sub(used).max(0),
+            _ => 0,
+        }
+    }
+
+    /// `ResourceQuota NAME: USED of HARD count/deadletters.dlq.dev used`, as a person reads it.
+    pub fn describe(&self) -> String {
+        match (self.used, self.hard) {
+            (Some(used), Some(hard)) => format!(
+                "ResourceQuota {}: {used} of {hard} {QUOTA_RESOURCE} used",
+                self.name
+            ),
+            (None, Some(hard)) => format!(
+                "ResourceQuota {}: {QUOTA_RESOURCE} of {hard} not counted yet by its controller, so the apiserver refuses every record",
+                self.name
+            ),
+            _ => format!(
+                "ResourceQuota {} refuses further {QUOTA_RESOURCE}",
+                self.name
+            ),
+        }
+    }
+}
+
+/// The count of [`QUOTA_RESOURCE`] in a quota's resource list.
+fn records_in<'a>(list: impl IntoIterator<Item = (&'a str, &'a str)>) -> Option<i64> {
+    list.into_iter()
+        .find(|(k, _)| *k == QUOTA_RESOURCE)
+        .and_then(|(_, v)| parse_count(v))
+}
+
+/// The tightest of a namespace's quotas on records (least room; the first on a tie): the one
+/// that refuses first.
+pub fn tightest(quotas: impl IntoIterator<Item = QuotaUse>) -> Option<QuotaUse> {
+    quotas
+        .into_iter()
+        .fold(None, |best: Option<QuotaUse>, q| match best {
+            Some(b) if b.room() <= q.room() => Some(b),
+            _ => Some(q),
+        })
+}
+
+/// The quota in the apiserver's refusal of a create, when it refused for quota (403 Forbidden):
+/// `... is forbidden: exceeded quota: NAME, requested: R=1, used: R=50, limited: R=50`, with the
+/// numbers of [`QUOTA_RESOURCE`] when the exceeded resources name it; or `status unknown for
+/// quota: NAME, ...` before the quota's controller has counted it. None for any other refusal.
+pub fn quota_refusal(code: u16, message: &str) -> Option<QuotaUse> {
+    if code != 403 {
+        return None;
+    }
+    for marker in ["exceeded quota: ", "status unknown for quota: "] {
+        let Some(at) = message.find(marker) else {
+            continue;
+        };
+        let rest = &message[at + marker.len()..];
+        let name = rest.split([',', ' ']).next().unwrap_or_default().trim();
+        if name.is_empty() {
+            return None;
+        }
+        let count_in = |label: &str| {
+            let from = rest.find(label)? + label.len();
+            let list = &rest[from..];
+            let list = list.split(", ").next().unwrap_or_default();
+            list.split(',').find_map(|pair| {
+                let (k, v) = pair.split_once('=')?;
+                (k.trim() == QUOTA_RESOURCE)
+                    .then(|| parse_count(v.trim().trim_end_matches(':')))
+                    .flatten()
+            })
+        };
+        return Some(QuotaUse {
+            name: name.to_string(),
+            used: count_in("used: "),
+            hard: count_in("limited: "),
+        });
+    }
+    None
+}
+
+/// A count as a Kubernetes quantity writes it: `50`, `2k`, `1Ki`, `5e3`. None for a fraction
+/// or anything else.
+pub fn parse_count(text: &str) -> Option<i64> {
+    let text = text.trim();
+    let suffixes: [(&str, i64); 10] = [
+        ("Ki", 1 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("Ti", 1 << 40),
+        ("k", 1_000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+        ("T", 1_000_000_000_000),
+        ("e3", 1_000),
+        ("e6", 1_000_000),
+    ];
+    for (suffix, factor) in suffixes {
+        if let Some(n) = text.strip_suffix(suffix) {
+            return n.parse::<i64>().ok()?.checked_mul(factor);
+        }
+    }
+    text.parse().ok()
+}
+
+/// The operator's `--max-records` as its ledger last said it: records held (counted, plus
+/// slots granted but not yet seen) of the ceiling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CeilingUse {
+    pub held: i64,
+    pub limit: i64,
+}
+
+impl CeilingUse {
+    pub fn reached(&self) -> bool {
+        self.held >= self.limit
+    }
+}
+
+/// The bounds beside `maxParked` that a queue's `Full` condition tells.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Bounds {
+    /// The tightest ResourceQuota on records in the queue's namespace.
+    pub quota: Option<QuotaUse>,
+    /// The operator's `--max-records`, when set.
+    pub ceiling: Option<CeilingUse>,
 }
 
 #[cfg(test)]
@@ -223,5 +412,90 @@ mod tests {
                 .map(|(n, b)| (n.to_string(), b))
                 .collect();
         assert_eq!(out, want);
+    }
+
+    #[test]
+    fn a_quota_refusal_is_read_from_the_apiservers_words() {
+        let exceeded = "deadletters.dlq.dev \"dead-61-f4a55f32-1\" is forbidden: exceeded quota: dead-letters, requested: count/deadletters.dlq.dev=1, used: count/deadletters.dlq.dev=50, limited: count/deadletters.dlq.dev=50";
+        let q = quota_refusal(403, exceeded).expect("a quota refusal");
+        assert_eq!(
+            q,
+            QuotaUse {
+                name: "dead-letters".into(),
+                used: Some(50),
+                hard: Some(50)
+            }
+        );
+        assert!(q.exhausted());
+        assert_eq!(
+            q.describe(),
+            "ResourceQuota dead-letters: 50 of 50 count/deadletters.dlq.dev used"
+        );
+        // Several resources exceeded at once, ours among them.
+        let several = "forbidden: exceeded quota: q2, requested: count/deadletters.dlq.dev=1,count/events=1, used: count/deadletters.dlq.dev=2k,count/events=9, limited: count/deadletters.dlq.dev=2k,count/events=9";
+        let q = quota_refusal(403, several).expect("a quota refusal");
+        assert_eq!((q.used, q.hard), (Some(2000), Some(2000)));
+        // Before the controller counted it: refused, numbers unknown.
+        let unknown = "deadletters.dlq.dev \"x\" is forbidden: status unknown for quota: fresh, resources: count/deadletters.dlq.dev";
+        let q = quota_refusal(403, unknown).expect("a quota refusal");
+        assert_eq!((q.name.as_str(), q.used, q.hard), ("fresh", None, None));
+        assert!(q.exhausted());
+        // Not a quota: RBAC, an admission policy, another code.
+        let rbac = "deadletters.dlq.dev is forbidden: User \"w\" cannot create resource";
+        assert_eq!(quota_refusal(403, rbac), None);
+        assert_eq!(quota_refusal(422, exceeded), None);
+    }
+
+    #[test]
+    fn a_quota_bounds_records_only_unscoped_and_once_counted() {
+        let hard = [("pods", "10"), (QUOTA_RESOURCE, "50")];
+        let used = [(QUOTA_RESOURCE, "12")];
+        let q = QuotaUse::from_status("q", false, hard, used).expect("bounds records");
+        assert_eq!((q.used, q.hard, q.room()), (Some(12), Some(50), 38));
+        assert!(!q.exhausted());
+        assert_eq!(QuotaUse::from_status("q", true, hard, used), None, "scoped");
+        assert_eq!(
+            QuotaUse::from_status("q", false, [("pods", "10")], []),
+            None,
+            "another resource"
+        );
+        // Not counted yet: the apiserver refuses every record until it is.
+        let fresh =
+            QuotaUse::from_status("q", false, [(QUOTA_RESOURCE, "5")], []).expect("bounds records");
+        assert_eq!((fresh.used, fresh.exhausted()), (None, true));
+        assert!(
+            fresh.describe().contains("not counted yet"),
+            "{}",
+            fresh.describe()
+        );
+        let tight = tightest(
+            [
+                QuotaUse::from_status(
+                    "wide",
+                    false,
+                    [(QUOTA_RESOURCE, "1k")],
+                    [(QUOTA_RESOURCE, "10")],
+                ),
+                QuotaUse::from_status(
+                    "narrow",
+                    false,
+                    [(QUOTA_RESOURCE, "20")],
+                    [(QUOTA_RESOURCE, "15")],
+                ),
+            ]
+            .into_iter()
+            .flatten(),
+        );
+        assert_eq!(tight.map(|q| q.name), Some("narrow".into()));
+        assert_eq!(parse_count("1Ki"), Some(1024));
+        assert_eq!(parse_count("5e3"), Some(5000));
+        assert_eq!(parse_count("500m"), None, "a fraction is no count");
+    }
+
+    #[test]
+    fn a_grant_under_any_ledger_is_the_same_rule() {
+        assert_eq!(grant_under(48, 50, 5, 5).size, 2);
+        assert_eq!(grant_under(50, 50, 5, 5).size, 0);
+        assert_eq!(grant_under(60, 50, 1, 1).size, 0, "over: never negative");
     }
 }

@@ -8,8 +8,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 pub const READY: &str = "Ready";
 /// `Requeued`: whether the broker confirmed the redriven job (False while requeue fails).
 pub const REQUEUED: &str = "Requeued";
-/// `Full`: on a queue, whether its Parked records (and parkings admitted but not yet counted)
-/// reached `maxParked`, so new parkings are refused and sources leave messages in the broker.
+/// `Full`: on a queue, whether new parkings are refused, so sources leave dead messages in the
+/// broker: its Parked records (and parkings admitted but not yet counted) reached `maxParked`,
+/// or a ResourceQuota on its namespace's records is used up, or the operator's `--max-records`
+/// is reached (`dlq_core::capacity::Bounds`).
 pub const FULL: &str = "Full";
 
 /// Fixed condition reasons. Failure reasons come from the target's error category.
@@ -24,6 +26,10 @@ pub mod reason {
     pub const KUBE_API: &str = "KubeApi";
     pub const MAX_PARKED_REACHED: &str = "MaxParkedReached";
     pub const BELOW_MAX_PARKED: &str = "BelowMaxParked";
+    /// Full: a ResourceQuota on `count/deadletters.dlq.dev` in the queue's namespace is used up.
+    pub const QUOTA_EXCEEDED: &str = "QuotaExceeded";
+    /// Full: the operator's `--max-records` across every queue it watches is reached.
+    pub const MAX_RECORDS_REACHED: &str = "MaxRecordsReached";
     /// A sealed job none of its queue's keys opens: refused, never sent half-opened.
     pub const SEAL_KEY_MISSING: &str = "SealKeyMissing";
     /// A sealed job whose ciphertext does not open with its key (damaged).

@@ -21,8 +21,11 @@ pub mod reason {
     /// The queue's body store cannot keep a large dead message right now (unreachable,
     /// refused, misconfigured): it stays in the broker until the store answers.
     pub const BODY_STORE_UNAVAILABLE: &str = "BodyStoreUnavailable";
-    /// A queue reached its maxParked: parkings wait (in the broker) until records resolve.
+    /// A queue became Full (its maxParked, its namespace's ResourceQuota on records, or the
+    /// operator's --max-records): parkings wait (in the broker) until records resolve.
     pub const QUEUE_FULL: &str = "QueueFull";
+    /// The operator's --max-records is reached (on its ledger ConfigMap, once per time reached).
+    pub const MAX_RECORDS_REACHED: &str = "MaxRecordsReached";
     /// Alertmanager has not accepted the per-record alerts for a while.
     pub const ALERTS_UNDELIVERABLE: &str = "AlertsUndeliverable";
     /// A queue has more failure groups than `spec.groups.max`: the rest share its overflow group.

@@ -23,6 +23,7 @@ pub mod alert;
 pub mod api;
 pub mod body;
 pub mod capacity;
+pub mod ceiling;
 pub mod cloudevent;
 pub mod conditions;
 pub mod crds;

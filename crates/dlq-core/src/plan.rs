@@ -562,6 +562,7 @@ pub fn queue_status(
     counts: Counts,
     reckoned: capacity::Reckoning,
     readiness: Readiness,
+    bounds: &capacity::Bounds,
     now: Timestamp,
 ) -> QueuePlan {
     let status = queue.status.as_ref();
@@ -580,7 +581,7 @@ pub fn queue_status(
         &Time(now),
     );
     let reserved = reckoned.left(status);
-    let events = fullness(queue, &mut conds, counts.parked + reserved, now);
+    let events = fullness(queue, &mut conds, counts.parked + reserved, bounds, now);
     let oldest_parked_age_secs = counts
         .oldest_parked_at
         .map(|at| now.duration_since(at).as_secs().max(0))
@@ -626,35 +627,67 @@ fn stale_backlog(queue: &DeadLetterQueue) -> Option<Option<crate::queue::QueueBa
     (has && queue.spec.source.is_none()).then_some(None)
 }
 
-/// Sets the `Full` condition from the slots `in_use` (parked + block slots left); a queue that
+/// Sets the `Full` condition from the slots `in_use` (parked + block slots left) under
+/// `maxParked`, and the other `bounds` (a ResourceQuota on the namespace's records, the
+/// operator's `--max-records`), naming the one that holds (maxParked first); a queue that
 /// becomes full gets a Warning Event `QueueFull` once per transition.
 fn fullness(
     queue: &DeadLetterQueue,
     conds: &mut Vec<Condition>,
     in_use: i64,
+    bounds: &capacity::Bounds,
     now: Timestamp,
 ) -> Vec<EventPlan> {
     let limit = queue.spec.max_parked();
-    let full = in_use >= limit;
     let was_full = conditions::find(conds, conditions::FULL).is_some_and(|c| c.status == "True");
     let name = queue.metadata.name.as_deref().unwrap_or_default();
-    let message = if full {
-        format!(
-            "{in_use} parked (or being parked) of maxParked {limit}: new dead messages stay in the broker until records are resolved"
+    let quota = bounds.quota.as_ref();
+    let ceiling = bounds.ceiling.as_ref();
+    let waits = "new dead messages stay in the broker until records are";
+    let (full, reason, message) = if in_use >= limit {
+        (
+            true,
+            reason::MAX_PARKED_REACHED,
+            format!("{in_use} parked (or being parked) of maxParked {limit}: {waits} resolved"),
+        )
+    } else if let Some(q) = quota.filter(|q| q.exhausted()) {
+        (
+            true,
+            reason::QUOTA_EXCEEDED,
+            format!(
+                "{}: {waits} deleted (resolved records count until retention deletes them)",
+                q.describe()
+            ),
+        )
+    } else if let Some(c) = ceiling.filter(|c| c.reached()) {
+        (
+            true,
+            reason::MAX_RECORDS_REACHED,
+            format!(
+                "the operator's --max-records {}: {} records kept (or being parked) across the queues it watches: {waits} deleted",
+                c.limit, c.held
+            ),
         )
     } else {
-        format!("{in_use} parked (or being parked) of maxParked {limit}")
+        let mut message = format!("{in_use} parked (or being parked) of maxParked {limit}");
+        if let Some(q) = quota {
+            message.push_str("; ");
+            message.push_str(&q.describe());
+        }
+        if let Some(c) = ceiling {
+            message.push_str(&format!(
+                "; {} records kept of the operator's --max-records {}",
+                c.held, c.limit
+            ));
+        }
+        (false, reason::BELOW_MAX_PARKED, message)
     };
     conditions::set(
         conds,
         Cond {
             type_: conditions::FULL,
             status: full,
-            reason: if full {
-                reason::MAX_PARKED_REACHED
-            } else {
-                reason::BELOW_MAX_PARKED
-            },
+            reason,
             message: &message,
         },
         queue.metadata.generation,
@@ -1004,6 +1037,7 @@ mod tests {
                     message: "ok".into(),
                     target: String::new(),
                 },
+                &capacity::Bounds::default(),
                 at(100),
             );
             serde_json::to_value(&plan.status).expect("json")
@@ -1040,6 +1074,7 @@ mod tests {
                 message: "down".into(),
                 target: "redis list relayer:jobs".into(),
             },
+            &capacity::Bounds::default(),
             at(100),
         );
         let json = serde_json::to_value(&plan.status).expect("json");
@@ -1083,7 +1118,14 @@ mod tests {
             ..Counts::default()
         };
         // 2 counted + "b"'s slot still uncounted = 3: full.
-        let plan = queue_status(&queue, counts.clone(), removed(&["a"]), ready(), at(100));
+        let plan = queue_status(
+            &queue,
+            counts.clone(),
+            removed(&["a"]),
+            ready(),
+            &capacity::Bounds::default(),
+            at(100),
+        );
         let json = serde_json::to_value(&plan.status).expect("json");
         assert_eq!(json["blocks"], serde_json::json!({"a": null}));
         assert!(json.get("reservations").is_none());
@@ -1103,7 +1145,14 @@ mod tests {
         if let Some(s) = queue.status.as_mut() {
             s.conditions = plan.status.conditions.clone();
         }
-        let again = queue_status(&queue, counts, removed(&["a"]), ready(), at(101));
+        let again = queue_status(
+            &queue,
+            counts,
+            removed(&["a"]),
+            ready(),
+            &capacity::Bounds::default(),
+            at(101),
+        );
         assert!(again.events.is_empty());
         // Records resolved: not full.
         let freed = queue_status(
@@ -1111,6 +1160,7 @@ mod tests {
             Counts::default(),
             removed(&["a", "b"]),
             ready(),
+            &capacity::Bounds::default(),
             at(102),
         );
         let full = conditions::find(&freed.status.conditions, conditions::FULL).expect("Full");
@@ -1155,7 +1205,14 @@ mod tests {
             parked: 5,
             ..Counts::default()
         };
-        let plan = queue_status(&queue, counts, reckoned, ready, at(100));
+        let plan = queue_status(
+            &queue,
+            counts,
+            reckoned,
+            ready,
+            &capacity::Bounds::default(),
+            at(100),
+        );
         let json = serde_json::to_value(&plan.status).expect("json");
         assert_eq!(
             json["blocks"],
@@ -1164,5 +1221,107 @@ mod tests {
         let full = conditions::find(&plan.status.conditions, conditions::FULL).expect("Full");
         assert_eq!(full.status, "False");
         assert!(full.message.starts_with("8 parked"), "{}", full.message);
+    }
+
+    #[test]
+    fn a_queue_is_full_naming_the_quota_or_the_ceiling_that_refuses() {
+        use crate::capacity::{Bounds, CeilingUse, QuotaUse};
+        let mut queue = DeadLetterQueue::new("relayer", Default::default());
+        queue.metadata.namespace = Some("payments".into());
+        let ready = || Readiness {
+            ready: true,
+            reason: "TargetReachable",
+            message: "ok".into(),
+            target: String::new(),
+        };
+        let counts = Counts {
+            parked: 50,
+            ..Counts::default()
+        };
+        let quota = |used| QuotaUse {
+            name: "dead-letters".into(),
+            used: Some(used),
+            hard: Some(50),
+        };
+        let full_of = |plan: &QueuePlan| {
+            let c = conditions::find(&plan.status.conditions, conditions::FULL).expect("Full");
+            (c.status.clone(), c.reason.clone(), c.message.clone())
+        };
+        // The quota used up, far below maxParked: Full, naming the quota and its numbers.
+        let bounds = Bounds {
+            quota: Some(quota(50)),
+            ceiling: None,
+        };
+        let plan = queue_status(
+            &queue,
+            counts.clone(),
+            capacity::Reckoning::default(),
+            ready(),
+            &bounds,
+            at(100),
+        );
+        let (status, reason, message) = full_of(&plan);
+        assert_eq!(
+            (status.as_str(), reason.as_str()),
+            ("True", "QuotaExceeded")
+        );
+        assert!(
+            message
+                .starts_with("ResourceQuota dead-letters: 50 of 50 count/deadletters.dlq.dev used"),
+            "{message}"
+        );
+        assert_eq!(plan.events.len(), 1, "QueueFull once");
+        assert!(plan.events[0].note.contains("dead-letters"));
+        // Room again: not full, and the quota still said.
+        queue.status = Some(DeadLetterQueueStatus {
+            conditions: plan.status.conditions.clone(),
+            ..Default::default()
+        });
+        let bounds = Bounds {
+            quota: Some(quota(20)),
+            ceiling: Some(CeilingUse {
+                held: 30,
+                limit: 100,
+            }),
+        };
+        let plan = queue_status(
+            &queue,
+            counts.clone(),
+            capacity::Reckoning::default(),
+            ready(),
+            &bounds,
+            at(101),
+        );
+        let (status, reason, message) = full_of(&plan);
+        assert_eq!(
+            (status.as_str(), reason.as_str()),
+            ("False", "BelowMaxParked")
+        );
+        assert_eq!(
+            message,
+            "50 parked (or being parked) of maxParked 5000; ResourceQuota dead-letters: 20 of 50 count/deadletters.dlq.dev used; 30 records kept of the operator's --max-records 100"
+        );
+        // The operator's ceiling reached: Full, naming it.
+        let bounds = Bounds {
+            quota: None,
+            ceiling: Some(CeilingUse {
+                held: 100,
+                limit: 100,
+            }),
+        };
+        let plan = queue_status(
+            &queue,
+            counts,
+            capacity::Reckoning::default(),
+            ready(),
+            &bounds,
+            at(102),
+        );
+        let (status, reason, message) = full_of(&plan);
+        assert_eq!(
+            (status.as_str(), reason.as_str()),
+            ("True", "MaxRecordsReached")
+        );
+        assert!(message.contains("--max-records 100"), "{message}");
     }
 }

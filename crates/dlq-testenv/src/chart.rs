@@ -314,7 +314,25 @@ pub fn operator_grants() -> BTreeSet<Grant> {
         ),
         grant("dlq.dev", "deadlettergroups/status", &[], &["patch"]),
         grant("events.k8s.io", "events", &[], &["create", "patch"]),
+        grant("", "resourcequotas", &[], &["get", "list", "watch"]),
         grant("", "secrets", &[], &["get"]),
+    ]
+    .into_iter()
+    .collect()
+}
+
+/// The `--max-records` ledger ConfigMap `ledger` (named after the Lease), in the operator's own
+/// namespace only, and the Event it publishes there when the ceiling is reached.
+pub fn records_ledger_grants(ledger: &str) -> BTreeSet<Grant> {
+    [
+        grant("", "configmaps", &[], &["create"]),
+        grant(
+            "",
+            "configmaps",
+            &[ledger],
+            &["get", "list", "watch", "patch"],
+        ),
+        grant("events.k8s.io", "events", &[], &["create", "patch"]),
     ]
     .into_iter()
     .collect()

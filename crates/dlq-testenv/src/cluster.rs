@@ -101,11 +101,29 @@ pub fn audited_plane() -> &'static Plane {
     })
 }
 
+/// A control plane whose ResourceQuotas are counted (kube-controller-manager's `resourcequota`
+/// controller beside the apiserver, as in every real cluster), shared by the tests of one
+/// binary, started on first use.
+pub fn quota_plane() -> &'static Plane {
+    static QUOTA_PLANE: OnceLock<Plane> = OnceLock::new();
+    QUOTA_PLANE.get_or_init(|| {
+        let plane = start_plane(&["--quota-controller"]);
+        report(&format!(
+            "test control plane with kube-controller-manager's resourcequota controller at {}",
+            plane.server
+        ));
+        plane
+    })
+}
+
 /// Starts `dlq-testenv --until-stdin-closes <extra>` and reads its announcement up to `ready`.
 fn start_plane(extra: &[&str]) -> Plane {
-    let tools: &[&str] = match extra.contains(&"--node") {
-        true => &["kube", "etcd", "cni", "pause"],
-        false => crate::plane::PLANE_TOOLS_WITH_KUBECTL,
+    let tools: &[&str] = if extra.contains(&"--node") {
+        &["kube", "etcd", "cni", "pause"]
+    } else if extra.contains(&"--quota-controller") {
+        crate::plane::PLANE_TOOLS_WITH_QUOTAS
+    } else {
+        crate::plane::PLANE_TOOLS_WITH_KUBECTL
     };
     let bin_dirs = crate::plane::tool_dirs(tools)
         .unwrap_or_else(|e| panic!("building the control-plane tools failed: {e}"));

@@ -43,7 +43,7 @@ pub mod ui_page;
 
 pub use cluster::{
     CRDS, Plane, admin_client, apply_crds, audited_plane, install_crds, kubectl_dlq,
-    kubectl_dlq_on, namespace, node_plane, plane, setup, setup_on,
+    kubectl_dlq_on, namespace, node_plane, plane, quota_plane, setup, setup_on,
 };
 pub use fixtures::{
     LIST, alerts_per_record, condition, create_dlq, create_offline_queue, create_queue,

@@ -84,6 +84,13 @@ pub const PLANE_TOOLS: &[&str] = &["kube:kube-apiserver", "etcd"];
 /// The same with kubectl, for a plane people and tests drive with it (`make cluster`).
 pub const PLANE_TOOLS_WITH_KUBECTL: &[&str] = &["kube:kube-apiserver,kubectl", "etcd"];
 
+/// The same with kube-controller-manager, for a plane whose ResourceQuotas are counted
+/// ([`ControlPlane::start_quota_controller`]).
+pub const PLANE_TOOLS_WITH_QUOTAS: &[&str] = &[
+    "kube:kube-apiserver,kubectl,kube-controller-manager",
+    "etcd",
+];
+
 /// Where the Go-built binaries are. `DLQ_TOOLS_BIN` (colon-separated dirs) wins; otherwise
 /// `tools/build.sh` of this checkout (at the workspace root, see
 /// [`find_workspace_root`](crate::paths::find_workspace_root)) builds them into its cache (once)
@@ -227,6 +234,8 @@ pub struct ControlPlane {
     address: IpAddr,
     /// Flags added to kube-apiserver's (kept for its restarts).
     extra_args: Vec<String>,
+    /// kube-controller-manager running only the `resourcequota` controller, once started.
+    quota_controller: Option<Child>,
 }
 
 struct Pki {
@@ -564,6 +573,7 @@ impl ControlPlane {
             ports: (etcd_url, peer_port, api_port),
             address,
             extra_args,
+            quota_controller: None,
         };
         // etcd exiting early (port race, bad flag) shows up here rather than as an apiserver hang.
         std::thread::sleep(Duration::from_millis(200));
@@ -731,8 +741,57 @@ impl ControlPlane {
         io("writing kubeconfig", f.write_all(text.as_bytes()))
     }
 
+    /// Starts kube-controller-manager with only its `resourcequota` controller, as the admin, on
+    /// loopback: what fills a ResourceQuota's `status.hard` and `status.used` and gives back
+    /// what deleted objects used, as in every real cluster. Without it the apiserver's quota
+    /// admission refuses every create a quota covers ("status unknown for quota") and never
+    /// sees room again after deletes. No other controller runs (no ServiceAccount tokens, no
+    /// garbage collector), so nothing else about the plane changes.
+    pub fn start_quota_controller(&mut self) -> Result<()> {
+        if self.quota_controller.is_some() {
+            return Ok(());
+        }
+        let bin = match find_binary(&self.bin_dirs, "kube-controller-manager") {
+            Ok(bin) => bin,
+            Err(_) => find_binary(
+                &tool_dirs(&["kube:kube-controller-manager"])?,
+                "kube-controller-manager",
+            )?,
+        };
+        let certs = self.dir.join("kcm");
+        io("creating the kcm dir", fs::create_dir_all(&certs))?;
+        let kubeconfig = self.kubeconfig.display().to_string();
+        let log = self.dir.join("kube-controller-manager.log");
+        let mut cmd = Command::new(bin);
+        cmd.arg(format!("--kubeconfig={kubeconfig}"))
+            .arg(format!("--authentication-kubeconfig={kubeconfig}"))
+            .arg(format!("--authorization-kubeconfig={kubeconfig}"))
+            .arg("--controllers=resourcequota")
+            // A deleted record's room is given back by the controller's watch at once; the
+            // full recount is only the backstop.
+            .arg("--resource-quota-sync-period=30s")
+            .arg(format!("--cert-dir={}", certs.display()))
+            .arg("--bind-address=127.0.0.1")
+            .arg(format!("--secure-port={}", free_port()?))
+            .arg("--leader-elect=false")
+            .arg("--v=0");
+        let mut child = spawn_guarded(&mut cmd, &log)?;
+        std::thread::sleep(Duration::from_millis(500));
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(TestenvError::Setup(format!(
+                "kube-controller-manager exited at start ({status}):\n{}",
+                tail(&log, 30)
+            )));
+        }
+        self.quota_controller = Some(child);
+        Ok(())
+    }
+
     /// Stops the apiserver, then etcd, and removes the temp dir.
     pub fn stop(&mut self) {
+        if let Some(mut kcm) = self.quota_controller.take() {
+            terminate(&mut kcm, Duration::from_secs(5));
+        }
         terminate(&mut self.apiserver, Duration::from_secs(5));
         terminate(&mut self.etcd, Duration::from_secs(5));
         let _ = fs::remove_dir_all(&self.dir);

@@ -719,9 +719,14 @@ async fn park_one(into: &ParkInto, event: Incoming) -> Result<(String, bool), An
         let refused = match into.park(attempt).await {
             Ok(ParkOutcome::Parked(r)) => return Ok((r.name_any(), true)),
             Ok(outcome) => return Ok((outcome.record().name_any(), false)),
-            Err(e @ ParkError::MaxParked { .. }) => {
+            Err(e) if e.is_backpressure() => {
                 // Counted into the queue's `status.http.refusedLastMinute`.
                 super::backlog::BACKLOGS.refused(into.namespace(), into.queue());
+                into.shared.metrics.park_refused(
+                    into.namespace(),
+                    into.queue(),
+                    e.bound().unwrap_or_default(),
+                );
                 return Err(Answer::error(429, e).retry_after(RETRY_AFTER_FULL));
             }
             Err(e) if e.final_refusal().is_some() => e,

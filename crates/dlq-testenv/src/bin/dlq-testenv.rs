@@ -28,6 +28,10 @@ struct Args {
     /// Write the apiserver's audit log (request and response bodies, Secrets' left out).
     #[arg(long, conflicts_with = "node")]
     audit: bool,
+    /// Also run kube-controller-manager's `resourcequota` controller, so that ResourceQuotas
+    /// are counted as in a real cluster.
+    #[arg(long, conflicts_with_all = ["node", "audit"])]
+    quota_controller: bool,
     /// Serve the apiserver on this local address instead of 127.0.0.1 (one that processes in
     /// other network namespaces reach over a bridge: tests/knative).
     #[arg(long, conflicts_with_all = ["node", "audit"])]
@@ -39,8 +43,16 @@ struct Args {
 fn start(
     with_node: bool,
     audit: bool,
+    quota_controller: bool,
     address: Option<std::net::IpAddr>,
 ) -> anyhow::Result<(ControlPlane, Option<Node>)> {
+    if quota_controller {
+        let mut plane = ControlPlane::start().context("starting the local control plane")?;
+        plane
+            .start_quota_controller()
+            .context("starting kube-controller-manager's resourcequota controller")?;
+        return Ok((plane, None));
+    }
     if audit {
         let plane = ControlPlane::start_audited().context("starting the local control plane")?;
         return Ok((plane, None));
@@ -88,7 +100,7 @@ async fn until_stopped(until_stdin_closes: bool) -> anyhow::Result<()> {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let (mut plane, mut node) = start(args.node, args.audit, args.address)?;
+    let (mut plane, mut node) = start(args.node, args.audit, args.quota_controller, args.address)?;
     let kubeconfig = match &args.kubeconfig_out {
         Some(path) => {
             plane.export_kubeconfig(path)?;
