@@ -57,7 +57,7 @@ weight() {
     redrive) echo 48 ;; alerts) echo 46 ;; chart_rbac) echo 44 ;; park) echo 39 ;;
     release) echo 44 ;; sqs) echo 23 ;; kafka) echo 18 ;; replay) echo 34 ;; http_park) echo 31 ;;
     chart_node) echo 29 ;; bodies) echo 27 ;; nats) echo 28 ;; groups) echo 26 ;; leader) echo 23 ;;
-    gitops) echo 20 ;; capacity) echo 17 ;; ui|seal) echo 16 ;; pubsub) echo 15 ;; cli) echo 14 ;;
+    gitops) echo 20 ;; capacity) echo 17 ;; quota) echo 43 ;; ui|seal) echo 16 ;; pubsub) echo 15 ;; cli) echo 14 ;;
     bodies_clouds|bodies_cli) echo 14 ;; *) echo 12 ;;
   esac
 }

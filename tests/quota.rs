@@ -142,8 +142,9 @@ async fn a_resource_quota_is_honored_said_and_parking_resumes_once_records_go() 
         .create(&PostParams::default(), &quota)
         .await
         .expect("creating the ResourceQuota");
-    // Until its controller has counted the records (it discovers a new CRD within about 30 s),
-    // the apiserver refuses every record ("status unknown for quota") and the queue says so.
+    // Until its controller has counted the records the apiserver refuses every record ("status
+    // unknown for quota") and the queue says so. The quota plane installs the CRDs before its
+    // controller starts, so the count comes at once (found at its next discovery: about 30 s).
     let counted = Instant::now();
     eventually(120, "the quota controller to count records", || async {
         let q = quotas.get("dead-letters").await.ok()?;

@@ -47,10 +47,8 @@ fn start(
     address: Option<std::net::IpAddr>,
 ) -> anyhow::Result<(ControlPlane, Option<Node>)> {
     if quota_controller {
-        let mut plane = ControlPlane::start().context("starting the local control plane")?;
-        plane
-            .start_quota_controller()
-            .context("starting kube-controller-manager's resourcequota controller")?;
+        // The controller is started in `main`, once the CRDs are in.
+        let plane = ControlPlane::start().context("starting the local control plane")?;
         return Ok((plane, None));
     }
     if audit {
@@ -101,6 +99,15 @@ async fn until_stopped(until_stdin_closes: bool) -> anyhow::Result<()> {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let (mut plane, mut node) = start(args.node, args.audit, args.quota_controller, args.address)?;
+    if args.quota_controller {
+        // The dlq.dev CRDs first: the quota controller then counts records from its start,
+        // instead of finding their CRD at its next discovery, about 30 s on.
+        let client = dlq_testenv::admin_client(&plane.kubeconfig).await;
+        dlq_testenv::apply_crds(&client, dlq_testenv::CRDS).await;
+        plane
+            .start_quota_controller()
+            .context("starting kube-controller-manager's resourcequota controller")?;
+    }
     let kubeconfig = match &args.kubeconfig_out {
         Some(path) => {
             plane.export_kubeconfig(path)?;
