@@ -64,6 +64,7 @@ bench: ensure-deps
 test lint-probe: export RUSTC_WORKSPACE_WRAPPER = $(shell rustc --print sysroot)/bin/clippy-driver
 test lint-probe: export CLIPPY_ARGS = -D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__
 test: ensure-deps fmt-check lint-probe commits-check docs-check
+	@# (No $$(MAKE) in this recipe: `make -n test` would run it, tests/commands.rs does.)
 	@# The Go, Java and npm tools build in the background, niced, while cargo builds the
 	@# binaries, the examples and the test binaries and then while the tests run: a cold
 	@# machine's tool builds (downloads, links, single-threaded steps) fill the idle time of the
@@ -77,7 +78,7 @@ test: ensure-deps fmt-check lint-probe commits-check docs-check
 	  trap 'kill -- -$$tools 2>/dev/null; wait; exit 130' INT TERM; \
 	  stop() { kill -- -$$tools 2>/dev/null; wait; exit "$$1"; }; \
 	  { $(TEST_BUILD) && $(CARGO) test -q $(TEST_CARGO_ARGS) --no-run; } || stop 1; \
-	  $(MAKE) --no-print-directory crds-check deps-check workflows-check || stop 1; \
+	  { $(CRDS_CHECK) && bash scripts/deps-check.sh && bash scripts/workflows-check.sh; } || stop 1; \
 	  bash scripts/test-lanes.sh $(TEST_CARGO_ARGS) || stop 101; \
 	  wait $$tools || { cat target/tools.log; echo "make test: a test tool failed to build (above)"; exit 1; }; \
 	  grep -E '^>> (built|resolved|installed)' target/tools.log || true
@@ -133,10 +134,11 @@ crds:
 ## fail when crds/ is stale
 # The operator of the test build (not `cargo run -p`: its own feature set would compile the
 # operator and part of its dependencies a second time, about 100 s of `make test`).
+CRDS_CHECK = { target/debug/deadletter-operator crds | diff -u crds/dlq.dev.yaml - \
+  || { echo "crds/dlq.dev.yaml is stale: run 'make crds' and commit it"; exit 1; }; }
 crds-check:
 	$(TEST_BUILD)
-	@target/debug/deadletter-operator crds | diff -u crds/dlq.dev.yaml - \
-	  || { echo "crds/dlq.dev.yaml is stale: run 'make crds' and commit it"; exit 1; }
+	@$(CRDS_CHECK)
 
 ## build the test tooling (kube-apiserver, kubelet, kube-proxy, kubectl, etcd, helm, promtool, CNI
 ## plugins, pause, toxiproxy; ElasticMQ and Kafka; Flux's source- and kustomize-controller and a
