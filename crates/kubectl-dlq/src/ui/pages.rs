@@ -135,9 +135,9 @@ async fn failure_groups(ui: &Ui) -> Markup {
                         tr data-group=(fingerprint) {
                             td { (g.namespace().unwrap_or_default()) }
                             td { (queue) }
-                            td.template { a.group href=(format!("/records?queue={queue}&group={fingerprint}")) { (crate::groups_cmd::visible(&s.template)) } }
-                            td { (s.failure_kind.map_or("-", |k| k.as_str())) }
-                            td { (s.service_version.as_deref().unwrap_or("-")) }
+                            td { a.group href=(format!("/records?queue={queue}&group={fingerprint}")) { (crate::groups_cmd::visible(&s.template)) } }
+                            td.word { (s.failure_kind.map_or("-", |k| k.as_str())) }
+                            td.word { (s.service_version.as_deref().unwrap_or("-")) }
                             td.num { (s.parked) }
                             td.num.waiting { (s.backlog.as_ref().map_or_else(|| "-".into(), |b| b.shown())) }
                             td.num { (s.rate_per_minute) }
