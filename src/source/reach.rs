@@ -29,9 +29,31 @@ pub const REACH_PAGE: isize = 64;
 pub const REACH_DEPTH: isize = 4096;
 /// Most bytes one reach reads: a look down a backlog of large elements stops sooner.
 pub const REACH_BYTES: usize = 16 << 20;
-/// Elements larger than this are left for the slots: a page is read whole, and a message
-/// large enough for the body store is never passed through anyway.
+/// Elements larger than this are never taken by a reach (a message large enough for the body
+/// store is not passed through): a page holds only their facts ([`large_lua`]), so that a
+/// standing replay still sees its group waiting there.
 pub const REACH_LARGEST: usize = 256 << 10;
+
+/// The Lua `large(raw, budget)`: what a page holds for an element over [`REACH_LARGEST`].
+/// While the page's decode budget (bytes) lasts: a NUL, the element's size, a NUL, and the JSON
+/// of its facts (`facts(job)`, each source's own, defined before); else an empty element.
+macro_rules! large_lua {
+    () => {
+        r"
+local decoded = 0
+local function large(raw, budget)
+  if decoded + #raw > budget then return '' end
+  decoded = decoded + #raw
+  local ok, job = pcall(cjson.decode, raw)
+  if not ok or type(job) ~= 'table' then return '' end
+  local encoded, small = pcall(cjson.encode, facts(job))
+  if not encoded then return '' end
+  return '\0' .. #raw .. '\0' .. small
+end
+"
+    };
+}
+pub(crate) use large_lua;
 
 /// The Lua that ends a script taking one element, `ARGV[1]`, once it is out of where it waited:
 /// it goes into the inflight hash `KEYS[2]` under a fresh id (server time + the counter
@@ -54,8 +76,9 @@ pub trait Reachable: Send + Sync {
     fn taken(&self) -> &Arc<Taken>;
 
     /// Up to [`REACH_PAGE`] waiting elements from `at` past the oldest, oldest first; one the
-    /// reach must leave (over [`REACH_LARGEST`], or one this queue does not take) as an empty
-    /// element, so that positions still count it.
+    /// reach must leave (one this queue does not take) as an empty element, so that positions
+    /// still count it, and one over [`REACH_LARGEST`] as its facts ([`large_lua`]), at most
+    /// [`REACH_BYTES`] of them decoded per page.
     fn page(&self, at: isize) -> impl Future<Output = Result<Vec<Vec<u8>>, SourceError>> + Send;
 
     /// Moves element `raw` from where it waits into the inflight hash under a fresh id, in one
@@ -99,9 +122,20 @@ async fn reach_once(
     while at - from < REACH_DEPTH && bytes < REACH_BYTES {
         let page = source.page(at).await?;
         let read = page.len();
-        bytes += page.iter().map(Vec::len).sum::<usize>();
         let mut took = 0;
-        for raw in page.into_iter().filter(|raw| !raw.is_empty()) {
+        for looked in page.into_iter().map(Looked::from) {
+            bytes += looked.size();
+            let raw = match looked {
+                Looked::Left => continue,
+                Looked::Large { facts, .. } => {
+                    // Seen, never taken: it stays for a slot, and its replay waits for it.
+                    if let Element::Whole(req, _) = (taken.read)(taken.into.queue(), facts) {
+                        taken.into.would_pass(&req);
+                    }
+                    continue;
+                }
+                Looked::Whole(raw) => raw,
+            };
             let Element::Whole(req, raw) = (taken.read)(taken.into.queue(), raw) else {
                 continue;
             };
@@ -123,4 +157,72 @@ async fn reach_once(
         at += REACH_PAGE - took;
     }
     Ok(at)
+}
+
+/// An element of a page as the reach reads it.
+#[derive(Debug, PartialEq)]
+enum Looked {
+    /// One the queue does not take (or too large to look into now).
+    Left,
+    /// One over [`REACH_LARGEST`]: its size and the JSON of its facts.
+    Large { size: usize, facts: Vec<u8> },
+    /// One the reach may take, whole.
+    Whole(Vec<u8>),
+}
+
+impl Looked {
+    /// The bytes it stands for in the look's budget.
+    fn size(&self) -> usize {
+        match self {
+            Looked::Left => 0,
+            Looked::Large { size, .. } => *size,
+            Looked::Whole(raw) => raw.len(),
+        }
+    }
+}
+
+impl From<Vec<u8>> for Looked {
+    /// Reads what [`Reachable::page`] returned for one element (see [`large_lua`]).
+    fn from(raw: Vec<u8>) -> Self {
+        match raw.first() {
+            None => Looked::Left,
+            Some(0) => {
+                let rest = &raw[1..];
+                let Some(end) = rest.iter().position(|b| *b == 0) else {
+                    return Looked::Left;
+                };
+                let size = std::str::from_utf8(&rest[..end])
+                    .ok()
+                    .and_then(|n| n.parse().ok());
+                match size {
+                    Some(size) => Looked::Large {
+                        size,
+                        facts: rest[end + 1..].to_vec(),
+                    },
+                    None => Looked::Left,
+                }
+            }
+            Some(_) => Looked::Whole(raw),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Looked;
+
+    #[test]
+    fn a_page_element_is_left_large_or_whole() {
+        assert_eq!(Looked::from(vec![]), Looked::Left);
+        assert_eq!(
+            Looked::from(b"\x00300000\x00{\"id\":\"g\"}".to_vec()),
+            Looked::Large {
+                size: 300_000,
+                facts: br#"{"id":"g"}"#.to_vec()
+            }
+        );
+        assert_eq!(Looked::from(b"\x00junk".to_vec()), Looked::Left);
+        assert_eq!(Looked::from(b"\x00x\x00{}".to_vec()), Looked::Left);
+        assert_eq!(Looked::from(b"{}".to_vec()), Looked::Whole(b"{}".to_vec()));
+    }
 }

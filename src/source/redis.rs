@@ -33,7 +33,9 @@ use tokio::sync::Semaphore;
 use dlq_core::api::{DeadLetterQueue, RedisSourceSpec};
 
 use super::park_into::{ParkInto, SourceError, keep_running, url_from_secret};
-use super::reach::{REACH_LARGEST, REACH_PAGE, Reachable, into_inflight_lua};
+use super::reach::{
+    REACH_BYTES, REACH_LARGEST, REACH_PAGE, Reachable, into_inflight_lua, large_lua,
+};
 use super::taken::{BYTES_IN_FLIGHT, Element, Failpoints, Taken, free_slots, pairs, spawn_handle};
 use crate::broker::redis::RedisConn;
 use crate::state::bytes::ByteBudget;
@@ -57,15 +59,29 @@ const TAKE_ONE: &str = concat!(
 );
 
 /// Elements ARGV[1]..ARGV[2] of the dead list (negative: from its oldest end), oldest first;
-/// an element over ARGV[3] bytes as an empty string. KEYS: dead.
-const REACH_READ: &str = r"
+/// an element over ARGV[3] bytes as its facts (the envelope without its payload, see
+/// [`large_lua`]), at most ARGV[4] bytes of them. KEYS: dead.
+const REACH_READ: &str = concat!(
+    r"
+local function facts(job)
+  job.payload, job.payloadBase64, job.intent = '', nil, nil
+  return job
+end
+",
+    large_lua!(),
+    r"
 local out = {}
 local page = redis.call('LRANGE', KEYS[1], ARGV[1], ARGV[2])
 for i = #page, 1, -1 do
-  if #page[i] > tonumber(ARGV[3]) then out[#out + 1] = '' else out[#out + 1] = page[i] end
+  if #page[i] > tonumber(ARGV[3]) then
+    out[#out + 1] = large(page[i], tonumber(ARGV[4]))
+  else
+    out[#out + 1] = page[i]
+  end
 end
 return out
-";
+"
+);
 
 /// Moves up to ARGV[1] elements from the dead list straight into the inflight hash, each under
 /// a fresh id, in one atomic step; returns id, element, id, element, ... (empty when the list
@@ -323,7 +339,8 @@ impl Reachable for Bridge {
                     .arg(&self.dead)
                     .arg(-(at + REACH_PAGE))
                     .arg(-(at + 1))
-                    .arg(REACH_LARGEST),
+                    .arg(REACH_LARGEST)
+                    .arg(REACH_BYTES),
             )
             .await
             .map_err(SourceError::broker(format!("reading {}", self.dead)))

@@ -46,7 +46,9 @@ use dlq_core::events::{self, EventPlan};
 use dlq_core::sidekiq::DeadSetBounds;
 
 use super::park_into::{ParkInto, SourceError, keep_running, url_from_secret};
-use super::reach::{REACH_LARGEST, REACH_PAGE, Reachable, into_inflight_lua};
+use super::reach::{
+    REACH_BYTES, REACH_LARGEST, REACH_PAGE, Reachable, into_inflight_lua, large_lua,
+};
 use super::taken::{BYTES_IN_FLIGHT, Element, Failpoints, Taken, free_slots, pairs, spawn_handle};
 use crate::broker::redis::RedisConn;
 use crate::state::apiserver::reference;
@@ -158,13 +160,24 @@ return out
 );
 
 /// ARGV[2] of this queue's waiting jobs from ARGV[1] past the oldest, oldest first: the
-/// overflow list's, then the dead set's by score; a job over ARGV[5] bytes, or one the filters
-/// do not take, as an empty string (it keeps its place in the count). Jobs Sidekiq adds go to
+/// overflow list's, then the dead set's by score; one the filters do not take as an empty
+/// string (it keeps its place in the count), and one over ARGV[5] bytes as its facts (the
+/// members a record reads, see [`large_lua`]), at most ARGV[6] bytes of them. Jobs Sidekiq adds go to
 /// the set's newest end, and jobs moved to the overflow list go from the set's oldest end to
 /// the list's newest, so the order a reach reads in holds while it reads.
 /// KEYS: overflow, dead.
 const REACH_READ: &str = concat!(
     filter_lua!(),
+    r"
+local function facts(job)
+  local f = {}
+  for _, k in ipairs({'jid', 'class', 'wrapped', 'queue', 'retry_count', 'error_class', 'error_message', 'failed_at'}) do
+    f[k] = job[k]
+  end
+  return f
+end
+",
+    large_lua!(),
     r"
 local at, count, largest = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[5])
 local page = {}
@@ -179,7 +192,11 @@ if #page < count then
   end
 end
 for i = 1, #page do
-  if #page[i] > largest or not wanted(page[i]) then page[i] = '' end
+  if not wanted(page[i]) then
+    page[i] = ''
+  elseif #page[i] > largest then
+    page[i] = large(page[i], tonumber(ARGV[6]))
+  end
 end
 return page
 "
@@ -608,7 +625,8 @@ impl Reachable for Bridge {
                     .arg(REACH_PAGE)
                     .arg(&self.queues)
                     .arg(&self.classes)
-                    .arg(REACH_LARGEST),
+                    .arg(REACH_LARGEST)
+                    .arg(REACH_BYTES),
             )
             .await
             .map_err(SourceError::broker(format!(
@@ -642,10 +660,31 @@ impl Reachable for Bridge {
 mod tests {
     use super::{REACH_READ, TAKE, TAKE_ONE, pairs};
 
+    /// A page element as the test reads it: a job's jid, or a large job's jid, size and args.
+    fn looked(raw: &[u8]) -> String {
+        let Some(rest) = raw.strip_prefix(b"\0") else {
+            let text = String::from_utf8_lossy(raw);
+            return text.split('"').nth(3).unwrap_or_default().to_string();
+        };
+        let end = rest.iter().position(|b| *b == 0).expect("size, NUL");
+        let size = String::from_utf8_lossy(&rest[..end]);
+        let facts: serde_json::Value =
+            serde_json::from_slice(&rest[end + 1..]).expect("facts as JSON");
+        let args = if facts.get("args").is_some() {
+            "kept"
+        } else {
+            "left behind"
+        };
+        format!(
+            "{}: {size} bytes, args {args}",
+            facts["jid"].as_str().unwrap_or_default()
+        )
+    }
+
     /// [`REACH_READ`] and [`TAKE_ONE`] against a real redis-server: pages run through the
-    /// overflow list and on into the dead set by score, a job the filters leave or one over
-    /// the size bound reads as empty in its place, and a job is taken from either by its
-    /// bytes, once.
+    /// overflow list and on into the dead set by score, a job the filters leave reads as empty
+    /// in its place, one over the size bound as its size and facts (empty past the decode
+    /// budget), and a job is taken from either by its bytes, once.
     #[tokio::test]
     async fn a_reach_reads_the_overflow_list_then_the_dead_set_and_takes_by_bytes() {
         let redis = dlq_testenv::brokers::Redis::start();
@@ -676,6 +715,7 @@ mod tests {
             .query_async(&mut conn)
             .await
             .expect("ZADD");
+        let budget = std::cell::Cell::new(1000);
         let mut page = async |at: isize, count: isize| -> Vec<String> {
             let page: Vec<Vec<u8>> = redis::cmd("EVAL")
                 .arg(REACH_READ)
@@ -686,17 +726,29 @@ mod tests {
                 .arg(r#"["q"]"#)
                 .arg("[]")
                 .arg(100)
+                .arg(budget.get())
                 .query_async(&mut conn)
                 .await
                 .expect("EVAL");
-            page.iter()
-                .map(|raw| {
-                    let text = String::from_utf8_lossy(raw);
-                    text.split('"').nth(3).unwrap_or_default().to_string()
-                })
-                .collect()
+            page.iter().map(|raw| looked(raw)).collect()
         };
-        assert_eq!(page(0, 64).await, ["o1", "o2", "d1", "", "d3", ""]);
+        assert_eq!(
+            page(0, 64).await,
+            [
+                "o1",
+                "o2",
+                "d1",
+                "",
+                "d3",
+                "big: 137 bytes, args left behind"
+            ]
+        );
+        budget.set(100);
+        assert_eq!(
+            page(0, 64).await,
+            ["o1", "o2", "d1", "", "d3", ""],
+            "over the decode budget"
+        );
         assert_eq!(page(1, 2).await, ["o2", "d1"], "across the list's end");
         assert_eq!(page(3, 2).await, ["", "d3"], "in the set");
         assert!(page(6, 64).await.is_empty());
