@@ -9,7 +9,7 @@ use dlq_core::replay::{DeadLetterReplay, DeadLetterReplaySpec, ReplayPhase};
 use dlq_testenv::brokers::Redis;
 use dlq_testenv::{LIST, Operator, create_queue, eventually, list_target, setup};
 use futures::StreamExt;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 const RECORDS: usize = 120;
@@ -382,14 +382,14 @@ async fn full(client: &kube::Client, ns: &str, redis: &Redis, parked: i64, infli
     .await;
 }
 
-/// Creates standing replay `name` of `group` (`extra` merged into its spec) and waits for its end.
-async fn standing_run(
+/// Creates standing replay `name` of `group` (`extra` merged into its spec).
+async fn start_standing(
     client: &kube::Client,
     ns: &str,
     name: &str,
     group: &str,
     extra: serde_json::Value,
-) -> DeadLetterReplay {
+) {
     let replays: Api<DeadLetterReplay> = Api::namespaced(client.clone(), ns);
     let mut spec = json!({
         "queue": "relayer", "by": "ops", "note": "INC-57", "standing": true,
@@ -403,6 +403,18 @@ async fn standing_run(
         .create(&PostParams::default(), &DeadLetterReplay::new(name, spec))
         .await
         .expect("the replay");
+}
+
+/// Creates standing replay `name` of `group` (`extra` merged into its spec) and waits for its end.
+async fn standing_run(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    group: &str,
+    extra: serde_json::Value,
+) -> DeadLetterReplay {
+    start_standing(client, ns, name, group, extra).await;
+    let replays: Api<DeadLetterReplay> = Api::namespaced(client.clone(), ns);
     eventually(180, "the standing replay to end", || async {
         let r = replays.get(name).await.ok()?;
         r.phase().is_final().then_some(r)
@@ -439,11 +451,15 @@ async fn left_in_broker(redis: &Redis, prefix: &str) -> usize {
 }
 
 /// Issue 57 item 2: the queue Full (`maxParked` 5) with 32 messages of another group waiting
-/// for room in the source's hands, then 60 of group G behind them: one standing redrive of G
-/// reaches past the waiting ones, passes all 60 through, each once, and completes only once
-/// none of G is left in the broker; the other group's messages stay where they were.
+/// for room in the source's hands, then 60 of group G behind them and one of G too large for a
+/// record (300 KiB): one standing redrive of G reaches past the waiting ones and passes the 60
+/// through, each once. The large one is never passed (it waits for a slot), but seen: the
+/// replay runs on while it waits in the broker (before: Completed with it still there), and
+/// completes once room lets the source take it (rejected: no record holds it, and this queue
+/// has no body store); the other group's messages wait where they were until then.
 #[tokio::test]
 async fn a_standing_redrive_reaches_its_group_behind_other_groups_waiting_for_room() {
+    use dlq_core::api::DeadLetterQueue;
     let (client, ns) = setup("replay-reach").await;
     let redis = Redis::start();
     storm_queue(&client, &ns, &redis, 5).await;
@@ -457,17 +473,33 @@ async fn a_standing_redrive_reaches_its_group_behind_other_groups_waiting_for_ro
         format!("payer timeout after {}ms", 30_000 + i)
     })
     .await;
+    push_large(&redis, "g", "payer timeout after 39999ms").await;
     let started = std::time::Instant::now();
-    let done = standing_run(&client, &ns, "reach", &group, json!({})).await;
-    let status = done.status.clone().unwrap_or_default();
-    assert_eq!(done.phase(), ReplayPhase::Completed, "{status:?}");
-    let left = left_in_broker(&redis, "g").await;
+    let replays: Api<DeadLetterReplay> = Api::namespaced(client.clone(), &ns);
+    // Room made below parks the other group's 35: not a sign that G's fix failed.
+    let bounds = json!({"stopWhen": {"newParked": 100}});
+    start_standing(&client, &ns, "reach", &group, bounds).await;
+    let passed = eventually(120, "G's 60 passed through", || async {
+        let s = replays.get("reach").await.ok()?.status?;
+        (s.passed_through >= 60).then_some(s)
+    })
+    .await;
+    let took = started.elapsed();
+    // Past the settle time (15 s), with the large one of G still waiting in the broker.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let waiting = replays.get("reach").await.expect("the replay");
+    assert_eq!(
+        (waiting.phase(), left_in_broker(&redis, "g").await),
+        (ReplayPhase::Running, 1),
+        "the replay's phase while one of G waits in the broker: {:?}",
+        waiting.status
+    );
     let got = arrivals(&redis).await;
     let g_arrived = got.keys().filter(|p| p.contains("\"g-")).count();
     assert_eq!(
-        (left, g_arrived, status.passed_through),
-        (0, 60, 60),
-        "G left in the broker, G on the target, passed through: {status:?}"
+        (g_arrived, passed.passed_through),
+        (60, 60),
+        "G on the target, passed through: {passed:?}"
     );
     assert!(
         got.values().all(|n| *n == 1),
@@ -478,10 +510,47 @@ async fn a_standing_redrive_reaches_its_group_behind_other_groups_waiting_for_ro
         35,
         "the other group's messages wait where they were"
     );
+    // Room: the source takes the rest; the large one is rejected, and the replay completes.
+    let queues: Api<DeadLetterQueue> = Api::namespaced(client.clone(), &ns);
+    let room = json!({"spec": {"maxParked": 100}});
+    queues
+        .patch("relayer", &PatchParams::default(), &Patch::Merge(&room))
+        .await
+        .expect("maxParked 100");
+    let done = eventually(120, "the standing replay to end", || async {
+        let r = replays.get("reach").await.ok()?;
+        r.phase().is_final().then_some(r)
+    })
+    .await;
+    assert_eq!(done.phase(), ReplayPhase::Completed, "{:?}", done.status);
+    let rejected = redis.list("relayer:dead:rejected").await;
+    assert_eq!(
+        (left_in_broker(&redis, "g").await, rejected.len()),
+        (0, 1),
+        "G left in the broker, and rejected, once the replay completed"
+    );
     dlq_testenv::report(&format!(
-        "standing redrive behind 32 waiting messages of another group: 60 of 60 passed through, completed in {:.1} s",
-        started.elapsed().as_secs_f64()
+        "standing redrive behind 32 waiting messages of another group: 60 of 60 passed through in {:.1} s; Running while a 300 KiB one of G waited, Completed once it was taken",
+        took.as_secs_f64()
     ));
+}
+
+/// One dead message of `prefix` too large for a record (a 300 KiB payload) onto the dead list.
+async fn push_large(redis: &Redis, prefix: &str, reason: &str) {
+    let envelope = json!({
+        "id": format!("{prefix}/large"),
+        "payload": "x".repeat(300 << 10),
+        "reason": reason,
+        "failureKind": "Transient",
+    })
+    .to_string();
+    let mut conn = redis.conn().await;
+    let _: () = redis::cmd("RPUSH")
+        .arg("relayer:dead")
+        .arg(envelope)
+        .query_async(&mut conn)
+        .await
+        .expect("RPUSH");
 }
 
 /// Issue 57 item 4: `max` bounds the records decided and the messages passed together: with
