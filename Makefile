@@ -70,16 +70,19 @@ test: ensure-deps fmt-check lint-probe commits-check docs-check
 	@# machine's tool builds (downloads, links, single-threaded steps) fill the idle time of the
 	@# others instead of preceding them. TEST_TOOLS lists them in the order the tests first need
 	@# them; a test that needs one not built yet waits on its lock in tools/build.sh. With warm
-	@# caches tools/build.sh returns at once. In-process tests first, then the integration
-	@# binaries in TEST_LANES (default 2) lanes; the benches are compiled with the tests (so
-	@# linted) and not run (`make bench` runs them).
+	@# caches tools/build.sh returns at once. The test binaries run in TEST_LANES (default 2)
+	@# lanes, the dependency and workflow checks beside them (a few seconds of CPU, not a
+	@# sequential step); the benches are compiled with the tests (so linted) and not run
+	@# (`make bench` runs them).
 	@mkdir -p target
 	@nice -n 19 setsid bash tools/build.sh $(TEST_TOOLS) >/dev/null 2>target/tools.log & tools=$$!; \
 	  trap 'kill -- -$$tools 2>/dev/null; wait; exit 130' INT TERM; \
 	  stop() { kill -- -$$tools 2>/dev/null; wait; exit "$$1"; }; \
-	  { $(TEST_BUILD) && $(CARGO) test -q $(TEST_CARGO_ARGS) --no-run; } || stop 1; \
-	  { $(CRDS_CHECK) && bash scripts/deps-check.sh && bash scripts/workflows-check.sh; } || stop 1; \
-	  bash scripts/test-lanes.sh $(TEST_CARGO_ARGS) || stop 101; \
+	  { $(TEST_BUILD) && $(CARGO) test -q $(TEST_CARGO_ARGS) --no-run && $(CRDS_CHECK); } || stop 1; \
+	  { bash scripts/deps-check.sh && bash scripts/workflows-check.sh; } >target/checks.log 2>&1 & checks=$$!; \
+	  bash scripts/test-lanes.sh $(TEST_CARGO_ARGS); lanes=$$?; \
+	  wait $$checks; checked=$$?; cat target/checks.log; [ $$checked -eq 0 ] || stop 1; \
+	  [ $$lanes -eq 0 ] || stop 101; \
 	  wait $$tools || { cat target/tools.log; echo "make test: a test tool failed to build (above)"; exit 1; }; \
 	  grep -E '^>> (built|resolved|installed)' target/tools.log || true
 
