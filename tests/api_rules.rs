@@ -397,7 +397,9 @@ async fn replay_spec_is_signed_and_frozen_once_running() {
     let (code, msg) = refusal(merge(&api, "r2", json!({"spec": {"rate": "100/s"}})).await);
     assert_eq!(code, 422);
     assert!(
-        msg.contains("replay r2 is running: only spec.stop can change once it started"),
+        msg.contains(
+            "replay r2 is running: only spec.stop and spec.paused can change once it started"
+        ),
         "{msg}"
     );
     merge(&api, "r2", json!({"spec": {"stop": true}}))

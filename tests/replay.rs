@@ -653,3 +653,117 @@ async fn a_kill_during_pass_through_never_leaves_the_count_below_what_was_sent()
         status.passed_through, status.redriven
     ));
 }
+
+/// Sets a replay's `spec.paused`, as `kubectl dlq pause`/`resume` do.
+async fn set_paused(replays: &Api<DeadLetterReplay>, name: &str, paused: bool) {
+    let patch = json!({"spec": {"paused": paused}});
+    replays
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("spec.paused");
+}
+
+/// Issue 59 item 3: a standing redrive paused during a storm passes nothing and decides
+/// nothing while paused, and loses nothing (the group's dead messages park up to `maxParked`,
+/// the rest wait in the broker); resumed, it goes on where it was and puts every job on the
+/// target exactly once, with nothing it decided before the pause withdrawn.
+#[tokio::test]
+async fn a_paused_standing_redrive_passes_nothing_and_resumes_to_each_job_once() {
+    let (client, ns) = setup("replay-pause").await;
+    let redis = Redis::start();
+    storm_queue(&client, &ns, &redis, 5).await;
+    let reason = |i: usize| format!("payer timeout after {}ms", 30_000 + i);
+    let group = push_dead(&redis, "a", 20, reason).await;
+    let _op = Operator::start(&ns);
+    let replays: Api<DeadLetterReplay> = Api::namespaced(client.clone(), &ns);
+    start_standing(&client, &ns, "pause", &group, json!({})).await;
+    let on_target = || async { arrivals(&redis).await.len() };
+    eventually(90, "the first 20 jobs on the target", || async {
+        (on_target().await == 20).then_some(())
+    })
+    .await;
+
+    set_paused(&replays, "pause", true).await;
+    let paused = eventually(30, "the replay Paused", || async {
+        let r = replays.get("pause").await.ok()?;
+        (r.phase() == ReplayPhase::Paused).then_some(r.status?)
+    })
+    .await;
+    let again = push_dead(&redis, "b", 20, reason).await;
+    assert_eq!(again, group, "one failure group");
+    let records: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let parked_b = || async {
+        records
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+            .iter()
+            .filter(|r| r.spec.job.id.starts_with("b/") && r.phase() == Phase::Parked)
+            .count()
+    };
+    eventually(
+        60,
+        "the queue Full with the paused group's records",
+        || async { (parked_b().await == 5).then_some(()) },
+    )
+    .await;
+    // Several of its steps and its sources' looks while paused.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let still = replays.get("pause").await.expect("the replay");
+    let status = still.status.clone().unwrap_or_default();
+    assert_eq!(
+        (
+            still.phase(),
+            status.passed_through,
+            status.decided,
+            on_target().await
+        ),
+        (
+            ReplayPhase::Paused,
+            paused.passed_through,
+            paused.decided,
+            20
+        ),
+        "while paused: phase, passed through, decided, jobs on the target"
+    );
+    assert_eq!(
+        parked_b().await + left_in_broker(&redis, "b").await,
+        20,
+        "while paused, the group's messages are records or still in the broker"
+    );
+    assert_eq!(status.withdrawn, 0, "a pause withdraws nothing");
+
+    set_paused(&replays, "pause", false).await;
+    let done = eventually(120, "the resumed replay to end", || async {
+        let r = replays.get("pause").await.ok()?;
+        r.phase().is_final().then_some(r)
+    })
+    .await;
+    let status = done.status.clone().unwrap_or_default();
+    assert_eq!(done.phase(), ReplayPhase::Completed, "{status:?}");
+    let got = arrivals(&redis).await;
+    assert_eq!(got.len(), 40, "every job on the target: {got:?}");
+    assert!(
+        got.values().all(|n| *n == 1),
+        "a job arrived twice: {got:?}"
+    );
+    assert_eq!(
+        left_in_broker(&redis, "b").await,
+        0,
+        "none left in the broker"
+    );
+    for reason in ["ReplayPaused", "ReplayResumed"] {
+        assert_eq!(
+            dlq_testenv::events_for(&client, &ns, "pause", reason)
+                .await
+                .len(),
+            1,
+            "one {reason} Event"
+        );
+    }
+    dlq_testenv::report(&format!(
+        "paused standing redrive: 0 passed and 0 decided while paused ({} passed, {} decided before), then {} passed and {} decided, 40 of 40 jobs once",
+        paused.passed_through, paused.decided, status.passed_through, status.decided
+    ));
+}

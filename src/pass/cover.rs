@@ -71,6 +71,9 @@ pub struct Cover {
     recent: Mutex<Recent>,
     window: usize,
     tally: Mutex<Tally>,
+    /// Its replay is paused (`spec.paused`): it still sees its group's messages (so the run
+    /// does not look over when it resumes), but passes none.
+    held: std::sync::atomic::AtomicBool,
 }
 
 /// The last pass-through outcomes of a cover: None an enqueue that went, else its failure's
@@ -139,6 +142,7 @@ impl Cover {
             recent: Mutex::default(),
             window: spec.bounds().window,
             tally: Mutex::new(tally),
+            held: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -149,6 +153,16 @@ impl Cover {
 
     fn lapsed(&self) -> bool {
         *lock(&self.lapses_at) <= tokio::time::Instant::now()
+    }
+
+    /// Holds its passes while its replay is paused (`true`), or lets them go again.
+    pub fn hold(&self, paused: bool) {
+        self.held.store(paused, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether its passes are held (its replay paused).
+    pub(super) fn held(&self) -> bool {
+        self.held.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Takes one message of the budget; false once `max` is spent.

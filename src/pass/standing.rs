@@ -125,7 +125,7 @@ impl Standing {
             return false;
         };
         cover.sight();
-        cover.has_room()
+        !cover.held() && cover.has_room()
     }
 
     /// The running cover whose group `req` is of, if any.
@@ -155,7 +155,7 @@ impl Standing {
             return Passed::No;
         };
         cover.sight();
-        if !cover.take() {
+        if cover.held() || !cover.take() {
             return Passed::No;
         }
         cover.turn().await;

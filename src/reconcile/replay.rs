@@ -221,7 +221,56 @@ async fn step(run: &mut Run<'_>) -> Result<Action> {
     if let Some(why) = stop {
         return finish(run, &observed, Some(why)).await;
     }
+    if run.replay.spec.paused() {
+        return pause(run).await;
+    }
+    if run.status.phase == Some(ReplayPhase::Paused) {
+        resume(run).await?;
+    }
     decide(run, &started, &observed).await
+}
+
+/// `spec.paused`: decides nothing and passes nothing through (its cover held, see [`stand`])
+/// until resumed; what it decided stays decided and is carried out. The pause is said once, as
+/// the phase and a Normal Event; the counts go on being written as decisions are carried out.
+async fn pause(run: &mut Run<'_>) -> Result<Action> {
+    if run.status.phase == Some(ReplayPhase::Paused) {
+        write_progress(run).await?;
+        return Ok(Action::requeue(STANDING_POLL));
+    }
+    let message = format!(
+        "paused (spec.paused) after {} decided and {} passed through: nothing more until resumed",
+        run.status.decided, run.status.passed_through
+    );
+    set_phase(
+        run,
+        ReplayPhase::Paused,
+        ReplayPhase::Paused.as_str(),
+        &message,
+    );
+    write(run).await?;
+    tracing::info!(namespace = %run.ns, replay = %run.name, decided = run.status.decided, passed_through = run.status.passed_through, "replay paused");
+    let plan = EventPlan::normal(reason::REPLAY_PAUSED, action::REPLAY, message);
+    run.ctx
+        .apiserver
+        .publish(reference(run.replay), &plan)
+        .await;
+    Ok(Action::requeue(STANDING_POLL))
+}
+
+/// A paused run whose `spec.paused` is false again goes on where it was: Running, said at once
+/// and as a Normal Event. Its pace catches up at most its burst.
+async fn resume(run: &mut Run<'_>) -> Result<()> {
+    let message = format!("resumed at {}/s", run.replay.spec.rate());
+    set_phase(run, ReplayPhase::Running, "Running", &message);
+    write(run).await?;
+    tracing::info!(namespace = %run.ns, replay = %run.name, "replay resumed");
+    let plan = EventPlan::normal(reason::REPLAY_RESUMED, action::REPLAY, message);
+    run.ctx
+        .apiserver
+        .publish(reference(run.replay), &plan)
+        .await;
+    Ok(())
 }
 
 /// The queue does not exist (yet): say so and look again.
@@ -445,6 +494,7 @@ fn stand(run: &mut Run<'_>) -> Option<String> {
         Cover::new(&uid, name, spec, counts, tally, log)
     });
     cover.renew();
+    cover.hold(spec.paused());
     cover.decided_at_least(run.status.decided);
     fold(&mut run.status, &cover);
     run.cover = Some(cover.clone());
@@ -783,7 +833,7 @@ fn set_phase(run: &mut Run<'_>, phase: ReplayPhase, reason: &str, message: &str)
         &mut status.conditions,
         Cond {
             type_: conditions::READY,
-            status: phase != ReplayPhase::Pending,
+            status: !matches!(phase, ReplayPhase::Pending | ReplayPhase::Paused),
             reason,
             message,
         },

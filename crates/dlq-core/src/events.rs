@@ -16,6 +16,10 @@ pub mod reason {
     pub const DECISION_REFUSED: &str = "DecisionRefused";
     pub const REPLAY: &str = "Replay";
     pub const REPLAY_STOPPED: &str = "ReplayStopped";
+    /// A replay was paused (`spec.paused`): it decides and passes nothing until resumed.
+    pub const REPLAY_PAUSED: &str = "ReplayPaused";
+    /// A paused replay was resumed: it goes on where it was.
+    pub const REPLAY_RESUMED: &str = "ReplayResumed";
     /// A dead message that can never be a record, kept in the broker's rejected list/queue.
     pub const REJECTED: &str = "Rejected";
     /// The queue's body store cannot keep a large dead message right now (unreachable,

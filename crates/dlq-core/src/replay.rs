@@ -54,8 +54,8 @@ pub const MAX_NAMES: usize = 1000;
 /// Job ids of pass-through messages a standing replay keeps in its status (the rest are counted).
 pub const SAMPLE: usize = 20;
 
-/// The spec fields that freeze once a replay runs (everything but `stop`), as the CEL rule and
-/// the admission policy compare them.
+/// The spec fields that freeze once a replay runs (everything but `stop` and `paused`), as the
+/// CEL rule and the admission policy compare them.
 pub const FROZEN_FIELDS: [&str; 11] = [
     "queue",
     "selector",
@@ -89,14 +89,14 @@ fn frozen_rule() -> kube::core::Rule {
         frozen_fields_equal("self.spec", "oldSelf.spec")
     ))
     .message(kube::core::Message::Expression(
-        "'replay ' + self.metadata.name + ' is ' + oldSelf.status.phase.lowerAscii() + ': only spec.stop can change once it started'".into(),
+        "'replay ' + self.metadata.name + ' is ' + oldSelf.status.phase.lowerAscii() + ': only spec.stop and spec.paused can change once it started'".into(),
     ))
     .reason(kube::core::Reason::FieldValueForbidden)
     .field_path(".spec")
 }
 
 /// A replay of one queue's parked records: which, what to decide, how fast, when to stop.
-/// Signed like any decision; only `stop` changes once it runs.
+/// Signed like any decision; only `stop` and `paused` change once it runs.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "dlq.dev",
@@ -165,6 +165,12 @@ pub struct DeadLetterReplaySpec {
     /// withdrawn. The one field that may change once the replay runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop: Option<bool>,
+    /// `true` pauses the replay: no more decisions, and a standing replay passes nothing
+    /// through (its group's dead messages park, or wait in the broker, meanwhile); what it
+    /// decided stays decided and is carried out. `false` resumes it where it was. Unlike
+    /// `stop`, nothing is withdrawn and the replay does not end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<bool>,
     /// Keeps deciding the group's records as they are parked, not only those that existed when
     /// it started, and lets the source pass matching dead messages straight from the broker to
     /// the target without a record each (requeue, then ack; counted in
@@ -232,6 +238,8 @@ pub enum ReplayPhase {
     /// `dryRun: true`: the selection is counted and kept up to date; nothing is decided.
     DryRun,
     Running,
+    /// `spec.paused`: decides and passes nothing until resumed; nothing is withdrawn.
+    Paused,
     /// Ended early: a stop bound, or `spec.stop`.
     Stopped,
     Completed,
@@ -243,6 +251,7 @@ impl ReplayPhase {
             ReplayPhase::Pending => "Pending",
             ReplayPhase::DryRun => "DryRun",
             ReplayPhase::Running => "Running",
+            ReplayPhase::Paused => "Paused",
             ReplayPhase::Stopped => "Stopped",
             ReplayPhase::Completed => "Completed",
         }
@@ -462,6 +471,11 @@ impl DeadLetterReplaySpec {
 
     pub fn stop_requested(&self) -> bool {
         self.stop.unwrap_or(false)
+    }
+
+    /// Whether it is paused (see [`DeadLetterReplaySpec::paused`]).
+    pub fn paused(&self) -> bool {
+        self.paused.unwrap_or(false)
     }
 
     /// Whether it is a standing replay (see [`DeadLetterReplaySpec::standing`]).

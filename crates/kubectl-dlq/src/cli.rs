@@ -3,7 +3,7 @@
 use clap::{Parser, Subcommand};
 
 use crate::session::{CliError, Global};
-use crate::{groups_cmd, inspect, park_cmd, runbook, seal_key, ui};
+use crate::{groups_cmd, inspect, park_cmd, pause, runbook, seal_key, ui};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -34,6 +34,11 @@ pub enum Command {
     /// Drop jobs (resolve without enqueueing), or a selection with --queue or --group (a
     /// replay that drops).
     Drop(runbook::DropArgs),
+    /// Pause a running replay (spec.paused): it decides and passes nothing more until resumed;
+    /// nothing it decided is withdrawn (unlike a stop).
+    Pause(pause::PauseArgs),
+    /// Resume a paused replay where it was.
+    Resume(pause::PauseArgs),
     /// Failure groups (DeadLetterGroups), most parked first: group, queue, kind, version,
     /// parked, rate, tier, template. Act on one with redrive/drop --group G.
     Groups(groups_cmd::GroupsArgs),
@@ -57,6 +62,8 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Stats(args) => inspect::stats(&cli.global, args).await,
         Command::Redrive(args) => runbook::redrive(&cli.global, args).await,
         Command::Drop(args) => runbook::drop_jobs(&cli.global, args).await,
+        Command::Pause(args) => pause::run(&cli.global, args, true).await,
+        Command::Resume(args) => pause::run(&cli.global, args, false).await,
         Command::Groups(args) => groups_cmd::run(&cli.global, args).await,
         Command::Park(args) => park_cmd::run(&cli.global, args).await,
         Command::Ui(args) => ui::run(&cli.global, args).await,

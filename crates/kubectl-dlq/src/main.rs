@@ -13,6 +13,7 @@ mod inspect;
 mod lookup;
 mod park_cmd;
 mod park_endpoint;
+mod pause;
 mod reveal;
 mod runbook;
 mod seal_key;

@@ -367,6 +367,7 @@ impl ReplayPlan {
             note: Some(self.note.clone()),
             settle_seconds: i64::try_from(self.pace.settle_timeout).ok(),
             stop: None,
+            paused: None,
             standing: self.pace.standing.then_some(true),
         })
     }

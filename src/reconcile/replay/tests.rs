@@ -53,6 +53,7 @@ fn replay(rate: &str) -> DeadLetterReplay {
             note: Some("INC-1234".into()),
             settle_seconds: Some(60),
             stop: None,
+            paused: None,
             standing: None,
         },
     );
@@ -198,6 +199,44 @@ async fn stop_withdraws_what_was_not_carried_out() {
         !events.is_empty() && events.iter().all(|e| e.reason == "ReplayStopped"),
         "{events:?}"
     );
+}
+
+/// `spec.paused`: the run decides nothing more and withdraws nothing; said once (phase,
+/// Event) however many steps it stays paused; resumed, it goes on with the rest.
+#[tokio::test]
+async fn a_paused_replay_decides_nothing_withdraws_nothing_and_resumes() {
+    let fake = FakeApiserver::holding(queue_records());
+    let mut replay = started(replay("1.5/s"), 5);
+    reconcile(Arc::new(replay.clone()), process(&fake))
+        .await
+        .expect("step");
+    assert_eq!(fake.signed().len(), 3);
+    replay.spec.paused = Some(true);
+    for _ in 0..3 {
+        replay.status = Some(fake.last_replay_status());
+        reconcile(Arc::new(replay.clone()), process(&fake))
+            .await
+            .expect("step");
+    }
+    let status = fake.last_replay_status();
+    assert_eq!(status.phase, Some(ReplayPhase::Paused));
+    assert_eq!((status.decided, status.withdrawn), (3, 0));
+    assert_eq!(fake.signed().len(), 3, "nothing more decided while paused");
+    let decided = fake
+        .all()
+        .iter()
+        .filter(|r| r.spec.action.is_some())
+        .count();
+    assert_eq!(decided, 3, "nothing withdrawn");
+
+    replay.spec.paused = Some(false);
+    replay.status = Some(fake.last_replay_status());
+    reconcile(Arc::new(replay), process(&fake))
+        .await
+        .expect("step");
+    assert_eq!(fake.last_replay_status().phase, Some(ReplayPhase::Running));
+    assert_eq!(fake.signed().len(), 5, "the rest, once resumed");
+    assert_eq!(fake.reasons(), ["ReplayPaused", "ReplayResumed"]);
 }
 
 #[tokio::test]

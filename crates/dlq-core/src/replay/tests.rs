@@ -43,6 +43,7 @@ fn spec(selector: ReplaySelector) -> DeadLetterReplaySpec {
         note: Some("INC-1234".into()),
         settle_seconds: None,
         stop: None,
+        paused: None,
         standing: None,
     }
 }
