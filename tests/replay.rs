@@ -767,3 +767,161 @@ async fn a_paused_standing_redrive_passes_nothing_and_resumes_to_each_job_once()
         paused.passed_through, paused.decided, status.passed_through, status.decided
     ));
 }
+
+/// A consumer whose jobs all die again: every job the list target receives is pushed back onto
+/// the dead list as the same job (`c-00012` → id `c/00012`), so the source parks its next cycle.
+fn dying_consumer(redis: &Redis) -> tokio::task::JoinHandle<()> {
+    let url = redis.url();
+    tokio::spawn(async move {
+        let client = redis::Client::open(url).expect("a Redis URL");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("a connection");
+        loop {
+            // RPOP, not BRPOP: a blocking pop outliving the client's response timeout would
+            // take a job the client no longer waits for.
+            let popped: Option<String> = redis::cmd("RPOP")
+                .arg(LIST)
+                .query_async(&mut conn)
+                .await
+                .expect("RPOP");
+            let Some(payload) = popped else {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            };
+            let job: serde_json::Value = serde_json::from_str(&payload).expect("a job payload");
+            let name = job["job"].as_str().unwrap_or_default();
+            let envelope = json!({
+                "id": name.replacen('-', "/", 1),
+                "payload": payload,
+                "reason": "payer timeout after 31000ms",
+                "failureKind": "Transient",
+            });
+            let _: () = redis::cmd("RPUSH")
+                .arg("relayer:dead")
+                .arg(envelope.to_string())
+                .query_async(&mut conn)
+                .await
+                .expect("RPUSH");
+        }
+    })
+}
+
+/// `n` records of one failure group parked from the dead list (`prefix/NNNNN`); their group.
+async fn parked_group(
+    client: &kube::Client,
+    ns: &str,
+    redis: &Redis,
+    prefix: &str,
+    n: usize,
+) -> String {
+    let group = push_dead(redis, prefix, n, |i| {
+        format!("payer timeout after {}ms", 30_000 + i)
+    })
+    .await;
+    // Counted on the queue: the operator's own view holds them all (a replay selects from it).
+    use dlq_core::api::DeadLetterQueue;
+    let queues: Api<DeadLetterQueue> = Api::namespaced(client.clone(), ns);
+    eventually(120, "every dead message parked", || async {
+        let parked = queues.get("relayer").await.ok()?.status?.parked;
+        (parked == i64::try_from(n).ok()?).then_some(())
+    })
+    .await;
+    group
+}
+
+/// A replay of `group` with a canary of 5 watched for `observe` seconds, at 100/s; its end.
+async fn canary_run(
+    client: &kube::Client,
+    ns: &str,
+    group: &str,
+    observe: i64,
+) -> DeadLetterReplay {
+    let canary = json!({"canary": {"count": 5, "observeSeconds": observe}, "rate": "100/s"});
+    let replays: Api<DeadLetterReplay> = Api::namespaced(client.clone(), ns);
+    let mut spec = json!({
+        "queue": "relayer", "by": "ops", "note": "INC-59", "selector": {"group": group},
+    });
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), canary.as_object()) {
+        spec.extend(extra.clone());
+    }
+    let spec: DeadLetterReplaySpec = serde_json::from_value(spec).expect("a spec");
+    replays
+        .create(
+            &PostParams::default(),
+            &DeadLetterReplay::new("canary", spec),
+        )
+        .await
+        .expect("the replay");
+    eventually(180, "the replay to end", || async {
+        let r = replays.get("canary").await.ok()?;
+        r.phase().is_final().then_some(r)
+    })
+    .await
+}
+
+/// Issue 59 item 2: a replay of 200 records with a canary of 5, against a consumer whose
+/// jobs all die again: the 5 (spread across the selection) are redriven, come back as their
+/// next cycle, and the replay stops naming each of them, with nothing else decided.
+#[tokio::test]
+async fn a_canary_whose_jobs_die_again_stops_the_replay_naming_them() {
+    let (client, ns) = setup("replay-canary-dies").await;
+    let redis = Redis::start();
+    storm_queue(&client, &ns, &redis, 1000).await;
+    let _op = Operator::start(&ns);
+    let group = parked_group(&client, &ns, &redis, "c", 200).await;
+    let consumer = dying_consumer(&redis);
+    let done = canary_run(&client, &ns, &group, 30).await;
+    consumer.abort();
+    let status = done.status.clone().unwrap_or_default();
+    let why = status.stop_reason.clone().unwrap_or_default();
+    assert_eq!(
+        (done.phase(), status.decided, status.redriven),
+        (ReplayPhase::Stopped, 5, 5),
+        "{status:?}"
+    );
+    let names = status.canary.map(|c| c.names).unwrap_or_default();
+    assert_eq!(names.len(), 5);
+    assert!(why.starts_with("canary failed: 5 of 5: "), "{why}");
+    for name in &names {
+        assert!(why.contains(&format!("{name} (")), "{name} named in {why}");
+    }
+    let ids: Vec<usize> = names
+        .iter()
+        .filter_map(|n| n.split('-').nth(1)?.parse().ok())
+        .collect();
+    assert!(
+        ids.iter().any(|i| *i >= 100) && ids.iter().any(|i| *i < 100),
+        "spread across the selection, not the oldest five: {ids:?}"
+    );
+    dlq_testenv::report(&format!("canary of 5 in 200, jobs dying again: {why}"));
+}
+
+/// Issue 59 item 2, the healthy case: the canary's 5 jobs stay done for the watch (5 s), the
+/// replay says so (`CanaryPassed`) and redrives the other 195, each job once on the target.
+#[tokio::test]
+async fn a_healthy_canary_lets_the_whole_replay_through() {
+    let (client, ns) = setup("replay-canary-ok").await;
+    let redis = Redis::start();
+    storm_queue(&client, &ns, &redis, 1000).await;
+    let _op = Operator::start(&ns);
+    let group = parked_group(&client, &ns, &redis, "h", 200).await;
+    let started = std::time::Instant::now();
+    let done = canary_run(&client, &ns, &group, 5).await;
+    let status = done.status.clone().unwrap_or_default();
+    assert_eq!(
+        (done.phase(), status.decided, status.redriven),
+        (ReplayPhase::Completed, 200, 200),
+        "{status:?}"
+    );
+    let got = arrivals(&redis).await;
+    assert_eq!(got.len(), 200);
+    assert!(got.values().all(|n| *n == 1), "a job arrived twice");
+    let passed = dlq_testenv::events_for(&client, &ns, "canary", "CanaryPassed").await;
+    assert_eq!(passed.len(), 1, "one CanaryPassed Event");
+    dlq_testenv::report(&format!(
+        "healthy canary of 5 watched 5 s, then 195 more: 200 of 200 redriven once in {:.1} s",
+        started.elapsed().as_secs_f64()
+    ));
+}

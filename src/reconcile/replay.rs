@@ -408,6 +408,14 @@ async fn decide(
     .take(quota)
     .map(|r| r.to_record())
     .collect();
+    let candidates = match canary_gate(run, candidates).await? {
+        Gate::Go(candidates) => candidates,
+        Gate::Watch => {
+            write_progress(run).await?;
+            return Ok(Action::requeue(SETTLE_POLL));
+        }
+        Gate::Stop(why) => return finish(run, observed, Some(why)).await,
+    };
     // A standing replay whose `max` is spent decides no more, even with records of its group
     // parked since (they would wait for a claim forever): it settles.
     let spent = run.cover.as_ref().is_some_and(|c| c.spent());
@@ -440,6 +448,100 @@ async fn decide(
     }
     write_progress(run).await?;
     Ok(Action::requeue(replay::step(spec.rate())))
+}
+
+/// What `spec.canary` lets a step decide.
+enum Gate {
+    /// These records (all the candidates once the canary passed, else the canary's own).
+    Go(Vec<DeadLetter>),
+    /// Nothing: the canary's records are being carried out or watched.
+    Watch,
+    /// The canary failed: why, naming its records.
+    Stop(String),
+}
+
+/// Under `spec.canary`, the canary goes first: picked at the first step with candidates (spread
+/// across them, written before any is signed so a restart keeps the same ones), signed at the
+/// replay's pace, then watched (`dlq_core::replay::canary::verdict`); only once it passed do
+/// the other candidates go. Without a canary, or once it passed, every candidate goes.
+async fn canary_gate(run: &mut Run<'_>, candidates: Vec<DeadLetter>) -> Result<Gate> {
+    let Some(canary) = run.replay.spec.canary.clone() else {
+        return Ok(Gate::Go(candidates));
+    };
+    let status = run.status.canary.get_or_insert_with(Default::default);
+    if status.passed() || (status.names.is_empty() && candidates.is_empty()) {
+        return Ok(Gate::Go(candidates));
+    }
+    if status.names.is_empty() {
+        let all: Vec<&DeadLetter> = candidates.iter().collect();
+        status.names = replay::canary::picks(&all, canary.count())
+            .iter()
+            .map(|r| r.name_any())
+            .collect();
+        tracing::info!(namespace = %run.ns, replay = %run.name, canary = ?status.names, "replay canary picked");
+        write(run).await?;
+    }
+    let names = run
+        .status
+        .canary
+        .as_ref()
+        .map(|c| c.names.clone())
+        .unwrap_or_default();
+    let first: Vec<DeadLetter> = candidates
+        .into_iter()
+        .filter(|r| names.contains(&r.name_any()))
+        .collect();
+    if !first.is_empty() {
+        return Ok(Gate::Go(first));
+    }
+    let records: Vec<&Summary> = run.records.iter().map(|r| r.as_ref()).collect();
+    let carried_out_at = run
+        .status
+        .canary
+        .as_ref()
+        .and_then(|c| c.carried_out_at.as_ref())
+        .map(|t| t.0);
+    let now = Timestamp::now();
+    match replay::canary::verdict(&names, &records, carried_out_at, now, canary.observe()) {
+        replay::canary::Verdict::Carrying => Ok(Gate::Watch),
+        replay::canary::Verdict::Watching { since } => {
+            if let Some(c) = run.status.canary.as_mut() {
+                c.carried_out_at = Some(Time(since));
+            }
+            Ok(Gate::Watch)
+        }
+        replay::canary::Verdict::Failed(why) => Ok(Gate::Stop(why)),
+        replay::canary::Verdict::Passed => {
+            canary_passed(run, names.len()).await?;
+            Ok(Gate::Watch)
+        }
+    }
+}
+
+/// The canary passed: said at once (status, a Normal Event); the next step decides the rest.
+async fn canary_passed(run: &mut Run<'_>, count: usize) -> Result<()> {
+    if let Some(canary) = run.status.canary.as_mut() {
+        canary.passed_at = Some(Time(Timestamp::now()));
+    }
+    write(run).await?;
+    let observe = run
+        .replay
+        .spec
+        .canary
+        .as_ref()
+        .map(|c| c.observe())
+        .unwrap_or_default();
+    let message = format!(
+        "canary passed: {count} records carried out, none came back or failed within {}s; deciding the rest",
+        observe.as_secs()
+    );
+    tracing::info!(namespace = %run.ns, replay = %run.name, "{message}");
+    let plan = EventPlan::normal(reason::CANARY_PASSED, action::REPLAY, message);
+    run.ctx
+        .apiserver
+        .publish(reference(run.replay), &plan)
+        .await;
+    Ok(())
 }
 
 /// How long the pace has run. When this process started the run, since its first decision
@@ -494,7 +596,7 @@ fn stand(run: &mut Run<'_>) -> Option<String> {
         Cover::new(&uid, name, spec, counts, tally, log)
     });
     cover.renew();
-    cover.hold(spec.paused());
+    cover.hold(spec.paused() || replay::canary::holds(spec, status));
     cover.decided_at_least(run.status.decided);
     fold(&mut run.status, &cover);
     run.cover = Some(cover.clone());

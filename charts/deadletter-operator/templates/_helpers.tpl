@@ -138,12 +138,12 @@ What the operator does against the API in the namespaces it watches, and nothing
 {{- end }}
 
 {{/*
-CEL: a DeadLetterReplay's frozen fields (all of spec but `stop`) are unchanged by this UPDATE.
+CEL: a DeadLetterReplay's frozen fields (all of spec but `stop` and `paused`) are unchanged by this UPDATE.
 The same list as dlq_core::replay::FROZEN_FIELDS (tests/chart_admission.rs checks).
 */}}
 {{- define "dlo.replayFrozenUnchanged" -}}
 {{- $parts := list -}}
-{{- range list "queue" "selector" "action" "rate" "max" "stopWhen" "dryRun" "by" "note" "settleSeconds" "standing" -}}
+{{- range list "queue" "selector" "action" "rate" "max" "stopWhen" "dryRun" "by" "note" "settleSeconds" "standing" "canary" -}}
 {{- $parts = append $parts (printf "has(object.spec.%s) == has(oldObject.spec.%s) && (!has(object.spec.%s) || object.spec.%s == oldObject.spec.%s)" . . . . .) -}}
 {{- end -}}
 {{- join " && " $parts -}}

@@ -18,6 +18,8 @@ pub mod reason {
     pub const REPLAY_STOPPED: &str = "ReplayStopped";
     /// A replay was paused (`spec.paused`): it decides and passes nothing until resumed.
     pub const REPLAY_PAUSED: &str = "ReplayPaused";
+    /// A replay's canary was carried out and none of it came back within its watch: the rest go.
+    pub const CANARY_PASSED: &str = "CanaryPassed";
     /// A paused replay was resumed: it goes on where it was.
     pub const REPLAY_RESUMED: &str = "ReplayResumed";
     /// A dead message that can never be a record, kept in the broker's rejected list/queue.

@@ -18,6 +18,9 @@ use crate::conditions::truncate;
 use crate::dead_letter::{Action, FailureKind, Phase};
 use crate::facts::Facts;
 
+pub mod canary;
+pub use canary::{Canary, CanaryStatus};
+
 /// Label on every record a replay signed: the replay's name.
 pub const LABEL_REPLAY: &str = "dlq.dev/replay";
 /// Annotation beside it: the replay's uid, so a replay deleted and created again under the same
@@ -56,7 +59,7 @@ pub const SAMPLE: usize = 20;
 
 /// The spec fields that freeze once a replay runs (everything but `stop` and `paused`), as the
 /// CEL rule and the admission policy compare them.
-pub const FROZEN_FIELDS: [&str; 11] = [
+pub const FROZEN_FIELDS: [&str; 12] = [
     "queue",
     "selector",
     "action",
@@ -68,6 +71,7 @@ pub const FROZEN_FIELDS: [&str; 11] = [
     "note",
     "settleSeconds",
     "standing",
+    "canary",
 ];
 
 /// CEL: the frozen fields of `new` equal those of `old` (both `.spec` paths).
@@ -178,6 +182,12 @@ pub struct DeadLetterReplaySpec {
     /// `selector.group`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standing: Option<bool>,
+    /// Decide `count` records first, spread across the selection, and watch them for
+    /// `observeSeconds` once carried out; go on only if none came back (parked again as its
+    /// next cycle) or failed to enqueue, else stop naming them. A standing replay passes
+    /// nothing through until its canary passed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<Canary>,
 }
 
 /// Which records a replay takes: Parked and undecided, and matching every field given.
@@ -308,6 +318,9 @@ pub struct DeadLetterReplayStatus {
     /// A dry run's first selected record names.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub first_names: Vec<String>,
+    /// The canary's records and whether it passed (`spec.canary`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<CanaryStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_reason: Option<String>,
     /// The run in one line (what `kubectl dlq redrive --queue` prints).

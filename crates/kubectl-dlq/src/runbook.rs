@@ -18,7 +18,8 @@ use dlq_core::api::{Action, DeadLetter, DeadLetterQueue, FailureKind, LABEL_QUEU
 use dlq_core::duration::parse_duration;
 use dlq_core::groups::DeadLetterGroup;
 use dlq_core::replay::{
-    self, DeadLetterReplay, DeadLetterReplaySpec, DeadLetterReplayStatus, ReplaySelector, StopWhen,
+    self, Canary, DeadLetterReplay, DeadLetterReplaySpec, DeadLetterReplayStatus, ReplaySelector,
+    StopWhen,
 };
 
 use crate::decision::{Sign, decide_jobs, signer};
@@ -119,6 +120,23 @@ pub struct Pace {
     /// broker's speed.
     #[arg(long)]
     pub standing: bool,
+    /// Decide this many records first (1-100, spread across the selection) and watch them for
+    /// --observe; go on only if none came back or failed to enqueue. A standing replay passes
+    /// nothing through until its canary passed.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub canary: Option<u8>,
+    /// How long to watch the canary once carried out, e.g. 2m (default 2m).
+    #[arg(long, requires = "canary", value_parser = parse_observe)]
+    pub observe: Option<std::time::Duration>,
+}
+
+/// `--observe`: a duration such as 90s or 2m, at most an hour.
+fn parse_observe(s: &str) -> Result<std::time::Duration, String> {
+    match parse_duration(s) {
+        Some(d) if d <= std::time::Duration::from_secs(3600) => Ok(d),
+        Some(_) => Err(format!("{s:?} is longer than an hour")),
+        None => Err(format!("{s:?} is not a duration such as 2m")),
+    }
 }
 
 /// `--rate`: `20/s` or a bare `20`; must be positive.
@@ -369,6 +387,13 @@ impl ReplayPlan {
             stop: None,
             paused: None,
             standing: self.pace.standing.then_some(true),
+            canary: self.pace.canary.map(|count| Canary {
+                count: i64::from(count),
+                observe_seconds: self
+                    .pace
+                    .observe
+                    .and_then(|d| i64::try_from(d.as_secs()).ok()),
+            }),
         })
     }
 }
@@ -627,6 +652,8 @@ mod tests {
             max_new_parked: 10,
             settle_timeout: 60,
             standing: true,
+            canary: None,
+            observe: None,
         };
         let group = Selector {
             group: parse_group("3f9a1c07d2").ok(),
@@ -662,6 +689,18 @@ mod tests {
         };
         let spec = plan(&plain).spec("relayer", Vec::new()).unwrap();
         assert_eq!((spec.standing, spec.rate.as_deref()), (None, Some("10/s")));
+        let canary = Pace {
+            canary: Some(5),
+            observe: Some(std::time::Duration::from_secs(120)),
+            ..plain
+        };
+        let spec = plan(&canary).spec("relayer", Vec::new()).unwrap();
+        let want = Canary {
+            count: 5,
+            observe_seconds: Some(120),
+        };
+        assert_eq!(spec.canary, Some(want));
+        assert!(parse_observe("2h").is_err(), "at most an hour");
     }
 
     #[test]

@@ -7,7 +7,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use dlq_core::api::{Action, DeadLetter, DeadLetterQueue};
 use dlq_core::replay::{
-    DeadLetterReplay, DeadLetterReplaySpec, DeadLetterReplayStatus, ReplayPhase, ReplaySelector,
+    Canary, DeadLetterReplay, DeadLetterReplaySpec, DeadLetterReplayStatus, ReplayPhase,
+    ReplaySelector,
 };
 use dlq_core::testing::{RecordBuilder, at};
 
@@ -55,6 +56,7 @@ fn replay(rate: &str) -> DeadLetterReplay {
             stop: None,
             paused: None,
             standing: None,
+            canary: None,
         },
     );
     r.metadata.namespace = Some(NS.into());
@@ -237,6 +239,78 @@ async fn a_paused_replay_decides_nothing_withdraws_nothing_and_resumes() {
     assert_eq!(fake.last_replay_status().phase, Some(ReplayPhase::Running));
     assert_eq!(fake.signed().len(), 5, "the rest, once resumed");
     assert_eq!(fake.reasons(), ["ReplayPaused", "ReplayResumed"]);
+}
+
+/// `spec.canary`: two of the five go first, spread across the selection (r1, r3), and
+/// nothing else is decided while they are carried out; none came back, so the rest go.
+#[tokio::test]
+async fn a_canary_goes_first_and_a_healthy_one_lets_the_rest_go() {
+    let fake = FakeApiserver::holding(queue_records());
+    let mut replay = started(replay("100/s"), 5);
+    replay.spec.canary = Some(Canary {
+        count: 2,
+        observe_seconds: Some(0),
+    });
+    let step = async |replay: &mut DeadLetterReplay| {
+        reconcile(Arc::new(replay.clone()), process(&fake))
+            .await
+            .expect("step");
+        replay.status = Some(fake.last_replay_status());
+    };
+    step(&mut replay).await;
+    assert_eq!(fake.signed(), ["r1", "r3"], "the canary, spread");
+    step(&mut replay).await;
+    assert_eq!(
+        fake.signed().len(),
+        2,
+        "nothing more while it is carried out"
+    );
+    fake.carry_out_decisions();
+    step(&mut replay).await;
+    assert!(fake.last_replay_status().canary.is_some_and(|c| c.passed()));
+    assert_eq!(fake.reasons(), ["CanaryPassed"]);
+    step(&mut replay).await;
+    assert_eq!(
+        fake.signed(),
+        ["r1", "r3", "r0", "r2", "r4"],
+        "then the rest"
+    );
+}
+
+/// A canary job that came back (parked again as its next cycle) stops the replay, naming it,
+/// with nothing but the canary decided.
+#[tokio::test]
+async fn a_canary_that_came_back_stops_the_replay_naming_it() {
+    let fake = FakeApiserver::holding(queue_records());
+    let mut replay = started(replay("100/s"), 5);
+    replay.spec.canary = Some(Canary {
+        count: 2,
+        observe_seconds: Some(0),
+    });
+    reconcile(Arc::new(replay.clone()), process(&fake))
+        .await
+        .expect("step");
+    replay.status = Some(fake.last_replay_status());
+    fake.carry_out_decisions();
+    let again = RecordBuilder::job("r3")
+        .named("r3-again")
+        .reason("timeout")
+        .cycle(2)
+        .failed_at(at(100))
+        .created(at(100))
+        .build();
+    fake.park(again);
+    reconcile(Arc::new(replay), process(&fake))
+        .await
+        .expect("step");
+    let status = fake.last_replay_status();
+    assert_eq!(status.phase, Some(ReplayPhase::Stopped));
+    let why = status.stop_reason.unwrap_or_default();
+    assert!(
+        why.starts_with("canary failed: 1 of 2: r3 (r3) came back, parked again as cycle 2"),
+        "{why}"
+    );
+    assert_eq!(fake.signed(), ["r1", "r3"], "nothing but the canary");
 }
 
 #[tokio::test]

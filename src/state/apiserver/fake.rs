@@ -118,6 +118,12 @@ impl FakeApiserver {
         Arc::new(fake)
     }
 
+    /// A record parked now (as a source would create it), versioned next.
+    pub fn park(&self, mut record: DeadLetter) {
+        self.bump(&mut record);
+        lock(&self.records).insert(key_of(&record), record);
+    }
+
     fn bump(&self, record: &mut DeadLetter) {
         let v = self.version.fetch_add(1, Ordering::SeqCst) + 1;
         record.metadata.resource_version = Some(v.to_string());

@@ -45,6 +45,7 @@ fn spec(selector: ReplaySelector) -> DeadLetterReplaySpec {
         stop: None,
         paused: None,
         standing: None,
+        canary: None,
     }
 }
 

@@ -34,6 +34,8 @@ fn pace(rate: f64) -> Pace {
         max_new_parked: 10,
         settle_timeout: 60,
         standing: false,
+        canary: None,
+        observe: None,
     }
 }
 
