@@ -6,6 +6,7 @@
 
 pub mod cache;
 pub mod open;
+pub mod payload;
 pub mod sweep;
 
 use std::collections::HashMap;
@@ -19,6 +20,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 
 use dlq_core::api::{BodiesSpec, BodyRef, DeadLetterQueue};
 use dlq_core::body::{self, BodyCheck, Stored, Verifier};
+use dlq_core::conditions::reason;
 
 /// Bodies above this go up in parts of this size (S3's parts are at least 5 MiB), so no
 /// request holds the whole body and a failed part is retried alone.
@@ -119,18 +121,27 @@ pub enum BodyError {
     /// The job's body could not be sealed or opened.
     #[error("{0}")]
     Seal(String),
+    /// The record's body is in a store, but its queue has no `spec.bodies` (any more).
+    #[error(
+        "job {job} has its body in a store ({reference}), but DeadLetterQueue {queue} has no spec.bodies"
+    )]
+    NoStore {
+        job: String,
+        reference: String,
+        queue: String,
+    },
 }
 
 impl BodyError {
     /// Short reason for conditions, Events and metrics.
     pub fn reason(&self) -> &'static str {
         match self {
-            BodyError::Missing { .. } => "BodyMissing",
-            BodyError::Corrupt(_) => "BodyCorrupt",
-            BodyError::Outside { .. } => "BodyOutsideStore",
-            BodyError::Unreachable(_) => "BodyStoreUnreachable",
-            BodyError::Config(_) => "BodyStoreMisconfigured",
-            BodyError::Seal(_) => "BodySealBroken",
+            BodyError::Missing { .. } => reason::BODY_MISSING,
+            BodyError::Corrupt(_) => reason::BODY_CORRUPT,
+            BodyError::Outside { .. } => reason::BODY_OUTSIDE_STORE,
+            BodyError::Unreachable(_) => reason::BODY_STORE_UNREACHABLE,
+            BodyError::Config(_) | BodyError::NoStore { .. } => reason::BODY_STORE_MISCONFIGURED,
+            BodyError::Seal(_) => reason::BODY_SEAL_BROKEN,
         }
     }
 }
@@ -635,10 +646,10 @@ mod tests {
         changed[7] ^= 1;
         std::fs::write(&path, &changed).expect("changed by hand");
         let err = store.fetch("j", &reference).await.expect_err("corrupt");
-        assert_eq!(err.reason(), "BodyCorrupt");
+        assert_eq!(err.reason(), reason::BODY_CORRUPT);
         std::fs::remove_file(&path).expect("deleted by hand");
         let err = store.fetch("j", &reference).await.expect_err("missing");
-        assert_eq!(err.reason(), "BodyMissing");
+        assert_eq!(err.reason(), reason::BODY_MISSING);
 
         // An hour-old object no record names: kept while its park is in progress, swept after.
         let small = store

@@ -7,6 +7,7 @@ use futures::stream::BoxStream;
 use futures::{AsyncReadExt, StreamExt, TryStreamExt};
 
 use dlq_core::api::BodyRef;
+use dlq_core::conditions::reason;
 use dlq_core::seal::{self, BodyOpenError, Keyring, OpenError};
 
 use super::{BodyError, BodyStore};
@@ -22,6 +23,25 @@ pub enum OpenFailed {
     Body(BodyError),
     #[error(transparent)]
     Seal(OpenError),
+}
+
+impl OpenFailed {
+    /// Short reason for conditions and Events: the store's, or the seal's (`SealKeyMissing`,
+    /// `SealBroken`).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            OpenFailed::Body(e) => e.reason(),
+            OpenFailed::Seal(e) => seal_reason(e),
+        }
+    }
+}
+
+/// The reason of a job that did not open: its key gone, or its ciphertext damaged.
+pub fn seal_reason(e: &OpenError) -> &'static str {
+    match e {
+        OpenError::KeyMissing { .. } => reason::SEAL_KEY_MISSING,
+        OpenError::Corrupt { .. } => reason::SEAL_BROKEN,
+    }
 }
 
 impl From<OpenFailed> for BodyError {
@@ -242,11 +262,11 @@ mod tests {
             .expect("changed by hand");
         let changed = store.fetch_opened("j", &want, &recipient, &keys).await;
         assert!(
-            matches!(&changed, Err(OpenFailed::Body(e)) if e.reason() == "BodyCorrupt"),
+            matches!(&changed, Err(OpenFailed::Body(e)) if e.reason() == reason::BODY_CORRUPT),
             "{changed:?}"
         );
         let head = store.head("j", &want, &keys, 10).await;
-        assert_eq!(head.map_err(|e| e.reason()), Err("BodyCorrupt"));
+        assert_eq!(head.map_err(|e| e.reason()), Err(reason::BODY_CORRUPT));
 
         let broken = store
             .put(Bytes::from(flipped), Some(&recipient))
@@ -260,6 +280,6 @@ mod tests {
             "{opened:?}"
         );
         let head = store.head("j", &broken.body, &keys, 10).await;
-        assert_eq!(head.map_err(|e| e.reason()), Err("BodySealBroken"));
+        assert_eq!(head.map_err(|e| e.reason()), Err(reason::BODY_SEAL_BROKEN));
     }
 }

@@ -19,7 +19,8 @@ use dlq_core::park::{
 };
 
 use super::in_flight::InFlight;
-use crate::body::{Bodies, BodyError, Kept};
+use crate::body::payload::Payloads;
+use crate::body::{Bodies, Kept};
 use crate::metrics::Metrics;
 use crate::pass::{PassThrough, Passed};
 use crate::secret::{SecretError, read_secret};
@@ -320,7 +321,9 @@ impl ParkInto {
                 .queues
                 .get(&self.key)
                 .unwrap_or_else(|| queue.clone());
-            match self.put_body(&queue, job, &payload).await {
+            // Sealed when the queue seals: `body::payload` decides.
+            let payloads = Payloads::of(self.shared.bodies.as_ref(), &queue);
+            match payloads.keep(job, &payload).await {
                 Ok(kept) => {
                     // Tests kill the operator here: an object with no record yet.
                     crate::failpoint::hit("body-after-upload").await;
@@ -343,34 +346,6 @@ impl ParkInto {
                     tokio::time::sleep(wait).await;
                 }
             }
-        }
-    }
-
-    /// Seals `payload` when the queue seals (the store holds ciphertext only), then keeps it.
-    async fn put_body(
-        &self,
-        queue: &DeadLetterQueue,
-        job: &str,
-        payload: &bytes::Bytes,
-    ) -> Result<Kept, BodyError> {
-        let store = self
-            .shared
-            .bodies
-            .store(queue)
-            .await?
-            .ok_or_else(|| BodyError::Config("the queue has no spec.bodies".into()))?;
-        let recipient = match queue.seal_recipient() {
-            Some(r) => Some(r),
-            None if queue.seals() => {
-                return Err(BodyError::Seal(
-                    "the queue seals but publishes no recipient yet".into(),
-                ));
-            }
-            None => None,
-        };
-        match recipient {
-            Some(r) => store.put_sealed(payload.clone(), job, r).await,
-            None => store.put(payload.clone(), None).await,
         }
     }
 
