@@ -173,10 +173,6 @@ pub type Pending = Arc<Mutex<HashMap<String, usize>>>;
 /// object whatever its age.
 pub struct Kept {
     pub body: BodyRef,
-    /// Whether the body is the dead message's exact bytes (a broker's message, a post's body),
-    /// not a payload read out of an envelope: then an invalid request is parked as an Invalid
-    /// record of it (`dlq_core::park::dispose_kept`).
-    pub of_message: bool,
     pending: Pending,
 }
 
@@ -299,7 +295,6 @@ impl BodyStore {
         *lock(&self.pending).entry(sha256.to_string()).or_default() += 1;
         Kept {
             body: body::body_ref(&self.spec, sha256, size, recipient),
-            of_message: false,
             pending: self.pending.clone(),
         }
     }
