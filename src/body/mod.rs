@@ -496,6 +496,16 @@ pub trait Bodies: Send + Sync {
     ) -> BoxFuture<'a, Result<Option<Arc<BodyStore>>, BodyError>>;
 }
 
+/// A fresh age identity as a queue's keyring, and its recipient (in-process tests of sealed
+/// bodies).
+#[cfg(test)]
+pub fn test_keys() -> (dlq_core::seal::Keyring, String) {
+    let (file, recipient) = dlq_core::seal::generate_identity();
+    let mut keys = dlq_core::seal::Keyring::default();
+    keys.add(&file).expect("a key");
+    (keys, recipient)
+}
+
 /// Every queue's store one in memory (in-process tests of what keeps and reads bodies).
 #[cfg(test)]
 pub struct InMemory {

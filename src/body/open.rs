@@ -207,13 +207,6 @@ mod tests {
     use super::*;
     use object_store::ObjectStoreExt;
 
-    fn keyring() -> (Keyring, String) {
-        let (file, recipient) = seal::generate_identity();
-        let mut keys = Keyring::default();
-        keys.add(&file).expect("a key");
-        (keys, recipient)
-    }
-
     /// A sealed body opens to its exact bytes, whole or a chunk at a time. One that does not
     /// open is blamed where the fault is: an object changed in the store (its digest differs
     /// from the record's) is `BodyCorrupt` though its first sign is a chunk that does not
@@ -223,7 +216,7 @@ mod tests {
     async fn a_sealed_body_opens_as_it_streams_and_a_failure_is_blamed_where_it_is() {
         let (memory, _) = crate::body::InMemory::new();
         let store = &memory.store;
-        let (keys, recipient) = keyring();
+        let (keys, recipient) = crate::body::test_keys();
         let body: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
         let sealed = seal::seal_body("j", &body, &recipient).expect("sealed");
         let kept = store
@@ -246,7 +239,7 @@ mod tests {
             "the exact bytes, a chunk at a time"
         );
 
-        let (other, _) = keyring();
+        let (other, _) = crate::body::test_keys();
         let gone = store.fetch_opened("j", &want, &recipient, &other).await;
         assert!(matches!(
             gone,

@@ -144,20 +144,13 @@ mod tests {
     use dlq_core::api::DeadLetterQueueSpec;
     use dlq_core::conditions::reason;
 
-    fn keyring() -> (Keyring, String) {
-        let (file, recipient) = seal::generate_identity();
-        let mut keys = Keyring::default();
-        keys.add(&file).expect("a key");
-        (keys, recipient)
-    }
-
     /// A body kept for a queue that seals is sealed in the store and read back opened, by the
     /// redrive and the reveal alike; a plain queue's is kept and read as it is; a sealing queue
     /// without a published recipient keeps nothing.
     #[tokio::test]
     async fn a_body_is_sealed_when_its_queue_seals_and_read_back_opened() {
         let (bodies, spec) = crate::body::InMemory::new();
-        let (keys, recipient) = keyring();
+        let (keys, recipient) = crate::body::test_keys();
         let plain_queue = DeadLetterQueue::new(
             "relayer",
             DeadLetterQueueSpec {

@@ -67,7 +67,7 @@ pub struct Parking {
     seals: bool,
     /// The facts a standing replay's selector matches: only when it may pass (its exact bytes
     /// held and no body kept in the store, which the record's redrive sends).
-    arriving: Option<DeadLetter>,
+    arriving: Option<Box<DeadLetter>>,
     /// Fallbacks parked so far after final refusals.
     tried: usize,
 }
@@ -139,7 +139,7 @@ impl Parking {
 
     /// The facts a standing replay matches, when the message may pass through.
     pub fn arriving(&self) -> Option<&DeadLetter> {
-        self.arriving.as_ref()
+        self.arriving.as_deref()
     }
 
     /// The message's exact bytes, when it may pass through (a pass carries them as they are).
@@ -155,7 +155,7 @@ impl Parking {
         let next = park::after_refusal(&self.req, raw, refusal, self.tried)?;
         let passable = self.arriving.is_some();
         Some(Parking {
-            arriving: passable.then(|| park::arriving(&next, self.seals)),
+            arriving: passable.then(|| Box::new(park::arriving(&next, self.seals))),
             req: next,
             raw: self.raw,
             seals: self.seals,
@@ -200,7 +200,7 @@ fn dispose(
     };
     // Passed through only with its bytes in hand: a stored body is the record's to send.
     let passable = raw.is_some() && matches!(kept, Kept::Nothing);
-    let arriving = passable.then(|| park::arriving(&req, seals));
+    let arriving = passable.then(|| Box::new(park::arriving(&req, seals)));
     Ok(Parking {
         req,
         raw,
