@@ -139,8 +139,9 @@ impl ParkInto {
     /// Parks one dead message of exact bytes `raw`, read as `req`: the one path of every
     /// source. Retries what may succeed later ([`ParkInto::park_until_known`]); when the
     /// apiserver refuses the record for good (400, 413, 422: a schema or CEL rule), parks the
-    /// message as an Invalid record of its bytes with the refusal as reason instead
-    /// (`dlq_core::park::after_refusal`), so one bad message never stalls those behind it.
+    /// message as an Invalid record of its bytes with the refusal as reason instead (its
+    /// plan's next fallback, `dlq_core::source_plan::Parking::after_refusal`), so one bad
+    /// message never stalls those behind it.
     /// `Err` only when even that is refused or the message is over the payload limit: the
     /// source then keeps it where rejected messages go and reports it with
     /// [`ParkInto::rejected`].
@@ -177,7 +178,7 @@ impl ParkInto {
     }
 
     /// Parks `req`, read from a message of exact bytes `raw` when they are still held: the
-    /// core's one plan of it ([`ParkInto::plan`]) carried out.
+    /// core's one plan of it carried out ([`ParkInto::keep_body`], then pass or park).
     async fn park_read<W, Fut>(
         &self,
         req: ParkRequest,
@@ -212,12 +213,12 @@ impl ParkInto {
     }
 
     /// The core's one plan of a dead message read as `req` from exact bytes `raw`
-    /// (`dlq_core::source_plan::plan`, against its queue as the store holds it now) carried
-    /// out up to its park: its payload kept in the queue's body store
-    /// first when the plan says so (the [`Kept`] guard keeps the object from the sweep until
-    /// the record exists). While the store cannot take it, the message stays in the broker
-    /// (`waiting` runs before each wait) and a `BodyStoreUnavailable` Event says why. `Err`
-    /// for what can never be a record (over `maxBytes`, invalid even as an Invalid record).
+    /// (`dlq_core::source_plan::plan`, against its queue as the store holds it now), carried
+    /// out up to its park: its payload kept in the queue's body store first when the plan
+    /// says so (the [`Kept`] guard keeps the object from the sweep until the record exists).
+    /// While the store cannot take it, the message stays in the broker (`waiting` runs before
+    /// each wait) and a `BodyStoreUnavailable` Event says why. `Err` for what can never be a
+    /// record (over `maxBytes`, invalid even as an Invalid record).
     pub(super) async fn keep_body<W, Fut>(
         &self,
         req: ParkRequest,
