@@ -62,6 +62,22 @@ caught 'src/pass/standing.rs (pass, layer 4) names crate::reconcile (layer 5)' \
   'the pass room naming crate::reconcile' src/pass/standing.rs '1i use crate::reconcile::Context;'
 caught 'src/state/jobs.rs (state, layer 3) names crate::pass (layer 4)' \
   'the shared state naming crate::pass' src/state/jobs.rs '1i use crate::pass::Standing;'
+# Seal-or-open decided in a second room (redrive, reveal and park each decided it before
+# body::payload): the redrive opening a record itself, the reveal reading a sealed body itself.
+caught 'src/reconcile/record.rs names a seal or open primitive' \
+  'the redrive opening a sealed job itself' src/reconcile/record.rs \
+  '1i fn o(j: \&Job, k: \&Keyring) { let _ = dlq_core::seal::open_job(j, k); }'
+caught 'src/reveal/mod.rs names a seal or open primitive' \
+  'the reveal API reading a sealed body itself' src/reveal/mod.rs \
+  '1i async fn o(s: \&crate::body::BodyStore) { let _ = s.fetch_opened("j", todo!(), "r", todo!()).await; }'
+# A park asking the core step by step again (placement, dispose, arriving, after_refusal were
+# four trips per park before dlq_core::source_plan).
+caught 'src/source/park_into.rs calls a step of a source.s park plan itself' \
+  'park_into asking the core for a step of its plan' src/source/park_into.rs \
+  's/^use dlq_core::park::job_key;/use dlq_core::park::{after_refusal, job_key};/'
+caught 'src/source/http/mod.rs calls a step of a source.s park plan itself' \
+  'the park endpoint disposing of an event itself' src/source/http/mod.rs \
+  '1i fn d(r: ParkRequest, b: \&[u8]) { let _ = dlq_core::park::dispose(r, b); }'
 caught 'src/lib.rs puts broker in layer none' "src/lib.rs leaving a layer's module out" \
   src/lib.rs 's/\[`broker`\]/broker/'
 rm -rf "$probe/src" && cp -r src "$probe/src"

@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # The operator crate's module arrows run one way (docs/architecture.md, "Layers"): a module
 # names only modules of a lower layer, never one beside it or above it. Comments and test
-# modules (`tests.rs`, a `tests/` directory) are not read (a doc link or a test may look anywhere). Three more rules:
+# modules (`tests.rs`, a `tests/` directory) are not read (a doc link or a test may look anywhere). Five more rules:
 # - a backend's source never names `crate::targets`, and a target never names `crate::source`:
 #   what both need of a broker (connection, codec, classification) is `crate::broker::<name>`
 #   (the supervisor, src/source/mod.rs, closes the targets of deleted queues through a closure
 #   crate::run passes in);
+# - seal-or-open is decided in src/body/payload.rs: outside src/body/ no file names the seal's
+#   open (`dlq_core::seal::open`, `open_job`, `body_reader`) or a store's sealed put or read
+#   (`put_sealed`, `fetch_opened`, `seal_body`, `BodySealer`);
+# - a source asks the core once per dead message: no file of src/source/ calls the steps
+#   `dlq_core::source_plan::plan` takes together (`dispose`, `dispose_kept`, `after_refusal`,
+#   `arriving`, `placement`, `request_size`);
 # - no cycle between the files of src/: each file is a module, and every `crate::`, `super::`
 #   and `self::` path it names, and every path a `mod.rs` names through one of its own child
 #   modules (`pub use context::Context`), is an arrow to the file it lands in. A parent
@@ -24,6 +30,13 @@ declare -A layer=(
   [broker]=2
   [metrics]=1 [access]=1 [secret]=1 [https]=1 [serving_tls]=1 [failpoint]=1
 )
+
+# The seal and open primitives only src/body/ names (what `body::payload` decides between).
+seal_or_open='seal::(open|open_job|seal_body|body_reader|BodySealer)\b|\b(open_job|fetch_opened|put_sealed|seal_body|body_reader|BodySealer)\b'
+
+# The steps of a source's park plan (dlq_core::source_plan decides them all at once); a
+# plan's own methods (`parking.after_refusal(..)`) are what a source calls instead.
+park_steps='(^|[^.A-Za-z0-9_])(dispose|dispose_kept|after_refusal|arriving|placement|request_size)\b'
 
 # The code of a file without comments and without its trailing `#[cfg(test)] mod ...`.
 code_of() {
@@ -67,6 +80,26 @@ while IFS= read -r file; do
     fail=1
   fi
 done < <(find src/source src/targets -name '*.rs' | sort)
+
+# Seal-or-open is decided in one room: outside src/body/ (the store's primitives, and
+# body/payload.rs, which decides), no file names the seal's open or the store's sealed put.
+while IFS= read -r file; do
+  case $file in */tests.rs|*/tests/*|src/body/*) continue ;; esac
+  if code_of "$file" | grep -E "$seal_or_open" >/dev/null; then
+    echo "module-arrows: $file names a seal or open primitive: seal-or-open is src/body/payload.rs's (crate::body::payload)" >&2
+    fail=1
+  fi
+done < <(find src -name '*.rs' | sort)
+
+# A source asks the core once per dead message (dlq_core::source_plan::plan) and carries the
+# plan out: no file of src/source/ calls the plan's steps itself.
+while IFS= read -r file; do
+  case $file in */tests.rs|*/tests/*) continue ;; esac
+  if code_of "$file" | grep -E "$park_steps" >/dev/null; then
+    echo "module-arrows: $file calls a step of a source's park plan itself: one decision per park, dlq_core::source_plan::plan" >&2
+    fail=1
+  fi
+done < <(find src/source -name '*.rs' | sort)
 
 # No cycle between the files of src/ (super:: arrows included).
 perl - <<'PERL' || fail=1
@@ -164,5 +197,5 @@ for m in "${!told[@]}"; do
   [ -n "${layer[$m]:-}" ] || { echo "module-arrows: src/lib.rs names $m in layer ${told[$m]}; this table has no such module" >&2; fail=1; }
 done
 
-[ $fail = 0 ] && echo "module-arrows: every arrow in src/ runs down (run > reconcile, source, alert, reveal > pass > state, targets, server, keys, body > broker > metrics, access, secret, https, serving_tls, failpoint); no source names a target nor a target a source; no cycle between the files of src/; src/lib.rs tells the same layers"
+[ $fail = 0 ] && echo "module-arrows: every arrow in src/ runs down (run > reconcile, source, alert, reveal > pass > state, targets, server, keys, body > broker > metrics, access, secret, https, serving_tls, failpoint); no source names a target nor a target a source; seal-or-open only in src/body/; one park plan per dead message; no cycle between the files of src/; src/lib.rs tells the same layers"
 exit $fail

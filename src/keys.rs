@@ -2,8 +2,8 @@
 //! their Secrets into a [`Keyring`] (`dlq_core::seal`). Errors and logs name the Secret and
 //! key, never the value; a [`Keyring`]'s `Debug` shows recipients only.
 //!
-//! The reveal API loads a queue's keys with [`load`] and opens a record with
-//! `dlq_core::seal::open(record, &keyring)`, as the redrive does.
+//! The reveal API loads a queue's keys with [`load`] and opens a record through
+//! `crate::body::payload`, as the redrive does.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

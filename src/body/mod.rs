@@ -6,6 +6,7 @@
 
 pub mod cache;
 pub mod open;
+pub mod payload;
 pub mod sweep;
 
 use std::collections::HashMap;
@@ -19,6 +20,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 
 use dlq_core::api::{BodiesSpec, BodyRef, DeadLetterQueue};
 use dlq_core::body::{self, BodyCheck, Stored, Verifier};
+use dlq_core::conditions::reason;
 
 /// Bodies above this go up in parts of this size (S3's parts are at least 5 MiB), so no
 /// request holds the whole body and a failed part is retried alone.
@@ -119,18 +121,27 @@ pub enum BodyError {
     /// The job's body could not be sealed or opened.
     #[error("{0}")]
     Seal(String),
+    /// The record's body is in a store, but its queue has no `spec.bodies` (any more).
+    #[error(
+        "job {job} has its body in a store ({reference}), but DeadLetterQueue {queue} has no spec.bodies"
+    )]
+    NoStore {
+        job: String,
+        reference: String,
+        queue: String,
+    },
 }
 
 impl BodyError {
     /// Short reason for conditions, Events and metrics.
     pub fn reason(&self) -> &'static str {
         match self {
-            BodyError::Missing { .. } => "BodyMissing",
-            BodyError::Corrupt(_) => "BodyCorrupt",
-            BodyError::Outside { .. } => "BodyOutsideStore",
-            BodyError::Unreachable(_) => "BodyStoreUnreachable",
-            BodyError::Config(_) => "BodyStoreMisconfigured",
-            BodyError::Seal(_) => "BodySealBroken",
+            BodyError::Missing { .. } => reason::BODY_MISSING,
+            BodyError::Corrupt(_) => reason::BODY_CORRUPT,
+            BodyError::Outside { .. } => reason::BODY_OUTSIDE_STORE,
+            BodyError::Unreachable(_) => reason::BODY_STORE_UNREACHABLE,
+            BodyError::Config(_) | BodyError::NoStore { .. } => reason::BODY_STORE_MISCONFIGURED,
+            BodyError::Seal(_) => reason::BODY_SEAL_BROKEN,
         }
     }
 }
@@ -162,10 +173,6 @@ pub type Pending = Arc<Mutex<HashMap<String, usize>>>;
 /// object whatever its age.
 pub struct Kept {
     pub body: BodyRef,
-    /// Whether the body is the dead message's exact bytes (a broker's message, a post's body),
-    /// not a payload read out of an envelope: then an invalid request is parked as an Invalid
-    /// record of it (`dlq_core::park::dispose_kept`).
-    pub of_message: bool,
     pending: Pending,
 }
 
@@ -288,7 +295,6 @@ impl BodyStore {
         *lock(&self.pending).entry(sha256.to_string()).or_default() += 1;
         Kept {
             body: body::body_ref(&self.spec, sha256, size, recipient),
-            of_message: false,
             pending: self.pending.clone(),
         }
     }
@@ -490,6 +496,16 @@ pub trait Bodies: Send + Sync {
     ) -> BoxFuture<'a, Result<Option<Arc<BodyStore>>, BodyError>>;
 }
 
+/// A fresh age identity as a queue's keyring, and its recipient (in-process tests of sealed
+/// bodies).
+#[cfg(test)]
+pub fn test_keys() -> (dlq_core::seal::Keyring, String) {
+    let (file, recipient) = dlq_core::seal::generate_identity();
+    let mut keys = dlq_core::seal::Keyring::default();
+    keys.add(&file).expect("a key");
+    (keys, recipient)
+}
+
 /// Every queue's store one in memory (in-process tests of what keeps and reads bodies).
 #[cfg(test)]
 pub struct InMemory {
@@ -635,10 +651,10 @@ mod tests {
         changed[7] ^= 1;
         std::fs::write(&path, &changed).expect("changed by hand");
         let err = store.fetch("j", &reference).await.expect_err("corrupt");
-        assert_eq!(err.reason(), "BodyCorrupt");
+        assert_eq!(err.reason(), reason::BODY_CORRUPT);
         std::fs::remove_file(&path).expect("deleted by hand");
         let err = store.fetch("j", &reference).await.expect_err("missing");
-        assert_eq!(err.reason(), "BodyMissing");
+        assert_eq!(err.reason(), reason::BODY_MISSING);
 
         // An hour-old object no record names: kept while its park is in progress, swept after.
         let small = store

@@ -7,6 +7,7 @@ use futures::stream::BoxStream;
 use futures::{AsyncReadExt, StreamExt, TryStreamExt};
 
 use dlq_core::api::BodyRef;
+use dlq_core::conditions::reason;
 use dlq_core::seal::{self, BodyOpenError, Keyring, OpenError};
 
 use super::{BodyError, BodyStore};
@@ -22,6 +23,25 @@ pub enum OpenFailed {
     Body(BodyError),
     #[error(transparent)]
     Seal(OpenError),
+}
+
+impl OpenFailed {
+    /// Short reason for conditions and Events: the store's, or the seal's (`SealKeyMissing`,
+    /// `SealBroken`).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            OpenFailed::Body(e) => e.reason(),
+            OpenFailed::Seal(e) => seal_reason(e),
+        }
+    }
+}
+
+/// The reason of a job that did not open: its key gone, or its ciphertext damaged.
+pub fn seal_reason(e: &OpenError) -> &'static str {
+    match e {
+        OpenError::KeyMissing { .. } => reason::SEAL_KEY_MISSING,
+        OpenError::Corrupt { .. } => reason::SEAL_BROKEN,
+    }
 }
 
 impl From<OpenFailed> for BodyError {
@@ -187,13 +207,6 @@ mod tests {
     use super::*;
     use object_store::ObjectStoreExt;
 
-    fn keyring() -> (Keyring, String) {
-        let (file, recipient) = seal::generate_identity();
-        let mut keys = Keyring::default();
-        keys.add(&file).expect("a key");
-        (keys, recipient)
-    }
-
     /// A sealed body opens to its exact bytes, whole or a chunk at a time. One that does not
     /// open is blamed where the fault is: an object changed in the store (its digest differs
     /// from the record's) is `BodyCorrupt` though its first sign is a chunk that does not
@@ -203,7 +216,7 @@ mod tests {
     async fn a_sealed_body_opens_as_it_streams_and_a_failure_is_blamed_where_it_is() {
         let (memory, _) = crate::body::InMemory::new();
         let store = &memory.store;
-        let (keys, recipient) = keyring();
+        let (keys, recipient) = crate::body::test_keys();
         let body: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
         let sealed = seal::seal_body("j", &body, &recipient).expect("sealed");
         let kept = store
@@ -226,7 +239,7 @@ mod tests {
             "the exact bytes, a chunk at a time"
         );
 
-        let (other, _) = keyring();
+        let (other, _) = crate::body::test_keys();
         let gone = store.fetch_opened("j", &want, &recipient, &other).await;
         assert!(matches!(
             gone,
@@ -242,11 +255,11 @@ mod tests {
             .expect("changed by hand");
         let changed = store.fetch_opened("j", &want, &recipient, &keys).await;
         assert!(
-            matches!(&changed, Err(OpenFailed::Body(e)) if e.reason() == "BodyCorrupt"),
+            matches!(&changed, Err(OpenFailed::Body(e)) if e.reason() == reason::BODY_CORRUPT),
             "{changed:?}"
         );
         let head = store.head("j", &want, &keys, 10).await;
-        assert_eq!(head.map_err(|e| e.reason()), Err("BodyCorrupt"));
+        assert_eq!(head.map_err(|e| e.reason()), Err(reason::BODY_CORRUPT));
 
         let broken = store
             .put(Bytes::from(flipped), Some(&recipient))
@@ -260,6 +273,6 @@ mod tests {
             "{opened:?}"
         );
         let head = store.head("j", &broken.body, &keys, 10).await;
-        assert_eq!(head.map_err(|e| e.reason()), Err("BodySealBroken"));
+        assert_eq!(head.map_err(|e| e.reason()), Err(reason::BODY_SEAL_BROKEN));
     }
 }

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use futures::future::BoxFuture;
 use kube::ResourceExt;
 
-use dlq_core::api::{Action, DeadLetterQueue};
+use dlq_core::api::{Action, DeadLetter, DeadLetterQueue};
 use dlq_core::park::{ParkRequest, arriving, message_key};
 
 use super::cover::{Cover, lock};
@@ -41,12 +41,14 @@ pub trait PassThrough: Send + Sync {
     /// Whether a running standing replay with budget left would pass `req` (seen, it keeps its
     /// replay running).
     fn would_pass(&self, queue: &DeadLetterQueue, req: &ParkRequest) -> bool;
-    /// Passes `req` (exact bytes `raw`) through when a standing replay covers it; the source
-    /// acknowledges the message only on [`Passed::Through`].
+    /// Passes `req` (exact bytes `raw`) through when a standing replay covers it, matched by
+    /// `facts` (the record it would be: its park plan's `arriving`); the source acknowledges
+    /// the message only on [`Passed::Through`].
     fn pass<'a>(
         &'a self,
         queue: &'a DeadLetterQueue,
         req: &'a ParkRequest,
+        facts: &'a DeadLetter,
         raw: &'a [u8],
     ) -> BoxFuture<'a, Passed>;
 }
@@ -121,22 +123,22 @@ impl Standing {
     /// Whether a running standing replay with budget left would pass `req`; a message so
     /// covered counts as seen in the broker (its replay does not end while they are).
     pub fn would_pass(&self, queue: &DeadLetterQueue, req: &ParkRequest) -> bool {
-        let Some(cover) = self.cover_of(queue, req) else {
+        let ns = queue.namespace().unwrap_or_default();
+        if self.covering(&ns, &queue.name_any()).is_empty() {
+            return false;
+        }
+        let Some(cover) = self.cover_of(queue, &arriving(req, queue.seals())) else {
             return false;
         };
         cover.sight();
         !cover.held() && cover.has_room()
     }
 
-    /// The running cover whose group `req` is of, if any.
-    fn cover_of(&self, queue: &DeadLetterQueue, req: &ParkRequest) -> Option<Arc<Cover>> {
+    /// The running cover whose group the record of `facts` is of, if any.
+    fn cover_of(&self, queue: &DeadLetterQueue, facts: &DeadLetter) -> Option<Arc<Cover>> {
         let ns = queue.namespace().unwrap_or_default();
         let covers = self.covering(&ns, &queue.name_any());
-        if covers.is_empty() {
-            return None;
-        }
-        let facts = arriving(req, queue.seals());
-        covers.into_iter().find(|c| c.takes(&facts))
+        covers.into_iter().find(|c| c.takes(facts))
     }
 
     /// The covers of a queue of `ns` (empty: the fast path of every park).
@@ -147,11 +149,25 @@ impl Standing {
             .unwrap_or_default()
     }
 
-    /// Passes `req` (exact bytes `raw`) through when a standing replay covers it: requeued on
-    /// the target with the message's own idempotency key ([`message_key`]) and counted on the
-    /// replay. The caller acknowledges the message only on [`Passed::Through`].
+    /// [`Standing::pass_arriving`] with the facts a source's park plan gives `req`.
+    #[cfg(test)]
     pub async fn pass(&self, queue: &DeadLetterQueue, req: &ParkRequest, raw: &[u8]) -> Passed {
-        let Some(cover) = self.cover_of(queue, req) else {
+        let facts = arriving(req, queue.seals());
+        self.pass_arriving(queue, req, &facts, raw).await
+    }
+
+    /// Passes `req` (exact bytes `raw`) through when a standing replay covers the record of
+    /// `facts`: requeued on the target with the message's own idempotency key
+    /// ([`message_key`]) and counted on the replay. The caller acknowledges the message only on
+    /// [`Passed::Through`].
+    pub async fn pass_arriving(
+        &self,
+        queue: &DeadLetterQueue,
+        req: &ParkRequest,
+        facts: &DeadLetter,
+        raw: &[u8],
+    ) -> Passed {
+        let Some(cover) = self.cover_of(queue, facts) else {
             return Passed::No;
         };
         cover.sight();
@@ -193,9 +209,10 @@ impl PassThrough for Standing {
         &'a self,
         queue: &'a DeadLetterQueue,
         req: &'a ParkRequest,
+        facts: &'a DeadLetter,
         raw: &'a [u8],
     ) -> BoxFuture<'a, Passed> {
-        Box::pin(Standing::pass(self, queue, req, raw))
+        Box::pin(Standing::pass_arriving(self, queue, req, facts, raw))
     }
 }
 

@@ -20,12 +20,13 @@ use dlq_core::api::{DeadLetter, DeadLetterQueue, Job, Phase};
 use dlq_core::conditions::reason;
 use dlq_core::decide::{self, AfterConflict, Decision, RedriveStep};
 use dlq_core::plan::{self, RequeueFailure, Write};
-use dlq_core::seal::{self, OpenError};
+use dlq_core::seal::Keyring;
 
 use super::claims::Unwritten;
 use super::context::Context;
 use super::error::ReconcileError;
 use crate::body::open::OpenFailed;
+use crate::body::payload::{self, Payloads};
 use crate::state::apiserver::is_conflict;
 use crate::targets::enqueue::{Destination, EnqueueError};
 use crate::targets::{JobMessage, TargetError};
@@ -366,12 +367,19 @@ async fn requeue(ctx: &Context, ns: &str, record: &DeadLetter) -> Result<(), Req
                 record.spec.queue
             ),
         })?;
-    let job = opened(ctx, &queue, record).await?;
+    let keyring = match payload::needs_keys(&record.spec.job) {
+        true => ctx.keys.load(&queue).await.keyring,
+        false => Keyring::default(),
+    };
+    // The record's job as it was parked, whole or not at all: a record whose key is gone is
+    // refused (`SealKeyMissing`) and stays Parked.
+    let job = payload::opened(&record.spec.job, &keyring)
+        .map_err(|e| open_failure(OpenFailed::Seal(e)))?;
     let destination = Destination::of(ctx.targets.as_ref(), &queue)
         .await
         .map_err(enqueue_failure)?;
     let _turn = ctx.body_turn(&job).await;
-    let message = message_of(ctx, &queue, &job).await?;
+    let message = message_of(ctx, &queue, &job, &keyring).await?;
     let started = Instant::now();
     let result = destination
         .enqueue(message, decide::redrive_key(record))
@@ -382,83 +390,34 @@ async fn requeue(ctx: &Context, ns: &str, record: &DeadLetter) -> Result<(), Req
     result.map_err(enqueue_failure)
 }
 
-/// The message a redrive sends: the job's own bytes, or its body fetched from the queue's store
-/// and checked against the record's size and digest first (opened when sealed). A missing or
-/// changed object sends nothing (`BodyMissing`, `BodyCorrupt`); an external body (an SQS
-/// Extended Client pointer's object) is checked, and the pointer message itself is sent.
+/// The message a redrive sends: the job's own bytes, or its body as the body store reads it
+/// back (`body::payload`: checked against the record's size and digest, opened when sealed).
+/// A missing or changed object sends nothing (`BodyMissing`, `BodyCorrupt`); an external
+/// body (an SQS Extended Client pointer's object) is checked, and the pointer message itself
+/// is sent.
 async fn message_of(
     ctx: &Context,
     queue: &DeadLetterQueue,
     job: &Job,
+    keyring: &Keyring,
 ) -> Result<JobMessage, RequeueFailure> {
     let Some(body) = job.body.as_deref() else {
         return JobMessage::from_job(job).map_err(failure);
     };
-    let store = ctx
-        .bodies
-        .store(queue)
+    let sent = Payloads::of(ctx.bodies.as_ref(), queue)
+        .sent(job, body, keyring)
         .await
-        .map_err(body_failure)?
-        .ok_or_else(|| RequeueFailure {
-            reason: "BodyStoreMisconfigured",
-            message: format!(
-                "job {} has its body in a store ({}), but DeadLetterQueue {} has no spec.bodies",
-                job.id,
-                body.reference,
-                queue.name_any()
-            ),
-        })?;
-    if body.external {
-        // Read through, held nowhere: only the pointer message is sent.
-        store.check(&job.id, body).await.map_err(body_failure)?;
-        return JobMessage::from_job(job).map_err(failure);
+        .map_err(open_failure)?;
+    match sent {
+        Some(payload) => Ok(JobMessage::with_payload(job, payload)),
+        None => JobMessage::from_job(job).map_err(failure),
     }
-    let payload = match &body.recipient {
-        None => store.fetch(&job.id, body).await.map_err(body_failure)?,
-        Some(recipient) => {
-            let loaded = ctx.keys.load(queue).await;
-            store
-                .fetch_opened(&job.id, body, recipient, &loaded.keyring)
-                .await
-                .map_err(|e| match e {
-                    OpenFailed::Body(e) => body_failure(e),
-                    OpenFailed::Seal(e) => seal_failure(e),
-                })?
-        }
-    };
-    Ok(JobMessage::with_payload(job, payload))
 }
 
-fn body_failure(e: crate::body::BodyError) -> RequeueFailure {
+/// A job or body that could not be read back: the store's reason or the seal's.
+fn open_failure(e: OpenFailed) -> RequeueFailure {
     RequeueFailure {
         reason: e.reason(),
-        message: e.to_string(),
-    }
-}
-
-/// The record's job as it was parked: opened with its queue's keys when sealed
-/// (`dlq_core::seal::open`), whole or not at all. A record whose key is gone is refused
-/// (`SealKeyMissing`) and stays Parked.
-async fn opened<'r>(
-    ctx: &Context,
-    queue: &DeadLetterQueue,
-    record: &'r DeadLetter,
-) -> Result<Cow<'r, Job>, RequeueFailure> {
-    if record.spec.job.sealed.is_none() {
-        return Ok(Cow::Borrowed(&record.spec.job));
-    }
-    let loaded = ctx.keys.load(queue).await;
-    seal::open(record, &loaded.keyring)
-        .map(Cow::Owned)
-        .map_err(seal_failure)
-}
-
-fn seal_failure(e: OpenError) -> RequeueFailure {
-    RequeueFailure {
-        reason: match e {
-            OpenError::KeyMissing { .. } => reason::SEAL_KEY_MISSING,
-            OpenError::Corrupt { .. } => reason::SEAL_BROKEN,
-        },
         message: e.to_string(),
     }
 }

@@ -43,6 +43,7 @@ use dlq_core::api::{BodyRef, DeadLetter, DeadLetterQueue};
 use dlq_core::reveal::{self, View};
 use dlq_core::seal::{Keyring, OpenError};
 
+use crate::body::payload::{self, Payloads};
 use crate::body::{Bodies, BodyError};
 use crate::serving_tls::{self as tls, TlsListener};
 use front_proxy::FrontProxy;
@@ -344,14 +345,13 @@ impl RevealApi {
             .map(|q| q.mask_paths().to_vec())
             .unwrap_or_default();
         let body = record.spec.job.stored_body().cloned();
-        let sealed_body = body.as_ref().is_some_and(|b| b.recipient.is_some());
         let keyring = match &queue {
-            Some(q) if record.spec.job.sealed.is_some() || sealed_body => {
+            Some(q) if payload::needs_keys(&record.spec.job) => {
                 crate::keys::load(&self.client, q).await.keyring
             }
             _ => Default::default(),
         };
-        let opened = match dlq_core::seal::open(&record, &keyring) {
+        let opened = match payload::opened(&record.spec.job, &keyring) {
             Ok(opened) => opened,
             Err(why) => {
                 self.refuse_unopenable(caller, &record, view, &why).await;
@@ -433,19 +433,14 @@ impl RevealApi {
                 record.spec.queue
             ))
         })?;
-        let store = self.bodies.store(queue).await?.ok_or_else(|| {
-            BodyError::Config(format!(
-                "job {job} has its body in a store ({}), but DeadLetterQueue {} has no spec.bodies",
-                body.reference, record.spec.queue
-            ))
-        })?;
+        let payloads = Payloads::of(self.bodies.as_ref(), queue);
         let want_head = reveal::BODY_HEAD + reveal::BODY_HEAD_MARGIN;
-        let (head, len) = store.head(job, body, keyring, want_head).await?;
+        let (head, len) = payloads.head(job, body, keyring, want_head).await?;
         if !raw {
             let whole = len <= want_head as u64;
             return Ok(BodyRead::Head { head, whole });
         }
-        let stream = store.plaintext(job, body, keyring).await?.map(|chunk| {
+        let stream = payloads.plaintext(job, body, keyring).await?.map(|chunk| {
             chunk.map_err(|e| std::io::Error::other(format!("{} ({})", e, e.reason())))
         });
         Ok(BodyRead::Bytes {
@@ -602,7 +597,7 @@ mod tests {
             body["message"]
                 .as_str()
                 .unwrap_or_default()
-                .contains("BodyMissing"),
+                .contains(dlq_core::conditions::reason::BODY_MISSING),
             "{body}"
         );
         let down = RevealError::Body {

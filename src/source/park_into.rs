@@ -10,16 +10,14 @@ use kube::Client;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use dlq_client::park::{ParkError, ParkOutcome, ParkRequest, Parker};
-use dlq_core::api::Job;
 use dlq_core::api::{DeadLetterQueue, SecretKeyRef};
-use dlq_core::body::Placement;
 use dlq_core::events::{self, EventPlan};
-use dlq_core::park::{
-    Disposition, ParkInvalid, after_refusal, dispose, dispose_kept, job_key, validate,
-};
+use dlq_core::park::job_key;
+use dlq_core::source_plan::{self, Keeping, Parking, QueueSettings, SourcePlan};
 
 use super::in_flight::InFlight;
-use crate::body::{Bodies, BodyError, Kept};
+use crate::body::payload::Payloads;
+use crate::body::{Bodies, Kept};
 use crate::metrics::Metrics;
 use crate::pass::{PassThrough, Passed};
 use crate::secret::{SecretError, read_secret};
@@ -138,31 +136,12 @@ impl ParkInto {
             .await
     }
 
-    /// The one rule for every source (`dlq_core::park::dispose`): `req` if it is valid, else an
-    /// Invalid record of the message's exact bytes `raw` (by reference when they were `kept` in
-    /// the body store as they are); `Err` only for what can never be a record, which the source
-    /// then keeps where rejected messages go and reports with [`ParkInto::rejected`].
-    pub fn dispose(
-        &self,
-        req: ParkRequest,
-        raw: &[u8],
-        kept: Option<&Kept>,
-    ) -> Result<ParkRequest, ParkError> {
-        let disposed = match kept.filter(|k| k.of_message) {
-            Some(kept) => dispose_kept(req, raw, &kept.body),
-            None => dispose(req, raw),
-        };
-        match disposed {
-            Disposition::Park(req) => Ok(*req),
-            Disposition::Reject(why) => Err(ParkError::Invalid(why)),
-        }
-    }
-
     /// Parks one dead message of exact bytes `raw`, read as `req`: the one path of every
     /// source. Retries what may succeed later ([`ParkInto::park_until_known`]); when the
     /// apiserver refuses the record for good (400, 413, 422: a schema or CEL rule), parks the
-    /// message as an Invalid record of its bytes with the refusal as reason instead
-    /// (`dlq_core::park::after_refusal`), so one bad message never stalls those behind it.
+    /// message as an Invalid record of its bytes with the refusal as reason instead (its
+    /// plan's next fallback, `dlq_core::source_plan::Parking::after_refusal`), so one bad
+    /// message never stalls those behind it.
     /// `Err` only when even that is refused or the message is over the payload limit: the
     /// source then keeps it where rejected messages go and reports it with
     /// [`ParkInto::rejected`].
@@ -198,7 +177,8 @@ impl ParkInto {
         self.park_read(req, None, where_it_stays, || async {}).await
     }
 
-    /// Parks `req`, read from a message of exact bytes `raw` when they are still held.
+    /// Parks `req`, read from a message of exact bytes `raw` when they are still held: the
+    /// core's one plan of it carried out ([`ParkInto::keep_body`], then pass or park).
     async fn park_read<W, Fut>(
         &self,
         req: ParkRequest,
@@ -210,101 +190,74 @@ impl ParkInto {
         W: Fn() -> Fut,
         Fut: std::future::Future<Output = ()>,
     {
-        // A large body goes to the queue's store first; its record holds a reference. It is
-        // not passed through a standing replay: the record's redrive sends it.
-        let none = bytes::Bytes::new();
-        let (req, kept) = self
-            .keep_body(req, raw.unwrap_or(&none), where_it_stays, &waiting)
-            .await?;
-        let mut req = match raw {
-            Some(raw) => self.dispose(req, raw, kept.as_ref())?,
-            None => validate(&req).map(|()| req).map_err(ParkError::Invalid)?,
-        };
-        // Passed through (or passable when parked meanwhile) only with its bytes in hand.
-        let passable = raw.filter(|_| kept.is_none());
-        if let Some(raw) = passable
-            && self.passed_through(&req, raw).await
-        {
+        let (mut parking, _kept) = self.keep_body(req, raw, where_it_stays, &waiting).await?;
+        if self.passed_through(&parking).await {
             return Ok(());
         }
-        let passable = passable.map(|raw| &raw[..]);
-        let mut tried = 0;
         loop {
             let refused = match self
-                .park_until_known(&req, where_it_stays, &waiting, passable)
+                .park_until_known(&parking, where_it_stays, &waiting)
                 .await
             {
                 Err(e) if e.final_refusal().is_some() => e,
                 done => return done,
             };
+            let job = parking.request().job.id.clone();
             let refusal = refused.final_refusal().unwrap_or_default();
-            let Some(next) = raw.and_then(|raw| after_refusal(&req, raw, refusal, tried)) else {
+            let Some(next) = parking.after_refusal(refusal) else {
                 return Err(refused);
             };
-            tracing::warn!(namespace = %self.namespace(), queue = %self.queue(), job = %req.job.id, error = %refused, fallback = tried + 1, "the apiserver refused the record for good; parking the message as Invalid with its exact bytes");
-            req = next;
-            tried += 1;
+            tracing::warn!(namespace = %self.namespace(), queue = %self.queue(), %job, error = %refused, fallback = next.fallbacks(), "the apiserver refused the record for good; parking the message as Invalid with its exact bytes");
+            parking = next;
         }
     }
 
-    /// `req` with its payload kept in the queue's body store when the queue has one and the
-    /// payload (with headers) is over its threshold (`dlq_core::body::placement`); the
-    /// [`Kept`] guard keeps the object from the sweep until the record exists. While the store
-    /// cannot take it, the message stays in the broker (`waiting` runs before each wait) and
-    /// a `BodyStoreUnavailable` Event says why. `Err` for a message over `maxBytes`.
+    /// The core's one plan of a dead message read as `req` from exact bytes `raw`
+    /// (`dlq_core::source_plan::plan`, against its queue as the store holds it now), carried
+    /// out up to its park: its payload kept in the queue's body store first when the plan
+    /// says so (the [`Kept`] guard keeps the object from the sweep until the record exists).
+    /// While the store cannot take it, the message stays in the broker (`waiting` runs before
+    /// each wait) and a `BodyStoreUnavailable` Event says why. `Err` for what can never be a
+    /// record (over `maxBytes`, invalid even as an Invalid record).
     pub(super) async fn keep_body<W, Fut>(
         &self,
-        mut req: ParkRequest,
-        raw: &bytes::Bytes,
+        req: ParkRequest,
+        raw: Option<&bytes::Bytes>,
         where_it_stays: &str,
         waiting: &W,
-    ) -> Result<(ParkRequest, Option<Kept>), ParkError>
+    ) -> Result<(Parking, Option<Kept>), ParkError>
     where
         W: Fn() -> Fut,
         Fut: std::future::Future<Output = ()>,
     {
         let queue = self.shared.queues.get(&self.key);
-        let bodies = queue.as_ref().and_then(|q| q.spec.bodies.as_ref());
-        let size = dlq_core::body::request_size(&req, raw);
-        match (queue.as_ref(), dlq_core::body::placement(bodies, size)) {
-            (Some(queue), Placement::Store) => {
-                let queue = queue.clone();
-                let of_message = req.payload_in_message;
-                let payload = match payload_of(&mut req, raw) {
-                    Some(payload) => payload,
-                    // Not base64 after all: dispose parks it as an Invalid record of its bytes.
-                    None => return Ok((req, None)),
-                };
-                let mut kept = self
-                    .put_until_kept(&req.job.id, payload, &queue, size, where_it_stays, waiting)
-                    .await;
-                kept.of_message = of_message;
-                req.job.body = Some(Box::new(kept.body.clone()));
-                Ok((req, Some(kept)))
-            }
-            (_, Placement::TooLarge { limit }) if bodies.is_some() => {
-                Err(ParkError::Invalid(ParkInvalid::PayloadTooLarge {
-                    size: usize::try_from(size).unwrap_or(usize::MAX),
-                    limit: usize::try_from(limit).unwrap_or(usize::MAX),
-                }))
-            }
-            // Stays in the record, or is refused there with the record's own limit.
-            _ => {
-                req.fill_payload(raw);
-                Ok((req, None))
-            }
-        }
+        let settings = QueueSettings::of(queue.as_deref());
+        let keeping = match source_plan::plan(req, raw.cloned(), settings) {
+            SourcePlan::Park(parking) => return Ok((parking, None)),
+            SourcePlan::Reject(why) => return Err(ParkError::Invalid(why)),
+            SourcePlan::Keep(keeping) => keeping,
+        };
+        // Kept only for a queue with a store: the plan read it from this very queue.
+        let queue = queue.ok_or_else(|| ParkError::UnknownQueue {
+            namespace: self.namespace().to_string(),
+            queue: self.queue().to_string(),
+        })?;
+        let kept = self
+            .put_until_kept(&keeping, &queue, where_it_stays, waiting)
+            .await;
+        let parking = keeping
+            .kept(kept.body.clone())
+            .map_err(ParkError::Invalid)?;
+        Ok((parking, Some(kept)))
     }
 
-    /// Puts `payload` in the queue's store, retrying while the store cannot take it (the
-    /// message stays in the broker meanwhile, `waiting` runs before each wait, and a
+    /// Puts the planned payload in the queue's store, retrying while the store cannot take it
+    /// (the message stays in the broker meanwhile, `waiting` runs before each wait, and a
     /// `BodyStoreUnavailable` Event says why).
     async fn put_until_kept<W, Fut>(
         &self,
-        job: &str,
-        payload: bytes::Bytes,
+        keeping: &Keeping,
         queue: &Arc<DeadLetterQueue>,
-        size: u64,
         where_it_stays: &str,
         waiting: &W,
     ) -> Kept
@@ -312,6 +265,7 @@ impl ParkInto {
         W: Fn() -> Fut,
         Fut: std::future::Future<Output = ()>,
     {
+        let (job, size) = (keeping.job(), keeping.size);
         let mut attempt = 0u32;
         loop {
             // Read afresh each time: the recipient it seals to may be published meanwhile.
@@ -320,7 +274,9 @@ impl ParkInto {
                 .queues
                 .get(&self.key)
                 .unwrap_or_else(|| queue.clone());
-            match self.put_body(&queue, job, &payload).await {
+            // Sealed when the queue seals: `body::payload` decides.
+            let payloads = Payloads::of(self.shared.bodies.as_ref(), &queue);
+            match payloads.keep(job, &keeping.payload).await {
                 Ok(kept) => {
                     // Tests kill the operator here: an object with no record yet.
                     crate::failpoint::hit("body-after-upload").await;
@@ -346,37 +302,15 @@ impl ParkInto {
         }
     }
 
-    /// Seals `payload` when the queue seals (the store holds ciphertext only), then keeps it.
-    async fn put_body(
-        &self,
-        queue: &DeadLetterQueue,
-        job: &str,
-        payload: &bytes::Bytes,
-    ) -> Result<Kept, BodyError> {
-        let store = self
-            .shared
-            .bodies
-            .store(queue)
-            .await?
-            .ok_or_else(|| BodyError::Config("the queue has no spec.bodies".into()))?;
-        let recipient = match queue.seal_recipient() {
-            Some(r) => Some(r),
-            None if queue.seals() => {
-                return Err(BodyError::Seal(
-                    "the queue seals but publishes no recipient yet".into(),
-                ));
-            }
-            None => None,
+    /// Whether a standing replay took the planned message (see [`crate::pass`]): requeued on
+    /// the target, so the source acknowledges it without a record. Only a message whose bytes
+    /// are in hand and whose body was not kept may pass (its plan's `arriving` facts). A failed
+    /// requeue parks it.
+    async fn passed_through(&self, parking: &Parking) -> bool {
+        let (Some(facts), Some(raw)) = (parking.arriving(), parking.passable()) else {
+            return false;
         };
-        match recipient {
-            Some(r) => store.put_sealed(payload.clone(), job, r).await,
-            None => store.put(payload.clone(), None).await,
-        }
-    }
-
-    /// Whether a standing replay took `req` (see [`crate::pass`]): requeued on the
-    /// target, so the source acknowledges it without a record. A failed requeue parks it.
-    async fn passed_through(&self, req: &ParkRequest, raw: &[u8]) -> bool {
+        let req = parking.request();
         // A replica without a term parks nothing, and passes nothing either.
         if !self.shared.leadership.holds() {
             return false;
@@ -387,7 +321,7 @@ impl ParkInto {
         if self.maybe_parked(req) {
             return false;
         }
-        match self.shared.passes.pass(&queue, req, raw).await {
+        match self.shared.passes.pass(&queue, req, facts, raw).await {
             Passed::No => false,
             Passed::Through { replay } => {
                 self.shared
@@ -477,23 +411,22 @@ impl ParkInto {
             .await;
     }
 
-    /// Parks, retrying what may succeed later (apiserver down, queue full) with capped
-    /// backoff; while the queue is full, a `passable` message (its exact bytes) is offered to a
-    /// standing replay before each wait; `waiting` runs before each wait (to tell the broker the message is still being
-    /// worked on) and the message stays in the broker meanwhile. Returns an error only for a
-    /// request that can never be a record.
+    /// Parks the planned request, retrying what may succeed later (apiserver down, queue full)
+    /// with capped backoff; while the queue is full, a message its plan lets pass is offered
+    /// to a standing replay before each wait; `waiting` runs before each wait (to tell the
+    /// broker the message is still being worked on) and the message stays in the broker
+    /// meanwhile. Returns an error only for a request that can never be a record.
     pub async fn park_until_known<W, Fut>(
         &self,
-        req: &ParkRequest,
+        parking: &Parking,
         where_it_stays: &str,
         waiting: W,
-        passable: Option<&[u8]>,
     ) -> Result<(), ParkError>
     where
         W: Fn() -> Fut,
         Fut: std::future::Future<Output = ()>,
     {
-        let mut req = req.clone();
+        let mut req = parking.request().clone();
         let _turn = self.shared.in_flight.turn(&mut req).await;
         let mut attempt = 0u32;
         loop {
@@ -514,9 +447,7 @@ impl ParkInto {
                     // A standing replay started while this message waited for room: it passes
                     // now, instead of after the replay's redrives made room (a storm's first
                     // pass-through waited for 5,000 records to be redriven).
-                    if let Some(raw) = passable
-                        && self.passed_through(&req, raw).await
-                    {
+                    if self.passed_through(parking).await {
                         return Ok(());
                     }
                     // Backpressure, not a failure (maxParked, the namespace's ResourceQuota on
@@ -535,9 +466,7 @@ impl ParkInto {
                     tokio::time::sleep(wait).await;
                     // And again before the next try: a replay that started during the wait
                     // (its redrives making room) takes it rather than a record being made.
-                    if let Some(raw) = passable
-                        && self.passed_through(&req, raw).await
-                    {
+                    if self.passed_through(parking).await {
                         return Ok(());
                     }
                 }
@@ -554,33 +483,6 @@ impl ParkInto {
                 }
                 Err(e) => return Err(e),
             }
-        }
-    }
-}
-
-/// The payload to keep in the store: the message's own buffer when the payload was left in it
-/// (shared, not copied), else moved out of the job. None: a payload that is not base64 after all.
-fn payload_of(req: &mut ParkRequest, raw: &bytes::Bytes) -> Option<bytes::Bytes> {
-    if std::mem::take(&mut req.payload_in_message) {
-        return Some(raw.clone());
-    }
-    take_payload(&mut req.job).ok()
-}
-
-/// Moves the job's payload out of it, as bytes (text without a copy).
-fn take_payload(job: &mut Job) -> Result<bytes::Bytes, ()> {
-    if let Some(text) = job.payload.take() {
-        return Ok(bytes::Bytes::from(text.into_bytes()));
-    }
-    let Some(b64) = job.payload_base64.take() else {
-        return Ok(bytes::Bytes::new());
-    };
-    // Decoded in the base64's own buffer: a binary body is not held twice beside its text.
-    match dlq_core::body::decode_base64_in_place(b64) {
-        Ok(bytes) => Ok(bytes::Bytes::from(bytes)),
-        Err(b64) => {
-            job.payload_base64 = Some(b64);
-            Err(())
         }
     }
 }
@@ -656,6 +558,7 @@ mod tests {
             &'a self,
             _: &'a DeadLetterQueue,
             _: &'a ParkRequest,
+            _: &'a dlq_core::api::DeadLetter,
             _: &'a [u8],
         ) -> futures::future::BoxFuture<'a, Passed> {
             Box::pin(async { Passed::No })
@@ -730,9 +633,13 @@ mod tests {
             ..Job::default()
         };
         let req = ParkRequest::new("relayer", job).with_message("relayer:dead#1".to_string());
+        let SourcePlan::Park(planned) = source_plan::plan(req, None, QueueSettings::default())
+        else {
+            panic!("a small valid job parks");
+        };
         let parking = tokio::spawn(async move {
             let _ = into
-                .park_until_known(&req, "in the broker", || async {}, None)
+                .park_until_known(&planned, "in the broker", || async {})
                 .await;
         });
 
@@ -809,10 +716,11 @@ mod tests {
             let raw = bytes::Bytes::from(vec![byte; 6 << 20]);
             let before = dlq_testenv::alloc::thread::start_peak();
             let (req, raw) = read(kind, raw);
-            let (req, kept) = into
-                .keep_body(req, &raw, "in the broker", &|| async {})
+            let (parking, kept) = into
+                .keep_body(req, Some(&raw), "in the broker", &|| async {})
                 .await
                 .expect("kept");
+            let req = parking.request();
             let peak = dlq_testenv::alloc::thread::peak_above(before);
             assert!(kept.is_some(), "{kind}: kept in the store");
             assert!(

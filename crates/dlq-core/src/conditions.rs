@@ -34,6 +34,24 @@ pub mod reason {
     pub const SEAL_KEY_MISSING: &str = "SealKeyMissing";
     /// A sealed job whose ciphertext does not open with its key (damaged).
     pub const SEAL_BROKEN: &str = "SealBroken";
+
+    // A record's body in its queue's store (`spec.bodies`): why it could not be kept or read
+    // back, on a redrive's condition, a reveal's refusal and their Events.
+    /// The record's object is not in the store (deleted by hand, a lifecycle rule).
+    pub const BODY_MISSING: &str = "BodyMissing";
+    /// The object is there but is not the body the record names (size or digest differ).
+    pub const BODY_CORRUPT: &str = "BodyCorrupt";
+    /// An external reference names an object the queue does not declare; not read.
+    pub const BODY_OUTSIDE_STORE: &str = "BodyOutsideStore";
+    /// The store did not answer, or refused (credentials, permissions).
+    pub const BODY_STORE_UNREACHABLE: &str = "BodyStoreUnreachable";
+    /// `spec.bodies` cannot be used (a Secret missing, a backend not built in, none at all).
+    pub const BODY_STORE_MISCONFIGURED: &str = "BodyStoreMisconfigured";
+    /// A stored body could not be sealed or opened.
+    pub const BODY_SEAL_BROKEN: &str = "BodySealBroken";
+    /// The store cannot keep a large dead message right now (an Event on the queue): it stays
+    /// in the broker until the store answers.
+    pub const BODY_STORE_UNAVAILABLE: &str = "BodyStoreUnavailable";
 }
 
 /// Longest condition message we write (the API limit is 32 KiB; we keep status small).

@@ -25,8 +25,9 @@ pub mod reason {
     /// A dead message that can never be a record, kept in the broker's rejected list/queue.
     pub const REJECTED: &str = "Rejected";
     /// The queue's body store cannot keep a large dead message right now (unreachable,
-    /// refused, misconfigured): it stays in the broker until the store answers.
-    pub const BODY_STORE_UNAVAILABLE: &str = "BodyStoreUnavailable";
+    /// refused, misconfigured): it stays in the broker until the store answers. A body
+    /// reason, named with the others in `conditions`.
+    pub use crate::conditions::reason::BODY_STORE_UNAVAILABLE;
     /// A queue became Full (its maxParked, its namespace's ResourceQuota on records, or the
     /// operator's --max-records): parkings wait (in the broker) until records resolve.
     pub const QUEUE_FULL: &str = "QueueFull";

@@ -4,7 +4,8 @@
 //! [`dead_letter`], [`queue`], [`replay`], [`groups`]; [`api`] re-exports the first two), what to do with a
 //! record ([`decide`]), the whole outcome of a reconcile as data ([`plan`]: the status to write,
 //! the Events to publish, the metric changes), the park rules ([`park`]: validation, naming,
-//! cycles) and one park's plan ([`park_plan`]: what a parker asks once and carries out), and
+//! cycles) and one park's plan ([`park_plan`]: what a parker asks once and carries out; and
+//! [`source_plan`]: what a source asks once of a dead message it read), and
 //! the codecs shared by sources and targets ([`headers`], [`envelope`], [`sidekiq`]). No kube
 //! client, no async runtime, no broker crate: the operator carries plans out.
 
@@ -47,5 +48,6 @@ pub mod replay;
 pub mod reveal;
 pub mod seal;
 pub mod sidekiq;
+pub mod source_plan;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

@@ -3,9 +3,9 @@
 //! has `spec.http` and the caller may (see [`auth`]). It makes any HTTP sender a parker: a
 //! Knative `deadLetterSink`, Argo Events' `dlqTrigger`, a webhook relay.
 //!
-//! It parks through the same rules as every broker source (`dlq_core::park::dispose` and
-//! `after_refusal`: what is not what it claims to be becomes an Invalid record of its exact
-//! bytes), but it never waits: the sender holds the event, so a full queue answers 429 with
+//! It parks through the same plan as every broker source (`dlq_core::source_plan`: what is
+//! not what it claims to be becomes an Invalid record of its exact bytes, also after a final
+//! refusal), but it never waits: the sender holds the event, so a full queue answers 429 with
 //! `Retry-After` and an apiserver that cannot take it 503. An answer of 201 (a new record) or
 //! 200 (this event's record already exists) comes only once the record exists.
 //!
@@ -41,8 +41,9 @@ use kube::runtime::reflector::ObjectRef;
 
 use dlq_client::park::{ParkError, ParkOutcome};
 use dlq_core::cloudevent::{self, HttpRequest, Incoming, MAX_BODY};
+use dlq_core::park::ParkInvalid;
 use dlq_core::park::ParkRequest;
-use dlq_core::park::{ParkInvalid, after_refusal};
+use dlq_core::source_plan::Parking;
 
 use crate::metrics::Metrics;
 
@@ -702,17 +703,9 @@ async fn park_one(into: &ParkInto, event: Incoming) -> Result<(String, bool), An
     // event's bytes are kept too (a share of the body, not a copy): a request that then fails
     // validation is parked as an Invalid record of them (by reference when they are the
     // stored body itself), never of nothing.
-    let (request, kept) = keep_body(into, request, &raw).await?;
-    let mut req = match into.dispose(request, &raw, kept.as_ref()) {
-        Ok(req) => req,
-        Err(e @ ParkError::Invalid(ParkInvalid::PayloadTooLarge { .. })) => {
-            return Err(Answer::error(413, e));
-        }
-        Err(e) => return Err(Answer::error(400, e)),
-    };
-    let mut tried = 0;
+    let (mut parking, kept) = keep_body(into, request, &raw).await?;
     loop {
-        let mut attempt = req.clone();
+        let mut attempt = parking.request().clone();
         // Two copies of one event posted at once (a sender's retry racing its first try): the
         // second waits and then finds the first's record.
         let _turn = into.shared.in_flight.turn(&mut attempt).await;
@@ -737,35 +730,37 @@ async fn park_one(into: &ParkInto, event: Incoming) -> Result<(String, bool), An
                 return Err(Answer::error(413, e));
             }
             Err(e) => {
-                tracing::warn!(namespace = %into.namespace(), queue = %into.queue(), job = %req.job.id, error = %e, "parking over HTTP failed; the sender keeps the event");
+                tracing::warn!(namespace = %into.namespace(), queue = %into.queue(), job = %parking.request().job.id, error = %e, "parking over HTTP failed; the sender keeps the event");
                 return Err(Answer::error(503, e).retry_after(RETRY_AFTER_UNAVAILABLE));
             }
         };
         let refusal = refused.final_refusal().unwrap_or_default();
+        let job = parking.request().job.id.clone();
+        // A body kept in the store is parked by reference or not at all.
         let next = match kept {
             Some(_) => None,
-            None => after_refusal(&req, &raw, refusal, tried),
+            None => parking.after_refusal(refusal),
         };
         let Some(next) = next else {
             return Err(Answer::error(400, refused));
         };
-        tracing::warn!(namespace = %into.namespace(), queue = %into.queue(), job = %req.job.id, error = %refused, fallback = tried + 1, "the apiserver refused the record for good; parking the event as Invalid with its exact bytes");
-        req = next;
-        tried += 1;
+        tracing::warn!(namespace = %into.namespace(), queue = %into.queue(), %job, error = %refused, fallback = next.fallbacks(), "the apiserver refused the record for good; parking the event as Invalid with its exact bytes");
+        parking = next;
     }
 }
 
-/// `req` with its payload kept in the queue's body store when it is over the queue's
-/// threshold (`ParkInto::keep_body`, the path of every source), and the guard keeping the
-/// object from the sweep until the record exists. Over `maxBytes`: 413; the store not taking
+/// The core's plan of `request` carried out up to its park (`ParkInto::keep_body`, the path
+/// of every source): its payload kept in the queue's body store when it is over the queue's
+/// threshold, and the guard keeping the object from the sweep until the record exists. Over
+/// `maxBytes`: 413; invalid even as an Invalid record of its bytes: 400; the store not taking
 /// it within [`BODY_STORE_WAIT`]: 503 (the sender retries; an object already written and never
 /// referenced is swept after `orphansAfter`).
 async fn keep_body(
     into: &ParkInto,
     request: ParkRequest,
     raw: &bytes::Bytes,
-) -> Result<(ParkRequest, Option<crate::body::Kept>), Answer> {
-    let keeping = into.keep_body(request, raw, "with the sender", &|| async {});
+) -> Result<(Parking, Option<crate::body::Kept>), Answer> {
+    let keeping = into.keep_body(request, Some(raw), "with the sender", &|| async {});
     match tokio::time::timeout(BODY_STORE_WAIT, keeping).await {
         Ok(Ok(kept)) => Ok(kept),
         Ok(Err(e @ ParkError::Invalid(ParkInvalid::PayloadTooLarge { .. }))) => {
