@@ -596,7 +596,7 @@ fn stand(run: &mut Run<'_>) -> Option<String> {
         Cover::new(&uid, name, spec, counts, tally, log)
     });
     cover.renew();
-    cover.hold(spec.paused() || replay::canary::holds(spec, status));
+    cover.hold(spec.paused() || spec.canary_holds(status));
     cover.decided_at_least(run.status.decided);
     fold(&mut run.status, &cover);
     run.cover = Some(cover.clone());

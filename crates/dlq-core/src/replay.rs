@@ -19,7 +19,9 @@ use crate::dead_letter::{Action, FailureKind, Phase};
 use crate::facts::Facts;
 
 pub mod canary;
+mod outcome;
 pub use canary::{Canary, CanaryStatus};
+pub use outcome::{Outcome, outcome_of};
 
 /// Label on every record a replay signed: the replay's name.
 pub const LABEL_REPLAY: &str = "dlq.dev/replay";
@@ -486,6 +488,12 @@ impl DeadLetterReplaySpec {
         self.stop.unwrap_or(false)
     }
 
+    /// Whether its canary still holds the rest back (its standing passes too): it has one
+    /// that has not passed.
+    pub fn canary_holds(&self, status: &DeadLetterReplayStatus) -> bool {
+        self.canary.is_some() && !status.canary.as_ref().is_some_and(CanaryStatus::passed)
+    }
+
     /// Whether it is paused (see [`DeadLetterReplaySpec::paused`]).
     pub fn paused(&self) -> bool {
         self.paused.unwrap_or(false)
@@ -626,34 +634,6 @@ pub fn select<'a, R: Facts + 'a>(
     out
 }
 
-/// Where one decided record stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// Signed, not carried out yet.
-    Pending,
-    Redriven,
-    Dropped,
-    /// Signed, and its requeue is failing (Requeued=False for the current generation).
-    Failing,
-    /// Its decision was taken back (Parked, no action).
-    Withdrawn,
-}
-
-/// A decided record's outcome, from its phase, action and `Requeued` condition.
-pub fn outcome_of(r: &impl Facts) -> Outcome {
-    match r.phase() {
-        Phase::Redriven => Outcome::Redriven,
-        Phase::Dropped => Outcome::Dropped,
-        Phase::Parked if r.action().is_none() => Outcome::Withdrawn,
-        Phase::Parked => {
-            if r.requeue_failing() {
-                Outcome::Failing
-            } else {
-                Outcome::Pending
-            }
-        }
-    }
-}
 
 /// Failure share among the last `window` settled decisions (None until `window` settled).
 pub fn failure_ratio(in_decision_order: &[Outcome], window: usize) -> Option<f64> {

@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube_derive::KubeSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{Outcome, outcome_of};
+use super::outcome::{Outcome, outcome_of};
 use crate::facts::Facts;
 
 /// How long a canary is watched when the spec does not say.
@@ -66,12 +66,6 @@ impl CanaryStatus {
     pub fn passed(&self) -> bool {
         self.passed_at.is_some()
     }
-}
-
-/// Whether a replay's canary still holds the rest back (its standing passes too): it has one
-/// that has not passed.
-pub fn holds(spec: &super::DeadLetterReplaySpec, status: &super::DeadLetterReplayStatus) -> bool {
-    spec.canary.is_some() && !status.canary.as_ref().is_some_and(CanaryStatus::passed)
 }
 
 /// `count` records of `selection` (oldest failure first), spread across it: the middle of
