@@ -10,8 +10,8 @@ use kube::Client;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use dlq_client::park::{ParkError, ParkOutcome, ParkRequest, Parker};
+use dlq_core::api::DeadLetterQueue;
 use dlq_core::api::Job;
-use dlq_core::api::{DeadLetterQueue, SecretKeyRef};
 use dlq_core::body::Placement;
 use dlq_core::events::{self, EventPlan};
 use dlq_core::park::{
@@ -20,9 +20,10 @@ use dlq_core::park::{
 
 use super::in_flight::InFlight;
 use crate::body::{Bodies, BodyError, Kept};
+use crate::broker::backend::ConnectError;
 use crate::metrics::Metrics;
 use crate::pass::{PassThrough, Passed};
-use crate::secret::{SecretError, read_secret};
+use crate::secret::SecretError;
 use crate::state::apiserver::{Apiserver, reference};
 use crate::state::jobs::JobIndex;
 use crate::state::leadership::Leadership;
@@ -57,6 +58,16 @@ impl SourceError {
         move |e| SourceError::Broker {
             context,
             source: Box::new(e),
+        }
+    }
+}
+
+impl From<ConnectError> for SourceError {
+    /// A Secret that cannot be read says so; a spec naming no way to connect is misconfigured.
+    fn from(e: ConnectError) -> Self {
+        match e {
+            ConnectError::Secret(e) => SourceError::Secret(e),
+            ConnectError::Unnamed(why) => SourceError::Config(why),
         }
     }
 }
@@ -583,23 +594,6 @@ fn take_payload(job: &mut Job) -> Result<bytes::Bytes, ()> {
             Err(())
         }
     }
-}
-
-/// The broker URL a source connects with: from its own Secret, else from its queue's target's
-/// (the same broker), read fresh at every (re)start of the source.
-pub(crate) async fn url_from_secret(
-    client: &Client,
-    into: &ParkInto,
-    own: Option<&SecretKeyRef>,
-    target: Option<&SecretKeyRef>,
-    kind: &str,
-) -> Result<String, SourceError> {
-    let secret_ref = own.or(target).ok_or_else(|| {
-        SourceError::Config(format!(
-            "source.{kind} needs urlSecretRef (the target has none of {kind})"
-        ))
-    })?;
-    Ok(read_secret(client, into.namespace(), secret_ref).await?.0)
 }
 
 /// Runs one source's `once` again and again: after it ends or fails, waits with capped

@@ -33,8 +33,10 @@ use dlq_core::api::{self, DeadLetterQueue, FailureKind, Job, Origin, SqsSourceSp
 use dlq_core::headers::sqs::{Attribute, to_headers};
 
 use super::park_into::{ParkInto, SourceError, keep_running};
+use crate::broker::backend::Sides;
 use crate::broker::redact_url;
-use crate::broker::sqs::{SqsConn, read_aws_keys};
+use crate::broker::sqs::SqsConn;
+use crate::secret::SecretReads;
 
 /// Messages parked at once per long poll.
 const CONCURRENCY: usize = 16;
@@ -171,43 +173,14 @@ pub async fn run(client: Client, into: ParkInto, queue: DeadLetterQueue, source:
     keep_running("sqs", &into, || run_once(&client, &into, &queue, &source)).await
 }
 
-/// Region, endpoint and keys of the source: its own, else the sqs target's.
-pub(super) async fn conn_for(
-    client: &Client,
-    ns: &str,
-    queue: &DeadLetterQueue,
-    source: &SqsSourceSpec,
-) -> Result<SqsConn, SourceError> {
-    let target = queue.spec.target.sqs.as_ref();
-    let creds = source
-        .credentials_secret_ref
-        .as_ref()
-        .or_else(|| target.and_then(|t| t.credentials_secret_ref.as_ref()));
-    let keys = match creds {
-        Some(r) => Some(read_aws_keys(client, ns, r).await?.0),
-        None => None,
-    };
-    Ok(SqsConn {
-        region: source
-            .region
-            .clone()
-            .or_else(|| SqsConn::region_of(&source.queue_url))
-            .or_else(|| target.and_then(|t| t.region.clone())),
-        endpoint: source
-            .endpoint
-            .clone()
-            .or_else(|| target.and_then(|t| t.endpoint.clone())),
-        keys,
-    })
-}
-
 async fn run_once(
     client: &Client,
     into: &ParkInto,
     queue: &DeadLetterQueue,
     source: &SqsSourceSpec,
 ) -> Result<(), SourceError> {
-    let conn = conn_for(client, into.namespace(), queue, source).await?;
+    let mut secrets = SecretReads::new(client, into.namespace());
+    let conn = SqsConn::for_source(&mut secrets, Sides::of(source, &queue.spec)).await?;
     let sqs = conn
         .client(Duration::from_secs(MAX_WAIT_SECONDS + 10))
         .await;
