@@ -47,10 +47,6 @@ pub struct Settings {
     /// The CA bundle beside the endpoint's certificate (`ca.crt` in `--park-tls-dir`, as
     /// cert-manager writes it), read at each queue reconcile into `status.address.CACerts`.
     pub park_ca_file: Option<std::path::PathBuf>,
-    /// How often the body stores are swept (`crate::body::sweep`).
-    pub body_sweep_every: Duration,
-    /// The SQS source's long poll (`crate::source::sqs`).
-    pub sqs_long_poll: Duration,
 }
 
 impl Default for Settings {
@@ -63,8 +59,6 @@ impl Default for Settings {
             mechanisms: Mechanisms::default(),
             park_url: None,
             park_ca_file: None,
-            body_sweep_every: crate::body::sweep::SWEEP_EVERY,
-            sqs_long_poll: Duration::from_secs(20),
         }
     }
 }

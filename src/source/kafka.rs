@@ -182,7 +182,7 @@ async fn run_once(
     let producer = conn.producer(REJECT_TIMEOUT).map_err(SourceError::broker(
         "creating the Kafka producer for rejected messages",
     ))?;
-    let in_flight = if into.shared.kafka_in_flight {
+    let in_flight = if into.tuning().kafka_in_flight {
         IN_FLIGHT
     } else {
         1

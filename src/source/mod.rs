@@ -25,7 +25,7 @@ pub mod sqs;
 pub mod taken;
 
 /// Kept here too: the wiring (`crate::run`) names `source::Shared`.
-pub use park_into::{ParkInto, Shared, SourceError};
+pub use park_into::{ParkInto, Parking, Reports, Shared, SourceError, Tuning};
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -61,7 +61,7 @@ pub async fn supervise<F>(
 ) where
     F: std::future::Future<Output = ()> + Send,
 {
-    let queues = shared.queues.clone();
+    let queues = shared.queues().clone();
     let mut running: HashMap<(String, String), Running> = HashMap::new();
     let supervise = async {
         let mut changes = std::pin::pin!(queue_changes);
@@ -103,7 +103,7 @@ fn fingerprint(q: &DeadLetterQueue) -> u64 {
 
 fn sync(shared: &Shared, running: &mut HashMap<(String, String), Running>) {
     let wanted: HashMap<(String, String), (u64, Arc<DeadLetterQueue>)> = shared
-        .queues
+        .queues()
         .state()
         .into_iter()
         .filter(|q| q.spec.source.is_some())
@@ -131,7 +131,7 @@ fn sync(shared: &Shared, running: &mut HashMap<(String, String), Running>) {
             shared: shared.clone(),
             key: ObjectRef::new(&key.1).within(&key.0),
         };
-        if let Some(task) = start(&shared.client, into, &queue) {
+        if let Some(task) = start(shared.client(), into, &queue) {
             running.insert(key, Running { fingerprint, task });
         }
     }
@@ -197,21 +197,15 @@ fn start(client: &Client, into: ParkInto, queue: &DeadLetterQueue) -> Option<Joi
 /// as an error log and a Warning Event on the queue, and then waits (a task that ended would be
 /// restarted, and would say it again, at every resync).
 async fn not_built(into: ParkInto, backend: &'static str) {
-    use crate::state::apiserver::reference;
     use dlq_core::events::{self, EventPlan};
     let why = crate::broker::not_built(backend);
     tracing::error!(namespace = %into.namespace(), queue = %into.queue(), source = backend, "{why}");
-    if let Some(queue) = into.shared.queues.get(&into.key) {
-        let note = format!("source.{backend}: {why}");
-        let event = EventPlan::warning(
-            events::reason::BACKEND_NOT_BUILT,
-            events::action::PARK,
-            note,
-        );
-        into.shared
-            .apiserver
-            .publish(reference(queue.as_ref()), &event)
-            .await;
-    }
+    let note = format!("source.{backend}: {why}");
+    let event = EventPlan::warning(
+        events::reason::BACKEND_NOT_BUILT,
+        events::action::PARK,
+        note,
+    );
+    into.tell(&event).await;
     std::future::pending::<()>().await
 }

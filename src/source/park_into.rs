@@ -78,25 +78,50 @@ const FULL_RECHECK: Duration = Duration::from_secs(2);
 /// How often a source whose replica's term ran out looks whether it was renewed.
 const TERM_RECHECK: Duration = Duration::from_secs(1);
 
-/// What every source shares: how it parks, and how it reports what it cannot park.
+/// What every source shares, by concern. Private: a source reaches it only through
+/// [`ParkInto`]'s narrow methods (the queue as the store holds it, an Event on it, its
+/// tunables, the body stores), never the parts it does not use.
 #[derive(Clone)]
 pub struct Shared {
-    pub client: Client,
+    parking: Parking,
+    reports: Reports,
+    /// The standing replays running here, as a source may ask them: a dead message one covers
+    /// is passed through.
+    passes: Arc<dyn PassThrough>,
+    /// The queues' body stores: a dead message over a queue's threshold is kept there and its
+    /// record holds a reference.
+    bodies: Arc<dyn Bodies>,
+    /// What the brokers' Secrets are read with.
+    client: Client,
+    tuning: Tuning,
+    /// One park at a time per dead message (see [`super::in_flight`]).
+    in_flight: InFlight,
+}
+
+/// Where dead messages become records.
+#[derive(Clone)]
+pub struct Parking {
     pub parker: Parker,
+    /// The queues as the operator's store holds them (their `maxParked` and counters).
     pub queues: Store<DeadLetterQueue>,
     /// The operator's records by job: sources create the right cycle without listing first.
     pub jobs: JobIndex,
-    pub apiserver: Arc<dyn Apiserver>,
-    pub metrics: Metrics,
     /// This replica's term on the Lease: a source parks only while it holds.
     pub leadership: Leadership,
-    /// One park at a time per dead message (see [`in_flight`]).
-    pub in_flight: InFlight,
     /// Parks in flight, which the records controller's marks yield to.
     pub parking_first: ParkingFirst,
-    /// The standing replays running here, as a source may ask them: a dead message one covers
-    /// is passed through.
-    pub passes: Arc<dyn PassThrough>,
+}
+
+/// How a source tells what it could not park: Events on its queue, and metrics.
+#[derive(Clone)]
+pub struct Reports {
+    pub apiserver: Arc<dyn Apiserver>,
+    pub metrics: Metrics,
+}
+
+/// The sources' tunables (the process's flags), beside the sources that read them.
+#[derive(Clone, Copy, Debug)]
+pub struct Tuning {
     /// The Kafka source handles several messages at once (`super::kafka::IN_FLIGHT`); off
     /// only in the bench's A/B.
     pub kafka_in_flight: bool,
@@ -104,10 +129,65 @@ pub struct Shared {
     /// only in the bench's A/B.
     pub sqs_receivers: bool,
     /// The SQS source's long poll (`--sqs-long-poll-seconds`).
-    pub sqs_long_poll: std::time::Duration,
-    /// The queues' body stores: a dead message over a queue's threshold is kept there and its
-    /// record holds a reference.
-    pub bodies: Arc<dyn Bodies>,
+    pub sqs_long_poll: Duration,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            kafka_in_flight: true,
+            sqs_receivers: true,
+            sqs_long_poll: Duration::from_secs(20),
+        }
+    }
+}
+
+impl Shared {
+    /// The sources' services: no body store ([`crate::body::NoBodies`]) and the default
+    /// [`Tuning`] until set.
+    pub fn new(
+        client: Client,
+        parking: Parking,
+        reports: Reports,
+        passes: Arc<dyn PassThrough>,
+    ) -> Self {
+        Shared {
+            parking,
+            reports,
+            passes,
+            bodies: Arc::new(crate::body::NoBodies),
+            client,
+            tuning: Tuning::default(),
+            in_flight: InFlight::default(),
+        }
+    }
+
+    /// Keeps large dead messages in `bodies`.
+    pub fn with_bodies(mut self, bodies: Arc<dyn Bodies>) -> Self {
+        self.bodies = bodies;
+        self
+    }
+
+    /// The sources run with `tuning`.
+    pub fn with_tuning(mut self, tuning: Tuning) -> Self {
+        self.tuning = tuning;
+        self
+    }
+
+    /// The queues, as the supervisor follows them.
+    pub(super) fn queues(&self) -> &Store<DeadLetterQueue> {
+        &self.parking.queues
+    }
+
+    /// What the sources read their brokers' Secrets with.
+    pub(super) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Whether this replica's term on the Lease holds (parks only then).
+    pub fn holds_term(&self) -> bool {
+        self.parking.leadership.holds()
+    }
 }
 
 /// Where a source parks: its DeadLetterQueue as the operator's store holds it right now (its
@@ -127,23 +207,64 @@ impl ParkInto {
         &self.key.name
     }
 
+    /// The queue as the operator's store holds it right now.
+    pub fn queue_now(&self) -> Option<Arc<DeadLetterQueue>> {
+        self.shared.parking.queues.get(&self.key)
+    }
+
+    /// The sources' tunables.
+    pub fn tuning(&self) -> Tuning {
+        self.shared.tuning
+    }
+
+    /// The queues' body stores.
+    pub fn bodies(&self) -> &dyn Bodies {
+        self.shared.bodies.as_ref()
+    }
+
+    /// The process's metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.shared.reports.metrics
+    }
+
+    /// One park at a time per dead message (see [`super::in_flight`]).
+    pub fn in_flight(&self) -> &InFlight {
+        &self.shared.in_flight
+    }
+
+    /// Publishes `event` about the queue (nothing when the store no longer holds it).
+    pub async fn tell(&self, event: &EventPlan) {
+        let Some(queue) = self.queue_now() else {
+            return;
+        };
+        let regarding = reference(queue.as_ref());
+        self.shared
+            .reports
+            .apiserver
+            .publish(regarding, event)
+            .await;
+    }
+
     /// Parks once, choosing the cycle from the operator's own records (a create, and a
     /// consistent list only when that create meets a record the watch had not yet shown).
     pub async fn park(&self, req: ParkRequest) -> Result<ParkOutcome, ParkError> {
-        let _parking = self.shared.parking_first.parking();
-        let queue = self
-            .shared
-            .queues
-            .get(&self.key)
-            .ok_or_else(|| ParkError::UnknownQueue {
-                namespace: self.namespace().to_string(),
-                queue: self.queue().to_string(),
-            })?;
+        let _parking = self.shared.parking.parking_first.parking();
+        let queue =
+            self.shared
+                .parking
+                .queues
+                .get(&self.key)
+                .ok_or_else(|| ParkError::UnknownQueue {
+                    namespace: self.namespace().to_string(),
+                    queue: self.queue().to_string(),
+                })?;
         let known = self
             .shared
+            .parking
             .jobs
             .cycles(self.namespace(), &job_key(&req.queue, &req.job.id));
         self.shared
+            .parking
             .parker
             .park_known(&queue, req, known.as_deref())
             .await
@@ -274,7 +395,7 @@ impl ParkInto {
         W: Fn() -> Fut,
         Fut: std::future::Future<Output = ()>,
     {
-        let queue = self.shared.queues.get(&self.key);
+        let queue = self.shared.parking.queues.get(&self.key);
         let bodies = queue.as_ref().and_then(|q| q.spec.bodies.as_ref());
         let size = dlq_core::body::request_size(&req, raw);
         match (queue.as_ref(), dlq_core::body::placement(bodies, size)) {
@@ -328,6 +449,7 @@ impl ParkInto {
             // Read afresh each time: the recipient it seals to may be published meanwhile.
             let queue = self
                 .shared
+                .parking
                 .queues
                 .get(&self.key)
                 .unwrap_or_else(|| queue.clone());
@@ -389,10 +511,10 @@ impl ParkInto {
     /// target, so the source acknowledges it without a record. A failed requeue parks it.
     async fn passed_through(&self, req: &ParkRequest, raw: &[u8]) -> bool {
         // A replica without a term parks nothing, and passes nothing either.
-        if !self.shared.leadership.holds() {
+        if !self.shared.parking.leadership.holds() {
             return false;
         }
-        let Some(queue) = self.shared.queues.get(&self.key) else {
+        let Some(queue) = self.shared.parking.queues.get(&self.key) else {
             return false;
         };
         if self.maybe_parked(req) {
@@ -402,13 +524,14 @@ impl ParkInto {
             Passed::No => false,
             Passed::Through { replay } => {
                 self.shared
+                    .reports
                     .metrics
                     .passed_through(self.namespace(), self.queue());
                 tracing::debug!(namespace = %self.namespace(), queue = %self.queue(), job = %req.job.id, %replay, "passed through");
                 true
             }
             Passed::Failed { replay, error } => {
-                self.shared.metrics.pass_through_failed(
+                self.shared.reports.metrics.pass_through_failed(
                     self.namespace(),
                     self.queue(),
                     error.reason(),
@@ -422,7 +545,7 @@ impl ParkInto {
     /// Whether a standing replay runs on this queue (while this replica leads): only then does
     /// a source reach past the messages that wait for room.
     pub fn covered(&self) -> bool {
-        self.shared.leadership.holds()
+        self.shared.parking.leadership.holds()
             && self
                 .shared
                 .passes
@@ -431,7 +554,7 @@ impl ParkInto {
 
     /// Whether a standing replay would pass `req` now (seen, it keeps its replay running).
     pub fn would_pass(&self, req: &ParkRequest) -> bool {
-        let Some(queue) = self.shared.queues.get(&self.key) else {
+        let Some(queue) = self.shared.parking.queues.get(&self.key) else {
             return false;
         };
         !self.maybe_parked(req) && self.shared.passes.would_pass(&queue, req)
@@ -442,7 +565,7 @@ impl ParkInto {
     /// job a second time, under another key). Until the records are listed, it may be.
     fn maybe_parked(&self, req: &ParkRequest) -> bool {
         let key = job_key(&req.queue, &req.job.id);
-        let Some(known) = self.shared.jobs.cycles(self.namespace(), &key) else {
+        let Some(known) = self.shared.parking.jobs.cycles(self.namespace(), &key) else {
             return true;
         };
         known
@@ -459,33 +582,22 @@ impl ParkInto {
             _ => "Unparkable",
         };
         self.shared
+            .reports
             .metrics
             .rejected(self.namespace(), self.queue(), reason);
         tracing::error!(namespace = %self.namespace(), queue = %self.queue(), error = %why, size, kept_in, "dead message cannot be a record; kept in the broker");
-        let Some(queue) = self.shared.queues.get(&self.key) else {
-            return;
-        };
         let note = format!(
             "a dead message of {size} bytes cannot be a record ({why}); its bytes are kept in {kept_in}"
         );
         let event = EventPlan::warning(events::reason::REJECTED, events::action::PARK, note);
-        self.shared
-            .apiserver
-            .publish(reference(queue.as_ref()), &event)
-            .await;
+        self.tell(&event).await;
     }
 
     /// Says something about the source's broker as a Warning Event on the queue (`reason`:
     /// `dlq_core::events::reason`).
     pub async fn warn(&self, reason: &'static str, note: String) {
-        let Some(queue) = self.shared.queues.get(&self.key) else {
-            return;
-        };
         let event = EventPlan::warning(reason, events::action::PARK, note);
-        self.shared
-            .apiserver
-            .publish(reference(queue.as_ref()), &event)
-            .await;
+        self.tell(&event).await;
     }
 
     /// Parks, retrying what may succeed later (apiserver down, queue full) with capped
@@ -508,7 +620,7 @@ impl ParkInto {
         let _turn = self.shared.in_flight.turn(&mut req).await;
         let mut attempt = 0u32;
         loop {
-            if !self.shared.leadership.holds() {
+            if !self.shared.parking.leadership.holds() {
                 // A replica that was paused past its term wakes up with messages in hand that
                 // the broker has meanwhile handed to the new leader, whose records may even be
                 // resolved by now: park nothing until the term is renewed, and then only as a
@@ -537,6 +649,7 @@ impl ParkInto {
                     // interval whatever the number of messages waiting (dlq_client::quota).
                     let bound = e.bound().unwrap_or_default();
                     self.shared
+                        .reports
                         .metrics
                         .park_refused(self.namespace(), self.queue(), bound);
                     attempt = attempt.saturating_add(1);
@@ -672,22 +785,22 @@ mod tests {
         writer.apply_watcher_event(&watcher::Event::InitApply(queue));
         writer.apply_watcher_event(&watcher::Event::InitDone);
         ParkInto {
-            shared: Shared {
-                parker: Parker::new(client.clone()),
-                queues,
-                jobs: JobIndex::default(),
-                apiserver: Arc::new(KubeApiserver::new(client.clone(), Reporter::from("t"))),
-                metrics: Metrics::default(),
-                leadership,
-                in_flight: InFlight::default(),
-                parking_first: ParkingFirst::default(),
-                passes: Arc::new(PassesNothing),
-                kafka_in_flight: true,
-                sqs_receivers: true,
-                sqs_long_poll: std::time::Duration::from_secs(20),
-                bodies,
-                client,
-            },
+            shared: Shared::new(
+                client.clone(),
+                Parking {
+                    parker: Parker::new(client.clone()),
+                    queues,
+                    jobs: JobIndex::default(),
+                    leadership,
+                    parking_first: ParkingFirst::default(),
+                },
+                Reports {
+                    apiserver: Arc::new(KubeApiserver::new(client, Reporter::from("t"))),
+                    metrics: Metrics::default(),
+                },
+                Arc::new(PassesNothing),
+            )
+            .with_bodies(bodies),
             key: ObjectRef::new("relayer").within("payments"),
         }
     }

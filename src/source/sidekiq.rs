@@ -53,7 +53,6 @@ use super::taken::{BYTES_IN_FLIGHT, Element, Failpoints, Taken, free_slots, pair
 use crate::broker::backend::{Sides, source_url};
 use crate::broker::redis::RedisConn;
 use crate::secret::SecretReads;
-use crate::state::apiserver::reference;
 use crate::state::bytes::ByteBudget;
 
 /// Parks in flight at once per bridge (as the Redis source: a backlog is taken in batches).
@@ -507,18 +506,12 @@ impl Bridge {
             "Sidekiq's dead set {} held {size} jobs, more than half of its trim (deadMaxJobs {}): moved the oldest {moved} this queue takes into {} (now {listed}), which Sidekiq never trims; they are parked from there first, oldest first, and count as backlog",
             self.dead, self.trim, self.overflow
         );
-        let Some(queue) = into.shared.queues.get(&into.key) else {
-            return;
-        };
         let event = EventPlan::normal(
             events::reason::DEAD_SET_OVERFLOW,
             events::action::PARK,
             note,
         );
-        into.shared
-            .apiserver
-            .publish(reference(queue.as_ref()), &event)
-            .await;
+        into.tell(&event).await;
     }
 
     /// Warns that the set nears the trim even so: Sidekiq will soon drop jobs unparked.

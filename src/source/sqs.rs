@@ -190,7 +190,7 @@ async fn run_once(
         url: source.queue_url.clone(),
     });
     // Without the mechanism (the bench's A/B): one long poll and the slots of one.
-    let receivers = if into.shared.sqs_receivers {
+    let receivers = if into.tuning().sqs_receivers {
         RECEIVERS
     } else {
         1
@@ -202,7 +202,7 @@ async fn run_once(
 
 /// The long poll's seconds (`--sqs-long-poll-seconds`), within SQS's 1-20.
 fn long_poll_seconds(into: &ParkInto) -> i32 {
-    into.shared
+    into.tuning()
         .sqs_long_poll
         .as_secs()
         .clamp(1, MAX_WAIT_SECONDS) as i32
@@ -312,14 +312,14 @@ impl Bridge {
         let reference = pointer.reference();
         let mut attempt = 0u32;
         loop {
-            let Some(queue) = self.into.shared.queues.get(&self.into.key) else {
+            let Some(queue) = self.into.queue_now() else {
                 return;
             };
             if queue.spec.bodies.as_ref().is_none_or(|b| b.s3.is_none()) {
                 tracing::debug!(queue = %self.into.queue(), job = %req.job.id, %reference, "an SQS Extended Client pointer on a queue without an S3 body store: parked as it is");
                 return;
             }
-            let described = match self.into.shared.bodies.store(&queue).await {
+            let described = match self.into.bodies().store(&queue).await {
                 Ok(Some(store)) => store.describe_external(&req.job.id, &reference).await,
                 Ok(None) => return,
                 Err(e) => Err(e),
