@@ -367,10 +367,10 @@ async fn requeue(ctx: &Context, ns: &str, record: &DeadLetter) -> Result<(), Req
             ),
         })?;
     let job = opened(ctx, &queue, record).await?;
-    let destination = Destination::of(ctx.targets.as_ref(), &queue)
+    let destination = Destination::of(ctx.redrive.targets.as_ref(), &queue)
         .await
         .map_err(enqueue_failure)?;
-    let _turn = ctx.body_turn(&job).await;
+    let _turn = ctx.redrive.body_turn(&job).await;
     let message = message_of(ctx, &queue, &job).await?;
     let started = Instant::now();
     let result = destination
@@ -395,6 +395,7 @@ async fn message_of(
         return JobMessage::from_job(job).map_err(failure);
     };
     let store = ctx
+        .redrive
         .bodies
         .store(queue)
         .await
@@ -416,7 +417,7 @@ async fn message_of(
     let payload = match &body.recipient {
         None => store.fetch(&job.id, body).await.map_err(body_failure)?,
         Some(recipient) => {
-            let loaded = ctx.keys.load(queue).await;
+            let loaded = ctx.redrive.keys.load(queue).await;
             store
                 .fetch_opened(&job.id, body, recipient, &loaded.keyring)
                 .await
@@ -447,7 +448,7 @@ async fn opened<'r>(
     if record.spec.job.sealed.is_none() {
         return Ok(Cow::Borrowed(&record.spec.job));
     }
-    let loaded = ctx.keys.load(queue).await;
+    let loaded = ctx.redrive.keys.load(queue).await;
     seal::open(record, &loaded.keyring)
         .map(Cow::Owned)
         .map_err(seal_failure)

@@ -257,12 +257,12 @@ pub async fn run_scope(
         metrics: ctx.metrics.clone(),
     };
     let shared = source::Shared::new(client, parking, reports, Arc::new(standing.clone()))
-        .with_bodies(ctx.bodies.clone())
+        .with_bodies(ctx.redrive.bodies.clone())
         .with_tuning(sources);
     let sweep = bodies::sweep(
         queues.clone(),
         ctx.records.clone(),
-        ctx.bodies.clone(),
+        ctx.redrive.bodies.clone(),
         settings.leadership.clone(),
         sweep_every,
     );
