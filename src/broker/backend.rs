@@ -201,3 +201,74 @@ pub enum ConnectError {
     #[error("{0}")]
     Unnamed(String),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(json: serde_json::Value) -> DeadLetterQueueSpec {
+        serde_json::from_value(json).expect("a queue spec")
+    }
+
+    fn secret(name: &str) -> serde_json::Value {
+        serde_json::json!({"name": name, "key": "url"})
+    }
+
+    /// The view names the one backend a spec names, and none for a spec naming none.
+    #[test]
+    fn the_view_names_the_backend_a_spec_names() {
+        let q = spec(serde_json::json!({
+            "target": {"sidekiq": {}},
+            "source": {"redis": {"list": "dead"}},
+        }));
+        assert!(matches!(
+            TargetBackend::of(&q.target),
+            Ok(TargetBackend::Sidekiq(_))
+        ));
+        let source = q.source.as_ref().expect("a source");
+        assert!(matches!(
+            SourceBackend::of(source),
+            Ok(SourceBackend::Redis(_))
+        ));
+        let none = spec(serde_json::json!({"target": {}}));
+        assert_eq!(
+            TargetBackend::of(&none.target).err(),
+            Some(Unserved::Unnamed)
+        );
+    }
+
+    /// A side's own Secret wins; without one, the queue's other side of the same backend's.
+    #[test]
+    fn a_side_falls_back_on_the_other_side_of_its_backend() {
+        let q = spec(serde_json::json!({
+            "target": {"sidekiq": {"urlSecretRef": secret("target")}},
+            "source": {"sidekiq": {}},
+        }));
+        let source = q.source.as_ref().and_then(|s| s.sidekiq.as_ref());
+        let sides = Sides::of(source.expect("a sidekiq source"), &q);
+        let picked = sides.either(|s| s.secret_ref(), |t| t.secret_ref());
+        assert_eq!(picked.map(|r| r.name.as_str()), Some("target"));
+
+        let q = spec(serde_json::json!({
+            "target": {"sidekiq": {}},
+            "source": {"sidekiq": {"urlSecretRef": secret("source")}},
+        }));
+        let target = q.target.sidekiq.as_ref().expect("a sidekiq target");
+        let sides = Sides::of(target, &q);
+        let picked = sides.either(|t| t.secret_ref(), |s| s.secret_ref());
+        assert_eq!(picked.map(|r| r.name.as_str()), Some("source"));
+
+        // A Redis target does not lend its Secret to a Sidekiq source.
+        let q = spec(serde_json::json!({
+            "target": {"redis": {"urlSecretRef": secret("redis"), "list": "jobs"}},
+            "source": {"sidekiq": {}},
+        }));
+        let source = q.source.as_ref().and_then(|s| s.sidekiq.as_ref());
+        let sides = Sides::of(source.expect("a sidekiq source"), &q);
+        assert!(
+            sides
+                .either(|s| s.secret_ref(), |t| t.secret_ref())
+                .is_none()
+        );
+    }
+}
