@@ -80,6 +80,13 @@ caught 'src/source/http/mod.rs calls a step of a source.s park plan itself' \
   '1i fn d(r: ParkRequest, b: \&[u8]) { let _ = dlq_core::park::dispose(r, b); }'
 caught 'src/lib.rs puts broker in layer none' "src/lib.rs leaving a layer's module out" \
   src/lib.rs 's/\[`broker`\]/broker/'
+# A source reading its target's Secret itself again (the family `source/pubsub.rs` ~
+# `source/sqs.rs` was), beside the one place per backend in crate::broker; and a source reaching
+# the reconcilers' Context (a source takes the narrow services it parks with, never the Context).
+caught 'src/source/pubsub.rs reads a Secret itself' 'a source reading a Secret itself' \
+  src/source/pubsub.rs '1i fn key(c: &kube::Client, r: &dlq_core::api::SecretKeyRef) { let _ = crate::secret::read_secret(c, "ns", r); }'
+caught 'src/source/redis.rs (source, layer 5) names crate::reconcile (layer 5)' \
+  'a source reaching the reconcilers'"'"' Context' src/source/redis.rs '1i use crate::reconcile::Context;'
 rm -rf "$probe/src" && cp -r src "$probe/src"
 mkdir -p "$probe/docs" "$probe/crates/dlq-core" "$probe/crates/dlq-client"
 cp docs/architecture.md "$probe/docs/"

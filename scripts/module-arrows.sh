@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The operator crate's module arrows run one way (docs/architecture.md, "Layers"): a module
 # names only modules of a lower layer, never one beside it or above it. Comments and test
-# modules (`tests.rs`, a `tests/` directory) are not read (a doc link or a test may look anywhere). Five more rules:
+# modules (`tests.rs`, a `tests/` directory) are not read (a doc link or a test may look anywhere). Six more rules:
 # - a backend's source never names `crate::targets`, and a target never names `crate::source`:
 #   what both need of a broker (connection, codec, classification) is `crate::broker::<name>`
 #   (the supervisor, src/source/mod.rs, closes the targets of deleted queues through a closure
@@ -12,6 +12,9 @@
 # - a source asks the core once per dead message: no file of src/source/ calls the steps
 #   `dlq_core::source_plan::plan` takes together (`dispose`, `dispose_kept`, `after_refusal`,
 #   `arriving`, `placement`, `request_size`);
+# - a source or a target never reads a Secret itself (`read_secret`, `SecretReads::value`): a
+#   backend's connection is read from the queue's spec and Secrets by `crate::broker::<name>`
+#   (which backend a spec names: `crate::broker::backend`);
 # - no cycle between the files of src/: each file is a module, and every `crate::`, `super::`
 #   and `self::` path it names, and every path a `mod.rs` names through one of its own child
 #   modules (`pub use context::Context`), is an arrow to the file it lands in. A parent
@@ -100,6 +103,16 @@ while IFS= read -r file; do
     fail=1
   fi
 done < <(find src/source -name '*.rs' | sort)
+
+# A backend's Secrets are read in one place, its crate::broker module (the HTTP target, which has
+# none, in src/targets/http.rs): a source or a target never reads one itself.
+while IFS= read -r file; do
+  case $file in */tests.rs|*/tests/*|src/targets/http.rs) continue ;; esac
+  if code_of "$file" | grep -E '\bread_secret\b|\b(reads|secrets)\.value\(' >/dev/null; then
+    echo "module-arrows: $file reads a Secret itself: a backend's connection and Secrets are read by its crate::broker module (source, target and backlog probe alike)" >&2
+    fail=1
+  fi
+done < <(find src/source src/targets -name '*.rs' | sort)
 
 # No cycle between the files of src/ (super:: arrows included).
 perl - <<'PERL' || fail=1
@@ -197,5 +210,5 @@ for m in "${!told[@]}"; do
   [ -n "${layer[$m]:-}" ] || { echo "module-arrows: src/lib.rs names $m in layer ${told[$m]}; this table has no such module" >&2; fail=1; }
 done
 
-[ $fail = 0 ] && echo "module-arrows: every arrow in src/ runs down (run > reconcile, source, alert, reveal > pass > state, targets, server, keys, body > broker > metrics, access, secret, https, serving_tls, failpoint); no source names a target nor a target a source; seal-or-open only in src/body/; one park plan per dead message; no cycle between the files of src/; src/lib.rs tells the same layers"
+[ $fail = 0 ] && echo "module-arrows: every arrow in src/ runs down (run > reconcile, source, alert, reveal > pass > state, targets, server, keys, body > broker > metrics, access, secret, https, serving_tls, failpoint); no source names a target nor a target a source; seal-or-open only in src/body/; one park plan per dead message; no source or target reads a Secret itself; no cycle between the files of src/; src/lib.rs tells the same layers"
 exit $fail

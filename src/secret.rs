@@ -73,3 +73,33 @@ fn kube_reason(e: &kube::Error) -> String {
         other => other.to_string(),
     }
 }
+
+/// The Secrets one connection is read from, all in its queue's namespace, with the versions
+/// read: a cache hashes them to notice a rotated Secret.
+pub struct SecretReads<'a> {
+    client: &'a Client,
+    namespace: &'a str,
+    versions: Vec<String>,
+}
+
+impl<'a> SecretReads<'a> {
+    pub fn new(client: &'a Client, namespace: &'a str) -> Self {
+        SecretReads {
+            client,
+            namespace,
+            versions: Vec::new(),
+        }
+    }
+
+    /// One key's value; its Secret's version is noted.
+    pub async fn value(&mut self, r: &SecretKeyRef) -> Result<String, SecretError> {
+        let (value, version) = read_secret(self.client, self.namespace, r).await?;
+        self.versions.push(version);
+        Ok(value)
+    }
+
+    /// The versions of every Secret read so far, in the order read.
+    pub fn versions(&self) -> &[String] {
+        &self.versions
+    }
+}

@@ -153,6 +153,7 @@ async fn read_credentials(
     Ok(found)
 }
 
+#[cfg(feature = "object-stores")]
 fn secret<'a>(secrets: &'a [(String, String)], key: &str) -> Option<&'a str> {
     secrets
         .iter()

@@ -37,6 +37,8 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProper
 use tokio::sync::Mutex;
 
 use super::BrokerError;
+use super::backend::ConnectError;
+use crate::secret::SecretReads;
 use dlq_core::api;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -421,6 +423,14 @@ pub async fn queue_depth(conn: &Connection, queue: &str) -> Result<i64, BrokerEr
     let _ = ch.close(200, ShortString::from("counted")).await;
     r.map(|q| i64::from(q.message_count()))
         .map_err(|e| classify(&e))
+}
+
+/// A RabbitMQ target's URL, always from its own Secret.
+pub async fn target_url(
+    secrets: &mut SecretReads<'_>,
+    target: &api::AmqpTargetSpec,
+) -> Result<String, ConnectError> {
+    Ok(secrets.value(&target.url_secret_ref).await?)
 }
 
 #[cfg(test)]

@@ -3,14 +3,14 @@
 
 use std::time::Duration;
 
-use kube::Client;
 use rdkafka::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::FutureProducer;
 
-use dlq_core::api::{KafkaSecurity, SecretKeyRef};
+use dlq_core::api::{KafkaSecurity, KafkaSourceSpec, SecretKeyRef};
 
-use crate::secret::{SecretError, read_secret};
+use super::backend::{ConnectError, Sides};
+use crate::secret::{SecretError, SecretReads};
 
 /// SASL user and password read from a Secret. No `Debug`: it must not reach a log line.
 #[derive(Clone, Hash, PartialEq, Eq)]
@@ -122,15 +122,13 @@ impl KafkaConn {
 pub const KAFKA_USERNAME: &str = "username";
 pub const KAFKA_PASSWORD: &str = "password";
 
-/// Reads the SASL credentials and CA a Kafka connection names, with the Secrets' versions.
+/// Reads the SASL credentials and CA a Kafka connection names.
 pub async fn read_kafka_secrets(
-    client: &Client,
-    namespace: &str,
+    secrets: &mut SecretReads<'_>,
     security: Option<&KafkaSecurity>,
-) -> Result<(Option<SaslCredentials>, Option<String>, Vec<String>), SecretError> {
-    let mut versions = Vec::new();
+) -> Result<(Option<SaslCredentials>, Option<String>), SecretError> {
     let Some(security) = security else {
-        return Ok((None, None, versions));
+        return Ok((None, None));
     };
     let sasl = match &security.credentials_secret_ref {
         Some(r) => {
@@ -138,22 +136,37 @@ pub async fn read_kafka_secrets(
                 name: r.name.clone(),
                 key: k.to_string(),
             };
-            let (username, version) = read_secret(client, namespace, &key(KAFKA_USERNAME)).await?;
-            let (password, _) = read_secret(client, namespace, &key(KAFKA_PASSWORD)).await?;
-            versions.push(version);
+            let username = secrets.value(&key(KAFKA_USERNAME)).await?;
+            let password = secrets.value(&key(KAFKA_PASSWORD)).await?;
             Some(SaslCredentials { username, password })
         }
         None => None,
     };
     let ca = match &security.ca_secret_ref {
-        Some(r) => {
-            let (pem, version) = read_secret(client, namespace, r).await?;
-            versions.push(version);
-            Some(pem)
-        }
+        Some(r) => Some(secrets.value(r).await?),
         None => None,
     };
-    Ok((sasl, ca, versions))
+    Ok((sasl, ca))
+}
+
+impl KafkaConn {
+    /// A source's servers and security: its own, else its queue's Kafka target's.
+    pub async fn for_source(
+        secrets: &mut SecretReads<'_>,
+        sides: Sides<'_, KafkaSourceSpec>,
+    ) -> Result<KafkaConn, ConnectError> {
+        let servers = sides.either(
+            |s| s.bootstrap_servers.as_ref(),
+            |t| Some(&t.bootstrap_servers),
+        );
+        let Some(servers) = servers else {
+            let why = "kafka source needs bootstrapServers (or a kafka target)";
+            return Err(ConnectError::Unnamed(why.into()));
+        };
+        let security = sides.either(|s| s.security.as_ref(), |t| t.security.as_ref());
+        let (sasl, ca) = read_kafka_secrets(secrets, security).await?;
+        Ok(KafkaConn::new(servers, security, sasl, ca))
+    }
 }
 
 /// The consumer group's lag on `topics`: per partition, the high watermark minus the group's

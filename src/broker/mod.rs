@@ -1,8 +1,12 @@
 //! The brokers, one module per backend: its connection, its codec (how a message's headers and
 //! properties read and write) and how its refusals are classified. A backend's source and its
 //! target both use its module here; neither names the other (`scripts/module-arrows.sh`).
+//! Each backend's module is also the one place its connection is read from a queue's spec and
+//! Secrets, for its source, its target and the backlog probe alike; [`backend`] says which
+//! backend a spec names.
 
 pub mod amqp;
+pub mod backend;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod nats;
@@ -34,7 +38,6 @@ pub enum BrokerError {
 
 /// Why a queue naming `backend` (`kafka`, `sqs`, `pubsub`) cannot be served: this operator was
 /// built without that cargo feature.
-#[cfg(not(all(feature = "kafka", feature = "sqs", feature = "pubsub")))]
 pub fn not_built(backend: &str) -> String {
     format!(
         "this operator was built without the {backend} backend (cargo feature `{backend}`, on by \

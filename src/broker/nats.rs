@@ -11,7 +11,11 @@ use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::{HeaderMap, ServerAddr};
 use tokio::sync::Mutex;
 
+use dlq_core::api::{NatsSourceSpec, NatsTargetSpec};
+
 use super::BrokerError;
+use super::backend::{ConnectError, Sides};
+use crate::secret::SecretReads;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -112,5 +116,40 @@ pub fn publish_error(
             BrokerError::Unreachable(format!("JetStream publish: {e}"))
         }
         _ => BrokerError::Refused(format!("JetStream publish: {e}")),
+    }
+}
+
+/// A NATS source's server URL: its own Secret or URL; without either, its queue's NATS
+/// target's Secret or URL.
+pub async fn source_url(
+    secrets: &mut SecretReads<'_>,
+    sides: Sides<'_, NatsSourceSpec>,
+) -> Result<String, ConnectError> {
+    // The source's own plain URL wins over the target's Secret.
+    let own_url = sides.own.url.as_ref();
+    let secret_ref = sides.either(
+        |s| s.url_secret_ref.as_ref(),
+        |t| t.url_secret_ref.as_ref().filter(|_| own_url.is_none()),
+    );
+    if let Some(r) = secret_ref {
+        return Ok(secrets.value(r).await?);
+    }
+    let why = "source.nats needs url or urlSecretRef (the target is not nats)";
+    let url = sides.either(|s| s.url.as_ref(), |t| t.url.as_ref());
+    url.cloned()
+        .ok_or_else(|| ConnectError::Unnamed(why.into()))
+}
+
+/// A NATS target's server URL: its Secret, else its plain `url`.
+pub async fn target_url(
+    secrets: &mut SecretReads<'_>,
+    target: &NatsTargetSpec,
+) -> Result<String, ConnectError> {
+    match (&target.url, &target.url_secret_ref) {
+        (_, Some(r)) => Ok(secrets.value(r).await?),
+        (Some(plain), None) => Ok(plain.clone()),
+        (None, None) => Err(ConnectError::Unnamed(
+            "nats target needs url or urlSecretRef".into(),
+        )),
     }
 }

@@ -2,6 +2,9 @@
 //! how to reach it (the emulator, a service-account key or workload identity) and its resource
 //! names.
 
+use super::backend::{ConnectError, SharedSide, Sides, shared_secret};
+use crate::secret::SecretReads;
+
 /// The environment variable every Google client reads to talk to an emulator instead.
 pub const EMULATOR_HOST: &str = "PUBSUB_EMULATOR_HOST";
 /// The prefix of the attributes Pub/Sub adds when it dead-letters a message.
@@ -64,5 +67,17 @@ pub fn resource_name(project: &str, kind: &str, name: &str) -> String {
         name.to_string()
     } else {
         format!("projects/{project}/{kind}/{name}")
+    }
+}
+
+impl PubsubConn {
+    /// A side's key Secret, else the queue's other Pub/Sub side's (both reach one project),
+    /// else none: workload identity, or the emulator.
+    pub async fn read<Own: SharedSide>(
+        secrets: &mut SecretReads<'_>,
+        sides: Sides<'_, Own>,
+    ) -> Result<PubsubConn, ConnectError> {
+        let key = shared_secret(secrets, sides).await?;
+        Ok(PubsubConn { key })
     }
 }

@@ -7,7 +7,11 @@ use redis::AsyncConnectionConfig;
 use redis::aio::MultiplexedConnection;
 use tokio::sync::Mutex;
 
+use dlq_core::api::{RedisTargetSpec, SidekiqTargetSpec};
+
 use super::BrokerError;
+use super::backend::{ConnectError, SharedSecret, Sides};
+use crate::secret::SecretReads;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -120,4 +124,24 @@ impl RedisConn {
 
 fn unreachable(e: redis::RedisError) -> BrokerError {
     BrokerError::Unreachable(e.to_string())
+}
+
+/// A Redis target's URL, always from its own Secret.
+pub async fn target_url(
+    secrets: &mut SecretReads<'_>,
+    target: &RedisTargetSpec,
+) -> Result<String, ConnectError> {
+    Ok(secrets.value(&target.url_secret_ref).await?)
+}
+
+/// Sidekiq's Redis URL as its target reads it: its own Secret, else the Sidekiq source's.
+pub async fn sidekiq_target_url(
+    secrets: &mut SecretReads<'_>,
+    sides: Sides<'_, SidekiqTargetSpec>,
+) -> Result<String, ConnectError> {
+    let Some(url) = sides.either(|t| t.secret_ref(), |s| s.secret_ref()) else {
+        let why = "sidekiq target needs urlSecretRef (or a sidekiq source with one)";
+        return Err(ConnectError::Unnamed(why.into()));
+    };
+    Ok(secrets.value(url).await?)
 }

@@ -3,11 +3,10 @@
 
 use std::time::Duration;
 
-use kube::Client;
+use dlq_core::api::{AwsCredentialsRef, SecretKeyRef, SqsSourceSpec, SqsTargetSpec};
 
-use dlq_core::api::{AwsCredentialsRef, SecretKeyRef};
-
-use crate::secret::{SecretError, read_secret};
+use super::backend::{ConnectError, Sides};
+use crate::secret::{SecretError, SecretReads};
 
 /// Static keys read from a Secret. No `Debug`: it must not reach a log line.
 #[derive(Clone, Hash, PartialEq, Eq)]
@@ -79,32 +78,65 @@ pub const AWS_ACCESS_KEY_ID: &str = "AWS_ACCESS_KEY_ID";
 pub const AWS_SECRET_ACCESS_KEY: &str = "AWS_SECRET_ACCESS_KEY";
 pub const AWS_SESSION_TOKEN: &str = "AWS_SESSION_TOKEN";
 
-/// Reads SQS keys from a Secret (the session token is optional), with the Secret's version.
+/// Reads SQS keys from a Secret (the session token is optional).
 pub async fn read_aws_keys(
-    client: &Client,
-    namespace: &str,
+    secrets: &mut SecretReads<'_>,
     r: &AwsCredentialsRef,
-) -> Result<(AwsKeys, String), SecretError> {
+) -> Result<AwsKeys, SecretError> {
     let key = |k: &str| SecretKeyRef {
         name: r.name.clone(),
         key: k.to_string(),
     };
-    let (access_key_id, version) = read_secret(client, namespace, &key(AWS_ACCESS_KEY_ID)).await?;
-    let (secret_access_key, _) =
-        read_secret(client, namespace, &key(AWS_SECRET_ACCESS_KEY)).await?;
-    let session_token = match read_secret(client, namespace, &key(AWS_SESSION_TOKEN)).await {
-        Ok((token, _)) => Some(token),
+    let access_key_id = secrets.value(&key(AWS_ACCESS_KEY_ID)).await?;
+    let secret_access_key = secrets.value(&key(AWS_SECRET_ACCESS_KEY)).await?;
+    let session_token = match secrets.value(&key(AWS_SESSION_TOKEN)).await {
+        Ok(token) => Some(token),
         Err(SecretError::NoKey { .. }) => None,
         Err(e) => return Err(e),
     };
-    Ok((
-        AwsKeys {
-            access_key_id,
-            secret_access_key,
-            session_token,
-        },
-        version,
-    ))
+    Ok(AwsKeys {
+        access_key_id,
+        secret_access_key,
+        session_token,
+    })
+}
+
+/// An SQS target's static keys, when its spec names a Secret (else the default AWS chain).
+pub async fn target_keys(
+    secrets: &mut SecretReads<'_>,
+    target: &SqsTargetSpec,
+) -> Result<Option<AwsKeys>, ConnectError> {
+    match &target.credentials_secret_ref {
+        Some(r) => Ok(Some(read_aws_keys(secrets, r).await?)),
+        None => Ok(None),
+    }
+}
+
+impl SqsConn {
+    /// A source's region, endpoint and keys: its own, else its queue's SQS target's.
+    pub async fn for_source(
+        secrets: &mut SecretReads<'_>,
+        sides: Sides<'_, SqsSourceSpec>,
+    ) -> Result<SqsConn, ConnectError> {
+        let source = sides.own;
+        let creds = sides.either(
+            |s| s.credentials_secret_ref.as_ref(),
+            |t| t.credentials_secret_ref.as_ref(),
+        );
+        let region_of_url = SqsConn::region_of(&source.queue_url);
+        let region = (source.region.as_ref().or(region_of_url.as_ref()))
+            .or_else(|| sides.other.and_then(|t| t.region.as_ref()));
+        Ok(SqsConn {
+            region: region.cloned(),
+            endpoint: sides
+                .either(|s| s.endpoint.as_ref(), |t| t.endpoint.as_ref())
+                .cloned(),
+            keys: match creds {
+                Some(r) => Some(read_aws_keys(secrets, r).await?),
+                None => None,
+            },
+        })
+    }
 }
 
 /// How many messages the queue at `url` holds: `ApproximateNumberOfMessages` (visible) plus

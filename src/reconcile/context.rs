@@ -47,10 +47,6 @@ pub struct Settings {
     /// The CA bundle beside the endpoint's certificate (`ca.crt` in `--park-tls-dir`, as
     /// cert-manager writes it), read at each queue reconcile into `status.address.CACerts`.
     pub park_ca_file: Option<std::path::PathBuf>,
-    /// How often the body stores are swept (`crate::body::sweep`).
-    pub body_sweep_every: Duration,
-    /// The SQS source's long poll (`crate::source::sqs`).
-    pub sqs_long_poll: Duration,
 }
 
 impl Default for Settings {
@@ -63,8 +59,6 @@ impl Default for Settings {
             mechanisms: Mechanisms::default(),
             park_url: None,
             park_ca_file: None,
-            body_sweep_every: crate::body::sweep::SWEEP_EVERY,
-            sqs_long_poll: Duration::from_secs(20),
         }
     }
 }
@@ -146,11 +140,76 @@ impl Mechanisms {
     }
 }
 
-/// Everything a reconcile needs; built from parts so tests construct it with a fake
-/// [`Apiserver`] and fake [`Targets`] and call the reconcilers in-process.
+/// What a redrive reaches beyond its record: where the job goes back, the keys that open a
+/// sealed one, the store a large body is fetched from, and how many such bodies are held at
+/// once. The queue reconciler asks the same targets and keys for readiness and recipients.
+pub struct Redrive {
+    pub targets: Arc<dyn Targets>,
+    /// The queues' sealing keys (opening sealed jobs to redrive them, the recipients a queue
+    /// publishes); [`crate::keys::NoKeys`] unless set with [`Context::with_keys`].
+    pub keys: Arc<dyn crate::keys::Keys>,
+    /// The queues' body stores (fetching a stored body to redrive it); [`crate::body::NoBodies`]
+    /// unless set with [`Context::with_bodies`].
+    pub bodies: Arc<dyn crate::body::Bodies>,
+    /// Bytes of stored bodies being redriven at once ([`REDRIVE_BYTES`], see
+    /// [`Redrive::body_turn`]).
+    bytes: ByteBudget,
+}
+
+impl Redrive {
+    fn new(targets: Arc<dyn Targets>) -> Self {
+        Redrive {
+            targets,
+            keys: Arc::new(crate::keys::NoKeys),
+            bodies: Arc::new(crate::body::NoBodies),
+            bytes: ByteBudget::new(REDRIVE_BYTES),
+        }
+    }
+
+    /// A turn to redrive `job`'s stored body: its size of [`REDRIVE_BYTES`] (all of it for a
+    /// larger one), held while the body is fetched, opened and sent; None for a job whose
+    /// bytes are in its record or whose body is only checked (an external object).
+    pub async fn body_turn(&self, job: &Job) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let body = job.body.as_deref().filter(|b| !b.external)?;
+        let size = u64::try_from(body.size).unwrap_or(0);
+        self.bytes.hold(size).await.ok()
+    }
+}
+
+/// The bounds beside `maxParked` a queue's `Full` condition names: a ResourceQuota on its
+/// namespace's records, the operator's `--max-records`. Only the queue reconciler reads them.
+#[derive(Default)]
+pub struct QueueBounds {
+    /// ResourceQuotas as the watch sees them; None in tests that do not watch them.
+    quotas: Option<Store<ResourceQuota>>,
+    /// The operator's `--max-records` and its last count; None without one.
+    ceiling: Option<crate::state::ceiling::Ceiling>,
+}
+
+impl QueueBounds {
+    /// The bounds on the records of a queue in `ns`: the tightest ResourceQuota on
+    /// `count/deadletters.dlq.dev` in `ns`, and the operator's ceiling.
+    pub fn of(&self, ns: &str) -> capacity::Bounds {
+        let quota = self.quotas.as_ref().and_then(|store| {
+            capacity::tightest(
+                store
+                    .state()
+                    .iter()
+                    .filter(|q| q.metadata.namespace.as_deref() == Some(ns))
+                    .filter_map(|q| quota_use(q)),
+            )
+        });
+        capacity::Bounds {
+            quota,
+            ceiling: self.ceiling.as_ref().and_then(|c| c.use_now()),
+        }
+    }
+}
+
+/// Everything a reconcile needs, by concern; built from parts so tests construct it with a
+/// fake [`Apiserver`] and fake [`Targets`] and call the reconcilers in-process.
 pub struct Context {
     pub apiserver: Arc<dyn Apiserver>,
-    pub targets: Arc<dyn Targets>,
     pub metrics: Metrics,
     pub settings: Settings,
     /// Every record, as a summary (see [`index`]).
@@ -173,23 +232,13 @@ pub struct Context {
     /// DeadLetterGroups as the watch sees them (their acknowledgements); None in tests that
     /// do not watch them.
     pub group_store: Option<Store<dlq_core::groups::DeadLetterGroup>>,
-    /// The queues' sealing keys (opening sealed jobs to redrive them, the recipients a queue
-    /// publishes); [`crate::keys::NoKeys`] unless set with [`Context::with_keys`].
-    pub keys: Arc<dyn crate::keys::Keys>,
-    /// The queues' body stores (fetching a stored body to redrive it); [`crate::body::NoBodies`]
-    /// unless set with [`Context::with_bodies`].
-    pub bodies: Arc<dyn crate::body::Bodies>,
-    /// Bytes of stored bodies being redriven at once ([`REDRIVE_BYTES`], see
-    /// [`Context::body_turn`]).
-    pub(super) redrive_bytes: ByteBudget,
+    /// What a redrive reaches beyond its record.
+    pub redrive: Redrive,
     /// DeadLetterReplays as the watch sees them (what standing replays passed through, for
     /// the groups); None in tests that do not watch them.
     pub replay_store: Option<Store<DeadLetterReplay>>,
-    /// ResourceQuotas as the watch sees them (a queue's `Full` names one on its namespace's
-    /// records); None in tests that do not watch them.
-    pub quotas: Option<Store<ResourceQuota>>,
-    /// The operator's `--max-records` and its last count; None without one.
-    pub ceiling: Option<crate::state::ceiling::Ceiling>,
+    /// The bounds beside `maxParked` (a queue's `Full`).
+    pub bounds: QueueBounds,
 }
 
 /// Bytes of stored bodies redriven at once. A redrive holds its body whole (fetched, opened when
@@ -254,24 +303,11 @@ impl Context {
             parking_first: parking_first::ParkingFirst::new(settings.mechanisms.parking_first),
             groups: kept_groups::GroupKeeper::default(),
             group_store: None,
-            keys: Arc::new(crate::keys::NoKeys),
-            bodies: Arc::new(crate::body::NoBodies),
-            redrive_bytes: ByteBudget::new(REDRIVE_BYTES),
+            redrive: Redrive::new(targets),
             replay_store: None,
-            quotas: None,
-            ceiling: None,
-            targets,
+            bounds: QueueBounds::default(),
             settings,
         }
-    }
-
-    /// A turn to redrive `job`'s stored body: its size of [`REDRIVE_BYTES`] (all of it for a
-    /// larger one), held while the body is fetched, opened and sent; None for a job whose
-    /// bytes are in its record or whose body is only checked (an external object).
-    pub async fn body_turn(&self, job: &Job) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        let body = job.body.as_deref().filter(|b| !b.external)?;
-        let size = u64::try_from(body.size).unwrap_or(0);
-        self.redrive_bytes.hold(size).await.ok()
     }
 
     /// Reads the replays from `store` (see [`Context::passed_through`]).
@@ -299,45 +335,27 @@ impl Context {
         by_group
     }
 
-    /// Reads the ResourceQuotas from `store` (see [`Context::bounds`]).
+    /// Reads the ResourceQuotas from `store` (see [`QueueBounds::of`]).
     pub fn with_quotas(mut self, store: Store<ResourceQuota>) -> Self {
-        self.quotas = Some(store);
+        self.bounds.quotas = Some(store);
         self
     }
 
     /// Tells the queues' `Full` condition about the operator's `--max-records`.
     pub fn with_ceiling(mut self, ceiling: crate::state::ceiling::Ceiling) -> Self {
-        self.ceiling = Some(ceiling);
+        self.bounds.ceiling = Some(ceiling);
         self
-    }
-
-    /// The bounds beside `maxParked` on the records of a queue in `ns`: the tightest
-    /// ResourceQuota on `count/deadletters.dlq.dev` in `ns`, and the operator's ceiling.
-    pub fn bounds(&self, ns: &str) -> capacity::Bounds {
-        let quota = self.quotas.as_ref().and_then(|store| {
-            capacity::tightest(
-                store
-                    .state()
-                    .iter()
-                    .filter(|q| q.metadata.namespace.as_deref() == Some(ns))
-                    .filter_map(|q| quota_use(q)),
-            )
-        });
-        capacity::Bounds {
-            quota,
-            ceiling: self.ceiling.as_ref().and_then(|c| c.use_now()),
-        }
     }
 
     /// Reads the queues' sealing keys with `keys`.
     pub fn with_keys(mut self, keys: Arc<dyn crate::keys::Keys>) -> Self {
-        self.keys = keys;
+        self.redrive.keys = keys;
         self
     }
 
     /// Keeps and fetches large bodies with `bodies`.
     pub fn with_bodies(mut self, bodies: Arc<dyn crate::body::Bodies>) -> Self {
-        self.bodies = bodies;
+        self.redrive.bodies = bodies;
         self
     }
 

@@ -70,7 +70,7 @@ pub async fn reconcile(
     let counts = plan::count(live);
     let readiness = readiness(&ctx, &queue).await;
     tracing::debug!(namespace = %ns, queue = %name, ready = readiness.ready, "probed the queue's target");
-    let bounds = ctx.bounds(&ns);
+    let bounds = ctx.bounds.of(&ns);
     let mut plan = plan::queue_status(&queue, counts, reckoned, readiness, &bounds, now);
     let ca_certs = park_ca(&ctx.settings);
     plan.status.address = plan::address(
@@ -130,7 +130,7 @@ async fn protection(
         return None;
     }
     let published = if queue.seals() {
-        ctx.keys.load(queue).await.published()
+        ctx.redrive.keys.load(queue).await.published()
     } else {
         Vec::new()
     };
@@ -219,7 +219,7 @@ fn records_of(ctx: &Context, ns: &str, name: &str) -> Vec<Arc<Summary>> {
 
 /// Whether the queue's target answers.
 async fn readiness(ctx: &Context, queue: &DeadLetterQueue) -> Readiness {
-    match ctx.targets.target(queue).await {
+    match ctx.redrive.targets.target(queue).await {
         Ok(target) => match target.probe().await {
             Ok(()) => Readiness {
                 ready: true,

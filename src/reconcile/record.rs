@@ -368,17 +368,17 @@ async fn requeue(ctx: &Context, ns: &str, record: &DeadLetter) -> Result<(), Req
             ),
         })?;
     let keyring = match payload::needs_keys(&record.spec.job) {
-        true => ctx.keys.load(&queue).await.keyring,
+        true => ctx.redrive.keys.load(&queue).await.keyring,
         false => Keyring::default(),
     };
     // The record's job as it was parked, whole or not at all: a record whose key is gone is
     // refused (`SealKeyMissing`) and stays Parked.
     let job = payload::opened(&record.spec.job, &keyring)
         .map_err(|e| open_failure(OpenFailed::Seal(e)))?;
-    let destination = Destination::of(ctx.targets.as_ref(), &queue)
+    let destination = Destination::of(ctx.redrive.targets.as_ref(), &queue)
         .await
         .map_err(enqueue_failure)?;
-    let _turn = ctx.body_turn(&job).await;
+    let _turn = ctx.redrive.body_turn(&job).await;
     let message = message_of(ctx, &queue, &job, &keyring).await?;
     let started = Instant::now();
     let result = destination
@@ -404,7 +404,7 @@ async fn message_of(
     let Some(body) = job.body.as_deref() else {
         return JobMessage::from_job(job).map_err(failure);
     };
-    let sent = Payloads::of(ctx.bodies.as_ref(), queue)
+    let sent = Payloads::of(ctx.redrive.bodies.as_ref(), queue)
         .sent(job, body, keyring)
         .await
         .map_err(open_failure)?;

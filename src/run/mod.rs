@@ -37,6 +37,7 @@ use crate::pass::Standing;
 use crate::reconcile::{
     self, Context, Settings, aggregate, error_policy, record::RecordError as Error,
 };
+use crate::source;
 use crate::state::apiserver::{Apiserver, KubeApiserver};
 use crate::state::jobs::JobIndex;
 use crate::state::records::RecordIndex;
@@ -100,6 +101,10 @@ pub struct Process {
     pub stall_alarm: Option<decided::StallAlarm>,
     /// The operator's `--max-records` across every scope; None without one.
     pub ceiling: Option<crate::state::ceiling::Ceiling>,
+    /// The sources' tunables.
+    pub sources: source::Tuning,
+    /// How often the leader sweeps the body stores ([`bodies`]).
+    pub sweep_every: Duration,
 }
 
 /// Runs the controllers, the sources and the alert sender over `namespace` (all namespaces
@@ -120,6 +125,8 @@ pub async fn run_scope(
         vigil,
         stall_alarm,
         ceiling,
+        sources,
+        sweep_every,
     } = process;
     let records = RecordIndex::default();
     if let Some(c) = &ceiling {
@@ -238,28 +245,26 @@ pub async fn run_scope(
     if let Some(c) = &ceiling {
         parker = parker.with_ceiling(c.ledger().clone());
     }
-    let shared = crate::source::Shared {
+    let parking = source::ParkServices {
         parker,
-        client,
         queues: queues.clone(),
         jobs,
+        leadership: settings.leadership.clone(),
+        parking_first: ctx.parking_first.clone(),
+    };
+    let reports = source::Reports {
         apiserver: ctx.apiserver.clone(),
         metrics: ctx.metrics.clone(),
-        leadership: settings.leadership.clone(),
-        in_flight: Default::default(),
-        parking_first: ctx.parking_first.clone(),
-        passes: Arc::new(standing.clone()),
-        kafka_in_flight: settings.mechanisms.kafka_in_flight,
-        sqs_receivers: settings.mechanisms.sqs_receivers,
-        sqs_long_poll: settings.sqs_long_poll,
-        bodies: ctx.bodies.clone(),
     };
+    let shared = source::Shared::new(client, parking, reports, Arc::new(standing.clone()))
+        .with_bodies(ctx.redrive.bodies.clone())
+        .with_tuning(sources);
     let sweep = bodies::sweep(
         queues.clone(),
         ctx.records.clone(),
-        ctx.bodies.clone(),
+        ctx.redrive.bodies.clone(),
         settings.leadership.clone(),
-        settings.body_sweep_every,
+        sweep_every,
     );
     // Parks over HTTP while this scope runs.
     let _registration = park_endpoint.map(|e| e.register(namespace.clone(), shared.clone()));
@@ -270,7 +275,7 @@ pub async fn run_scope(
             async move { targets.prune(&queues).await }
         }
     };
-    let sources = crate::source::supervise(
+    let sources = source::supervise(
         shared,
         queue_changes,
         close_deleted_targets,

@@ -190,6 +190,7 @@ pub async fn operator(options: Options) -> Result<(), StartError> {
     ready.store(true, Ordering::Relaxed);
     tracing::info!(namespaces = ?scopes, "controllers starting");
     settings.leadership = leadership;
+    let mechanisms = settings.mechanisms;
     let process = Process {
         client: client.clone(),
         watch_client,
@@ -204,6 +205,12 @@ pub async fn operator(options: Options) -> Result<(), StartError> {
         },
         stall_alarm: Some(stall_alarm),
         ceiling,
+        sources: crate::source::Tuning {
+            kafka_in_flight: mechanisms.kafka_in_flight,
+            sqs_receivers: mechanisms.sqs_receivers,
+            sqs_long_poll: Duration::from_secs(options.sqs_long_poll_seconds.into()),
+        },
+        sweep_every: Duration::from_secs(options.body_sweep_seconds.max(1)),
     };
     futures::future::join_all(
         scopes
@@ -325,8 +332,6 @@ fn settings(options: &Options) -> Result<Settings, StartError> {
             .and(options.park.park_url.clone())
             .filter(|u| !u.trim().is_empty()),
         park_ca_file: options.park.park_tls_dir.as_ref().map(|d| d.join("ca.crt")),
-        body_sweep_every: Duration::from_secs(options.body_sweep_seconds.max(1)),
-        sqs_long_poll: Duration::from_secs(options.sqs_long_poll_seconds.into()),
         ..Settings::default()
     })
 }

@@ -30,9 +30,11 @@ use sha2::{Digest, Sha256};
 use dlq_client::park::ParkRequest;
 use dlq_core::api::{self, AmqpSourceSpec, DeadLetterQueue, FailureKind, Job, Origin};
 
-use super::park_into::{ParkInto, SourceError, keep_running, url_from_secret};
+use super::park_into::{ParkInto, SourceError, keep_running};
 use crate::broker::BrokerError;
 use crate::broker::amqp::{AmqpConn, carried_headers, classify};
+use crate::broker::backend::{Sides, source_url};
+use crate::secret::SecretReads;
 
 /// Headers RabbitMQ changes between copies of one death (see [`message_identity`]).
 const UNSTABLE_HEADERS: &[&str] = &["x-death", "x-delivery-count"];
@@ -283,14 +285,8 @@ async fn run_once(
     source: &AmqpSourceSpec,
 ) -> Result<(), SourceError> {
     let (ns, name) = (into.namespace(), into.queue());
-    let url = url_from_secret(
-        client,
-        into,
-        source.url_secret_ref.as_ref(),
-        queue.spec.target.amqp.as_ref().map(|t| &t.url_secret_ref),
-        "amqp",
-    )
-    .await?;
+    let mut secrets = SecretReads::new(client, ns);
+    let url = source_url(&mut secrets, Sides::of(source, &queue.spec)).await?;
     let conn = Arc::new(
         AmqpConn::connect(&url)
             .await

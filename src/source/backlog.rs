@@ -12,7 +12,9 @@
 //! `observedAt`: never a made-up 0.
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+#[cfg(feature = "kafka")]
+use std::sync::Arc;
+use std::sync::{LazyLock, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
@@ -23,9 +25,11 @@ use serde_json::json;
 
 use dlq_core::api::{DeadLetterQueue, SourceSpec};
 
-use super::park_into::{ParkInto, SourceError, url_from_secret};
+use super::park_into::{ParkInto, SourceError};
 use crate::broker::BrokerError;
+use crate::broker::backend::{Sides, SourceBackend, source_url};
 use crate::broker::redis::{Counted, RedisConn};
+use crate::secret::SecretReads;
 use crate::state::apiserver::MANAGER;
 
 /// How often a sampler asks its broker.
@@ -294,115 +298,110 @@ enum Probe {
 }
 
 impl Probe {
+    /// A connection of its own to the broker `source` names, read by that backend's rules in
+    /// `crate::broker` (the source's own Secret, else its target's), as the source's is.
     async fn connect(
         client: &Client,
         into: &ParkInto,
         queue: &DeadLetterQueue,
         source: &SourceSpec,
     ) -> Result<Probe, SourceError> {
-        let target = &queue.spec.target;
-        if let Some(src) = &source.redis {
-            let url = url_from_secret(
-                client,
-                into,
-                src.url_secret_ref.as_ref(),
-                target.redis.as_ref().map(|t| &t.url_secret_ref),
-                "redis",
-            )
-            .await?;
-            let dead = &src.list;
-            return Ok(Probe::Redis {
-                conn: RedisConn::new(&url).map_err(SourceError::broker("connecting to redis"))?,
-                lists: vec![dead.clone(), format!("{dead}:processing")],
-                hashes: vec![format!("{dead}:inflight")],
-                sets: vec![],
-            });
+        // A backend this build left out cannot say either.
+        let Ok(backend) = SourceBackend::of(source) else {
+            return Ok(Probe::Unknown);
+        };
+        let secrets = &mut SecretReads::new(client, into.namespace());
+        let spec = &queue.spec;
+        match backend {
+            SourceBackend::Redis(src) => {
+                let url = source_url(secrets, Sides::of(src, spec)).await?;
+                let dead = &src.list;
+                let lists = vec![dead.clone(), format!("{dead}:processing")];
+                Probe::redis(&url, lists, vec![format!("{dead}:inflight")], vec![])
+            }
+            SourceBackend::Sidekiq(src) => {
+                let url = source_url(secrets, Sides::of(src, spec)).await?;
+                let keys = super::sidekiq::Keys::of(src, into.namespace(), into.queue());
+                // Dead jobs moved out of Sidekiq's reach before its trim count too.
+                Probe::redis(
+                    &url,
+                    vec![keys.overflow.clone()],
+                    vec![keys.inflight()],
+                    vec![keys.dead],
+                )
+            }
+            SourceBackend::Amqp(src) => {
+                let url = source_url(secrets, Sides::of(src, spec)).await?;
+                let conn = crate::broker::amqp::AmqpConn::connect(&url)
+                    .await
+                    .map_err(SourceError::broker("connecting to RabbitMQ"))?;
+                let queue = src.queue.clone();
+                Ok(Probe::Amqp { conn, queue })
+            }
+            SourceBackend::Nats(src) => {
+                let url = crate::broker::nats::source_url(secrets, Sides::of(src, spec)).await?;
+                let client = crate::broker::nats::NatsConn::new(&url)
+                    .map_err(SourceError::broker("NATS"))?
+                    .get()
+                    .await
+                    .map_err(SourceError::broker("NATS"))?;
+                let stream = super::nats::advisory_stream(&src.stream, &src.consumer);
+                Ok(Probe::Nats { client, stream })
+            }
+            #[cfg(feature = "sqs")]
+            SourceBackend::Sqs(src) => {
+                let conn =
+                    crate::broker::sqs::SqsConn::for_source(secrets, Sides::of(src, spec)).await?;
+                let client = conn.client(ASK_TIMEOUT).await;
+                let url = src.queue_url.clone();
+                Ok(Probe::Sqs { client, url })
+            }
+            #[cfg(feature = "kafka")]
+            SourceBackend::Kafka(src) => Probe::kafka(secrets, Sides::of(src, spec)).await,
+            // Pub/Sub keeps its backlog in Cloud Monitoring.
+            #[cfg(feature = "pubsub")]
+            SourceBackend::Pubsub(_) => Ok(Probe::Unknown),
         }
-        if let Some(src) = &source.sidekiq {
-            let url = url_from_secret(
-                client,
-                into,
-                src.url_secret_ref.as_ref(),
-                target
-                    .sidekiq
-                    .as_ref()
-                    .and_then(|t| t.url_secret_ref.as_ref()),
-                "sidekiq",
-            )
-            .await?;
-            let prefix = src
-                .namespace
-                .as_ref()
-                .map_or_else(String::new, |n| format!("{n}:"));
-            let own = format!("{prefix}dlq:{}/{}", into.namespace(), into.queue());
-            return Ok(Probe::Redis {
-                conn: RedisConn::new(&url).map_err(SourceError::broker("connecting to redis"))?,
-                // Dead jobs moved out of Sidekiq's reach before its trim.
-                lists: vec![super::sidekiq::overflow_list(
-                    into.namespace(),
-                    into.queue(),
-                )],
-                hashes: vec![format!("{own}:inflight")],
-                sets: vec![format!("{prefix}dead")],
-            });
-        }
-        if let Some(src) = &source.amqp {
-            let url = url_from_secret(
-                client,
-                into,
-                src.url_secret_ref.as_ref(),
-                target.amqp.as_ref().map(|t| &t.url_secret_ref),
-                "amqp",
-            )
-            .await?;
-            let conn = crate::broker::amqp::AmqpConn::connect(&url)
-                .await
-                .map_err(SourceError::broker("connecting to RabbitMQ"))?;
-            return Ok(Probe::Amqp {
-                conn,
-                queue: src.queue.clone(),
-            });
-        }
-        if let Some(src) = &source.nats {
-            let url = super::nats::source_url(client, into.namespace(), queue, src).await?;
-            let client = crate::broker::nats::NatsConn::new(&url)
-                .map_err(SourceError::broker("NATS"))?
-                .get()
-                .await
-                .map_err(SourceError::broker("NATS"))?;
-            return Ok(Probe::Nats {
-                client,
-                stream: super::nats::advisory_stream(&src.stream, &src.consumer),
-            });
-        }
-        #[cfg(feature = "sqs")]
-        if let Some(src) = &source.sqs {
-            let conn = super::sqs::conn_for(client, into.namespace(), queue, src).await?;
-            return Ok(Probe::Sqs {
-                client: conn.client(ASK_TIMEOUT).await,
-                url: src.queue_url.clone(),
-            });
-        }
-        #[cfg(feature = "kafka")]
-        if let Some(src) = &source.kafka {
-            let conn = super::kafka::conn_for(client, into.namespace(), queue, src).await?;
-            let group = src
-                .group_id
-                .as_deref()
-                .unwrap_or(super::kafka::DEFAULT_GROUP);
-            let consumer: rdkafka::consumer::BaseConsumer = conn
-                .config()
-                .set("group.id", group)
-                .set("enable.auto.commit", "false")
-                .create()
-                .map_err(SourceError::broker("creating the Kafka lag reader"))?;
-            return Ok(Probe::Kafka {
-                consumer: Arc::new(consumer),
-                topics: src.topics.clone(),
-            });
-        }
-        // Pub/Sub, and a backend this build left out.
-        Ok(Probe::Unknown)
+    }
+
+    /// Keys on one Redis whose sizes add up.
+    fn redis(
+        url: &str,
+        lists: Vec<String>,
+        hashes: Vec<String>,
+        sets: Vec<String>,
+    ) -> Result<Probe, SourceError> {
+        let conn = RedisConn::new(url).map_err(SourceError::broker("connecting to redis"))?;
+        Ok(Probe::Redis {
+            conn,
+            lists,
+            hashes,
+            sets,
+        })
+    }
+
+    /// The consumer group's lag, read by a consumer that never joins the group.
+    #[cfg(feature = "kafka")]
+    async fn kafka(
+        secrets: &mut SecretReads<'_>,
+        sides: Sides<'_, dlq_core::api::KafkaSourceSpec>,
+    ) -> Result<Probe, SourceError> {
+        let src = sides.own;
+        let conn = crate::broker::kafka::KafkaConn::for_source(secrets, sides).await?;
+        let group = src
+            .group_id
+            .as_deref()
+            .unwrap_or(super::kafka::DEFAULT_GROUP);
+        let consumer: rdkafka::consumer::BaseConsumer = conn
+            .config()
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .create()
+            .map_err(SourceError::broker("creating the Kafka lag reader"))?;
+        Ok(Probe::Kafka {
+            consumer: Arc::new(consumer),
+            topics: src.topics.clone(),
+        })
     }
 
     /// How many dead messages the broker holds now.

@@ -30,7 +30,9 @@ use dlq_core::api::{DeadLetterQueue, FailureKind, Job, KafkaSourceSpec, Origin};
 use dlq_core::headers::kafka::{self as codec, Header as RawHeader};
 
 use super::park_into::{ParkInto, SourceError, keep_running};
-use crate::broker::kafka::{KafkaConn, read_kafka_secrets};
+use crate::broker::backend::Sides;
+use crate::broker::kafka::KafkaConn;
+use crate::secret::SecretReads;
 
 /// The consumer group when the spec names none.
 pub const DEFAULT_GROUP: &str = "deadletter-operator";
@@ -149,36 +151,14 @@ pub async fn run(client: Client, into: ParkInto, queue: DeadLetterQueue, source:
     keep_running("kafka", &into, || run_once(&client, &into, &queue, &source)).await
 }
 
-/// Servers and security of the source: its own, else the kafka target's.
-pub(super) async fn conn_for(
-    client: &Client,
-    ns: &str,
-    queue: &DeadLetterQueue,
-    source: &KafkaSourceSpec,
-) -> Result<KafkaConn, SourceError> {
-    let target = queue.spec.target.kafka.as_ref();
-    let servers = source
-        .bootstrap_servers
-        .clone()
-        .or_else(|| target.map(|t| t.bootstrap_servers.clone()))
-        .ok_or_else(|| {
-            SourceError::Config("kafka source needs bootstrapServers (or a kafka target)".into())
-        })?;
-    let security = source
-        .security
-        .as_ref()
-        .or_else(|| target.and_then(|t| t.security.as_ref()));
-    let (sasl, ca, _) = read_kafka_secrets(client, ns, security).await?;
-    Ok(KafkaConn::new(&servers, security, sasl, ca))
-}
-
 async fn run_once(
     client: &Client,
     into: &ParkInto,
     queue: &DeadLetterQueue,
     source: &KafkaSourceSpec,
 ) -> Result<(), SourceError> {
-    let conn = conn_for(client, into.namespace(), queue, source)
+    let mut secrets = SecretReads::new(client, into.namespace());
+    let conn = KafkaConn::for_source(&mut secrets, Sides::of(source, &queue.spec))
         .await?
         .with_bodies(queue.spec.bodies.as_ref());
     let group = source.group_id.as_deref().unwrap_or(DEFAULT_GROUP);
@@ -202,7 +182,7 @@ async fn run_once(
     let producer = conn.producer(REJECT_TIMEOUT).map_err(SourceError::broker(
         "creating the Kafka producer for rejected messages",
     ))?;
-    let in_flight = if into.shared.kafka_in_flight {
+    let in_flight = if into.tuning().kafka_in_flight {
         IN_FLIGHT
     } else {
         1

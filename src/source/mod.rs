@@ -25,7 +25,7 @@ pub mod sqs;
 pub mod taken;
 
 /// Kept here too: the wiring (`crate::run`) names `source::Shared`.
-pub use park_into::{ParkInto, Shared, SourceError};
+pub use park_into::{ParkInto, ParkServices, Reports, Shared, SourceError, Tuning};
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -38,6 +38,8 @@ use kube::{Client, ResourceExt};
 use tokio::task::JoinHandle;
 
 use dlq_core::api::DeadLetterQueue;
+
+use crate::broker::backend::{SourceBackend, Unserved};
 
 /// How often the supervisor also checks for sources that ended by themselves.
 const RESYNC: Duration = Duration::from_secs(30);
@@ -59,7 +61,7 @@ pub async fn supervise<F>(
 ) where
     F: std::future::Future<Output = ()> + Send,
 {
-    let queues = shared.queues.clone();
+    let queues = shared.queues().clone();
     let mut running: HashMap<(String, String), Running> = HashMap::new();
     let supervise = async {
         let mut changes = std::pin::pin!(queue_changes);
@@ -101,7 +103,7 @@ fn fingerprint(q: &DeadLetterQueue) -> u64 {
 
 fn sync(shared: &Shared, running: &mut HashMap<(String, String), Running>) {
     let wanted: HashMap<(String, String), (u64, Arc<DeadLetterQueue>)> = shared
-        .queues
+        .queues()
         .state()
         .into_iter()
         .filter(|q| q.spec.source.is_some())
@@ -129,7 +131,7 @@ fn sync(shared: &Shared, running: &mut HashMap<(String, String), Running>) {
             shared: shared.clone(),
             key: ObjectRef::new(&key.1).within(&key.0),
         };
-        if let Some(task) = start(&shared.client, into, &queue) {
+        if let Some(task) = start(shared.client(), into, &queue) {
             running.insert(key, Running { fingerprint, task });
         }
     }
@@ -149,66 +151,61 @@ fn start(client: &Client, into: ParkInto, queue: &DeadLetterQueue) -> Option<Joi
             }
         })
     };
-    let queue = queue.clone();
-    let client = client.clone();
-    if let Some(src) = source.redis {
-        tracing::info!(namespace = %ns, queue = %name, list = %src.list, "starting redis source");
-        Some(spawn(Box::pin(redis::run(client, into, queue, src))))
-    } else if let Some(src) = source.amqp {
-        tracing::info!(namespace = %ns, queue = %name, amqp_queue = %src.queue, "starting amqp source");
-        Some(spawn(Box::pin(amqp::run(client, into, queue, src))))
-    } else if let Some(src) = source.nats {
-        tracing::info!(namespace = %ns, queue = %name, stream = %src.stream, consumer = %src.consumer, "starting nats source");
-        Some(spawn(Box::pin(nats::run(client, into, queue, src))))
-    } else if let Some(src) = source.sqs {
-        tracing::info!(namespace = %ns, queue = %name, sqs_queue = %crate::broker::redact_url(&src.queue_url), "starting sqs source");
+    let (queue, client) = (queue.clone(), client.clone());
+    let backend = match SourceBackend::of(&source) {
+        Ok(backend) => backend,
+        Err(Unserved::NotBuilt(backend)) => return Some(spawn(Box::pin(not_built(into, backend)))),
+        Err(Unserved::Unnamed) => return None,
+    };
+    let run: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = match backend {
+        SourceBackend::Redis(src) => {
+            tracing::info!(namespace = %ns, queue = %name, list = %src.list, "starting redis source");
+            Box::pin(redis::run(client, into, queue, src.clone()))
+        }
+        SourceBackend::Amqp(src) => {
+            tracing::info!(namespace = %ns, queue = %name, amqp_queue = %src.queue, "starting amqp source");
+            Box::pin(amqp::run(client, into, queue, src.clone()))
+        }
+        SourceBackend::Nats(src) => {
+            tracing::info!(namespace = %ns, queue = %name, stream = %src.stream, consumer = %src.consumer, "starting nats source");
+            Box::pin(nats::run(client, into, queue, src.clone()))
+        }
         #[cfg(feature = "sqs")]
-        let task = spawn(Box::pin(sqs::run(client, into, queue, src)));
-        #[cfg(not(feature = "sqs"))]
-        let task = spawn(Box::pin(not_built(into, "sqs")));
-        Some(task)
-    } else if let Some(src) = source.sidekiq {
-        tracing::info!(namespace = %ns, queue = %name, sidekiq_namespace = src.namespace.as_deref().unwrap_or(""), "starting sidekiq source");
-        Some(spawn(Box::pin(sidekiq::run(client, into, queue, src))))
-    } else if let Some(src) = source.kafka {
-        tracing::info!(namespace = %ns, queue = %name, topics = ?src.topics, "starting kafka source");
+        SourceBackend::Sqs(src) => {
+            tracing::info!(namespace = %ns, queue = %name, sqs_queue = %crate::broker::redact_url(&src.queue_url), "starting sqs source");
+            Box::pin(sqs::run(client, into, queue, src.clone()))
+        }
+        SourceBackend::Sidekiq(src) => {
+            tracing::info!(namespace = %ns, queue = %name, sidekiq_namespace = src.namespace.as_deref().unwrap_or(""), "starting sidekiq source");
+            Box::pin(sidekiq::run(client, into, queue, src.clone()))
+        }
         #[cfg(feature = "kafka")]
-        let task = spawn(Box::pin(kafka::run(client, into, queue, src)));
-        #[cfg(not(feature = "kafka"))]
-        let task = spawn(Box::pin(not_built(into, "kafka")));
-        Some(task)
-    } else if let Some(src) = source.pubsub {
-        tracing::info!(namespace = %ns, queue = %name, subscription = %src.subscription, "starting pubsub source");
+        SourceBackend::Kafka(src) => {
+            tracing::info!(namespace = %ns, queue = %name, topics = ?src.topics, "starting kafka source");
+            Box::pin(kafka::run(client, into, queue, src.clone()))
+        }
         #[cfg(feature = "pubsub")]
-        let task = spawn(Box::pin(pubsub::run(client, into, queue, src)));
-        #[cfg(not(feature = "pubsub"))]
-        let task = spawn(Box::pin(not_built(into, "pubsub")));
-        Some(task)
-    } else {
-        None
-    }
+        SourceBackend::Pubsub(src) => {
+            tracing::info!(namespace = %ns, queue = %name, subscription = %src.subscription, "starting pubsub source");
+            Box::pin(pubsub::run(client, into, queue, src.clone()))
+        }
+    };
+    Some(spawn(run))
 }
 
 /// The source of a backend this build left out (cargo feature `kafka`, `sqs` or `pubsub`): says so once,
 /// as an error log and a Warning Event on the queue, and then waits (a task that ended would be
 /// restarted, and would say it again, at every resync).
-#[cfg(not(all(feature = "kafka", feature = "sqs", feature = "pubsub")))]
 async fn not_built(into: ParkInto, backend: &'static str) {
-    use crate::state::apiserver::reference;
     use dlq_core::events::{self, EventPlan};
     let why = crate::broker::not_built(backend);
     tracing::error!(namespace = %into.namespace(), queue = %into.queue(), source = backend, "{why}");
-    if let Some(queue) = into.shared.queues.get(&into.key) {
-        let note = format!("source.{backend}: {why}");
-        let event = EventPlan::warning(
-            events::reason::BACKEND_NOT_BUILT,
-            events::action::PARK,
-            note,
-        );
-        into.shared
-            .apiserver
-            .publish(reference(queue.as_ref()), &event)
-            .await;
-    }
+    let note = format!("source.{backend}: {why}");
+    let event = EventPlan::warning(
+        events::reason::BACKEND_NOT_BUILT,
+        events::action::PARK,
+        note,
+    );
+    into.tell(&event).await;
     std::future::pending::<()>().await
 }

@@ -35,8 +35,9 @@ use dlq_client::park::ParkRequest;
 use dlq_core::api::{self, DeadLetterQueue, FailureKind, Job, NatsSourceSpec, OnParked, Origin};
 
 use super::park_into::{ParkInto, SourceError, keep_running};
+use crate::broker::backend::Sides;
 use crate::broker::nats::{NatsConn, carried_headers, parse_header_block};
-use crate::secret::read_secret;
+use crate::secret::SecretReads;
 
 /// Advisories handled at once.
 const CONCURRENCY: usize = 16;
@@ -195,35 +196,6 @@ pub async fn run(client: Client, into: ParkInto, queue: DeadLetterQueue, source:
     keep_running("nats", &into, || run_once(&client, &into, &queue, &source)).await
 }
 
-/// The source's server URL: its own, else the nats target's.
-pub(super) async fn source_url(
-    client: &Client,
-    ns: &str,
-    queue: &DeadLetterQueue,
-    source: &NatsSourceSpec,
-) -> Result<String, SourceError> {
-    let target = queue.spec.target.nats.as_ref();
-    let secret_ref = source.url_secret_ref.as_ref().or_else(|| {
-        source
-            .url
-            .is_none()
-            .then(|| target.and_then(|t| t.url_secret_ref.as_ref()))
-            .flatten()
-    });
-    if let Some(r) = secret_ref {
-        return Ok(read_secret(client, ns, r).await?.0);
-    }
-    source
-        .url
-        .clone()
-        .or_else(|| target.and_then(|t| t.url.clone()))
-        .ok_or_else(|| {
-            SourceError::Config(
-                "source.nats needs url or urlSecretRef (the target is not nats)".into(),
-            )
-        })
-}
-
 async fn run_once(
     client: &Client,
     into: &ParkInto,
@@ -231,7 +203,8 @@ async fn run_once(
     source: &NatsSourceSpec,
 ) -> Result<(), SourceError> {
     let (ns, name) = (into.namespace(), into.queue());
-    let url = source_url(client, ns, queue, source).await?;
+    let mut secrets = SecretReads::new(client, ns);
+    let url = crate::broker::nats::source_url(&mut secrets, Sides::of(source, &queue.spec)).await?;
     let nats = NatsConn::new(&url)
         .map_err(SourceError::broker("NATS"))?
         .get()

@@ -10,7 +10,7 @@ use kube::Client;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use dlq_client::park::{ParkError, ParkOutcome, ParkRequest, Parker};
-use dlq_core::api::{DeadLetterQueue, SecretKeyRef};
+use dlq_core::api::DeadLetterQueue;
 use dlq_core::events::{self, EventPlan};
 use dlq_core::park::job_key;
 use dlq_core::source_plan::{self, Keeping, Parking, QueueSettings, SourcePlan};
@@ -18,9 +18,10 @@ use dlq_core::source_plan::{self, Keeping, Parking, QueueSettings, SourcePlan};
 use super::in_flight::InFlight;
 use crate::body::payload::Payloads;
 use crate::body::{Bodies, Kept};
+use crate::broker::backend::ConnectError;
 use crate::metrics::Metrics;
 use crate::pass::{PassThrough, Passed};
-use crate::secret::{SecretError, read_secret};
+use crate::secret::SecretError;
 use crate::state::apiserver::{Apiserver, reference};
 use crate::state::jobs::JobIndex;
 use crate::state::leadership::Leadership;
@@ -59,31 +60,66 @@ impl SourceError {
     }
 }
 
+impl From<ConnectError> for SourceError {
+    /// A Secret that cannot be read says so; a spec naming no way to connect is misconfigured.
+    fn from(e: ConnectError) -> Self {
+        match e {
+            ConnectError::Secret(e) => SourceError::Secret(e),
+            ConnectError::Unnamed(why) => SourceError::Config(why),
+        }
+    }
+}
+
 /// Longest wait of a source whose queue is full before it tries to park again.
 const FULL_RECHECK: Duration = Duration::from_secs(2);
 
 /// How often a source whose replica's term ran out looks whether it was renewed.
 const TERM_RECHECK: Duration = Duration::from_secs(1);
 
-/// What every source shares: how it parks, and how it reports what it cannot park.
+/// What every source shares, by concern. Private: a source reaches it only through
+/// [`ParkInto`]'s narrow methods (the queue as the store holds it, an Event on it, its
+/// tunables, the body stores), never the parts it does not use.
 #[derive(Clone)]
 pub struct Shared {
-    pub client: Client,
+    parking: ParkServices,
+    reports: Reports,
+    /// The standing replays running here, as a source may ask them: a dead message one covers
+    /// is passed through.
+    passes: Arc<dyn PassThrough>,
+    /// The queues' body stores: a dead message over a queue's threshold is kept there and its
+    /// record holds a reference.
+    bodies: Arc<dyn Bodies>,
+    /// What the brokers' Secrets are read with.
+    client: Client,
+    tuning: Tuning,
+    /// One park at a time per dead message (see [`super::in_flight`]).
+    in_flight: InFlight,
+}
+
+/// Where dead messages become records.
+#[derive(Clone)]
+pub struct ParkServices {
     pub parker: Parker,
+    /// The queues as the operator's store holds them (their `maxParked` and counters).
     pub queues: Store<DeadLetterQueue>,
     /// The operator's records by job: sources create the right cycle without listing first.
     pub jobs: JobIndex,
-    pub apiserver: Arc<dyn Apiserver>,
-    pub metrics: Metrics,
     /// This replica's term on the Lease: a source parks only while it holds.
     pub leadership: Leadership,
-    /// One park at a time per dead message (see [`in_flight`]).
-    pub in_flight: InFlight,
     /// Parks in flight, which the records controller's marks yield to.
     pub parking_first: ParkingFirst,
-    /// The standing replays running here, as a source may ask them: a dead message one covers
-    /// is passed through.
-    pub passes: Arc<dyn PassThrough>,
+}
+
+/// How a source tells what it could not park: Events on its queue, and metrics.
+#[derive(Clone)]
+pub struct Reports {
+    pub apiserver: Arc<dyn Apiserver>,
+    pub metrics: Metrics,
+}
+
+/// The sources' tunables (the process's flags), beside the sources that read them.
+#[derive(Clone, Copy, Debug)]
+pub struct Tuning {
     /// The Kafka source handles several messages at once (`super::kafka::IN_FLIGHT`); off
     /// only in the bench's A/B.
     pub kafka_in_flight: bool,
@@ -91,10 +127,65 @@ pub struct Shared {
     /// only in the bench's A/B.
     pub sqs_receivers: bool,
     /// The SQS source's long poll (`--sqs-long-poll-seconds`).
-    pub sqs_long_poll: std::time::Duration,
-    /// The queues' body stores: a dead message over a queue's threshold is kept there and its
-    /// record holds a reference.
-    pub bodies: Arc<dyn Bodies>,
+    pub sqs_long_poll: Duration,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            kafka_in_flight: true,
+            sqs_receivers: true,
+            sqs_long_poll: Duration::from_secs(20),
+        }
+    }
+}
+
+impl Shared {
+    /// The sources' services: no body store ([`crate::body::NoBodies`]) and the default
+    /// [`Tuning`] until set.
+    pub fn new(
+        client: Client,
+        parking: ParkServices,
+        reports: Reports,
+        passes: Arc<dyn PassThrough>,
+    ) -> Self {
+        Shared {
+            parking,
+            reports,
+            passes,
+            bodies: Arc::new(crate::body::NoBodies),
+            client,
+            tuning: Tuning::default(),
+            in_flight: InFlight::default(),
+        }
+    }
+
+    /// Keeps large dead messages in `bodies`.
+    pub fn with_bodies(mut self, bodies: Arc<dyn Bodies>) -> Self {
+        self.bodies = bodies;
+        self
+    }
+
+    /// The sources run with `tuning`.
+    pub fn with_tuning(mut self, tuning: Tuning) -> Self {
+        self.tuning = tuning;
+        self
+    }
+
+    /// The queues, as the supervisor follows them.
+    pub(super) fn queues(&self) -> &Store<DeadLetterQueue> {
+        &self.parking.queues
+    }
+
+    /// What the sources read their brokers' Secrets with.
+    pub(super) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Whether this replica's term on the Lease holds (parks only then).
+    pub fn holds_term(&self) -> bool {
+        self.parking.leadership.holds()
+    }
 }
 
 /// Where a source parks: its DeadLetterQueue as the operator's store holds it right now (its
@@ -114,23 +205,64 @@ impl ParkInto {
         &self.key.name
     }
 
+    /// The queue as the operator's store holds it right now.
+    pub fn queue_now(&self) -> Option<Arc<DeadLetterQueue>> {
+        self.shared.parking.queues.get(&self.key)
+    }
+
+    /// The sources' tunables.
+    pub fn tuning(&self) -> Tuning {
+        self.shared.tuning
+    }
+
+    /// The queues' body stores.
+    pub fn bodies(&self) -> &dyn Bodies {
+        self.shared.bodies.as_ref()
+    }
+
+    /// The process's metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.shared.reports.metrics
+    }
+
+    /// One park at a time per dead message (see [`super::in_flight`]).
+    pub fn in_flight(&self) -> &InFlight {
+        &self.shared.in_flight
+    }
+
+    /// Publishes `event` about the queue (nothing when the store no longer holds it).
+    pub async fn tell(&self, event: &EventPlan) {
+        let Some(queue) = self.queue_now() else {
+            return;
+        };
+        let regarding = reference(queue.as_ref());
+        self.shared
+            .reports
+            .apiserver
+            .publish(regarding, event)
+            .await;
+    }
+
     /// Parks once, choosing the cycle from the operator's own records (a create, and a
     /// consistent list only when that create meets a record the watch had not yet shown).
     pub async fn park(&self, req: ParkRequest) -> Result<ParkOutcome, ParkError> {
-        let _parking = self.shared.parking_first.parking();
-        let queue = self
-            .shared
-            .queues
-            .get(&self.key)
-            .ok_or_else(|| ParkError::UnknownQueue {
-                namespace: self.namespace().to_string(),
-                queue: self.queue().to_string(),
-            })?;
+        let _parking = self.shared.parking.parking_first.parking();
+        let queue =
+            self.shared
+                .parking
+                .queues
+                .get(&self.key)
+                .ok_or_else(|| ParkError::UnknownQueue {
+                    namespace: self.namespace().to_string(),
+                    queue: self.queue().to_string(),
+                })?;
         let known = self
             .shared
+            .parking
             .jobs
             .cycles(self.namespace(), &job_key(&req.queue, &req.job.id));
         self.shared
+            .parking
             .parker
             .park_known(&queue, req, known.as_deref())
             .await
@@ -230,7 +362,7 @@ impl ParkInto {
         W: Fn() -> Fut,
         Fut: std::future::Future<Output = ()>,
     {
-        let queue = self.shared.queues.get(&self.key);
+        let queue = self.shared.parking.queues.get(&self.key);
         let settings = QueueSettings::of(queue.as_deref());
         let keeping = match source_plan::plan(req, raw.cloned(), settings) {
             SourcePlan::Park(parking) => return Ok((parking, None)),
@@ -271,6 +403,7 @@ impl ParkInto {
             // Read afresh each time: the recipient it seals to may be published meanwhile.
             let queue = self
                 .shared
+                .parking
                 .queues
                 .get(&self.key)
                 .unwrap_or_else(|| queue.clone());
@@ -312,10 +445,10 @@ impl ParkInto {
         };
         let req = parking.request();
         // A replica without a term parks nothing, and passes nothing either.
-        if !self.shared.leadership.holds() {
+        if !self.shared.parking.leadership.holds() {
             return false;
         }
-        let Some(queue) = self.shared.queues.get(&self.key) else {
+        let Some(queue) = self.shared.parking.queues.get(&self.key) else {
             return false;
         };
         if self.maybe_parked(req) {
@@ -325,13 +458,14 @@ impl ParkInto {
             Passed::No => false,
             Passed::Through { replay } => {
                 self.shared
+                    .reports
                     .metrics
                     .passed_through(self.namespace(), self.queue());
                 tracing::debug!(namespace = %self.namespace(), queue = %self.queue(), job = %req.job.id, %replay, "passed through");
                 true
             }
             Passed::Failed { replay, error } => {
-                self.shared.metrics.pass_through_failed(
+                self.shared.reports.metrics.pass_through_failed(
                     self.namespace(),
                     self.queue(),
                     error.reason(),
@@ -345,7 +479,7 @@ impl ParkInto {
     /// Whether a standing replay runs on this queue (while this replica leads): only then does
     /// a source reach past the messages that wait for room.
     pub fn covered(&self) -> bool {
-        self.shared.leadership.holds()
+        self.shared.parking.leadership.holds()
             && self
                 .shared
                 .passes
@@ -354,7 +488,7 @@ impl ParkInto {
 
     /// Whether a standing replay would pass `req` now (seen, it keeps its replay running).
     pub fn would_pass(&self, req: &ParkRequest) -> bool {
-        let Some(queue) = self.shared.queues.get(&self.key) else {
+        let Some(queue) = self.shared.parking.queues.get(&self.key) else {
             return false;
         };
         !self.maybe_parked(req) && self.shared.passes.would_pass(&queue, req)
@@ -365,7 +499,7 @@ impl ParkInto {
     /// job a second time, under another key). Until the records are listed, it may be.
     fn maybe_parked(&self, req: &ParkRequest) -> bool {
         let key = job_key(&req.queue, &req.job.id);
-        let Some(known) = self.shared.jobs.cycles(self.namespace(), &key) else {
+        let Some(known) = self.shared.parking.jobs.cycles(self.namespace(), &key) else {
             return true;
         };
         known
@@ -382,33 +516,22 @@ impl ParkInto {
             _ => "Unparkable",
         };
         self.shared
+            .reports
             .metrics
             .rejected(self.namespace(), self.queue(), reason);
         tracing::error!(namespace = %self.namespace(), queue = %self.queue(), error = %why, size, kept_in, "dead message cannot be a record; kept in the broker");
-        let Some(queue) = self.shared.queues.get(&self.key) else {
-            return;
-        };
         let note = format!(
             "a dead message of {size} bytes cannot be a record ({why}); its bytes are kept in {kept_in}"
         );
         let event = EventPlan::warning(events::reason::REJECTED, events::action::PARK, note);
-        self.shared
-            .apiserver
-            .publish(reference(queue.as_ref()), &event)
-            .await;
+        self.tell(&event).await;
     }
 
     /// Says something about the source's broker as a Warning Event on the queue (`reason`:
     /// `dlq_core::events::reason`).
     pub async fn warn(&self, reason: &'static str, note: String) {
-        let Some(queue) = self.shared.queues.get(&self.key) else {
-            return;
-        };
         let event = EventPlan::warning(reason, events::action::PARK, note);
-        self.shared
-            .apiserver
-            .publish(reference(queue.as_ref()), &event)
-            .await;
+        self.tell(&event).await;
     }
 
     /// Parks the planned request, retrying what may succeed later (apiserver down, queue full)
@@ -430,7 +553,7 @@ impl ParkInto {
         let _turn = self.shared.in_flight.turn(&mut req).await;
         let mut attempt = 0u32;
         loop {
-            if !self.shared.leadership.holds() {
+            if !self.shared.parking.leadership.holds() {
                 // A replica that was paused past its term wakes up with messages in hand that
                 // the broker has meanwhile handed to the new leader, whose records may even be
                 // resolved by now: park nothing until the term is renewed, and then only as a
@@ -457,6 +580,7 @@ impl ParkInto {
                     // interval whatever the number of messages waiting (dlq_client::quota).
                     let bound = e.bound().unwrap_or_default();
                     self.shared
+                        .reports
                         .metrics
                         .park_refused(self.namespace(), self.queue(), bound);
                     attempt = attempt.saturating_add(1);
@@ -485,23 +609,6 @@ impl ParkInto {
             }
         }
     }
-}
-
-/// The broker URL a source connects with: from its own Secret, else from its queue's target's
-/// (the same broker), read fresh at every (re)start of the source.
-pub(crate) async fn url_from_secret(
-    client: &Client,
-    into: &ParkInto,
-    own: Option<&SecretKeyRef>,
-    target: Option<&SecretKeyRef>,
-    kind: &str,
-) -> Result<String, SourceError> {
-    let secret_ref = own.or(target).ok_or_else(|| {
-        SourceError::Config(format!(
-            "source.{kind} needs urlSecretRef (the target has none of {kind})"
-        ))
-    })?;
-    Ok(read_secret(client, into.namespace(), secret_ref).await?.0)
 }
 
 /// Runs one source's `once` again and again: after it ends or fails, waits with capped
@@ -581,22 +688,22 @@ mod tests {
         writer.apply_watcher_event(&watcher::Event::InitApply(queue));
         writer.apply_watcher_event(&watcher::Event::InitDone);
         ParkInto {
-            shared: Shared {
-                parker: Parker::new(client.clone()),
-                queues,
-                jobs: JobIndex::default(),
-                apiserver: Arc::new(KubeApiserver::new(client.clone(), Reporter::from("t"))),
-                metrics: Metrics::default(),
-                leadership,
-                in_flight: InFlight::default(),
-                parking_first: ParkingFirst::default(),
-                passes: Arc::new(PassesNothing),
-                kafka_in_flight: true,
-                sqs_receivers: true,
-                sqs_long_poll: std::time::Duration::from_secs(20),
-                bodies,
-                client,
-            },
+            shared: Shared::new(
+                client.clone(),
+                ParkServices {
+                    parker: Parker::new(client.clone()),
+                    queues,
+                    jobs: JobIndex::default(),
+                    leadership,
+                    parking_first: ParkingFirst::default(),
+                },
+                Reports {
+                    apiserver: Arc::new(KubeApiserver::new(client, Reporter::from("t"))),
+                    metrics: Metrics::default(),
+                },
+                Arc::new(PassesNothing),
+            )
+            .with_bodies(bodies),
             key: ObjectRef::new("relayer").within("payments"),
         }
     }

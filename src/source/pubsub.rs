@@ -35,8 +35,9 @@ use dlq_core::api::{self, DeadLetterQueue, FailureKind, Job, Origin, PubsubSourc
 use dlq_core::headers::pubsub::{Whole, held_headers, unholdable};
 
 use super::park_into::{ParkInto, SourceError, keep_running};
+use crate::broker::backend::Sides;
 use crate::broker::pubsub::{PubsubConn, resource_name};
-use crate::secret::read_secret;
+use crate::secret::SecretReads;
 
 /// Messages parked at once.
 const CONCURRENCY: usize = 16;
@@ -196,33 +197,14 @@ pub async fn run(client: Client, into: ParkInto, queue: DeadLetterQueue, source:
     .await
 }
 
-/// The service-account key of the source: its own Secret, else the pubsub target's, else none
-/// (workload identity, or the emulator).
-async fn conn_for(
-    client: &Client,
-    ns: &str,
-    queue: &DeadLetterQueue,
-    source: &PubsubSourceSpec,
-) -> Result<PubsubConn, SourceError> {
-    let target = queue.spec.target.pubsub.as_ref();
-    let creds = source
-        .credentials_secret_ref
-        .as_ref()
-        .or_else(|| target.and_then(|t| t.credentials_secret_ref.as_ref()));
-    let key = match creds {
-        Some(r) => Some(read_secret(client, ns, r).await?.0),
-        None => None,
-    };
-    Ok(PubsubConn { key })
-}
-
 async fn run_once(
     client: &Client,
     into: &ParkInto,
     queue: &DeadLetterQueue,
     source: &PubsubSourceSpec,
 ) -> Result<(), SourceError> {
-    let conn = conn_for(client, into.namespace(), queue, source).await?;
+    let mut secrets = SecretReads::new(client, into.namespace());
+    let conn = PubsubConn::read(&mut secrets, Sides::of(source, &queue.spec)).await?;
     let (endpoint, creds) = conn.settings().map_err(SourceError::Config)?;
     let mut subscriber = Subscriber::builder().with_credentials(creds.clone());
     let mut admin = SubscriptionAdmin::builder().with_credentials(creds);

@@ -32,12 +32,14 @@ use tokio::sync::Semaphore;
 
 use dlq_core::api::{DeadLetterQueue, RedisSourceSpec};
 
-use super::park_into::{ParkInto, SourceError, keep_running, url_from_secret};
+use super::park_into::{ParkInto, SourceError, keep_running};
 use super::reach::{
     REACH_BYTES, REACH_LARGEST, REACH_PAGE, Reachable, into_inflight_lua, large_lua,
 };
 use super::taken::{BYTES_IN_FLIGHT, Element, Failpoints, Taken, free_slots, pairs, spawn_handle};
+use crate::broker::backend::{Sides, source_url};
 use crate::broker::redis::RedisConn;
+use crate::secret::SecretReads;
 use crate::state::bytes::ByteBudget;
 
 /// Parks in flight at once per bridge: parkings waiting together share one reservation under
@@ -119,14 +121,8 @@ async fn run_once(
     source: &RedisSourceSpec,
 ) -> Result<(), SourceError> {
     let (ns, name) = (into.namespace(), into.queue());
-    let url = url_from_secret(
-        client,
-        into,
-        source.url_secret_ref.as_ref(),
-        queue.spec.target.redis.as_ref().map(|t| &t.url_secret_ref),
-        "redis",
-    )
-    .await?;
+    let mut secrets = SecretReads::new(client, ns);
+    let url = source_url(&mut secrets, Sides::of(source, &queue.spec)).await?;
     // One connection blocks in BLMOVE; the other takes elements and acknowledges them.
     let puller = RedisConn::new(&url).map_err(SourceError::broker("connecting to redis"))?;
     let acker = Arc::new(RedisConn::new(&url).map_err(SourceError::broker("connecting to redis"))?);

@@ -45,13 +45,14 @@ use dlq_core::api::{DeadLetterQueue, SidekiqSourceSpec};
 use dlq_core::events::{self, EventPlan};
 use dlq_core::sidekiq::DeadSetBounds;
 
-use super::park_into::{ParkInto, SourceError, keep_running, url_from_secret};
+use super::park_into::{ParkInto, SourceError, keep_running};
 use super::reach::{
     REACH_BYTES, REACH_LARGEST, REACH_PAGE, Reachable, into_inflight_lua, large_lua,
 };
 use super::taken::{BYTES_IN_FLIGHT, Element, Failpoints, Taken, free_slots, pairs, spawn_handle};
+use crate::broker::backend::{Sides, source_url};
 use crate::broker::redis::RedisConn;
-use crate::state::apiserver::reference;
+use crate::secret::SecretReads;
 use crate::state::bytes::ByteBudget;
 
 /// Parks in flight at once per bridge (as the Redis source: a backlog is taken in batches).
@@ -83,6 +84,34 @@ const MOVE_BATCH: u64 = 500;
 /// source's redis-namespace: its name is the DeadLetterQueue's (`dlq:<namespace>/<queue>`).
 pub fn overflow_list(namespace: &str, queue: &str) -> String {
     format!("dlq:{namespace}/{queue}:overflow")
+}
+
+/// Where one queue's Sidekiq source keeps its jobs, named once for the bridge and the backlog
+/// probe: Sidekiq's dead set, this queue's own keys beside it (under the source's
+/// redis-namespace, `dlq:<namespace>/<queue>`) and its [`overflow_list`].
+pub(super) struct Keys {
+    pub dead: String,
+    pub own: String,
+    pub overflow: String,
+}
+
+impl Keys {
+    pub(super) fn of(source: &SidekiqSourceSpec, namespace: &str, queue: &str) -> Keys {
+        let prefix = source
+            .namespace
+            .as_ref()
+            .map_or_else(String::new, |n| format!("{n}:"));
+        Keys {
+            dead: format!("{prefix}dead"),
+            own: format!("{prefix}dlq:{namespace}/{queue}"),
+            overflow: overflow_list(namespace, queue),
+        }
+    }
+
+    /// This queue's inflight hash.
+    pub(super) fn inflight(&self) -> String {
+        format!("{}:inflight", self.own)
+    }
 }
 
 /// The Lua both scripts share: `wanted(raw)`, whether this queue's filters take a dead job
@@ -261,19 +290,8 @@ async fn run_once(
     queue: &DeadLetterQueue,
     source: &SidekiqSourceSpec,
 ) -> Result<(), SourceError> {
-    let url = url_from_secret(
-        client,
-        into,
-        source.url_secret_ref.as_ref(),
-        queue
-            .spec
-            .target
-            .sidekiq
-            .as_ref()
-            .and_then(|t| t.url_secret_ref.as_ref()),
-        "sidekiq",
-    )
-    .await?;
+    let mut secrets = SecretReads::new(client, into.namespace());
+    let url = source_url(&mut secrets, Sides::of(source, &queue.spec)).await?;
     let conn = Arc::new(RedisConn::new(&url).map_err(SourceError::broker("connecting to redis"))?);
     let ctx = Arc::new(Bridge::new(into.clone(), conn, source)?);
     tracing::debug!(namespace = %into.namespace(), queue = %into.queue(), dead = %ctx.dead, "sidekiq source draining");
@@ -385,21 +403,17 @@ impl Bridge {
         conn: Arc<RedisConn>,
         source: &SidekiqSourceSpec,
     ) -> Result<Self, SourceError> {
-        let prefix = source
-            .namespace
-            .as_ref()
-            .map_or_else(String::new, |n| format!("{n}:"));
-        let own = format!("{prefix}dlq:{}/{}", into.namespace(), into.queue());
+        let keys = Keys::of(source, into.namespace(), into.queue());
+        let own = &keys.own;
         let json = |v: &Vec<String>| {
             serde_json::to_string(v).map_err(|e| SourceError::Config(format!("filters: {e}")))
         };
-        let overflow = overflow_list(into.namespace(), into.queue());
         let taken = Taken::new(
             into,
             conn,
-            format!("{own}:inflight"),
+            keys.inflight(),
             format!("{own}:rejected"),
-            format!("{own}:inflight"),
+            keys.inflight(),
             |queue, raw| Element::Whole(dlq_core::sidekiq::request_for(queue, &raw), raw),
             Failpoints {
                 after_take: "sidekiq-after-take",
@@ -408,9 +422,9 @@ impl Bridge {
         );
         let trim = source.dead_max_jobs();
         Ok(Bridge {
-            dead: format!("{prefix}dead"),
             counter: format!("{own}:inflight:seq"),
-            overflow,
+            dead: keys.dead,
+            overflow: keys.overflow,
             queues: json(&source.queues)?,
             classes: json(&source.classes)?,
             taken: Arc::new(taken),
@@ -492,18 +506,12 @@ impl Bridge {
             "Sidekiq's dead set {} held {size} jobs, more than half of its trim (deadMaxJobs {}): moved the oldest {moved} this queue takes into {} (now {listed}), which Sidekiq never trims; they are parked from there first, oldest first, and count as backlog",
             self.dead, self.trim, self.overflow
         );
-        let Some(queue) = into.shared.queues.get(&into.key) else {
-            return;
-        };
         let event = EventPlan::normal(
             events::reason::DEAD_SET_OVERFLOW,
             events::action::PARK,
             note,
         );
-        into.shared
-            .apiserver
-            .publish(reference(queue.as_ref()), &event)
-            .await;
+        into.tell(&event).await;
     }
 
     /// Warns that the set nears the trim even so: Sidekiq will soon drop jobs unparked.

@@ -33,8 +33,10 @@ use dlq_core::api::{self, DeadLetterQueue, FailureKind, Job, Origin, SqsSourceSp
 use dlq_core::headers::sqs::{Attribute, to_headers};
 
 use super::park_into::{ParkInto, SourceError, keep_running};
+use crate::broker::backend::Sides;
 use crate::broker::redact_url;
-use crate::broker::sqs::{SqsConn, read_aws_keys};
+use crate::broker::sqs::SqsConn;
+use crate::secret::SecretReads;
 
 /// Messages parked at once per long poll.
 const CONCURRENCY: usize = 16;
@@ -171,43 +173,14 @@ pub async fn run(client: Client, into: ParkInto, queue: DeadLetterQueue, source:
     keep_running("sqs", &into, || run_once(&client, &into, &queue, &source)).await
 }
 
-/// Region, endpoint and keys of the source: its own, else the sqs target's.
-pub(super) async fn conn_for(
-    client: &Client,
-    ns: &str,
-    queue: &DeadLetterQueue,
-    source: &SqsSourceSpec,
-) -> Result<SqsConn, SourceError> {
-    let target = queue.spec.target.sqs.as_ref();
-    let creds = source
-        .credentials_secret_ref
-        .as_ref()
-        .or_else(|| target.and_then(|t| t.credentials_secret_ref.as_ref()));
-    let keys = match creds {
-        Some(r) => Some(read_aws_keys(client, ns, r).await?.0),
-        None => None,
-    };
-    Ok(SqsConn {
-        region: source
-            .region
-            .clone()
-            .or_else(|| SqsConn::region_of(&source.queue_url))
-            .or_else(|| target.and_then(|t| t.region.clone())),
-        endpoint: source
-            .endpoint
-            .clone()
-            .or_else(|| target.and_then(|t| t.endpoint.clone())),
-        keys,
-    })
-}
-
 async fn run_once(
     client: &Client,
     into: &ParkInto,
     queue: &DeadLetterQueue,
     source: &SqsSourceSpec,
 ) -> Result<(), SourceError> {
-    let conn = conn_for(client, into.namespace(), queue, source).await?;
+    let mut secrets = SecretReads::new(client, into.namespace());
+    let conn = SqsConn::for_source(&mut secrets, Sides::of(source, &queue.spec)).await?;
     let sqs = conn
         .client(Duration::from_secs(MAX_WAIT_SECONDS + 10))
         .await;
@@ -217,7 +190,7 @@ async fn run_once(
         url: source.queue_url.clone(),
     });
     // Without the mechanism (the bench's A/B): one long poll and the slots of one.
-    let receivers = if into.shared.sqs_receivers {
+    let receivers = if into.tuning().sqs_receivers {
         RECEIVERS
     } else {
         1
@@ -229,7 +202,7 @@ async fn run_once(
 
 /// The long poll's seconds (`--sqs-long-poll-seconds`), within SQS's 1-20.
 fn long_poll_seconds(into: &ParkInto) -> i32 {
-    into.shared
+    into.tuning()
         .sqs_long_poll
         .as_secs()
         .clamp(1, MAX_WAIT_SECONDS) as i32
@@ -339,14 +312,14 @@ impl Bridge {
         let reference = pointer.reference();
         let mut attempt = 0u32;
         loop {
-            let Some(queue) = self.into.shared.queues.get(&self.into.key) else {
+            let Some(queue) = self.into.queue_now() else {
                 return;
             };
             if queue.spec.bodies.as_ref().is_none_or(|b| b.s3.is_none()) {
                 tracing::debug!(queue = %self.into.queue(), job = %req.job.id, %reference, "an SQS Extended Client pointer on a queue without an S3 body store: parked as it is");
                 return;
             }
-            let described = match self.into.shared.bodies.store(&queue).await {
+            let described = match self.into.bodies().store(&queue).await {
                 Ok(Some(store)) => store.describe_external(&req.job.id, &reference).await,
                 Ok(None) => return,
                 Err(e) => Err(e),

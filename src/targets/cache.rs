@@ -14,13 +14,17 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use tokio::sync::Mutex;
 
-use dlq_core::api::{BodiesSpec, DeadLetterQueue, DeadLetterQueueSpec, SecretKeyRef, TargetSpec};
+use dlq_core::api::{BodiesSpec, DeadLetterQueue, DeadLetterQueueSpec, TargetSpec};
 
+use crate::broker::backend::{Sides, TargetBackend, Unserved};
 #[cfg(feature = "kafka")]
-use crate::broker::kafka::{KafkaConn, SaslCredentials, read_kafka_secrets};
+use crate::broker::kafka::{KafkaConn, SaslCredentials};
+#[cfg(feature = "pubsub")]
+use crate::broker::pubsub::PubsubConn;
 #[cfg(feature = "sqs")]
-use crate::broker::sqs::{AwsKeys, read_aws_keys};
-use crate::secret::read_secret;
+use crate::broker::sqs::AwsKeys;
+use crate::broker::{amqp, nats, redis};
+use crate::secret::SecretReads;
 use crate::targets::amqp::AmqpTarget;
 use crate::targets::http::HttpTarget;
 #[cfg(feature = "kafka")]
@@ -150,101 +154,58 @@ pub struct TargetSecrets {
     versions: Vec<String>,
 }
 
-/// Reads every Secret the queue's target names (a sidekiq target's URL defaults to the sidekiq
-/// source's).
+/// Reads every Secret the queue's target names, through its backend's rules in
+/// `crate::broker` (a Sidekiq or Pub/Sub target may take its source's).
 pub async fn read_target_secrets(
     client: &Client,
     namespace: &str,
     spec: &DeadLetterQueueSpec,
 ) -> Result<TargetSecrets, TargetError> {
-    let target = &spec.target;
+    let mut reads = SecretReads::new(client, namespace);
     let mut s = TargetSecrets::default();
-    let mut read = async |r: &SecretKeyRef| -> Result<String, TargetError> {
-        let (value, version) = read_secret(client, namespace, r)
-            .await
-            .map_err(|e| TargetError::Config(e.to_string()))?;
-        s.versions.push(version);
-        Ok(value)
-    };
-    let (mut url, mut token, mut ca) = (None, None, None);
-    if let Some(redis) = &target.redis {
-        url = Some(read(&redis.url_secret_ref).await?);
-    } else if let Some(amqp) = &target.amqp {
-        url = Some(read(&amqp.url_secret_ref).await?);
-    } else if let Some(sidekiq) = &target.sidekiq {
-        let source = spec.source.as_ref().and_then(|s| s.sidekiq.as_ref());
-        let r = sidekiq
-            .url_secret_ref
-            .as_ref()
-            .or_else(|| source.and_then(|s| s.url_secret_ref.as_ref()))
-            .ok_or_else(|| {
-                TargetError::Config(
-                    "sidekiq target needs urlSecretRef (or a sidekiq source with one)".into(),
-                )
-            })?;
-        url = Some(read(r).await?);
-    } else if let Some(nats) = &target.nats {
-        url = match (&nats.url, &nats.url_secret_ref) {
-            (_, Some(r)) => Some(read(r).await?),
-            (Some(plain), None) => Some(plain.clone()),
-            (None, None) => {
-                return Err(TargetError::Config(
-                    "nats target needs url or urlSecretRef".into(),
-                ));
-            }
-        };
-    } else if let Some(_sqs) = &target.sqs {
-        #[cfg(not(feature = "sqs"))]
-        return Err(TargetError::Config(crate::broker::not_built("sqs")));
-        #[cfg(feature = "sqs")]
-        if let Some(r) = &_sqs.credentials_secret_ref {
-            let (keys, version) = read_aws_keys(client, namespace, r)
-                .await
-                .map_err(|e| TargetError::Config(e.to_string()))?;
-            s.versions.push(version);
-            s.aws = Some(keys);
-        }
-    } else if let Some(_kafka) = &target.kafka {
-        #[cfg(not(feature = "kafka"))]
-        return Err(TargetError::Config(crate::broker::not_built("kafka")));
-        #[cfg(feature = "kafka")]
-        {
-            let (sasl, kafka_ca, versions) =
-                read_kafka_secrets(client, namespace, _kafka.security.as_ref())
-                    .await
-                    .map_err(|e| TargetError::Config(e.to_string()))?;
-            s.versions.extend(versions);
-            s.sasl = sasl;
-            ca = kafka_ca;
-        }
-    } else if let Some(_pubsub) = &target.pubsub {
-        #[cfg(not(feature = "pubsub"))]
-        return Err(TargetError::Config(crate::broker::not_built("pubsub")));
-        #[cfg(feature = "pubsub")]
-        {
-            let source = spec.source.as_ref().and_then(|s| s.pubsub.as_ref());
-            let r = _pubsub
-                .credentials_secret_ref
-                .as_ref()
-                .or_else(|| source.and_then(|s| s.credentials_secret_ref.as_ref()));
-            if let Some(r) = r {
-                s.google_key = Some(read(r).await?);
-            }
-        }
-    } else if let Some(http) = &target.http {
-        if let Some(r) = &http.bearer_token_secret_ref {
-            token = Some(read(r).await?);
-        }
-        if let Some(r) = &http.ca_secret_ref {
-            ca = Some(read(r).await?);
-        }
-    } else {
-        return Err(TargetError::Config("spec.target names no backend".into()));
-    }
-    s.url = url;
-    s.token = token;
-    s.ca = ca;
+    read_backend(&mut reads, spec, &mut s).await?;
+    s.versions = reads.versions().to_vec();
     Ok(s)
+}
+
+/// Fills `s` from the Secrets of the backend `spec.target` names.
+async fn read_backend(
+    reads: &mut SecretReads<'_>,
+    spec: &DeadLetterQueueSpec,
+    s: &mut TargetSecrets,
+) -> Result<(), TargetError> {
+    match backend_of(&spec.target)? {
+        TargetBackend::Redis(t) => s.url = Some(redis::target_url(reads, t).await?),
+        TargetBackend::Amqp(t) => s.url = Some(amqp::target_url(reads, t).await?),
+        TargetBackend::Sidekiq(t) => {
+            s.url = Some(redis::sidekiq_target_url(reads, Sides::of(t, spec)).await?);
+        }
+        TargetBackend::Nats(t) => s.url = Some(nats::target_url(reads, t).await?),
+        TargetBackend::Http(t) => (s.token, s.ca) = HttpTarget::secrets(reads, t).await?,
+        #[cfg(feature = "sqs")]
+        TargetBackend::Sqs(t) => s.aws = crate::broker::sqs::target_keys(reads, t).await?,
+        #[cfg(feature = "kafka")]
+        TargetBackend::Kafka(t) => {
+            let security = t.security.as_ref();
+            (s.sasl, s.ca) = crate::broker::kafka::read_kafka_secrets(reads, security)
+                .await
+                .map_err(crate::broker::backend::ConnectError::from)?;
+        }
+        #[cfg(feature = "pubsub")]
+        TargetBackend::Pubsub(t) => {
+            let conn = PubsubConn::read(reads, Sides::of(t, spec)).await?;
+            s.google_key = conn.key;
+        }
+    }
+    Ok(())
+}
+
+/// The backend `target` names, when this build serves it.
+fn backend_of(target: &TargetSpec) -> Result<TargetBackend<'_>, TargetError> {
+    TargetBackend::of(target).map_err(|why| match why {
+        Unserved::Unnamed => TargetError::Config("spec.target names no backend".into()),
+        Unserved::NotBuilt(backend) => TargetError::Config(crate::broker::not_built(backend)),
+    })
 }
 
 /// The target `target` names; `bodies` is the queue's body store, whose `maxBytes` the Kafka
@@ -261,72 +222,47 @@ fn build(
             .as_deref()
             .ok_or_else(|| TargetError::Config("the target's URL is missing".into()))
     };
-    if let Some(redis) = &target.redis {
-        let key = match (&redis.list, &redis.stream) {
-            (Some(list), None) => RedisKey::List(list.clone()),
-            (None, Some(stream)) => RedisKey::Stream(stream.clone()),
-            _ => {
-                return Err(TargetError::Config(
-                    "redis target needs exactly one of list or stream".into(),
-                ));
-            }
-        };
-        return Ok(Arc::new(RedisTarget::new(url()?, key)?));
-    }
-    if let Some(amqp) = &target.amqp {
-        return Ok(Arc::new(AmqpTarget::new(amqp, url()?)?));
-    }
-    if let Some(sidekiq) = &target.sidekiq {
-        return Ok(Arc::new(SidekiqTarget::new(
-            url()?,
-            sidekiq.namespace.as_deref(),
-        )?));
-    }
-    if let Some(nats) = &target.nats {
-        return Ok(Arc::new(NatsTarget::new(nats, url()?)?));
-    }
-    if let Some(http) = &target.http {
-        return Ok(Arc::new(HttpTarget::new(
+    Ok(match backend_of(target)? {
+        TargetBackend::Redis(redis) => {
+            let key = match (&redis.list, &redis.stream) {
+                (Some(list), None) => RedisKey::List(list.clone()),
+                (None, Some(stream)) => RedisKey::Stream(stream.clone()),
+                _ => {
+                    return Err(TargetError::Config(
+                        "redis target needs exactly one of list or stream".into(),
+                    ));
+                }
+            };
+            Arc::new(RedisTarget::new(url()?, key)?)
+        }
+        TargetBackend::Amqp(amqp) => Arc::new(AmqpTarget::new(amqp, url()?)?),
+        TargetBackend::Sidekiq(sidekiq) => {
+            Arc::new(SidekiqTarget::new(url()?, sidekiq.namespace.as_deref())?)
+        }
+        TargetBackend::Nats(nats) => Arc::new(NatsTarget::new(nats, url()?)?),
+        TargetBackend::Http(http) => Arc::new(HttpTarget::new(
             &http.url,
             secrets.token.as_deref(),
             secrets.ca.as_deref(),
-        )?));
-    }
-    #[cfg(not(feature = "sqs"))]
-    if target.sqs.is_some() {
-        return Err(TargetError::Config(crate::broker::not_built("sqs")));
-    }
-    #[cfg(feature = "sqs")]
-    if let Some(sqs) = &target.sqs {
-        return Ok(Arc::new(SqsTarget::new(sqs, secrets.aws.clone())));
-    }
-    #[cfg(not(feature = "kafka"))]
-    if target.kafka.is_some() {
-        return Err(TargetError::Config(crate::broker::not_built("kafka")));
-    }
-    #[cfg(feature = "kafka")]
-    if let Some(kafka) = &target.kafka {
-        let conn = KafkaConn::new(
-            &kafka.bootstrap_servers,
-            kafka.security.as_ref(),
-            secrets.sasl.clone(),
-            secrets.ca.clone(),
-        )
-        .with_bodies(bodies);
-        return Ok(Arc::new(KafkaTarget::new(kafka, conn)));
-    }
-    #[cfg(not(feature = "pubsub"))]
-    if target.pubsub.is_some() {
-        return Err(TargetError::Config(crate::broker::not_built("pubsub")));
-    }
-    #[cfg(feature = "pubsub")]
-    if let Some(pubsub) = &target.pubsub {
-        return Ok(Arc::new(PubsubTarget::new(
-            pubsub,
-            secrets.google_key.clone(),
-        )));
-    }
-    Err(TargetError::Config("spec.target names no backend".into()))
+        )?),
+        #[cfg(feature = "sqs")]
+        TargetBackend::Sqs(sqs) => Arc::new(SqsTarget::new(sqs, secrets.aws.clone())),
+        #[cfg(feature = "kafka")]
+        TargetBackend::Kafka(kafka) => {
+            let conn = KafkaConn::new(
+                &kafka.bootstrap_servers,
+                kafka.security.as_ref(),
+                secrets.sasl.clone(),
+                secrets.ca.clone(),
+            )
+            .with_bodies(bodies);
+            Arc::new(KafkaTarget::new(kafka, conn))
+        }
+        #[cfg(feature = "pubsub")]
+        TargetBackend::Pubsub(pubsub) => {
+            Arc::new(PubsubTarget::new(pubsub, secrets.google_key.clone()))
+        }
+    })
 }
 
 #[cfg(all(test, not(all(feature = "kafka", feature = "sqs", feature = "pubsub"))))]

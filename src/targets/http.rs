@@ -23,7 +23,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 
 use dlq_core::cloudevent::HTTP_MANAGED;
 
+use dlq_core::api::HttpTargetSpec;
+
+use crate::broker::backend::ConnectError;
 use crate::https::error_chain;
+use crate::secret::SecretReads;
 
 use super::{JobMessage, Target, TargetError};
 use crate::broker::redact_url;
@@ -43,6 +47,23 @@ pub struct HttpTarget {
 }
 
 impl HttpTarget {
+    /// The bearer token and CA bundle the spec names, read from their Secrets: an HTTP
+    /// endpoint has no broker module, so its connection is read here.
+    pub async fn secrets(
+        reads: &mut SecretReads<'_>,
+        spec: &HttpTargetSpec,
+    ) -> Result<(Option<String>, Option<String>), ConnectError> {
+        let token = match &spec.bearer_token_secret_ref {
+            Some(r) => Some(reads.value(r).await?),
+            None => None,
+        };
+        let ca = match &spec.ca_secret_ref {
+            Some(r) => Some(reads.value(r).await?),
+            None => None,
+        };
+        Ok((token, ca))
+    }
+
     pub fn new(url: &str, token: Option<&str>, ca: Option<&str>) -> Result<Self, TargetError> {
         let uri: Uri = url
             .parse()

@@ -212,6 +212,13 @@ impl From<BrokerError> for TargetError {
     }
 }
 
+impl From<crate::broker::backend::ConnectError> for TargetError {
+    /// A target whose connection cannot be read is misconfigured, in the reader's words.
+    fn from(e: crate::broker::backend::ConnectError) -> Self {
+        TargetError::Config(e.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -94,7 +94,7 @@ fn process(fake: &Arc<FakeApiserver>) -> Arc<Replays> {
 /// The replay controller over `ctx`, its standing replays passing to `ctx`'s targets (as
 /// `crate::run` wires them).
 fn replays_of(ctx: Context) -> Arc<Replays> {
-    let standing = Standing::new(ctx.targets.clone());
+    let standing = Standing::new(ctx.redrive.targets.clone());
     Arc::new(Replays::new(Arc::new(ctx), standing))
 }
 

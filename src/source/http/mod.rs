@@ -422,7 +422,7 @@ async fn answer(
         )
         .retry_after(RETRY_AFTER_UNAVAILABLE);
     };
-    if !shared.leadership.holds() {
+    if !shared.holds_term() {
         return Answer::error(503, "this replica's term on the Lease ran out: try again")
             .retry_after(RETRY_AFTER_UNAVAILABLE);
     }
@@ -430,7 +430,7 @@ async fn answer(
         key: ObjectRef::new(queue).within(namespace),
         shared,
     };
-    let Some(q) = into.shared.queues.get(&into.key) else {
+    let Some(q) = into.queue_now() else {
         return Answer::error(
             404,
             format!("no DeadLetterQueue {queue} in namespace {namespace}"),
@@ -708,14 +708,14 @@ async fn park_one(into: &ParkInto, event: Incoming) -> Result<(String, bool), An
         let mut attempt = parking.request().clone();
         // Two copies of one event posted at once (a sender's retry racing its first try): the
         // second waits and then finds the first's record.
-        let _turn = into.shared.in_flight.turn(&mut attempt).await;
+        let _turn = into.in_flight().turn(&mut attempt).await;
         let refused = match into.park(attempt).await {
             Ok(ParkOutcome::Parked(r)) => return Ok((r.name_any(), true)),
             Ok(outcome) => return Ok((outcome.record().name_any(), false)),
             Err(e) if e.is_backpressure() => {
                 // Counted into the queue's `status.http.refusedLastMinute`.
                 super::backlog::BACKLOGS.refused(into.namespace(), into.queue());
-                into.shared.metrics.park_refused(
+                into.metrics().park_refused(
                     into.namespace(),
                     into.queue(),
                     e.bound().unwrap_or_default(),
