@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 
-use dlq_core::api::{self, DeadLetter, DeadLetterQueue, Phase};
+use dlq_core::api::{self, DeadLetter, DeadLetterQueue};
 use dlq_core::capacity::{QuotaUse, quota_refusal};
-use dlq_core::park::validate;
+use dlq_core::park::{answers_for_its_job, validate};
 use dlq_core::park_plan::{AfterList, ParkPlan, Step, Unplannable};
 use dlq_core::seal::SealError;
 
@@ -287,7 +287,7 @@ impl Parker {
             }
             Step::Confirm(name) => {
                 if let Some(r) = records.get_opt(&name).await?
-                    && r.phase() == Phase::Parked
+                    && answers_for_its_job(r.phase(), r.spec.action)
                 {
                     return Ok(ParkOutcome::AlreadyParked(Box::new(r)));
                 }
@@ -326,7 +326,7 @@ impl Parker {
                     // Confirm a listed Parked: answering AlreadyParked for a record that was
                     // just resolved would lose this new death of the job.
                     match records.get_opt(&name).await? {
-                        Some(r) if r.phase() == Phase::Parked => {
+                        Some(r) if answers_for_its_job(r.phase(), r.spec.action) => {
                             return Ok(ParkOutcome::AlreadyParked(Box::new(r)));
                         }
                         _ => continue,

@@ -7,7 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use sha2::{Digest, Sha256};
 
 use crate::dead_letter::{
-    self, BodyRef, DeadLetter, DeadLetterSpec, FailureKind, IntentSnapshot, Job, Phase,
+    self, Action, BodyRef, DeadLetter, DeadLetterSpec, FailureKind, IntentSnapshot, Job, Phase,
 };
 
 /// Everything known about a given-up job.
@@ -751,6 +751,15 @@ pub fn source_message(record: &DeadLetter) -> Option<&str> {
         .map(String::as_str)
 }
 
+/// Whether a record of a job answers for a new dead message of that job (the same death,
+/// dead-lettered twice): a Parked one, but not once a redrive is decided. Its job may be on its
+/// queue again from then on (the broker confirms before the record says Redriven), and a death
+/// now is its own, the next cycle, however soon it comes: answered by the record, it was
+/// acknowledged and lost once the record turned Redriven.
+pub fn answers_for_its_job(phase: Phase, action: Option<Action>) -> bool {
+    phase == Phase::Parked && action != Some(Action::Redrive)
+}
+
 /// What earlier records of a job mean for parking it now.
 #[derive(Debug, Clone)]
 pub enum Cycle<'a> {
@@ -776,9 +785,9 @@ pub fn next_cycle<'a>(req: &ParkRequest, existing: &'a [DeadLetter]) -> Cycle<'a
     {
         return Cycle::SameMessage(record);
     }
-    if let Some(parked) =
-        same().find(|r| r.phase() == Phase::Parked && req.answered_by(source_message(r)))
-    {
+    if let Some(parked) = same().find(|r| {
+        answers_for_its_job(r.phase(), r.spec.action) && req.answered_by(source_message(r))
+    }) {
         return Cycle::AlreadyParked(parked);
     }
     Cycle::Next(same().map(|r| r.spec.cycle).max().unwrap_or(0) + 1)
@@ -793,6 +802,8 @@ pub struct KnownCycle {
     pub job_id: String,
     pub cycle: i32,
     pub phase: Phase,
+    /// Its decision, if any (a redrive decided: its job may be back on its queue).
+    pub action: Option<Action>,
     /// The source message identity it was parked with.
     pub message: Option<String>,
 }
@@ -806,6 +817,7 @@ impl KnownCycle {
             job_id: record.spec.job.id.clone(),
             cycle: record.spec.cycle,
             phase: record.phase(),
+            action: record.spec.action,
             message: source_message(record).map(str::to_string),
         }
     }
@@ -852,8 +864,8 @@ pub fn first_try(req: &ParkRequest, known: Option<&[KnownCycle]>) -> FirstTry {
     {
         return FirstTry::SameMessage(record.name.clone());
     }
-    if let Some(parked) =
-        same().find(|k| k.phase == Phase::Parked && req.answered_by(k.message.as_deref()))
+    if let Some(parked) = same()
+        .find(|k| answers_for_its_job(k.phase, k.action) && req.answered_by(k.message.as_deref()))
     {
         return FirstTry::Confirm(parked.name.clone());
     }
@@ -1194,6 +1206,7 @@ mod tests {
             job_id: "pi_0003/settle".into(),
             cycle,
             phase,
+            action: None,
             message: None,
         }
     }
@@ -1308,6 +1321,37 @@ mod tests {
             next_cycle(&second, &[parked]),
             Cycle::AlreadyParked(_)
         ));
+    }
+
+    /// A job redriven and dead again before its record says Redriven (a consumer failing
+    /// within milliseconds): the Parked record with its redrive decided no longer answers for
+    /// the job, so the death is the next cycle, not a duplicate acknowledged and lost. A
+    /// Parked record without a decision, or with a drop, still answers (the same death twice).
+    #[test]
+    fn a_death_beside_a_record_whose_redrive_is_decided_is_the_next_cycle() {
+        let again = req().with_message("m#2");
+        let mut first = known(1, Phase::Parked);
+        first.action = Some(Action::Redrive);
+        assert_eq!(
+            first_try(&again, Some(std::slice::from_ref(&first))),
+            FirstTry::Create(2)
+        );
+        let mut parked = new_record(&req().with_message("m#1"), 1);
+        parked.status = None;
+        assert!(matches!(
+            next_cycle(&again, std::slice::from_ref(&parked)),
+            Cycle::AlreadyParked(_)
+        ));
+        parked.spec.action = Some(Action::Redrive);
+        assert!(matches!(
+            next_cycle(&again, std::slice::from_ref(&parked)),
+            Cycle::Next(2)
+        ));
+        first.action = Some(Action::Drop);
+        assert_eq!(
+            first_try(&again, Some(std::slice::from_ref(&first))),
+            FirstTry::Confirm(first.name.clone())
+        );
     }
 
     #[test]

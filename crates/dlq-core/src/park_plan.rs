@@ -5,9 +5,10 @@
 //! create) is answered by the plan itself ([`ParkPlan::after_list`], [`ParkPlan::answered_by`]),
 //! so the parker never takes the rules of `crate::park` in its own hands step by step.
 
-use crate::dead_letter::{DeadLetter, Phase};
+use crate::dead_letter::DeadLetter;
 use crate::park::{
-    Cycle, FirstTry, KnownCycle, ParkInvalid, ParkRequest, first_try, job_key, new_record,
+    Cycle, FirstTry, KnownCycle, ParkInvalid, ParkRequest, answers_for_its_job, first_try,
+    job_key, new_record,
     next_cycle, source_message, validate,
 };
 use crate::queue::DeadLetterQueue;
@@ -134,7 +135,7 @@ impl ParkPlan {
     /// message. A name holds 32 bits of its job's key: another job's record of the same name
     /// never takes this one's place.
     pub fn answered_by(&self, found: &DeadLetter) -> bool {
-        found.phase() == Phase::Parked
+        answers_for_its_job(found.phase(), found.spec.action)
             && found.spec.job.id == self.request.job.id
             && found.spec.queue == self.request.queue
             && self.request.answered_by(source_message(found))
@@ -144,7 +145,7 @@ impl ParkPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dead_letter::Job;
+    use crate::dead_letter::{Job, Phase};
     use crate::park::record_name;
     use crate::testing::RecordBuilder;
 
@@ -188,6 +189,7 @@ mod tests {
             job_id: "pi_0003/settle".into(),
             cycle,
             phase,
+            action: None,
             message: None,
         }
     }
