@@ -7,9 +7,8 @@
 
 use crate::dead_letter::DeadLetter;
 use crate::park::{
-    Cycle, FirstTry, KnownCycle, ParkInvalid, ParkRequest, answers_for_its_job, first_try,
-    job_key, new_record,
-    next_cycle, source_message, validate,
+    Cycle, FirstTry, KnownCycle, ParkInvalid, ParkRequest, answers_for_its_job, first_try, job_key,
+    new_record, next_cycle, source_message, validate,
 };
 use crate::queue::DeadLetterQueue;
 use crate::seal::{SealError, seal_request};

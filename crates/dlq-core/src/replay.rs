@@ -634,7 +634,6 @@ pub fn select<'a, R: Facts + 'a>(
     out
 }
 
-
 /// Failure share among the last `window` settled decisions (None until `window` settled).
 pub fn failure_ratio(in_decision_order: &[Outcome], window: usize) -> Option<f64> {
     let settled: Vec<Outcome> = in_decision_order
