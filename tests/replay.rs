@@ -925,3 +925,67 @@ async fn a_healthy_canary_lets_the_whole_replay_through() {
         started.elapsed().as_secs_f64()
     ));
 }
+
+/// Issue 59 item 2 for a standing replay during a storm: with a canary of 3 (watched 5 s), the
+/// queue Full (`maxParked` 5) and the rest of the group waiting in the broker, nothing passes
+/// through until the canary passed (only the canary's 3 jobs on the target meanwhile); then
+/// the rest pass, every job once, and the replay completes.
+#[tokio::test]
+async fn a_standing_canary_holds_pass_through_until_it_passed() {
+    let (client, ns) = setup("replay-canary-standing").await;
+    let redis = Redis::start();
+    storm_queue(&client, &ns, &redis, 5).await;
+    let group = push_dead(&redis, "s", 30, |i| {
+        format!("payer timeout after {}ms", 30_000 + i)
+    })
+    .await;
+    let _op = Operator::start(&ns);
+    full(&client, &ns, &redis, 5, 20).await;
+    let canary = json!({"canary": {"count": 3, "observeSeconds": 5}});
+    start_standing(&client, &ns, "watched", &group, canary).await;
+    let replays: Api<DeadLetterReplay> = Api::namespaced(client.clone(), &ns);
+    let mut looks = 0;
+    eventually(60, "the canary to pass", || {
+        looks += 1;
+        async {
+            let status = replays.get("watched").await.ok()?.status?;
+            let on_target = arrivals(&redis).await.len();
+            if status.canary.as_ref().is_some_and(|c| c.passed()) {
+                return Some(());
+            }
+            assert_eq!(
+                (status.passed_through, on_target <= 3),
+                (0, true),
+                "before the canary passed: passed through, only canary jobs on the target"
+            );
+            None
+        }
+    })
+    .await;
+    assert!(
+        looks > 10,
+        "watched a while before it passed ({looks} looks)"
+    );
+    let done = eventually(120, "the standing replay to end", || async {
+        let r = replays.get("watched").await.ok()?;
+        r.phase().is_final().then_some(r)
+    })
+    .await;
+    let status = done.status.clone().unwrap_or_default();
+    assert_eq!(done.phase(), ReplayPhase::Completed, "{status:?}");
+    let got = arrivals(&redis).await;
+    assert_eq!(got.len(), 30, "every job on the target: {got:?}");
+    assert!(
+        got.values().all(|n| *n == 1),
+        "a job arrived twice: {got:?}"
+    );
+    assert_eq!(
+        left_in_broker(&redis, "s").await,
+        0,
+        "none left in the broker"
+    );
+    dlq_testenv::report(&format!(
+        "standing canary of 3 during a storm: 0 passed through before it passed ({looks} looks), then {} passed and {} decided, 30 of 30 once",
+        status.passed_through, status.decided
+    ));
+}
