@@ -3,8 +3,8 @@ SHELL := /bin/bash
 CARGO ?= cargo
 # Features the test suite needs: failpoints lets tests crash the operator at chosen points.
 TEST_FEATURES := deadletter-operator/failpoints
-# The test build: the workspace's binaries the tests run (operator, kubectl-dlq, dlq-testenv) and
-# the examples (the demo and its worker).
+# The test build: the workspace's binaries the tests run (operator, kubectl-dlq, dlq-testenv, the
+# demo and its worker) and the examples.
 TEST_BUILD = $(CARGO) build --workspace --features $(TEST_FEATURES) --bins --examples
 # Features the benchmarks need: bench gives the operator its hidden --disable for the A/B. Every
 # `cargo bench` line passes it too: a bench builds the package's binaries into target/release,
@@ -27,11 +27,10 @@ ensure-deps:
 # jemalloc allocator: C and gRPC builds of minutes; `make test` and the image keep them),
 # kubectl-dlq, and the demo and worker examples. About 7 minutes on a fresh 2-core machine.
 DEMO_TOOLS := kube:kube-apiserver etcd
-# Two builds: in one, the examples' dev-dependency view would pull in the operator's
-# dev-dependencies too (the test environment's Kafka and SQS clients), features and all.
-DEMO_CARGO := --no-default-features -p deadletter-operator -p kubectl-dlq \
-  --bin deadletter-operator --bin kubectl-dlq
-DEMO_EXAMPLES := -p dlq-examples --example demo --example worker
+# One build: the operator and the plugin without default features, and dlq-examples' two
+# binaries (the demo and its worker, over a test environment with only its control plane).
+DEMO_CARGO := --no-default-features -p deadletter-operator -p kubectl-dlq -p dlq-examples \
+  --bin deadletter-operator --bin kubectl-dlq --bin dlq-demo --bin dlq-demo-worker
 demo:
 	@bash scripts/ensure-deps.sh demo
 	@# The Go tools build beside the cargo build, so that each one's downloads and single-threaded
@@ -40,11 +39,10 @@ demo:
 	@# would only add its bookkeeping.
 	@setsid bash tools/build.sh $(DEMO_TOOLS) >/dev/null & tools=$$!; \
 	  trap 'kill -- -$$tools 2>/dev/null; wait; exit 130' INT TERM; \
-	  if ! { CARGO_INCREMENTAL=0 $(CARGO) build -q $(DEMO_CARGO) && \
-	         CARGO_INCREMENTAL=0 $(CARGO) build -q $(DEMO_EXAMPLES); }; then \
+	  if ! CARGO_INCREMENTAL=0 $(CARGO) build -q $(DEMO_CARGO); then \
 	    kill -- -$$tools 2>/dev/null; wait; exit 1; fi; \
 	  wait $$tools
-	@RUST_BACKTRACE=0 target/debug/examples/demo
+	@RUST_BACKTRACE=0 target/debug/dlq-demo
 
 ## benchmarks against the apiserver's own ceiling (release build; BENCH_N / BENCH_C override)
 bench: ensure-deps
@@ -70,7 +68,7 @@ test: ensure-deps fmt-check lint-probe commits-check docs-check
 	@# machine's tool builds (downloads, links, single-threaded steps) fill the idle time of the
 	@# others instead of preceding them. TEST_TOOLS lists them in the order the tests first need
 	@# them; a test that needs one not built yet waits on its lock in tools/build.sh. With warm
-	@# caches tools/build.sh returns at once. The test binaries run in TEST_LANES (default 2)
+	@# caches tools/build.sh returns at once. The test binaries run in TEST_LANES (default 3)
 	@# lanes, the dependency and workflow checks beside them (a few seconds of CPU, not a
 	@# sequential step); the benches are compiled with the tests (so linted) and not run
 	@# (`make bench` runs them).

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use dlq_core::api::{DeadLetter, Phase};
-use dlq_testenv::paths::{try_bin, try_example};
+use dlq_testenv::paths::try_bin;
 use dlq_testenv::plane::{self as testenv, ControlPlane};
 use kube::api::ListParams;
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -157,7 +157,7 @@ impl Binaries {
     fn locate() -> anyhow::Result<Binaries> {
         let operator = try_bin("deadletter-operator").map_err(anyhow::Error::msg)?;
         let dlq = try_bin("kubectl-dlq").map_err(anyhow::Error::msg)?;
-        let worker = try_example("worker").map_err(anyhow::Error::msg)?;
+        let worker = try_bin("dlq-demo-worker").map_err(anyhow::Error::msg)?;
         let redis = std::env::var_os("PATH")
             .and_then(|p| {
                 std::env::split_paths(&p)

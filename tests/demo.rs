@@ -4,8 +4,8 @@ use std::process::Command;
 
 #[test]
 fn demo_prints_the_reference_scenario() {
-    // Built by `make test` (`cargo build --workspace --bins --examples`), like the binaries it runs.
-    let demo = dlq_testenv::paths::try_example("demo").unwrap_or_else(|why| panic!("{why}"));
+    // Built by `make test` (`cargo build --workspace --bins`), like the binaries it runs.
+    let demo = dlq_testenv::paths::try_bin("dlq-demo").unwrap_or_else(|why| panic!("{why}"));
     let out = Command::new(&demo)
         .env("RUST_BACKTRACE", "0")
         .output()

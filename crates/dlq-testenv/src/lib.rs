@@ -18,38 +18,62 @@
 //! - [`node`]: a real node (kubelet, containerd, kube-proxy, CNI) beside the plane, and
 //!   [`image`]: the operator image as an OCI archive, built without a Docker daemon.
 //!
+//! Without feature `harness` (on by default) only [`plane`] and [`paths`] are built: what
+//! `make demo` needs.
+//!
 //! Binaries of other packages are not visible through `env!("CARGO_BIN_EXE_…")`: build them
 //! first with `cargo build --workspace --bins` (`make test` does).
 
+#[cfg(feature = "harness")]
 pub mod admission;
+#[cfg(feature = "harness")]
 pub mod alloc;
+#[cfg(feature = "harness")]
 pub mod backends;
+#[cfg(feature = "harness")]
 pub mod brokers;
+#[cfg(feature = "harness")]
 pub mod browser;
+#[cfg(feature = "harness")]
 pub mod chaos;
+#[cfg(feature = "harness")]
 pub mod chart;
+#[cfg(feature = "harness")]
 pub mod cluster;
+#[cfg(feature = "harness")]
 pub mod fixtures;
+#[cfg(feature = "harness")]
 pub mod flux;
+#[cfg(feature = "harness")]
 pub mod harness;
+#[cfg(feature = "harness")]
 pub mod image;
+#[cfg(feature = "harness")]
 pub mod node;
+#[cfg(feature = "harness")]
 pub mod operator;
 pub mod paths;
 pub mod plane;
+#[cfg(feature = "harness")]
 pub mod replays;
+#[cfg(feature = "harness")]
 pub mod reveal;
+#[cfg(feature = "harness")]
 pub mod ui_page;
 
+#[cfg(feature = "harness")]
 pub use cluster::{
     CRDS, Plane, admin_client, apply_crds, audited_plane, install_crds, kubectl_dlq,
     kubectl_dlq_on, namespace, node_plane, plane, quota_plane, setup, setup_on,
 };
+#[cfg(feature = "harness")]
 pub use fixtures::{
     LIST, alerts_per_record, condition, create_dlq, create_offline_queue, create_queue,
     create_secret, decide, events_for, list_target, record, redrive_many, setup_redis_queue,
     unplaced, wait_phase, wait_ready,
 };
+#[cfg(feature = "harness")]
 pub use harness::{eventually, http_post, report};
+#[cfg(feature = "harness")]
 pub use operator::Operator;
 pub use paths::{bin, workspace_root};

@@ -90,20 +90,6 @@ pub fn bin(name: &str) -> PathBuf {
     try_bin(name).unwrap_or_else(|why| panic!("{why}"))
 }
 
-/// An example of the workspace (`target/<profile>/examples/<name>`), or why it is not there.
-pub fn try_example(name: &str) -> Result<PathBuf, String> {
-    let dir = bin_dir()?.join("examples");
-    let path = dir.join(name);
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(format!(
-            "{} is not built: run `cargo build --workspace --bins --examples` first",
-            path.display()
-        ))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
