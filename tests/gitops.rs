@@ -166,7 +166,7 @@ fn kubectl_get_dlr(ns: &str) -> String {
 async fn decisions_committed_to_git_are_applied_by_flux_and_carried_out_signed() {
     let started = Instant::now();
     let (client, ns, redis) =
-        setup_redis_queue("gitops", json!({"retention": {"resolvedFor": "1s"}})).await;
+        setup_redis_queue("gitops", json!({"retention": {"resolvedFor": "1h"}})).await;
     let single = park_one(&client, &ns, "pi_0001/settle", "payer had not signed").await;
     for i in 0..5 {
         park_one(
@@ -244,17 +244,17 @@ async fn decisions_committed_to_git_are_applied_by_flux_and_carried_out_signed()
     let replay_view = kubectl_get_dlr(&ns);
 
     // 3. Retention deletes the resolved records; the manifests stay in git. The next sync
-    //    stays Ready and recreates nothing.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    //    stays Ready and recreates nothing. (Kept an hour until now: at 1 s from the start, a
+    //    loaded machine's retention deleted the single record before step 1 could read it.)
     let queues: Api<DeadLetterQueue> = Api::namespaced(client.clone(), &ns);
     queues
         .patch(
             "relayer",
             &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {"dlq.dev/poke": "retention"}}})),
+            &Patch::Merge(json!({"spec": {"retention": {"resolvedFor": "1s"}}})),
         )
         .await
-        .expect("poking the queue");
+        .expect("shortening the queue's retention");
     eventually(45, "retention to delete the resolved records", || async {
         records
             .list(&ListParams::default())
