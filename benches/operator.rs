@@ -105,7 +105,59 @@ fn env_list(name: &str, default: &str) -> Vec<usize> {
         .collect()
 }
 
-struct Guard(Child);
+/// A child process stopped when dropped; an operator's carries its metrics port.
+struct Guard(Child, Option<u16>);
+
+impl Guard {
+    /// The records this operator has marked (`dlq_parked_total`, every series): asked of its
+    /// `/metrics`, not of the apiserver being measured. The mark writes no status, so a
+    /// record's phase (Parked by the CRD's default) no longer tells a marked one.
+    fn marks(&self) -> f64 {
+        self.1
+            .and_then(|port| dlq_testenv::operator::http_get(("127.0.0.1", port), "/metrics"))
+            .map_or(0.0, |body| {
+                dlq_testenv::operator::metric(&body, "dlq_parked_total", &[])
+            })
+    }
+
+    /// Waits until this operator has marked `n` records, at most `limit`.
+    async fn until_marked(&self, n: usize, limit: Duration) -> anyhow::Result<()> {
+        let start = Instant::now();
+        while self.marks() < n as f64 {
+            if start.elapsed() > limit {
+                bail!(
+                    "{n} records were not all marked within {} s",
+                    limit.as_secs()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+}
+
+/// Whether any record of `api` still waits for its mark (a create's managed fields, which the
+/// mark clears; see `dlq_core::decide::needs_mark`): metadata pages of 500, stopping at the
+/// first one found.
+async fn any_unmarked(api: &Api<DeadLetter>) -> anyhow::Result<bool> {
+    let mut params = ListParams::default().limit(500);
+    loop {
+        let page = api.list_metadata(&params).await?;
+        if page.items.iter().any(|m| {
+            m.metadata
+                .managed_fields
+                .as_ref()
+                .is_some_and(|f| !f.is_empty())
+        }) {
+            return Ok(true);
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(false),
+        }
+    }
+}
+
 impl Drop for Guard {
     fn drop(&mut self) {
         testenv::terminate(&mut self.0, Duration::from_secs(5));
@@ -194,7 +246,7 @@ impl Bench {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Ok((Guard(child), pid))
+        Ok((Guard(child, Some(port)), pid))
     }
 }
 
@@ -576,19 +628,10 @@ async fn redrive_in(
     label: &str,
 ) -> anyhow::Result<f64> {
     let ns = ns.to_string();
-    let (_op, pid) = b.operator_without(&ns, disable)?;
+    let (op, pid) = b.operator_without(&ns, disable)?;
     let api: Api<DeadLetter> = Api::namespaced(b.client.clone(), &ns);
-    // Wait for the operator to have marked them Parked: the run measures redrive only.
-    loop {
-        let items = api.list(&ListParams::default()).await?.items;
-        if items
-            .iter()
-            .all(|r| r.status.as_ref().and_then(|s| s.phase) == Some(Phase::Parked))
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    // Wait for the operator to have marked them: the run measures redrive only.
+    op.until_marked(n, Duration::from_secs(600)).await?;
     let names: Vec<String> = (0..n)
         .map(|i| record_name("relayer", &format!("bench/{i:06}"), 1))
         .collect();
@@ -669,7 +712,7 @@ fn n_headline(json: &serde_json::Map<String, serde_json::Value>) -> u64 {
 async fn latency(b: &mut Bench, samples: usize) -> anyhow::Result<(f64, f64, f64)> {
     let ns = b.namespace("latency").await?;
     create_plain(&b.client, &ns, samples, b.c, 64).await?;
-    let (_op, _) = b.operator(&ns)?;
+    let (op, _) = b.operator(&ns)?;
     let api: Api<DeadLetter> = Api::namespaced(b.client.clone(), &ns);
     let config =
         redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(30)));
@@ -677,16 +720,7 @@ async fn latency(b: &mut Bench, samples: usize) -> anyhow::Result<(f64, f64, f64
         .get_multiplexed_async_connection_with_config(&config)
         .await?;
     let key = format!("bench:{ns}");
-    loop {
-        let items = api.list(&ListParams::default()).await?.items;
-        if items
-            .iter()
-            .all(|r| r.status.as_ref().and_then(|s| s.phase) == Some(Phase::Parked))
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    op.until_marked(samples, Duration::from_secs(600)).await?;
     let mut ms = Vec::with_capacity(samples);
     for i in 0..samples {
         let name = record_name("relayer", &format!("bench/{i:06}"), 1);
@@ -716,22 +750,9 @@ async fn latency(b: &mut Bench, samples: usize) -> anyhow::Result<(f64, f64, f64
 async fn memory(b: &mut Bench, n: usize) -> anyhow::Result<(f64, f64, f64)> {
     let ns = b.namespace("memory").await?;
     create_plain(&b.client, &ns, n, b.c.min(8), 64 * 1024).await?;
-    let (_op, pid) = b.operator(&ns)?;
-    let api: Api<DeadLetter> = Api::namespaced(b.client.clone(), &ns);
+    let (op, pid) = b.operator(&ns)?;
     // Until the operator has seen (and marked) every record.
-    loop {
-        let marked = api
-            .list(&ListParams::default().limit(500))
-            .await?
-            .items
-            .iter()
-            .all(|r| r.status.as_ref().and_then(|s| s.phase) == Some(Phase::Parked));
-        let all = api.list_metadata(&ListParams::default()).await?.items.len() == n;
-        if marked && all {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    op.until_marked(n, Duration::from_secs(900)).await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (peak, now) = rss_mib(pid);
     let apiserver = rss_mib(b.plane.apiserver_pid()).1;
@@ -774,19 +795,22 @@ async fn main() -> anyhow::Result<()> {
                 .find(|p| p.is_file())
         })
         .context("redis-server not found: run scripts/ensure-deps.sh")?;
-    let _redis = Guard(testenv::spawn_guarded(
-        Command::new(redis_bin).args([
-            "--port",
-            &redis_port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ]),
-        &plane.dir().join("redis.log"),
-    )?);
+    let _redis = Guard(
+        testenv::spawn_guarded(
+            Command::new(redis_bin).args([
+                "--port",
+                &redis_port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ]),
+            &plane.dir().join("redis.log"),
+        )?,
+        None,
+    );
     profile::also("redis", _redis.0.id());
     std::thread::sleep(Duration::from_millis(300));
     let mut config = Config::from_custom_kubeconfig(

@@ -91,6 +91,11 @@ async fn park_dedupes_while_parked_and_starts_a_new_cycle_after_resolution() {
         Some("{\"intent\":\"pi_0003\"}")
     );
 
+    // Before the operator writes anything, the apiserver serves the record Parked (the CRD's
+    // default for an unwritten status) to every reader: the create's answer, a get, a list, a
+    // watch and kubectl's PHASE column.
+    reads_parked_before_any_status_write(&client, &ns, r).await;
+
     // The operator announces a new record (once, whoever parked it).
     let _op = Operator::start(&ns);
     let ev = eventually(10, "Parked warning", || async {
@@ -99,14 +104,37 @@ async fn park_dedupes_while_parked_and_starts_a_new_cycle_after_resolution() {
     })
     .await;
     assert_eq!(ev[0].type_.as_deref(), Some("Warning"));
-    // The mark cleared the managed fields, and its status write added none (0.7 KB of etcd and
-    // about 10 KB of the apiserver's watch cache a record; the CRD's rules keep the facts
-    // immutable).
+    // The mark is one write: it cleared the managed fields (0.7 KB of etcd and about 10 KB of
+    // the apiserver's watch cache a record; the CRD's rules keep the facts immutable) and wrote
+    // no status: no condition, Parked by the default.
     let marked = wait_phase(&api, &r.name_any(), Phase::Parked, 20).await;
     assert!(
         marked.managed_fields().is_empty(),
         "{:?}",
         marked.managed_fields()
+    );
+    assert_eq!(
+        marked.status.as_ref().map(|s| s.conditions.len()),
+        Some(0),
+        "{:?}",
+        marked.status
+    );
+    assert_eq!(
+        marked.status.as_ref().and_then(|s| s.phase),
+        Some(Phase::Parked)
+    );
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let events = events_for(&client, &ns, &r.name_any(), "Parked").await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(
+        events[0].series.as_ref().map(|s| s.count),
+        None,
+        "announced once"
+    );
+    assert_eq!(
+        api.get(&r.name_any()).await.unwrap().resource_version(),
+        marked.resource_version(),
+        "no write after the mark"
     );
 
     decide(&api, &r.name_any(), Action::Redrive, "ops").await;
@@ -497,6 +525,237 @@ async fn gitops_server_side_apply_of_a_decision_does_not_conflict_with_the_parke
         "{owned}"
     );
     assert_eq!(redis.list(LIST).await, vec![b"g".to_vec()]);
+}
+
+/// Record `r`, just created and never written since, reads `status.phase: Parked` with no
+/// condition in the create's answer, a get, a list, a watch and `kubectl get dl`.
+async fn reads_parked_before_any_status_write(client: &kube::Client, ns: &str, r: &DeadLetter) {
+    use futures::{StreamExt, TryStreamExt};
+    use kube::runtime::{WatchStreamExt, watcher};
+    let parked = |from: &str, d: &DeadLetter| {
+        let status = d
+            .status
+            .as_ref()
+            .unwrap_or_else(|| panic!("{from}: no status"));
+        assert_eq!(status.phase, Some(Phase::Parked), "{from}");
+        assert!(
+            status.conditions.is_empty(),
+            "{from}: {:?}",
+            status.conditions
+        );
+        assert!(
+            !d.managed_fields().is_empty(),
+            "{from}: a create's managed fields"
+        );
+    };
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), ns);
+    let name = r.name_any();
+    parked("the create's answer", r);
+    parked("a get", &api.get(&name).await.unwrap());
+    let listed = api.list(&ListParams::default()).await.unwrap().items;
+    let listed = listed
+        .iter()
+        .find(|d| d.name_any() == name)
+        .expect("listed");
+    parked("a list", listed);
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let watched = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        watcher(api.clone(), config)
+            .applied_objects()
+            .boxed()
+            .try_next(),
+    )
+    .await
+    .expect("the watch answers")
+    .unwrap()
+    .expect("the record watched");
+    parked("a watch", &watched);
+    let selected = api
+        .list(&ListParams::default().fields("status.phase=Parked"))
+        .await
+        .unwrap()
+        .items;
+    assert!(
+        selected.iter().any(|d| d.name_any() == name),
+        "the field selector status.phase=Parked selects it"
+    );
+    let out = dlq_testenv::plane()
+        .kubectl()
+        .args(["get", "dl", &name, "-n", ns, "--no-headers"])
+        .output()
+        .unwrap();
+    let line = String::from_utf8_lossy(&out.stdout);
+    assert!(line.contains(" Parked "), "kubectl's PHASE column: {line}");
+    let yaml = dlq_testenv::plane()
+        .kubectl()
+        .args([
+            "get",
+            "dl",
+            &name,
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.status.phase}",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&yaml.stdout), "Parked");
+}
+
+/// Issue 58: a record parked through a source costs the apiserver its create and one write by
+/// the operator, the mark (a metadata patch clearing its managed fields), and no status write;
+/// what etcd then stores holds no managed fields and no condition. Counted by the apiserver
+/// itself (`apiserver_request_total` by verb, resource and subresource) on a plane no other
+/// test of this binary writes to (the audited one), as a ratio to the records. etcd then holds
+/// `status: {phase: Parked}` (the update copies the status it read, defaulted) and nothing more.
+#[tokio::test]
+async fn a_record_parked_through_a_source_costs_its_create_and_one_mark() {
+    const N: usize = 24;
+    let plane = dlq_testenv::audited_plane();
+    let client = plane.client().await;
+    // Its own plane: `setup` installs the CRDs once per binary, on the shared one.
+    dlq_testenv::apply_crds(&client, dlq_testenv::CRDS).await;
+    let ns = dlq_testenv::namespace(&client, "park-writes").await;
+    let redis = Redis::start();
+    create_queue(
+        &client,
+        &ns,
+        &redis.url(),
+        list_target(),
+        json!({"source": {"redis": {"list": "relayer:dead"}}}),
+    )
+    .await;
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let op = Operator::start_on(&plane.kubeconfig, &ns, &[], &[]);
+    // The source's first park waits for the operator's watches; the writes counted are the
+    // records' alone (resource deadletters), so what the operator writes of its queue, its
+    // groups, its Events and its ledger does not count.
+    let before = deadletter_writes(plane);
+    let mut c = redis.conn().await;
+    let mut pipe = redis::pipe();
+    for i in 0..N {
+        let env =
+            json!({"id": format!("writes/{i}"), "payload": "{}", "reason": "retries exhausted"});
+        pipe.cmd("LPUSH").arg("relayer:dead").arg(env.to_string());
+    }
+    let _: () = pipe.query_async(&mut c).await.unwrap();
+    eventually(60, "every record parked and marked", || async {
+        (op.metric("dlq_parked_total", &[]) == N as f64).then_some(())
+    })
+    .await;
+    // Anything late would show here.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let after = deadletter_writes(plane);
+    let records = api.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(records.len(), N);
+    let delta = |key: &str| {
+        after.get(key).copied().unwrap_or(0.0) - before.get(key).copied().unwrap_or(0.0)
+    };
+    let writes: std::collections::BTreeMap<&String, f64> = after
+        .keys()
+        .map(|k| (k, delta(k.as_str())))
+        .filter(|(_, n)| *n != 0.0)
+        .collect();
+    dlq_testenv::report(&format!(
+        "park: {N} records through the Redis source cost the apiserver {writes:?}"
+    ));
+    assert_eq!(delta("POST deadletters"), N as f64, "{writes:?}");
+    assert_eq!(
+        delta("PATCH deadletters"),
+        N as f64,
+        "one mark each: {writes:?}"
+    );
+    let status_writes: f64 = after
+        .keys()
+        .filter(|k| k.contains("deadletters/status"))
+        .map(|k| delta(k.as_str()))
+        .sum();
+    assert_eq!(status_writes, 0.0, "no status write: {writes:?}");
+    assert_eq!(
+        writes.len(),
+        2,
+        "no other write of a record (PUT, APPLY, DELETE): {writes:?}"
+    );
+
+    for r in &records {
+        assert!(r.managed_fields().is_empty(), "{:?}", r.managed_fields());
+        let status = r.status.clone().unwrap_or_default();
+        assert_eq!(
+            (status.phase, status.conditions.len()),
+            (Some(Phase::Parked), 0)
+        );
+    }
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let parked = events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("Parked"))
+        .count();
+    assert_eq!(parked, N, "one Parked Event a record");
+
+    // What etcd stores of a marked record: no managed fields, no condition.
+    let r = &records[0];
+    let key = format!("/registry/dlq.dev/deadletters/{ns}/{}", r.name_any());
+    let stored = plane.etcd_value(&key).await.expect("the record in etcd");
+    let stored: serde_json::Value = serde_json::from_slice(&stored).unwrap();
+    assert_eq!(stored["metadata"].get("managedFields"), None, "{stored}");
+    assert_eq!(stored["status"].get("conditions"), None, "{stored}");
+    assert!(
+        stored
+            .get("status")
+            .is_none_or(|s| *s == json!({"phase": "Parked"})),
+        "{stored}"
+    );
+    dlq_testenv::report(&format!(
+        "park: a marked record's status in etcd: {} ({} bytes stored)",
+        stored
+            .get("status")
+            .map_or("none".to_string(), |s| s.to_string()),
+        stored.to_string().len()
+    ));
+}
+
+/// The apiserver's `apiserver_request_total` of deadletters writes (POST, PUT, PATCH, APPLY,
+/// DELETE), every code, keyed "VERB deadletters[/subresource]".
+fn deadletter_writes(plane: &dlq_testenv::Plane) -> std::collections::BTreeMap<String, f64> {
+    let out = plane
+        .kubectl()
+        .args(["get", "--raw", "/metrics"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let label = |labels: &str, key: &str| {
+        labels
+            .split_once(&format!("{key}=\""))
+            .and_then(|(_, rest)| rest.split_once('"'))
+            .map_or(String::new(), |(v, _)| v.to_string())
+    };
+    let mut by = std::collections::BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once(' ') else {
+            continue;
+        };
+        let verb = label(labels, "verb");
+        if label(labels, "resource") != "deadletters"
+            || !["POST", "PUT", "PATCH", "APPLY", "DELETE"].contains(&verb.as_str())
+        {
+            continue;
+        }
+        let mut key = format!("{verb} deadletters");
+        let sub = label(labels, "subresource");
+        if !sub.is_empty() {
+            key = format!("{key}/{sub}");
+        }
+        *by.entry(key).or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
+    }
+    by
 }
 
 /// `kubectl apply --server-side --field-manager=MANAGER -f -` of `manifest`.

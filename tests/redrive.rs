@@ -10,8 +10,8 @@ use dlq_core::api::{Action, DeadLetter, Phase};
 use dlq_core::testing::RecordBuilder;
 use dlq_testenv::brokers::Redis;
 use dlq_testenv::{
-    LIST, Operator, condition, create_queue, decide, events_for, eventually, list_target, setup,
-    setup_redis_queue, wait_phase,
+    LIST, Operator, condition, create_queue, decide, events_for, eventually, in_phase, list_target,
+    setup, setup_redis_queue, wait_phase,
 };
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
@@ -371,7 +371,7 @@ async fn two_operators_racing_resolve_each_record_exactly_once() {
         let items = api.list(&ListParams::default()).await.ok()?.items;
         items
             .iter()
-            .all(|r| r.status.as_ref().and_then(|s| s.phase) == Some(Phase::Parked))
+            .all(|r| in_phase(r, Phase::Parked))
             .then_some(())
     })
     .await;
@@ -472,11 +472,9 @@ async fn decisions_waiting_at_restart_are_carried_out_before_the_full_list_and_o
     .await;
     let op = Operator::start(&ns);
     eventually(60, "every record marked Parked", || async {
-        let parked = api
-            .list_metadata(&ListParams::default().fields("status.phase=Parked"))
-            .await
-            .ok()?;
-        (parked.items.len() == names.len()).then_some(())
+        let items = api.list(&ListParams::default()).await.ok()?.items;
+        let marked = items.iter().filter(|r| in_phase(r, Phase::Parked)).count();
+        (marked == names.len()).then_some(())
     })
     .await;
     drop(op);

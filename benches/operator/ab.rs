@@ -11,8 +11,8 @@
 //!
 //! `BENCH_AB_N` (default 2000) sizes the runs: a storm of 2 N messages into `maxParked` N, 2 N
 //! parks through the sources' path, a redrive of N / 2; `BENCH_AB_MEMORY` (default 5000)
-//! unmarked records of 1 KiB for the mark quota's memory and for what clearing managed fields
-//! costs the marks (`slim_records`: marks a second, with and without). `BENCH_AB_PHASES` (a
+//! unmarked records of 1 KiB for the mark quota's memory (and the marks a second, with and
+//! without). `BENCH_AB_PHASES` (a
 //! comma list of storm, park, redrive, memory; default all) runs only those.
 
 use super::*;
@@ -46,7 +46,7 @@ impl Phase {
             Phase::Storm => &["parking_first", "mark_quota", "ask_ahead"],
             Phase::Park => &["ask_ahead"],
             Phase::Redrive => &["aggregation"],
-            Phase::Memory => &["mark_quota", "slim_records"],
+            Phase::Memory => &["mark_quota"],
         }
     }
 }
@@ -148,15 +148,7 @@ async fn marking(b: &mut Bench, n: usize, disable: &[&str]) -> anyhow::Result<(f
     create_plain(&b.client, &ns, n, b.c, 1024).await?;
     let (operator, pid) = b.operator_without(&ns, disable)?;
     let start = Instant::now();
-    let api: Api<DeadLetter> = Api::namespaced(b.client.clone(), &ns);
-    let unmarked = ListParams::default().fields("status.phase=").limit(1);
-    let deadline = Instant::now() + Duration::from_secs(600);
-    while !api.list_metadata(&unmarked).await?.items.is_empty() {
-        if Instant::now() > deadline {
-            bail!("{n} records were not marked within 10 minutes");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    operator.until_marked(n, Duration::from_secs(600)).await?;
     let rate = n as f64 / start.elapsed().as_secs_f64();
     let peak = rss_mib(pid).0;
     drop(operator);

@@ -17,15 +17,13 @@
 //!   object_store in this process, and the apiserver's creates / redrive writes of the record.
 //!   Park ceilings run at the Redis source's concurrency (32), redrive ceilings at `BENCH_C`.
 //!   The CPU each process spent per record is printed with each.
-//! - **etcd bytes per record** of 64 KiB bodies with a store, with a store and the operator's
-//!   `slim_records` off (managed fields kept), and without a store (`BENCH_BODIES_ETCD_N`,
+//! - **etcd bytes per record** of 64 KiB bodies with a store and without (`BENCH_BODIES_ETCD_N`,
 //!   default 1,000): parked by the operator through the Redis source and marked, etcd
 //!   compacted and defragmented before and after, the in-use size's growth per record, then
 //!   again once their Parked Events are deleted (the Events' share); and the stored value of a
 //!   record read from etcd itself (the mean of 50).
 //! - **apiserver RSS** with `BENCH_BODIES_RSS_N` (default 20,000) records of 64 KiB bodies
-//!   parked with a store, then `BENCH_BODIES_RSS_KEPT_N` with a store and managed fields kept,
-//!   then `BENCH_BODIES_RSS_NONE_N` without a store (both default the same): the apiserver
+//!   parked with a store, then `BENCH_BODIES_RSS_NONE_N` without a store (default the same): the apiserver
 //!   restarted first (its RSS then), right after the operator parked and marked them, and once
 //!   more restarted over them (what holding them costs, without what writing them left
 //!   behind).
@@ -58,8 +56,6 @@ const CEILING_BUCKET: &str = "bench-ceiling";
 const THRESHOLD: usize = 32 * 1024;
 /// Payload of the etcd and RSS points.
 const POINT_BYTES: usize = 64 * 1024;
-/// The operator's mechanism that clears a record's managed fields with its mark.
-const SLIM: &str = "slim_records";
 /// The body sizes of the throughput runs, paired with `BENCH_BODIES_N`.
 const SIZES: [usize; 3] = [1024, 256 * 1024, 10 * 1024 * 1024];
 
@@ -337,11 +333,11 @@ async fn count(api: &Api<DeadLetter>) -> anyhow::Result<usize> {
     Ok(l.items.len() + usize::try_from(rest).unwrap_or(0))
 }
 
-/// Until the operator has marked every record of `api` (none left without a phase).
+/// Until the operator has marked every record of `api` (none left with a create's managed
+/// fields).
 async fn all_marked(api: &Api<DeadLetter>, limit: Duration) -> anyhow::Result<()> {
-    let unmarked = ListParams::default().fields("status.phase=").limit(1);
     let start = Instant::now();
-    while !api.list_metadata(&unmarked).await?.items.is_empty() {
+    while super::any_unmarked(api).await? {
         if start.elapsed() > limit {
             bail!("records not all marked in {} s", limit.as_secs());
         }
@@ -965,10 +961,7 @@ fn rss_rows(points: &[(&str, usize, [f64; 3])], rows: &mut Vec<Row>) {
         }
         return;
     };
-    let pairs = [
-        ("store_managed_fields_kept", "cleared/kept"),
-        ("none", "store/none"),
-    ];
+    let pairs = [("none", "store/none")];
     let mut compared = false;
     for (other, vs) in pairs {
         let Some(o) = find(other) else { continue };
@@ -1014,7 +1007,6 @@ pub async fn run(
     let rounds = env_usize("BENCH_BODIES_ROUNDS", 2).max(1);
     let etcd_n = env_usize("BENCH_BODIES_ETCD_N", 1000);
     let rss_n = env_usize("BENCH_BODIES_RSS_N", 20_000);
-    let rss_kept_n = env_usize("BENCH_BODIES_RSS_KEPT_N", rss_n);
     let rss_none_n = env_usize("BENCH_BODIES_RSS_NONE_N", rss_n);
 
     let s3 = S3Server::try_start()?;
@@ -1052,17 +1044,10 @@ pub async fn run(
 
     if etcd_n > 0 {
         let store = etcd_point(b, &mut env, etcd_n, true, &[]).await?;
-        let kept = etcd_point(b, &mut env, etcd_n, true, &[SLIM]).await?;
         let none = etcd_point(b, &mut env, etcd_n, false, &[]).await?;
         eprintln!(
-            "bodies: etcd per record of 64 KiB, {etcd_n} records: {:.0} B with a store ({:.0} B its Event, {:.0} B stored value), {:.0} B keeping managed fields ({:.0} B), {:.0} B without a store ({:.0} B)",
-            store.per_record,
-            store.events_per_record,
-            store.value,
-            kept.per_record,
-            kept.value,
-            none.per_record,
-            none.value
+            "bodies: etcd per record of 64 KiB, {etcd_n} records: {:.0} B with a store ({:.0} B its Event, {:.0} B stored value), {:.0} B without a store ({:.0} B)",
+            store.per_record, store.events_per_record, store.value, none.per_record, none.value
         );
         let records = |p: &EtcdPoint| p.per_record - p.events_per_record;
         rows.push(row(
@@ -1076,29 +1061,18 @@ pub async fn run(
             records(&none),
         ));
         rows.push(row(
-            "bodies etcd B/rec w/o Event, cleared / kept",
-            records(&store),
-            records(&kept),
-        ));
-        rows.push(row(
             "bodies etcd value of a record, store / none",
             store.value,
             none.value,
         ));
-        rows.push(row(
-            "bodies etcd value, fields cleared / kept",
-            store.value,
-            kept.value,
-        ));
         let point = |p: &EtcdPoint| json!({"bytes_per_record": p.per_record, "event_bytes_per_record": p.events_per_record, "value_bytes": p.value});
-        json.insert("etcd".into(), json!({"records": etcd_n, "payload": POINT_BYTES, "store": point(&store), "store_managed_fields_kept": point(&kept), "none": point(&none)}));
+        json.insert("etcd".into(), json!({"records": etcd_n, "payload": POINT_BYTES, "store": point(&store), "none": point(&none)}));
     }
 
     let mut rss = serde_json::Map::new();
     let mut points = Vec::new();
     let variants = [
         (rss_n, true, "store", &[][..]),
-        (rss_kept_n, true, "store_managed_fields_kept", &[SLIM][..]),
         (rss_none_n, false, "none", &[][..]),
     ];
     let last = variants.iter().rposition(|v| v.0 > 0);

@@ -84,7 +84,7 @@ fn operator_with_endpoint(
             .envs(super::operator_env()),
         &b.plane.dir().join(format!("operator-{ns}.log")),
     )?;
-    Ok((Guard(child), format!("https://127.0.0.1:{park}")))
+    Ok((Guard(child, None), format!("https://127.0.0.1:{park}")))
 }
 
 /// The data of every event: 64 bytes.

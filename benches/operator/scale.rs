@@ -111,10 +111,8 @@ pub async fn storm_without(
     if let Some(before) = before {
         before.report("storm", &b.plane, Some(pid), max_parked);
     }
-    // Unmarked records select as `status.phase=` (an unset field selects as ""): one-item
-    // pages until none is left.
-    let unmarked = ListParams::default().fields("status.phase=").limit(1);
-    while !api.list_metadata(&unmarked).await?.items.is_empty() && Instant::now() < deadline {
+    // Marked: the operator's own count (the mark writes no status to select by).
+    while operator.marks() < max_parked as f64 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let all_marked_s = t0.elapsed().as_secs_f64();
@@ -348,18 +346,9 @@ pub async fn hundred_thousand(b: &mut Bench, n: usize, redrive: usize) -> anyhow
     let start = Instant::now();
     let (op, pid) = b.operator(&ns)?;
     let api: Api<DeadLetter> = Api::namespaced(b.client.clone(), &ns);
-    // Every record marked: none left without a phase.
+    // Every record marked (the operator's own count) and counted.
     loop {
-        let unmarked = api
-            .list_metadata(
-                &ListParams::default()
-                    .fields("status.phase!=Parked")
-                    .limit(1),
-            )
-            .await?
-            .items
-            .len();
-        if unmarked == 0 && parked().await == n as i64 {
+        if op.marks() >= n as f64 && parked().await == n as i64 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;

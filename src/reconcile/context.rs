@@ -83,9 +83,6 @@ pub struct Mechanisms {
     pub kafka_in_flight: bool,
     /// The SQS source receives with several long polls at once (`crate::source::sqs::RECEIVERS`).
     pub sqs_receivers: bool,
-    /// A record's managed fields are cleared with its first mark
-    /// (`crate::state::apiserver::Apiserver::clear_managed_fields`): memory, not speed.
-    pub slim_records: bool,
 }
 
 impl Default for Mechanisms {
@@ -97,7 +94,6 @@ impl Default for Mechanisms {
             aggregation: true,
             kafka_in_flight: true,
             sqs_receivers: true,
-            slim_records: true,
         }
     }
 }
@@ -109,14 +105,13 @@ pub struct UnknownMechanism(String);
 
 impl Mechanisms {
     /// The names `--disable` takes.
-    pub const NAMES: [&str; 7] = [
+    pub const NAMES: [&str; 6] = [
         "parking_first",
         "mark_quota",
         "ask_ahead",
         "aggregation",
         "kafka_in_flight",
         "sqs_receivers",
-        "slim_records",
     ];
 
     /// Every mechanism on but those `names` lists (blank names are skipped).
@@ -131,7 +126,6 @@ impl Mechanisms {
                 "aggregation" => &mut on.aggregation,
                 "kafka_in_flight" => &mut on.kafka_in_flight,
                 "sqs_receivers" => &mut on.sqs_receivers,
-                "slim_records" => &mut on.slim_records,
                 other => return Err(UnknownMechanism(other.to_string())),
             };
             *switch = false;

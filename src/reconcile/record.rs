@@ -8,7 +8,6 @@
 //! the two leaves the record Parked with its decision, so the next run enqueues again: at worst
 //! one more delivery, never a lost job.
 
-use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -52,13 +51,21 @@ pub enum RecordError {
         #[source]
         source: kube::Error,
     },
+    #[error("marking DeadLetter {name} (clearing its managed fields): {source}")]
+    Mark {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
 }
 
 impl ReconcileError for RecordError {
     fn category(&self) -> &'static str {
         match self {
             RecordError::NoNamespace => "InvalidObject",
-            RecordError::Read { .. } | RecordError::WriteStatus { .. } => "KubeApi",
+            RecordError::Read { .. }
+            | RecordError::WriteStatus { .. }
+            | RecordError::Mark { .. } => "KubeApi",
         }
     }
 }
@@ -137,42 +144,27 @@ async fn write(ctx: &Context, record: &DeadLetter, write: &Write) -> Result<bool
     }
 }
 
-/// First sight of a record: mark it Parked, counted and announced once (the CAS has one winner).
-/// While sources are busy parking, marks take turns (see [`crate::state::parking_first`]).
+/// First sight of a record ([`decide::needs_mark`]): its one write clears its managed fields,
+/// guarded by its resourceVersion, so one writer wins and the record, Parked by the CRD's
+/// default, no longer needs a mark; the winner announces and counts it, once. No status is
+/// written: a status write can never clear managed fields (the apiserver ignores them on a
+/// subresource), and the clear alone says the record was marked. While sources are busy
+/// parking, marks take turns (see [`crate::state::parking_first`]).
 async fn mark_parked(ctx: &Context, dl: &DeadLetter) -> Result<Action> {
     let turn = ctx.parking_first.mark_turn().await;
     tracing::debug!(name = %dl.name_any(), while_parking = turn.is_some(), "marking Parked");
-    let Some(dl) = slimmed(ctx, dl).await else {
-        return Ok(Action::requeue(Duration::from_secs(1)));
-    };
-    if write(ctx, &dl, &plan::mark_parked(&dl, Timestamp::now())).await? {
-        Ok(Action::await_change())
-    } else {
-        // Someone else wrote first: look again shortly (status-only changes do not wake this
-        // controller).
-        Ok(Action::requeue(Duration::from_secs(1)))
-    }
-}
-
-/// The record about to be marked with its managed fields cleared (see
-/// `Apiserver::clear_managed_fields`), at its new version; None when it changed since it was
-/// read (409: look again). Any other failure is only logged and the mark goes on with the
-/// record as it was: a record keeps its bytes of managed fields rather than wait unmarked.
-async fn slimmed<'a>(ctx: &Context, dl: &'a DeadLetter) -> Option<Cow<'a, DeadLetter>> {
-    if !ctx.settings.mechanisms.slim_records {
-        return Some(Cow::Borrowed(dl));
-    }
     match ctx.apiserver.clear_managed_fields(dl).await {
-        Ok(version) => {
-            let mut cleared = dl.clone();
-            cleared.metadata.resource_version = version;
-            Some(Cow::Owned(cleared))
+        Ok(_) => {
+            ctx.carry_out(dl, &plan::mark_parked(dl)).await;
+            Ok(Action::await_change())
         }
-        Err(e) if is_conflict(&e) => None,
-        Err(e) => {
-            tracing::warn!(name = %dl.name_any(), error = %e, "clearing a record's managed fields failed; marking it as it is");
-            Some(Cow::Borrowed(dl))
-        }
+        // It changed since it was read (a decision, another replica's mark): the watch brings
+        // the new version, and a look shortly after covers a change that wakes nothing here.
+        Err(e) if is_conflict(&e) => Ok(Action::requeue(Duration::from_secs(1))),
+        Err(source) => Err(RecordError::Mark {
+            name: dl.name_any(),
+            source,
+        }),
     }
 }
 

@@ -214,8 +214,9 @@ pub async fn keep_watch(
 /// the decisions controller (`super`) watches it too.
 pub const DECIDED: &str = "status.phase=Parked,spec.action!=";
 
-/// Records decided before the operator marked them: no phase yet (an unset field selects as
-/// ""). They are Parked to every reader, and a decision on one is carried out like any other.
+/// Records decided without a phase: none where the CRD defaults `status` to Parked (the
+/// apiserver then serves every unwritten phase as Parked, which [`DECIDED`] selects); kept for a
+/// CRD older than the operator, which selects an unset field as "".
 const DECIDED_UNMARKED: &str = "status.phase=,spec.action!=";
 
 /// Every record decided and not resolved (marked Parked or not yet marked), page by page.

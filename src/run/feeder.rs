@@ -21,6 +21,7 @@ use kube::runtime::reflector::{ObjectRef, store::Writer};
 use kube::runtime::watcher::Event;
 
 use dlq_core::api::{DeadLetter, DeadLetterQueue, Phase};
+use dlq_core::decide::Decision;
 use dlq_core::record::Interner;
 
 use crate::state::records::RecordIndex;
@@ -45,12 +46,12 @@ enum Work {
 }
 
 fn work_of(dl: &DeadLetter) -> Work {
-    if !dlq_core::decide::has_work(dl) {
-        Work::None
-    } else if dl.spec.action.is_none() && dl.status.as_ref().is_none_or(|s| s.phase.is_none()) {
-        Work::Mark
-    } else {
-        Work::Decision
+    match dlq_core::decide::for_record(dl) {
+        Decision::Done | Decision::Wait => Work::None,
+        Decision::MarkParked => Work::Mark,
+        Decision::Redrive { .. } | Decision::Drop { .. } | Decision::Refuse { .. } => {
+            Work::Decision
+        }
     }
 }
 
@@ -351,7 +352,7 @@ impl Feeder {
             let Some(summary) = self.index.get(&key.0, &key.1) else {
                 continue;
             };
-            if summary.status_phase.is_some() || summary.action.is_some() {
+            if !summary.needs_mark {
                 continue;
             }
             self.hold(key, summary.to_record(), true);
@@ -400,10 +401,14 @@ mod tests {
         r.metadata.namespace = Some("payments".into());
         r.metadata.uid = Some(format!("uid-{i}"));
         r.metadata.generation = Some(1);
+        // As the create left it: its creator's entry, which the mark clears.
+        r.metadata.managed_fields = Some(vec![crate::state::apiserver::fake::creator()]);
         r
     }
 
+    /// As the apiserver serves it after the mark: no managed fields, Parked by default.
     fn marked(mut r: DeadLetter) -> DeadLetter {
+        r.metadata.managed_fields = None;
         r.status = Some(DeadLetterStatus {
             phase: Some(Phase::Parked),
             ..Default::default()
@@ -493,7 +498,8 @@ mod tests {
             next.metadata.uid.as_deref(),
             Some(&*format!("uid-{MARK_QUOTA}"))
         );
-        assert!(next.status.is_none(), "held to be marked");
+        assert!(next.status.is_none());
+        assert!(dlq_core::decide::needs_mark(&next), "held to be marked");
     }
 
     #[test]

@@ -32,7 +32,8 @@ const KEPT_ANNOTATIONS_WITH_WORK: [&str; 3] = [
 
 /// Drops what the reconcilers never read from a held record:
 /// - the job's bytes (payload and headers) unless [`keeps_job_bytes`];
-/// - managed fields (the whole list: a cleared one kept its allocation, 0.7 KiB a record);
+/// - managed fields (the whole list, 0.7 KiB a record), but an empty stand-in while the record
+///   needs its mark, which they tell ([`dlq_core::decide::managed_fields_kept`]);
 /// - labels and annotations but [`KEPT_LABELS`] and [`KEPT_ANNOTATIONS`] (each map is a
 ///   0.5 KiB tree node however few entries it holds; kubectl's last-applied copy would hold
 ///   the payload again);
@@ -55,8 +56,9 @@ pub fn strip(dl: &mut DeadLetter) {
         dl.spec.job.body = None;
     }
     let decided = dl.spec.action.is_some();
+    let needs_mark = dlq_core::decide::needs_mark(dl);
     let meta = &mut dl.metadata;
-    meta.managed_fields = None;
+    meta.managed_fields = dlq_core::decide::managed_fields_kept(needs_mark);
     meta.labels = keep(meta.labels.take(), &KEPT_LABELS);
     let kept: &[&str] = if decided {
         &KEPT_ANNOTATIONS_WITH_WORK
@@ -118,6 +120,34 @@ mod tests {
             "{\"spec\":{\"job\":{\"payload\":\"secret\"}}}".into(),
         );
         r
+    }
+
+    /// What tells a record that needs its mark survives the strip, and nothing more of it.
+    #[test]
+    fn a_record_that_needs_its_mark_still_does_once_stripped() {
+        let mut r = parked();
+        r.metadata.managed_fields = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry {
+                manager: Some("dlq-parker".into()),
+                fields_v1: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1(
+                    serde_json::json!({"f:spec": {"f:job": {}}}),
+                )),
+                ..Default::default()
+            },
+        ]);
+        assert!(dlq_core::decide::needs_mark(&r));
+        let mut marked = r.clone();
+        strip(&mut r);
+        assert!(dlq_core::decide::needs_mark(&r));
+        assert_eq!(
+            r.metadata.managed_fields,
+            dlq_core::decide::managed_fields_kept(true),
+            "the fields themselves are dropped"
+        );
+        marked.metadata.managed_fields = Some(Vec::new());
+        strip(&mut marked);
+        assert_eq!(marked.metadata.managed_fields, None);
+        assert!(!dlq_core::decide::has_work(&marked));
     }
 
     #[test]

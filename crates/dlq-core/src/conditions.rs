@@ -3,8 +3,8 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-/// `Ready`: on a record, whether it is settled (Parked and waiting, or resolved); on a queue,
-/// whether its target answers.
+/// `Ready`: on a record, whether it is resolved (True) or its decision was refused (False); a
+/// Parked record has none (the mark writes no status); on a queue, whether its target answers.
 pub const READY: &str = "Ready";
 /// `Requeued`: whether the broker confirmed the redriven job (False while requeue fails).
 pub const REQUEUED: &str = "Requeued";
@@ -16,7 +16,6 @@ pub const FULL: &str = "Full";
 
 /// Fixed condition reasons. Failure reasons come from the target's error category.
 pub mod reason {
-    pub const PARKED: &str = "Parked";
     pub const UNSIGNED: &str = "Unsigned";
     pub const REQUEUED: &str = "Requeued";
     /// Requeued, and the decision changed to drop after the broker had confirmed the job.

@@ -3,7 +3,7 @@
 
 use kube_core::CustomResourceExt;
 
-use crate::dead_letter::DeadLetter;
+use crate::dead_letter::dead_letter_crd;
 use crate::groups::DeadLetterGroup;
 use crate::queue::queue_crd;
 use crate::replay::DeadLetterReplay;
@@ -12,7 +12,7 @@ use crate::replay::DeadLetterReplay;
 pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
     Ok(format!(
         "---\n{}---\n{}---\n{}---\n{}",
-        serde_yaml::to_string(&DeadLetter::crd())?,
+        serde_yaml::to_string(&dead_letter_crd())?,
         serde_yaml::to_string(&queue_crd())?,
         serde_yaml::to_string(&DeadLetterReplay::crd())?,
         serde_yaml::to_string(&DeadLetterGroup::crd())?

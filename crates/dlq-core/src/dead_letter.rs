@@ -407,8 +407,36 @@ pub struct DeadLetterStatus {
     pub conditions: Vec<Condition>,
 }
 
+/// The DeadLetter CRD, whose `status` defaults to `{phase: Parked}`: the operator's mark writes
+/// no status, and the apiserver serves a record whose status was never written as Parked (it
+/// defaults what it reads from etcd), to `kubectl get`'s PHASE column, `-o yaml`, field
+/// selectors and every reader alike. (Here, not in `DeadLetterStatus`'s schema: kube-derive
+/// writes the root's `status` property itself.)
+pub fn dead_letter_crd()
+-> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSON;
+    use kube_core::CustomResourceExt;
+    let mut crd = DeadLetter::crd();
+    for version in &mut crd.spec.versions {
+        let status = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+            .and_then(|s| s.properties.as_mut())
+            .and_then(|p| p.get_mut("status"));
+        if let Some(status) = status {
+            status.default = Some(JSON(serde_json::json!({})));
+            if let Some(phase) = status.properties.as_mut().and_then(|p| p.get_mut("phase")) {
+                phase.default = Some(JSON(serde_json::json!(Phase::Parked.as_str())));
+            }
+        }
+    }
+    crd
+}
+
 impl DeadLetter {
-    /// The phase, treating a record the operator has not yet seen as Parked.
+    /// The phase, treating a record without one as Parked (the apiserver defaults it; a copy
+    /// built in memory, or the tests' fake apiserver, does not).
     pub fn phase(&self) -> Phase {
         self.status
             .as_ref()
@@ -420,6 +448,15 @@ impl DeadLetter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_crd_serves_an_unwritten_status_as_parked() {
+        let crd = serde_json::to_value(dead_letter_crd()).unwrap_or_default();
+        let status =
+            &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"];
+        assert_eq!(status["default"], serde_json::json!({}));
+        assert_eq!(status["properties"]["phase"]["default"], "Parked");
+    }
 
     #[test]
     fn jobs_from_bytes_keep_text_as_text_and_bytes_as_base64() {

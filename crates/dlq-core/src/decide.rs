@@ -4,13 +4,18 @@
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 
 use crate::dead_letter::{Action, DeadLetter, Phase};
+
+/// The manager a first server-side apply on a record whose managed fields were cleared names
+/// the facts it finds after (the apiserver's `skipNonApplied` manager).
+pub const BEFORE_FIRST_APPLY: &str = "before-first-apply";
 
 /// What the reconciler should do next with one record (its effects are built by [`crate::plan`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    /// The operator has not written a phase yet: record it as Parked.
+    /// A new record ([`needs_mark`]): mark it, announce it and count it, once.
     MarkParked,
     /// Parked, no decision: wait for a human, however long it takes.
     Wait,
@@ -25,10 +30,16 @@ pub enum Decision {
     Refuse { reason: String },
 }
 
-/// The decision for a record in `phase` (None: never written) carrying `action` signed by `by`.
-pub fn decide(phase: Option<Phase>, action: Option<Action>, by: Option<&str>) -> Decision {
+/// The decision for a record in `phase` that [`needs_mark`] or not, carrying `action` signed by
+/// `by`.
+pub fn decide(
+    phase: Phase,
+    needs_mark: bool,
+    action: Option<Action>,
+    by: Option<&str>,
+) -> Decision {
     match (phase, action) {
-        (Some(Phase::Redriven | Phase::Dropped), _) => Decision::Done,
+        (Phase::Redriven | Phase::Dropped, _) => Decision::Done,
         (_, Some(action)) => match by.map(str::trim).filter(|b| !b.is_empty()) {
             None => Decision::Refuse {
                 reason: "every decision must be signed: spec.by is empty".into(),
@@ -38,15 +49,48 @@ pub fn decide(phase: Option<Phase>, action: Option<Action>, by: Option<&str>) ->
                 Action::Drop => Decision::Drop { by: by.into() },
             },
         },
-        (None, None) => Decision::MarkParked,
-        (Some(Phase::Parked), None) => Decision::Wait,
+        (Phase::Parked, None) if needs_mark => Decision::MarkParked,
+        (Phase::Parked, None) => Decision::Wait,
     }
 }
 
-/// What `record` calls for, from its status phase and its decision.
+/// Whether `record` still needs the operator's mark (its Parked Event and count, and its
+/// managed fields cleared). The mark writes no status, so it is told by what it does clear:
+/// a record needs one while it is Parked without a decision, has no condition (the records a
+/// previous release marked have a Ready condition, failing ones a Requeued one), and has
+/// managed fields (every create leaves its creator's entry) none of which is
+/// [`BEFORE_FIRST_APPLY`] (what a server-side apply adds after the mark cleared them).
+pub fn needs_mark(record: &DeadLetter) -> bool {
+    let conditions = record.status.as_ref().map_or(0, |s| s.conditions.len());
+    let managed = record
+        .metadata
+        .managed_fields
+        .as_deref()
+        .unwrap_or_default();
+    record.spec.action.is_none()
+        && record.phase() == Phase::Parked
+        && conditions == 0
+        && !managed.is_empty()
+        && managed
+            .iter()
+            .all(|m| m.manager.as_deref() != Some(BEFORE_FIRST_APPLY))
+}
+
+/// What a copy of a record keeps of managed fields it drops (the held copy, a record rebuilt
+/// from its summary) so that [`needs_mark`] reads the same of the copy: one empty entry when the
+/// record needs its mark, else none.
+pub fn managed_fields_kept(needs_mark: bool) -> Option<Vec<ManagedFieldsEntry>> {
+    needs_mark.then(|| vec![ManagedFieldsEntry::default()])
+}
+
+/// What `record` calls for, from its phase, whether it [`needs_mark`] and its decision.
 pub fn for_record(record: &DeadLetter) -> Decision {
-    let phase = record.status.as_ref().and_then(|s| s.phase);
-    decide(phase, record.spec.action, record.spec.by.as_deref())
+    decide(
+        record.phase(),
+        needs_mark(record),
+        record.spec.action,
+        record.spec.by.as_deref(),
+    )
 }
 
 /// Whether reconciling `record` would do anything. A record that waits for a decision, or is
@@ -149,51 +193,191 @@ pub fn retention_expired(
 mod tests {
     use super::*;
 
-    const PHASES: [Option<Phase>; 4] = [
-        None,
-        Some(Phase::Parked),
-        Some(Phase::Redriven),
-        Some(Phase::Dropped),
-    ];
+    const PHASES: [Phase; 3] = [Phase::Parked, Phase::Redriven, Phase::Dropped];
     const ACTIONS: [Option<Action>; 3] = [None, Some(Action::Redrive), Some(Action::Drop)];
 
     #[test]
     fn every_phase_and_action() {
         for phase in PHASES {
-            for action in ACTIONS {
-                for by in [None, Some(""), Some("  "), Some("ops")] {
-                    let plan = decide(phase, action, by);
-                    let signed = by.is_some_and(|b| !b.trim().is_empty());
-                    let expected = match (phase, action) {
-                        (Some(Phase::Redriven | Phase::Dropped), _) => Decision::Done,
-                        (_, Some(_)) if !signed => Decision::Refuse {
-                            reason: "every decision must be signed: spec.by is empty".into(),
-                        },
-                        (_, Some(Action::Redrive)) => Decision::Redrive { by: "ops".into() },
-                        (_, Some(Action::Drop)) => Decision::Drop { by: "ops".into() },
-                        (None, None) => Decision::MarkParked,
-                        (Some(Phase::Parked), None) => Decision::Wait,
-                    };
-                    assert_eq!(
-                        plan, expected,
-                        "phase {phase:?} action {action:?} by {by:?}"
-                    );
+            for needs_mark in [false, true] {
+                for action in ACTIONS {
+                    for by in [None, Some(""), Some("  "), Some("ops")] {
+                        let plan = decide(phase, needs_mark, action, by);
+                        let signed = by.is_some_and(|b| !b.trim().is_empty());
+                        let expected = match (phase, action) {
+                            (Phase::Redriven | Phase::Dropped, _) => Decision::Done,
+                            (_, Some(_)) if !signed => Decision::Refuse {
+                                reason: "every decision must be signed: spec.by is empty".into(),
+                            },
+                            (_, Some(Action::Redrive)) => Decision::Redrive { by: "ops".into() },
+                            (_, Some(Action::Drop)) => Decision::Drop { by: "ops".into() },
+                            (Phase::Parked, None) if needs_mark => Decision::MarkParked,
+                            (Phase::Parked, None) => Decision::Wait,
+                        };
+                        assert_eq!(
+                            plan, expected,
+                            "phase {phase:?} needs_mark {needs_mark} action {action:?} by {by:?}"
+                        );
+                    }
                 }
             }
         }
     }
 
+    fn entry(manager: &str) -> ManagedFieldsEntry {
+        ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            ..ManagedFieldsEntry::default()
+        }
+    }
+
+    fn condition(
+        type_: &str,
+        status: &str,
+    ) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: "R".into(),
+            message: "m".into(),
+            observed_generation: None,
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                Timestamp::UNIX_EPOCH,
+            ),
+        }
+    }
+
+    /// Every case of the rule: what a create leaves needs a mark; what the mark leaves, what a
+    /// previous release's mark left, a decision, a resolution, a condition and a server-side
+    /// apply after the mark do not.
+    #[test]
+    fn a_record_needs_its_mark_only_as_a_create_left_it() {
+        use crate::dead_letter::DeadLetterStatus;
+        let created = || {
+            let mut r = crate::testing::RecordBuilder::job("j").build();
+            r.metadata.managed_fields = Some(vec![entry("dlq-parker")]);
+            r
+        };
+        let with = |change: &dyn Fn(&mut DeadLetter)| {
+            let mut r = created();
+            change(&mut r);
+            r
+        };
+        let status = |phase: Option<Phase>, conditions: Vec<_>| {
+            Some(DeadLetterStatus {
+                phase,
+                conditions,
+                ..DeadLetterStatus::default()
+            })
+        };
+        let cases: Vec<(&str, DeadLetter, bool)> = vec![
+            ("as created", created(), true),
+            (
+                "created by two writers",
+                with(&|r| {
+                    r.metadata.managed_fields = Some(vec![entry("dlq-parker"), entry("kubectl")])
+                }),
+                true,
+            ),
+            (
+                "phase Parked by the schema's default",
+                with(&|r| r.status = status(Some(Phase::Parked), vec![])),
+                true,
+            ),
+            (
+                "an empty status",
+                with(&|r| r.status = status(None, vec![])),
+                true,
+            ),
+            (
+                "held copy: the stand-in entry",
+                with(&|r| r.metadata.managed_fields = managed_fields_kept(true)),
+                true,
+            ),
+            (
+                "marked: no managed fields",
+                with(&|r| r.metadata.managed_fields = None),
+                false,
+            ),
+            (
+                "marked: an empty list",
+                with(&|r| r.metadata.managed_fields = Some(vec![])),
+                false,
+            ),
+            (
+                "marked, then a server-side apply",
+                with(&|r| {
+                    r.metadata.managed_fields = Some(vec![entry(BEFORE_FIRST_APPLY), entry("flux")])
+                }),
+                false,
+            ),
+            (
+                "marked by a previous release (Ready), fields kept",
+                with(&|r| r.status = status(Some(Phase::Parked), vec![condition("Ready", "True")])),
+                false,
+            ),
+            (
+                "marked by a previous release (Ready), fields cleared",
+                with(&|r| {
+                    r.status = status(Some(Phase::Parked), vec![condition("Ready", "True")]);
+                    r.metadata.managed_fields = None;
+                }),
+                false,
+            ),
+            (
+                "a failing requeue",
+                with(&|r| r.status = status(None, vec![condition("Requeued", "False")])),
+                false,
+            ),
+            (
+                "decided",
+                with(&|r| {
+                    r.spec.action = Some(Action::Redrive);
+                    r.spec.by = Some("ops".into());
+                }),
+                false,
+            ),
+            (
+                "decided, unsigned",
+                with(&|r| r.spec.action = Some(Action::Drop)),
+                false,
+            ),
+            (
+                "redriven",
+                with(&|r| r.status = status(Some(Phase::Redriven), vec![])),
+                false,
+            ),
+            (
+                "dropped",
+                with(&|r| r.status = status(Some(Phase::Dropped), vec![])),
+                false,
+            ),
+        ];
+        for (case, record, want) in cases {
+            assert_eq!(needs_mark(&record), want, "{case}");
+            let decision = for_record(&record);
+            assert_eq!(
+                decision == Decision::MarkParked,
+                want,
+                "{case}: {decision:?}"
+            );
+        }
+        assert_eq!(managed_fields_kept(false), None);
+    }
+
     #[test]
     fn resolved_records_are_never_acted_on_again() {
         for action in ACTIONS {
-            assert_eq!(
-                decide(Some(Phase::Redriven), action, Some("ops")),
-                Decision::Done
-            );
-            assert_eq!(
-                decide(Some(Phase::Dropped), action, Some("ops")),
-                Decision::Done
-            );
+            for needs_mark in [false, true] {
+                assert_eq!(
+                    decide(Phase::Redriven, needs_mark, action, Some("ops")),
+                    Decision::Done
+                );
+                assert_eq!(
+                    decide(Phase::Dropped, needs_mark, action, Some("ops")),
+                    Decision::Done
+                );
+            }
         }
     }
 

@@ -3,8 +3,9 @@
 //! record in and assert the plan that comes out.
 //!
 //! Every status write is a compare-and-swap on the record's resourceVersion. Effects that must
-//! happen once per transition (the `Parked` Event, the resolution counters) are in
-//! [`Write::then`]: carried out only when the write won.
+//! happen once per transition (the resolution counters) are in [`Write::then`]: carried out
+//! only when the write won; the `Parked` Event and count follow the mark's write the same way
+//! ([`mark_parked`]).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -158,9 +159,11 @@ fn with_condition(record: &DeadLetter, cond: Cond<'_>, now: Timestamp) -> Vec<Co
     list
 }
 
-/// First sight of a new record: mark it Parked; once that write wins, count it and announce it
-/// (whoever parked it: the CLI, a producer's `park()`, or a source).
-pub fn mark_parked(record: &DeadLetter, now: Timestamp) -> Write {
+/// What follows the mark of a new record ([`crate::decide::needs_mark`]) once its one write won:
+/// announce it and count it (whoever parked it: the CLI, a producer's `park()`, or a source).
+/// The write itself is no status: it clears the record's managed fields, guarded by its
+/// resourceVersion (one winner), and the record reads Parked by the CRD's default.
+pub fn mark_parked(record: &DeadLetter) -> Effects {
     let s = subject(record);
     let spec = &record.spec;
     let note = format!(
@@ -171,31 +174,13 @@ pub fn mark_parked(record: &DeadLetter, now: Timestamp) -> Write {
         spec.deliveries,
         spec.reason
     );
-    Write {
-        status: DeadLetterStatus {
-            phase: Some(Phase::Parked),
-            conditions: with_condition(
-                record,
-                Cond {
-                    type_: conditions::READY,
-                    status: true,
-                    reason: reason::PARKED,
-                    message: "waiting for a signed decision (spec.action + spec.by)",
-                },
-                now,
-            ),
-            ..DeadLetterStatus::default()
-        },
-        then: Effects {
-            events: vec![
-                EventPlan::warning(events::reason::PARKED, events::action::PARK, note).once(),
-            ],
-            metrics: vec![MetricChange::Parked {
-                namespace: s.namespace,
-                queue: s.queue.to_string(),
-                failure_kind: spec.failure_kind,
-            }],
-        },
+    Effects {
+        events: vec![EventPlan::warning(events::reason::PARKED, events::action::PARK, note).once()],
+        metrics: vec![MetricChange::Parked {
+            namespace: s.namespace,
+            queue: s.queue.to_string(),
+            failure_kind: spec.failure_kind,
+        }],
     }
 }
 
@@ -777,16 +762,9 @@ mod tests {
 
     #[test]
     fn parking_is_announced_and_counted_only_after_the_write() {
-        let w = mark_parked(&record(None, 10), at(20));
-        assert_eq!(w.status.phase, Some(Phase::Parked));
-        assert_eq!(w.status.resolved_by, None);
-        let ready = conditions::find(&w.status.conditions, conditions::READY).expect("Ready");
-        assert_eq!(
-            (ready.status.as_str(), ready.reason.as_str()),
-            ("True", "Parked")
-        );
-        assert_eq!(w.then.events.len(), 1);
-        let ev = &w.then.events[0];
+        let then = mark_parked(&record(None, 10));
+        assert_eq!(then.events.len(), 1);
+        let ev = &then.events[0];
         assert_eq!(
             (ev.type_, ev.reason, ev.once),
             (EventType::Warning, "Parked", true)
@@ -796,7 +774,7 @@ mod tests {
                 .starts_with("pi_0003/settle parked (transient, cycle 1, 3 deliveries)")
         );
         assert_eq!(
-            w.then.metrics,
+            then.metrics,
             vec![MetricChange::Parked {
                 namespace: "payments".into(),
                 queue: "relayer".into(),

@@ -159,8 +159,12 @@ pub struct Summary {
     /// The business state when it failed (alerts describe it).
     pub intent: Option<Box<IntentSnapshot>>,
     pub action: Option<Action>,
-    /// `status.phase`: None until the operator marks it.
+    /// `status.phase` as read: None when no status was ever written (and the apiserver did not
+    /// default it: the tests' fake).
     pub status_phase: Option<Phase>,
+    /// Whether it still needs the operator's mark ([`crate::decide::needs_mark`], read before
+    /// the managed fields it is told by are dropped).
+    pub needs_mark: bool,
     pub resolved_at: Option<Timestamp>,
     /// Conditions with status False (alerts and replays read `Requeued=False`); usually none.
     pub failing: Box<[Condition]>,
@@ -214,6 +218,7 @@ impl Summary {
             intent: spec.intent.clone(),
             action: spec.action,
             status_phase: status.and_then(|s| s.phase),
+            needs_mark: crate::decide::needs_mark(dl),
             resolved_at: dl.resolved_at(),
             failing: status
                 .map(|s| {
@@ -232,7 +237,7 @@ impl Summary {
     }
 
     /// A record holding what this summary keeps (no job bytes, no other labels or
-    /// annotations): enough to mark it, delete or sign exactly this version (uid and
+    /// annotations, no managed fields but a stand-in while it needs its mark): enough to mark it, delete or sign exactly this version (uid and
     /// resourceVersion), or compute its alerts.
     pub fn to_record(&self) -> DeadLetter {
         let mut labels = BTreeMap::new();
@@ -270,6 +275,7 @@ impl Summary {
                 creation_timestamp: self.created.map(Time),
                 labels: (!labels.is_empty()).then_some(labels),
                 annotations: (!annotations.is_empty()).then_some(annotations),
+                managed_fields: crate::decide::managed_fields_kept(self.needs_mark),
                 ..ObjectMeta::default()
             },
             spec: DeadLetterSpec {
@@ -414,7 +420,24 @@ mod tests {
             get(&rebuilt.metadata.annotations, ANNOTATION_SLOT_BLOCK),
             Some("b-1")
         );
-        assert_eq!(rebuilt.status, None, "an unmarked record stays unmarked");
+        assert_eq!(rebuilt.status, None);
+        assert!(
+            !s.needs_mark,
+            "no managed fields: not as a create leaves a record"
+        );
+        let mut created = r.clone();
+        created.metadata.managed_fields = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry {
+                manager: Some("dlq-parker".into()),
+                ..Default::default()
+            },
+        ]);
+        let s = Summary::of(&created, &mut strings);
+        assert!(s.needs_mark);
+        assert!(
+            crate::decide::needs_mark(&s.to_record()),
+            "an unmarked record stays unmarked"
+        );
     }
 
     #[test]

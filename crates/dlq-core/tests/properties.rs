@@ -13,12 +13,11 @@ use dlq_core::headers::{nats, sqs};
 use dlq_core::park::{Disposition, ParkRequest, dispose, invalid_request, validate};
 use proptest::prelude::*;
 
-fn phase() -> impl Strategy<Value = Option<Phase>> {
+fn phase() -> impl Strategy<Value = Phase> {
     prop_oneof![
-        Just(None),
-        Just(Some(Phase::Parked)),
-        Just(Some(Phase::Redriven)),
-        Just(Some(Phase::Dropped))
+        Just(Phase::Parked),
+        Just(Phase::Redriven),
+        Just(Phase::Dropped)
     ]
 }
 
@@ -40,10 +39,10 @@ proptest! {
 
     #[test]
     fn decide_is_total_and_never_acts_on_a_resolved_record(
-        p in phase(), a in action(), by in proptest::option::of(".{0,20}")
+        p in phase(), m in any::<bool>(), a in action(), by in proptest::option::of(".{0,20}")
     ) {
-        let d = decide(p, a, by.as_deref());
-        if matches!(p, Some(Phase::Redriven | Phase::Dropped)) {
+        let d = decide(p, m, a, by.as_deref());
+        if matches!(p, Phase::Redriven | Phase::Dropped) {
             prop_assert_eq!(&d, &Decision::Done);
         }
         if let Decision::Redrive { by } | Decision::Drop { by } = d {

@@ -127,15 +127,19 @@ pub async fn decide(api: &Api<DeadLetter>, name: &str, action: Action, by: &str)
     .unwrap_or_else(|e| panic!("setting the decision on {name}: {e}"));
 }
 
-/// Waits until record `name` is in `phase`; returns it.
+/// Waits until record `name` is in `phase`; returns it. Parked means as the operator left it:
+/// the apiserver serves every record Parked from its create (the CRD's default), so this
+/// also waits for its mark unless it has a decision (`dlq_core::decide::needs_mark`).
 pub async fn wait_phase(api: &Api<DeadLetter>, name: &str, phase: Phase, secs: u64) -> DeadLetter {
     eventually(secs, &format!("{name} to be {phase:?}"), || async {
-        api.get(name)
-            .await
-            .ok()
-            .filter(|r| r.status.as_ref().and_then(|s| s.phase) == Some(phase))
+        api.get(name).await.ok().filter(|r| in_phase(r, phase))
     })
     .await
+}
+
+/// Whether `r` is in `phase`, Parked only once marked or decided (see [`wait_phase`]).
+pub fn in_phase(r: &DeadLetter, phase: Phase) -> bool {
+    r.phase() == phase && !(phase == Phase::Parked && dlq_core::decide::needs_mark(r))
 }
 
 /// Waits until DeadLetterQueue `name` says Ready=`want`; returns `<reason>: <message>`.
@@ -201,11 +205,7 @@ pub async fn redrive_many(
         let api = api.clone();
         async move {
             let items = api.list(&ListParams::default()).await.ok()?.items;
-            (items.len() >= n
-                && items
-                    .iter()
-                    .all(|r| r.status.as_ref().and_then(|s| s.phase) == Some(phase)))
-            .then_some(())
+            (items.len() >= n && items.iter().all(|r| in_phase(r, phase))).then_some(())
         }
     };
     eventually(120, "all records Parked", || all_in(Phase::Parked)).await;

@@ -69,8 +69,8 @@ pub use cluster::{
 #[cfg(feature = "harness")]
 pub use fixtures::{
     LIST, alerts_per_record, condition, create_dlq, create_offline_queue, create_queue,
-    create_secret, decide, events_for, list_target, record, redrive_many, setup_redis_queue,
-    unplaced, wait_phase, wait_ready,
+    create_secret, decide, events_for, in_phase, list_target, record, redrive_many,
+    setup_redis_queue, unplaced, wait_phase, wait_ready,
 };
 #[cfg(feature = "harness")]
 pub use harness::{eventually, http_post, report};

@@ -570,9 +570,13 @@ fn show_backtrace(out: &mut String, payload: &[u8]) {
     }
 }
 
-/// The operator's conditions, one line each: what it did and what is failing.
+/// The operator's conditions, one line each: what it did and what is failing. A Parked record
+/// has none until a redrive fails (the operator's mark writes no status).
 fn show_conditions(out: &mut String, r: &DeadLetter) {
     out.push_str("Conditions:\n");
+    if r.status.as_ref().is_none_or(|s| s.conditions.is_empty()) {
+        out.push_str("  none\n");
+    }
     for c in r.status.iter().flat_map(|s| &s.conditions) {
         out.push_str(&format!(
             "  {:<10}{:<6}{:<20}{}\n",

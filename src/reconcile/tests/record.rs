@@ -64,48 +64,44 @@ const FAILURE: &str =
 const CONFLICT: &str =
     r#"dlq_redrives_total{namespace="payments",queue="relayer",result="conflict"}"#;
 
+const PARKED: &str =
+    r#"dlq_parked_total{namespace="payments",queue="relayer",failure_kind="transient"}"#;
+
+/// The mark is one write: the record's managed fields cleared at the version read. No status
+/// is written (the CRD's default serves it as Parked), one Parked Event, one count; the record
+/// then waits.
 #[tokio::test]
-async fn a_new_record_is_marked_parked_announced_and_counted_once() {
+async fn a_new_record_is_marked_with_one_write_announced_and_counted_once() {
     let h = Harness::new(&record(None), &[queue()]);
+    assert!(dlq_core::decide::needs_mark(&h.apiserver.current()));
     assert_eq!(
         h.reconcile().await.expect("reconcile"),
         ReconcileAction::await_change()
     );
+    assert_eq!(h.apiserver.cleared(), [NAME], "one metadata write");
+    assert!(h.apiserver.writes().is_empty(), "no status write");
+    let now = h.apiserver.current();
+    assert_eq!(now.metadata.managed_fields, None);
+    assert_eq!(now.status, None, "Parked by the schema's default");
     assert_eq!(h.phase(), Phase::Parked);
+    assert!(!dlq_core::decide::needs_mark(&now));
     assert_eq!(h.apiserver.reasons(), ["Parked"]);
     assert!(h.apiserver.events()[0].once);
-    let parked =
-        r#"dlq_parked_total{namespace="payments",queue="relayer",failure_kind="transient"}"#;
-    assert_eq!(h.metric(parked), 1.0);
+    assert_eq!(h.metric(PARKED), 1.0);
 
     h.reconcile().await.expect("second reconcile");
     assert_eq!(h.apiserver.reasons(), ["Parked"], "a Parked record waits");
-    assert_eq!(h.metric(parked), 1.0);
+    assert_eq!(h.apiserver.cleared().len(), 1);
+    assert_eq!(h.metric(PARKED), 1.0);
 }
 
-/// The mark clears the record's managed fields first, at the version it read, then writes its
-/// status at the version that left; a record that changed since it was read is looked at again,
-/// unmarked; with `slim_records` off the managed fields stay.
+/// A record that changed since it was read (a decision, another replica's mark) is looked at
+/// again, unmarked and unannounced; a mark that fails otherwise is an error, retried.
 #[tokio::test]
-async fn a_mark_clears_the_managed_fields_first() {
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
-    let mut parked = record(None);
-    parked.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
-        manager: Some("dlq-parker".into()),
-        ..ManagedFieldsEntry::default()
-    }]);
-    let name = parked.metadata.name.clone().expect("a name");
-
-    let h = Harness::new(&parked, &[queue()]);
-    h.reconcile().await.expect("reconcile");
-    assert_eq!(h.apiserver.cleared(), std::slice::from_ref(&name));
-    assert_eq!(h.apiserver.current().metadata.managed_fields, None);
-    assert_eq!(h.phase(), Phase::Parked);
-    assert_eq!(h.apiserver.reasons(), ["Parked"]);
-
-    let h = Harness::new(&parked, &[queue()]);
+async fn a_mark_that_loses_its_compare_and_swap_announces_nothing() {
+    let h = Harness::new(&record(None), &[queue()]);
     let stale = h.apiserver.current();
-    h.apiserver.edit(&name, |_| {});
+    h.apiserver.edit(NAME, |_| {});
     let again = record::reconcile(Arc::new(stale), h.ctx.clone()).await;
     assert_eq!(
         again.expect("reconcile"),
@@ -113,17 +109,64 @@ async fn a_mark_clears_the_managed_fields_first() {
     );
     assert!(h.apiserver.cleared().is_empty());
     assert!(h.apiserver.reasons().is_empty(), "not marked");
+    assert_eq!(h.metric(PARKED), 0.0);
 
-    let apiserver = FakeApiserver::holding([parked.clone()]);
-    let mut settings = Settings::default();
-    settings.mechanisms.slim_records = false;
-    let ctx = context(&apiserver, &Arc::default(), &[queue()], settings);
-    record::reconcile(Arc::new(apiserver.current()), ctx)
+    // Two replicas with the same copy: one mark wins, one Event.
+    let fresh = Arc::new(h.apiserver.current());
+    let rival = context(&h.apiserver, &h.target, &[queue()], Settings::default());
+    record::reconcile(fresh.clone(), h.ctx.clone())
         .await
         .expect("reconcile");
-    assert!(apiserver.cleared().is_empty());
-    assert_eq!(apiserver.current().phase(), Phase::Parked);
-    assert!(apiserver.current().metadata.managed_fields.is_some());
+    record::reconcile(fresh, rival.clone())
+        .await
+        .expect("the loser");
+    assert_eq!(h.apiserver.cleared(), [NAME]);
+    assert_eq!(h.apiserver.reasons(), ["Parked"]);
+    assert_eq!(h.metric(PARKED) + metric(&rival, PARKED), 1.0);
+}
+
+/// Records a previous release marked (a written status: phase Parked and a Ready condition,
+/// managed fields kept or cleared) are not marked again: no write, no second Parked Event.
+#[tokio::test]
+async fn a_record_marked_by_the_previous_release_is_left_as_it_is() {
+    use dlq_core::dead_letter::DeadLetterStatus;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    let ready = Condition {
+        type_: conditions::READY.into(),
+        status: "True".into(),
+        reason: "Parked".into(),
+        message: "waiting for a signed decision (spec.action + spec.by)".into(),
+        observed_generation: Some(1),
+        last_transition_time: Time(jiff::Timestamp::UNIX_EPOCH),
+    };
+    for fields in [Some(vec![crate::state::apiserver::fake::creator()]), None] {
+        let mut old = record(None);
+        old.status = Some(DeadLetterStatus {
+            phase: Some(Phase::Parked),
+            conditions: vec![ready.clone()],
+            ..DeadLetterStatus::default()
+        });
+        old.metadata.managed_fields = fields.clone();
+        let h = Harness::new(&old, &[queue()]);
+        assert!(!dlq_core::decide::has_work(&h.apiserver.current()));
+        assert_eq!(
+            h.reconcile().await.expect("reconcile"),
+            ReconcileAction::await_change()
+        );
+        assert!(h.apiserver.cleared().is_empty(), "{fields:?}");
+        assert!(h.apiserver.writes().is_empty());
+        assert!(h.apiserver.reasons().is_empty(), "no second Parked Event");
+        assert_eq!(h.metric(PARKED), 0.0);
+
+        // Its decision is carried out as ever, and the Ready condition says the resolution.
+        h.apiserver.edit(NAME, |r| {
+            r.spec.action = Some(Action::Drop);
+            r.spec.by = Some("ops".into());
+        });
+        h.reconcile().await.expect("drop");
+        assert_eq!(h.phase(), Phase::Dropped);
+        assert_eq!(h.apiserver.reasons(), ["Dropped"]);
+    }
 }
 
 /// While sources are busy parking, a new record's mark waits for its turn behind another mark,
@@ -136,7 +179,7 @@ async fn while_sources_park_marks_take_turns_and_decisions_do_not_wait() {
     let other_mark = h.ctx.parking_first.mark_turn().await;
     let mut mark = Box::pin(h.reconcile());
     assert!((&mut mark).now_or_never().is_none(), "the mark waits");
-    assert!(h.apiserver.writes().is_empty());
+    assert!(h.apiserver.cleared().is_empty());
     drop(other_mark);
     tokio::time::timeout(Duration::from_secs(5), mark)
         .await
@@ -584,15 +627,17 @@ async fn only_records_with_something_to_do_are_queued() {
         });
         r
     };
-    let unmarked = named("unmarked", None, None);
+    let mut unmarked = named("unmarked", None, None);
+    unmarked.metadata.managed_fields = Some(vec![crate::state::apiserver::fake::creator()]);
     let mut decided = named("waiting", Some(Action::Drop), Some(Phase::Parked));
     decided.metadata.generation = Some(2);
     let events = vec![
         unmarked,
         named("waiting", None, Some(Phase::Parked)),
         named("resolved", Some(Action::Redrive), Some(Phase::Redriven)),
-        // The operator's own status write on the unmarked record: same generation.
-        named("unmarked", None, Some(Phase::Parked)),
+        // The operator's mark of the unmarked record (its managed fields cleared): same
+        // generation.
+        named("unmarked", None, None),
         // A human decides the waiting one: a new generation.
         decided,
     ];

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 
 use dlq_core::api::{Action, DeadLetter, DeadLetterQueue, DeadLetterStatus, LABEL_QUEUE, Phase};
 use dlq_core::events::EventPlan;
@@ -25,6 +26,15 @@ use super::{Apiserver, PassedThrough, Signature};
 
 /// (namespace, name) of a record.
 type Key = (String, String);
+
+/// The managed fields entry a create leaves (the parker's server-side apply).
+pub fn creator() -> ManagedFieldsEntry {
+    ManagedFieldsEntry {
+        manager: Some("dlq-parker".into()),
+        operation: Some("Apply".into()),
+        ..ManagedFieldsEntry::default()
+    }
+}
 
 fn key_of(record: &DeadLetter) -> Key {
     (
@@ -108,18 +118,23 @@ pub struct FakeApiserver {
 }
 
 impl FakeApiserver {
-    /// An apiserver holding `records`, versioned "1", "2", … in the order given.
+    /// An apiserver holding `records`, versioned "1", "2", … in the order given. A record
+    /// given without status or managed fields is as a create left it (see [`Self::park`]);
+    /// one given with a status stands for a record marked already, as it is.
     pub fn holding(records: impl IntoIterator<Item = DeadLetter>) -> Arc<Self> {
         let fake = FakeApiserver::default();
-        for mut r in records {
-            fake.bump(&mut r);
-            lock(&fake.records).insert(key_of(&r), r);
+        for r in records {
+            fake.park(r);
         }
         Arc::new(fake)
     }
 
-    /// A record parked now (as a source would create it), versioned next.
+    /// A record parked now (as a source would create it), versioned next. Without status or
+    /// managed fields it gets its creator's entry, as every create does (the mark clears it).
     pub fn park(&self, mut record: DeadLetter) {
+        if record.status.is_none() && record.metadata.managed_fields.is_none() {
+            record.metadata.managed_fields = Some(vec![creator()]);
+        }
         self.bump(&mut record);
         lock(&self.records).insert(key_of(&record), record);
     }

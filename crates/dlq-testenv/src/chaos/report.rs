@@ -124,12 +124,13 @@ impl Report {
             match (d.phase(), d.spec.action) {
                 (Phase::Parked, Some(_)) => {
                     r.unresolved += 1;
-                    // Never marked: the operator did not see the record at all.
-                    let unmarked = d.status.as_ref().and_then(|s| s.phase).is_none();
+                    // No condition written: the operator never acted on the record at all (its
+                    // phase reads Parked by the CRD's default either way).
+                    let unmarked = d.status.as_ref().is_none_or(|s| s.conditions.is_empty());
                     let id = format!(
                         "{}{}",
                         d.spec.job.id,
-                        if unmarked { "(unmarked)" } else { "" }
+                        if unmarked { "(untouched)" } else { "" }
                     );
                     r.example("unresolved", [id.as_str()]);
                 }
