@@ -929,3 +929,184 @@ async fn redis_bridge_parks_unusable_elements_as_invalid_and_reports_what_it_rej
     assert_eq!(redis.list("relayer:dead:processing").await.len(), 0);
     assert_eq!(redis.hash_len("relayer:dead:inflight").await, 0);
 }
+
+/// Issue 58: a storm of dead messages through the Redis source costs a handful of `Parked`
+/// Event writes, not one a record: past `STORM_ABOVE` a second the group's records are counted
+/// by one Event series (`series.count`) instead, and every record is counted exactly once (its
+/// own Event or a series' count). Once the storm is over, a trickle gets its own Events again.
+/// Event writes are counted from a watch of the namespace's Events (each create and patch is one
+/// watch event), not from the operator's word.
+#[tokio::test]
+async fn a_parking_storm_is_one_event_series_and_a_trickle_after_it_one_event_each() {
+    use futures::{StreamExt, TryStreamExt};
+    use k8s_openapi::api::events::v1::Event;
+    use kube::api::WatchParams;
+    use kube::core::WatchEvent;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const STORM: usize = 2_000;
+
+    let (client, ns, redis) = redis_source_queue("series").await;
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    let from = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap_or_default();
+    let writes = Arc::new(AtomicUsize::new(0));
+    let watch = events
+        .watch(&WatchParams::default().timeout(290), &from)
+        .await
+        .unwrap();
+    let counting = writes.clone();
+    tokio::spawn(async move {
+        let mut watch = watch.boxed();
+        while let Ok(Some(e)) = watch.try_next().await {
+            if let WatchEvent::Added(e) | WatchEvent::Modified(e) = e
+                && e.reason.as_deref() == Some("Parked")
+            {
+                counting.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    let _op = Operator::start(&ns);
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let started = std::time::Instant::now();
+    // The storm's dead messages and the helper's one garbage element (an Invalid record).
+    push_dead(&redis, "relayer:dead", STORM).await;
+    let parked = || async {
+        let items = api.list(&ListParams::default()).await.ok()?.items;
+        let n = items
+            .iter()
+            .filter(|r| r.status.as_ref().and_then(|s| s.phase) == Some(Phase::Parked))
+            .count();
+        if n < STORM + 1 {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            return None;
+        }
+        Some(n)
+    };
+    let records = eventually(300, "every dead message parked and marked", parked).await;
+    let took = started.elapsed();
+    // Parked Events on the records, and the series' counts (an Event without one counts 1).
+    let counted = || async {
+        let items = events.list(&ListParams::default()).await.ok()?.items;
+        let parked: Vec<&Event> = items
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("Parked"))
+            .collect();
+        let own = parked
+            .iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("DeadLetter"))
+            .count();
+        let series: Vec<(String, i32)> = parked
+            .iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.kind.as_deref()) != Some("DeadLetter"))
+            .map(|e| (e.name_any(), e.series.as_ref().map_or(1, |s| s.count)))
+            .collect();
+        let total = own + series.iter().map(|(_, c)| *c as usize).sum::<usize>();
+        (total == records).then_some((own, series))
+    };
+    let (own, series) = eventually(60, "the Events counting every record once", counted).await;
+    let storm_writes = writes.load(Ordering::SeqCst);
+    dlq_testenv::report(&format!(
+        "parking storm: {records} records parked in {took:?}, {storm_writes} Parked Event writes \
+         ({own} Events on records, series {series:?})"
+    ));
+    // What an operator sees: the storm as a few lines, the series' count climbing.
+    for view in [
+        vec![
+            "get",
+            "events",
+            "-o",
+            "wide",
+            "--field-selector",
+            "reason=Parked",
+        ],
+        vec!["events", "--types", "Warning"],
+    ] {
+        let shown = dlq_testenv::plane()
+            .kubectl()
+            .args(["-n", &ns])
+            .args(&view)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&shown.stdout);
+        let lines: Vec<&str> = text.lines().collect();
+        dlq_testenv::report(&format!(
+            "kubectl {}: {} lines; the last:\n{}",
+            view.join(" "),
+            lines.len(),
+            lines[lines.len().saturating_sub(4)..].join("\n")
+        ));
+    }
+    assert!(!series.is_empty(), "a storm makes a series");
+    assert!(
+        storm_writes * 20 < records,
+        "{storm_writes} Event writes for {records} records"
+    );
+
+    // The storm is over once it has been calm for a few seconds; then a trickle of three, a
+    // second or more apart, gets an Event each on its record.
+    tokio::time::sleep(std::time::Duration::from_secs(8)).await;
+    let before = writes.load(Ordering::SeqCst);
+    let mut c = redis.conn().await;
+    for i in 0..3 {
+        let env = json!({"id": format!("trickle/{i}"), "payload": "{}", "reason": "retries exhausted",
+            "deliveries": 5, "failureKind": "Transient"});
+        let _: () = redis::cmd("LPUSH")
+            .arg("relayer:dead")
+            .arg(env.to_string())
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let record = eventually(30, "the trickle's record", || async {
+            let items = api.list(&ListParams::default()).await.ok()?.items;
+            items
+                .into_iter()
+                .find(|r| r.spec.job.id == format!("trickle/{i}"))
+        })
+        .await;
+        eventually(20, "its own Parked Event", || async {
+            let e = events_for(&client, &ns, &record.name_any(), "Parked").await;
+            (!e.is_empty()).then_some(())
+        })
+        .await;
+        tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert_eq!(
+        writes.load(Ordering::SeqCst) - before,
+        3,
+        "one write each, no series"
+    );
+    let (own_after, series_after) =
+        eventually(30, "the Events counting every record once", || async {
+            let total = records + 3;
+            let items = events.list(&ListParams::default()).await.ok()?.items;
+            let own = items
+                .iter()
+                .filter(|e| e.reason.as_deref() == Some("Parked"))
+                .filter(|e| {
+                    e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("DeadLetter")
+                })
+                .count();
+            let series: usize = items
+                .iter()
+                .filter(|e| e.reason.as_deref() == Some("Parked"))
+                .filter(|e| {
+                    e.regarding.as_ref().and_then(|r| r.kind.as_deref()) != Some("DeadLetter")
+                })
+                .map(|e| e.series.as_ref().map_or(1, |s| s.count) as usize)
+                .sum();
+            (own + series == total).then_some((own, series))
+        })
+        .await;
+    assert_eq!(own_after, own + 3);
+    assert_eq!(
+        series_after,
+        series.iter().map(|(_, c)| *c as usize).sum::<usize>()
+    );
+}

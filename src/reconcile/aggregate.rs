@@ -1,29 +1,43 @@
-//! Aggregates Normal resolution Events per (namespace, queue, reason) during bulk
-//! resolutions, as client-go's event aggregator does: the first Event of a quiet queue goes
-//! out at once about its record; while resolutions keep coming, each [`PERIOD`] publishes one
-//! Event about the queue with the count and the names instead of one write per record (a
-//! redrive otherwise costs an Event write on top of its status compare-and-swap). Warnings
-//! never pass through here (`dlq_core::events::aggregatable`).
+//! Folds the Events that come in numbers, so that a bulk resolution or a parking storm costs
+//! the apiserver a few Event writes instead of one a record.
+//!
+//! Normal resolution Events per (namespace, queue, reason), as client-go's event aggregator
+//! does: the first Event of a quiet queue goes out at once about its record; while resolutions
+//! keep coming, each [`PERIOD`] publishes one Event about the queue with the count and the
+//! names instead of one write per record (a redrive otherwise costs an Event write on top of
+//! its status compare-and-swap).
+//!
+//! `Parked`, the one Warning folded, per (namespace, queue, failure group, reason): the policy
+//! is `dlq_core::event_series`. A trickle's records get their own Event, published by their
+//! reconcile at once ([`Aggregator::take`] hands it back); a storm (more than
+//! `STORM_ABOVE` a second) becomes one Event series about the group's DeadLetterGroup (the
+//! queue while the group object is not known), which this task creates and patches at its
+//! ticks (`series.count`, `series.lastObservedTime`) and finishes once the storm is over.
+//! Every other Warning never passes through here (`dlq_core::events::aggregatable`,
+//! `in_series`).
 //!
 //! Events are a view, the records' status is the truth: a crash loses at most one period of
-//! summaries, never a resolution.
+//! summaries and a series' count since its last write, never a resolution or a record.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::ObjectReference;
 use tokio::sync::mpsc;
 
-use dlq_core::events::{EventPlan, summary};
+use dlq_core::event_series::{Arrival, SeriesKey, SeriesWrite, Storms, Written};
+use dlq_core::events::{EventPlan, in_series, summary};
 
 use crate::state::apiserver::Apiserver;
 
-/// How long resolutions of one queue are gathered into one Event.
+/// How long resolutions of one queue are gathered into one Event; how often series are
+/// written.
 pub const PERIOD: Duration = Duration::from_secs(1);
 
-/// One aggregatable Event about a record.
-#[derive(Debug)]
+/// One foldable Event about a record.
+#[derive(Debug, Clone)]
 pub struct Pending {
     pub namespace: String,
     pub queue: String,
@@ -32,37 +46,114 @@ pub struct Pending {
     pub regarding: ObjectReference,
     /// The queue's reference, which the summary is about (the record's when unknown).
     pub queue_ref: Option<ObjectReference>,
+    /// The record's failure group (fingerprint): a `Parked` series is per group.
+    pub group: Option<String>,
+    /// The group's DeadLetterGroup, which a `Parked` series is about when the operator knows
+    /// it (else the queue's).
+    pub group_ref: Option<ObjectReference>,
     pub plan: EventPlan,
 }
 
 type Key = (String, String, &'static str);
 
-/// Where [`super::Context::carry_out`] sends aggregatable Events.
+/// Where [`super::Context::carry_out`] sends foldable Events.
 #[derive(Clone)]
 pub struct Aggregator {
     tx: mpsc::UnboundedSender<Pending>,
+    storms: ParkedStorms,
 }
 
 impl Aggregator {
     /// Starts the aggregating task; it ends (after a last flush) when every handle is dropped.
     pub fn spawn(apiserver: Arc<dyn Apiserver>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(apiserver, rx, PERIOD));
-        Aggregator { tx }
+        let storms = ParkedStorms::default();
+        tokio::spawn(run(apiserver, rx, storms.clone(), PERIOD));
+        Aggregator { tx, storms }
     }
 
-    /// Queues `event`; gives it back when the task is gone (the caller then publishes it
-    /// itself).
-    pub fn send(&self, event: Pending) -> Result<(), Box<Pending>> {
-        self.tx.send(event).map_err(|e| Box::new(e.0))
+    /// Takes `event` to fold; gives back what the caller publishes itself now: a trickle's
+    /// `Parked` Event, or any Event once the task is gone.
+    pub fn take(&self, event: Pending) -> Option<Pending> {
+        if self.tx.is_closed() {
+            tracing::warn!("event aggregator gone; publishing directly");
+            return Some(event);
+        }
+        if in_series(&event.plan) {
+            return self.storms.arrive(event);
+        }
+        self.tx.send(event).err().map(|e| {
+            tracing::warn!("event aggregator gone; publishing directly");
+            e.0
+        })
+    }
+}
+
+/// This process's `Parked` storms (`dlq_core::event_series::Storms`) on its clock: the
+/// reconciles ask it about each `Parked` Event, the task writes the series.
+#[derive(Clone, Default)]
+pub struct ParkedStorms {
+    storms: Arc<Mutex<Storms<Pending>>>,
+    clock: Clock,
+}
+
+impl ParkedStorms {
+    /// `event` back when it is to be published as it is, None when a series counts it.
+    fn arrive(&self, event: Pending) -> Option<Pending> {
+        let key = SeriesKey {
+            namespace: event.namespace.clone(),
+            queue: event.queue.clone(),
+            group: event.group.clone(),
+            reason: event.plan.reason,
+        };
+        let name = event.name.clone();
+        match self.lock().arrive(key, &name, event, self.clock.now()) {
+            Arrival::Own(event) => Some(event),
+            Arrival::Folded => None,
+        }
+    }
+
+    /// A lock that a panic elsewhere cannot poison for good.
+    fn lock(&self) -> MutexGuard<'_, Storms<Pending>> {
+        self.storms
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Wall time as the runtime's clock moves it: the series' times, and the storms' pace in
+/// tests whose clock is paused.
+#[derive(Clone, Copy)]
+struct Clock {
+    wall: Timestamp,
+    at: tokio::time::Instant,
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Clock {
+            wall: Timestamp::now(),
+            at: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl Clock {
+    fn now(&self) -> Timestamp {
+        SignedDuration::try_from(self.at.elapsed())
+            .ok()
+            .and_then(|d| self.wall.checked_add(d).ok())
+            .unwrap_or(self.wall)
     }
 }
 
 /// The task: open periods per key; an Event for a key without an open period is published at
-/// once and opens one; each tick flushes what the periods gathered and closes quiet ones.
+/// once and opens one; each tick flushes what the periods gathered and closes quiet ones, then
+/// writes the series that are due.
 pub async fn run(
     apiserver: Arc<dyn Apiserver>,
     mut rx: mpsc::UnboundedReceiver<Pending>,
+    storms: ParkedStorms,
     period: Duration,
 ) {
     let mut open: HashMap<Key, Vec<Pending>> = HashMap::new();
@@ -83,11 +174,65 @@ pub async fn run(
                 }
                 None => break,
             },
-            _ = tick.tick() => flush(apiserver.as_ref(), &mut open).await,
+            _ = tick.tick() => {
+                flush(apiserver.as_ref(), &mut open).await;
+                write_series(apiserver.as_ref(), &storms).await;
+            }
         }
     }
     flush(apiserver.as_ref(), &mut open).await;
     tracing::debug!("event aggregator stopped");
+}
+
+/// Carries out what the storms ask for now and tells them how each write went.
+async fn write_series(apiserver: &dyn Apiserver, storms: &ParkedStorms) {
+    let writes = storms.lock().tick(storms.clock.now());
+    for write in writes {
+        match write {
+            SeriesWrite::Own(p) => apiserver.publish(p.regarding, &p.plan).await,
+            SeriesWrite::Create {
+                key,
+                about,
+                plan,
+                occurrences,
+            } => {
+                let count = occurrences.map_or(1, |o| o.count);
+                let regarding = about
+                    .group_ref
+                    .or(about.queue_ref)
+                    .unwrap_or(about.regarding);
+                let outcome = match apiserver.create_event(regarding, &plan, occurrences).await {
+                    Ok(name) => {
+                        tracing::info!(namespace = %key.namespace, queue = %key.queue, group = key.group.as_deref().unwrap_or("-"), reason = key.reason, count, event = %name, "storm: events folded into one series");
+                        Written::Created(name)
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, namespace = %key.namespace, queue = %key.queue, reason = key.reason, "creating an event series failed");
+                        Written::Failed
+                    }
+                };
+                storms.lock().written(&key, count, outcome);
+            }
+            SeriesWrite::Patch {
+                key,
+                event,
+                occurrences,
+            } => {
+                let outcome = match apiserver
+                    .patch_series(&key.namespace, &event, occurrences)
+                    .await
+                {
+                    Ok(()) => Written::Patched,
+                    Err(kube::Error::Api(s)) if s.code == 404 => Written::Gone,
+                    Err(error) => {
+                        tracing::warn!(%error, namespace = %key.namespace, event = %event, "patching an event series failed");
+                        Written::Failed
+                    }
+                };
+                storms.lock().written(&key, occurrences.count, outcome);
+            }
+        }
+    }
 }
 
 /// Publishes each period's gathering: a single Event as it was, several as one summary.
@@ -136,6 +281,8 @@ mod tests {
             name: name.into(),
             regarding: named(name),
             queue_ref: Some(named(queue)),
+            group: Some("3f9a1c07d2".into()),
+            group_ref: None,
             plan,
         }
     }
@@ -148,7 +295,7 @@ mod tests {
     async fn a_bulk_resolution_becomes_one_event_per_window() {
         let api = Arc::new(FakeApiserver::default());
         let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(run(api.clone(), rx, PERIOD));
+        let task = tokio::spawn(run(api.clone(), rx, ParkedStorms::default(), PERIOD));
         for i in 0..200 {
             let _ = tx.send(pending("relayer", &format!("r{i}"), redriven()));
         }
@@ -179,7 +326,7 @@ mod tests {
     async fn a_lone_resolution_keeps_its_own_event() {
         let api = Arc::new(FakeApiserver::default());
         let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(run(api.clone(), rx, PERIOD));
+        let task = tokio::spawn(run(api.clone(), rx, ParkedStorms::default(), PERIOD));
         let _ = tx.send(pending("relayer", "a", redriven()));
         tokio::time::sleep(PERIOD * 3).await;
         // The period closed: the next one is published at once too.

@@ -77,7 +77,8 @@ pub struct Mechanisms {
     /// The sources' parker asks for the next block of slots while a storm spends the current
     /// one (`dlq_client::park::ParkOptions::ask_ahead`).
     pub ask_ahead: bool,
-    /// Normal resolution Events folded per queue per period (see [`aggregate`]).
+    /// Normal resolution Events folded per queue per period, and a parking storm's `Parked`
+    /// Events into one series per failure group (see [`aggregate`]).
     pub aggregation: bool,
     /// The Kafka source handles several messages at once (`crate::source::kafka::IN_FLIGHT`).
     pub kafka_in_flight: bool,
@@ -216,8 +217,9 @@ pub struct Context {
     /// Records being reconciled, records resolved by this process, and redrives a broker
     /// confirmed whose resolution is not yet written, across the two records controllers.
     pub(super) claims: claims::Claims,
-    /// Folds Normal resolution Events per queue during bulk resolutions; None publishes
-    /// every Event as planned (the in-process tests).
+    /// Folds Normal resolution Events per queue during bulk resolutions and `Parked` into a
+    /// series per failure group during storms; None publishes every Event as planned (the
+    /// in-process tests that do not ask for one).
     pub(super) aggregator: Option<aggregate::Aggregator>,
     /// Marks yield to this process's sources while they park (see [`parking_first`]).
     pub parking_first: parking_first::ParkingFirst,
@@ -366,7 +368,8 @@ impl Context {
     }
 
     /// Publishes the Events and applies the metric changes of a plan about `obj`. Normal
-    /// resolution Events go through the aggregator when there is one.
+    /// resolution Events and `Parked` go through the aggregator when there is one: folded
+    /// during bulk resolutions and parking storms, else handed back and published here.
     pub async fn carry_out(&self, obj: &DeadLetter, effects: &Effects) {
         for change in &effects.metrics {
             self.metrics.apply(change);
@@ -375,8 +378,7 @@ impl Context {
             let regarding = apiserver::reference(obj);
             match (&self.aggregator, self.pending(obj, &regarding, event)) {
                 (Some(aggregator), Some(pending)) => {
-                    if let Err(p) = aggregator.send(pending) {
-                        tracing::warn!("event aggregator gone; publishing directly");
+                    if let Some(p) = aggregator.take(pending) {
                         self.apiserver.publish(p.regarding, &p.plan).await;
                     }
                 }
@@ -385,20 +387,29 @@ impl Context {
         }
     }
 
-    /// `event` as the aggregator takes it, when it may be aggregated: a Normal resolution
-    /// Event about a record.
+    /// `event` as the aggregator takes it, when it may be folded: a Normal resolution Event
+    /// or a `Parked` about a record (with its failure group, computed from its facts as the
+    /// groups are).
     fn pending(
         &self,
         obj: &DeadLetter,
         regarding: &ObjectReference,
         event: &EventPlan,
     ) -> Option<aggregate::Pending> {
-        if !dlq_core::events::aggregatable(event) {
+        let series = dlq_core::events::in_series(event);
+        if !series && !dlq_core::events::aggregatable(event) {
             return None;
         }
         let meta = obj.meta();
         let queue = obj.spec.queue.clone();
         let namespace = meta.namespace.clone()?;
+        let group = series.then(|| dlq_core::group::Key::of(obj).fingerprint());
+        let group_ref = group.as_deref().and_then(|g| {
+            let name = dlq_core::groups::group_name(&queue, g);
+            let store = self.group_store.as_ref()?;
+            let object = store.get(&ObjectRef::new(&name).within(&namespace))?;
+            Some(apiserver::reference(object.as_ref()))
+        });
         Some(aggregate::Pending {
             queue_ref: self
                 .queue(&namespace, &queue)
@@ -407,6 +418,8 @@ impl Context {
             queue,
             name: meta.name.clone().unwrap_or_default(),
             regarding: regarding.clone(),
+            group,
+            group_ref,
             plan: event.clone(),
         })
     }

@@ -11,6 +11,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
 use dlq_core::api::{DeadLetter, DeadLetterQueue, DeadLetterStatus, LABEL_QUEUE};
+use dlq_core::event_series::Occurrences;
 use dlq_core::events::EventPlan;
 use dlq_core::group::LABEL_GROUP;
 use dlq_core::groups::DeadLetterGroup;
@@ -86,6 +87,25 @@ pub trait Apiserver: Send + Sync {
     /// Publishes an Event about `regarding`; failures are logged, never fatal.
     fn publish<'a>(&'a self, regarding: ObjectReference, event: &'a EventPlan)
     -> BoxFuture<'a, ()>;
+
+    /// Creates one Event about `regarding` standing for `series` (None: one occurrence), as a
+    /// storm's series begins (`dlq_core::event_series`); answers its name for
+    /// [`Apiserver::patch_series`].
+    fn create_event<'a>(
+        &'a self,
+        regarding: ObjectReference,
+        event: &'a EventPlan,
+        series: Option<Occurrences>,
+    ) -> BoxFuture<'a, Result<String, kube::Error>>;
+
+    /// Merge-patches the series (count, last observation) of Event `name` in `namespace`: a
+    /// storm's later records, one write every few seconds instead of one each.
+    fn patch_series<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        series: Occurrences,
+    ) -> BoxFuture<'a, Result<(), kube::Error>>;
 
     /// Signs a record for a replay (`spec.action`/`by`/`note` and the replay's label), guarded
     /// by the record's resourceVersion: a 409 means it changed since it was read.
@@ -290,6 +310,28 @@ impl Apiserver for KubeApiserver {
             .await
         }
         .boxed()
+    }
+
+    fn create_event<'a>(
+        &'a self,
+        regarding: ObjectReference,
+        event: &'a EventPlan,
+        series: Option<Occurrences>,
+    ) -> BoxFuture<'a, Result<String, kube::Error>> {
+        async move {
+            dlq_client::events::create(&self.client, &self.reporter, &regarding, event, series)
+                .await
+        }
+        .boxed()
+    }
+
+    fn patch_series<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        series: Occurrences,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        dlq_client::events::patch_series(&self.client, namespace, name, series).boxed()
     }
 
     fn sign_record<'a>(

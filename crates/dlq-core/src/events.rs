@@ -119,9 +119,48 @@ impl EventPlan {
 
 /// Whether `plan` may be folded into a per-queue summary during bulk resolutions, as
 /// client-go's event aggregator folds similar Events: Normal resolution Events only.
-/// Warnings (RequeueFailed, Parked, ...) are always published one by one.
+/// Warnings (RequeueFailed, ...) are always published one by one, but `Parked` in a storm
+/// ([`in_series`]).
 pub fn aggregatable(plan: &EventPlan) -> bool {
     plan.type_ == EventType::Normal && matches!(plan.reason, reason::REDRIVEN | reason::DROPPED)
+}
+
+/// Whether `plan` goes into its failure group's Event series during a parking storm
+/// (`crate::event_series`): `Parked`, the one Warning folded, because it comes once per
+/// record and a storm brings thousands; every other Warning is published one by one.
+pub fn in_series(plan: &EventPlan) -> bool {
+    plan.type_ == EventType::Warning && plan.reason == reason::PARKED
+}
+
+/// What a summary or series of `reason` says happened to its records.
+pub fn verb(reason: &str) -> &'static str {
+    match reason {
+        reason::PARKED => "parked",
+        reason::DROPPED => "dropped",
+        _ => "redriven",
+    }
+}
+
+/// `head` followed by as many of `names` as fit in [`MAX_NOTE`], then "and N more" for the
+/// rest of `total`.
+pub fn listed(head: String, names: &[String], total: usize) -> String {
+    let mut note = head;
+    for (i, name) in names.iter().enumerate() {
+        let rest = total.saturating_sub(i);
+        let tail = format!(" and {rest} more");
+        let sep = if i == 0 { "" } else { ", " };
+        if note.len() + sep.len() + name.len() + tail.len() > MAX_NOTE {
+            note.push_str(&tail);
+            return note;
+        }
+        note.push_str(sep);
+        note.push_str(name);
+    }
+    let rest = total.saturating_sub(names.len());
+    if rest > 0 {
+        note.push_str(&format!(" and {rest} more"));
+    }
+    note
 }
 
 /// One Event about a queue standing for `names.len()` Events of `reason` about its records:
@@ -133,24 +172,12 @@ pub fn summary(
     action: &'static str,
     names: &[String],
 ) -> EventPlan {
-    let verb = match reason {
-        reason::DROPPED => "dropped",
-        _ => "redriven",
-    };
-    let head = format!("{} records of queue {queue} {verb}: ", names.len());
-    let mut note = head;
-    for (i, name) in names.iter().enumerate() {
-        let rest = names.len() - i;
-        let tail = format!(" and {rest} more");
-        let sep = if i == 0 { "" } else { ", " };
-        if note.len() + sep.len() + name.len() + tail.len() > MAX_NOTE {
-            note.push_str(&tail);
-            break;
-        }
-        note.push_str(sep);
-        note.push_str(name);
-    }
-    EventPlan::normal(reason, action, note).once()
+    let head = format!(
+        "{} records of queue {queue} {}: ",
+        names.len(),
+        verb(reason)
+    );
+    EventPlan::normal(reason, action, listed(head, names, names.len())).once()
 }
 
 #[cfg(test)]
@@ -185,6 +212,30 @@ mod tests {
         assert!(aggregatable(
             &EventPlan::normal(reason::REDRIVEN, action::REDRIVE, "x").once()
         ));
+    }
+
+    #[test]
+    fn only_parked_goes_in_a_series() {
+        assert!(in_series(
+            &EventPlan::warning(reason::PARKED, action::PARK, "x").once()
+        ));
+        assert!(!in_series(&EventPlan::warning(
+            reason::REQUEUE_FAILED,
+            action::REDRIVE,
+            "x"
+        )));
+        assert!(!in_series(&EventPlan::normal(
+            reason::REDRIVEN,
+            action::REDRIVE,
+            "x"
+        )));
+    }
+
+    #[test]
+    fn a_list_says_how_many_it_left_out() {
+        let names = vec!["a".to_string(), "b".to_string()];
+        assert_eq!(listed("x: ".into(), &names, 2), "x: a, b");
+        assert_eq!(listed("x: ".into(), &names, 5), "x: a, b and 3 more");
     }
 
     #[test]

@@ -32,6 +32,7 @@ pub mod dead_letter;
 pub mod decide;
 pub mod duration;
 pub mod envelope;
+pub mod event_series;
 pub mod events;
 pub mod facts;
 pub mod group;

@@ -612,6 +612,119 @@ async fn resolution_events_go_through_the_aggregator() {
     );
 }
 
+/// `Parked` through the aggregator, as the operator runs it: a trickle gets one Event per
+/// record; a storm of 1,000 records in a second a handful of Event writes: the first
+/// `STORM_ABOVE` records' own, then one series about the queue (its group object is not known
+/// here) whose count makes up the rest, exactly; after the storm a trickle is one each again.
+#[tokio::test(start_paused = true)]
+async fn a_parking_storm_is_one_event_series_and_a_trickle_one_event_each() {
+    use crate::state::apiserver::fake::EventWrite;
+    use dlq_core::event_series::{CALM_FOR, STORM_ABOVE};
+    let named = |i: usize| {
+        RecordBuilder::job(&format!("storm/{i}"))
+            .named(&format!("storm-{i}"))
+            .uid(&format!("uid-{i}"))
+            .reason(&format!("timeout after {i} ms"))
+            .build()
+    };
+    let apiserver = FakeApiserver::holding((0..1_020).map(named));
+    let target: Arc<FakeTarget> = Arc::default();
+    let ctx = Arc::new(
+        Context::new(
+            apiserver.clone(),
+            Arc::new(target),
+            crate::state::records::RecordIndex::listed_with(&apiserver.all()),
+            store_of(&[queue()]),
+            Metrics::default(),
+            Settings::default(),
+        )
+        .with_aggregator(crate::reconcile::aggregate::Aggregator::spawn(
+            apiserver.clone(),
+        )),
+    );
+    let mark = |i: usize| {
+        let ctx = ctx.clone();
+        let dl = apiserver
+            .get(&format!("storm-{i}"))
+            .unwrap_or_else(|| panic!("record storm-{i}"));
+        async move { record::reconcile(Arc::new(dl), ctx).await.expect("mark") }
+    };
+    let own_parked = || {
+        apiserver
+            .published()
+            .iter()
+            .filter(|(about, e)| e.reason == "Parked" && about.as_deref() != Some("relayer"))
+            .count()
+    };
+    let settle = CALM_FOR.unsigned_abs() + Duration::from_secs(3);
+
+    // A trickle: two a second for five seconds, each announced on its record at once.
+    for i in 0..10 {
+        let _ = mark(i).await;
+        assert_eq!(own_parked(), i + 1, "announced at once");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    tokio::time::sleep(settle).await;
+    assert_eq!(apiserver.event_writes().len(), 10);
+    assert!(apiserver.series().is_empty());
+
+    // A storm: 1,000 records marked within a second.
+    futures::future::join_all((10..1_010).map(mark)).await;
+    tokio::time::sleep(settle).await;
+    let writes = apiserver.event_writes();
+    let storm_writes = &writes[10..];
+    assert!(storm_writes.len() <= STORM_ABOVE + 3, "{storm_writes:?}");
+    let series = apiserver.series();
+    assert_eq!(series.len(), 1, "{series:?}");
+    let Some((name, event)) = series.into_iter().next() else {
+        panic!("no series")
+    };
+    assert_eq!(event.regarding.as_deref(), Some("relayer"));
+    assert_eq!(event.plan.reason, "Parked");
+    assert_eq!(event.plan.type_, dlq_core::events::EventType::Warning);
+    assert!(
+        event.plan.note.starts_with(&format!(
+            "{} records of queue relayer, failure group ",
+            event.count
+        )),
+        "{}",
+        event.plan.note
+    );
+    assert_eq!(own_parked(), 10 + STORM_ABOVE);
+    assert_eq!(
+        STORM_ABOVE + event.count as usize,
+        1_000,
+        "each record counted once: its own Event or the series"
+    );
+    let created: Vec<&EventWrite> = storm_writes
+        .iter()
+        .filter(|w| !matches!(w, EventWrite::Published(_)))
+        .collect();
+    assert_eq!(
+        created.first(),
+        Some(&&EventWrite::Created(name, event.count)),
+        "created once with the whole count: {created:?}"
+    );
+    let parked =
+        r#"dlq_parked_total{namespace="payments",queue="relayer",failure_kind="transient"}"#;
+    assert_eq!(
+        metric(&ctx, parked),
+        1_010.0,
+        "the metric counts every record"
+    );
+
+    // The storm is over: a trickle after it is one Event each again.
+    let before = apiserver.event_writes().len();
+    for i in 1_010..1_020 {
+        let _ = mark(i).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    tokio::time::sleep(settle).await;
+    assert_eq!(own_parked(), 20 + STORM_ABOVE);
+    assert_eq!(apiserver.event_writes().len(), before + 10);
+    assert_eq!(apiserver.series().len(), 1);
+}
+
 /// The records controller's wakes: unmarked and decided records, not the ones that wait for a
 /// human or are resolved, and not a status write.
 #[tokio::test]

@@ -1,8 +1,9 @@
 //! The one fake [`Apiserver`] of the in-process tests (tests only): it holds records with
 //! resourceVersions and answers like the real one (compare-and-swap status writes, signatures
 //! and withdrawals, deletes guarded by uid + resourceVersion), remembers every write and Event,
-//! and can be told to interfere: a rival resolution before the next write, unrelated writes
-//! that bump the version, a failing write.
+//! (an Event series with its count as its patches leave it), and can be told to interfere: a
+//! rival resolution before the next write, unrelated writes that bump the version, a failing
+//! write.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -14,6 +15,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 
 use dlq_core::api::{Action, DeadLetter, DeadLetterQueue, DeadLetterStatus, LABEL_QUEUE, Phase};
+use dlq_core::event_series::Occurrences;
 use dlq_core::events::EventPlan;
 use dlq_core::group::LABEL_GROUP;
 use dlq_core::groups::DeadLetterGroup;
@@ -81,6 +83,27 @@ fn merge(into: &mut DeadLetterStatus, status: &DeadLetterStatus) {
     }
 }
 
+/// An Event created with [`Apiserver::create_event`] as the fake holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeriesEvent {
+    /// The name of what it is about.
+    pub regarding: Option<String>,
+    pub plan: EventPlan,
+    /// What its series says (1 without one).
+    pub count: u32,
+}
+
+/// One Event write, as the apiserver would count it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventWrite {
+    /// [`Apiserver::publish`]: one Event, about the named object.
+    Published(Option<String>),
+    /// [`Apiserver::create_event`]: the Event's name and its count.
+    Created(String, u32),
+    /// [`Apiserver::patch_series`]: the Event's name and its new count.
+    Patched(String, u32),
+}
+
 /// Records by namespace and name, each with a resourceVersion from one counter, and what was
 /// asked of it.
 #[derive(Default)]
@@ -95,6 +118,10 @@ pub struct FakeApiserver {
     deleted: Mutex<Vec<String>>,
     /// Events published: (the name of what they are about, the Event).
     events: Mutex<Vec<(Option<String>, EventPlan)>>,
+    /// Events created with [`Apiserver::create_event`], by name, as their patches left them.
+    series: Mutex<BTreeMap<String, SeriesEvent>>,
+    /// Every Event write (publish, create, patch of a series), in order.
+    event_writes: Mutex<Vec<EventWrite>>,
     /// Names of the records a replay signed successfully, in order.
     signed: Mutex<Vec<String>>,
     /// Replay status writes, in order.
@@ -202,6 +229,16 @@ impl FakeApiserver {
     /// The Events published.
     pub fn events(&self) -> Vec<EventPlan> {
         lock(&self.events).iter().map(|(_, e)| e.clone()).collect()
+    }
+
+    /// The Events created as series, by name, with the count their last patch left.
+    pub fn series(&self) -> BTreeMap<String, SeriesEvent> {
+        lock(&self.series).clone()
+    }
+
+    /// Every Event write, in order.
+    pub fn event_writes(&self) -> Vec<EventWrite> {
+        lock(&self.event_writes).clone()
     }
 
     /// The reasons of the Events published, in order.
@@ -389,8 +426,51 @@ impl Apiserver for FakeApiserver {
         regarding: ObjectReference,
         event: &'a EventPlan,
     ) -> BoxFuture<'a, ()> {
+        lock(&self.event_writes).push(EventWrite::Published(regarding.name.clone()));
         lock(&self.events).push((regarding.name, event.clone()));
         async {}.boxed()
+    }
+
+    fn create_event<'a>(
+        &'a self,
+        regarding: ObjectReference,
+        event: &'a EventPlan,
+        series: Option<Occurrences>,
+    ) -> BoxFuture<'a, Result<String, kube::Error>> {
+        let mut held = lock(&self.series);
+        let name = format!(
+            "{}.{}",
+            regarding.name.clone().unwrap_or_default(),
+            held.len()
+        );
+        let count = series.map_or(1, |s| s.count);
+        held.insert(
+            name.clone(),
+            SeriesEvent {
+                regarding: regarding.name,
+                plan: event.clone(),
+                count,
+            },
+        );
+        lock(&self.event_writes).push(EventWrite::Created(name.clone(), count));
+        async move { Ok(name) }.boxed()
+    }
+
+    fn patch_series<'a>(
+        &'a self,
+        _namespace: &'a str,
+        name: &'a str,
+        series: Occurrences,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        let result = match lock(&self.series).get_mut(name) {
+            Some(held) => {
+                held.count = series.count;
+                lock(&self.event_writes).push(EventWrite::Patched(name.into(), series.count));
+                Ok(())
+            }
+            None => Err(api_error(404)),
+        };
+        async move { result }.boxed()
     }
 
     fn sign_record<'a>(
@@ -533,5 +613,51 @@ impl Apiserver for FakeApiserver {
     ) -> BoxFuture<'a, Result<(), kube::Error>> {
         lock(&self.replay_statuses).push(status.clone());
         async { Ok(()) }.boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dlq_core::events::{action, reason};
+
+    /// A series as the reconciler tests count it: created with its count, patched, every
+    /// write remembered; a patch of an Event it does not hold is a 404 (gone).
+    #[tokio::test]
+    async fn an_event_series_is_created_patched_and_counted() {
+        let api = FakeApiserver::default();
+        let about = ObjectReference {
+            name: Some("relayer".into()),
+            ..ObjectReference::default()
+        };
+        let plan = EventPlan::warning(reason::PARKED, action::PARK, "a storm").once();
+        let at = jiff::Timestamp::UNIX_EPOCH;
+        let series = |count| Occurrences {
+            count,
+            last_observed: at,
+        };
+        let name = api
+            .create_event(about, &plan, Some(series(12)))
+            .await
+            .expect("created");
+        api.patch_series("payments", &name, series(40))
+            .await
+            .expect("patched");
+        assert!(
+            api.patch_series("payments", "gone", series(1))
+                .await
+                .is_err()
+        );
+        let held = api.series();
+        assert_eq!(held[&name].count, 40);
+        assert_eq!(held[&name].regarding.as_deref(), Some("relayer"));
+        assert_eq!(held[&name].plan, plan);
+        assert_eq!(
+            api.event_writes(),
+            [
+                EventWrite::Created(name.clone(), 12),
+                EventWrite::Patched(name, 40)
+            ]
+        );
     }
 }
