@@ -381,9 +381,14 @@ async fn operator_with_exactly_the_charts_rbac_parks_redrives_and_retains() {
         op.logs()
     );
 
-    // Remove one rule (status writes) from the chart's Role: the operator fails visibly.
+    // Remove one rule (status writes) from the chart's Role: the operator fails visibly. A
+    // record is marked without a status write (its managed fields cleared), so it is the
+    // resolution that needs the rule: the job goes back, the resolution's write is refused and
+    // retried, and once the rule is back the record is Redriven without a second enqueue.
     apply(plane, &without_status_rule(&release.rbac, &app_ns));
     let r2 = park_job(&client, &app_ns, "rbac/2", "p2").await;
+    wait_phase(&records, &r2, Phase::Parked, 30).await;
+    decide(&records, &r2, Action::Redrive, "ops").await;
     eventually(
         30,
         "the operator to report the missing permission",
@@ -394,12 +399,20 @@ async fn operator_with_exactly_the_charts_rbac_parks_redrives_and_retains() {
     )
     .await;
     let r = records.get(&r2).await.expect("record");
-    assert!(
-        r.status.is_none(),
-        "without the status rule nothing is written"
+    let status = r.status.clone().unwrap_or_default();
+    assert_eq!(
+        (r.phase(), status.resolved_by),
+        (Phase::Parked, None),
+        "without the status rule no resolution is written"
     );
     apply(plane, &release.rbac);
-    wait_phase(&records, &r2, Phase::Parked, 60).await;
+    wait_phase(&records, &r2, Phase::Redriven, 60).await;
+    let sent = redis.list(LIST).await;
+    assert_eq!(
+        sent.iter().filter(|j| j.as_slice() == b"p2").count(),
+        1,
+        "one enqueue of the job whose resolution was refused: {sent:?}"
+    );
 }
 
 /// `maxRecords` (issue 58) with exactly the chart's RBAC: the operator counts its records into

@@ -587,7 +587,11 @@ async fn snapshot(
                 r.name_any(),
                 (
                     r.uid().unwrap_or_default(),
-                    r.status.as_ref().and_then(|s| s.phase),
+                    // The phase as every reader takes it: a record whose status was never
+                    // written reads as Parked (the new CRD serves that as its default; the
+                    // previous release's CRD, which this build's operator runs against before
+                    // the upgrade, leaves it unset).
+                    Some(r.phase()),
                     by,
                 ),
             )
