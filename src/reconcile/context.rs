@@ -13,12 +13,12 @@ use tokio::sync::Mutex;
 
 use dlq_core::api::{DeadLetter, DeadLetterQueue, Job};
 use dlq_core::capacity;
-use dlq_core::events::EventPlan;
 use dlq_core::plan::{Effects, Then};
 use dlq_core::replay::DeadLetterReplay;
-use k8s_openapi::api::core::v1::{ObjectReference, ResourceQuota};
+use k8s_openapi::api::core::v1::ResourceQuota;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
+use super::views::Views;
 use super::{aggregate, claims, kept_groups};
 use crate::metrics::Metrics;
 use crate::state::apiserver::{self, Apiserver};
@@ -209,8 +209,8 @@ pub struct Context {
     pub settings: Settings,
     /// Every record, as a summary (see [`index`]).
     pub records: RecordIndex,
-    /// DeadLetterQueues as the watch sees them: the only way the operator reads them.
-    pub queues: Store<DeadLetterQueue>,
+    /// Queues, groups and replays as the watches see them.
+    pub views: Views,
     /// Consecutive requeue failures per record (by uid), for backoff. Entries of records that
     /// are gone are pruned on the next failure.
     pub(super) failures: Mutex<HashMap<String, (ObjectRef<DeadLetter>, u32)>>,
@@ -225,14 +225,8 @@ pub struct Context {
     pub parking_first: parking_first::ParkingFirst,
     /// The failure groups this process keeps (see [`groups`]).
     pub groups: kept_groups::GroupKeeper,
-    /// DeadLetterGroups as the watch sees them (their acknowledgements); None in tests that
-    /// do not watch them.
-    pub group_store: Option<Store<dlq_core::groups::DeadLetterGroup>>,
     /// What a redrive reaches beyond its record.
     pub redrive: Redrive,
-    /// DeadLetterReplays as the watch sees them (what standing replays passed through, for
-    /// the groups); None in tests that do not watch them.
-    pub replay_store: Option<Store<DeadLetterReplay>>,
     /// The bounds beside `maxParked` (a queue's `Full`).
     pub bounds: QueueBounds,
 }
@@ -277,7 +271,7 @@ impl Context {
     /// Whether the queue store has listed everything once (waiting at most [`LIST_WAIT`]):
     /// records can stream in before their queues, and a queue not yet listed is not missing.
     pub async fn queues_ready(&self) -> bool {
-        listed_once(&self.queues).await
+        listed_once(&self.views.queues).await
     }
 
     pub fn new(
@@ -292,43 +286,22 @@ impl Context {
             apiserver,
             metrics,
             records,
-            queues,
+            views: Views::new(queues),
             failures: Mutex::default(),
             claims: claims::Claims::default(),
             aggregator: None,
             parking_first: parking_first::ParkingFirst::new(settings.mechanisms.parking_first),
             groups: kept_groups::GroupKeeper::default(),
-            group_store: None,
             redrive: Redrive::new(targets),
-            replay_store: None,
             bounds: QueueBounds::default(),
             settings,
         }
     }
 
-    /// Reads the replays from `store` (see [`Context::passed_through`]).
+    /// Reads the replays from `store` (see [`Views::passed_through`]).
     pub fn with_replay_store(mut self, store: Store<DeadLetterReplay>) -> Self {
-        self.replay_store = Some(store);
+        self.views.replays = Some(store);
         self
-    }
-
-    /// What the standing replays of queue `ns/queue` passed through, by failure group (from
-    /// their status, so it outlives the runs and this process).
-    pub fn passed_through(&self, ns: &str, queue: &str) -> BTreeMap<String, i64> {
-        let mut by_group = BTreeMap::new();
-        let Some(store) = &self.replay_store else {
-            return by_group;
-        };
-        for r in store.state() {
-            let passed = r.status.as_ref().map_or(0, |s| s.passed_through);
-            if passed == 0 || r.namespace().as_deref() != Some(ns) || r.spec.queue != queue {
-                continue;
-            }
-            if let Some(group) = r.spec.selector().group {
-                *by_group.entry(group).or_insert(0) += passed;
-            }
-        }
-        by_group
     }
 
     /// Reads the ResourceQuotas from `store` (see [`QueueBounds::of`]).
@@ -357,7 +330,7 @@ impl Context {
 
     /// Reads the groups' acknowledgements from `store` (see [`groups`]).
     pub fn with_group_store(mut self, store: Store<dlq_core::groups::DeadLetterGroup>) -> Self {
-        self.group_store = Some(store);
+        self.views.groups = Some(store);
         self
     }
 
@@ -376,7 +349,7 @@ impl Context {
         }
         for event in &effects.events {
             let regarding = apiserver::reference(obj);
-            match (&self.aggregator, self.pending(obj, &regarding, event)) {
+            match (&self.aggregator, self.views.pending(obj, &regarding, event)) {
                 (Some(aggregator), Some(pending)) => {
                     if let Some(p) = aggregator.take(pending) {
                         self.apiserver.publish(p.regarding, &p.plan).await;
@@ -387,46 +360,9 @@ impl Context {
         }
     }
 
-    /// `event` as the aggregator takes it, when it may be folded: a Normal resolution Event
-    /// or a `Parked` about a record (with its failure group, computed from its facts as the
-    /// groups are).
-    fn pending(
-        &self,
-        obj: &DeadLetter,
-        regarding: &ObjectReference,
-        event: &EventPlan,
-    ) -> Option<aggregate::Pending> {
-        let series = dlq_core::events::in_series(event);
-        if !series && !dlq_core::events::aggregatable(event) {
-            return None;
-        }
-        let meta = obj.meta();
-        let queue = obj.spec.queue.clone();
-        let namespace = meta.namespace.clone()?;
-        let group = series.then(|| dlq_core::group::Key::of(obj).fingerprint());
-        let group_ref = group.as_deref().and_then(|g| {
-            let name = dlq_core::groups::group_name(&queue, g);
-            let store = self.group_store.as_ref()?;
-            let object = store.get(&ObjectRef::new(&name).within(&namespace))?;
-            Some(apiserver::reference(object.as_ref()))
-        });
-        Some(aggregate::Pending {
-            queue_ref: self
-                .queue(&namespace, &queue)
-                .map(|q| apiserver::reference(q.as_ref())),
-            namespace,
-            queue,
-            name: meta.name.clone().unwrap_or_default(),
-            regarding: regarding.clone(),
-            group,
-            group_ref,
-            plan: event.clone(),
-        })
-    }
-
     /// The queue `name` in `namespace`, from the store.
     pub fn queue(&self, namespace: &str, name: &str) -> Option<Arc<DeadLetterQueue>> {
-        self.queues.get(&ObjectRef::new(name).within(namespace))
+        self.views.queue(namespace, name)
     }
 
     /// Counts one more consecutive requeue failure of `record`.

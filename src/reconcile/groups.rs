@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use jiff::Timestamp;
 use kube::ResourceExt;
-use kube::runtime::reflector::ObjectRef;
 
 use dlq_core::api::DeadLetterQueue;
 use dlq_core::events::{EventPlan, action, reason};
@@ -66,7 +65,7 @@ pub async fn keep(
             })
             .collect();
         let mut plan = groups::plan(queue, records.iter().map(|r| r.as_ref()), &existing, now);
-        let passed = ctx.passed_through(&ns, &name);
+        let passed = ctx.views.passed_through(&ns, &name);
         for (fingerprint, status) in plan.groups.iter_mut() {
             acknowledge(ctx, known, &ns, &name, fingerprint, status);
             status.passed_through = passed.get(fingerprint).copied().unwrap_or(0);
@@ -120,11 +119,10 @@ fn acknowledge(
     fingerprint: &str,
     status: &mut DeadLetterGroupStatus,
 ) {
-    let Some(store) = &ctx.group_store else {
+    if !ctx.views.watches_groups() {
         return;
-    };
-    let name = groups::group_name(queue, fingerprint);
-    let stored = store.get(&ObjectRef::new(&name).within(ns));
+    }
+    let stored = ctx.views.group(ns, &groups::group_name(queue, fingerprint));
     let spec = stored.as_ref().map(|g| g.spec.clone()).unwrap_or_default();
     let written = known
         .groups
@@ -150,9 +148,9 @@ fn deleted_by_hand(
     queue: &str,
     planned: &std::collections::BTreeMap<String, DeadLetterGroupStatus>,
 ) -> Vec<String> {
-    let Some(store) = &ctx.group_store else {
+    if !ctx.views.watches_groups() {
         return Vec::new();
-    };
+    }
     planned
         .keys()
         .filter(|f| {
@@ -162,10 +160,7 @@ fn deleted_by_hand(
                 .and_then(|w| w.as_ref())
                 .is_some_and(|w| w.at.elapsed() >= GONE_AFTER)
         })
-        .filter(|f| {
-            let name = groups::group_name(queue, f);
-            store.get(&ObjectRef::new(&name).within(ns)).is_none()
-        })
+        .filter(|f| ctx.views.group(ns, &groups::group_name(queue, f)).is_none())
         .cloned()
         .collect()
 }

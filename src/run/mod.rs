@@ -450,8 +450,8 @@ fn alert_sender(
         Some(cfg) => crate::alert::run(
             cfg,
             ctx.records.clone(),
-            ctx.queues.clone(),
-            ctx.group_store.clone(),
+            ctx.views.queues.clone(),
+            ctx.views.groups.clone(),
             ctx.apiserver.clone(),
             ctx.metrics.clone(),
             shutdown,
