@@ -5,6 +5,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::Duration;
 
+/// How long a test's Redis command waits for its answer.
+pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// A real redis-server on a free loopback port; stopped on drop (and by the kernel if the test
 /// process dies).
 pub struct Redis {
@@ -106,10 +109,14 @@ impl Redis {
         super::child::stop_child(&mut self.child);
     }
 
+    /// A connection that waits up to [`RESPONSE_TIMEOUT`] for an answer: redis' own default,
+    /// 500 ms, timed out an LPUSH of a large body on a loaded 2-core machine (`make test`).
     pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        let config =
+            redis::AsyncConnectionConfig::new().set_response_timeout(Some(RESPONSE_TIMEOUT));
         redis::Client::open(self.url())
             .expect("a valid redis URL")
-            .get_multiplexed_async_connection()
+            .get_multiplexed_async_connection_with_config(&config)
             .await
             .unwrap_or_else(|e| panic!("connecting to redis at {}: {e}", self.url()))
     }
