@@ -10,7 +10,7 @@ use dlq_testenv::{
 };
 use futures::StreamExt;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
@@ -944,4 +944,286 @@ fn help_documents_every_verb() {
     ] {
         assert!(text.contains(flag), "redrive --help lacks {flag}");
     }
+}
+
+/// The records `ls --grep/--where` is tried on: two orders (one with a card number, a holder
+/// under the queue's mask path and a tenant header), a sealed job and a body in the store that
+/// both hold `cus_42` where no search may look.
+async fn park_search_records(client: &Client, ns: &str) {
+    let queues: Api<DeadLetterQueue> = Api::namespaced(client.clone(), ns);
+    queues
+        .patch(
+            "relayer",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"protection": {"mask": ["$.holder"]}}})),
+        )
+        .await
+        .unwrap();
+    for (id, payload, tenant) in [
+        (
+            "order/1",
+            r#"{"customer":"cus_42","holder":"Ada Lovelace","pan":"4111111111111111"}"#,
+            "acme",
+        ),
+        (
+            "order/2",
+            r#"{"customer":"cus_7","items":[{"sku":"A-1"}]}"#,
+            "globex",
+        ),
+    ] {
+        let mut job = Job::from_bytes(id, payload.as_bytes());
+        job.headers.insert("X-Tenant".into(), tenant.into());
+        let mut r = ParkRequest::new("relayer", job);
+        r.reason = format!("timeout talking to payer for {id}");
+        r.error_class = Some("PayerTimeout".into());
+        park(client.clone(), ns, r).await.unwrap();
+    }
+    let (_, recipient) = dlq_core::seal::generate_identity();
+    let secret = Job::from_bytes("sealed/1", br#"{"customer":"cus_42"}"#);
+    let sealed = dlq_core::seal::seal(&secret, &recipient).unwrap();
+    let mut stored = Job::from_bytes("stored/1", b"");
+    stored.payload = None;
+    stored.body = Some(Box::new(dlq_core::api::BodyRef {
+        reference: "s3://bodies/relayer/cus_42".into(),
+        size: 1 << 20,
+        sha256: "ab".repeat(32),
+        ..Default::default()
+    }));
+    let records: Api<DeadLetter> = Api::namespaced(client.clone(), ns);
+    for job in [sealed, stored] {
+        let req = ParkRequest::new("relayer", job);
+        let r = dlq_core::park::new_record(&req, 1);
+        records.create(&Default::default(), &r).await.unwrap();
+    }
+}
+
+/// The job ids of `ls`'s rows (the first column), header left out.
+fn listed(out: &Out) -> Vec<String> {
+    assert!(out.ok, "{}", out.stderr);
+    out.stdout
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next())
+        .map(String::from)
+        .collect()
+}
+
+/// `ls --grep/--where` against a real apiserver: each field found as `show` prints it, card
+/// numbers and the queue's mask paths never matched nor printed, sealed jobs and stored bodies
+/// not searched and said so, clauses all holding, the limit counting matches, bad PATHs refused.
+#[tokio::test]
+async fn ls_searches_records_as_show_prints_them() {
+    let (client, ns) = setup("cli-search").await;
+    create_offline_queue(&client, &ns).await;
+    park_search_records(&client, &ns).await;
+
+    let found = dlq(&ns, &["ls", "--grep", "CUS_42"]);
+    assert_eq!(listed(&found), ["order/1"], "{}", found.stdout);
+    assert!(
+        found
+            .stdout
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .ends_with("MATCH"),
+        "{}",
+        found.stdout
+    );
+    assert!(
+        found
+            .stdout
+            .contains(r#"payload: {"customer":"cus_42","holder":"****""#)
+    );
+    assert!(
+        found.stderr.contains("1 of 4 records match")
+            && found
+                .stderr
+                .contains("1 sealed (payload and headers not searched)")
+            && found
+                .stderr
+                .contains("1 with the payload in the body store (not fetched"),
+        "{}",
+        found.stderr
+    );
+    for (grep, want) in [
+        ("4111111111111111", vec![]),
+        ("ada lovelace", vec![]),
+        ("411111******1111", vec!["order/1"]),
+        ("x-tenant", vec!["order/1", "order/2"]),
+        ("GLOBEX", vec!["order/2"]),
+        ("payertimeout", vec!["order/1", "order/2"]),
+        ("sealed/1", vec!["sealed/1"]),
+    ] {
+        let out = dlq(&ns, &["ls", "--grep", grep]);
+        assert_eq!(listed(&out), want, "--grep {grep}: {}", out.stdout);
+        assert!(!out.stdout.contains("4111111111111111") && !out.stdout.contains("Ada"));
+    }
+    for (wheres, want) in [
+        (vec!["payload.customer=cus_42"], vec!["order/1"]),
+        (vec!["payload.items[*].sku=A-1"], vec!["order/2"]),
+        (vec!["headers.x-tenant=acme"], vec!["order/1"]),
+        (vec!["job.id=order/2"], vec!["order/2"]),
+        (
+            vec!["errorClass=PayerTimeout", "payload.customer=cus_7"],
+            vec!["order/2"],
+        ),
+        (
+            vec!["errorClass=PayerTimeout", "headers.x-tenant=nobody"],
+            vec![],
+        ),
+        (vec!["payload.pan=4111111111111111"], vec![]),
+        (vec!["payload.holder=****"], vec!["order/1"]),
+    ] {
+        let mut args = vec!["ls"];
+        for w in &wheres {
+            args.extend(["--where", w]);
+        }
+        assert_eq!(listed(&dlq(&ns, &args)), want, "{wheres:?}");
+    }
+    searches_end_and_refuse_in_words(&client, &ns).await;
+}
+
+/// `--limit` counts matches, `-o json` carries exactly the matched records, and a bad search
+/// exits 1 in words.
+async fn searches_end_and_refuse_in_words(client: &Client, ns: &str) {
+    let first = dlq(ns, &["ls", "--grep", "order/", "--limit", "1"]);
+    assert_eq!(listed(&first).len(), 1, "{}", first.stdout);
+    assert!(
+        first.stderr.contains("stopped at --limit 1"),
+        "{}",
+        first.stderr
+    );
+    let json = dlq(
+        ns,
+        &["ls", "-o", "json", "--where", "payload.customer=cus_7"],
+    );
+    assert!(json.ok, "{}", json.stderr);
+    let list: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    let items: Vec<DeadLetter> = serde_json::from_value(list["items"].clone()).unwrap();
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), ns);
+    let live = api.get(&items[0].name_any()).await.unwrap();
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0].spec, live.spec, "the record itself");
+    for (args, says) in [
+        (vec!["--where", "customer=cus_42"], "PATH is one of job.id"),
+        (vec!["--where", "payload.items[x]=1"], "not a JSON path"),
+        (vec!["--where", "reason"], "is not PATH=VALUE"),
+        (vec!["--grep", ""], "--grep needs some text"),
+    ] {
+        let out = dlq(ns, &[&["ls"][..], &args[..]].concat());
+        assert!(
+            !out.ok && out.stderr.contains(says),
+            "{args:?}: {}",
+            out.stderr
+        );
+    }
+    let long = "x".repeat(257);
+    let out = dlq(ns, &["ls", "--grep", &long]);
+    assert!(
+        !out.ok && out.stderr.contains("at most 256"),
+        "{}",
+        out.stderr
+    );
+}
+
+/// A search reads every page (the first small, later ones larger, fetched ahead): 600 records
+/// over more than one page, matches from all of them, and a record found by its whole payload.
+#[tokio::test]
+async fn ls_search_reads_every_page() {
+    let (client, ns) = setup("cli-search-pages").await;
+    create_offline_queue(&client, &ns).await;
+    park_many(&client, &ns, 600).await;
+    let some = dlq(
+        &ns,
+        &["ls", "--grep", "job 5", "--limit", "0", "--no-headers"],
+    );
+    assert!(some.ok, "{}", some.stderr);
+    // job 5, job 50..59, job 500..599.
+    assert_eq!(some.stdout.lines().count(), 111, "{}", some.stdout);
+    assert!(
+        some.stderr.contains("111 of 600 records match"),
+        "{}",
+        some.stderr
+    );
+    let one = dlq(&ns, &["ls", "--where", "payload=job 599"]);
+    assert_eq!(listed(&one), ["bulk/599"], "{}", one.stdout);
+}
+
+/// `export` streams every fact of each record (the job as bytes, text masked; CSV too), and
+/// `park --from` parks the export again in another namespace, keeping job ids, source message
+/// identities, cycles and the exact job; a second run parks nothing twice.
+#[tokio::test]
+async fn export_then_park_from_moves_records_keeping_ids_identities_and_cycles() {
+    use base64::Engine;
+    let (client, ns) = setup("cli-export").await;
+    create_offline_queue(&client, &ns).await;
+    park_search_records(&client, &ns).await;
+    let mut req = ParkRequest::new("relayer", Job::from_bytes("moved/1", b"\xff\x01"));
+    req = req.with_message("dead#9");
+    let third = dlq_core::park::new_record(&req, 3);
+    let records: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    records.create(&Default::default(), &third).await.unwrap();
+
+    let out = dlq(&ns, &["export"]);
+    assert!(
+        out.ok && out.stderr.contains("exported 5 records"),
+        "{}",
+        out.stderr
+    );
+    assert!(!out.stdout.contains("4111111111111111"), "{}", out.stdout);
+    let lines: Vec<serde_json::Value> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 5);
+    let order = lines.iter().find(|l| l["job"]["id"] == "order/1").unwrap();
+    let engine = base64::engine::general_purpose::STANDARD;
+    let payload = engine
+        .decode(order["job"]["payloadBase64"].as_str().unwrap())
+        .unwrap();
+    assert!(
+        String::from_utf8(payload)
+            .unwrap()
+            .contains("4111111111111111"),
+        "bytes exact"
+    );
+    let csv = dlq(&ns, &["export", "--format", "csv", "--queue", "relayer"]);
+    assert_eq!(csv.stdout.lines().count(), 6, "{}", csv.stdout);
+    assert!(csv.stdout.starts_with("namespace,name,queue,job_id,cycle,"));
+    assert_eq!(dlq(&ns, &["export", "--queue", "other"]).stdout, "");
+
+    let (_, to) = setup("cli-import").await;
+    create_offline_queue(&client, &to).await;
+    let file = std::env::temp_dir().join(format!("{ns}.ndjson"));
+    std::fs::write(&file, &out.stdout).unwrap();
+    let from = file.to_str().unwrap();
+    let parked = dlq(&to, &["park", "--from", from]);
+    assert!(parked.ok, "{}", parked.stderr);
+    let said = "4 parked, 0 already had their record here, 0 resolved records skipped, 1 sealed";
+    assert!(parked.stderr.contains(said), "{}", parked.stderr);
+    let moved: Api<DeadLetter> = Api::namespaced(client.clone(), &to);
+    for r in records.list(&ListParams::default()).await.unwrap().items {
+        if r.spec.job.sealed.is_some() {
+            assert!(moved.get_opt(&r.name_any()).await.unwrap().is_none());
+            continue;
+        }
+        let there = moved.get(&r.name_any()).await.unwrap();
+        assert_eq!(there.spec.job, r.spec.job, "the job, exactly");
+        assert_eq!(there.spec.cycle, r.spec.cycle);
+        assert_eq!(
+            there
+                .annotations()
+                .get(dlq_core::api::ANNOTATION_SOURCE_MESSAGE),
+            r.annotations()
+                .get(dlq_core::api::ANNOTATION_SOURCE_MESSAGE)
+        );
+    }
+    let again = dlq(&to, &["park", "--from", from]);
+    assert!(
+        again.stderr.contains("0 parked, 4 already"),
+        "{}",
+        again.stderr
+    );
+    std::fs::remove_file(&file).unwrap();
 }

@@ -621,3 +621,101 @@ async fn replay(b: &Browser, page: &Page, rate: &str, stop_at: Option<&str>) -> 
     assert_eq!(b.count("#stop").await, 0, "Stop offered after the end");
     summary
 }
+
+/// The search box is `ls --grep/--where` on the page (one matcher): typed, it finds by text
+/// and shows where (masked); the search lives in the URL, which answers alone when opened; a
+/// card number never matches; a bad PATH is refused in words; and a searched list offers no
+/// replay (a DeadLetterReplay cannot select by a search), which the replay page refuses too.
+#[tokio::test]
+async fn the_search_box_finds_by_text_and_path_from_a_shareable_url() {
+    let (client, ns) = setup("ui-search").await;
+    create_offline_queue(&client, &ns).await;
+    let card = "4111111111111111";
+    let one = park_one(
+        &client,
+        &ns,
+        "order/1",
+        "timeout",
+        &format!(r#"{{"customer":"cus_42","pan":"{card}"}}"#),
+        FailureKind::Transient,
+    )
+    .await;
+    let two = park_one(
+        &client,
+        &ns,
+        "order/2",
+        "timeout",
+        r#"{"customer":"cus_7"}"#,
+        FailureKind::Transient,
+    )
+    .await;
+    grant(&ns, "alice", "decider");
+    wait_for_role(&ns, "alice").await;
+    let page = start_page(&ns, "alice");
+    let b = Browser::start("ui-search").await;
+    b.client.goto(&page.url).await.unwrap();
+    b.client
+        .goto(&format!("{}/records?queue=relayer", page.base()))
+        .await
+        .unwrap();
+    let grep = b.client.find(Locator::Css("#grep")).await.unwrap();
+    grep.send_keys("CUS_42").await.unwrap();
+    b.click("#apply").await;
+    wait_count(&b, "1 records match").await;
+    assert_eq!(b.count(&format!("tr[data-name=\"{one}\"]")).await, 1);
+    assert_eq!(b.count(&format!("tr[data-name=\"{two}\"]")).await, 0);
+    let hit = b.text("#records td.hit").await;
+    assert!(hit.starts_with(r#"payload: {"customer":"cus_42""#), "{hit}");
+    assert!(!b.text("main").await.contains(card));
+    let url = b.client.current_url().await.unwrap();
+    assert!(
+        url.as_str().contains("grep=CUS_42"),
+        "the search is in the URL: {url}"
+    );
+    assert_eq!(b.count("#review").await, 1, "alice may decide");
+    assert_eq!(b.count("#replay-link").await, 0, "no replay for a search");
+    b.screenshot("search").await;
+
+    // Opened from its URL alone: the same answer, and the boxes filled in.
+    let shared = format!("{}/records?where=payload.customer%3Dcus_7", page.base());
+    b.client.goto(&shared).await.unwrap();
+    wait_count(&b, "1 records match").await;
+    assert_eq!(b.count(&format!("tr[data-name=\"{two}\"]")).await, 1);
+    let filled = b.client.find(Locator::Css("input.where")).await.unwrap();
+    assert_eq!(
+        filled.prop("value").await.unwrap().as_deref(),
+        Some("payload.customer=cus_7")
+    );
+
+    for (query, says) in [
+        (format!("grep={card}"), "0 records match"),
+        ("where=customer%3Dx".to_string(), "PATH is one of job.id"),
+    ] {
+        b.client
+            .goto(&format!("{}/records?{query}", page.base()))
+            .await
+            .unwrap();
+        eventually(10, says, || async {
+            b.text("#live").await.contains(says).then_some(())
+        })
+        .await;
+    }
+    b.client
+        .goto(&format!("{}/replay?queue=relayer&grep=cus_42", page.base()))
+        .await
+        .unwrap();
+    let refused = b.text("main").await;
+    assert!(
+        refused.contains("a replay cannot select by a search"),
+        "{refused}"
+    );
+    b.stop().await;
+}
+
+/// Waits until the records page's count begins with `want`.
+async fn wait_count(b: &Browser, want: &str) {
+    eventually(10, want, || async {
+        b.text("#count").await.starts_with(want).then_some(())
+    })
+    .await;
+}

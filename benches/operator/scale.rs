@@ -1,7 +1,8 @@
 //! Issue 15's storm, capacity and scale points: a parking storm into a queue with a hard
 //! `maxParked` (`BENCH_STORM`, "messages,maxParked"), etcd bytes per record
 //! (`BENCH_CAPACITY`, payload sizes), and the 100,000-record point (`BENCH_RECORDS`, opt-in:
-//! operator RSS, restart → first reconcile, `ls`/`stats` latency, redrive of 10,000).
+//! operator RSS, restart → first reconcile, `ls`/`stats` latency, the searches of `ls --grep`,
+//! `--where` and the page, redrive of 10,000).
 
 use std::io::{Read, Write};
 
@@ -310,7 +311,161 @@ pub async fn cli_at_scale(b: &mut Bench, n: usize) -> anyhow::Result<Vec<(String
             ));
         }
     }
+    for s in search_at_scale(b, &ns, n)? {
+        out.push((s.what, s.ms, s.lines));
+    }
     Ok(out)
+}
+
+/// One search's figure at scale.
+pub struct Searched {
+    pub what: String,
+    pub ms: f64,
+    pub lines: usize,
+}
+
+/// The searches of issue 60 over the `n` records of [`create_plain`] (1 KiB payloads of `x`):
+/// `ls --grep` for the last record's job id and `--where` on a payload path nothing has (every
+/// record read: the whole scan), `--grep` whose first 50 matches are on the first page (what
+/// on-call sees first), and the page's search box with its watch synced, then from its start.
+pub fn search_at_scale(b: &Bench, ns: &str, n: usize) -> anyhow::Result<Vec<Searched>> {
+    let last = format!("bench/{:06}", n.saturating_sub(1));
+    let mut out = Vec::new();
+    let runs: [(&str, Vec<&str>); 3] = [
+        (
+            "ls --grep, one match (whole scan)",
+            vec!["--grep", last.as_str()],
+        ),
+        (
+            "ls --where payload path, no match (whole scan)",
+            vec!["--where", "payload.customer=cus_42"],
+        ),
+        (
+            "ls --grep, first 50 matches",
+            vec!["--grep", "bench", "--limit", "50"],
+        ),
+    ];
+    for (what, extra) in runs {
+        let mut args = vec!["ls", "--queue", "relayer"];
+        args.extend(extra);
+        let (ms, lines) = time_cli(b, ns, &args)?;
+        out.push(Searched {
+            what: format!("kubectl dlq {what}"),
+            ms,
+            lines,
+        });
+    }
+    let query = format!("queue=relayer&phase=&grep={}", last.replace('/', "%2F"));
+    let page = page_search(b, ns, &query, "1 records match")?;
+    out.push(Searched {
+        what: "the page's search, watch synced (one match)".into(),
+        ms: page.search_ms,
+        lines: 1,
+    });
+    out.push(Searched {
+        what: "the page's first complete answer from its start".into(),
+        ms: page.first_ms,
+        lines: 1,
+    });
+    Ok(out)
+}
+
+/// The page's figures: its first complete answer from the start (the watch lists every
+/// record first), then the same search asked again once synced.
+pub struct PageSearch {
+    pub first_ms: f64,
+    pub search_ms: f64,
+}
+
+/// `kubectl dlq ui` (the release binary) searching `query` on its records page until the
+/// answer says `want`; then the median of five more asks.
+pub fn page_search(b: &Bench, ns: &str, query: &str, want: &str) -> anyhow::Result<PageSearch> {
+    let start = Instant::now();
+    let mut child = Command::new(release_bin("kubectl-dlq")?)
+        .arg("--kubeconfig")
+        .arg(&b.plane.kubeconfig)
+        .args(["-n", ns, "ui"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let page = Page::read(&mut child);
+    let result = page.and_then(|page| {
+        let path = format!("/records/live?{query}");
+        loop {
+            if page.get(&path)?.contains(want) {
+                break;
+            }
+            if start.elapsed() > Duration::from_secs(300) {
+                bail!("the page did not answer {want:?} in 5 minutes");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let first_ms = start.elapsed().as_secs_f64() * 1000.0;
+        let mut times = Vec::new();
+        for _ in 0..5 {
+            let t = Instant::now();
+            let body = page.get(&path)?;
+            times.push(t.elapsed().as_secs_f64() * 1000.0);
+            if !body.contains(want) {
+                bail!("the page's search changed its answer: {body:.200}");
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(PageSearch {
+            first_ms,
+            search_ms: times[times.len() / 2],
+        })
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    result
+}
+
+/// The page's address and the cookie its token buys.
+struct Page {
+    authority: String,
+    cookie: String,
+}
+
+impl Page {
+    /// From the first line `kubectl dlq ui` prints (`... http://127.0.0.1:PORT/?token=T`).
+    fn read(child: &mut std::process::Child) -> anyhow::Result<Page> {
+        use std::io::BufRead;
+        let stdout = child.stdout.take().context("the page's stdout")?;
+        let mut lines = std::io::BufReader::new(stdout);
+        let mut line = String::new();
+        lines.read_line(&mut line)?;
+        // Keep reading so the page's later lines never meet a closed pipe.
+        std::thread::spawn(move || std::io::copy(&mut lines, &mut std::io::sink()));
+        let url = line.split_whitespace().last().unwrap_or_default();
+        let (base, token) = url
+            .trim_start_matches("http://")
+            .split_once("/?token=")
+            .with_context(|| format!("no page URL in {line:?}"))?;
+        let port = base.rsplit(':').next().unwrap_or_default();
+        Ok(Page {
+            authority: base.to_string(),
+            cookie: format!("dlq_ui_{port}={token}"),
+        })
+    }
+
+    /// One GET with the cookie: the body (the status line must say 200).
+    fn get(&self, path: &str) -> anyhow::Result<String> {
+        let mut s = std::net::TcpStream::connect(&self.authority)?;
+        s.write_all(
+            format!(
+                "GET {path} HTTP/1.1\r\nHost: {}\r\nCookie: {}\r\nConnection: close\r\n\r\n",
+                self.authority, self.cookie
+            )
+            .as_bytes(),
+        )?;
+        let mut answer = String::new();
+        s.read_to_string(&mut answer)?;
+        if !answer.starts_with("HTTP/1.1 200") {
+            bail!("GET {path}: {:.200}", answer);
+        }
+        Ok(answer)
+    }
 }
 
 /// The 100,000-record point.
@@ -326,6 +481,8 @@ pub struct Scale {
     /// The plain client's redrive writes on as many other records of the same namespace, the
     /// operator stopped: the ceiling at this scale.
     pub redrive_ceiling: f64,
+    /// The searches' figures ([`search_at_scale`]).
+    pub searches: Vec<Searched>,
 }
 
 /// `n` records of 1 KiB in one queue: the operator marks them, is restarted, `ls` and `stats`
@@ -374,6 +531,7 @@ pub async fn hundred_thousand(b: &mut Bench, n: usize, redrive: usize) -> anyhow
 
     let (ls_ms, ls_rows) = time_cli(b, &ns, &["ls", "--queue", "relayer"])?;
     let (stats_ms, _) = time_cli(b, &ns, &["stats"])?;
+    let searches = search_at_scale(b, &ns, n)?;
 
     let names: Vec<String> = (1..=redrive)
         .map(|i| record_name("relayer", &format!("bench/{i:06}"), 1))
@@ -406,5 +564,6 @@ pub async fn hundred_thousand(b: &mut Bench, n: usize, redrive: usize) -> anyhow
         stats_ms,
         redrive_rate,
         redrive_ceiling,
+        searches,
     })
 }

@@ -109,6 +109,7 @@ fn request_of(queue: &str, env: Envelope) -> Result<ParkRequest, &'static str> {
         sealed_reason: None,
         own_death: false,
         payload_in_message: false,
+        least_cycle: None,
     })
 }
 

@@ -175,17 +175,58 @@ pub fn luhn(digits: &[u8]) -> bool {
 /// Replaces the values at `path` (`$.a.b`, `$.items[0].pan`, `$.items[*].pan`, `$.*.x`) with
 /// [`MASKED`]; a path that matches nothing changes nothing.
 pub fn mask_path(value: &mut Value, path: &str) {
-    let Some(segments) = parse_path(path) else {
+    let Some(path) = JsonPath::parse(path) else {
         return;
     };
-    mask_at(value, &segments);
+    mask_at(value, &path.0);
 }
 
-#[derive(Debug, PartialEq)]
+/// A path into a JSON value in the grammar of a queue's mask paths (`$.a.b`, `$.items[0].pan`,
+/// `$.items[*].pan`, `$.*.x`): also what `kubectl dlq ls --where payload.PATH=VALUE` reads, so
+/// a path means the same wherever it is written.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JsonPath(Vec<Segment>);
+
+#[derive(Debug, Clone, PartialEq)]
 enum Segment {
     Key(String),
     Index(usize),
     Any,
+}
+
+impl JsonPath {
+    /// The path, or None when it is not one (no `$`, a bad index, nothing after `$`).
+    pub fn parse(path: &str) -> Option<JsonPath> {
+        parse_path(path).map(JsonPath)
+    }
+
+    /// How many steps the path takes (a bound for paths people type).
+    pub fn depth(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The values the path reaches in `value` (several through `*`; none when it leads nowhere).
+    pub fn values<'a>(&self, value: &'a Value) -> Vec<&'a Value> {
+        let mut here = vec![value];
+        for segment in &self.0 {
+            here = here
+                .into_iter()
+                .flat_map(|v| children(v, segment))
+                .collect();
+        }
+        here
+    }
+}
+
+/// The children of `value` one segment reaches.
+fn children<'a>(value: &'a Value, segment: &Segment) -> Vec<&'a Value> {
+    match (segment, value) {
+        (Segment::Key(k), Value::Object(map)) => map.get(k).into_iter().collect(),
+        (Segment::Index(n), Value::Array(items)) => items.get(*n).into_iter().collect(),
+        (Segment::Any, Value::Array(items)) => items.iter().collect(),
+        (Segment::Any, Value::Object(map)) => map.values().collect(),
+        _ => Vec::new(),
+    }
 }
 
 fn parse_path(path: &str) -> Option<Vec<Segment>> {
@@ -308,6 +349,30 @@ mod tests {
             mask_payload("not json 4111111111111111", &paths),
             "not json 411111******1111"
         );
+    }
+
+    #[test]
+    fn paths_read_the_values_they_mask() {
+        let v: Value = serde_json::from_str(
+            r#"{"customer":{"id":"cus_42"},"items":[{"sku":"a"},{"sku":"b"}],"n":7}"#,
+        )
+        .expect("json");
+        let at = |p: &str| {
+            JsonPath::parse(p).map(|path| path.values(&v).into_iter().cloned().collect::<Vec<_>>())
+        };
+        assert_eq!(at("$.customer.id"), Some(vec![Value::from("cus_42")]));
+        assert_eq!(at("$.items[1].sku"), Some(vec![Value::from("b")]));
+        assert_eq!(
+            at("$.items[*].sku"),
+            Some(vec![Value::from("a"), Value::from("b")])
+        );
+        assert_eq!(at("$.n"), Some(vec![Value::from(7)]));
+        assert_eq!(at("$.missing.x"), Some(vec![]));
+        assert_eq!(at("$.n.deeper"), Some(vec![]));
+        for bad in ["customer", "$", "$.a[x]", "$.a[1"] {
+            assert_eq!(JsonPath::parse(bad), None, "{bad}");
+        }
+        assert_eq!(JsonPath::parse("$.a.b[0]").map(|p| p.depth()), Some(3));
     }
 
     #[test]

@@ -56,6 +56,10 @@ pub struct ParkRequest {
     /// [`ParkRequest::of_message`]): the job holds none yet, and the parker takes it from the
     /// message's bytes when it places the body ([`ParkRequest::fill_payload`]).
     pub payload_in_message: bool,
+    /// The cycle this job's record had where it came from (`kubectl dlq park --from` an
+    /// export): it is parked as at least this cycle, so moving records between namespaces or
+    /// clusters keeps their cycles. None: cycles count from 1 here.
+    pub least_cycle: Option<i32>,
 }
 
 impl ParkRequest {
@@ -76,6 +80,7 @@ impl ParkRequest {
             sealed_reason: None,
             own_death: false,
             payload_in_message: false,
+            least_cycle: None,
         }
     }
 
@@ -113,6 +118,13 @@ impl ParkRequest {
         });
         self.redelivered = true;
         self
+    }
+
+    /// The cycle to create after the job's highest recorded one (`None`: no record): the next,
+    /// or the cycle the job had where it was exported, whichever is higher.
+    pub fn cycle_after(&self, highest: Option<i32>) -> i32 {
+        let next = highest.unwrap_or(0) + 1;
+        self.least_cycle.map_or(next, |least| next.max(least))
     }
 
     /// Marks a request about to be tried again after an attempt whose outcome is unknown (an
@@ -711,6 +723,7 @@ pub fn arriving(req: &ParkRequest, seals: bool) -> DeadLetter {
         sealed_reason: None,
         own_death: false,
         payload_in_message: false,
+        least_cycle: None,
     };
     new_record(&light, 1)
 }
@@ -790,7 +803,7 @@ pub fn next_cycle<'a>(req: &ParkRequest, existing: &'a [DeadLetter]) -> Cycle<'a
     }) {
         return Cycle::AlreadyParked(parked);
     }
-    Cycle::Next(same().map(|r| r.spec.cycle).max().unwrap_or(0) + 1)
+    Cycle::Next(req.cycle_after(same().map(|r| r.spec.cycle).max()))
 }
 
 /// One record of a job as a parker's local view holds it (the operator's record store): enough
@@ -852,7 +865,7 @@ pub enum FirstTry {
 /// cycles exist makes a job start again at cycle 1 (its earlier cycles stay as they are).
 pub fn first_try(req: &ParkRequest, known: Option<&[KnownCycle]>) -> FirstTry {
     let Some(known) = known else {
-        return FirstTry::Create(1);
+        return FirstTry::Create(req.cycle_after(None));
     };
     let same = || {
         known
@@ -869,7 +882,7 @@ pub fn first_try(req: &ParkRequest, known: Option<&[KnownCycle]>) -> FirstTry {
     {
         return FirstTry::Confirm(parked.name.clone());
     }
-    FirstTry::Create(same().map(|k| k.cycle).max().unwrap_or(0) + 1)
+    FirstTry::Create(req.cycle_after(same().map(|k| k.cycle).max()))
 }
 
 #[cfg(test)]
@@ -885,6 +898,24 @@ mod tests {
                 ..Job::default()
             },
         )
+    }
+
+    /// A job moved from elsewhere keeps its cycle: created as at least that cycle, and after it
+    /// the next as always.
+    #[test]
+    fn a_moved_job_keeps_its_cycle() {
+        let mut r = req();
+        assert_eq!(r.cycle_after(None), 1);
+        r.least_cycle = Some(3);
+        assert_eq!(r.cycle_after(None), 3);
+        assert_eq!(r.cycle_after(Some(1)), 3);
+        assert_eq!(r.cycle_after(Some(3)), 4);
+        assert_eq!(first_try(&r, None), FirstTry::Create(3));
+        assert_eq!(first_try(&r, Some(&[])), FirstTry::Create(3));
+        match next_cycle(&r, &[]) {
+            Cycle::Next(c) => assert_eq!(c, 3),
+            _ => panic!("no record: the next cycle"),
+        }
     }
 
     /// A request whose payload went to the store as the message's own bytes: valid, it parks as

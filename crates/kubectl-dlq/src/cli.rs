@@ -3,7 +3,9 @@
 use clap::{Parser, Subcommand};
 
 use crate::session::{CliError, Global};
-use crate::{groups_cmd, inspect, park_cmd, pause, runbook, seal_key, ui};
+use crate::{
+    export, groups_cmd, inspect, ls_search, park_cmd, park_from, pause, runbook, seal_key, ui,
+};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -22,7 +24,8 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// List records: job, deliveries, phase, intent snapshot, who decided, reason.
+    /// List records: job, deliveries, phase, intent snapshot, who decided, reason; or search
+    /// them (--grep TEXT, --where PATH=VALUE).
     Ls(inspect::LsArgs),
     /// One record in full: facts, payload, decision, conditions, recent Events.
     Show(inspect::ShowArgs),
@@ -42,8 +45,12 @@ pub enum Command {
     /// Failure groups (DeadLetterGroups), most parked first: group, queue, kind, version,
     /// parked, rate, tier, template. Act on one with redrive/drop --group G.
     Groups(groups_cmd::GroupsArgs),
-    /// Park a job (for scripts and producers).
+    /// Park a job (for scripts and producers), or the records of an export again (--from).
     Park(park_cmd::ParkArgs),
+    /// Every fact of the selected records to stdout, NDJSON or CSV, a page at a time: the job
+    /// as bytes (payload and headers base64, a sealed job as its ciphertext), card numbers
+    /// masked in every text.
+    Export(export::ExportArgs),
     /// A local web page (127.0.0.1, token in the printed URL) acting as you: queues, records,
     /// payloads, Events, decisions on explicit selections.
     Ui(ui::UiArgs),
@@ -57,6 +64,7 @@ pub enum Command {
 /// Runs one command; the binary prints the error and picks the exit code.
 pub async fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
+        Command::Ls(args) if args.searches() => ls_search::run(&cli.global, args).await,
         Command::Ls(args) => inspect::ls(&cli.global, args).await,
         Command::Show(args) => inspect::show(&cli.global, args).await,
         Command::Stats(args) => inspect::stats(&cli.global, args).await,
@@ -65,7 +73,11 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Pause(args) => pause::run(&cli.global, args, true).await,
         Command::Resume(args) => pause::run(&cli.global, args, false).await,
         Command::Groups(args) => groups_cmd::run(&cli.global, args).await,
-        Command::Park(args) => park_cmd::run(&cli.global, args).await,
+        Command::Park(args) => match &args.from {
+            Some(from) => park_from::run(&cli.global, from, args.queue.as_deref()).await,
+            None => park_cmd::run(&cli.global, args).await,
+        },
+        Command::Export(args) => export::run(&cli.global, args).await,
         Command::Ui(args) => ui::run(&cli.global, args).await,
         Command::SealKey(args) => seal_key::run(&cli.global, args).await,
         Command::Version => {

@@ -41,6 +41,26 @@ pub struct LsArgs {
     /// Go on where an earlier `--limit` stopped (the token it printed).
     #[arg(long = "continue", value_name = "TOKEN")]
     pub continue_token: Option<String>,
+    /// Only records where TEXT occurs, in any ASCII case, in the job id, reason, error class,
+    /// service version, intent, a header's name or value, or the payload; each text as `show`
+    /// prints it (card numbers and the queue's mask paths masked). Sealed payloads and headers,
+    /// and bodies in a body store, are not searched (the answer counts them). `--limit` then
+    /// counts matches. At most 256 bytes.
+    #[arg(long, value_name = "TEXT")]
+    pub grep: Option<String>,
+    /// Only records where PATH equals VALUE exactly, as shown (repeatable: all must hold).
+    /// PATH: job.id, reason, errorClass, serviceVersion, intent.id, intent.state, headers.NAME
+    /// (any case), payload, or payload.KEY with .KEY, [N] and [*] steps, e.g.
+    /// payload.customer=cus_42, payload.items[*].sku=A-1 (a string's text, else its JSON).
+    #[arg(long = "where", value_name = "PATH=VALUE")]
+    pub wheres: Vec<String>,
+}
+
+impl LsArgs {
+    /// Whether `ls` searches (`--grep`, `--where`) rather than lists.
+    pub fn searches(&self) -> bool {
+        self.grep.is_some() || !self.wheres.is_empty()
+    }
 }
 
 /// `--phase` in any case, as people type it.
@@ -192,7 +212,7 @@ pub async fn ls(g: &Global, args: LsArgs) -> Result<(), CliError> {
 
 /// The apiserver's side of `ls`: the queue as a label selector, the phase as a field selector
 /// (records not yet marked by the operator have no phase and count as Parked).
-fn ls_params(args: &LsArgs) -> ListParams {
+pub fn ls_params(args: &LsArgs) -> ListParams {
     let mut lp = ListParams::default();
     if let Some(q) = &args.queue {
         lp = lp.labels(&format!("{LABEL_QUEUE}={q}"));
@@ -207,7 +227,7 @@ fn ls_params(args: &LsArgs) -> ListParams {
     lp
 }
 
-fn sort(items: &mut [DeadLetter]) {
+pub fn sort(items: &mut [DeadLetter]) {
     items.sort_by(|a, b| {
         (a.namespace(), &a.spec.job.id, a.spec.cycle).cmp(&(
             b.namespace(),
@@ -221,12 +241,7 @@ fn sort(items: &mut [DeadLetter]) {
 fn print_rows(g: &Global, args: &LsArgs, items: &[DeadLetter], first: bool) {
     let mut rows = Vec::new();
     if first && !args.no_headers && !items.is_empty() {
-        let mut h: Vec<String> = Vec::new();
-        if g.all_namespaces {
-            h.push("NAMESPACE".into());
-        }
-        h.extend(["JOB", "#", "PHASE", "INTENT", "BY", "REASON"].map(String::from));
-        rows.push(h);
+        rows.push(header(g.all_namespaces));
     }
     rows.extend(items.iter().map(|r| row(r, g.all_namespaces)));
     if !rows.is_empty() {
@@ -234,8 +249,18 @@ fn print_rows(g: &Global, args: &LsArgs, items: &[DeadLetter], first: bool) {
     }
 }
 
+/// `ls`'s header row.
+pub fn header(with_ns: bool) -> Vec<String> {
+    let mut h: Vec<String> = Vec::new();
+    if with_ns {
+        h.push("NAMESPACE".into());
+    }
+    h.extend(["JOB", "#", "PHASE", "INTENT", "BY", "REASON"].map(String::from));
+    h
+}
+
 /// Records as a kubectl `List`, so the output feeds back into `kubectl apply`/`jq` as usual.
-fn print_list(items: &[DeadLetter], output: Output) -> Result<(), CliError> {
+pub fn print_list(items: &[DeadLetter], output: Output) -> Result<(), CliError> {
     let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
     let text = match output {
         Output::Yaml => serde_yaml::to_string(&list).map_err(|e| CliError::Usage(e.to_string()))?,
@@ -383,6 +408,19 @@ pub async fn mask_paths(client: &kube::Client, ns: &str, queue: &str) -> Vec<Str
     match api.get_opt(queue).await {
         Ok(Some(q)) => q.mask_paths().to_vec(),
         _ => Vec::new(),
+    }
+}
+
+/// The mask paths of every queue in scope (none known when the queues cannot be read: card
+/// numbers are masked anyway, as in [`mask_paths`]).
+pub async fn queue_masks(client: &Client, namespace: Option<&str>) -> crate::search::Masks {
+    let api: Api<DeadLetterQueue> = match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    match api.list(&ListParams::default()).await {
+        Ok(l) => crate::search::Masks::of_queues(&l.items),
+        Err(_) => crate::search::Masks::default(),
     }
 }
 

@@ -8,15 +8,20 @@
 
 mod cli;
 mod decision;
+mod export;
 mod groups_cmd;
 mod inspect;
 mod lookup;
+mod ls_search;
+mod paged;
 mod park_cmd;
 mod park_endpoint;
+mod park_from;
 mod pause;
 mod reveal;
 mod runbook;
 mod seal_key;
+mod search;
 mod session;
 mod ui;
 

@@ -15,12 +15,21 @@ use crate::session::{CliError, Global, connect};
 
 #[derive(Args, Debug)]
 pub struct ParkArgs {
-    /// DeadLetterQueue the job came from.
-    #[arg(long)]
-    pub queue: String,
+    /// DeadLetterQueue the job came from (with --from: the queue every record is parked into,
+    /// instead of the one it was exported from).
+    #[arg(long, required_unless_present = "from")]
+    pub queue: Option<String>,
     /// Job id (e.g. pi_0003/settle).
-    #[arg(long)]
-    pub id: String,
+    #[arg(long, required_unless_present = "from")]
+    pub id: Option<String>,
+    /// Park the records of an export again (`kubectl dlq export`'s NDJSON; FILE, or - for
+    /// stdin) into this namespace, a line at a time: each keeps its job id, its source message
+    /// identity and its cycle, and is parked as any job is (a job already parked here answers
+    /// with its record). Parked records only; resolved ones are counted and skipped.
+    #[arg(long, value_name = "FILE", conflicts_with_all = [
+        "id", "payload", "payload_base64", "headers", "intent_id", "intent_state",
+        "service_version", "error_class", "message", "token_file", "park_url"])]
+    pub from: Option<std::path::PathBuf>,
     /// Payload: TEXT, @FILE, or @- for stdin. Non-UTF-8 bytes are stored as payloadBase64.
     /// A FILE or stdin over a record's limit (256 KiB) is streamed to the queue's HTTP park
     /// endpoint (`status.address`; the queue needs spec.http and spec.bodies), which keeps it
@@ -71,6 +80,18 @@ pub struct ParkArgs {
     /// death as a new cycle.
     #[arg(long, value_name = "ID")]
     pub message: Option<String>,
+}
+
+impl ParkArgs {
+    /// `--queue` (clap requires it unless `--from`).
+    fn queue(&self) -> &str {
+        self.queue.as_deref().unwrap_or_default()
+    }
+
+    /// `--id` (clap requires it unless `--from`).
+    fn id(&self) -> &str {
+        self.id.as_deref().unwrap_or_default()
+    }
 }
 
 /// `--failure-kind` in any case.
@@ -145,7 +166,7 @@ fn shown(value: &str) -> String {
 /// payload files, so it can fail before any I/O to the cluster.
 pub fn request(args: &ParkArgs, stdin: Option<Vec<u8>>) -> Result<ParkRequest, CliError> {
     let mut job = Job {
-        id: args.id.clone(),
+        id: args.id().to_string(),
         ..Job::default()
     };
     if let Some(p) = &args.payload {
@@ -180,7 +201,7 @@ pub fn request(args: &ParkArgs, stdin: Option<Vec<u8>>) -> Result<ParkRequest, C
         headers.insert(k.to_string(), v.to_string());
     }
     job.headers = headers;
-    let mut req = ParkRequest::new(args.queue.clone(), job);
+    let mut req = ParkRequest::new(args.queue(), job);
     req.reason = args.reason.clone();
     req.deliveries = args.deliveries;
     req.failure_kind = args.failure_kind;
@@ -277,10 +298,10 @@ async fn park_large(global: &Global, args: &ParkArgs, large: Large<'_>) -> Resul
     }
     let (client, ns) = connect(global).await?;
     let queues: kube::Api<dlq_core::api::DeadLetterQueue> = kube::Api::namespaced(client, &ns);
-    let queue = queues.get_opt(&args.queue).await?.ok_or_else(|| {
+    let queue = queues.get_opt(args.queue()).await?.ok_or_else(|| {
         CliError::Usage(format!(
             "no DeadLetterQueue {} in namespace {ns}",
-            args.queue
+            args.queue()
         ))
     })?;
     let spool;
@@ -298,7 +319,7 @@ async fn park_large(global: &Global, args: &ParkArgs, large: Large<'_>) -> Resul
             if spool.size > max {
                 return Err(CliError::Refused(format!(
                     "the payload on stdin is over DeadLetterQueue {}'s limit of {max} bytes (spec.bodies.maxBytes, or a record's limit without a body store)",
-                    args.queue
+                    args.queue()
                 )));
             }
             (spool.path.display().to_string(), spool.size)
@@ -307,7 +328,7 @@ async fn park_large(global: &Global, args: &ParkArgs, large: Large<'_>) -> Resul
     let endpoint =
         crate::park_endpoint::endpoint_of(&queue, Size::Exactly(size), args.park_url.as_deref())?;
     let described = crate::park_endpoint::Described {
-        id: &args.id,
+        id: args.id(),
         deliveries: args.deliveries,
         reason: &args.reason,
         failure_kind: args.failure_kind,
@@ -351,22 +372,27 @@ pub async fn run(global: &Global, args: ParkArgs) -> Result<(), CliError> {
     validate(&req).map_err(ParkError::Invalid)?;
     let (client, ns) = connect(global).await?;
     let outcome = Parker::new(client).park(&ns, req).await?;
+    println!("{}", said(&outcome));
+    Ok(())
+}
+
+/// What a park did, in one line.
+pub fn said(outcome: &ParkOutcome) -> String {
     let r = outcome.record();
-    match &outcome {
-        ParkOutcome::Parked(_) => println!("parked {} (new, cycle {})", r.name_any(), r.spec.cycle),
-        ParkOutcome::AlreadyParked(_) => println!(
+    match outcome {
+        ParkOutcome::Parked(_) => format!("parked {} (new, cycle {})", r.name_any(), r.spec.cycle),
+        ParkOutcome::AlreadyParked(_) => format!(
             "already parked {} (cycle {}; nothing changed)",
             r.name_any(),
             r.spec.cycle
         ),
-        ParkOutcome::SameMessage(_) => println!(
+        ParkOutcome::SameMessage(_) => format!(
             "this message already has a record: {} (cycle {}, {:?}; nothing changed)",
             r.name_any(),
             r.spec.cycle,
             r.phase()
         ),
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -22,8 +22,9 @@ use dlq_core::mask::mask_cards;
 use super::frame::{failure, layout};
 use super::state::Ui;
 use super::view::{self, Filter, PAGE, Payload, Snapshot};
-use crate::inspect::{human_age, recent_events};
+use crate::inspect::{human_age, queue_masks, recent_events};
 use crate::lookup;
+use crate::search::Masks;
 
 /// Whether the user may patch records in `ns` (a SelfSubjectAccessReview): buttons are shown
 /// only to those who may use them; the apiserver still decides every write. Answers are kept
@@ -167,7 +168,23 @@ fn filter_form(f: &Filter) -> Markup {
             label { "Failed since " input name="since" placeholder="2h or RFC 3339" value=(f.since); }
             label { "until " input name="until" value=(f.until); }
             label { "Group " input name="group" placeholder="fingerprint" value=(f.group); }
+            (search_inputs(f))
             button #apply type="submit" { "Filter" }
+        }
+    }
+}
+
+/// The search box (`ls --grep`) and one `PATH=VALUE` input per clause plus an empty one (`ls
+/// --where`): a GET form, so the search is the URL's query string, to bookmark or share.
+fn search_inputs(f: &Filter) -> Markup {
+    let grep_max = crate::search::MAX_GREP_LEN;
+    let where_max = crate::search::MAX_PATH_LEN + 1 + crate::search::MAX_VALUE_LEN;
+    html! {
+        label { "Search " input #grep type="search" name="grep" maxlength=(grep_max)
+            placeholder="text in the id, reason, headers or payload" value=(f.grep); }
+        @for w in f.wheres.iter().map(String::as_str).chain([""]) {
+            label { "Where " input class="where" name="where" maxlength=(where_max)
+                placeholder="payload.customer=cus_42" value=(w); }
         }
     }
 }
@@ -197,27 +214,35 @@ pub async fn records_live(State(ui): State<Arc<Ui>>, RawQuery(q): RawQuery) -> R
 /// Counts, the page of records, page links and (for deciders) the selection button.
 async fn live_part(ui: &Ui, f: &Filter) -> Markup {
     let (all, error) = ui.records.all().await;
-    let matched = match f.apply(&all) {
-        Ok(m) => m,
-        Err(e) => return html! { p.error { (e) } },
+    let masks = match f.search() {
+        Ok(s) if s.reads_payload() => queue_masks(&ui.client, ui.namespace.as_deref()).await,
+        _ => Masks::default(),
     };
+    let found = match f.apply(&all, &masks) {
+        Ok(m) => m,
+        Err(e) => return html! { p.error #search-error { (e) } },
+    };
+    let matched = &found.records;
     let pages = matched.len().div_ceil(PAGE).max(1);
     let page = f.page.min(pages);
     let shown = &matched[(page - 1) * PAGE..(page * PAGE).min(matched.len())];
-    let namespaces: BTreeSet<String> = shown.iter().filter_map(|r| r.namespace()).collect();
+    let namespaces: BTreeSet<String> = shown.iter().filter_map(|(r, _)| r.namespace()).collect();
     let mut deciding = BTreeSet::new();
     for ns in namespaces {
         if can_decide(ui, &ns).await {
             deciding.insert(ns);
         }
     }
+    let searching = f.replayable().is_err();
     html! {
         @if let Some(e) = &error { p.error { (e) } }
         p #count { (matched.len()) " records match · page " (page) " of " (pages) }
+        @if let Some(note) = found.unsearched.describe() { p.muted #unsearched { (note) } }
         table #records {
             thead { tr { th {} th { "Job" } th { "#" } th { "Phase" } th { "Intent" } th { "By" }
-                th { "Reason" } th { "Queue" } th { "Kind" } th { "Age" } } }
-            tbody { @for r in shown { (row(r, deciding.contains(&r.namespace().unwrap_or_default()))) } }
+                th { "Reason" } th { "Queue" } th { "Kind" } th { "Age" }
+                @if searching { th { "Match" } } } }
+            tbody { @for (r, hit) in shown { (row(r, deciding.contains(&r.namespace().unwrap_or_default()), hit.as_deref())) } }
         }
         nav.pages {
             @if page > 1 { a href=(format!("/records?{}", f.query(page - 1))) { "← newer" } }
@@ -225,8 +250,11 @@ async fn live_part(ui: &Ui, f: &Filter) -> Markup {
         }
         @if !deciding.is_empty() {
             button #review type="submit" { "Review selection…" }
-            " "
-            a #replay-link href=(format!("/replay?{}", f.query(1))) { "Replay everything this filter matches (runbook)…" }
+            // A DeadLetterReplay cannot select by a search: offered only for plain filters.
+            @if !searching {
+                " "
+                a #replay-link href=(format!("/replay?{}", f.query(1))) { "Replay everything this filter matches (runbook)…" }
+            }
         }
     }
 }
@@ -234,7 +262,7 @@ async fn live_part(ui: &Ui, f: &Filter) -> Markup {
 /// One table row; a decider gets a checkbox holding the snapshot (name + resourceVersion).
 /// `hx-preserve` keeps a ticked box across refreshes until the record changes: the id carries
 /// the resourceVersion, so a changed record comes back unticked.
-fn row(r: &DeadLetter, deciding: bool) -> Markup {
+fn row(r: &DeadLetter, deciding: bool, hit: Option<&str>) -> Markup {
     let snap = Snapshot::of(r);
     let s = &r.spec;
     let age = r
@@ -259,6 +287,7 @@ fn row(r: &DeadLetter, deciding: bool) -> Markup {
             td { (s.queue) }
             td { (s.failure_kind.label()) }
             td { (age) }
+            @if let Some(hit) = hit { td.hit { (hit) } }
         }
     }
 }

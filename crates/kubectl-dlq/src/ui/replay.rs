@@ -48,6 +48,7 @@ fn target(ui: &Ui, f: &Filter) -> Result<(String, String), String> {
     if f.queue.is_empty() {
         return Err("a replay runs on one queue: filter by queue first".into());
     }
+    f.replayable()?;
     Ok((ns, f.queue.clone()))
 }
 

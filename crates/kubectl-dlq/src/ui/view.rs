@@ -2,6 +2,7 @@
 //! per queue. Unit-tested without a server.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use jiff::Timestamp;
 use kube::ResourceExt;
@@ -9,6 +10,7 @@ use kube::ResourceExt;
 use dlq_core::api::{DeadLetter, Job, Phase};
 
 use crate::runbook::{Selector, parse_time};
+use crate::search::{Masks, Search, Unsearched};
 
 /// Records per page.
 pub const PAGE: usize = 50;
@@ -42,7 +44,18 @@ pub struct Filter {
     pub until: String,
     /// A failure group's fingerprint (a group's page is the records page with this filter).
     pub group: String,
+    /// The search box: text anywhere (`ls --grep`).
+    pub grep: String,
+    /// `PATH=VALUE` clauses (`ls --where`), each its own `where=` in the query string.
+    pub wheres: Vec<String>,
     pub page: usize,
+}
+
+/// The records a filter matched, newest failure first, with where each search matched.
+pub struct Found {
+    pub records: Vec<(Arc<DeadLetter>, Option<String>)>,
+    /// What the search could not look at (sealed, in a body store).
+    pub unsearched: Unsearched,
 }
 
 impl Filter {
@@ -61,6 +74,13 @@ impl Filter {
             since: text("since"),
             until: text("until"),
             group: text("group").to_ascii_lowercase(),
+            grep: text("grep"),
+            wheres: p
+                .iter()
+                .filter(|(k, _)| k == "where")
+                .map(|(_, v)| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+                .collect(),
             page: value(p, "page")
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(1)
@@ -84,21 +104,52 @@ impl Filter {
         })
     }
 
-    /// The records that match, newest failure first.
-    pub fn apply(&self, all: &[std::sync::Arc<DeadLetter>]) -> Result<Vec<DeadLetter>, String> {
+    /// The search box's search (`kubectl dlq ls --grep/--where`'s, parsed the same way).
+    pub fn search(&self) -> Result<Search, String> {
+        let grep = (!self.grep.is_empty()).then_some(self.grep.as_str());
+        Search::parse(grep, &self.wheres).map_err(|e| e.to_string())
+    }
+
+    /// A replay selects by facts a DeadLetterReplay can hold; a search is not one of them, so a
+    /// searched list is never offered as a replay (it would take more than it shows).
+    pub fn replayable(&self) -> Result<(), String> {
+        if self.grep.is_empty() && self.wheres.is_empty() {
+            return Ok(());
+        }
+        Err(
+            "a replay cannot select by a search: tick the records and review the selection, \
+             or clear the search"
+                .into(),
+        )
+    }
+
+    /// The records that match, newest failure first; `masks` are the queues' mask paths.
+    pub fn apply(&self, all: &[Arc<DeadLetter>], masks: &Masks) -> Result<Found, String> {
         let sel = self.selector()?;
-        let mut out: Vec<DeadLetter> = all
+        let search = self.search()?;
+        let mut unsearched = Unsearched::default();
+        let mut records: Vec<(Arc<DeadLetter>, Option<String>)> = all
             .iter()
             .filter(|r| {
                 self.phase.is_empty() || r.phase().as_str().eq_ignore_ascii_case(&self.phase)
             })
             .filter(|r| sel.matches_facts(r))
-            .map(|r| (**r).clone())
+            .filter_map(|r| {
+                if search.is_empty() {
+                    return Some((r.clone(), None));
+                }
+                unsearched.note(&search, r);
+                let hit = search.find(r, masks.of(r))?;
+                Some((r.clone(), Some(hit.line())))
+            })
             .collect();
-        out.sort_by(|a, b| {
+        records.sort_by(|(a, _), (b, _)| {
             (b.spec.failed_at.0, b.name_any()).cmp(&(a.spec.failed_at.0, a.name_any()))
         });
-        Ok(out)
+        Ok(Found {
+            records,
+            unsearched,
+        })
     }
 
     /// The query string of this filter at `page`.
@@ -112,6 +163,8 @@ impl Filter {
             .append_pair("since", &self.since)
             .append_pair("until", &self.until)
             .append_pair("group", &self.group)
+            .append_pair("grep", &self.grep)
+            .extend_pairs(self.wheres.iter().map(|w| ("where", w)))
             .append_pair("page", &page.to_string())
             .finish()
     }
@@ -175,10 +228,7 @@ pub struct Tally {
 }
 
 /// Counts per (namespace, queue), from the watched records.
-pub fn tallies(
-    all: &[std::sync::Arc<DeadLetter>],
-    now: Timestamp,
-) -> BTreeMap<(String, String), Tally> {
+pub fn tallies(all: &[Arc<DeadLetter>], now: Timestamp) -> BTreeMap<(String, String), Tally> {
     let mut by: BTreeMap<(String, String), Tally> = BTreeMap::new();
     let hour_ago = now
         .checked_sub(jiff::SignedDuration::from_hours(1))
@@ -317,6 +367,53 @@ mod tests {
             Some("3f9a1c07d2"),
             "a group's page is its filter"
         );
+    }
+
+    /// The search box is `ls --grep/--where` in the query string: it round-trips (a shareable
+    /// URL), matches with the same matcher, refuses a bad PATH in words and is never a replay.
+    #[test]
+    fn a_search_round_trips_matches_and_is_not_replayable() {
+        let q = "grep=CUS_42&where=headers.x-tenant%3Dacme&where=&where=payload.n%3D7&phase=";
+        let f = Filter::from_pairs(&pairs(Some(q)));
+        assert_eq!(f.grep, "CUS_42");
+        assert_eq!(f.wheres, ["headers.x-tenant=acme", "payload.n=7"]);
+        assert_eq!(
+            Filter::from_pairs(&pairs(Some(&f.query(3)))),
+            Filter {
+                page: 3,
+                ..f.clone()
+            }
+        );
+        assert!(f.replayable().is_err());
+        assert!(Filter::default().replayable().is_ok());
+        let mut hit = Job::from_bytes("a/1", br#"{"customer":"cus_42","n":7}"#);
+        hit.headers.insert("x-tenant".into(), "acme".into());
+        let mut other = hit.clone();
+        other.id = "b/1".into();
+        other.headers.insert("x-tenant".into(), "globex".into());
+        let all: Vec<Arc<DeadLetter>> = [hit, other]
+            .into_iter()
+            .map(|job| {
+                let req = dlq_core::park::ParkRequest::new("relayer", job);
+                Arc::new(dlq_core::park::new_record(&req, 1))
+            })
+            .collect();
+        let found = f.apply(&all, &Masks::default()).expect("a search");
+        let jobs: Vec<(&str, Option<&str>)> = found
+            .records
+            .iter()
+            .map(|(r, m)| (r.spec.job.id.as_str(), m.as_deref()))
+            .collect();
+        assert_eq!(
+            jobs,
+            [("a/1", Some(r#"payload: {"customer":"cus_42","n":7}"#))]
+        );
+        let bad = Filter::from_pairs(&pairs(Some("where=customer%3Dx")));
+        let said = bad
+            .apply(&all, &Masks::default())
+            .map(|_| ())
+            .expect_err("a bad PATH");
+        assert!(said.contains("PATH is one of job.id"), "{said}");
     }
 
     #[test]
