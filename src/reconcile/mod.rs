@@ -4,6 +4,7 @@
 //! ([`error_policy`]) counts any of them; the process wiring that runs them is [`crate::run`].
 
 pub mod aggregate;
+mod ahead;
 mod claims;
 pub mod context;
 pub mod error;
