@@ -24,6 +24,7 @@ const NS: &str = "payments";
 fn record(name: &str, failed: i64, created: i64) -> DeadLetter {
     RecordBuilder::job(name)
         .named(name)
+        .uid(&format!("uid-{name}"))
         .reason("timeout")
         .failed_at(at(failed))
         .created(at(created))
