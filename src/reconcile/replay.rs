@@ -243,9 +243,22 @@ async fn step(run: &mut Run<'_>) -> Result<Action> {
         return finish(run, &observed, Some(why)).await;
     }
     // Jobs sent ahead are carried out: their records are signed, paused or not.
+    let ahead = run.mem.ahead.len();
     if let Some(refusal) = sign_behind(run).await? {
         return finish(run, &observed, Some(refusal)).await;
     }
+    // What this step signed is pending, not unseen: observed before it, the last records
+    // signed behind were not this replay's yet, and the run settled without waiting for them.
+    let observed = if run.mem.ahead.len() < ahead {
+        replay::observe(
+            run.records.iter().map(|r| r.as_ref()),
+            run.replay_ref(),
+            &started,
+            &run.mem.signed,
+        )
+    } else {
+        observed
+    };
     if run.replay.spec.paused() {
         return pause(run).await;
     }
