@@ -327,6 +327,100 @@ async fn one_standing_redrive_drains_a_storm_past_max_parked_each_job_once() {
     ));
 }
 
+/// Issue 58 item 4: a standing redrive sends its parked records' jobs ahead of their
+/// decisions, at the broker's pace, and signs and resolves the records behind: with `maxParked`
+/// 200 and 600 dead messages of one group, every job reaches the target exactly once by its
+/// identity, every record (the 200 parked before, any parked during) ends Redriven, signed by
+/// the replay, and the replay counts each job once.
+#[tokio::test]
+async fn a_standing_redrive_sends_its_records_jobs_ahead_once_and_ends_them_redriven() {
+    use dlq_core::replay::LABEL_REPLAY;
+    const STORM: usize = 600;
+    const MAX_PARKED: i64 = 200;
+    let (client, ns) = setup("replay-ahead").await;
+    let redis = Redis::start();
+    storm_queue(&client, &ns, &redis, MAX_PARKED).await;
+    let group = push_dead(&redis, "a", STORM, |i| {
+        format!("payer timeout after {}ms", 30_000 + i)
+    })
+    .await;
+    let _op = Operator::start(&ns);
+    full(&client, &ns, &redis, MAX_PARKED, 32).await;
+    let records: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let name = |r: &DeadLetter| r.metadata.name.clone().unwrap_or_default();
+    let parked: Vec<String> = records
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items
+        .iter()
+        .map(name)
+        .collect();
+    assert_eq!(parked.len(), MAX_PARKED as usize, "the queue Full");
+    let started = std::time::Instant::now();
+    start_standing(&client, &ns, "ahead", &group, json!({})).await;
+    let on_target = eventually(120, "every job on the target", || async {
+        (arrivals(&redis).await.len() == STORM).then(|| started.elapsed())
+    })
+    .await;
+    let replays: Api<DeadLetterReplay> = Api::namespaced(client.clone(), &ns);
+    let done = eventually(180, "the standing replay to end", || async {
+        let r = replays.get("ahead").await.ok()?;
+        r.phase().is_final().then_some(r)
+    })
+    .await;
+    let took = started.elapsed();
+    let status = done.status.clone().unwrap_or_default();
+    assert_eq!(done.phase(), ReplayPhase::Completed, "{status:?}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let got = arrivals(&redis).await;
+    assert_eq!(got.len(), STORM, "every job on the target");
+    assert!(
+        got.values().all(|n| *n == 1),
+        "a job arrived twice: {got:?}"
+    );
+    let items = records
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items;
+    for r in &items {
+        let signed = r.metadata.labels.as_ref().and_then(|l| l.get(LABEL_REPLAY));
+        assert_eq!(
+            (r.phase(), r.spec.by.as_deref(), signed.map(String::as_str)),
+            (Phase::Redriven, Some("ops"), Some("ahead")),
+            "{}: resolved behind its job, signed by the replay",
+            name(r)
+        );
+    }
+    assert!(
+        parked.iter().all(|p| items.iter().any(|r| name(r) == *p)),
+        "the records parked before, all of them"
+    );
+    assert_eq!(
+        (
+            status.passed_through + status.redriven,
+            status.redriven,
+            status.decided
+        ),
+        (STORM as i64, items.len() as i64, items.len() as i64),
+        "each job counted once on the replay: {status:?}"
+    );
+    assert_eq!(
+        left_in_broker(&redis, "a").await,
+        0,
+        "none left in the broker"
+    );
+    dlq_testenv::report(&format!(
+        "standing redrive, records' jobs sent ahead: {STORM} jobs on the target in {:.1} s ({} from {} records, {} passed through), each once; Completed, every record Redriven, at {:.1} s",
+        on_target.as_secs_f64(),
+        status.redriven,
+        items.len(),
+        status.passed_through,
+        took.as_secs_f64()
+    ));
+}
+
 /// Dead messages of one failure group onto the Redis dead list `relayer:dead`, as a worker
 /// leaves them: `prefix/NNNNN`, each its own payload, its reason made by `reason`. The group's
 /// fingerprint, as the source reads it.

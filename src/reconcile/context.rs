@@ -23,6 +23,7 @@ use super::{aggregate, claims, kept_groups};
 use crate::metrics::Metrics;
 use crate::state::apiserver::{self, Apiserver};
 use crate::state::bytes::ByteBudget;
+use crate::state::jobs::JobIndex;
 use crate::state::leadership::Leadership;
 use crate::state::parking_first;
 use crate::state::records::RecordIndex;
@@ -229,6 +230,9 @@ pub struct Context {
     pub redrive: Redrive,
     /// The bounds beside `maxParked` (a queue's `Full`).
     pub bounds: QueueBounds,
+    /// The sources' view of each job's records: a replay sending a job ahead of its record's
+    /// decision says so there first (see [`crate::state::jobs`]).
+    pub jobs: JobIndex,
 }
 
 /// Bytes of stored bodies redriven at once. A redrive holds its body whole (fetched, opened when
@@ -294,8 +298,15 @@ impl Context {
             groups: kept_groups::GroupKeeper::default(),
             redrive: Redrive::new(targets),
             bounds: QueueBounds::default(),
+            jobs: JobIndex::default(),
             settings,
         }
+    }
+
+    /// Shares the sources' view of each job's records (see [`Context::jobs`]).
+    pub fn with_jobs(mut self, jobs: JobIndex) -> Self {
+        self.jobs = jobs;
+        self
     }
 
     /// Reads the replays from `store` (see [`Views::passed_through`]).

@@ -5,6 +5,7 @@
 //! [`crate::run`].
 
 pub mod aggregate;
+mod ahead;
 mod claims;
 pub mod context;
 pub mod error;

@@ -193,8 +193,14 @@ async fn redrive(
         // Resolved here already: this copy is stale, and the watch brings the resolution.
         return Ok(Action::await_change());
     }
-    let Some(record) = load(ctx, ns, cached).await? else {
-        return Ok(Action::await_change());
+    let record = match &confirmed_by {
+        // Its job is on the target already: only the resolution is written, a compare-and-swap
+        // on the held copy (a record sent ahead by its replay is not read again).
+        Some(_) => cached.clone(),
+        None => match load(ctx, ns, cached).await? {
+            Some(record) => record,
+            None => return Ok(Action::await_change()),
+        },
     };
     let key = decide::redrive_key(&record);
     let by = match decide::after_confirmation(decide::for_record(&record), confirmed_by.as_deref())
@@ -248,17 +254,37 @@ async fn enqueue(
     if let Err(failure) = requeue(ctx, ns, record).await {
         return Some(requeue_failed(ctx, record, failure).await);
     }
-    ctx.claims.confirm(
-        key,
-        Unwritten {
-            namespace: ns.to_string(),
-            name: record.name_any(),
-            by: by.to_string(),
-        },
-    );
+    confirmed(ctx, ns, record, key, by);
     tracing::info!(namespace = ns, name = %record.name_any(), job = %record.spec.job.id, queue = %record.spec.queue, "job requeued");
     crate::failpoint::hit("after-requeue").await;
     None
+}
+
+/// Remembers that a broker confirmed the job of `record`'s redrive `key`, signed by `by`: its
+/// reconcile then writes only the resolution (see `super::claims`).
+fn confirmed(ctx: &Context, ns: &str, record: &DeadLetter, key: &str, by: &str) {
+    let unwritten = Unwritten {
+        namespace: ns.to_string(),
+        name: record.name_any(),
+        by: by.to_string(),
+    };
+    ctx.claims.confirm(key, unwritten);
+}
+
+/// Puts `record`'s job on its queue's target ahead of its decision, for a replay that is itself
+/// the signed decision (`super::ahead`): the redrive's own enqueue ([`requeue`], keyed by
+/// [`decide::redrive_key`]), then the confirmation remembered as a redrive's, so that once the
+/// replay signs the record its reconcile writes only the resolution, and a crash before that
+/// sends the job again with the same key.
+pub(super) async fn send_ahead(
+    ctx: &Context,
+    ns: &str,
+    record: &DeadLetter,
+    by: &str,
+) -> Result<(), RequeueFailure> {
+    requeue(ctx, ns, record).await?;
+    confirmed(ctx, ns, record, &decide::redrive_key(record), by);
+    Ok(())
 }
 
 /// How long a process that is stopping (shutdown, or the Lease lost) keeps trying to write the

@@ -6,6 +6,11 @@
 //!
 //! Progress is in the cluster: a restarted or new leader finds the decided records by their
 //! label, and a decided record no longer matches the selection, so it is never decided twice.
+//!
+//! A redrive of one failure group (standing or not) is itself the signed decision: it sends
+//! its records' jobs ahead (`super::ahead`, at the broker's pace or its `rate`) and signs the
+//! records behind them ([`sign_behind`], at the apiserver's pace, a trickle while its
+//! pass-through is busy); their reconciles then write only the resolutions.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,12 +26,14 @@ use tokio::sync::Mutex;
 
 use dlq_core::api::{DeadLetter, Phase};
 use dlq_core::conditions::{self, Cond};
+use dlq_core::decide::redrive_key;
 use dlq_core::events::{EventPlan, action, reason};
 use dlq_core::record::{Facts, Summary};
 use dlq_core::replay::{
     self, DeadLetterReplay, DeadLetterReplayStatus, Observed, Outcome, ReplayPhase, ReplayRef,
 };
 
+use super::ahead;
 use super::context::{Context, LIST_WAIT};
 use super::error::ReconcileError;
 use crate::pass::{Cover, PassLog, Standing, Tally};
@@ -50,6 +57,17 @@ const SETTLE_POLL: Duration = Duration::from_millis(500);
 const STANDING_POLL: Duration = Duration::from_secs(2);
 /// How long a standing replay's end waits for the messages still passing through.
 const PASSING_WAIT: Duration = Duration::from_secs(10);
+/// Most jobs one step sends ahead (a step renews its standing cover, and heeds stop and pause).
+const SEND_PER_STEP: usize = 8192;
+/// Records sent ahead signed in one step, and the pause before the next step while some wait.
+const SIGN_BEHIND: usize = 256;
+const SIGN_BEHIND_EVERY: Duration = Duration::from_millis(10);
+/// The same while its pass-through is busy: passes wait for their own writes to the apiserver
+/// before their sources acknowledge, and these signatures and resolutions must not crowd them.
+const SIGN_BEHIND_BUSY: usize = 8;
+const SIGN_BEHIND_BUSY_EVERY: Duration = Duration::from_millis(250);
+/// A pass-through within this long makes it busy.
+const PASSING_BUSY: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
@@ -94,6 +112,8 @@ struct Memory {
     /// When `status` was written: progress is written at most every [`PROGRESS_EVERY`].
     written_at: Option<Instant>,
     signed: Vec<String>,
+    /// Records whose jobs it sent ahead (`super::ahead`) and has not signed yet, oldest first.
+    ahead: Vec<String>,
     first: Option<Instant>,
     last: Option<Instant>,
     /// This process started the run (wrote `startedAt`): its pace counts from its first
@@ -171,14 +191,15 @@ pub async fn reconcile(replay: Arc<DeadLetterReplay>, replays: Arc<Replays>) -> 
         status,
         cover: None,
     };
-    let action = step(&mut run).await?;
+    // Kept when the step failed too: what it sent ahead is signed by the next step.
+    let action = step(&mut run).await;
     let mut memory = replays.memory.lock().await;
     if run.status.phase.is_some_and(ReplayPhase::is_final) {
         memory.remove(&uid);
     } else {
         memory.insert(uid, run.mem);
     }
-    Ok(action)
+    action
 }
 
 /// The queue's records in `ns`, from the index.
@@ -221,6 +242,23 @@ async fn step(run: &mut Run<'_>) -> Result<Action> {
     if let Some(why) = stop {
         return finish(run, &observed, Some(why)).await;
     }
+    // Jobs sent ahead are carried out: their records are signed, paused or not.
+    let ahead = run.mem.ahead.len();
+    if let Some(refusal) = sign_behind(run).await? {
+        return finish(run, &observed, Some(refusal)).await;
+    }
+    // What this step signed is pending, not unseen: observed before it, the last records
+    // signed behind were not this replay's yet, and the run settled without waiting for them.
+    let observed = if run.mem.ahead.len() < ahead {
+        replay::observe(
+            run.records.iter().map(|r| r.as_ref()),
+            run.replay_ref(),
+            &started,
+            &run.mem.signed,
+        )
+    } else {
+        observed
+    };
     if run.replay.spec.paused() {
         return pause(run).await;
     }
@@ -236,7 +274,7 @@ async fn step(run: &mut Run<'_>) -> Result<Action> {
 async fn pause(run: &mut Run<'_>) -> Result<Action> {
     if run.status.phase == Some(ReplayPhase::Paused) {
         write_progress(run).await?;
-        return Ok(Action::requeue(STANDING_POLL));
+        return Ok(Action::requeue(next_step(run, STANDING_POLL)));
     }
     let message = format!(
         "paused (spec.paused) after {} decided and {} passed through: nothing more until resumed",
@@ -255,7 +293,7 @@ async fn pause(run: &mut Run<'_>) -> Result<Action> {
         .apiserver
         .publish(reference(run.replay), &plan)
         .await;
-    Ok(Action::requeue(STANDING_POLL))
+    Ok(Action::requeue(next_step(run, STANDING_POLL)))
 }
 
 /// A paused run whose `spec.paused` is false again goes on where it was: Running, said at once
@@ -390,12 +428,20 @@ async fn decide(
     let decided = usize::try_from(run.status.decided).unwrap_or(0);
     let passed = usize::try_from(run.status.passed_through).unwrap_or(0);
     // A standing replay's cover holds the one budget of decisions and passes (claimed below).
+    let ahead = run.mem.ahead.len();
     let quota = match &run.cover {
         Some(_) => usize::MAX,
         None => spec
             .max()
-            .map_or(usize::MAX, |m| m.saturating_sub(decided + passed)),
+            .map_or(usize::MAX, |m| m.saturating_sub(decided + passed + ahead)),
     };
+    let taken: std::collections::HashSet<&str> = run
+        .mem
+        .signed
+        .iter()
+        .chain(&run.mem.ahead)
+        .map(String::as_str)
+        .collect();
     let candidates: Vec<DeadLetter> = replay::select(
         run.records.iter().map(|r| r.as_ref()),
         &spec.queue,
@@ -404,7 +450,7 @@ async fn decide(
         None,
     )
     .into_iter()
-    .filter(|r| !run.mem.signed.iter().any(|n| *n == *r.name))
+    .filter(|r| !taken.contains(&*r.name))
     .take(quota)
     .map(|r| r.to_record())
     .collect();
@@ -419,6 +465,11 @@ async fn decide(
     // A standing replay whose `max` is spent decides no more, even with records of its group
     // parked since (they would wait for a claim forever): it settles.
     let spent = run.cover.as_ref().is_some_and(|c| c.spent());
+    if (candidates.is_empty() || spent) && !run.mem.ahead.is_empty() {
+        // Its records' jobs went ahead: it ends once they are signed, behind.
+        write_progress(run).await?;
+        return Ok(Action::requeue(next_step(run, SIGN_BEHIND_EVERY)));
+    }
     if candidates.is_empty() || spent {
         if spec.standing() && !standing_over(run, started) {
             // The rest of the incident may still be in the broker: keep covering it (a step
@@ -427,6 +478,9 @@ async fn decide(
             return Ok(Action::requeue(STANDING_POLL));
         }
         return settle(run, observed).await;
+    }
+    if spec.sends_ahead() && !spec.canary_holds(&run.status) {
+        return send_ahead(run, started, observed, &candidates).await;
     }
     let n = replay::budget(spec.rate(), paced_for(&run.mem, started, decided), decided);
     if n > 0 && run.ctx.settings.leadership.holds() {
@@ -448,6 +502,144 @@ async fn decide(
     }
     write_progress(run).await?;
     Ok(Action::requeue(replay::step(spec.rate())))
+}
+
+/// A redrive of one failure group: the jobs its pace allows now go to the target ahead of
+/// their decisions (`super::ahead`); they are signed behind ([`sign_behind`]). A record whose
+/// job did not go is signed at once, for its own redrive (retried with backoff, counted
+/// toward `failureRatio`).
+async fn send_ahead(
+    run: &mut Run<'_>,
+    started: &replay::Start<'_>,
+    observed: &Observed,
+    candidates: &[DeadLetter],
+) -> Result<Action> {
+    let spec = &run.replay.spec;
+    let decided = usize::try_from(run.status.decided).unwrap_or(0);
+    let allowed = match spec.send_rate() {
+        Some(rate) => {
+            let paced = paced_for(&run.mem, started, decided);
+            replay::budget(rate, paced, decided + run.mem.ahead.len())
+        }
+        None => SEND_PER_STEP,
+    };
+    let n = allowed.min(SEND_PER_STEP).min(candidates.len());
+    if n > 0 && run.ctx.settings.leadership.holds() {
+        let batch = claim(run, &candidates[..n]);
+        let sent = send_batch(run, batch).await;
+        let failed: Vec<DeadLetter> = batch
+            .iter()
+            .filter(|r| sent.failed.contains(&r.name_any()))
+            .cloned()
+            .collect();
+        if let Some(cover) = &run.cover {
+            // What was claimed and neither sent nor failed (to be signed) is not spent.
+            cover.unclaim(batch.len() - sent.confirmed.len() - sent.failed.len());
+        }
+        run.mem.ahead.extend(sent.confirmed);
+        if let Some(refusal) = sign_claimed(run, &failed).await? {
+            return finish(run, observed, Some(refusal)).await;
+        }
+    }
+    write_progress(run).await?;
+    let next = replay::step(spec.rate());
+    Ok(Action::requeue(next_step(run, next)))
+}
+
+/// Sends the jobs of `batch` ahead; what was sent is noted as the pace's progress.
+async fn send_batch(run: &mut Run<'_>, batch: &[DeadLetter]) -> ahead::Sent {
+    let spec = &run.replay.spec;
+    let selector = spec.selector();
+    let group = selector.group.clone().unwrap_or_default();
+    let round = ahead::Round {
+        ns: &run.ns,
+        queue: &spec.queue,
+        group: &group,
+        by: &spec.by,
+        selector: &selector,
+    };
+    let names: Vec<String> = batch.iter().map(|r| r.name_any()).collect();
+    let clock = Instant::now();
+    let sent = ahead::send(run.ctx, &round, &names).await;
+    if !sent.confirmed.is_empty() || !sent.failed.is_empty() {
+        let now = Instant::now();
+        run.mem.first.get_or_insert(now);
+        run.mem.last = Some(now);
+    }
+    tracing::info!(namespace = %run.ns, replay = %run.name, asked = names.len(), sent = sent.confirmed.len(), failed = sent.failed.len(), took_ms = clock.elapsed().as_millis() as u64, "jobs sent ahead of their decisions");
+    sent
+}
+
+/// Signs `batch`, whose decisions a standing cover claimed: what was not signed is given back.
+async fn sign_claimed(run: &mut Run<'_>, batch: &[DeadLetter]) -> Result<Option<String>> {
+    if batch.is_empty() {
+        return Ok(None);
+    }
+    let before = run.mem.signed.len();
+    let refused = sign_batch(run, batch).await;
+    if let Some(cover) = &run.cover {
+        cover.unclaim(batch.len() - (run.mem.signed.len() - before));
+    }
+    refused
+}
+
+/// Signs the oldest records whose jobs were sent ahead: as many as the apiserver takes in a
+/// step, a few while the replay's pass-through is busy. The refusal of a signature, if any.
+async fn sign_behind(run: &mut Run<'_>) -> Result<Option<String>> {
+    if run.mem.ahead.is_empty() || !run.ctx.settings.leadership.holds() {
+        return Ok(None);
+    }
+    let most = if passing_busy(run) {
+        SIGN_BEHIND_BUSY
+    } else {
+        SIGN_BEHIND
+    };
+    let names: Vec<String> = run
+        .mem
+        .ahead
+        .drain(..most.min(run.mem.ahead.len()))
+        .collect();
+    let batch = records_named(run, &names);
+    sign_batch(run, &batch).await
+}
+
+/// Signs every record whose job was sent ahead (a replay that stops: they were carried out).
+async fn sign_all_behind(run: &mut Run<'_>) -> Result<()> {
+    let names = std::mem::take(&mut run.mem.ahead);
+    let batch = records_named(run, &names);
+    if let Some(refusal) = sign_batch(run, &batch).await? {
+        tracing::warn!(namespace = %run.ns, replay = %run.name, refusal, "records whose jobs were sent ahead stay undecided");
+    }
+    Ok(())
+}
+
+/// The records `names` as the index holds them (enough to sign that version); gone ones left
+/// out.
+fn records_named(run: &Run<'_>, names: &[String]) -> Vec<DeadLetter> {
+    names
+        .iter()
+        .filter_map(|n| run.ctx.records.get(&run.ns, n))
+        .map(|s| s.to_record())
+        .collect()
+}
+
+/// Whether its standing cover passed a message within [`PASSING_BUSY`].
+fn passing_busy(run: &Run<'_>) -> bool {
+    let last = run.cover.as_ref().and_then(|c| c.passed().1.at);
+    last.is_some_and(|at| {
+        let since = Timestamp::now().duration_since(at);
+        Duration::try_from(since).is_ok_and(|d| d < PASSING_BUSY)
+    })
+}
+
+/// When the next step runs: soon while records sent ahead wait to be signed (later while its
+/// pass-through is busy), else after `otherwise`.
+fn next_step(run: &Run<'_>, otherwise: Duration) -> Duration {
+    match (run.mem.ahead.is_empty(), passing_busy(run)) {
+        (true, _) => otherwise,
+        (false, true) => SIGN_BEHIND_BUSY_EVERY.min(otherwise),
+        (false, false) => SIGN_BEHIND_EVERY.min(otherwise),
+    }
 }
 
 /// What `spec.canary` lets a step decide.
@@ -799,6 +991,7 @@ async fn finish(run: &mut Run<'_>, observed: &Observed, stop: Option<String>) ->
     }
     let now = Timestamp::now();
     if stop.is_some() {
+        sign_all_behind(run).await?;
         let withdrawn = withdraw_undone(run).await?;
         run.status.withdrawn += i64::try_from(withdrawn).unwrap_or(0);
     }
@@ -883,6 +1076,10 @@ async fn withdraw(run: &Run<'_>, name: &str) -> Result<bool> {
             return Ok(false);
         };
         if r.phase() != Phase::Parked || r.spec.action.is_none() || !ours(run, &r) {
+            return Ok(false);
+        }
+        if run.ctx.claims.confirmed_by(&redrive_key(&r)).is_some() {
+            // Its job is on the target: its reconcile writes the resolution.
             return Ok(false);
         }
         match run.ctx.apiserver.withdraw_record(&r).await {

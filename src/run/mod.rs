@@ -205,7 +205,8 @@ pub async fn run_scope(
         .with_group_store(group_store)
         .with_replay_store(replay_store.clone())
         .with_keys(Arc::new(crate::keys::SecretKeys::new(client.clone())))
-        .with_bodies(Arc::new(crate::body::cache::BodyCache::new(client.clone())));
+        .with_bodies(Arc::new(crate::body::cache::BodyCache::new(client.clone())))
+        .with_jobs(jobs.clone());
     if settings.mechanisms.aggregation {
         ctx = ctx.with_aggregator(aggregate::Aggregator::spawn(apiserver));
     }

@@ -40,6 +40,20 @@ pub struct PassedThrough {
     pub passed_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
 }
 
+/// Which page of a failure group's undecided records [`Apiserver::list_undecided`] reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GroupPage {
+    pub namespace: String,
+    pub queue: String,
+    pub group: String,
+    pub limit: u32,
+    pub continue_token: Option<String>,
+}
+
+/// The undecided Parked records, as a field selector (the CRD's selectable fields; an unset
+/// `spec.action` selects as empty).
+pub const UNDECIDED: &str = "status.phase=Parked,spec.action=";
+
 /// Field manager of every status write the operator makes.
 pub const MANAGER: &str = "deadletter-operator";
 
@@ -51,6 +65,16 @@ pub trait Apiserver: Send + Sync {
         namespace: &'a str,
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<DeadLetter>, kube::Error>>;
+
+    /// One page of the undecided Parked records of failure group `group` of queue `queue` in
+    /// `namespace` (labels `dlq.dev/queue` and `dlq.dev/group`; fields `status.phase=Parked`,
+    /// no `spec.action`), read from etcd: at most `limit`, after `continue_token`; with the next
+    /// page's token (None after the last). Whole records: what a replay sends ahead needs their
+    /// jobs, which the operator's summaries do not keep.
+    fn list_undecided<'a>(
+        &'a self,
+        page: &'a GroupPage,
+    ) -> BoxFuture<'a, Result<(Vec<DeadLetter>, Option<String>), kube::Error>>;
 
     /// Merge-patches a record's status, guarded by its resourceVersion (compare-and-swap): a
     /// 409 means someone else wrote first.
@@ -227,6 +251,26 @@ impl Apiserver for KubeApiserver {
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<DeadLetter>, kube::Error>> {
         async move { self.records(namespace).get_opt(name).await }.boxed()
+    }
+
+    fn list_undecided<'a>(
+        &'a self,
+        page: &'a GroupPage,
+    ) -> BoxFuture<'a, Result<(Vec<DeadLetter>, Option<String>), kube::Error>> {
+        async move {
+            let labels = format!("{LABEL_QUEUE}={},{LABEL_GROUP}={}", page.queue, page.group);
+            let mut lp = ListParams::default()
+                .labels(&labels)
+                .fields(UNDECIDED)
+                .limit(page.limit);
+            if let Some(token) = &page.continue_token {
+                lp = lp.continue_token(token);
+            }
+            let list = self.records(&page.namespace).list(&lp).await?;
+            let next = list.metadata.continue_.filter(|t| !t.is_empty());
+            Ok((list.items, next))
+        }
+        .boxed()
     }
 
     fn write_record_status<'a>(

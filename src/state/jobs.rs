@@ -5,14 +5,20 @@
 //! Fed from the same watch events as the record store, before they reach it. Its view is a
 //! prefix of the apiserver's history, like the store's; it is only trusted after the first
 //! complete list (before that, sources take the listing path).
+//!
+//! A replay that sends a record's job ahead of its decision (`crate::reconcile::ahead`) says so
+//! here first ([`JobIndex::redriving`]): until the watch shows the record decided or resolved,
+//! the view shows it with a redrive decided, so a new death of its job parks as the next cycle
+//! instead of being taken for the parked one (`dlq_core::park::answers_for_its_job`) and lost
+//! once the record turns Redriven.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
 use kube::ResourceExt;
 use kube::runtime::watcher::Event;
 
-use dlq_core::api::{self, DeadLetter};
+use dlq_core::api::{self, Action, DeadLetter, Phase};
 use dlq_core::park::KnownCycle;
 
 /// (namespace, job key) → the job's records. A Vec, not a map by name: almost every job has
@@ -26,6 +32,9 @@ struct State {
     live: Option<Jobs>,
     /// A re-list in progress (the live view stays in use until it completes).
     pending: Option<Jobs>,
+    /// Records (namespace, name) whose job was sent ahead of their decision, until the watch
+    /// shows them decided, resolved or deleted.
+    redriving: HashSet<(String, String)>,
 }
 
 /// A cheap-to-clone handle on the index.
@@ -89,12 +98,26 @@ impl JobIndex {
                 if let Some(live) = state.live.as_mut() {
                     insert(live, dl);
                 }
+                if dl.spec.action.is_some() || dl.phase() != Phase::Parked {
+                    forget_redriving(&mut state, dl);
+                }
             }
             Event::Delete(dl) => {
                 if let Some(live) = state.live.as_mut() {
                     remove(live, dl);
                 }
+                forget_redriving(&mut state, dl);
             }
+        }
+    }
+
+    /// Record `name` in `namespace` is having its job sent ahead of its decision: shown as
+    /// decided (a redrive) until the watch shows it decided, resolved or deleted.
+    pub fn redriving(&self, namespace: &str, name: &str) {
+        if let Ok(mut state) = self.state.write() {
+            state
+                .redriving
+                .insert((namespace.to_string(), name.to_string()));
         }
     }
 
@@ -103,12 +126,30 @@ impl JobIndex {
     pub fn cycles(&self, namespace: &str, key: &str) -> Option<Vec<KnownCycle>> {
         let state = self.state.read().ok()?;
         let live = state.live.as_ref()?;
-        Some(
-            live.get(&(namespace.to_string(), key.to_string()))
-                .cloned()
-                .unwrap_or_default(),
-        )
+        let mut cycles = live
+            .get(&(namespace.to_string(), key.to_string()))
+            .cloned()
+            .unwrap_or_default();
+        for known in cycles.iter_mut().filter(|k| k.action.is_none()) {
+            // Its job may be on its queue again: a new death is the next cycle.
+            if state
+                .redriving
+                .contains(&(namespace.to_string(), known.name.clone()))
+            {
+                known.action = Some(Action::Redrive);
+            }
+        }
+        Some(cycles)
     }
+}
+
+/// The watch shows `dl` decided, resolved or gone: its own state says the rest.
+fn forget_redriving(state: &mut State, dl: &DeadLetter) {
+    if state.redriving.is_empty() {
+        return;
+    }
+    let key = (dl.namespace().unwrap_or_default(), dl.name_any());
+    state.redriving.remove(&key);
 }
 
 #[cfg(test)]
@@ -149,6 +190,38 @@ mod tests {
         let cycles = index.cycles("payments", &key).unwrap_or_default();
         assert_eq!(cycles.iter().map(|c| c.cycle).collect::<Vec<_>>(), vec![2]);
         assert_eq!(index.cycles("other", &key).map(|c| c.len()), Some(0));
+    }
+
+    /// Issue 58 item 4: a record whose job was sent ahead of its decision is shown decided, so
+    /// a new death of the job is its next cycle; once the watch shows it decided, its own
+    /// state speaks again.
+    #[test]
+    fn a_record_sent_ahead_shows_a_redrive_until_the_watch_shows_its_decision() {
+        let index = JobIndex::default();
+        index.observe(&Event::Init);
+        index.observe(&Event::InitApply(record("a", 1)));
+        index.observe(&Event::InitDone);
+        let key = job_key("relayer", "a");
+        let name = record("a", 1).name_any();
+        let action = || index.cycles("payments", &key).unwrap_or_default()[0].action;
+        assert_eq!(action(), None);
+        index.redriving("payments", &name);
+        assert_eq!(action(), Some(Action::Redrive), "its job may be back");
+        let unrelated = RecordBuilder::job("a").cycle(1).build();
+        index.observe(&Event::Apply(unrelated));
+        assert_eq!(
+            action(),
+            Some(Action::Redrive),
+            "an undecided write keeps it"
+        );
+        let dropped = RecordBuilder::job("a")
+            .cycle(1)
+            .decided(Action::Drop, "ops")
+            .build();
+        index.observe(&Event::Apply(dropped));
+        assert_eq!(action(), Some(Action::Drop), "its own decision once seen");
+        let state = index.state.read().expect("lock");
+        assert!(state.redriving.is_empty(), "forgotten");
     }
 
     #[test]

@@ -42,9 +42,9 @@ pub fn decided_by(r: &impl Facts, replay: ReplayRef<'_>) -> bool {
 }
 /// Pace when `spec.rate` is not set.
 pub const DEFAULT_RATE: f64 = 10.0;
-/// A standing replay's pace for its records when `spec.rate` is not set: its messages pass at
-/// the broker's speed, and the records it decides are the same incident's (the first
-/// `maxParked` of it), whose redrives free room for the rest.
+/// A standing replay's pace for the records it decides one at a time (its canary) when
+/// `spec.rate` is not set: its other records' jobs go ahead of their decisions at the broker's
+/// speed ([`DeadLetterReplaySpec::send_rate`]), as its messages pass.
 pub const DEFAULT_STANDING_RATE: f64 = 100.0;
 /// Stop bounds when `spec.stopWhen` leaves them out (the CLI's defaults).
 pub const DEFAULT_FAILURE_RATIO: f64 = 0.2;
@@ -142,7 +142,11 @@ pub struct DeadLetterReplaySpec {
     /// `redrive` (default) or `drop`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub action: Option<Action>,
-    /// Decisions per second, e.g. `20/s` (default 10/s).
+    /// Decisions per second, e.g. `20/s` (default 10/s). A redrive of a failure group
+    /// (`selector.group`) sends its records' jobs ahead of their decisions: `rate` paces those
+    /// jobs, and for a standing replay its passed messages too, each at most `rate` a second
+    /// (a standing replay without `rate`: both at the broker's speed); the records' signatures
+    /// and resolutions follow at the apiserver's pace, after the jobs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?(/s)?$"), length(max = 16))]
     pub rate: Option<String>,
@@ -505,9 +509,28 @@ impl DeadLetterReplaySpec {
     }
 
     /// The pace of pass-through, messages per second: `rate` when the spec sets one, else
-    /// none (the broker's speed; records are still decided at the default rate).
+    /// none (the broker's speed).
     pub fn pass_rate(&self) -> Option<f64> {
         self.rate.as_deref().and_then(|r| parse_rate(r).ok())
+    }
+
+    /// Whether its records' jobs go to the target ahead of their decisions: a redrive of one
+    /// failure group (`selector.group`, no `names`), standing or not. The replay itself is the
+    /// signed decision; each record is signed and resolved after its job's confirmation.
+    pub fn sends_ahead(&self) -> bool {
+        let selector = self.selector();
+        self.action() == Action::Redrive && selector.group.is_some() && selector.names.is_empty()
+    }
+
+    /// The pace of the jobs a replay that [`sends_ahead`](Self::sends_ahead) sends for its
+    /// records, jobs per second: a standing replay's [`pass_rate`](Self::pass_rate) (None: the
+    /// broker's speed), any other's [`rate`](Self::rate).
+    pub fn send_rate(&self) -> Option<f64> {
+        if self.standing() {
+            self.pass_rate()
+        } else {
+            Some(self.rate())
+        }
     }
 
     /// What every signed record's `spec.note` says.

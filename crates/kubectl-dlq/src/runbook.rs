@@ -93,7 +93,8 @@ fn parse_group(s: &str) -> Result<String, String> {
 /// How fast a replay goes and when it stops by itself.
 #[derive(Args, Debug, Clone)]
 pub struct Pace {
-    /// Decisions per second, e.g. 20/s (default 10/s).
+    /// Decisions per second, e.g. 20/s (default 10/s); for --group, jobs per second (its
+    /// records' jobs go first, their decisions follow).
     #[arg(long, value_parser = parse_rate)]
     pub rate: Option<f64>,
     /// Decide at most this many records.
@@ -116,8 +117,8 @@ pub struct Pace {
     pub settle_timeout: u64,
     /// Keep deciding the group's records as they park, and pass its dead messages straight
     /// from the broker to the target without a record each, until the broker holds none of
-    /// them (a storm: one command). Needs --group. Without --rate, messages pass at the
-    /// broker's speed.
+    /// them (a storm: one command). Needs --group. Without --rate, messages and the records'
+    /// jobs go at the broker's speed, the records' decisions after them.
     #[arg(long)]
     pub standing: bool,
     /// Decide this many records first (1-100, spread across the selection) and watch them for

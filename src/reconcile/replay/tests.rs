@@ -24,6 +24,7 @@ const NS: &str = "payments";
 fn record(name: &str, failed: i64, created: i64) -> DeadLetter {
     RecordBuilder::job(name)
         .named(name)
+        .uid(&format!("uid-{name}"))
         .reason("timeout")
         .failed_at(at(failed))
         .created(at(created))
@@ -396,13 +397,24 @@ async fn a_standing_redrive_decides_later_records_and_passes_messages_until_the_
     reconcile(Arc::new(standing.clone()), replays.clone())
         .await
         .expect("step");
+    let ids = || {
+        let got = target.received.lock().expect("lock");
+        got.iter().map(|m| m.id.clone()).collect::<Vec<_>>()
+    };
+    let mut sent = ids();
+    sent.sort();
+    let group = ["fresh", "r0", "r1", "r2", "r3", "r4"];
+    assert_eq!(
+        sent, group,
+        "sent ahead: the group's record parked after the start too, not the other group's"
+    );
+    assert!(fake.signed().is_empty(), "signed behind, at the next step");
+    reconcile(Arc::new(standing.clone()), replays.clone())
+        .await
+        .expect("step");
     let mut signed = fake.signed();
     signed.sort();
-    assert_eq!(
-        signed,
-        ["fresh", "r0", "r1", "r2", "r3", "r4"],
-        "the group's record parked after the start too, not the other group's"
-    );
+    assert_eq!(signed, group);
 
     // A dead message of the group arrives at a source while the replay runs.
     let mut dead = ParkRequest::new(
@@ -420,10 +432,10 @@ async fn a_standing_redrive_decides_later_records_and_passes_messages_until_the_
         Passed::Through { .. }
     ));
     let got = target.received.lock().expect("lock").clone();
-    assert_eq!(got.len(), 1);
-    assert_eq!(got[0].id, "pi_9/settle");
+    assert_eq!(got.len(), 7, "the records' 6 jobs, then the message");
+    assert_eq!(got[6].id, "pi_9/settle");
     assert!(
-        got[0]
+        got[6]
             .idempotency_key
             .as_deref()
             .is_some_and(|k| k.starts_with("msg-"))
@@ -474,4 +486,173 @@ async fn a_standing_redrive_decides_later_records_and_passes_messages_until_the_
         Passed::No,
         "uncovered: the group's messages park again"
     );
+}
+
+/// `n` records of one failure group (uids `uid-i`), the first `labelled` of them labelled with
+/// their group as a parker labels them (the rest as records parked before groups).
+fn group_records(n: usize, labelled: usize) -> Vec<DeadLetter> {
+    use dlq_core::group::LABEL_GROUP;
+    (0..n)
+        .map(|i| {
+            let mut r = RecordBuilder::job(&format!("pi_{i:03}/settle"))
+                .named(&format!("g{i:03}"))
+                .reason("timeout")
+                .uid(&format!("uid-{i}"))
+                .failed_at(at(10 + i as i64))
+                .created(at(1))
+                .build();
+            if i >= labelled
+                && let Some(labels) = r.metadata.labels.as_mut()
+            {
+                labels.remove(LABEL_GROUP);
+            }
+            r
+        })
+        .collect()
+}
+
+/// A standing redrive of `records`' group, without a rate (the broker's speed).
+fn standing_of(records: &[DeadLetter]) -> DeadLetterReplay {
+    use dlq_core::facts::Facts;
+    let mut r = replay("1/s");
+    r.spec.rate = None;
+    r.spec.standing = Some(true);
+    r.spec.selector = Some(ReplaySelector {
+        group: Some(records[0].group().into_owned()),
+        ..ReplaySelector::default()
+    });
+    started(r, i64::try_from(records.len()).unwrap_or(0))
+}
+
+/// The idempotency keys the target received, in order.
+fn keys(target: &crate::reconcile::tests::FakeTarget) -> Vec<String> {
+    let got = target.received.lock().unwrap_or_else(|p| p.into_inner());
+    got.iter()
+        .map(|m| m.idempotency_key.clone().unwrap_or_default())
+        .collect()
+}
+
+/// Issue 58 item 4: a standing redrive of a group puts every record's job on the target in its
+/// first step, before any record is signed or resolved (a page at a time for the labelled
+/// records, one by one for the others), each with its record's redrive key; the next step
+/// signs them behind, and their reconciles write only the resolutions: no job twice.
+#[tokio::test]
+async fn a_standing_redrive_sends_its_records_jobs_before_their_resolutions_and_once() {
+    use dlq_core::api::Phase;
+    use dlq_core::decide::redrive_key;
+    let records = group_records(300, 270);
+    let fake = FakeApiserver::holding(records.clone());
+    let target = Arc::<FakeTarget>::default();
+    let ctx = Context::new(
+        fake.clone(),
+        Arc::new(target.clone()),
+        crate::state::records::RecordIndex::listed_with(&fake.all()),
+        store_of(&[queue()]),
+        Metrics::default(),
+        Settings::default(),
+    );
+    let replays = replays_of(ctx);
+    let standing = Arc::new(standing_of(&records));
+    reconcile(standing.clone(), replays.clone())
+        .await
+        .expect("step");
+    let mut sent = keys(&target);
+    sent.sort();
+    let mut expected: Vec<String> = records.iter().map(redrive_key).collect();
+    expected.sort();
+    assert_eq!(sent, expected, "every job, each with its record's key");
+    assert!(fake.signed().is_empty(), "no record signed before");
+    assert!(fake.writes().is_empty(), "no resolution before");
+    assert_eq!(fake.listed().len(), 2, "270 labelled: two pages of 250");
+
+    reconcile(standing.clone(), replays.clone())
+        .await
+        .expect("step");
+    assert_eq!(fake.signed().len(), 256, "signed behind, a step's worth");
+    reconcile(standing.clone(), replays.clone())
+        .await
+        .expect("step");
+    assert_eq!(fake.signed().len(), 300, "then the rest");
+    for record in fake.all() {
+        assert_eq!(record.spec.by.as_deref(), Some("carol"));
+        crate::reconcile::record::reconcile(Arc::new(record), replays.ctx.clone())
+            .await
+            .expect("record reconcile");
+    }
+    assert_eq!(keys(&target).len(), 300, "no job enqueued twice");
+    assert!(
+        fake.all().iter().all(|r| r.phase() == Phase::Redriven),
+        "each resolved"
+    );
+    assert_eq!(fake.writes().len(), 300, "one resolution each");
+}
+
+/// A process that dies after sending jobs ahead and before signing their records: the next
+/// leader selects them again (still Parked, undecided) and sends each again with the same key,
+/// as a redrive does after a crash before its resolution.
+#[tokio::test]
+async fn after_a_crash_before_the_signatures_the_jobs_go_again_with_the_same_keys() {
+    let records = group_records(5, 5);
+    let fake = FakeApiserver::holding(records.clone());
+    let target = Arc::<FakeTarget>::default();
+    let process = || {
+        replays_of(Context::new(
+            fake.clone(),
+            Arc::new(target.clone()),
+            crate::state::records::RecordIndex::listed_with(&fake.all()),
+            store_of(&[queue()]),
+            Metrics::default(),
+            Settings::default(),
+        ))
+    };
+    let standing = Arc::new(standing_of(&records));
+    reconcile(standing.clone(), process()).await.expect("step");
+    let mut first = keys(&target);
+    assert_eq!(first.len(), 5);
+    reconcile(standing, process()).await.expect("step");
+    first.sort();
+    let mut again = keys(&target).split_off(5);
+    again.sort();
+    assert_eq!(
+        again, first,
+        "sent again by the next leader, with the same keys"
+    );
+    assert!(fake.signed().is_empty());
+}
+
+/// Stopped with jobs sent ahead and not signed yet: they are signed (carried out), not
+/// withdrawn, and resolved by their reconciles without a second enqueue.
+#[tokio::test]
+async fn a_stop_signs_what_went_ahead_and_withdraws_nothing_of_it() {
+    use dlq_core::api::Phase;
+    let records = group_records(5, 5);
+    let fake = FakeApiserver::holding(records.clone());
+    let target = Arc::<FakeTarget>::default();
+    let ctx = Context::new(
+        fake.clone(),
+        Arc::new(target.clone()),
+        crate::state::records::RecordIndex::listed_with(&fake.all()),
+        store_of(&[queue()]),
+        Metrics::default(),
+        Settings::default(),
+    );
+    let replays = replays_of(ctx);
+    let mut standing = standing_of(&records);
+    reconcile(Arc::new(standing.clone()), replays.clone())
+        .await
+        .expect("step");
+    standing.spec.stop = Some(true);
+    reconcile(Arc::new(standing), replays.clone())
+        .await
+        .expect("step");
+    let status = fake.last_replay_status();
+    assert_eq!(status.phase, Some(ReplayPhase::Stopped));
+    assert_eq!((status.decided, status.withdrawn), (5, 0), "{status:?}");
+    for record in fake.all() {
+        crate::reconcile::record::reconcile(Arc::new(record), replays.ctx.clone())
+            .await
+            .expect("record reconcile");
+    }
+    assert!(fake.all().iter().all(|r| r.phase() == Phase::Redriven));
+    assert_eq!(keys(&target).len(), 5, "each job once");
 }

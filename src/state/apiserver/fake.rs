@@ -24,7 +24,7 @@ use dlq_core::replay::{
     ANNOTATION_REPLAY_UID, DeadLetterReplay, DeadLetterReplayStatus, LABEL_REPLAY,
 };
 
-use super::{Apiserver, PassedThrough, Signature};
+use super::{Apiserver, GroupPage, PassedThrough, Signature};
 
 /// (namespace, name) of a record.
 type Key = (String, String);
@@ -124,6 +124,8 @@ pub struct FakeApiserver {
     event_writes: Mutex<Vec<EventWrite>>,
     /// Names of the records a replay signed successfully, in order.
     signed: Mutex<Vec<String>>,
+    /// The pages of undecided records listed, in order.
+    listed: Mutex<Vec<GroupPage>>,
     /// Replay status writes, in order.
     replay_statuses: Mutex<Vec<DeadLetterReplayStatus>>,
     /// Names of the records labelled with their group, in order.
@@ -251,6 +253,11 @@ impl FakeApiserver {
         lock(&self.signed).clone()
     }
 
+    /// The pages of undecided records listed, in order.
+    pub fn listed(&self) -> Vec<GroupPage> {
+        lock(&self.listed).clone()
+    }
+
     /// Names of the records whose managed fields were cleared, in order.
     pub fn cleared(&self) -> Vec<String> {
         lock(&self.cleared).clone()
@@ -341,6 +348,40 @@ impl Apiserver for FakeApiserver {
             .get(&(namespace.to_string(), name.to_string()))
             .cloned();
         async move { Ok(found) }.boxed()
+    }
+
+    fn list_undecided<'a>(
+        &'a self,
+        page: &'a GroupPage,
+    ) -> BoxFuture<'a, Result<(Vec<DeadLetter>, Option<String>), kube::Error>> {
+        let labelled = |r: &DeadLetter, label: &str, value: &str| {
+            r.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(label))
+                .is_some_and(|v| v == value)
+        };
+        let after = page.continue_token.clone().unwrap_or_default();
+        let limit = usize::try_from(page.limit).unwrap_or(usize::MAX).max(1);
+        let mut items: Vec<DeadLetter> = lock(&self.records)
+            .iter()
+            .filter(|((ns, name), _)| *ns == page.namespace && *name > after)
+            .map(|(_, r)| r)
+            .filter(|r| labelled(r, LABEL_QUEUE, &page.queue))
+            .filter(|r| labelled(r, LABEL_GROUP, &page.group))
+            .filter(|r| r.phase() == Phase::Parked && r.spec.action.is_none())
+            .take(limit + 1)
+            .cloned()
+            .collect();
+        let next = (items.len() > limit).then(|| {
+            items.truncate(limit);
+            items
+                .last()
+                .and_then(|r| r.metadata.name.clone())
+                .unwrap_or_default()
+        });
+        lock(&self.listed).push(page.clone());
+        async move { Ok((items, next)) }.boxed()
     }
 
     fn write_record_status<'a>(

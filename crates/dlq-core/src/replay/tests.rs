@@ -346,6 +346,37 @@ fn rates_and_defaults() {
     assert_eq!(FailureKind::from_label("flaky"), None);
 }
 
+/// Issue 58 item 4: a redrive of one failure group sends its records' jobs ahead of their
+/// decisions; a standing one at the broker's speed unless `rate` says, another at its `rate`;
+/// a drop, a selection by other facts or by names decides first as before.
+#[test]
+fn a_group_redrive_sends_ahead_at_its_pace() {
+    let group = ReplaySelector {
+        group: Some("3f9a1c07d2".into()),
+        ..ReplaySelector::default()
+    };
+    let mut s = spec(group.clone());
+    assert!(s.sends_ahead());
+    assert_eq!(s.send_rate(), Some(20.0), "a group replay at its rate");
+    s.rate = None;
+    assert_eq!(s.send_rate(), Some(DEFAULT_RATE), "or the default rate");
+    s.standing = Some(true);
+    assert_eq!(s.send_rate(), None, "a standing one at the broker's speed");
+    s.rate = Some("500/s".into());
+    assert_eq!(s.send_rate(), Some(500.0), "unless its rate says");
+    s.action = Some(Action::Drop);
+    assert!(!s.sends_ahead(), "a drop sends nothing");
+    let named = ReplaySelector {
+        names: vec!["r1".into()],
+        ..group
+    };
+    assert!(
+        !spec(named).sends_ahead(),
+        "reviewed names are decided first"
+    );
+    assert!(!spec(ReplaySelector::default()).sends_ahead());
+}
+
 #[test]
 fn summary_and_progress_read_like_the_runbook() {
     let replay = DeadLetterReplay::new("inc", spec(ReplaySelector::default()));
