@@ -40,6 +40,9 @@ pub struct PassedThrough {
     pub passed_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
 }
 
+/// A page of records and the next page's token (None after the last).
+pub type RecordPage = (Vec<DeadLetter>, Option<String>);
+
 /// Which page of a failure group's undecided records [`Apiserver::list_undecided`] reads.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GroupPage {
@@ -74,7 +77,7 @@ pub trait Apiserver: Send + Sync {
     fn list_undecided<'a>(
         &'a self,
         page: &'a GroupPage,
-    ) -> BoxFuture<'a, Result<(Vec<DeadLetter>, Option<String>), kube::Error>>;
+    ) -> BoxFuture<'a, Result<RecordPage, kube::Error>>;
 
     /// Merge-patches a record's status, guarded by its resourceVersion (compare-and-swap): a
     /// 409 means someone else wrote first.
@@ -256,7 +259,7 @@ impl Apiserver for KubeApiserver {
     fn list_undecided<'a>(
         &'a self,
         page: &'a GroupPage,
-    ) -> BoxFuture<'a, Result<(Vec<DeadLetter>, Option<String>), kube::Error>> {
+    ) -> BoxFuture<'a, Result<RecordPage, kube::Error>> {
         async move {
             let labels = format!("{LABEL_QUEUE}={},{LABEL_GROUP}={}", page.queue, page.group);
             let mut lp = ListParams::default()

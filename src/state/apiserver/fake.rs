@@ -353,7 +353,7 @@ impl Apiserver for FakeApiserver {
     fn list_undecided<'a>(
         &'a self,
         page: &'a GroupPage,
-    ) -> BoxFuture<'a, Result<(Vec<DeadLetter>, Option<String>), kube::Error>> {
+    ) -> BoxFuture<'a, Result<super::RecordPage, kube::Error>> {
         let labelled = |r: &DeadLetter, label: &str, value: &str| {
             r.metadata
                 .labels
