@@ -12,7 +12,7 @@
 //! records behind them ([`sign_behind`], at the apiserver's pace, a trickle while its
 //! pass-through is busy); their reconciles then write only the resolutions.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,10 +24,11 @@ use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use tokio::sync::Mutex;
 
-use dlq_core::api::{DeadLetter, Phase};
+use dlq_core::api::{DeadLetter, LABEL_QUEUE, Phase};
 use dlq_core::conditions::{self, Cond};
 use dlq_core::decide::redrive_key;
 use dlq_core::events::{EventPlan, action, reason};
+use dlq_core::group::LABEL_GROUP;
 use dlq_core::record::{Facts, Summary};
 use dlq_core::replay::{
     self, DeadLetterReplay, DeadLetterReplayStatus, Observed, Outcome, ReplayPhase, ReplayRef,
@@ -47,6 +48,8 @@ const ATTEMPTS: usize = 5;
 const DRY_RUN_RESYNC: Duration = Duration::from_secs(30);
 /// How often a replay whose queue is missing looks again.
 const PENDING_RETRY: Duration = Duration::from_secs(10);
+/// How soon a start the cache was behind for looks again.
+const CATCH_UP: Duration = Duration::from_millis(200);
 /// How often a running replay writes its progress (phase changes are written at once).
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// How long a step waits for the record cache's first listing.
@@ -215,6 +218,9 @@ async fn step(run: &mut Run<'_>) -> Result<Action> {
         return dry_run(run).await;
     }
     if run.status.started_at.is_none() {
+        if !caught_up(run).await? {
+            return Ok(Action::requeue(CATCH_UP));
+        }
         start(run).await?;
     }
     let status = run.status.clone();
@@ -350,6 +356,35 @@ async fn dry_run(run: &mut Run<'_>) -> Result<Action> {
     set_phase(run, ReplayPhase::DryRun, "DryRun", &message);
     write(run).await?;
     Ok(Action::requeue(DRY_RUN_RESYNC))
+}
+
+/// Whether the cache shows every record of the run's queue (and group) that etcd holds: a run
+/// freezes what the cache shows, and a record parked a moment before the replay was created may
+/// not have reached the cache yet; frozen out, it would count as a new parking.
+async fn caught_up(run: &Run<'_>) -> Result<bool> {
+    let spec = &run.replay.spec;
+    let mut labels = format!("{LABEL_QUEUE}={}", spec.queue);
+    if let Some(group) = spec.selector().group {
+        labels.push_str(&format!(",{LABEL_GROUP}={group}"));
+    }
+    let names = run
+        .ctx
+        .apiserver
+        .record_names(&run.ns, &labels)
+        .await
+        .map_err(|source| ReplayError::Read {
+            name: labels.clone(),
+            source,
+        })?;
+    let cached: HashSet<&str> = run.records.iter().map(|r| &*r.name).collect();
+    let behind = names
+        .iter()
+        .filter(|n| !cached.contains(n.as_str()))
+        .count();
+    if behind > 0 {
+        tracing::debug!(namespace = %run.ns, replay = %run.name, behind, "the cache is behind etcd; the run starts once it shows them");
+    }
+    Ok(behind == 0)
 }
 
 /// The run starts now: the selection is frozen to the records that exist now (which ones is

@@ -57,6 +57,9 @@ pub struct GroupPage {
 /// `spec.action` selects as empty).
 pub const UNDECIDED: &str = "status.phase=Parked,spec.action=";
 
+/// Names per page of [`Apiserver::record_names`]: metadata only, so a page stays small.
+const NAMES_PAGE: u32 = 500;
+
 /// Field manager of every status write the operator makes.
 pub const MANAGER: &str = "deadletter-operator";
 
@@ -78,6 +81,14 @@ pub trait Apiserver: Send + Sync {
         &'a self,
         page: &'a GroupPage,
     ) -> BoxFuture<'a, Result<RecordPage, kube::Error>>;
+
+    /// The names of the records in `namespace` whose labels match `labels` (a label selector),
+    /// read from etcd in pages of metadata: what a run's start checks the cache against.
+    fn record_names<'a>(
+        &'a self,
+        namespace: &'a str,
+        labels: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<String>, kube::Error>>;
 
     /// Merge-patches a record's status, guarded by its resourceVersion (compare-and-swap): a
     /// 409 means someone else wrote first.
@@ -272,6 +283,31 @@ impl Apiserver for KubeApiserver {
             let list = self.records(&page.namespace).list(&lp).await?;
             let next = list.metadata.continue_.filter(|t| !t.is_empty());
             Ok((list.items, next))
+        }
+        .boxed()
+    }
+
+    fn record_names<'a>(
+        &'a self,
+        namespace: &'a str,
+        labels: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<String>, kube::Error>> {
+        async move {
+            let api = self.records(namespace);
+            let mut names = Vec::new();
+            let mut token: Option<String> = None;
+            loop {
+                let mut lp = ListParams::default().labels(labels).limit(NAMES_PAGE);
+                if let Some(t) = &token {
+                    lp = lp.continue_token(t);
+                }
+                let page = api.list_metadata(&lp).await?;
+                names.extend(page.items.into_iter().filter_map(|m| m.metadata.name));
+                token = page.metadata.continue_.filter(|t| !t.is_empty());
+                if token.is_none() {
+                    return Ok(names);
+                }
+            }
         }
         .boxed()
     }

@@ -656,3 +656,50 @@ async fn a_stop_signs_what_went_ahead_and_withdraws_nothing_of_it() {
     assert!(fake.all().iter().all(|r| r.phase() == Phase::Redriven));
     assert_eq!(keys(&target).len(), 5, "each job once");
 }
+
+/// A run freezes what the cache shows, so it starts only once the cache shows every record of
+/// its queue that etcd holds: two parked a moment before the replay, not cached yet, are still
+/// the replay's, not new parkings (tests/replay.rs saw 3 of 5 selected under load).
+#[tokio::test]
+async fn a_start_waits_for_the_cache_to_show_what_etcd_holds() {
+    let fake = FakeApiserver::holding(queue_records());
+    let behind: Vec<DeadLetter> = fake
+        .all()
+        .into_iter()
+        .filter(|r| !matches!(r.metadata.name.as_deref(), Some("r3" | "r4")))
+        .collect();
+    let lagging = Context::new(
+        fake.clone(),
+        Arc::new(Arc::<FakeTarget>::default()),
+        crate::state::records::RecordIndex::listed_with(&behind),
+        store_of(&[queue()]),
+        Metrics::default(),
+        Settings::default(),
+    );
+    let replay = Arc::new(replay("5/s"));
+    reconcile(replay.clone(), replays_of(lagging))
+        .await
+        .expect("step");
+    assert!(
+        fake.all_replay_statuses().is_empty(),
+        "nothing frozen while the cache lags"
+    );
+    reconcile(replay, process(&fake)).await.expect("step");
+    let status = fake
+        .all_replay_statuses()
+        .into_iter()
+        .find(|s| s.started_at.is_some())
+        .expect("a start");
+    assert_eq!(
+        status.selected, 6,
+        "every timeout etcd held, r3 and r4 among them: {status:?}"
+    );
+    let frozen = status.frozen.expect("frozen");
+    for r in fake.all().iter().filter(|r| r.spec.reason == "timeout") {
+        assert!(
+            frozen.existed(r),
+            "{:?} existed at the start",
+            r.metadata.name
+        );
+    }
+}

@@ -281,6 +281,11 @@ impl FakeApiserver {
         lock(&self.group_writes).clone()
     }
 
+    /// Every replay status written, oldest first.
+    pub fn all_replay_statuses(&self) -> Vec<DeadLetterReplayStatus> {
+        lock(&self.replay_statuses).clone()
+    }
+
     /// The last replay status written.
     pub fn last_replay_status(&self) -> DeadLetterReplayStatus {
         lock(&self.replay_statuses)
@@ -348,6 +353,29 @@ impl Apiserver for FakeApiserver {
             .get(&(namespace.to_string(), name.to_string()))
             .cloned();
         async move { Ok(found) }.boxed()
+    }
+
+    fn record_names<'a>(
+        &'a self,
+        namespace: &'a str,
+        labels: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<String>, kube::Error>> {
+        let wanted: Vec<(&str, &str)> = labels
+            .split(',')
+            .filter_map(|kv| kv.split_once('='))
+            .collect();
+        let names = lock(&self.records)
+            .iter()
+            .filter(|((ns, _), _)| ns == namespace)
+            .filter(|(_, r)| {
+                let have = r.metadata.labels.as_ref();
+                wanted
+                    .iter()
+                    .all(|(k, v)| have.and_then(|l| l.get(*k)).is_some_and(|x| x == v))
+            })
+            .map(|((_, name), _)| name.clone())
+            .collect();
+        async move { Ok(names) }.boxed()
     }
 
     fn list_undecided<'a>(
