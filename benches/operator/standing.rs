@@ -907,6 +907,7 @@ pub async fn run(b: &mut Bench) -> anyhow::Result<(Vec<Row>, serde_json::Value)>
 /// leaves it out.
 async fn ab(b: &mut Bench, rows: &mut Vec<Row>) -> anyhow::Result<serde_json::Value> {
     let mut out = serde_json::Map::new();
+    out.insert("send_ahead".into(), ab_ahead(b, rows).await?);
     for (broker, mechanism, storm) in [
         ("kafka", "kafka_in_flight", "BENCH_STANDING_KAFKA"),
         ("sqs", "sqs_receivers", "BENCH_STANDING_SQS"),
@@ -917,6 +918,49 @@ async fn ab(b: &mut Bench, rows: &mut Vec<Row>) -> anyhow::Result<serde_json::Va
         out.insert(mechanism.into(), ab_one(b, rows, broker, mechanism).await?);
     }
     Ok(serde_json::Value::Object(out))
+}
+
+/// What sending a group's records' jobs ahead buys (`--disable=send_ahead`, issue 58 item 4):
+/// the issue's storm (`BENCH_STANDING_AHEAD_N`, default 20,000 Redis dead messages of one group,
+/// into `maxParked` `BENCH_STANDING_AHEAD_MAX_PARKED`, default 5,000), without then with, in
+/// `BENCH_STANDING_AB_ROUNDS` rounds; measured as the command → every job on the target.
+/// `BENCH_STANDING_AHEAD_N=0` leaves it out.
+async fn ab_ahead(b: &mut Bench, rows: &mut Vec<Row>) -> anyhow::Result<serde_json::Value> {
+    let n = env_usize("BENCH_STANDING_AHEAD_N", 20_000);
+    let max_parked = env_usize("BENCH_STANDING_AHEAD_MAX_PARKED", 5000);
+    let rounds = env_usize("BENCH_STANDING_AB_ROUNDS", 1);
+    if n == 0 {
+        return Ok(json!(null));
+    }
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        for off in [round % 2 == 0, round % 2 == 1] {
+            let disable: &[&str] = if off { &["send_ahead"] } else { &[] };
+            let o = run_one(b, "redis", n, max_parked, disable).await?;
+            eprintln!(
+                "standing A/B, redis {n} into maxParked {max_parked}, {}: all on the target in {:.1}s (drained in {:.1}s, {:.0} passed/s, {} records redriven), {} duplicates, {} missing",
+                if off { "without send_ahead" } else { "with" },
+                o.all_s,
+                o.drained_s,
+                o.pass_rate(),
+                o.redriven,
+                o.duplicates,
+                o.missing
+            );
+            if off { &mut without } else { &mut with }.push(o.all_s);
+        }
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let (w, wo) = (mean(&with), mean(&without));
+    rows.push((
+        format!("standing A/B redis {n}: send_ahead, all on target (s)"),
+        format!("{w:.1}"),
+        format!("{wo:.1} without"),
+        format!("{:.1}x sooner", wo / w),
+    ));
+    Ok(
+        json!({"messages": n, "max_parked": max_parked, "with_all_s": with, "without_all_s": without}),
+    )
 }
 
 async fn ab_one(

@@ -85,6 +85,9 @@ pub struct Mechanisms {
     pub kafka_in_flight: bool,
     /// The SQS source receives with several long polls at once (`crate::source::sqs::RECEIVERS`).
     pub sqs_receivers: bool,
+    /// A redrive of one failure group sends its records' jobs ahead of their decisions and
+    /// signs them behind (see [`super::ahead`]); off, it signs each record first.
+    pub send_ahead: bool,
 }
 
 impl Default for Mechanisms {
@@ -96,6 +99,7 @@ impl Default for Mechanisms {
             aggregation: true,
             kafka_in_flight: true,
             sqs_receivers: true,
+            send_ahead: true,
         }
     }
 }
@@ -107,13 +111,14 @@ pub struct UnknownMechanism(String);
 
 impl Mechanisms {
     /// The names `--disable` takes.
-    pub const NAMES: [&str; 6] = [
+    pub const NAMES: [&str; 7] = [
         "parking_first",
         "mark_quota",
         "ask_ahead",
         "aggregation",
         "kafka_in_flight",
         "sqs_receivers",
+        "send_ahead",
     ];
 
     /// Every mechanism on but those `names` lists (blank names are skipped).
@@ -128,6 +133,7 @@ impl Mechanisms {
                 "aggregation" => &mut on.aggregation,
                 "kafka_in_flight" => &mut on.kafka_in_flight,
                 "sqs_receivers" => &mut on.sqs_receivers,
+                "send_ahead" => &mut on.send_ahead,
                 other => return Err(UnknownMechanism(other.to_string())),
             };
             *switch = false;

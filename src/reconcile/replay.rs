@@ -514,7 +514,8 @@ async fn decide(
         }
         return settle(run, observed).await;
     }
-    if spec.sends_ahead() && !spec.canary_holds(&run.status) {
+    let ahead = run.ctx.settings.mechanisms.send_ahead;
+    if ahead && spec.sends_ahead() && !spec.canary_holds(&run.status) {
         return send_ahead(run, started, observed, &candidates).await;
     }
     let n = replay::budget(spec.rate(), paced_for(&run.mem, started, decided), decided);
