@@ -914,7 +914,7 @@ fn standing_over(run: &Run<'_>, started: &replay::Start<'_>) -> bool {
 /// admission policy, RBAC) ends the replay with its words.
 async fn sign_batch(run: &mut Run<'_>, batch: &[DeadLetter]) -> Result<Option<String>> {
     let spec = &run.replay.spec;
-    let note = spec.decision_note(&run.name);
+    let note = spec.decision_note(&run.name, &[]);
     let signature = Signature {
         action: spec.action(),
         by: &spec.by,

@@ -395,6 +395,7 @@ impl ReplayPlan {
                     .observe
                     .and_then(|d| i64::try_from(d.as_secs()).ok()),
             }),
+            approvals: Vec::new(),
         })
     }
 }

@@ -58,6 +58,7 @@ fn replay(rate: &str) -> DeadLetterReplay {
             paused: None,
             standing: None,
             canary: None,
+            approvals: Vec::new(),
         },
     );
     r.metadata.namespace = Some(NS.into());
