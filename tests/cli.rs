@@ -1227,3 +1227,88 @@ async fn export_then_park_from_moves_records_keeping_ids_identities_and_cycles()
     );
     std::fs::remove_file(&file).unwrap();
 }
+
+/// Issue 59 item 1: `kubectl dlq approve` appends an approval in the caller's own name (who the
+/// apiserver says they are), with its note; the author cannot approve, nor anyone twice.
+#[tokio::test]
+async fn approve_appends_an_approval_in_the_callers_name_once() {
+    let (client, ns) = setup("cli-approve").await;
+    let rbac = format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: approver, namespace: {ns}}}\nrules:\n- apiGroups: [dlq.dev]\n  resources: [deadletterreplays]\n  verbs: [get, list, watch, patch]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: approvers, namespace: {ns}}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: approver}}\nsubjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: alice}}, {{apiGroup: rbac.authorization.k8s.io, kind: User, name: bob}}]\n"
+    );
+    let mut apply = dlq_testenv::plane().kubectl();
+    apply
+        .args(["apply", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null());
+    let mut child = apply.spawn().unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), rbac.as_bytes()).unwrap();
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+    let replays = dlq_testenv::replays::replays(&client, &ns);
+    replays
+        .create(
+            &Default::default(),
+            &dlq_testenv::replays::replay("inc-1", "alice"),
+        )
+        .await
+        .unwrap();
+
+    let first = eventually(10, "bob's role to take effect", || async {
+        let out = dlq(
+            &ns,
+            &[
+                "--as",
+                "bob",
+                "approve",
+                "inc-1",
+                "--note",
+                "INC-1 reviewed",
+            ],
+        );
+        (!out.stdout.contains("forbidden") && !out.stderr.contains("forbidden")).then_some(out)
+    })
+    .await;
+    assert!(first.ok, "{} {}", first.stdout, first.stderr);
+    assert!(
+        first.stdout.starts_with("replay inc-1 approved by bob."),
+        "{}",
+        first.stdout
+    );
+    let stored = replays.get("inc-1").await.unwrap();
+    let approvals = &stored.data["spec"]["approvals"];
+    assert_eq!(approvals.as_array().map(Vec::len), Some(1), "{approvals}");
+    assert_eq!(approvals[0]["by"], "bob");
+    assert_eq!(approvals[0]["note"], "INC-1 reviewed");
+    assert!(
+        approvals[0]["at"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z'))
+    );
+
+    let twice = dlq(&ns, &["--as", "bob", "approve", "inc-1"]);
+    assert!(!twice.ok, "a second approval by bob must exit non-zero");
+    assert!(
+        twice
+            .stderr
+            .contains("you (bob) already approved replay inc-1"),
+        "{}",
+        twice.stderr
+    );
+    let own = dlq(&ns, &["--as", "alice", "approve", "inc-1"]);
+    assert!(!own.ok);
+    assert!(
+        own.stderr
+            .contains("you (alice) wrote replay inc-1: an approval must come from someone else"),
+        "{}",
+        own.stderr
+    );
+    let ghost = dlq(&ns, &["--as", "bob", "approve", "nope"]);
+    assert!(!ghost.ok);
+    assert_eq!(
+        replays.get("inc-1").await.unwrap().data["spec"]["approvals"]
+            .as_array()
+            .map(Vec::len),
+        Some(1)
+    );
+}
