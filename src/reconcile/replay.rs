@@ -411,7 +411,12 @@ fn approval_verdict(run: &Run<'_>, now: Timestamp) -> approvals::Verdict {
             .and_then(|g| g.status.as_ref()?.backlog.as_ref()?.messages),
         _ => None,
     };
-    approvals::check(Some(policy), spec, approvals::size(selected, backlog), now)
+    approvals::check(
+        Some(policy),
+        &spec.approval_request(),
+        approvals::size(selected, backlog),
+        now,
+    )
 }
 
 /// A Normal `Approved` Event on the replay for each approver not seen before; the approvers

@@ -562,6 +562,16 @@ impl DeadLetterReplaySpec {
         }
     }
 
+    /// What the approval check (`approvals::check`) reads of it.
+    pub fn approval_request(&self) -> approvals::Request<'_> {
+        approvals::Request {
+            author: &self.by,
+            kind: approvals::ApprovalFor::of(self.standing(), self.action()),
+            dry_run: self.dry_run(),
+            approvals: &self.approvals,
+        }
+    }
+
     /// What every signed record's `spec.note` says: the replay, who approved it (the decision
     /// log of each record names the second pair of eyes), and the replay's note.
     pub fn decision_note(&self, replay: &str, approvers: &[String]) -> String {

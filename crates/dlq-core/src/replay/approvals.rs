@@ -13,7 +13,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube_derive::KubeSchema;
 use serde::{Deserialize, Serialize};
 
-use super::DeadLetterReplaySpec;
 use crate::dead_letter::Action;
 use crate::duration::parse_duration;
 
@@ -107,15 +106,32 @@ impl ApprovalPolicy {
             .unwrap_or(DEFAULT_EXPIRE_AFTER)
     }
 
-    /// Whether it covers `spec`'s kind of replay: a standing one counts as `standing` alone.
-    pub fn covers(&self, spec: &DeadLetterReplaySpec) -> bool {
-        let kind = match (spec.standing(), spec.action()) {
+    /// Whether it covers this kind of replay.
+    pub fn covers(&self, kind: ApprovalFor) -> bool {
+        self.for_.is_empty() || self.for_.contains(&kind)
+    }
+}
+
+impl ApprovalFor {
+    /// A replay's kind: a standing one counts as `standing` alone, whatever its action.
+    pub fn of(standing: bool, action: Action) -> ApprovalFor {
+        match (standing, action) {
             (true, _) => ApprovalFor::Standing,
             (false, Action::Redrive) => ApprovalFor::Redrive,
             (false, Action::Drop) => ApprovalFor::Drop,
-        };
-        self.for_.is_empty() || self.for_.contains(&kind)
+        }
     }
+}
+
+/// What [`check`] reads of a replay (`DeadLetterReplaySpec::approval_request`).
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    /// `spec.by`: its approval never counts.
+    pub author: &'a str,
+    pub kind: ApprovalFor,
+    /// A dry run decides nothing, so it needs none.
+    pub dry_run: bool,
+    pub approvals: &'a [Approval],
 }
 
 /// How big a replay is for [`ApprovalPolicy::above`]: the records it selects now plus, for a
@@ -179,28 +195,28 @@ impl Verdict {
     }
 }
 
-/// Whether `spec` needs approvals under `policy` at `size`, and whether those it carries are
-/// enough at `now`: each approver counted once, never the author (`spec.by`), never one older
+/// Whether the replay `req` needs approvals under `policy` at `size`, and whether those it
+/// carries are enough at `now`: each approver counted once, never the author, never one older
 /// than `expireAfter` or dated more than [`SKEW`] ahead of `now`.
 pub fn check(
     policy: Option<&ApprovalPolicy>,
-    spec: &DeadLetterReplaySpec,
+    req: &Request<'_>,
     size: i64,
     now: Timestamp,
 ) -> Verdict {
     let Some(policy) = policy else {
         return Verdict::NotNeeded;
     };
-    if spec.dry_run() || !policy.covers(spec) || policy.above.is_some_and(|a| size <= a) {
+    if req.dry_run || !policy.covers(req.kind) || policy.above.is_some_and(|a| size <= a) {
         return Verdict::NotNeeded;
     }
     let expire = policy.expire_after();
     let mut seen = BTreeSet::new();
     let (mut by, mut ignored) = (Vec::new(), Vec::new());
-    for a in spec.approvals.iter().take(MAX_APPROVALS) {
+    for a in req.approvals.iter().take(MAX_APPROVALS) {
         let who = a.by.trim();
         let age = now.duration_since(a.at.0);
-        let why = if who == spec.by.trim() {
+        let why = if who == req.author.trim() {
             Some("the author's own")
         } else if Duration::try_from(-age).is_ok_and(|ahead| ahead > SKEW) {
             Some("dated in the future")
@@ -233,22 +249,30 @@ mod tests {
     use super::*;
     use crate::testing::at;
 
-    fn spec(by: &str, approvals: &[(&str, i64)]) -> DeadLetterReplaySpec {
-        DeadLetterReplaySpec {
-            queue: "relayer".into(),
-            selector: None,
-            action: None,
-            rate: None,
-            max: None,
-            stop_when: None,
-            dry_run: None,
-            by: by.into(),
-            note: None,
-            settle_seconds: None,
-            stop: None,
-            paused: None,
-            standing: None,
-            canary: None,
+    /// A redrive by `by` carrying `approvals` (approver, second of its `at`).
+    struct Replay {
+        by: &'static str,
+        kind: ApprovalFor,
+        dry_run: bool,
+        approvals: Vec<Approval>,
+    }
+
+    impl Replay {
+        fn req(&self) -> Request<'_> {
+            Request {
+                author: self.by,
+                kind: self.kind,
+                dry_run: self.dry_run,
+                approvals: &self.approvals,
+            }
+        }
+    }
+
+    fn spec(by: &'static str, approvals: &[(&str, i64)]) -> Replay {
+        Replay {
+            by,
+            kind: ApprovalFor::Redrive,
+            dry_run: false,
             approvals: approvals
                 .iter()
                 .map(|(by, second)| Approval {
@@ -274,22 +298,31 @@ mod tests {
     #[test]
     fn no_policy_a_small_selection_or_another_kind_needs_none() {
         let s = spec("alice", &[]);
-        assert_eq!(check(None, &s, 5000, at(NOW)), Verdict::NotNeeded);
+        assert_eq!(check(None, &s.req(), 5000, at(NOW)), Verdict::NotNeeded);
         let above = policy(1, &[], Some(100));
-        assert_eq!(check(Some(&above), &s, 10, at(NOW)), Verdict::NotNeeded);
-        assert_eq!(check(Some(&above), &s, 100, at(NOW)), Verdict::NotNeeded);
+        assert_eq!(
+            check(Some(&above), &s.req(), 10, at(NOW)),
+            Verdict::NotNeeded
+        );
+        assert_eq!(
+            check(Some(&above), &s.req(), 100, at(NOW)),
+            Verdict::NotNeeded
+        );
         assert!(matches!(
-            check(Some(&above), &s, 101, at(NOW)),
+            check(Some(&above), &s.req(), 101, at(NOW)),
             Verdict::Waiting { .. }
         ));
         let drops = policy(1, &[ApprovalFor::Drop], None);
-        assert_eq!(check(Some(&drops), &s, 5000, at(NOW)), Verdict::NotNeeded);
-        let dry = DeadLetterReplaySpec {
-            dry_run: Some(true),
-            ..s.clone()
+        assert_eq!(
+            check(Some(&drops), &s.req(), 5000, at(NOW)),
+            Verdict::NotNeeded
+        );
+        let dry = Replay {
+            dry_run: true,
+            ..spec("alice", &[])
         };
         assert_eq!(
-            check(Some(&policy(1, &[], None)), &dry, 5000, at(NOW)),
+            check(Some(&policy(1, &[], None)), &dry.req(), 5000, at(NOW)),
             Verdict::NotNeeded,
             "a dry run decides nothing"
         );
@@ -297,18 +330,18 @@ mod tests {
 
     #[test]
     fn a_standing_replay_counts_as_standing_whatever_its_action() {
-        let standing = DeadLetterReplaySpec {
-            standing: Some(true),
+        let standing = Replay {
+            kind: ApprovalFor::of(true, Action::Drop),
             ..spec("alice", &[])
         };
         let redrives = policy(1, &[ApprovalFor::Redrive], None);
         assert_eq!(
-            check(Some(&redrives), &standing, 5, at(NOW)),
+            check(Some(&redrives), &standing.req(), 5, at(NOW)),
             Verdict::NotNeeded
         );
         let standings = policy(1, &[ApprovalFor::Standing], None);
         assert!(matches!(
-            check(Some(&standings), &standing, 5, at(NOW)),
+            check(Some(&standings), &standing.req(), 5, at(NOW)),
             Verdict::Waiting { required: 1, .. }
         ));
     }
@@ -326,7 +359,7 @@ mod tests {
                 ("erin", NOW + 3600),
             ],
         );
-        let v = check(Some(&two), &s, 5000, at(NOW));
+        let v = check(Some(&two), &s.req(), 5000, at(NOW));
         assert_eq!(
             v,
             Verdict::Waiting {
@@ -350,7 +383,7 @@ mod tests {
 
         let s = spec("alice", &[("bob", NOW - 10), ("carol", NOW + 60)]);
         assert_eq!(
-            check(Some(&two), &s, 5000, at(NOW)),
+            check(Some(&two), &s.req(), 5000, at(NOW)),
             Verdict::Approved {
                 by: vec!["bob".into(), "carol".into()],
                 required: 2
@@ -362,7 +395,7 @@ mod tests {
     #[test]
     fn an_expired_approval_followed_by_a_fresh_one_of_the_same_person_counts_once() {
         let s = spec("alice", &[("bob", NOW - 7200), ("bob", NOW - 1)]);
-        let v = check(Some(&policy(1, &[], None)), &s, 5000, at(NOW));
+        let v = check(Some(&policy(1, &[], None)), &s.req(), 5000, at(NOW));
         assert_eq!(v.approvers(), ["bob"]);
         assert!(matches!(v, Verdict::Approved { .. }));
     }
