@@ -542,6 +542,14 @@ async fn assert_approvals_are_signed_by_a_second_person(users: &Users, ns: &str)
         .patch(
             "inc-approve",
             &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"dryRun": false}})),
+        )
+        .await
+        .expect("the approved dry run is run as approved");
+    alice
+        .patch(
+            "inc-approve",
+            &PatchParams::default(),
             &Patch::Merge(json!({"spec": {"stop": true}})),
         )
         .await

@@ -80,7 +80,12 @@ pub const FROZEN_FIELDS: [&str; 12] = [
 
 /// CEL: the frozen fields of `new` equal those of `old` (both `.spec` paths).
 pub fn frozen_fields_equal(new: &str, old: &str) -> String {
-    FROZEN_FIELDS
+    fields_equal(&FROZEN_FIELDS, new, old)
+}
+
+/// CEL: `fields` of `new` equal those of `old`.
+fn fields_equal(fields: &[&str], new: &str, old: &str) -> String {
+    fields
         .iter()
         .map(|f| {
             format!(
@@ -104,14 +109,19 @@ fn frozen_rule() -> kube::core::Rule {
 }
 
 /// Once a replay carries an approval, what it does is what was approved: a change of any frozen
-/// field is refused (remove the approvals first, and the replay waits for new ones).
+/// field but `dryRun` is refused (remove the approvals first, and the replay waits for new
+/// ones). `dryRun` may go: a dry run approved after its count is then run as approved.
 fn approved_rule() -> kube::core::Rule {
+    let fields: Vec<&str> = FROZEN_FIELDS
+        .into_iter()
+        .filter(|f| *f != "dryRun")
+        .collect();
     kube::core::Rule::new(format!(
         "!has(oldSelf.spec.approvals) || size(oldSelf.spec.approvals) == 0 || ({})",
-        frozen_fields_equal("self.spec", "oldSelf.spec")
+        fields_equal(&fields, "self.spec", "oldSelf.spec")
     ))
     .message(kube::core::Message::Expression(
-        "'replay ' + self.metadata.name + ' is approved: only spec.stop, spec.paused and spec.approvals can change (remove the approvals first to change it, then it needs new ones)'".into(),
+        "'replay ' + self.metadata.name + ' is approved: only spec.stop, spec.paused, spec.dryRun and spec.approvals can change (remove the approvals first to change it, then it needs new ones)'".into(),
     ))
     .reason(kube::core::Reason::FieldValueForbidden)
     .field_path(".spec")
