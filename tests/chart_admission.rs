@@ -160,6 +160,7 @@ fn bind_users(plane: &Plane, ns: &str) {
         plane,
         &[
             bind("alice-decides", "dlq-decider", user("alice")),
+            bind("bob-decides", "dlq-decider", user("bob")),
             bind(
                 "gitops-decides",
                 "dlq-decider",
@@ -174,6 +175,8 @@ fn bind_users(plane: &Plane, ns: &str) {
 /// The clients of the people and controllers of the scenario.
 struct Users {
     alice: Client,
+    /// A second decider: the second pair of eyes on alice's replays.
+    bob: Client,
     mallory: Client,
     /// A GitOps controller, in the bypass group.
     flux: Client,
@@ -184,6 +187,7 @@ impl Users {
     async fn new(plane: &Plane) -> Users {
         Users {
             alice: plane.client_as("alice", &[]).await,
+            bob: plane.client_as("bob", &[]).await,
             mallory: plane.client_as("mallory", &[]).await,
             flux: plane.client_as("flux", &[GITOPS_GROUP]).await,
             worker: plane.client_as("worker", &[]).await,
@@ -446,6 +450,157 @@ async fn assert_replays_are_signed_and_carried_out_in_their_name(
     assert_eq!(field(&signed, "by"), Some("carol"));
 }
 
+/// An approval of `replay` by `by`, as `kubectl dlq approve` appends it.
+fn approval(by: &str) -> Value {
+    json!({"by": by, "at": "2026-12-08T10:00:00Z", "note": "INC-1234 reviewed"})
+}
+
+/// Sets replay `name`'s approvals to `approvals` as `client` (a merge patch replaces the list,
+/// as a client appending to it sends it); the apiserver's refusal in words on error.
+async fn approve(client: &Client, ns: &str, name: &str, approvals: Value) -> Result<(), String> {
+    replays(client, ns)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"approvals": approvals}})),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// Issue 59 item 1, dual control: alice cannot approve her own replay, approve it as bob, or
+/// widen it once approved; bob approves in his own name, once; a GitOps applier's approvals in
+/// others' names are refused while the chart does not trust them (gitopsApprovals: false).
+async fn assert_approvals_are_signed_by_a_second_person(users: &Users, ns: &str) {
+    let alice = replays(&users.alice, ns);
+    alice
+        .create(&PostParams::default(), &replay("inc-approve", "alice"))
+        .await
+        .expect("alice's replay");
+    until_ok("the replay-approvals policy is in effect", || async {
+        match approve(&users.alice, ns, "inc-approve", json!([approval("bob")])).await {
+            Err(e)
+                if e.contains(
+                    "an approval must be in your own name: you are alice, the approval is by bob",
+                ) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(e),
+            Ok(()) => Err("accepted".into()),
+        }
+    })
+    .await;
+    let own = approve(&users.alice, ns, "inc-approve", json!([approval("alice")]))
+        .await
+        .expect_err("alice may not approve her own replay");
+    assert!(
+        own.contains("the author of replay inc-approve (alice) cannot approve it"),
+        "{own}"
+    );
+    approve(&users.bob, ns, "inc-approve", json!([approval("bob")]))
+        .await
+        .expect("bob approves alice's replay in his own name");
+    let twice = approve(
+        &users.bob,
+        ns,
+        "inc-approve",
+        json!([approval("bob"), {"by": "bob", "at": "2026-12-08T10:05:00Z"}]),
+    )
+    .await
+    .expect_err("bob may not approve twice");
+    assert!(
+        twice.contains("one approval per person: bob already approved replay inc-approve"),
+        "{twice}"
+    );
+    let widened = alice
+        .patch(
+            "inc-approve",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"selector": {"reasonContains": "t"}, "max": 100000}})),
+        )
+        .await
+        .expect_err("alice may not widen the replay bob approved");
+    assert!(
+        widened
+            .to_string()
+            .contains("replay inc-approve is approved"),
+        "{widened}"
+    );
+    let stored = alice.get("inc-approve").await.expect("inc-approve");
+    assert_eq!(
+        stored.data["spec"]["approvals"],
+        json!([approval("bob")]),
+        "only bob's approval is stored"
+    );
+    assert_eq!(
+        stored.data["spec"]["selector"],
+        json!({"reasonContains": "timeout"})
+    );
+    alice
+        .patch(
+            "inc-approve",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"dryRun": false}})),
+        )
+        .await
+        .expect("the approved dry run is run as approved");
+    alice
+        .patch(
+            "inc-approve",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"stop": true}})),
+        )
+        .await
+        .expect("an approved replay can still be stopped");
+
+    let mut applied = replay("inc-gitops", "carol");
+    applied.data["spec"]["approvals"] = json!([approval("dave")]);
+    let refused = replays(&users.flux, ns)
+        .create(&PostParams::default(), &applied)
+        .await
+        .expect_err("a GitOps applier's approval in dave's name is refused by default");
+    assert!(
+        refused.to_string().contains(
+            "an approval must be in your own name: you are flux, the approval is by dave"
+        ),
+        "{refused}"
+    );
+}
+
+/// `admissionPolicy.gitopsApprovals: true` (helm upgrade): the applier's manifest may carry
+/// approvals in others' names (the pull request's review), never the author's own.
+async fn assert_gitops_approvals_count_where_the_chart_says(
+    release: &HelmRelease<'_>,
+    users: &Users,
+) {
+    release.helm(
+        "upgrade",
+        &["--set", "admissionPolicy.gitopsApprovals=true"],
+    );
+    let flux = replays(&users.flux, release.ns);
+    let mut applied = replay("inc-gitops", "carol");
+    applied.data["spec"]["approvals"] = json!([approval("dave")]);
+    until_ok("the applier's approvals are trusted", || async {
+        flux.create(&PostParams::default(), &applied)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    let mut own = replay("inc-gitops-own", "carol");
+    own.data["spec"]["approvals"] = json!([approval("carol")]);
+    let refused = flux
+        .create(&PostParams::default(), &own)
+        .await
+        .expect_err("the author's own approval is refused, even from the applier");
+    assert!(
+        refused.to_string().contains("(carol) cannot approve it"),
+        "{refused}"
+    );
+}
+
 /// Turning the policy off in values (helm upgrade) removes it: alice's signing as bob goes
 /// through.
 async fn assert_policy_can_be_turned_off(
@@ -586,6 +741,8 @@ async fn admission_policy_makes_every_decision_signed_by_its_author() {
     assert_creation_held_to_the_same_rule(&users, &ns).await;
     assert_replays_are_signed_and_carried_out_in_their_name(plane, &users, &ns, &rel).await;
     assert_acknowledgements_are_signed(&admin, &users, &ns).await;
+    assert_approvals_are_signed_by_a_second_person(&users, &ns).await;
+    assert_gitops_approvals_count_where_the_chart_says(&release, &users).await;
     assert_policy_can_be_turned_off(plane, &release, &users, &records).await;
     release.uninstall();
 }

@@ -231,6 +231,16 @@ fn default_inventory(ns: &str, full: &str) -> BTreeSet<(String, String, String)>
         (
             "ValidatingAdmissionPolicy",
             "",
+            format!("{full}-replay-approvals"),
+        ),
+        (
+            "ValidatingAdmissionPolicyBinding",
+            "",
+            format!("{full}-replay-approvals"),
+        ),
+        (
+            "ValidatingAdmissionPolicy",
+            "",
             format!("{full}-signed-acknowledgements"),
         ),
         (

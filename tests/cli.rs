@@ -1227,3 +1227,181 @@ async fn export_then_park_from_moves_records_keeping_ids_identities_and_cycles()
     );
     std::fs::remove_file(&file).unwrap();
 }
+
+/// Issue 59 item 1: `kubectl dlq approve` appends an approval in the caller's own name (who the
+/// apiserver says they are), with its note; the author cannot approve, nor anyone twice.
+#[tokio::test]
+async fn approve_appends_an_approval_in_the_callers_name_once() {
+    let (client, ns) = setup("cli-approve").await;
+    let rbac = format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: approver, namespace: {ns}}}\nrules:\n- apiGroups: [dlq.dev]\n  resources: [deadletterreplays]\n  verbs: [get, list, watch, patch]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: approvers, namespace: {ns}}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: approver}}\nsubjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: alice}}, {{apiGroup: rbac.authorization.k8s.io, kind: User, name: bob}}]\n"
+    );
+    let mut apply = dlq_testenv::plane().kubectl();
+    apply
+        .args(["apply", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null());
+    let mut child = apply.spawn().unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), rbac.as_bytes()).unwrap();
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+    let replays = dlq_testenv::replays::replays(&client, &ns);
+    replays
+        .create(
+            &Default::default(),
+            &dlq_testenv::replays::replay("inc-1", "alice"),
+        )
+        .await
+        .unwrap();
+
+    let first = eventually(10, "bob's role to take effect", || async {
+        let out = dlq(
+            &ns,
+            &[
+                "--as",
+                "bob",
+                "approve",
+                "inc-1",
+                "--note",
+                "INC-1 reviewed",
+            ],
+        );
+        (!out.stdout.contains("forbidden") && !out.stderr.contains("forbidden")).then_some(out)
+    })
+    .await;
+    assert!(first.ok, "{} {}", first.stdout, first.stderr);
+    assert!(
+        first.stdout.starts_with("replay inc-1 approved by bob."),
+        "{}",
+        first.stdout
+    );
+    let stored = replays.get("inc-1").await.unwrap();
+    let approvals = &stored.data["spec"]["approvals"];
+    assert_eq!(approvals.as_array().map(Vec::len), Some(1), "{approvals}");
+    assert_eq!(approvals[0]["by"], "bob");
+    assert_eq!(approvals[0]["note"], "INC-1 reviewed");
+    assert!(
+        approvals[0]["at"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z'))
+    );
+
+    let twice = dlq(&ns, &["--as", "bob", "approve", "inc-1"]);
+    assert!(!twice.ok, "a second approval by bob must exit non-zero");
+    assert!(
+        twice
+            .stderr
+            .contains("you (bob) already approved replay inc-1"),
+        "{}",
+        twice.stderr
+    );
+    let own = dlq(&ns, &["--as", "alice", "approve", "inc-1"]);
+    assert!(!own.ok);
+    assert!(
+        own.stderr
+            .contains("you (alice) wrote replay inc-1: an approval must come from someone else"),
+        "{}",
+        own.stderr
+    );
+    let ghost = dlq(&ns, &["--as", "bob", "approve", "nope"]);
+    assert!(!ghost.ok);
+    assert_eq!(
+        replays.get("inc-1").await.unwrap().data["spec"]["approvals"]
+            .as_array()
+            .map(Vec::len),
+        Some(1)
+    );
+}
+
+/// Issue 59 item 1, end to end with the operator: a queue requiring one approval above 2
+/// records. A replay of 2 runs at once; one of 3 waits (the command says so and how to approve,
+/// exiting non-zero) and redrives nothing; another person's `kubectl dlq approve` lets it run,
+/// and each record it signs names the approver.
+#[tokio::test]
+async fn a_replay_above_the_threshold_waits_for_another_persons_approval() {
+    let (client, ns) = setup("cli-approval").await;
+    let redis = Redis::start();
+    let policy = json!({"approvals": {"required": 1, "above": 2, "expireAfter": "1h"}});
+    create_queue(&client, &ns, &redis.url(), list_target(), policy).await;
+    park_many(&client, &ns, 5).await;
+    let _op = Operator::start(&ns);
+    let redrive = |max: &'static str| {
+        let ns = ns.clone();
+        move || {
+            dlq(
+                &ns,
+                &[
+                    "redrive", "--queue", "relayer", "--max", max, "--rate", "100/s", "--by",
+                    "alice", "--note", "INC-59",
+                ],
+            )
+        }
+    };
+    let small = redrive("2")();
+    assert!(small.ok, "{}\n{}", small.stdout, small.stderr);
+    assert!(
+        small.stdout.contains("selected 2, decided 2, redriven 2"),
+        "{}",
+        small.stdout
+    );
+
+    let waits = redrive("3")();
+    assert!(!waits.ok, "a replay awaiting approval exits non-zero");
+    assert!(
+        waits
+            .stderr
+            .contains("waits (awaiting approval: 0 of 1 approvals"),
+        "{}",
+        waits.stderr
+    );
+    let name = waits
+        .stderr
+        .split("replay ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .unwrap_or_default()
+        .to_string();
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert_eq!(
+        redis.list(LIST).await.len(),
+        2,
+        "nothing more before approval"
+    );
+
+    // The test's admin user is not alice: its approval counts.
+    let approved = dlq(&ns, &["approve", &name, "--note", "INC-59 reviewed"]);
+    assert!(approved.ok, "{}\n{}", approved.stdout, approved.stderr);
+    eventually(30, "the approved replay's 3 jobs on the target", || async {
+        (redis.list(LIST).await.len() == 5).then_some(())
+    })
+    .await;
+    let api: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    let notes: Vec<String> = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|r| r.labels().get("dlq.dev/replay") == Some(&name))
+        .filter_map(|r| r.spec.note)
+        .collect();
+    assert_eq!(notes.len(), 3, "{notes:?}");
+    assert!(
+        notes
+            .iter()
+            .all(|n| n.starts_with(&format!("replay {name} (approved by "))
+                && n.ends_with("): INC-59")),
+        "{notes:?}"
+    );
+    let events: Api<Event> = Api::namespaced(client, &ns);
+    eventually(10, "the Approved Event", || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("Approved"))
+    })
+    .await;
+}

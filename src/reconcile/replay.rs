@@ -32,6 +32,7 @@ use dlq_core::group::LABEL_GROUP;
 use dlq_core::record::{Facts, Summary};
 use dlq_core::replay::{
     self, DeadLetterReplay, DeadLetterReplayStatus, Observed, Outcome, ReplayPhase, ReplayRef,
+    approvals,
 };
 
 use super::ahead;
@@ -46,6 +47,11 @@ const SIGN_CONCURRENCY: usize = 64;
 const ATTEMPTS: usize = 5;
 /// How often a dry run recounts its selection.
 const DRY_RUN_RESYNC: Duration = Duration::from_secs(30);
+/// How often a replay awaiting approval looks again (an approval is a change of the replay,
+/// seen at once; this is for expiry and the overdue Warning).
+const APPROVAL_POLL: Duration = Duration::from_secs(30);
+/// How long a replay may await approval before a Warning says so (once per wait).
+pub const APPROVAL_OVERDUE: Duration = Duration::from_secs(3600);
 /// How often a replay whose queue is missing looks again.
 const PENDING_RETRY: Duration = Duration::from_secs(10);
 /// How soon a start the cache was behind for looks again.
@@ -221,6 +227,9 @@ async fn step(run: &mut Run<'_>) -> Result<Action> {
         if !caught_up(run).await? {
             return Ok(Action::requeue(CATCH_UP));
         }
+        if let Some(wait) = await_approval(run).await? {
+            return Ok(wait);
+        }
         start(run).await?;
     }
     let status = run.status.clone();
@@ -317,6 +326,140 @@ async fn resume(run: &mut Run<'_>) -> Result<()> {
     Ok(())
 }
 
+/// Before a run starts, its queue's approval policy (`dlq_core::replay::approvals`): a replay
+/// that needs approvals it lacks waits as AwaitingApproval, deciding nothing and passing
+/// nothing through (a standing one has no cover until it starts); each approver seen is
+/// announced once (Normal `Approved`), a wait longer than [`APPROVAL_OVERDUE`] once (Warning
+/// `ApprovalOverdue`). Approvals are judged until the run starts; the ones that let it start
+/// stay in `status.approval` and are named in every record it signs. A stop requested while
+/// waiting is not held: the run ends at once, deciding nothing.
+async fn await_approval(run: &mut Run<'_>) -> Result<Option<Action>> {
+    if run.replay.spec.stop_requested() {
+        return Ok(None);
+    }
+    let now = Timestamp::now();
+    let verdict = approval_verdict(run, now);
+    if verdict == approvals::Verdict::NotNeeded {
+        return Ok(None);
+    }
+    announce_approvals(run, &verdict).await;
+    let Some(message) = verdict.waiting_message() else {
+        // Approved: `start` writes the status, approvers included.
+        if let Some(a) = run.status.approval.as_mut() {
+            a.overdue_at = None;
+        }
+        return Ok(None);
+    };
+    let approval = run.status.approval.get_or_insert_with(Default::default);
+    let since = approval.waiting_since.get_or_insert(Time(now)).0;
+    let overdue = approval.overdue_at.is_none()
+        && Duration::try_from(now.duration_since(since)).is_ok_and(|d| d >= APPROVAL_OVERDUE);
+    if overdue {
+        approval.overdue_at = Some(Time(now));
+    }
+    set_phase(
+        run,
+        ReplayPhase::AwaitingApproval,
+        conditions::reason::AWAITING_APPROVAL,
+        &message,
+    );
+    write(run).await?;
+    if overdue {
+        let waited = Duration::try_from(now.duration_since(since)).unwrap_or_default();
+        let plan = EventPlan::warning(
+            reason::APPROVAL_OVERDUE,
+            action::REPLAY,
+            format!(
+                "replay {} by {} has awaited approval for {} min: {message}",
+                run.name,
+                run.replay.spec.by,
+                waited.as_secs() / 60
+            ),
+        );
+        tracing::warn!(namespace = %run.ns, replay = %run.name, "replay awaits approval too long");
+        publish_on_queue(run, &plan).await;
+        run.ctx
+            .apiserver
+            .publish(reference(run.replay), &plan)
+            .await;
+    }
+    Ok(Some(Action::requeue(APPROVAL_POLL)))
+}
+
+/// The queue's approval policy applied to the replay as it would start now: its selection
+/// from the cache, plus the group's estimated backlog for a replay of one failure group.
+fn approval_verdict(run: &Run<'_>, now: Timestamp) -> approvals::Verdict {
+    let spec = &run.replay.spec;
+    let queue = run.ctx.queue(&run.ns, &spec.queue);
+    let Some(policy) = queue.as_ref().and_then(|q| q.spec.approvals.as_ref()) else {
+        return approvals::Verdict::NotNeeded;
+    };
+    let selector = spec.selector();
+    let selected = replay::select(
+        run.records.iter().map(|r| r.as_ref()),
+        &spec.queue,
+        &selector,
+        None,
+        spec.max(),
+    )
+    .len();
+    let backlog = match (&selector.group, selector.names.is_empty()) {
+        (Some(g), true) => run
+            .ctx
+            .views
+            .group(&run.ns, &dlq_core::groups::group_name(&spec.queue, g))
+            .and_then(|g| g.status.as_ref()?.backlog.as_ref()?.messages),
+        _ => None,
+    };
+    approvals::check(
+        Some(policy),
+        &spec.approval_request(),
+        approvals::size(selected, backlog),
+        now,
+    )
+}
+
+/// A Normal `Approved` Event on the replay for each approver not seen before; the approvers
+/// that count now are kept in `status.approval`.
+async fn announce_approvals(run: &mut Run<'_>, verdict: &approvals::Verdict) {
+    let (required, by) = match verdict {
+        approvals::Verdict::Waiting { required, by, .. } => (*required, by.clone()),
+        approvals::Verdict::Approved { by, required } => (*required, by.clone()),
+        approvals::Verdict::NotNeeded => return,
+    };
+    let approval = run.status.approval.get_or_insert_with(Default::default);
+    let new: Vec<String> = by
+        .iter()
+        .filter(|b| !approval.approved_by.contains(b))
+        .cloned()
+        .collect();
+    approval.approved_by = by.clone();
+    approval.required = i64::try_from(required).unwrap_or(i64::MAX);
+    for who in new {
+        let note = run
+            .replay
+            .spec
+            .approvals
+            .iter()
+            .rev()
+            .find(|a| a.by.trim() == who)
+            .and_then(|a| a.note.clone())
+            .map(|n| format!(": {n}"))
+            .unwrap_or_default();
+        let position = by.iter().position(|b| *b == who).unwrap_or(0) + 1;
+        let message = format!(
+            "{who} approved replay {} by {} ({position} of {required}){note}",
+            run.name, run.replay.spec.by
+        );
+        tracing::info!(namespace = %run.ns, replay = %run.name, approver = %who, "replay approved");
+        let plan = EventPlan::normal(reason::APPROVED, action::REPLAY, message);
+        run.ctx
+            .apiserver
+            .publish(reference(run.replay), &plan)
+            .await;
+    }
+}
+
 /// The queue does not exist (yet): say so and look again.
 async fn pending(run: &mut Run<'_>) -> Result<Action> {
     let message = format!(
@@ -405,7 +548,13 @@ async fn start(run: &mut Run<'_>) -> Result<()> {
         spec.max(),
     );
     let count = selected.len();
-    let message = format!("deciding {count} records at {}/s", spec.rate());
+    let approved = match run.status.approval.as_ref() {
+        Some(a) if !a.approved_by.is_empty() => {
+            format!(", approved by {}", a.approved_by.join(", "))
+        }
+        _ => String::new(),
+    };
+    let message = format!("deciding {count} records at {}/s{approved}", spec.rate());
     tracing::info!(namespace = %run.ns, replay = %run.name, queue = %spec.queue, selected = count, cached = run.records.len(), all = run.ctx.records.len(), by = %spec.by, "replay started");
     run.status.selected = i64::try_from(count).unwrap_or(i64::MAX);
     run.status.started_at = Some(Time(now));
@@ -915,7 +1064,13 @@ fn standing_over(run: &Run<'_>, started: &replay::Start<'_>) -> bool {
 /// admission policy, RBAC) ends the replay with its words.
 async fn sign_batch(run: &mut Run<'_>, batch: &[DeadLetter]) -> Result<Option<String>> {
     let spec = &run.replay.spec;
-    let note = spec.decision_note(&run.name);
+    let approvers = run
+        .status
+        .approval
+        .as_ref()
+        .map(|a| a.approved_by.clone())
+        .unwrap_or_default();
+    let note = spec.decision_note(&run.name, &approvers);
     let signature = Signature {
         action: spec.action(),
         by: &spec.by,
@@ -1168,7 +1323,10 @@ fn set_phase(run: &mut Run<'_>, phase: ReplayPhase, reason: &str, message: &str)
         &mut status.conditions,
         Cond {
             type_: conditions::READY,
-            status: !matches!(phase, ReplayPhase::Pending | ReplayPhase::Paused),
+            status: !matches!(
+                phase,
+                ReplayPhase::Pending | ReplayPhase::Paused | ReplayPhase::AwaitingApproval
+            ),
             reason,
             message,
         },

@@ -22,6 +22,9 @@ pub mod reason {
     pub const REQUEUED_BEFORE_DROP: &str = "RequeuedBeforeDrop";
     pub const TARGET_REACHABLE: &str = "TargetReachable";
     pub const QUEUE_NOT_FOUND: &str = "QueueNotFound";
+    /// A replay waits for the approvals its queue requires (the message says how many of how
+    /// many, and whose).
+    pub const AWAITING_APPROVAL: &str = "AwaitingApproval";
     pub const KUBE_API: &str = "KubeApi";
     pub const MAX_PARKED_REACHED: &str = "MaxParkedReached";
     pub const BELOW_MAX_PARKED: &str = "BelowMaxParked";

@@ -22,6 +22,10 @@ pub mod reason {
     pub const CANARY_PASSED: &str = "CanaryPassed";
     /// A paused replay was resumed: it goes on where it was.
     pub const REPLAY_RESUMED: &str = "ReplayResumed";
+    /// Someone approved a replay whose queue requires approvals (once per approver seen).
+    pub const APPROVED: &str = "Approved";
+    /// A replay has waited for its approvals longer than the operator's overdue time.
+    pub const APPROVAL_OVERDUE: &str = "ApprovalOverdue";
     /// A dead message that can never be a record, kept in the broker's rejected list/queue.
     pub const REJECTED: &str = "Rejected";
     /// The queue's body store cannot keep a large dead message right now (unreachable,

@@ -71,6 +71,10 @@ pub struct DeadLetterQueueSpec {
     /// volume), the record holding a reference and a digest (`spec.job.body`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bodies: Option<BodiesSpec>,
+    /// Dual control: replays of this queue need approvals by others than their author before
+    /// they decide anything (see `dlq_core::replay::approvals`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approvals: Option<crate::replay::ApprovalPolicy>,
 }
 
 /// `spec.alerts` of a DeadLetterQueue: per-record alerts of its records.

@@ -18,8 +18,10 @@ use crate::conditions::truncate;
 use crate::dead_letter::{Action, FailureKind, Phase};
 use crate::facts::Facts;
 
+pub mod approvals;
 pub mod canary;
 mod outcome;
+pub use approvals::{Approval, ApprovalPolicy, ApprovalStatus};
 pub use canary::{Canary, CanaryStatus};
 pub use outcome::{Outcome, outcome_of};
 
@@ -78,7 +80,12 @@ pub const FROZEN_FIELDS: [&str; 12] = [
 
 /// CEL: the frozen fields of `new` equal those of `old` (both `.spec` paths).
 pub fn frozen_fields_equal(new: &str, old: &str) -> String {
-    FROZEN_FIELDS
+    fields_equal(&FROZEN_FIELDS, new, old)
+}
+
+/// CEL: `fields` of `new` equal those of `old`.
+fn fields_equal(fields: &[&str], new: &str, old: &str) -> String {
+    fields
         .iter()
         .map(|f| {
             format!(
@@ -91,11 +98,30 @@ pub fn frozen_fields_equal(new: &str, old: &str) -> String {
 
 fn frozen_rule() -> kube::core::Rule {
     kube::core::Rule::new(format!(
-        "!has(oldSelf.status) || !has(oldSelf.status.phase) || oldSelf.status.phase in ['Pending', 'DryRun'] || ({})",
+        "!has(oldSelf.status) || !has(oldSelf.status.phase) || oldSelf.status.phase in ['Pending', 'DryRun', 'AwaitingApproval'] || ({})",
         frozen_fields_equal("self.spec", "oldSelf.spec")
     ))
     .message(kube::core::Message::Expression(
         "'replay ' + self.metadata.name + ' is ' + oldSelf.status.phase.lowerAscii() + ': only spec.stop and spec.paused can change once it started'".into(),
+    ))
+    .reason(kube::core::Reason::FieldValueForbidden)
+    .field_path(".spec")
+}
+
+/// Once a replay carries an approval, what it does is what was approved: a change of any frozen
+/// field but `dryRun` is refused (remove the approvals first, and the replay waits for new
+/// ones). `dryRun` may go: a dry run approved after its count is then run as approved.
+fn approved_rule() -> kube::core::Rule {
+    let fields: Vec<&str> = FROZEN_FIELDS
+        .into_iter()
+        .filter(|f| *f != "dryRun")
+        .collect();
+    kube::core::Rule::new(format!(
+        "!has(oldSelf.spec.approvals) || size(oldSelf.spec.approvals) == 0 || ({})",
+        fields_equal(&fields, "self.spec", "oldSelf.spec")
+    ))
+    .message(kube::core::Message::Expression(
+        "'replay ' + self.metadata.name + ' is approved: only spec.stop, spec.paused, spec.dryRun and spec.approvals can change (remove the approvals first to change it, then it needs new ones)'".into(),
     ))
     .reason(kube::core::Reason::FieldValueForbidden)
     .field_path(".spec")
@@ -124,7 +150,8 @@ fn frozen_rule() -> kube::core::Rule {
     printcolumn = r#"{"name":"Stop Reason","type":"string","jsonPath":".status.stopReason","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     validation = kube::core::Rule::new("size(self.metadata.name) <= 63").message("a replay's name is at most 63 characters (it labels the records it signs)"),
-    validation = frozen_rule()
+    validation = frozen_rule(),
+    validation = approved_rule()
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
@@ -194,6 +221,12 @@ pub struct DeadLetterReplaySpec {
     /// nothing through until its canary passed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canary: Option<Canary>,
+    /// Approvals by people other than the author, when its queue requires them
+    /// (`spec.approvals` of the DeadLetterQueue): `{by, at, note}` each, appended by
+    /// `kubectl dlq approve`. Once one exists, what the replay does cannot change.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub approvals: Vec<Approval>,
 }
 
 /// Which records a replay takes: Parked and undecided, and matching every field given.
@@ -256,6 +289,8 @@ pub enum ReplayPhase {
     Running,
     /// `spec.paused`: decides and passes nothing until resumed; nothing is withdrawn.
     Paused,
+    /// Its queue requires approvals it does not have yet: decides and passes nothing.
+    AwaitingApproval,
     /// Ended early: a stop bound, or `spec.stop`.
     Stopped,
     Completed,
@@ -268,6 +303,7 @@ impl ReplayPhase {
             ReplayPhase::DryRun => "DryRun",
             ReplayPhase::Running => "Running",
             ReplayPhase::Paused => "Paused",
+            ReplayPhase::AwaitingApproval => "AwaitingApproval",
             ReplayPhase::Stopped => "Stopped",
             ReplayPhase::Completed => "Completed",
         }
@@ -324,6 +360,9 @@ pub struct DeadLetterReplayStatus {
     /// A dry run's first selected record names.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub first_names: Vec<String>,
+    /// Who approved it and how long it waited (`spec.approvals`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalStatus>,
     /// The canary's records and whether it passed (`spec.canary`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canary: Option<CanaryStatus>,
@@ -533,12 +572,28 @@ impl DeadLetterReplaySpec {
         }
     }
 
-    /// What every signed record's `spec.note` says.
-    pub fn decision_note(&self, replay: &str) -> String {
+    /// What the approval check (`approvals::check`) reads of it.
+    pub fn approval_request(&self) -> approvals::Request<'_> {
+        approvals::Request {
+            author: &self.by,
+            kind: approvals::ApprovalFor::of(self.standing(), self.action()),
+            dry_run: self.dry_run(),
+            approvals: &self.approvals,
+        }
+    }
+
+    /// What every signed record's `spec.note` says: the replay, who approved it (the decision
+    /// log of each record names the second pair of eyes), and the replay's note.
+    pub fn decision_note(&self, replay: &str, approvers: &[String]) -> String {
         let note = self.note.clone().unwrap_or_default();
+        let approved = if approvers.is_empty() {
+            String::new()
+        } else {
+            format!(" (approved by {})", approvers.join(", "))
+        };
         truncate(
             &format!(
-                "replay {replay}{}{note}",
+                "replay {replay}{approved}{}{note}",
                 if note.is_empty() { "" } else { ": " }
             ),
             1024,

@@ -4,7 +4,8 @@ use clap::{Parser, Subcommand};
 
 use crate::session::{CliError, Global};
 use crate::{
-    export, groups_cmd, inspect, ls_search, park_cmd, park_from, pause, runbook, seal_key, ui,
+    approve, export, groups_cmd, inspect, ls_search, park_cmd, park_from, pause, runbook, seal_key,
+    ui,
 };
 
 #[derive(Parser, Debug)]
@@ -42,6 +43,9 @@ pub enum Command {
     Pause(pause::PauseArgs),
     /// Resume a paused replay where it was.
     Resume(pause::PauseArgs),
+    /// Approve a replay in your own name (dual control: its queue's spec.approvals), with an
+    /// optional --note; the author cannot, nor anyone twice.
+    Approve(approve::ApproveArgs),
     /// Failure groups (DeadLetterGroups), most parked first: group, queue, kind, version,
     /// parked, rate, tier, template. Act on one with redrive/drop --group G.
     Groups(groups_cmd::GroupsArgs),
@@ -72,6 +76,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Drop(args) => runbook::drop_jobs(&cli.global, args).await,
         Command::Pause(args) => pause::run(&cli.global, args, true).await,
         Command::Resume(args) => pause::run(&cli.global, args, false).await,
+        Command::Approve(args) => approve::run(&cli.global, args).await,
         Command::Groups(args) => groups_cmd::run(&cli.global, args).await,
         Command::Park(args) => match &args.from {
             Some(from) => park_from::run(&cli.global, from, args.queue.as_deref()).await,

@@ -6,6 +6,7 @@
 //! module. The CLI's modules are named apart from the core's (`decision`, not `decide`;
 //! `park_cmd`, not `park`) so `dlq_core::decide` and `dlq_core::park` stay unambiguous.
 
+mod approve;
 mod cli;
 mod decision;
 mod export;

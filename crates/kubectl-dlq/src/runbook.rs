@@ -18,8 +18,8 @@ use dlq_core::api::{Action, DeadLetter, DeadLetterQueue, FailureKind, LABEL_QUEU
 use dlq_core::duration::parse_duration;
 use dlq_core::groups::DeadLetterGroup;
 use dlq_core::replay::{
-    self, Canary, DeadLetterReplay, DeadLetterReplaySpec, DeadLetterReplayStatus, ReplaySelector,
-    StopWhen,
+    self, Canary, DeadLetterReplay, DeadLetterReplaySpec, DeadLetterReplayStatus, ReplayPhase,
+    ReplaySelector, StopWhen,
 };
 
 use crate::decision::{Sign, decide_jobs, signer};
@@ -395,6 +395,7 @@ impl ReplayPlan {
                     .observe
                     .and_then(|d| i64::try_from(d.as_secs()).ok()),
             }),
+            approvals: Vec::new(),
         })
     }
 }
@@ -536,6 +537,11 @@ async fn follow(
                 warning: None,
             });
         }
+        if r.phase() == ReplayPhase::AwaitingApproval {
+            // Someone else must approve it: following it here would wait for a person.
+            progress.finish();
+            return Err(CliError::Refused(awaiting(&r)));
+        }
         if control.stop_requested() && !stop_sent {
             let stop = Patch::Merge(json!({"spec": {"stop": true}}));
             api.patch(name, &PatchParams::default(), &stop).await?;
@@ -543,6 +549,21 @@ async fn follow(
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// What the command says of a replay its queue holds for approvals: why, and who does what.
+fn awaiting(r: &DeadLetterReplay) -> String {
+    let name = r.name_any();
+    let ns = r.namespace().unwrap_or_default();
+    let why = r
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| c.message.clone())
+        .unwrap_or_else(|| "awaiting approval".into());
+    format!(
+        "replay {name} was created and waits ({why}): it runs once someone else approves it with `kubectl dlq approve -n {ns} {name} --note ...`; follow it: kubectl get dlr -n {ns} {name} -w"
+    )
 }
 
 /// The page's replay: a DeadLetterReplay pinned to the reviewed records, created and followed.

@@ -58,6 +58,7 @@ fn replay(rate: &str) -> DeadLetterReplay {
             paused: None,
             standing: None,
             canary: None,
+            approvals: Vec::new(),
         },
     );
     r.metadata.namespace = Some(NS.into());
@@ -702,4 +703,241 @@ async fn a_start_waits_for_the_cache_to_show_what_etcd_holds() {
             r.metadata.name
         );
     }
+}
+
+/// Issue 59 item 1: the queue `relayer` requiring `required` approvals (expiring after an hour)
+/// for `for_` (empty: every replay), above `above` records.
+fn approving_queue(
+    required: i64,
+    for_: &[dlq_core::replay::approvals::ApprovalFor],
+    above: Option<i64>,
+) -> DeadLetterQueue {
+    let mut q = queue();
+    q.spec.approvals = Some(dlq_core::replay::ApprovalPolicy {
+        required: Some(required),
+        for_: for_.to_vec(),
+        above,
+        expire_after: Some("1h".into()),
+    });
+    q
+}
+
+/// A process whose queue is `q` (with what the fake holds now).
+fn process_with(fake: &Arc<FakeApiserver>, q: &DeadLetterQueue) -> Arc<Replays> {
+    let ctx = Context::new(
+        fake.clone(),
+        Arc::new(Arc::<FakeTarget>::default()),
+        crate::state::records::RecordIndex::listed_with(&fake.all()),
+        store_of(std::slice::from_ref(q)),
+        Metrics::default(),
+        Settings::default(),
+    );
+    replays_of(ctx)
+}
+
+/// An approval by `by`, `ago` seconds ago.
+fn approval(by: &str, ago: i64, note: &str) -> dlq_core::replay::Approval {
+    dlq_core::replay::Approval {
+        by: by.into(),
+        at: Time(jiff::Timestamp::now() - jiff::SignedDuration::from_secs(ago)),
+        note: Some(note.into()),
+    }
+}
+
+/// The replay's Ready condition message.
+fn ready_message(status: &DeadLetterReplayStatus) -> String {
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| format!("{} {}: {}", c.status, c.reason, c.message))
+        .unwrap_or_default()
+}
+
+/// A replay its queue requires an approval for waits, deciding nothing, while it has none,
+/// only its author's, or an expired one; bob's fresh approval lets it run, and every record it
+/// signs names him.
+#[tokio::test]
+async fn a_replay_awaiting_approval_decides_nothing_until_someone_else_approves() {
+    let fake = FakeApiserver::holding(queue_records());
+    let q = approving_queue(1, &[], None);
+    let mut replay = replay("100/s");
+    let step = async |replay: &mut DeadLetterReplay| {
+        reconcile(Arc::new(replay.clone()), process_with(&fake, &q))
+            .await
+            .expect("step");
+        replay.status = Some(fake.last_replay_status());
+    };
+    step(&mut replay).await;
+    let status = fake.last_replay_status();
+    assert_eq!(status.phase, Some(ReplayPhase::AwaitingApproval));
+    assert!(
+        ready_message(&status)
+            .starts_with("False AwaitingApproval: awaiting approval: 0 of 1 approvals"),
+        "{}",
+        ready_message(&status)
+    );
+    assert_eq!(status.started_at, None, "not started: nothing frozen");
+
+    replay.spec.approvals = vec![
+        approval("carol", 10, "looks fine to me"),
+        approval("bob", 7200, "yesterday's"),
+    ];
+    step(&mut replay).await;
+    let status = fake.last_replay_status();
+    assert_eq!(status.phase, Some(ReplayPhase::AwaitingApproval));
+    let message = ready_message(&status);
+    assert!(
+        message.contains("0 of 1 approvals; not counted: carol: the author's own; bob: expired"),
+        "{message}"
+    );
+    assert!(fake.signed().is_empty(), "nothing decided while awaiting");
+    assert!(fake.reasons().is_empty(), "{:?}", fake.reasons());
+
+    replay
+        .spec
+        .approvals
+        .push(approval("bob", 5, "INC-1234 reviewed"));
+    step(&mut replay).await;
+    let status = fake.last_replay_status();
+    assert_eq!(status.phase, Some(ReplayPhase::Running));
+    assert_eq!(
+        status.approval.as_ref().map(|a| a.approved_by.clone()),
+        Some(vec!["bob".to_string()])
+    );
+    assert!(
+        ready_message(&status).ends_with(", approved by bob"),
+        "{}",
+        ready_message(&status)
+    );
+    assert_eq!(
+        (status.selected, fake.signed().len()),
+        (6, 1),
+        "every timeout selected, the first decided at once"
+    );
+    assert!(
+        fake.all()
+            .iter()
+            .filter(|r| r.spec.action.is_some())
+            .all(|r| r.spec.note.as_deref() == Some("replay inc-1234 (approved by bob): INC-1234"))
+    );
+    let approved: Vec<String> = fake
+        .events()
+        .into_iter()
+        .filter(|e| e.reason == "Approved")
+        .map(|e| e.note)
+        .collect();
+    assert_eq!(
+        approved,
+        ["bob approved replay inc-1234 by carol (1 of 1): INC-1234 reviewed"]
+    );
+}
+
+/// `above`: a replay of a selection no bigger than the threshold runs without an approval; a
+/// policy for drops only leaves a redrive alone.
+#[tokio::test]
+async fn a_replay_under_the_threshold_or_of_another_kind_runs_without_approval() {
+    use dlq_core::replay::approvals::ApprovalFor;
+    for q in [
+        approving_queue(1, &[], Some(10)),
+        approving_queue(1, &[ApprovalFor::Drop], None),
+    ] {
+        let fake = FakeApiserver::holding(queue_records());
+        reconcile(Arc::new(replay("100/s")), process_with(&fake, &q))
+            .await
+            .expect("step");
+        assert_eq!(fake.last_replay_status().phase, Some(ReplayPhase::Running));
+        assert_eq!(fake.signed().len(), 1, "the first decision at once");
+    }
+}
+
+/// A standing replay awaiting approval has no cover: its group's dead messages are not passed
+/// through (they park) and none of its records' jobs are sent ahead.
+#[tokio::test]
+async fn a_standing_replay_awaiting_approval_passes_nothing_through() {
+    use crate::pass::Passed;
+    use dlq_core::api::Job;
+    use dlq_core::park::ParkRequest;
+    use dlq_core::replay::approvals::ApprovalFor;
+
+    let records = group_records(5, 5);
+    let fake = FakeApiserver::holding(records.clone());
+    let q = approving_queue(2, &[ApprovalFor::Standing], None);
+    let mut standing = standing_of(&records);
+    standing.status = None;
+    standing.spec.approvals = vec![approval("bob", 5, "ok")];
+    let target = Arc::<FakeTarget>::default();
+    let ctx = Context::new(
+        fake.clone(),
+        Arc::new(target.clone()),
+        crate::state::records::RecordIndex::listed_with(&fake.all()),
+        store_of(std::slice::from_ref(&q)),
+        Metrics::default(),
+        Settings::default(),
+    );
+    let replays = replays_of(ctx);
+    reconcile(Arc::new(standing.clone()), replays.clone())
+        .await
+        .expect("step");
+    let status = fake.last_replay_status();
+    assert_eq!(status.phase, Some(ReplayPhase::AwaitingApproval));
+    assert!(
+        ready_message(&status).contains("1 of 2 approvals (bob)"),
+        "{}",
+        ready_message(&status)
+    );
+    let mut dead = ParkRequest::new(
+        "relayer",
+        Job {
+            id: "pi_900/settle".into(),
+            payload: Some("{}".into()),
+            ..Job::default()
+        },
+    )
+    .with_message("relayer:dead#900");
+    dead.reason = "timeout".into();
+    assert_eq!(
+        replays.standing.pass(&q, &dead, b"raw").await,
+        Passed::No,
+        "nothing passes through before the approvals"
+    );
+    assert!(target.received.lock().expect("lock").is_empty());
+    assert!(fake.signed().is_empty());
+    assert_eq!(fake.reasons(), ["Approved"]);
+}
+
+/// A replay that has waited longer than the overdue time says so once, as a Warning on the
+/// replay and its queue.
+#[tokio::test]
+async fn a_replay_waiting_too_long_for_approval_warns_once() {
+    let fake = FakeApiserver::holding(queue_records());
+    let q = approving_queue(1, &[], None);
+    let mut replay = replay("100/s");
+    let long_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(2 * 3600);
+    replay.status = Some(DeadLetterReplayStatus {
+        phase: Some(ReplayPhase::AwaitingApproval),
+        approval: Some(dlq_core::replay::ApprovalStatus {
+            waiting_since: Some(Time(long_ago)),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let replays = process_with(&fake, &q);
+    for _ in 0..2 {
+        reconcile(Arc::new(replay.clone()), replays.clone())
+            .await
+            .expect("step");
+    }
+    let overdue: Vec<_> = fake
+        .events()
+        .into_iter()
+        .filter(|e| e.reason == "ApprovalOverdue")
+        .collect();
+    assert_eq!(overdue.len(), 2, "once, on the replay and on its queue");
+    assert!(
+        overdue[0].note.contains("has awaited approval for 120 min"),
+        "{}",
+        overdue[0].note
+    );
+    assert!(fake.signed().is_empty());
 }

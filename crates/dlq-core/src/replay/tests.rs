@@ -46,6 +46,7 @@ fn spec(selector: ReplaySelector) -> DeadLetterReplaySpec {
         paused: None,
         standing: None,
         canary: None,
+        approvals: Vec::new(),
     }
 }
 
@@ -338,7 +339,14 @@ fn rates_and_defaults() {
     s.standing = None;
     assert_eq!(s.action(), Action::Redrive);
     assert_eq!(s.settle(), DEFAULT_SETTLE);
-    assert_eq!(s.decision_note("inc-1234"), "replay inc-1234: INC-1234");
+    assert_eq!(
+        s.decision_note("inc-1234", &[]),
+        "replay inc-1234: INC-1234"
+    );
+    assert_eq!(
+        s.decision_note("inc-1234", &["bob".into(), "dave".into()]),
+        "replay inc-1234 (approved by bob, dave): INC-1234"
+    );
     assert_eq!(
         FailureKind::from_label("TRANSIENT"),
         Some(FailureKind::Transient)
