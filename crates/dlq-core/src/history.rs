@@ -234,8 +234,14 @@ fn spans(previous: &Spans, counted: BTreeMap<String, i64>) -> Spans {
 /// Counts as a line of Unicode blocks (`▁▂▃▄▅▆▇█`), the largest a full block; an hour
 /// without parkings is the lowest block, any other at least the second.
 pub fn sparkline(counts: &[u32]) -> String {
+    sparkline_against(counts, counts.iter().copied().max().unwrap_or(0))
+}
+
+/// [`sparkline`] scaled to `max` (the busiest hour of a longer span, so that lines of several
+/// days compare).
+pub fn sparkline_against(counts: &[u32], max: u32) -> String {
     const BLOCKS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
-    let max = counts.iter().copied().max().unwrap_or(0).max(1) as u64;
+    let max = max.max(1) as u64;
     counts
         .iter()
         .map(|&n| match n {
@@ -379,6 +385,7 @@ mod tests {
         assert_eq!(sparkline(&[0, 1, 2, 4, 8]), "▁▂▃▅█");
         assert_eq!(sparkline(&[0, 0]), "▁▁");
         assert_eq!(sparkline(&[3]), "█");
+        assert_eq!(sparkline_against(&[1, 8, 16], 16), "▂▅█");
         assert_eq!(
             Trend {
                 last_hour: 52,

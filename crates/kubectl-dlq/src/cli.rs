@@ -43,7 +43,8 @@ pub enum Command {
     /// Resume a paused replay where it was.
     Resume(pause::PauseArgs),
     /// Failure groups (DeadLetterGroups), most parked first: group, queue, kind, version,
-    /// parked, rate, tier, template. Act on one with redrive/drop --group G.
+    /// parked, rate, tier, the last 24 hours, trend, template; `groups NAME`: one group's 7
+    /// days. Act on one with redrive/drop --group G.
     Groups(groups_cmd::GroupsArgs),
     /// Park a job (for scripts and producers), or the records of an export again (--from).
     Park(park_cmd::ParkArgs),
