@@ -3,14 +3,11 @@
 //! error classes it spans, and its trend (the last hour against the hour before).
 //!
 //! It is a pure fold of the previous history and the group's records, so that it outlives the
-//! records (retention deletes resolved ones) and the process (it lives in status). Every count
-//! is the larger of what the previous history said and what the records say now, never their
-//! sum: folding the same records again (a restart, a new leader, the next pass) changes
-//! nothing, and a record index still filling up after a restart lowers nothing. The price: an
-//! hour (or a version) whose records retention deleted while new ones came shows the larger
-//! count, not their sum. Retention deletes resolved records hours later, so an hour's bucket
-//! is settled long before; a version's total may lag behind its parkings once its first
-//! records are gone.
+//! records (retention deletes resolved ones) and the process (it lives in status). A record is
+//! counted for good once it is [`SETTLE`] old, and `settled` moves past it: no later fold, in
+//! this process or a new leader, counts it again, and its hour stays counted after the record
+//! is deleted. Newer records are counted as `unsettled`, recounted at each fold, so a parking
+//! shows at once.
 
 use std::collections::BTreeMap;
 
@@ -53,6 +50,35 @@ pub struct GroupHistory {
     pub error_classes: Spans,
     #[serde(default)]
     pub trend: Trend,
+    /// Every record created before this time is in the counts above once, for good (whether
+    /// or not it still exists); the newer ones are `unsettled`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settled: Option<Time>,
+    /// The part of the counts above from records created at or after `settled`: counted again
+    /// at each fold, until they are [`SETTLE`] old.
+    #[serde(default, skip_serializing_if = "Unsettled::is_empty")]
+    pub unsettled: Unsettled,
+}
+
+/// The newest records' share of a history's counts (at most the last [`SETTLE`] seconds' and
+/// whatever parked since the operator last folded).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Unsettled {
+    /// Per hour, the last one the hour of the history's `through`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 168))]
+    pub parked: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub service_versions: Vec<Spanned>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub error_classes: Vec<Spanned>,
+}
+
+impl Unsettled {
+    pub fn is_empty(&self) -> bool {
+        self.parked.is_empty() && self.service_versions.is_empty() && self.error_classes.is_empty()
+    }
 }
 
 /// The most frequent values and how many records had any other.
@@ -117,12 +143,7 @@ impl GroupHistory {
         let Some(through) = self.through.as_ref().map(|t| hour_of(t.0)) else {
             return BTreeMap::new();
         };
-        let n = self.parked.len() as i64;
-        self.parked
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (through - (n - 1 - i as i64) * HOUR, *c))
-            .collect()
+        by_hour(&self.parked, through).collect()
     }
 
     /// The last `hours` hours up to the one `now` falls in, oldest first, zero where nothing
@@ -137,58 +158,178 @@ impl GroupHistory {
     }
 }
 
+/// How old a record must be (seconds) to be counted for good: the operator's record watch
+/// shows a new record well within it, so no record older than this is missing from a fold.
+pub const SETTLE: i64 = 15;
+
+/// Counts of some records: by hour (its start, seconds), by service version, by error class.
+#[derive(Default)]
+struct Counts {
+    hours: BTreeMap<i64, u32>,
+    versions: BTreeMap<String, i64>,
+    classes: BTreeMap<String, i64>,
+    /// Records of versions (classes) no longer named, from a previous history's `other`.
+    other_versions: i64,
+    other_classes: i64,
+}
+
+impl Counts {
+    fn add(&mut self, r: &dyn Facts, at: Timestamp) {
+        *self.hours.entry(hour_of(at)).or_default() += 1;
+        if let Some(v) = r.service_version() {
+            *self.versions.entry(v.to_string()).or_default() += 1;
+        }
+        if let Some(c) = r.error_class() {
+            *self.classes.entry(c.to_string()).or_default() += 1;
+        }
+    }
+
+    /// What a previous history counted for good: its counts less its unsettled part.
+    fn settled(previous: &GroupHistory) -> Counts {
+        let mut hours = previous.by_hour();
+        let through = previous.through.as_ref().map_or(0, |t| hour_of(t.0));
+        for (hour, n) in by_hour(&previous.unsettled.parked, through) {
+            if let Some(kept) = hours.get_mut(&hour) {
+                *kept = kept.saturating_sub(n);
+            }
+        }
+        let (versions, other_versions) = less(
+            &previous.service_versions,
+            &previous.unsettled.service_versions,
+        );
+        let (classes, other_classes) =
+            less(&previous.error_classes, &previous.unsettled.error_classes);
+        Counts {
+            hours,
+            versions,
+            classes,
+            other_versions,
+            other_classes,
+        }
+    }
+
+    fn plus(mut self, more: &Counts) -> Counts {
+        for (hour, n) in &more.hours {
+            *self.hours.entry(*hour).or_default() += n;
+        }
+        for (v, n) in &more.versions {
+            *self.versions.entry(v.clone()).or_default() += n;
+        }
+        for (c, n) in &more.classes {
+            *self.classes.entry(c.clone()).or_default() += n;
+        }
+        self
+    }
+}
+
+/// Counts of `parked`, its last one the hour `through` (seconds), by hour.
+fn by_hour(parked: &[u32], through: i64) -> impl Iterator<Item = (i64, u32)> + '_ {
+    let n = parked.len() as i64;
+    parked
+        .iter()
+        .enumerate()
+        .map(move |(i, c)| (through - (n - 1 - i as i64) * HOUR, *c))
+}
+
+/// `spans` less `unsettled`, by name (a name no longer among the top is taken from `other`).
+fn less(spans: &Spans, unsettled: &[Spanned]) -> (BTreeMap<String, i64>, i64) {
+    let mut named: BTreeMap<String, i64> = spans
+        .top
+        .iter()
+        .map(|s| (s.name.clone(), s.count))
+        .collect();
+    let mut other = spans.other;
+    for u in unsettled {
+        match named.get_mut(&u.name) {
+            Some(n) => *n = (*n - u.count).max(0),
+            None => other = (other - u.count).max(0),
+        }
+    }
+    named.retain(|_, n| *n > 0);
+    (named, other)
+}
+
 /// The next history of a group from its `previous` one and its `records` (all of them, of every
-/// phase) at `now`: see the module doc for why counts merge by maximum.
+/// phase) at `now`.
+///
+/// A record is counted for good once it is [`SETTLE`] old: `settled` moves past it, and no
+/// later fold counts it again, whether the record is still there or retention deleted it. A
+/// newer record is counted as `unsettled`, taken back out and counted again at each fold, so
+/// the counts show it at once. A restart or a new leader folds on from the stored history: it
+/// counts nothing twice and keeps the hours of deleted records.
 pub fn fold<'a>(
     previous: Option<&GroupHistory>,
     records: impl IntoIterator<Item = &'a dyn Facts>,
     now: Timestamp,
 ) -> GroupHistory {
-    let mut counted: BTreeMap<i64, u32> = BTreeMap::new();
-    let mut versions: BTreeMap<String, i64> = BTreeMap::new();
-    let mut classes: BTreeMap<String, i64> = BTreeMap::new();
+    let empty = GroupHistory::default();
+    let previous = previous.unwrap_or(&empty);
+    let since = previous.settled.as_ref().map(|t| t.0.as_second());
+    let cutoff = now.as_second() - SETTLE;
+    let mut settled = Counts::settled(previous);
+    let mut unsettled = Counts::default();
+    let mut newest_settled: Option<i64> = None;
     let mut first: Option<Timestamp> = None;
     let mut last: Option<Timestamp> = None;
     let mut trend = Trend::default();
     for r in records {
         let at = seen(r);
-        *counted.entry(hour_of(at)).or_default() += 1;
         first = Some(first.map_or(at, |f| f.min(at)));
         last = Some(last.map_or(at, |l| l.max(at)));
-        if let Some(v) = r.service_version() {
-            *versions.entry(v.to_string()).or_default() += 1;
-        }
-        if let Some(c) = r.error_class() {
-            *classes.entry(c.to_string()).or_default() += 1;
-        }
         match now.as_second() - at.as_second() {
             ago if ago < HOUR => trend.last_hour += 1,
             ago if ago < 2 * HOUR => trend.hour_before += 1,
             _ => {}
         }
+        let second = at.as_second();
+        if since.is_some_and(|since| second < since) {
+            continue; // counted for good before
+        }
+        if second < cutoff {
+            settled.add(r, at);
+            newest_settled = Some(newest_settled.map_or(second, |n| n.max(second)));
+        } else {
+            unsettled.add(r, at);
+        }
     }
-    let empty = GroupHistory::default();
-    let previous = previous.unwrap_or(&empty);
-    let mut hours = previous.by_hour();
-    for (hour, n) in counted {
-        let kept = hours.entry(hour).or_default();
-        *kept = (*kept).max(n);
-    }
+    let settled_through = [since, newest_settled.map(|n| n + 1)]
+        .into_iter()
+        .flatten()
+        .max();
+    let total = settled.plus(&unsettled);
+    let mut hours = total.hours;
     let oldest = hour_of(now) - (HOURS as i64 - 1) * HOUR;
     hours.retain(|hour, n| *hour >= oldest && *n > 0);
     let (through, parked) = dense(&hours);
+    let pending = match (through, unsettled.hours.first_key_value()) {
+        (Some(through), Some((&from, _))) if from <= through => (0..=(through - from) / HOUR)
+            .map(|i| {
+                unsettled
+                    .hours
+                    .get(&(from + i * HOUR))
+                    .copied()
+                    .unwrap_or(0)
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
     let prev_first = previous.first_seen.as_ref().map(|t| t.0);
     let prev_last = previous.last_seen.as_ref().map(|t| t.0);
+    let time = |s: i64| Timestamp::from_second(s).ok().map(Time);
     GroupHistory {
-        through: through
-            .and_then(|h| Timestamp::from_second(h).ok())
-            .map(Time),
+        through: through.and_then(time),
         parked,
         first_seen: [prev_first, first].into_iter().flatten().min().map(Time),
         last_seen: [prev_last, last].into_iter().flatten().max().map(Time),
-        service_versions: spans(&previous.service_versions, versions),
-        error_classes: spans(&previous.error_classes, classes),
+        service_versions: spans(total.versions, total.other_versions),
+        error_classes: spans(total.classes, total.other_classes),
         trend,
+        settled: settled_through.and_then(time),
+        unsettled: Unsettled {
+            parked: pending,
+            service_versions: named(unsettled.versions),
+            error_classes: named(unsettled.classes),
+        },
     }
 }
 
@@ -210,24 +351,23 @@ fn dense(hours: &BTreeMap<i64, u32>) -> (Option<i64>, Vec<u32>) {
     (Some(last), parked)
 }
 
-/// The [`SPANNED`] most frequent of `previous` and `counted` (each value the larger of the
-/// two), the rest as `other` (the larger of the previous `other` and what falls out now).
-fn spans(previous: &Spans, counted: BTreeMap<String, i64>) -> Spans {
-    let mut merged = counted;
-    for s in &previous.top {
-        let n = merged.entry(s.name.clone()).or_default();
-        *n = (*n).max(s.count);
-    }
-    let mut all: Vec<Spanned> = merged
+/// Counts by name, by name.
+fn named(counts: BTreeMap<String, i64>) -> Vec<Spanned> {
+    counts
         .into_iter()
         .map(|(name, count)| Spanned { name, count })
-        .collect();
+        .collect()
+}
+
+/// The [`SPANNED`] most frequent of `counted`, the rest added to `other`.
+fn spans(counted: BTreeMap<String, i64>, other: i64) -> Spans {
+    let mut all = named(counted);
     all.sort_by(|a, b| b.count.cmp(&a.count).then(a.name.cmp(&b.name)));
     let rest: i64 = all.iter().skip(SPANNED).map(|s| s.count).sum();
     all.truncate(SPANNED);
     Spans {
         top: all,
-        other: previous.other.max(rest),
+        other: other + rest,
     }
 }
 
@@ -283,6 +423,8 @@ mod tests {
         ];
         let h = fold(None, facts(&records), at(NOW));
         assert_eq!(h.parked, [1, 0, 1, 2]);
+        assert_eq!(h.unsettled.parked, [1], "a, parked 10 s ago");
+        assert_eq!(h.settled, Some(Time(at(NOW - 19))), "past b, 20 s ago");
         assert_eq!(h.through, Some(Time(at(NOW - 1800))));
         assert_eq!(h.first_seen, Some(Time(at(NOW - 3 * HOUR))));
         assert_eq!(h.last_seen, Some(Time(at(NOW - 10))));
@@ -347,8 +489,8 @@ mod tests {
             "first seen stays"
         );
         assert_eq!(
-            h.service_versions.top[0].count, 2,
-            "the larger of 2 before and 1 now: a total outlives deleted records, never sums"
+            h.service_versions.top[0].count, 3,
+            "the 2 counted for good, deleted since, and the new one"
         );
         // A day later the old hour has fallen out; never more than 168 hours.
         let later = fold(Some(&h), facts(&new), at(NOW + 24 * HOUR));
@@ -378,6 +520,37 @@ mod tests {
         assert_eq!(h.service_versions.other, 1 + 2 + 3 + 4 + 5);
         assert_eq!(h.error_classes, Spans::default(), "no class, none counted");
         assert_eq!(fold(Some(&h), facts(&records), at(NOW)), h, "idempotent");
+    }
+
+    #[test]
+    fn a_record_counts_at_once_and_for_good_once_settled() {
+        let fresh = vec![parked("a", 1), parked("b", 2)];
+        let h1 = fold(None, facts(&fresh), at(NOW));
+        assert_eq!(
+            (h1.parked.clone(), h1.unsettled.parked.clone()),
+            (vec![2], vec![2])
+        );
+        assert_eq!(h1.settled, None);
+        assert_eq!(h1.unsettled.service_versions[0].count, 2);
+        assert_eq!(fold(Some(&h1), facts(&fresh), at(NOW)), h1, "nothing twice");
+        // Once SETTLE old they are counted for good ...
+        let h2 = fold(Some(&h1), facts(&fresh), at(NOW + SETTLE + 5));
+        assert_eq!(h2.parked, [2]);
+        assert!(h2.unsettled.is_empty(), "{:?}", h2.unsettled);
+        assert_eq!(
+            h2.settled,
+            Some(Time(at(NOW))),
+            "past the newest, b at NOW - 1"
+        );
+        assert_eq!(h2.service_versions.top[0].count, 2);
+        // ... so that one deleted since still counts beside a new one of the same hour (a
+        // new leader folding on from the stored history does the same).
+        let later = vec![parked("b", 2), parked("c", -60)];
+        let h3 = fold(Some(&h2), facts(&later), at(NOW + 61));
+        assert_eq!(h3.parked, [3]);
+        assert_eq!(h3.service_versions.top[0].count, 3);
+        assert_eq!(h3.unsettled.parked, [1]);
+        assert_eq!(fold(Some(&h3), facts(&later), at(NOW + 61)), h3);
     }
 
     #[test]
