@@ -311,10 +311,38 @@ async fn show_masks_cards_everywhere_and_groups_print_look_alike_templates_apart
     assert_eq!(templates.len(), 2, "{}", groups.stdout);
     assert_ne!(templates[0], templates[1], "{}", groups.stdout);
     assert!(
-        groups.stdout.contains(r"t\u{43e} payer") && groups.stdout.is_ascii(),
+        groups.stdout.contains(r"t\u{43e} payer") && templates.iter().all(|t| t.is_ascii()),
         "the Cyrillic letter is shown as its code point:\n{}",
         groups.stdout
     );
+
+    // Each group's last 24 hours as a sparkline and its trend, once its history is written;
+    // `groups NAME` tells one group's 7 days.
+    let listed = eventually(60, "each group's sparkline and trend", || async {
+        let out = dlq(&ns, &["groups"]);
+        let rows: Vec<&str> = out.stdout.lines().skip(1).collect();
+        let drawn = |l: &&str| l.contains('█') && l.contains("↑ 0→1");
+        (rows.len() == 2 && rows.iter().all(drawn)).then_some(out)
+    })
+    .await;
+    let name = listed
+        .stdout
+        .lines()
+        .nth(1)
+        .and_then(|l| l.split_whitespace().next())
+        .map(|fingerprint| format!("relayer-{fingerprint}"))
+        .unwrap_or_default();
+    let story = dlq(&ns, &["groups", &name]);
+    assert!(story.ok, "{}", story.stderr);
+    for line in [
+        format!("Group:      {name}"),
+        "Trend:      ↑ 0→1".to_string(),
+        "busiest hour 1, 1 in all".to_string(),
+    ] {
+        assert!(story.stdout.contains(&line), "{line}:\n{}", story.stdout);
+    }
+    let days = story.stdout.lines().filter(|l| l.starts_with("  ")).count();
+    assert_eq!(days, 8, "{}", story.stdout);
 }
 
 /// One record of a second queue `other`, which `ls --queue relayer` must not show.

@@ -127,6 +127,16 @@ async fn a_storm_ends_in_one_group_per_template_and_version_with_exact_counts() 
             status.template
         );
         assert_eq!(status.samples.len(), 5);
+        // Its history agrees with its records: every parking in its hour, once.
+        let history = status.history.clone().unwrap_or_default();
+        assert_eq!(history.parked.iter().sum::<u32>(), 10, "{history:?}");
+        assert_eq!(history.trend.last_hour, 10, "{history:?}");
+        assert_eq!(history.service_versions.top.len(), 1, "{history:?}");
+        assert_eq!(history.service_versions.top[0].count, 10);
+        assert_eq!(
+            Some(history.service_versions.top[0].name.as_str()),
+            status.service_version.as_deref()
+        );
         let owner = g.metadata.owner_references.clone().unwrap_or_default();
         assert_eq!(
             owner.first().map(|o| o.kind.as_str()),
@@ -721,4 +731,68 @@ async fn touch_every_100ms(records: Api<DeadLetter>, name: String) {
             .await;
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+}
+
+/// A group's history survives its operator: a second operator process (a restart, or a new
+/// leader) folds on from the stored `status.history`, so it counts nothing twice and keeps
+/// the hour of a record deleted while no operator ran.
+#[tokio::test]
+async fn a_groups_history_survives_a_restart_without_counting_twice() {
+    use dlq_client::park::Parker;
+    use dlq_core::groups::DeadLetterGroup;
+    let (client, ns) = setup("group-history").await;
+    create_offline_queue(&client, &ns).await;
+    let parker = Parker::new(client.clone());
+    let groups: Api<DeadLetterGroup> = Api::namespaced(client.clone(), &ns);
+    let history_of = |want: i64| {
+        let groups = groups.clone();
+        async move {
+            let items = groups.list(&ListParams::default()).await.ok()?.items;
+            let status = items.first()?.status.clone()?;
+            (items.len() == 1 && status.parked == want).then_some(status.history?)
+        }
+    };
+    let mut first = Operator::start(&ns);
+    let mut names = Vec::new();
+    for i in 0..3 {
+        let req = parked_as(format!("h/{i}"), "timeout talking to the payer".into());
+        let outcome = parker.park(&ns, req).await.expect("parked");
+        names.push(outcome.record().metadata.name.clone().unwrap_or_default());
+    }
+    let before = eventually(30, "3 parked", || history_of(3)).await;
+    assert_eq!(
+        before.parked.iter().sum::<u32>(),
+        3,
+        "counted at once: {before:?}"
+    );
+    // Counted for good once SETTLE old, at the queue's next pass (every 30 s at most).
+    let settled = eventually(90, "3 settled", || async {
+        history_of(3).await.filter(|h| h.unsettled.is_empty())
+    })
+    .await;
+    assert_eq!(settled.parked, before.parked);
+    first.kill();
+    // While no operator runs, one record goes (by hand, as retention would): its hour stays.
+    let records: Api<DeadLetter> = Api::namespaced(client.clone(), &ns);
+    records
+        .delete(&names[0], &Default::default())
+        .await
+        .expect("deleted");
+
+    let _second = Operator::start(&ns);
+    for i in 3..5 {
+        let req = parked_as(format!("h/{i}"), "timeout talking to the payer".into());
+        parker.park(&ns, req).await.expect("parked");
+    }
+    let after = eventually(30, "4 records parked", || history_of(4)).await;
+    assert_eq!(
+        after.parked.iter().sum::<u32>(),
+        5,
+        "the 3 before (one deleted since) and the 2 after; not 7, not 4: {after:?}"
+    );
+    assert_eq!(after.first_seen, before.first_seen, "first seen stays");
+    assert!(
+        after.service_versions.top.is_empty(),
+        "parked without a version"
+    );
 }

@@ -193,6 +193,12 @@ async fn a_group_is_the_landing_page_and_opens_its_records(b: &Browser, page: &P
             .then_some(())
     })
     .await;
+    // The group's page draws its history: the five parkings in their hour (or two).
+    let caption = b.text("#group-history figcaption").await;
+    assert!(caption.contains("5 in all"), "{caption}");
+    let bars = b.count("#history-chart rect.parked").await;
+    assert!((1..=2).contains(&bars), "{bars} bars");
+    b.screenshot("group-chart").await;
 }
 
 /// Filter by reason text: the five timeouts, not the invalid one; a new parking shows up live.

@@ -18,6 +18,7 @@ use kube::ResourceExt;
 use dlq_core::api::DeadLetterQueue;
 use dlq_core::events::{EventPlan, action, reason};
 use dlq_core::groups::{self, DeadLetterGroupStatus, Existing};
+use dlq_core::history::GroupHistory;
 use dlq_core::record::Summary;
 
 use super::context::Context;
@@ -53,6 +54,11 @@ pub async fn keep(
     let (plan, due) = {
         let mut queues = lock(&ctx.groups.queues);
         let known = queues.get_mut(&key)?;
+        let histories: HashMap<&str, GroupHistory> = known
+            .groups
+            .keys()
+            .filter_map(|f| Some((f.as_str(), last_history(ctx, known, &ns, &name, f)?)))
+            .collect();
         let existing: Vec<Existing<'_>> = known
             .groups
             .iter()
@@ -62,6 +68,7 @@ pub async fn keep(
                     .as_ref()
                     .and_then(|w| w.status.last_seen.as_ref())
                     .map(|t| t.0),
+                history: histories.get(f.as_str()),
             })
             .collect();
         let mut plan = groups::plan(queue, records.iter().map(|r| r.as_ref()), &existing, now);
@@ -98,6 +105,7 @@ pub async fn keep(
                 tracing::info!(namespace = %ns, queue = %name, group = %group, "deleted an empty failure group");
                 if let Some(q) = lock(&ctx.groups.queues).get_mut(&key) {
                     q.groups.remove(fingerprint);
+                    q.loaded.remove(fingerprint);
                 }
             }
             Err(e) => {
@@ -107,6 +115,31 @@ pub async fn keep(
     }
     announce_overflow(ctx, queue, &key, plan.overflowed).await;
     later
+}
+
+/// The history a group was last written with: this process's last write, else the stored
+/// status (the group watch's copy, else what was listed when the queue's groups were loaded),
+/// so that a new leader folds on from the old one's instead of starting again.
+fn last_history(
+    ctx: &Context,
+    known: &QueueGroups,
+    ns: &str,
+    queue: &str,
+    fingerprint: &str,
+) -> Option<GroupHistory> {
+    let written = known
+        .groups
+        .get(fingerprint)
+        .and_then(|w| w.as_ref())
+        .and_then(|w| w.status.history.clone());
+    written
+        .or_else(|| {
+            let stored = ctx
+                .views
+                .group(ns, &groups::group_name(queue, fingerprint))?;
+            stored.status.as_ref()?.history.clone()
+        })
+        .or_else(|| known.loaded.get(fingerprint).cloned())
 }
 
 /// Sets a planned status's acknowledgement from the group's spec (the watch's copy) and what
@@ -203,14 +236,25 @@ fn due_writes(
 /// The queue's existing groups, or None when they cannot be listed (the next pass tries).
 async fn load(ctx: &Context, ns: &str, queue: &str) -> Option<QueueGroups> {
     match ctx.apiserver.list_groups(ns, queue).await {
-        Ok(list) => Some(QueueGroups {
-            groups: list
-                .iter()
-                .filter_map(|g| g.labels().get(dlq_core::group::LABEL_GROUP).cloned())
-                .map(|f| (f, None))
-                .collect(),
-            ..QueueGroups::default()
-        }),
+        Ok(list) => {
+            let fingerprint =
+                |g: &groups::DeadLetterGroup| g.labels().get(dlq_core::group::LABEL_GROUP).cloned();
+            Some(QueueGroups {
+                groups: list
+                    .iter()
+                    .filter_map(fingerprint)
+                    .map(|f| (f, None))
+                    .collect(),
+                loaded: list
+                    .iter()
+                    .filter_map(|g| {
+                        let history = g.status.as_ref()?.history.clone()?;
+                        Some((fingerprint(g)?, history))
+                    })
+                    .collect(),
+                ..QueueGroups::default()
+            })
+        }
         Err(e) => {
             tracing::warn!(namespace = %ns, queue = %queue, error = %e, "listing the queue's failure groups failed");
             None

@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use dlq_core::groups::DeadLetterGroupStatus;
+use dlq_core::history::GroupHistory;
 
 /// What this process wrote of one group.
 pub(super) struct Written {
@@ -29,6 +30,9 @@ pub(super) struct QueueGroups {
     pub(super) overflow_announced: usize,
     /// By fingerprint: what the passes have planned lately.
     pub(super) planned: HashMap<String, Planned>,
+    /// By fingerprint: the history each group held when this process loaded the queue's
+    /// groups (a former leader's), folded on from until this process writes its own.
+    pub(super) loaded: HashMap<String, GroupHistory>,
 }
 
 impl QueueGroups {

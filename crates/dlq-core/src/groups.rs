@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::dead_letter::{FailureKind, Phase};
 use crate::facts::Facts;
 use crate::group::{self, LABEL_GROUP};
+use crate::history::{self, GroupHistory};
 use crate::queue::DeadLetterQueue;
 pub use crate::queue::GroupSettings;
 
@@ -201,6 +202,10 @@ pub struct DeadLetterGroupStatus {
     /// the target without a record (the sum of their `status.passedThrough`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub passed_through: i64,
+    /// Its story over time (see `dlq_core::history`): parked per hour for 7 days, what it
+    /// spans, its trend. Kept here so that it outlives its records and the operator's restarts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history: Option<GroupHistory>,
 }
 
 fn is_zero(n: &i64) -> bool {
@@ -330,6 +335,8 @@ pub struct GroupsPlan {
 pub struct Existing<'a> {
     pub fingerprint: &'a str,
     pub last_seen: Option<Timestamp>,
+    /// Its history as last written: the next one is folded from it.
+    pub history: Option<&'a GroupHistory>,
 }
 
 /// Running totals of one group while the records are read.
@@ -376,6 +383,11 @@ impl<'a> Tally<'a> {
         since.map_or(0, |since| {
             self.samples.iter().filter(|s| s.1 >= since).count()
         })
+    }
+
+    /// The group's next history from `previous` and the records counted.
+    fn history(&self, previous: Option<&GroupHistory>, now: Timestamp) -> GroupHistory {
+        history::fold(previous, self.samples.iter().map(|s| s.2), now)
     }
 
     fn finish(mut self, settings: &GroupSettings) -> DeadLetterGroupStatus {
@@ -447,7 +459,9 @@ pub fn plan<'a, R: Facts + 'a>(
     for (fingerprint, tally) in tallies {
         let recent = tally.recent(since);
         if kept.contains(&fingerprint) {
+            let history = tally.history(previous(existing, &fingerprint), now);
             let mut status = tally.finish(&settings);
+            status.history = Some(history);
             status.backlog = backlog_share(backlog, recent, recent_total);
             plan.groups.insert(fingerprint, status);
         } else {
@@ -457,7 +471,9 @@ pub fn plan<'a, R: Facts + 'a>(
         }
     }
     if plan.overflowed > 0 {
+        let history = overflow.history(previous(existing, OVERFLOW), now);
         let mut status = overflow.finish(&settings);
+        status.history = Some(history);
         status.backlog = backlog_share(backlog, overflow_recent, recent_total);
         status.template = format!(
             "records of {} more groups than this queue's {} (spec.groups.max)",
@@ -480,6 +496,14 @@ pub fn plan<'a, R: Facts + 'a>(
         .map(|e| e.fingerprint.to_string())
         .collect();
     plan
+}
+
+/// The history an existing group was last written with.
+fn previous<'e>(existing: &[Existing<'e>], fingerprint: &str) -> Option<&'e GroupHistory> {
+    existing
+        .iter()
+        .find(|e| e.fingerprint == fingerprint)
+        .and_then(|e| e.history)
 }
 
 /// When the newest `n` records of all `tallies` began: the `n`-th newest record's time (None
@@ -670,6 +694,7 @@ mod tests {
         let existing = [Existing {
             fingerprint: &young,
             last_seen: None,
+            history: None,
         }];
         let p = plan(&q, &records, &existing, at(NOW));
         assert!(p.groups.contains_key(&*young));
@@ -684,14 +709,17 @@ mod tests {
             Existing {
                 fingerprint: &live,
                 last_seen: Some(at(NOW - 10)),
+                history: None,
             },
             Existing {
                 fingerprint: "0000000001",
                 last_seen: Some(at(NOW - 3600)),
+                history: None,
             },
             Existing {
                 fingerprint: "0000000002",
                 last_seen: Some(at(NOW - 3599)),
+                history: None,
             },
         ];
         let p = plan(&queue(None), &records, &existing, at(NOW));
@@ -838,6 +866,31 @@ mod tests {
                 .and_then(|b| b.messages),
             Some(100)
         );
+    }
+
+    #[test]
+    fn a_groups_history_is_folded_from_the_one_last_written() {
+        let records = timeouts();
+        let fingerprint = records[0].group().into_owned();
+        let first = plan(&queue(None), &records, &[], at(NOW));
+        let written = first.groups[&fingerprint]
+            .history
+            .clone()
+            .unwrap_or_default();
+        assert_eq!(
+            written.parked.iter().sum::<u32>(),
+            3,
+            "every record, of any phase"
+        );
+        assert_eq!(written.trend.last_hour, 2);
+        // Retention deleted the redriven record: its hour stays counted.
+        let existing = [Existing {
+            fingerprint: &fingerprint,
+            last_seen: None,
+            history: Some(&written),
+        }];
+        let again = plan(&queue(None), &records[..2], &existing, at(NOW));
+        assert_eq!(again.groups[&fingerprint].history, Some(written));
     }
 
     #[test]

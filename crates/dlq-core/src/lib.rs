@@ -38,6 +38,7 @@ pub mod facts;
 pub mod group;
 pub mod groups;
 pub mod headers;
+pub mod history;
 pub mod json;
 pub mod mask;
 pub mod park;

@@ -47,7 +47,8 @@ pub enum Command {
     /// optional --note; the author cannot, nor anyone twice.
     Approve(approve::ApproveArgs),
     /// Failure groups (DeadLetterGroups), most parked first: group, queue, kind, version,
-    /// parked, rate, tier, template. Act on one with redrive/drop --group G.
+    /// parked, rate, tier, the last 24 hours, trend, template; `groups NAME`: one group's 7
+    /// days. Act on one with redrive/drop --group G.
     Groups(groups_cmd::GroupsArgs),
     /// Park a job (for scripts and producers), or the records of an export again (--from).
     Park(park_cmd::ParkArgs),

@@ -354,3 +354,91 @@ async fn a_group_counts_what_its_standing_replays_passed_through() {
         "only that group, only this queue"
     );
 }
+
+/// Each group's status carries its history, parked per hour from its records' creation times,
+/// written with the group's status (no write of its own); a second process (a restart, a new
+/// leader) folds on from the stored history and counts nothing twice, only what is new.
+#[tokio::test]
+async fn a_groups_history_is_written_and_a_new_leader_counts_nothing_twice() {
+    use dlq_core::record::Facts;
+    use std::collections::BTreeMap;
+    const H: i64 = 3600;
+    let now = jiff::Timestamp::now().as_second();
+    let records = queue_records(now);
+    let apiserver = FakeApiserver::holding(records.clone());
+    let target: Arc<FakeTarget> = Arc::default();
+    let mut q = limited_queue(100);
+    q.spec.retention = None;
+    let queues = std::slice::from_ref(&q);
+    let first = context(&apiserver, &target, queues, Settings::default());
+    crate::reconcile::queue::reconcile(Arc::new(q.clone()), first)
+        .await
+        .expect("reconcile");
+    // What each group's last 24 hours should read, from the records themselves.
+    let mut want: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for r in &records {
+        let hours = want
+            .entry(dlq_core::groups::group_name("relayer", &r.group()))
+            .or_insert_with(|| vec![0; 24]);
+        let created = r.created().map_or(now, |t| t.as_second());
+        let back = now.div_euclid(H) - created.div_euclid(H);
+        hours[23 - back as usize] += 1;
+    }
+    let histories =
+        |apiserver: &FakeApiserver| -> BTreeMap<String, dlq_core::history::GroupHistory> {
+            apiserver
+                .groups()
+                .into_iter()
+                .filter_map(|(name, g)| Some((name, g.status?.history?)))
+                .collect()
+        };
+    let written = histories(&apiserver);
+    assert_eq!(written.len(), want.len(), "{written:?}");
+    let hourly = |h: &BTreeMap<String, dlq_core::history::GroupHistory>| {
+        h.iter()
+            .map(|(name, h)| (name.clone(), h.hourly(dlq_core::testing::at(now), 24)))
+            .collect::<BTreeMap<_, _>>()
+    };
+    assert_eq!(hourly(&written), want, "every record in its hour, once");
+    let writes = apiserver.group_writes().len();
+    assert_eq!(
+        writes,
+        want.len(),
+        "one write a group: the status write it always had"
+    );
+
+    // A second process: loads the stored groups and folds the same records on from them.
+    let second = context(&apiserver, &target, queues, Settings::default());
+    crate::reconcile::queue::reconcile(Arc::new(q.clone()), second.clone())
+        .await
+        .expect("reconcile");
+    assert_eq!(
+        apiserver.group_writes().len(),
+        2 * writes,
+        "it wrote its own, re-derived"
+    );
+    assert_eq!(histories(&apiserver), written, "nothing counted twice");
+
+    // A new parking counts once, in its hour, on top of what was there.
+    let more = queued("later", dlq_core::api::FailureKind::Transient, now, 0).build();
+    let group = dlq_core::groups::group_name("relayer", &more.group());
+    second
+        .records
+        .observe(&kube::runtime::watcher::Event::Apply(more));
+    tokio::time::sleep(crate::reconcile::groups::MIN_INTERVAL).await;
+    crate::reconcile::queue::reconcile(Arc::new(q), second)
+        .await
+        .expect("reconcile");
+    let after = histories(&apiserver);
+    let mut expected = want[&group].clone();
+    expected[23] += 1;
+    assert_eq!(
+        after[&group].hourly(dlq_core::testing::at(now), 24),
+        expected
+    );
+    assert!(
+        after[&group].trend.last_hour >= 1,
+        "{:?}",
+        after[&group].trend
+    );
+}

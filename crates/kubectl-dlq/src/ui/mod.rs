@@ -10,9 +10,11 @@
 //! - [`pages`]: the server-rendered pages (maud escapes every value).
 //! - [`act`]: decisions on an explicit selection (names + resourceVersions).
 //! - [`replay`]: bulk replay through the runbook: dry run, confirmation, progress, Stop.
+//! - [`chart`]: a failure group's 7 days of parkings as a server-side SVG (its page).
 //! - [`state`]: what every handler shares (its own module, so that they name it without a cycle).
 
 mod act;
+mod chart;
 mod frame;
 mod guard;
 mod live;

@@ -152,6 +152,29 @@ async fn failure_groups(ui: &Ui) -> Markup {
     }
 }
 
+/// A group's page (the records filtered by one group): its history drawn as a chart; None
+/// for any other filter, or while the group has no object (the chart says nothing then).
+async fn group_history(ui: &Ui, f: &Filter) -> Option<Markup> {
+    if f.group.is_empty() {
+        return None;
+    }
+    let api: Api<DeadLetterGroup> = match &ui.namespace {
+        Some(ns) => Api::namespaced(ui.client.clone(), ns),
+        None => Api::all(ui.client.clone()),
+    };
+    let mut labels = format!("{LABEL_GROUP}={}", f.group);
+    if !f.queue.is_empty() {
+        labels.push_str(&format!(",{LABEL_QUEUE}={}", f.queue));
+    }
+    let lp = ListParams::default().labels(&labels);
+    let group = match api.list(&lp).await {
+        Ok(list) => list.items.into_iter().next()?,
+        Err(e) => return Some(html! { p.error { "the group's history is unavailable: " (e) } }),
+    };
+    let status = group.status.clone().unwrap_or_default();
+    Some(super::chart::group_chart(&status, jiff::Timestamp::now()))
+}
+
 /// The filter form, filled with what was asked.
 fn filter_form(f: &Filter) -> Markup {
     html! {
@@ -193,8 +216,10 @@ fn search_inputs(f: &Filter) -> Markup {
 pub async fn records(State(ui): State<Arc<Ui>>, RawQuery(q): RawQuery) -> Response {
     let f = Filter::from_pairs(&view::pairs(q.as_deref()));
     let live = live_part(&ui, &f).await;
+    let chart = group_history(&ui, &f).await;
     let body = html! {
         h1 { "Records" }
+        @if let Some(chart) = chart { (chart) }
         (filter_form(&f))
         form #selection method="get" action="/review" {
             div #live hx-get=(format!("/records/live?{}", f.query(f.page))) hx-trigger="every 2s" hx-swap="innerHTML" {
