@@ -18,6 +18,9 @@ const PLOT_HEIGHT: usize = 120;
 const BOTTOM: usize = 24;
 const WIDTH: usize = LEFT + HOURS * BAR + 10;
 const HEIGHT: usize = TOP + PLOT_HEIGHT + BOTTOM;
+/// Room a day's label ("12-08", 10 units high) takes: a midnight in the last hours has its line
+/// but no label, which would run past the chart's edge.
+const DATE_WIDTH: usize = 30;
 
 /// The chart and its caption: each hour of the last 168 up to `now`'s a bar (an hour with none
 /// draws none; each bar's tooltip says its hour and count), a line at each UTC midnight with
@@ -46,7 +49,9 @@ pub fn group_chart(status: &DeadLetterGroupStatus, now: Timestamp) -> Markup {
                 @for (i, hour) in (0..HOURS).map(|i| (i, first_hour + i as i64)) {
                     @if hour.rem_euclid(24) == 0 {
                         line.midnight x1=(LEFT + i * BAR) y1=(TOP) x2=(LEFT + i * BAR) y2=(base + 4) stroke="#ccc" {}
-                        text x=(LEFT + i * BAR + 2) y=(base + 16) font-size="10" { (date(hour)) }
+                        @if LEFT + i * BAR + 2 + DATE_WIDTH <= WIDTH {
+                            text x=(LEFT + i * BAR + 2) y=(base + 16) font-size="10" { (date(hour)) }
+                        }
                     }
                 }
                 @for (i, n) in counts.iter().enumerate().filter(|(_, n)| **n > 0) {
@@ -174,6 +179,15 @@ mod tests {
             "{svg}"
         );
         assert!(!svg.contains("<script"), "no script");
+    }
+
+    #[test]
+    fn a_midnight_in_the_last_hours_has_its_line_but_no_label_past_the_edge() {
+        let just_after = Timestamp::from_second(1_764_547_200 + 1_800).unwrap(); // 12-01 00:30
+        let svg = group_chart(&status(&[1]), just_after).into_string();
+        assert_eq!(svg.matches("class=\"midnight\"").count(), 7, "{svg}");
+        assert!(!svg.contains(">12-01<"), "clipped at the edge: {svg}");
+        assert!(svg.contains(">11-30<"), "{svg}");
     }
 
     #[test]
