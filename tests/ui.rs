@@ -725,3 +725,89 @@ async fn wait_count(b: &Browser, want: &str) {
     })
     .await;
 }
+
+/// Issue 59: the landing page lists the replays awaiting approval; alice, who did not write
+/// carol's replay, approves it with a note from the page, in her own name, and it runs.
+#[tokio::test]
+async fn a_replay_awaiting_approval_is_approved_from_the_page() {
+    use dlq_core::replay::{DeadLetterReplay, DeadLetterReplaySpec, ReplayPhase};
+    let (client, ns) = setup("ui-approve").await;
+    let redis = Redis::start();
+    let policy = json!({"approvals": {"required": 1, "expireAfter": "1h"}});
+    create_queue(&client, &ns, &redis.url(), list_target(), policy).await;
+    let _op = Operator::start(&ns);
+    for i in 1..=2 {
+        let id = format!("pi_020{i}/settle");
+        park_one(
+            &client,
+            &ns,
+            &id,
+            "approve me",
+            "{}",
+            FailureKind::Transient,
+        )
+        .await;
+    }
+    let replays: Api<DeadLetterReplay> = Api::namespaced(client.clone(), &ns);
+    let spec: DeadLetterReplaySpec = serde_json::from_value(json!({
+        "queue": "relayer", "action": "redrive", "rate": "50/s", "by": "carol",
+        "note": "INC-59", "selector": {"reasonContains": "approve me"}
+    }))
+    .unwrap();
+    replays
+        .create(&Default::default(), &DeadLetterReplay::new("inc-59", spec))
+        .await
+        .unwrap();
+    eventually(30, "the replay to await approval", || async {
+        let r = replays.get("inc-59").await.ok()?;
+        (r.phase() == ReplayPhase::AwaitingApproval).then_some(())
+    })
+    .await;
+    grant(&ns, "alice", "decider");
+    wait_for_role(&ns, "alice").await;
+    let page = start_page(&ns, "alice");
+    let b = Browser::start("ui-approve").await;
+    b.client.goto(&page.url).await.unwrap();
+    let row = b.text("#awaiting tbody tr").await;
+    assert!(
+        row.contains("inc-59") && row.contains("carol") && row.contains("0 of 1"),
+        "{row}"
+    );
+    b.client
+        .find(Locator::Css("form.approve input[name=note]"))
+        .await
+        .unwrap()
+        .send_keys("INC-59 reviewed on the page")
+        .await
+        .unwrap();
+    b.screenshot("approve").await;
+    b.click("form.approve button").await;
+    let approved = eventually(30, "the approved replay to complete", || async {
+        let r = replays.get("inc-59").await.ok()?;
+        (r.phase() == ReplayPhase::Completed).then_some(r)
+    })
+    .await;
+    let given = &approved.spec.approvals;
+    assert_eq!(given.len(), 1, "{given:?}");
+    assert_eq!(given[0].by, "alice");
+    assert_eq!(
+        given[0].note.as_deref(),
+        Some("INC-59 reviewed on the page")
+    );
+    b.client.goto(&page.url).await.unwrap();
+    assert_eq!(b.count("#awaiting").await, 0, "nothing waits any more");
+    let api: Api<DeadLetter> = Api::namespaced(client, &ns);
+    for r in api.list(&ListParams::default()).await.unwrap().items {
+        let r = wait_phase(&api, &r.name_any(), Phase::Redriven, 10).await;
+        assert!(
+            r.spec
+                .note
+                .as_deref()
+                .unwrap_or_default()
+                .contains("approved by alice"),
+            "{:?}",
+            r.spec.note
+        );
+    }
+    b.stop().await;
+}

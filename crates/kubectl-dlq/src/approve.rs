@@ -46,7 +46,7 @@ pub async fn run(g: &Global, args: ApproveArgs) -> Result<(), CliError> {
 
 /// The replay's approvals with the caller's appended, or why the caller may not approve it
 /// (the admission policy would refuse the same, in the apiserver's words).
-fn approved(
+pub(crate) fn approved(
     replay: &DeadLetterReplay,
     by: &str,
     note: Option<String>,

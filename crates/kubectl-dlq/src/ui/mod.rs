@@ -14,6 +14,7 @@
 //! - [`state`]: what every handler shares (its own module, so that they name it without a cycle).
 
 mod act;
+mod approvals;
 mod chart;
 mod frame;
 mod guard;
@@ -100,6 +101,7 @@ fn router(ui: Arc<Ui>) -> Router {
         .route("/replay/run", get(replay::follow))
         .route("/replay/status", get(replay::status))
         .route("/replay/stop", post(replay::stop))
+        .route("/replay/approve", post(approvals::approve))
         .route(
             "/static/htmx-2.0.4.min.js",
             get(|| async { guard::asset(HTMX, "text/javascript") }),

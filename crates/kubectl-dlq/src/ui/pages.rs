@@ -75,7 +75,9 @@ pub async fn queues(State(ui): State<Arc<Ui>>) -> Response {
     let tallies = view::tallies(&records, now);
     let empty = view::Tally::default();
     let groups = failure_groups(&ui).await;
+    let awaiting = super::approvals::awaiting(&ui).await;
     let body = html! {
+        (awaiting)
         (groups)
         h1 { "Queues" }
         @if let Some(e) = &error { p.error { (e) } }
