@@ -64,13 +64,13 @@ fn row(ui: &Ui, r: &DeadLetterReplay) -> Markup {
     let done = given.contains(&ui.user.as_str());
     html! {
         tr {
-            td { (ns) } td { (r.name_any()) } td { (r.spec.queue) }
-            td { (action(r)) } td { (r.spec.by) }
+            td.word { (ns) } td.word { (r.name_any()) } td.word { (r.spec.queue) }
+            td.word { (action(r)) } td.word { (r.spec.by) }
             td {
                 (given.len()) " of " (approval.map_or(0, |a| a.required))
                 @if !given.is_empty() { " (" (given.join(", ")) ")" }
             }
-            td { (why) }
+            td.reason { (why) }
             td {
                 @if own { span.muted { "yours: someone else approves" } }
                 @else if done { span.muted { "approved by you" } }
